@@ -1,0 +1,48 @@
+// Subcommand registry for the `drover` CLI.
+//
+// Each subcommand lives in its own cli/<name>.cc and registers itself at static-init time
+// with DROVER_REGISTER_COMMAND. The `drover` executable compiles every cli/*.cc directly
+// (not through a static library) so that no registration is dropped by the linker.
+//
+// A command's Setup adds its options to `app` and returns the function to run after
+// parsing. Exit codes: 0 success, 1 runtime failure, 2 usage or invalid input.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace drover::cli {
+
+struct GlobalOptions {
+  std::string coordinator;  // --coordinator, else $DROVER_COORDINATOR, else 127.0.0.1:7600
+  bool json = false;        // --json where a command supports it
+};
+
+enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
+
+using CommandRun = std::function<int()>;
+using CommandSetup = std::function<CommandRun(CLI::App* app, GlobalOptions* globals)>;
+
+struct CommandDef {
+  std::string name;
+  std::string help;
+  CommandSetup setup;
+};
+
+bool RegisterCommand(CommandDef def);
+const std::vector<CommandDef>& RegisteredCommands();
+
+}  // namespace drover::cli
+
+#define DROVER_CLI_CONCAT_INNER(a, b) a##b
+#define DROVER_CLI_CONCAT(a, b) DROVER_CLI_CONCAT_INNER(a, b)
+// DROVER_REGISTER_COMMAND("submit", "Submit a job spec", [](CLI::App* app, GlobalOptions* g)
+//     -> CommandRun { ...; return [=] { return 0; }; });
+#define DROVER_REGISTER_COMMAND(name, help, setup)                                \
+  static const bool DROVER_CLI_CONCAT(kDroverCommandRegistered_, __LINE__) =     \
+      ::drover::cli::RegisterCommand({name, help, setup})

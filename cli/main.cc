@@ -1,0 +1,57 @@
+// drover: the command-line interface. Subcommands register themselves (cli/command.h).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+
+#include "cli/command.h"
+
+namespace drover::cli {
+
+namespace {
+std::vector<CommandDef>& Registry() {
+  static std::vector<CommandDef> commands;
+  return commands;
+}
+}  // namespace
+
+bool RegisterCommand(CommandDef def) {
+  Registry().push_back(std::move(def));
+  return true;
+}
+
+const std::vector<CommandDef>& RegisteredCommands() { return Registry(); }
+
+}  // namespace drover::cli
+
+int main(int argc, char** argv) {
+  using namespace drover::cli;
+  CLI::App app{"drover: train GPT-style models across machines and keep them training"};
+  app.require_subcommand(1);
+  GlobalOptions globals;
+  const char* env = std::getenv("DROVER_COORDINATOR");
+  globals.coordinator = env != nullptr && *env != '\0' ? env : "127.0.0.1:7600";
+  app.add_option("--coordinator", globals.coordinator,
+                 "coordinator address (default $DROVER_COORDINATOR or 127.0.0.1:7600)");
+
+  std::vector<CommandDef> commands = RegisteredCommands();
+  std::sort(commands.begin(), commands.end(),
+            [](const CommandDef& a, const CommandDef& b) { return a.name < b.name; });
+  std::map<CLI::App*, CommandRun> runs;
+  for (const CommandDef& def : commands) {
+    CLI::App* sub = app.add_subcommand(def.name, def.help);
+    runs[sub] = def.setup(sub, &globals);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+  for (auto& [sub, run] : runs) {
+    if (sub->parsed()) return run();
+  }
+  return kExitUsage;
+}

@@ -1,0 +1,136 @@
+// The job spec (DESIGN.md "Job spec"): YAML decoded into typed structs, with Validate().
+//
+// Key names are part of the user interface. Defaults live here, in the member initializers,
+// and nowhere else. Unknown keys are errors. Every error names the field path
+// ("train.micro_batch"), its YAML line when known, the bad value and what would be valid.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace drover {
+
+struct ModelSpec {
+  int n_layer = 4;
+  int n_head = 4;
+  int n_embd = 128;
+  int block_size = 64;   // longest sequence the model accepts
+  int vocab_size = 256;  // padded to a multiple of 128 inside the engine
+};
+
+struct DataSpec {
+  std::string train;  // llm.c token shards; glob allowed
+  std::string val;    // optional
+};
+
+struct TrainSpec {
+  int64_t steps = 2000;
+  int global_batch = 12;  // sequences per optimizer step, across all dp ranks
+  int micro_batch = 12;   // sequences per forward/backward on one dp rank
+  int seq_len = 64;
+  double lr = 1.0e-3;
+  double min_lr = 1.0e-4;
+  int64_t warmup_steps = 100;
+  std::string schedule = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double eps = 1.0e-8;
+  double grad_clip = 1.0;  // 0 disables clipping
+  uint64_t seed = 1337;
+  int64_t eval_every = 250;  // 0 disables evaluation
+  int eval_batches = 20;
+  std::string init_from;     // optional llm.c model file
+  int64_t log_every = 1;
+};
+
+struct PrecisionSpec {
+  std::string dtype = "fp32";         // fp32 | bf16 | fp16
+  std::string loss_scale = "dynamic"; // dynamic | a positive number (fp16 only)
+};
+
+struct ParallelSpec {
+  int dp = 0;  // 0 = auto (world_size / (pp * tp))
+  int pp = 1;
+  int tp = 1;
+  int zero_stage = 0;                // 0..3
+  std::string pp_schedule = "1f1b";  // gpipe | 1f1b
+};
+
+struct WorldSizeSpec {
+  int min = 1;
+  int max = 1;
+};
+
+struct ResourcesSpec {
+  std::string device = "cpu";  // cpu | cuda
+  WorldSizeSpec world_size;
+  int threads_per_rank = 1;
+};
+
+struct CheckpointSpec {
+  std::string dir;        // default: <output_dir>/ckpt
+  int64_t every_steps = 200;  // 0 disables periodic checkpoints
+  int keep_last = 3;
+  bool async = true;
+};
+
+struct SpikeRollbackSpec {
+  bool enabled = false;
+  double factor = 3.0;
+  int window = 50;
+  int skip_steps = 20;
+};
+
+struct FaultToleranceSpec {
+  int max_restarts = 10;
+  double hang_timeout_s = 120;
+  SpikeRollbackSpec spike_rollback;
+};
+
+struct JobSpec {
+  std::string name;
+  std::string output_dir;  // default: runs/<name>
+  ModelSpec model;
+  DataSpec data;
+  TrainSpec train;
+  PrecisionSpec precision;
+  ParallelSpec parallel;
+  ResourcesSpec resources;
+  CheckpointSpec checkpoint;
+  FaultToleranceSpec fault_tolerance;
+
+  // Checks every field and cross-field rule that does not depend on the world size.
+  Status Validate() const;
+
+  // Checks the layout for one concrete world size: dp * pp * tp == world_size (dp=auto
+  // resolves), global_batch divisible by dp * micro_batch, n_layer divisible by pp,
+  // n_head divisible by tp. Errors name each factor.
+  Status ValidateForWorldSize(int world_size) const;
+
+  // The world sizes in [min, max] that ValidateForWorldSize accepts, ascending.
+  std::vector<int> FeasibleWorldSizes() const;
+};
+
+// Parses YAML text, applies `overrides` ("section.key=value", in order; values are YAML
+// scalars), fills defaults, and validates. `source_name` (a file name) prefixes errors.
+StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
+                               const std::vector<std::string>& overrides = {},
+                               const std::string& source_name = "job spec");
+
+// Reads `path` and calls ParseJobSpec. NotFound names the path.
+StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
+                                  const std::vector<std::string>& overrides = {});
+
+// Returns `yaml_text` with `overrides` applied (for the coordinator to store and hand to
+// trainers, so every rank sees the same effective spec). Fails like ParseJobSpec.
+StatusOr<std::string> ApplyOverrides(const std::string& yaml_text,
+                                     const std::vector<std::string>& overrides);
+
+// Serializes a spec back to YAML (every key, defaults included).
+std::string JobSpecToYaml(const JobSpec& spec);
+
+}  // namespace drover

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages drover builds against, only those that are missing.
+# Uses sudo when not root. Nothing else is downloaded.
+set -euo pipefail
+pkgs=(cmake g++ make pkg-config
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+      libspdlog-dev libcli11-dev libyaml-cpp-dev libgtest-dev libgmock-dev
+      libgloo-dev libopenblas-dev libsqlite3-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "drover: installing missing packages: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,52 @@
+#include "worker/trainer_env.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <string_view>
+
+namespace drover {
+namespace {
+
+std::string GetEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+template <typename T>
+Status ReadNumber(const char* name, T* out) {
+  std::string v = GetEnv(name);
+  if (v.empty()) return OkStatus();
+  T parsed{};
+  auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), parsed);
+  if (ec != std::errc() || ptr != v.data() + v.size()) {
+    return InvalidArgumentError(std::string("environment variable ") + name + "='" + v +
+                                "' is not an integer");
+  }
+  *out = parsed;
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<TrainerEnv> ReadTrainerEnv() {
+  TrainerEnv env;
+  env.coordinator = GetEnv(kEnvCoordinator);
+  env.job_id = GetEnv(kEnvJobId);
+  env.spec_path = GetEnv(kEnvSpecPath);
+  env.resume_checkpoint = GetEnv(kEnvResume);
+  RETURN_IF_ERROR(ReadNumber(kEnvAttempt, &env.attempt));
+  RETURN_IF_ERROR(ReadNumber(kEnvRank, &env.rank));
+  RETURN_IF_ERROR(ReadNumber(kEnvWorldSize, &env.world_size));
+  RETURN_IF_ERROR(ReadNumber(kEnvLocalRank, &env.local_rank));
+  RETURN_IF_ERROR(ReadNumber(kEnvSlot, &env.slot));
+  RETURN_IF_ERROR(ReadNumber(kEnvStatusFd, &env.status_fd));
+  RETURN_IF_ERROR(ReadNumber(kEnvThreads, &env.threads));
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
+    return InvalidArgumentError("DROVER_RANK=" + std::to_string(env.rank) +
+                                " must be in [0, DROVER_WORLD_SIZE=" +
+                                std::to_string(env.world_size) + ")");
+  }
+  return env;
+}
+
+}  // namespace drover

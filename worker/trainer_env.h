@@ -1,0 +1,43 @@
+// The contract between the worker agent and a trainer process it launches: environment
+// variables the agent sets, which the trainer reads at start-up.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace drover {
+
+inline constexpr char kEnvCoordinator[] = "DROVER_COORDINATOR";  // host:port, rendezvous
+inline constexpr char kEnvJobId[] = "DROVER_JOB_ID";
+inline constexpr char kEnvAttempt[] = "DROVER_ATTEMPT";
+inline constexpr char kEnvRank[] = "DROVER_RANK";
+inline constexpr char kEnvWorldSize[] = "DROVER_WORLD_SIZE";
+inline constexpr char kEnvLocalRank[] = "DROVER_LOCAL_RANK";
+inline constexpr char kEnvSlot[] = "DROVER_SLOT";              // GPU ordinal for CUDA
+inline constexpr char kEnvSpecPath[] = "DROVER_SPEC";           // effective job spec YAML
+inline constexpr char kEnvStatusFd[] = "DROVER_STATUS_FD";      // pipe for TrainerReport lines
+inline constexpr char kEnvResume[] = "DROVER_RESUME_CHECKPOINT";  // step_N/ dir or empty
+inline constexpr char kEnvThreads[] = "DROVER_THREADS";
+
+// What a trainer learns from its environment.
+struct TrainerEnv {
+  std::string coordinator;
+  std::string job_id;
+  int64_t attempt = 0;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int slot = 0;
+  std::string spec_path;
+  int status_fd = -1;  // -1 when not launched by an agent
+  std::string resume_checkpoint;
+  int threads = 1;
+};
+
+// Reads the variables above. Missing optional ones keep their defaults; a malformed number
+// is InvalidArgument naming the variable.
+StatusOr<TrainerEnv> ReadTrainerEnv();
+
+}  // namespace drover
