@@ -43,13 +43,13 @@ struct TrainSpec {
   uint64_t seed = 1337;
   int64_t eval_every = 250;  // 0 disables evaluation
   int eval_batches = 20;
-  std::string init_from;     // optional llm.c model file
+  std::string init_from;  // optional llm.c model file
   int64_t log_every = 1;
 };
 
 struct PrecisionSpec {
-  std::string dtype = "fp32";         // fp32 | bf16 | fp16
-  std::string loss_scale = "dynamic"; // dynamic | a positive number (fp16 only)
+  std::string dtype = "fp32";          // fp32 | bf16 | fp16
+  std::string loss_scale = "dynamic";  // dynamic | a positive number (fp16 only)
 };
 
 struct ParallelSpec {
@@ -72,7 +72,7 @@ struct ResourcesSpec {
 };
 
 struct CheckpointSpec {
-  std::string dir;        // default: <output_dir>/ckpt
+  std::string dir;            // default: <output_dir>/ckpt
   int64_t every_steps = 200;  // 0 disables periodic checkpoints
   int keep_last = 3;
   bool async = true;
@@ -103,12 +103,15 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   FaultToleranceSpec fault_tolerance;
 
-  // Checks every field and cross-field rule that does not depend on the world size.
+  // Checks every field and cross-field rule that does not depend on the world size, and
+  // that at least one world size in [min, max] fits the layout. ParseJobSpec calls it (with
+  // YAML lines in the messages); call it yourself on a spec built in code.
   Status Validate() const;
 
   // Checks the layout for one concrete world size: dp * pp * tp == world_size (dp=auto
   // resolves), global_batch divisible by dp * micro_batch, n_layer divisible by pp,
-  // n_head divisible by tp. Errors name each factor.
+  // n_head divisible by tp. Errors name each factor. Does not check that world_size lies in
+  // resources.world_size [min, max]: the caller picks it (scheduler, `drover train --nproc`).
   Status ValidateForWorldSize(int world_size) const;
 
   // The world sizes in [min, max] that ValidateForWorldSize accepts, ascending.
@@ -126,9 +129,12 @@ StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
                                   const std::vector<std::string>& overrides = {});
 
 // Returns `yaml_text` with `overrides` applied (for the coordinator to store and hand to
-// trainers, so every rank sees the same effective spec). Fails like ParseJobSpec.
+// trainers, so every rank sees the same effective spec). Fails like ParseJobSpec, so the
+// result always parses. Without overrides the text is returned as is (comments kept);
+// with overrides it is re-emitted from the YAML tree (comments dropped).
 StatusOr<std::string> ApplyOverrides(const std::string& yaml_text,
-                                     const std::vector<std::string>& overrides);
+                                     const std::vector<std::string>& overrides,
+                                     const std::string& source_name = "job spec");
 
 // Serializes a spec back to YAML (every key, defaults included).
 std::string JobSpecToYaml(const JobSpec& spec);

@@ -1,0 +1,147 @@
+#include "cli/rpc_client.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "cli/command.h"
+#include "worker/grpc_util.h"
+
+namespace drover::cli {
+
+RpcClient::RpcClient(const std::string& address, int64_t timeout_ms)
+    : address_(address),
+      timeout_ms_(timeout_ms),
+      stub_(v1::JobService::NewStub(MakeChannel(address))) {}
+
+Status RpcClient::Check(const grpc::Status& st, const std::string& what) const {
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+    return UnavailableError("cannot reach the coordinator at " + address_ + " (" +
+                            st.error_message() + "); is drover-coordinator running? " +
+                            "(--coordinator or $DROVER_COORDINATOR)");
+  }
+  return FromGrpcStatus(st, what);
+}
+
+#define DROVER_RPC_CALL(method, req, resp, what) \
+  grpc::ClientContext ctx;                       \
+  SetDeadlineMs(&ctx, timeout_ms_);              \
+  RETURN_IF_ERROR(Check(stub_->method(&ctx, req, &resp), what))
+
+StatusOr<std::string> RpcClient::SubmitJob(const std::string& spec_yaml, int priority) {
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(spec_yaml);
+  req.set_priority(priority);
+  v1::SubmitJobResponse resp;
+  DROVER_RPC_CALL(SubmitJob, req, resp, "submit");
+  return resp.job_id();
+}
+
+StatusOr<v1::JobInfo> RpcClient::GetJob(const std::string& job_id) {
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::JobInfo resp;
+  DROVER_RPC_CALL(GetJob, req, resp, "job " + job_id);
+  return resp;
+}
+
+StatusOr<v1::ListJobsResponse> RpcClient::ListJobs() {
+  v1::ListJobsRequest req;
+  v1::ListJobsResponse resp;
+  DROVER_RPC_CALL(ListJobs, req, resp, "jobs");
+  return resp;
+}
+
+StatusOr<v1::CancelJobResponse> RpcClient::CancelJob(const std::string& job_id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  v1::CancelJobResponse resp;
+  DROVER_RPC_CALL(CancelJob, req, resp, "cancel " + job_id);
+  return resp;
+}
+
+StatusOr<v1::ListWorkersResponse> RpcClient::ListWorkers() {
+  v1::ListWorkersRequest req;
+  v1::ListWorkersResponse resp;
+  DROVER_RPC_CALL(ListWorkers, req, resp, "workers");
+  return resp;
+}
+
+StatusOr<v1::ReadLogsResponse> RpcClient::ReadLogs(const std::string& job_id, int rank,
+                                                   int64_t offset) {
+  v1::ReadLogsRequest req;
+  req.set_job_id(job_id);
+  req.set_rank(rank);
+  req.set_offset(offset);
+  req.set_max_bytes(1 << 20);
+  v1::ReadLogsResponse resp;
+  DROVER_RPC_CALL(ReadLogs, req, resp, "logs of " + job_id);
+  return resp;
+}
+
+#undef DROVER_RPC_CALL
+
+int ReportError(const Status& st) {
+  std::cerr << "drover: " << st.message() << "\n";
+  return st.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) return "{}";
+  return out;
+}
+
+std::string FormatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size(), 0);
+  auto measure = [&](const std::vector<std::string>& row) {
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  };
+  measure(header);
+  for (const auto& row : rows) measure(row);
+  std::string out;
+  auto emit = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  };
+  emit(header);
+  for (const auto& row : rows) emit(row);
+  return out;
+}
+
+std::string JobStateName(v1::JobState state) {
+  const std::string& name = v1::JobState_Name(state);
+  return name.empty() ? "UNKNOWN" : name;
+}
+
+std::string FormatDurationMs(int64_t ms) {
+  if (ms < 0) ms = 0;
+  char buf[32];
+  int64_t s = ms / 1000;
+  if (s < 60) {
+    snprintf(buf, sizeof(buf), "%.1fs", static_cast<double>(ms) / 1000.0);
+  } else if (s < 3600) {
+    snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60),
+             static_cast<long long>(s % 60));
+  } else {
+    snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
+             static_cast<long long>((s % 3600) / 60));
+  }
+  return buf;
+}
+
+}  // namespace drover::cli

@@ -1,0 +1,50 @@
+// The CLI's connection to the coordinator: one JobService stub with a deadline per call,
+// gRPC errors translated to Status (worker/grpc_util.h), JSON and table output helpers.
+#pragma once
+
+#include <google/protobuf/message.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/drover.grpc.pb.h"
+
+namespace drover::cli {
+
+class RpcClient {
+ public:
+  explicit RpcClient(const std::string& address, int64_t timeout_ms = 5000);
+
+  StatusOr<std::string> SubmitJob(const std::string& spec_yaml, int priority);
+  StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
+  StatusOr<v1::ListJobsResponse> ListJobs();
+  StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id);
+  StatusOr<v1::ListWorkersResponse> ListWorkers();
+  StatusOr<v1::ReadLogsResponse> ReadLogs(const std::string& job_id, int rank, int64_t offset);
+
+ private:
+  Status Check(const grpc::Status& st, const std::string& what) const;
+
+  std::string address_;
+  int64_t timeout_ms_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+// Prints `st` as one line on stderr and returns the exit code for it: 1 for runtime
+// failures (unreachable coordinator, unknown job), 2 for invalid input.
+int ReportError(const Status& st);
+
+// Protobuf JSON (field names as in the .proto, defaults included) for scripts.
+std::string ToJson(const google::protobuf::Message& message);
+
+// An aligned text table: the header row, then `rows`.
+std::string FormatTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows);
+
+// "RUNNING" from v1::RUNNING; "3.2s" / "5m10s" / "2h03m" for durations.
+std::string JobStateName(v1::JobState state);
+std::string FormatDurationMs(int64_t ms);
+
+}  // namespace drover::cli

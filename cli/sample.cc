@@ -1,0 +1,116 @@
+// `drover sample MODEL --prompt TEXT --tokens N`: generates text from an llm.c model file.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "worker/engine/data/tokenizer.h"
+#include "worker/engine/model/model_file.h"
+#include "worker/engine/threads.h"
+
+namespace drover::cli {
+namespace {
+
+struct SampleFlags {
+  std::string model_path;
+  std::string prompt;
+  int tokens = 200;
+  double temperature = 1.0;
+  int top_k = 0;  // 0: all tokens
+  uint64_t seed = 1337;
+  std::string tokenizer = "byte";
+  std::string encoder;
+  std::string merges;
+  int threads = 0;
+};
+
+// Draws a token from `logits` (V,) at `temperature` among the top_k most likely ones.
+int32_t SampleToken(std::vector<float> logits, double temperature, int top_k,
+                    std::mt19937_64* rng) {
+  const int V = static_cast<int>(logits.size());
+  if (temperature <= 0) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<int32_t> ids(V);
+  for (int i = 0; i < V; ++i) ids[i] = i;
+  int k = (top_k > 0 && top_k < V) ? top_k : V;
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  const double max_logit = logits[ids[0]];
+  std::vector<double> p(k);
+  for (int i = 0; i < k; ++i) p[i] = std::exp((logits[ids[i]] - max_logit) / temperature);
+  std::discrete_distribution<int> pick(p.begin(), p.end());
+  return ids[pick(*rng)];
+}
+
+int RunSample(const SampleFlags& f) {
+  if (f.tokens < 0) {
+    std::fprintf(stderr, "drover sample: --tokens must be >= 0, got %d\n", f.tokens);
+    return kExitUsage;
+  }
+  auto tok = engine::MakeTokenizer(f.tokenizer, f.encoder, f.merges);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "drover sample: %s\n", tok.status().message().c_str());
+    return kExitUsage;
+  }
+  auto model = engine::LoadModelFile(f.model_path);
+  if (!model.ok()) {
+    std::fprintf(stderr, "drover sample: %s\n", model.status().message().c_str());
+    return model.status().code() == StatusCode::kNotFound ? kExitUsage : kExitFailure;
+  }
+  if (f.threads > 0) engine::SetNumThreads(f.threads);
+  const int V = (*model)->config().vocab_size;
+  if ((*tok)->vocab_size() > V) {
+    std::fprintf(stderr, "drover sample: the %s tokenizer has %d tokens but the model only %d\n",
+                 f.tokenizer.c_str(), (*tok)->vocab_size(), V);
+    return kExitUsage;
+  }
+  std::vector<int32_t> context = (*tok)->Encode(f.prompt);
+  if (context.empty()) {
+    // Start from end-of-text when the vocabulary has one, else from a newline byte.
+    const int32_t eot = (*tok)->eot_token();
+    context.push_back(eot >= 0 ? eot : (*tok)->Encode("\n").front());
+  }
+  std::mt19937_64 rng(f.seed);
+  std::fputs(f.prompt.c_str(), stdout);
+  for (int i = 0; i < f.tokens; ++i) {
+    std::vector<float> logits =
+        (*model)->NextTokenLogits(context.data(), static_cast<int>(context.size()));
+    int32_t next = SampleToken(std::move(logits), f.temperature, f.top_k, &rng);
+    context.push_back(next);
+    const int32_t one[1] = {next};
+    std::string text = (*tok)->Decode(one);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  }
+  std::fputc('\n', stdout);
+  return kExitOk;
+}
+
+DROVER_REGISTER_COMMAND(
+    "sample", "Generate text from a model file", [](CLI::App* app, GlobalOptions*) -> CommandRun {
+      auto f = std::make_shared<SampleFlags>();
+      app->add_option("model", f->model_path, "llm.c model file (e.g. runs/NAME/model.bin)")
+          ->required();
+      app->add_option("--prompt", f->prompt, "text to continue (default: empty)");
+      app->add_option("--tokens", f->tokens, "tokens to generate (default 200)");
+      app->add_option("--temperature", f->temperature, "softmax temperature; 0 = greedy")
+          ->check(CLI::NonNegativeNumber);
+      app->add_option("--top-k", f->top_k, "sample among the k most likely tokens; 0 = all")
+          ->check(CLI::NonNegativeNumber);
+      app->add_option("--seed", f->seed, "random seed (default 1337)");
+      app->add_option("--tokenizer", f->tokenizer, "byte | gpt2 (default byte)")
+          ->check(CLI::IsMember({"byte", "gpt2"}));
+      app->add_option("--encoder", f->encoder, "GPT-2 encoder.json (with --tokenizer gpt2)");
+      app->add_option("--merges", f->merges, "GPT-2 vocab.bpe (with --tokenizer gpt2)");
+      app->add_option("--threads", f->threads, "CPU threads (default: all)");
+      return [f] { return RunSample(*f); };
+    });
+
+}  // namespace
+}  // namespace drover::cli

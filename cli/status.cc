@@ -1,0 +1,72 @@
+// drover status JOB [--json]: one job, its attempts, trainers and checkpoints.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cli/command.h"
+#include "cli/rpc_client.h"
+
+namespace drover::cli {
+namespace {
+
+void PrintJob(const v1::JobInfo& info) {
+  const v1::JobRecord& j = info.job();
+  std::cout << "job:         " << j.job_id() << " (" << j.name() << ")\n"
+            << "state:       " << JobStateName(j.state())
+            << (j.reason().empty() ? "" : " - " + j.reason()) << "\n"
+            << "attempt:     " << j.attempt() << "   restarts: " << j.restarts() << "/"
+            << j.max_restarts() << "\n"
+            << "step:        " << j.last_step() << "   loss: " << j.last_loss()
+            << "   tokens/s: " << j.tokens_per_s() << "\n"
+            << "checkpoint:  "
+            << (j.latest_checkpoint_step() >= 0 ? std::to_string(j.latest_checkpoint_step())
+                                                : std::string("none"))
+            << "\n"
+            << "output_dir:  " << j.output_dir() << "\n";
+  if (!info.attempts().empty()) {
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::AttemptRecord& a : info.attempts()) {
+      int64_t end = a.ended_ms() > 0 ? a.ended_ms() : 0;
+      rows.push_back({std::to_string(a.attempt()), std::to_string(a.world_size()),
+                      a.resume_step() >= 0 ? std::to_string(a.resume_step()) : "-",
+                      end > 0 ? FormatDurationMs(end - a.started_ms()) : "running",
+                      a.end_reason()});
+    }
+    std::cout << "\n" << FormatTable({"ATTEMPT", "WORLD", "RESUMED", "DURATION", "END"}, rows);
+  }
+  if (!info.trainers().empty()) {
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::TrainerStatus& t : info.trainers()) {
+      std::string state = v1::TrainerState_Name(t.state());
+      if (state.rfind("TRAINER_", 0) == 0) state = state.substr(8);
+      char loss[32];
+      snprintf(loss, sizeof(loss), "%.4f", t.progress().loss());
+      rows.push_back({std::to_string(t.rank()), std::to_string(t.pid()), state,
+                      std::to_string(t.progress().step()), loss,
+                      std::to_string(static_cast<int64_t>(t.progress().step_ms()))});
+    }
+    std::cout << "\n" << FormatTable({"RANK", "PID", "STATE", "STEP", "LOSS", "STEP_MS"}, rows);
+  }
+}
+
+CommandRun SetupStatus(CLI::App* app, GlobalOptions* globals) {
+  auto job = std::make_shared<std::string>();
+  app->add_option("job", *job, "job id")->required();
+  app->add_flag("--json", globals->json, "protobuf JSON for scripts");
+  return [job, globals]() -> int {
+    RpcClient client(globals->coordinator);
+    auto info = client.GetJob(*job);
+    if (!info.ok()) return ReportError(info.status());
+    if (globals->json) {
+      std::cout << ToJson(*info);
+    } else {
+      PrintJob(*info);
+    }
+    return kExitOk;
+  };
+}
+
+}  // namespace
+
+DROVER_REGISTER_COMMAND("status", "Show one job", SetupStatus);
+
+}  // namespace drover::cli

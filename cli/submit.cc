@@ -1,0 +1,47 @@
+// drover submit JOB.yaml [--set k=v]... [--priority P]: validates locally, prints the job id.
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli/command.h"
+#include "cli/rpc_client.h"
+#include "common/job_spec.h"
+
+namespace drover::cli {
+namespace {
+
+CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
+  struct Args {
+    std::string path;
+    std::vector<std::string> sets;
+    int priority = 0;
+  };
+  auto args = std::make_shared<Args>();
+  app->add_option("spec", args->path, "job spec YAML")->required();
+  app->add_option("--set", args->sets, "override section.key=value (repeatable)");
+  app->add_option("--priority", args->priority, "higher runs first (default 0)");
+  return [args, globals]() -> int {
+    std::ifstream in(args->path);
+    if (!in) return ReportError(InvalidArgumentError("cannot read job spec '" + args->path + "'"));
+    std::stringstream text;
+    text << in.rdbuf();
+    // The coordinator stores the spec with overrides applied, so every rank of every
+    // attempt sees the same thing; validate here so a typo fails before it is queued.
+    StatusOr<std::string> yaml = ApplyOverrides(text.str(), args->sets);
+    if (!yaml.ok()) return ReportError(InvalidArgumentError(yaml.status().message()));
+    StatusOr<JobSpec> spec = ParseJobSpec(*yaml, {}, args->path);
+    if (!spec.ok()) return ReportError(InvalidArgumentError(spec.status().message()));
+    RpcClient client(globals->coordinator);
+    StatusOr<std::string> id = client.SubmitJob(*yaml, args->priority);
+    if (!id.ok()) return ReportError(id.status());
+    std::cout << *id << "\n";
+    return kExitOk;
+  };
+}
+
+}  // namespace
+
+DROVER_REGISTER_COMMAND("submit", "Submit a job spec; prints the job id", SetupSubmit);
+
+}  // namespace drover::cli

@@ -1,0 +1,63 @@
+// drover wait JOB [--timeout S]: blocks until the job ends; exit 0 only on SUCCEEDED.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/rpc_client.h"
+
+namespace drover::cli {
+namespace {
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
+  struct Args {
+    std::string job;
+    double timeout_s = 0;
+  };
+  auto args = std::make_shared<Args>();
+  app->add_option("job", args->job, "job id")->required();
+  app->add_option("--timeout", args->timeout_s, "give up after S seconds (default: never)")
+      ->check(CLI::NonNegativeNumber);
+  return [args, globals]() -> int {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(args->timeout_s * 1000));
+    RpcClient client(globals->coordinator);
+    // A coordinator restart during a long wait is survivable: keep polling until the
+    // deadline; only a coordinator that never answered is an error at once.
+    bool ever_reached = false;
+    for (;;) {
+      auto info = client.GetJob(args->job);
+      if (info.ok()) {
+        ever_reached = true;
+        v1::JobState state = info->job().state();
+        if (IsTerminal(state)) {
+          std::cout << args->job << " " << JobStateName(state)
+                    << (info->job().reason().empty() ? "" : ": " + info->job().reason()) << "\n";
+          return state == v1::SUCCEEDED ? kExitOk : kExitFailure;
+        }
+      } else if (!ever_reached || info.status().code() != StatusCode::kUnavailable) {
+        return ReportError(info.status());
+      } else {
+        client = RpcClient(globals->coordinator);  // dial a restarted coordinator afresh
+      }
+      if (args->timeout_s > 0 && Clock::now() >= deadline) {
+        std::cerr << "drover: timed out after " << args->timeout_s << " s waiting for " << args->job
+                  << "\n";
+        return kExitFailure;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  };
+}
+
+}  // namespace
+
+DROVER_REGISTER_COMMAND("wait", "Wait for a job to end (exit 0 only when it succeeded)", SetupWait);
+
+}  // namespace drover::cli

@@ -1,0 +1,46 @@
+// drover workers [--json]: every node, its state, slots and trainers.
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cli/command.h"
+#include "cli/rpc_client.h"
+
+namespace drover::cli {
+namespace {
+
+CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
+  app->add_flag("--json", globals->json, "protobuf JSON for scripts");
+  return [globals]() -> int {
+    RpcClient client(globals->coordinator);
+    auto resp = client.ListWorkers();
+    if (!resp.ok()) return ReportError(resp.status());
+    if (globals->json) {
+      std::cout << ToJson(*resp);
+      return kExitOk;
+    }
+    std::vector<std::vector<std::string>> rows;
+    for (const v1::WorkerInfo& w : resp->workers()) {
+      const v1::NodeRecord& n = w.node();
+      std::string state = v1::NodeState_Name(n.state());
+      if (state.rfind("NODE_", 0) == 0) state = state.substr(5);
+      std::string device = n.slots().empty() ? "-" : v1::DeviceKind_Name(n.slots(0).device());
+      std::string jobs;
+      for (const v1::TrainerStatus& t : w.trainers()) {
+        if (!jobs.empty()) jobs += ",";
+        jobs += t.job_id() + "/" + std::to_string(t.rank());
+      }
+      rows.push_back({n.name(), state, device, std::to_string(n.slots_size()),
+                      std::to_string(w.free_slots()), std::to_string(n.failures()), n.address(),
+                      jobs.empty() ? "-" : jobs});
+    }
+    std::cout << FormatTable(
+        {"NAME", "STATE", "DEVICE", "SLOTS", "FREE", "FAILURES", "ADDRESS", "TRAINERS"}, rows);
+    return kExitOk;
+  };
+}
+
+}  // namespace
+
+DROVER_REGISTER_COMMAND("workers", "List worker nodes", SetupWorkers);
+
+}  // namespace drover::cli

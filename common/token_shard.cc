@@ -1,0 +1,155 @@
+#include "common/token_shard.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+namespace drover {
+namespace {
+
+// Closes a file descriptor on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+
+ private:
+  int fd_;
+};
+
+Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "write " + path);
+    }
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return OkStatus();
+}
+
+// Reads exactly `bytes` at `offset`; DataLoss if the file ends first.
+Status ReadAllAt(int fd, void* data, size_t bytes, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "read " + path);
+    }
+    if (n == 0) return DataLossError(path + ": unexpected end of file");
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+  return OkStatus();
+}
+
+// Opens `path` and validates its header; returns the token count and keeps the fd open.
+StatusOr<uint64_t> OpenAndCheck(const std::string& path, Fd* fd) {
+  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (raw < 0) return ErrnoToStatus(errno, "token shard " + path);
+  fd->reset(raw);
+  struct stat st;
+  if (::fstat(raw, &st) != 0) return ErrnoToStatus(errno, "stat " + path);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < kTokenShardHeaderBytes) {
+    return DataLossError("token shard " + path + ": file is " + std::to_string(size) +
+                         " bytes, shorter than the " + std::to_string(kTokenShardHeaderBytes) +
+                         "-byte header");
+  }
+  int32_t header[kTokenShardHeaderInts];
+  RETURN_IF_ERROR(ReadAllAt(raw, header, sizeof(header), 0, path));
+  return CheckTokenShardHeader(header, size, path);
+}
+
+}  // namespace
+
+StatusOr<uint64_t> CheckTokenShardHeader(const int32_t* header, uint64_t file_size,
+                                         const std::string& path) {
+  if (header[0] != kTokenShardMagic) {
+    return DataLossError("token shard " + path + ": bad magic " + std::to_string(header[0]) +
+                         ", expected " + std::to_string(kTokenShardMagic) +
+                         " (not an llm.c token shard?)");
+  }
+  if (header[1] != kTokenShardVersion) {
+    return DataLossError("token shard " + path + ": unsupported version " +
+                         std::to_string(header[1]) + ", expected " +
+                         std::to_string(kTokenShardVersion) + " (uint16 tokens)");
+  }
+  if (header[2] < 0) {
+    return DataLossError("token shard " + path + ": negative token count " +
+                         std::to_string(header[2]));
+  }
+  const auto count = static_cast<uint64_t>(header[2]);
+  const uint64_t expected = kTokenShardHeaderBytes + count * sizeof(uint16_t);
+  if (file_size != expected) {
+    return DataLossError("token shard " + path + ": header says " + std::to_string(count) +
+                         " tokens, so the file should be " + std::to_string(expected) +
+                         " bytes, but it is " + std::to_string(file_size) + " bytes" +
+                         (file_size < expected ? " (truncated)" : " (trailing data)"));
+  }
+  return count;
+}
+
+Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens) {
+  // The count is an int32 in the header: llm.c's format caps a shard at 2^31 - 1 tokens.
+  if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
+    return InvalidArgumentError("token shard " + path + ": " + std::to_string(tokens.size()) +
+                                " tokens exceed the format's limit of 2147483647");
+  }
+  int32_t header[kTokenShardHeaderInts] = {};
+  header[0] = kTokenShardMagic;
+  header[1] = kTokenShardVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+
+  const std::string tmp = path + ".tmp";
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return ErrnoToStatus(errno, "create " + tmp);
+  RETURN_IF_ERROR(WriteAll(fd.get(), header, sizeof(header), tmp));
+  RETURN_IF_ERROR(WriteAll(fd.get(), tokens.data(), tokens.size_bytes(), tmp));
+  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, "fsync " + tmp);
+  if (::close(fd.release()) != 0) return ErrnoToStatus(errno, "close " + tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return ErrnoToStatus(errno, "rename " + tmp + " to " + path);
+  }
+  return OkStatus();
+}
+
+StatusOr<uint64_t> ReadTokenShardCount(const std::string& path) {
+  Fd fd(-1);
+  return OpenAndCheck(path, &fd);
+}
+
+StatusOr<std::vector<uint16_t>> ReadTokenShard(const std::string& path) {
+  Fd fd(-1);
+  ASSIGN_OR_RETURN(const uint64_t count, OpenAndCheck(path, &fd));
+  std::vector<uint16_t> tokens(count);
+  RETURN_IF_ERROR(
+      ReadAllAt(fd.get(), tokens.data(), count * sizeof(uint16_t), kTokenShardHeaderBytes, path));
+  return tokens;
+}
+
+}  // namespace drover

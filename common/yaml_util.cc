@@ -1,0 +1,183 @@
+#include "common/yaml_util.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+namespace drover::yaml_util {
+namespace {
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Scalars only; anything else gets one uniform message naming what was expected.
+Status RequireScalar(const YAML::Node& node, std::string_view expected) {
+  if (node.IsScalar()) return OkStatus();
+  return InvalidArgumentError("expected " + std::string(expected) + ", got " + Describe(node));
+}
+
+}  // namespace
+
+Status Parse(const std::string& text, YAML::Node* out) {
+  try {
+    *out = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    // yaml-cpp marks are 0-based; people count from 1.
+    return InvalidArgumentError("invalid YAML at line " + std::to_string(e.mark.line + 1) +
+                                ", column " + std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+  return OkStatus();
+}
+
+int LineOf(const YAML::Node& node) {
+  const YAML::Mark mark = node.Mark();
+  return mark.is_null() ? 0 : mark.line + 1;
+}
+
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+bool ParseInt64(std::string_view text, int64_t* out) {
+  if (!text.empty() && text.front() == '+') {
+    text.remove_prefix(1);
+    if (!text.empty() && text.front() == '-') return false;
+  }
+  if (text.empty()) return false;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  return ec == std::errc() && ptr == end;
+}
+
+bool ParseDouble(std::string_view text, double* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text.front()))) return false;
+  std::string copy(text);  // strtod needs a terminated string
+  char* end = nullptr;
+  const double v = std::strtod(copy.c_str(), &end);
+  if (end != copy.c_str() + copy.size() || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+Status DecodeScalar(const YAML::Node& node, int64_t* out) {
+  RETURN_IF_ERROR(RequireScalar(node, "an integer"));
+  if (!ParseInt64(node.Scalar(), out)) {
+    return InvalidArgumentError("expected an integer, got " + Describe(node));
+  }
+  return OkStatus();
+}
+
+Status DecodeScalar(const YAML::Node& node, int* out) {
+  int64_t v = 0;
+  RETURN_IF_ERROR(DecodeScalar(node, &v));
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
+    return InvalidArgumentError(node.Scalar() + " is too large for a 32-bit integer");
+  }
+  *out = static_cast<int>(v);
+  return OkStatus();
+}
+
+Status DecodeScalar(const YAML::Node& node, uint64_t* out) {
+  RETURN_IF_ERROR(RequireScalar(node, "a non-negative integer"));
+  std::string_view text = node.Scalar();
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    return InvalidArgumentError("expected a non-negative integer, got " + Describe(node));
+  }
+  return OkStatus();
+}
+
+Status DecodeScalar(const YAML::Node& node, double* out) {
+  RETURN_IF_ERROR(RequireScalar(node, "a number"));
+  if (!ParseDouble(node.Scalar(), out)) {
+    return InvalidArgumentError("expected a finite number, got " + Describe(node));
+  }
+  return OkStatus();
+}
+
+Status DecodeScalar(const YAML::Node& node, bool* out) {
+  RETURN_IF_ERROR(RequireScalar(node, "true or false"));
+  const std::string v = Lower(node.Scalar());
+  if (v == "true" || v == "yes" || v == "on") {
+    *out = true;
+  } else if (v == "false" || v == "no" || v == "off") {
+    *out = false;
+  } else {
+    return InvalidArgumentError("expected true or false, got " + Describe(node));
+  }
+  return OkStatus();
+}
+
+Status DecodeScalar(const YAML::Node& node, std::string* out) {
+  if (node.IsNull()) {
+    out->clear();
+    return OkStatus();
+  }
+  RETURN_IF_ERROR(RequireScalar(node, "a string"));
+  *out = node.Scalar();
+  return OkStatus();
+}
+
+std::string FormatDouble(double value) {
+  char buf[64];
+  auto [ptr, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+  DROVER_CHECK(ec == std::errc());
+  std::string s(buf, ptr);
+  if (!std::isfinite(value)) return s;
+  const size_t e = s.find('e');
+  if (s.find('.') == std::string::npos) s.insert(e == std::string::npos ? s.size() : e, ".0");
+  return s;
+}
+
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];  // row[i-1][j-1]
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates) {
+  // A third of the word's length (at least 2) catches transpositions and dropped letters;
+  // words of three letters or fewer get one edit, or every short key would match.
+  if (word.empty()) return "";
+  const size_t limit = word.size() <= 3 ? 1 : std::max<size_t>(2, word.size() / 3);
+  std::string best;
+  size_t best_distance = limit + 1;
+  for (const std::string& c : candidates) {
+    const size_t d = EditDistance(Lower(word), Lower(c));
+    if (d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+}  // namespace drover::yaml_util

@@ -1,0 +1,339 @@
+#include "coordinator/coordinator.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <random>
+
+#include "coordinator/ids.h"
+
+namespace drover::coordinator {
+namespace {
+
+constexpr char kSaltCounter[] = "job_id_salt";
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorOptions& options,
+                                                         const Clock* clock) {
+  if (options.state_dir.empty()) return InvalidArgumentError("--state-dir is required");
+  std::error_code ec;
+  std::filesystem::create_directories(options.state_dir + "/logs", ec);
+  if (ec) {
+    return FailedPreconditionError("cannot create state dir " + options.state_dir + ": " +
+                                   ec.message());
+  }
+  ASSIGN_OR_RETURN(auto store, SqliteStore::Open(options.state_dir + "/state.db"));
+  ASSIGN_OR_RETURN(StoreContents contents, store->LoadAll());
+  std::unique_ptr<Coordinator> c(new Coordinator(options, clock, std::move(store)));
+  RETURN_IF_ERROR(c->Restore(contents));
+  return c;
+}
+
+Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
+                         std::unique_ptr<SqliteStore> store)
+    : clock_(clock),
+      options_(options),
+      store_(std::move(store)),
+      writer_(std::make_unique<StoreWriter>(store_.get())),
+      logs_(options.state_dir + "/logs"),
+      nodes_(clock, options.nodes),
+      health_(options.heartbeat_timeout_ms),
+      jobs_(clock, JobManagerOptions{options.stop_grace_ms, ""},
+            JobManager::Hooks{[this](StoreBatch b) { Persist(std::move(b)); },
+                              [this](const std::string& job, int64_t attempt) {
+                                rendezvous_.OpenAttempt(job, attempt);
+                              },
+                              [this](const std::string& job, int64_t attempt) {
+                                rendezvous_.CloseAttempt(job, attempt);
+                                health_.ForgetAttempt(job, attempt);
+                              }}) {}
+
+Coordinator::~Coordinator() {
+  // The writer drains its queue in its destructor, before the store closes.
+  writer_.reset();
+}
+
+void Coordinator::Persist(StoreBatch batch) {
+  last_write_seq_ = writer_->Enqueue(std::move(batch));
+}
+
+Status Coordinator::Restore(const StoreContents& contents) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto salt = contents.counters.find(kSaltCounter);
+  if (salt != contents.counters.end()) {
+    id_salt_ = static_cast<uint32_t>(salt->second);
+  } else {
+    id_salt_ = std::random_device{}() & 0xffffu;
+    StoreBatch batch;
+    batch.counters[kSaltCounter] = id_salt_;
+    Persist(std::move(batch));
+  }
+  const int64_t now = clock_->NowMs();
+  for (const auto& node : contents.nodes) {
+    nodes_.Restore(node);
+    // A fresh lease: the node's agent gets a full heartbeat timeout to reconnect.
+    if (node.state() != v1::NODE_DEAD) health_.OnHeartbeat(node.name(), now);
+  }
+  jobs_.Restore(contents.jobs, contents.attempts);
+  for (const auto& c : contents.checkpoints) checkpoints_.Add(c);
+  for (const auto& job : contents.jobs) {
+    next_submit_seq_ = std::max(next_submit_seq_, job.submit_seq() + 1);
+    if (job.state() == v1::RUNNING) rendezvous_.OpenAttempt(job.job_id(), job.attempt());
+  }
+  spdlog::info("state restored from {}: {} jobs, {} nodes, {} checkpoints", options_.state_dir,
+               contents.jobs.size(), contents.nodes.size(), contents.checkpoints.size());
+  return OkStatus();
+}
+
+void Coordinator::SetAdvertisedAddress(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.set_coordinator_address(address);
+}
+
+void Coordinator::ObserveTrainers(const std::string& node) {
+  // Copy: JobManager's reactions never change the node's listing, but keep it obvious.
+  const std::vector<v1::TrainerStatus> listed = *nodes_.Trainers(node);
+  const int64_t now = clock_->NowMs();
+  for (const auto& t : listed) {
+    jobs_.OnTrainerStatus(node, t);
+    const TrainerKey key = TrainerKey::Of(t);
+    if (IsLive(t) && jobs_.IsCurrent(key)) {
+      health_.OnTrainerProgress(key, t.progress().step(), jobs_.HangTimeoutMs(t.job_id()), now);
+    } else {
+      health_.ForgetTrainer(key);
+    }
+  }
+  jobs_.OnListing(node, listed);
+}
+
+StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
+  if (request.name().empty() || request.agent_id().empty()) {
+    return InvalidArgumentError("register: name and agent_id are required");
+  }
+  if (request.slots_size() == 0) return InvalidArgumentError("register: a node needs slots");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    StoreBatch batch;
+    batch.nodes.push_back(nodes_.Register(request));
+    Persist(std::move(batch));
+    health_.OnHeartbeat(request.name(), clock_->NowMs());
+    ObserveTrainers(request.name());
+  }
+  spdlog::info("node {} registered: {} slots, agent {}, {} trainers running", request.name(),
+               request.slots_size(), request.agent_id(), request.running_size());
+  v1::RegisterResponse response;
+  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval_ms));
+  response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout_ms));
+  return response;
+}
+
+v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  v1::HeartbeatResponse response;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!nodes_.Accepts(request.name(), request.agent_id())) {
+    response.set_reregister(true);
+    return response;
+  }
+  health_.OnHeartbeat(request.name(), clock_->NowMs());
+  if (auto changed = nodes_.OnHeartbeat(request)) {
+    StoreBatch batch;
+    batch.nodes.push_back(*changed);
+    Persist(std::move(batch));
+  }
+  ObserveTrainers(request.name());
+  for (const auto& c : request.checkpoints()) {
+    if (jobs_.OnCheckpoint(c) && checkpoints_.Add(c)) {
+      StoreBatch batch;
+      batch.checkpoints.push_back(c);
+      Persist(std::move(batch));
+    }
+  }
+  jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders());
+  return response;
+}
+
+Status Coordinator::ReportTrainerExit(const v1::TrainerExitRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!nodes_.Accepts(request.name(), request.agent_id())) {
+    return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
+                                   request.name() + "; register first");
+  }
+  nodes_.UpdateTrainer(request.name(), request.trainer());
+  jobs_.OnTrainerStatus(request.name(), request.trainer());
+  health_.ForgetTrainer(TrainerKey::Of(request.trainer()));
+  return OkStatus();
+}
+
+Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {
+  return logs_.Append(request.job_id(), request.attempt(), request.rank(), request.offset(),
+                      request.data());
+}
+
+StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+  int64_t seq;
+  std::string job_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t submit_seq = next_submit_seq_;
+    ASSIGN_OR_RETURN(job_id, jobs_.Submit(request.spec_yaml(), request.priority(),
+                                          MakeJobId(submit_seq, id_salt_), submit_seq));
+    ++next_submit_seq_;
+    seq = last_write_seq_;
+  }
+  RETURN_IF_ERROR(writer_->WaitDurable(seq));
+  spdlog::info("job {} submitted", job_id);
+  return job_id;
+}
+
+StatusOr<v1::JobInfo> Coordinator::GetJob(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const v1::JobRecord* rec = jobs_.Find(job_id);
+  if (!rec) return NotFoundError("no job " + job_id);
+  v1::JobInfo info;
+  *info.mutable_job() = *rec;
+  for (auto& a : jobs_.Attempts(job_id)) *info.add_attempts() = std::move(a);
+  for (auto& t : jobs_.CurrentTrainers(job_id)) *info.add_trainers() = std::move(t);
+  for (auto& c : checkpoints_.ForJob(job_id)) *info.add_checkpoints() = std::move(c);
+  return info;
+}
+
+v1::ListJobsResponse Coordinator::ListJobs() {
+  v1::ListJobsResponse response;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& j : jobs_.List()) *response.add_jobs() = std::move(j);
+  return response;
+}
+
+StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
+  int64_t seq;
+  v1::JobState state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(state, jobs_.Cancel(job_id));
+    seq = last_write_seq_;
+  }
+  RETURN_IF_ERROR(writer_->WaitDurable(seq));
+  return state;
+}
+
+std::set<std::pair<std::string, int>> Coordinator::BusySlots() const {
+  // A slot is busy while a current attempt holds it, and also while its agent still lists
+  // a live trainer there (a stopped attempt's survivor keeps its slot until it exits).
+  std::set<std::pair<std::string, int>> busy;
+  jobs_.ForEachReservedSlot([&](const std::string& node, int slot) { busy.emplace(node, slot); });
+  for (const std::string& name : nodes_.Names()) {
+    for (const auto& t : *nodes_.Trainers(name)) {
+      if (!IsLive(t)) continue;
+      if (auto slot = jobs_.SlotOf(name, TrainerKey::Of(t))) busy.emplace(name, *slot);
+    }
+  }
+  return busy;
+}
+
+v1::ListWorkersResponse Coordinator::ListWorkers() {
+  v1::ListWorkersResponse response;
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto busy = BusySlots();
+  for (const std::string& name : nodes_.Names()) {
+    v1::WorkerInfo* w = response.add_workers();
+    *w->mutable_node() = *nodes_.Find(name);
+    for (const auto& t : *nodes_.Trainers(name)) *w->add_trainers() = t;
+    int free = 0;
+    if (nodes_.Schedulable(name)) {
+      for (const auto& s : w->node().slots()) free += busy.count({name, s.index()}) ? 0 : 1;
+    }
+    w->set_free_slots(free);
+  }
+  return response;
+}
+
+StatusOr<v1::ReadLogsResponse> Coordinator::ReadLogs(const v1::ReadLogsRequest& request) {
+  bool finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const v1::JobRecord* rec = jobs_.Find(request.job_id());
+    if (!rec) return NotFoundError("no job " + request.job_id());
+    // Agents ship the last lines shortly after a trainer exits: the log is final only a
+    // couple of heartbeat periods after the job ended.
+    finished = IsTerminal(rec->state()) &&
+               clock_->WallNowMs() > rec->finished_ms() + 2 * options_.heartbeat_interval_ms;
+  }
+  const int rank = request.rank() < 0 ? 0 : request.rank();
+  ASSIGN_OR_RETURN(LogStore::Chunk chunk,
+                   logs_.Read(request.job_id(), rank, request.offset(), request.max_bytes()));
+  v1::ReadLogsResponse response;
+  response.set_job_finished(finished && chunk.data.empty());
+  response.set_next_offset(chunk.next_offset);
+  response.set_data(std::move(chunk.data));
+  return response;
+}
+
+void Coordinator::ScheduleLocked() {
+  std::vector<PendingJob> pending = jobs_.Pending();
+  if (pending.empty()) return;
+  const auto busy = BusySlots();
+  std::vector<NodeCapacity> capacity;
+  std::map<v1::DeviceKind, int64_t> ever;
+  for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) ever[d] = nodes_.TotalSlotsEver(d);
+  for (const std::string& name : nodes_.Names()) {
+    if (!nodes_.Schedulable(name)) continue;
+    const v1::NodeRecord* rec = nodes_.Find(name);
+    // A node offers one device kind per slot; group its free slots per kind.
+    std::map<v1::DeviceKind, NodeCapacity> per_device;
+    for (const auto& s : rec->slots()) {
+      if (busy.count({name, s.index()})) continue;
+      NodeCapacity& c = per_device[s.device()];
+      c.name = name;
+      c.device = s.device();
+      c.free_slots.push_back(s.index());
+    }
+    for (auto& [d, c] : per_device) {
+      std::sort(c.free_slots.begin(), c.free_slots.end());
+      capacity.push_back(std::move(c));
+    }
+  }
+  ScheduleResult result = Schedule(std::move(pending), std::move(capacity), ever);
+  for (const Placement& p : result.placements) {
+    jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));
+  }
+  for (const auto& [job, why] : result.waiting) jobs_.SetWaitingReason(job, why);
+}
+
+void Coordinator::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  HealthManager::Events events = health_.Tick(clock_->NowMs());
+  for (const std::string& node : events.dead_nodes) {
+    if (auto rec = nodes_.MarkDead(node)) {
+      spdlog::warn("node {} is dead: no heartbeat for {} ms (failures: {})", node,
+                   options_.heartbeat_timeout_ms, rec->failures());
+      StoreBatch batch;
+      batch.nodes.push_back(*rec);
+      Persist(std::move(batch));
+    }
+    jobs_.OnNodeLost(node, "is dead (no heartbeat for " +
+                               std::to_string(options_.heartbeat_timeout_ms) + " ms)");
+  }
+  for (const TrainerKey& key : events.hung) jobs_.OnHang(key);
+  for (auto& rec : nodes_.ExpireCordons()) {
+    StoreBatch batch;
+    batch.nodes.push_back(std::move(rec));
+    Persist(std::move(batch));
+  }
+  ScheduleLocked();
+}
+
+Status Coordinator::Flush() {
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq = last_write_seq_;
+  }
+  return writer_->WaitDurable(seq);
+}
+
+}  // namespace drover::coordinator

@@ -1,0 +1,105 @@
+// Coordinator: the state of one drover cluster and the handlers of every RPC, without the
+// transport (coordinator/server.h puts gRPC in front of it).
+//
+// It owns the managers, declared below in dependency order, and wires them together:
+// heartbeats feed NodeManager, HealthManager and JobManager; Tick() turns expired leases
+// and hangs into failures and runs the scheduler; JobManager's state changes go through
+// the StoreWriter to SQLite, off the state lock.
+//
+// Thread-safe: any RPC thread may call any method. One mutex (mu_) guards the in-memory
+// cluster state; it is never held across disk or network I/O (the store writer, the log
+// store and rendezvous waits all run outside it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "coordinator/checkpoint_registry.h"
+#include "coordinator/health_manager.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/log_store.h"
+#include "coordinator/node_manager.h"
+#include "coordinator/rendezvous.h"
+#include "coordinator/store/sqlite_store.h"
+#include "coordinator/store/store_writer.h"
+#include "proto/drover.pb.h"
+
+namespace drover::coordinator {
+
+struct CoordinatorOptions {
+  std::string state_dir;                 // state.db and logs/ live here
+  int64_t heartbeat_interval_ms = 1000;  // told to agents at registration
+  int64_t heartbeat_timeout_ms = 3000;   // a node is dead after this without a heartbeat
+  int64_t stop_grace_ms = 5000;          // SIGTERM -> SIGKILL grace in stop orders
+  NodeManagerOptions nodes;
+};
+
+class Coordinator {
+ public:
+  // Opens (or creates) the state dir and restores everything in it. Restored nodes get a
+  // fresh heartbeat-timeout grace period, so a coordinator restart kills nothing.
+  static StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorOptions& options,
+                                                     const Clock* clock);
+  ~Coordinator();
+
+  // The address trainers dial for rendezvous, once the server knows its port.
+  void SetAdvertisedAddress(const std::string& address);
+
+  // WorkerService.
+  StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  v1::HeartbeatResponse Heartbeat(const v1::HeartbeatRequest& request);
+  Status ReportTrainerExit(const v1::TrainerExitRequest& request);
+  Status AppendLogs(const v1::AppendLogsRequest& request);
+
+  // JobService. Submit and Cancel answer only once the change is durable.
+  StatusOr<std::string> SubmitJob(const v1::SubmitJobRequest& request);
+  StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
+  v1::ListJobsResponse ListJobs();
+  StatusOr<v1::JobState> CancelJob(const std::string& job_id);
+  v1::ListWorkersResponse ListWorkers();
+  StatusOr<v1::ReadLogsResponse> ReadLogs(const v1::ReadLogsRequest& request);
+
+  // RendezvousService: thread-safe on its own.
+  RendezvousStore& rendezvous() { return rendezvous_; }
+
+  // Expires heartbeat leases and hangs, ends cordons, places pending jobs. Called by the
+  // server's ticker thread (and by tests, after advancing a FakeClock).
+  void Tick();
+
+  // Blocks until every state change so far is in SQLite (for tests and shutdown).
+  Status Flush();
+
+ private:
+  Coordinator(const CoordinatorOptions& options, const Clock* clock,
+              std::unique_ptr<SqliteStore> store);
+  Status Restore(const StoreContents& contents);
+  void Persist(StoreBatch batch);                           // REQUIRES(mu_)
+  void ObserveTrainers(const std::string& node);            // REQUIRES(mu_)
+  std::set<std::pair<std::string, int>> BusySlots() const;  // REQUIRES(mu_)
+  void ScheduleLocked();                                    // REQUIRES(mu_)
+
+  const Clock* const clock_;
+  const CoordinatorOptions options_;
+  // Dependency order: the store and its writer first; the managers that persist through
+  // them after; the registry of checkpoints before the job manager that resumes from it.
+  std::unique_ptr<SqliteStore> store_;
+  std::unique_ptr<StoreWriter> writer_;
+  LogStore logs_;
+  RendezvousStore rendezvous_;
+
+  mutable std::mutex mu_;
+  NodeManager nodes_;               // GUARDED_BY(mu_)
+  HealthManager health_;            // GUARDED_BY(mu_)
+  CheckpointRegistry checkpoints_;  // GUARDED_BY(mu_)
+  JobManager jobs_;                 // GUARDED_BY(mu_)
+  int64_t next_submit_seq_ = 1;     // GUARDED_BY(mu_)
+  uint32_t id_salt_ = 0;            // GUARDED_BY(mu_)
+  int64_t last_write_seq_ = 0;      // GUARDED_BY(mu_): the newest batch queued
+};
+
+}  // namespace drover::coordinator

@@ -1,0 +1,415 @@
+#include "coordinator/job_manager.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace drover::coordinator {
+namespace {
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+v1::DeviceKind DeviceOf(const JobSpec& spec) {
+  return spec.resources.device == "cuda" ? v1::CUDA : v1::CPU;
+}
+
+std::string DescribeExit(const v1::TrainerStatus& t, const std::string& node) {
+  std::string s = "rank " + std::to_string(t.rank()) + " on " + node;
+  if (t.signal() != 0) return s + " was killed by signal " + std::to_string(t.signal());
+  return s + " exited with code " + std::to_string(t.exit_code());
+}
+
+}  // namespace
+
+JobManager::JobManager(const Clock* clock, JobManagerOptions options, Hooks hooks)
+    : clock_(clock), options_(std::move(options)), hooks_(std::move(hooks)) {}
+
+JobManager::Job* JobManager::Get(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+const JobManager::Job* JobManager::Get(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+void JobManager::Persist(const Job& job, const v1::AttemptRecord* attempt) {
+  if (!hooks_.persist) return;
+  StoreBatch batch;
+  batch.jobs.push_back(job.rec);
+  if (attempt) batch.attempts.push_back(*attempt);
+  hooks_.persist(std::move(batch));
+}
+
+void JobManager::IndexPlacement(const Job& job, bool add) {
+  for (const auto& r : job.rec.placement()) {
+    if (add) {
+      jobs_on_node_[r.node()].insert(job.rec.job_id());
+    } else if (auto it = jobs_on_node_.find(r.node()); it != jobs_on_node_.end()) {
+      it->second.erase(job.rec.job_id());
+      if (it->second.empty()) jobs_on_node_.erase(it);
+    }
+  }
+}
+
+void JobManager::UpdateReason(Job& job) {
+  std::string r = job.rec.state() == v1::RECOVERING ? job.failure : "";
+  if (!job.waiting.empty()) r += (r.empty() ? "" : "; ") + job.waiting;
+  job.rec.set_reason(r);
+}
+
+void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
+                         const std::vector<v1::AttemptRecord>& attempts) {
+  for (const auto& rec : jobs) {
+    Job job;
+    job.rec = rec;
+    auto spec = ParseJobSpec(rec.spec_yaml(), {}, "job " + rec.job_id());
+    if (spec.ok()) {
+      job.spec = *spec;
+      job.feasible = job.spec.FeasibleWorldSizes();
+    } else if (!IsTerminal(rec.state())) {
+      // The spec parsed when it was submitted; a newer coordinator may reject it.
+      spdlog::error("job {}: stored spec no longer parses: {}", rec.job_id(),
+                    spec.status().ToString());
+      job.rec.set_state(v1::FAILED);
+      job.rec.set_reason("stored spec no longer parses: " + spec.status().message());
+      job.rec.set_finished_ms(clock_->WallNowMs());
+      Persist(job, nullptr);
+    }
+    if (job.rec.state() == v1::RECOVERING) job.failure = job.rec.reason();
+    if (job.rec.state() == v1::RUNNING) {
+      job.ranks.resize(job.rec.placement_size());
+      IndexPlacement(job, true);
+    }
+    jobs_[rec.job_id()] = std::move(job);
+  }
+  for (const auto& a : attempts) {
+    if (Job* job = Get(a.job_id())) job->attempts[a.attempt()] = a;
+  }
+}
+
+StatusOr<std::string> JobManager::Submit(const std::string& spec_yaml, int priority,
+                                         const std::string& job_id, int64_t submit_seq) {
+  auto spec = ParseJobSpec(spec_yaml, {}, "job spec");
+  if (!spec.ok()) return InvalidArgumentError(spec.status().message());
+  Job job;
+  job.spec = *spec;
+  job.feasible = job.spec.FeasibleWorldSizes();
+  v1::JobRecord& r = job.rec;
+  r.set_job_id(job_id);
+  r.set_name(job.spec.name);
+  r.set_spec_yaml(spec_yaml);
+  r.set_state(v1::PENDING);
+  r.set_max_restarts(job.spec.fault_tolerance.max_restarts);
+  r.set_priority(priority);
+  r.set_min_world_size(job.spec.resources.world_size.min);
+  r.set_max_world_size(job.spec.resources.world_size.max);
+  r.set_device(DeviceOf(job.spec));
+  r.set_submitted_ms(clock_->WallNowMs());
+  r.set_submit_seq(submit_seq);
+  r.set_latest_checkpoint_step(-1);
+  r.set_output_dir(job.spec.output_dir);
+  Persist(job, nullptr);
+  jobs_[job_id] = std::move(job);
+  return job_id;
+}
+
+StatusOr<v1::JobState> JobManager::Cancel(const std::string& job_id) {
+  Job* job = Get(job_id);
+  if (!job) return NotFoundError("no job " + job_id);
+  if (IsTerminal(job->rec.state())) return job->rec.state();
+  const v1::AttemptRecord* ended = nullptr;
+  if (job->rec.state() == v1::RUNNING) ended = &EndAttempt(*job, "cancelled");
+  job->rec.set_state(v1::CANCELLED);
+  job->rec.set_finished_ms(clock_->WallNowMs());
+  job->rec.set_reason("cancelled");
+  Persist(*job, ended);
+  return job->rec.state();
+}
+
+std::vector<PendingJob> JobManager::Pending() const {
+  std::vector<PendingJob> out;
+  for (const auto& [id, job] : jobs_) {
+    if (job.rec.state() != v1::PENDING && job.rec.state() != v1::RECOVERING) continue;
+    out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.feasible});
+  }
+  return out;
+}
+
+void JobManager::SetWaitingReason(const std::string& job_id, const std::string& reason) {
+  if (Job* job = Get(job_id)) {
+    job->waiting = reason;
+    UpdateReason(*job);
+  }
+}
+
+void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRecord* resume) {
+  Job* job = Get(placement.job_id);
+  DROVER_CHECK(job != nullptr);
+  DROVER_CHECK(job->rec.state() == v1::PENDING || job->rec.state() == v1::RECOVERING);
+  v1::JobRecord& r = job->rec;
+  const int64_t attempt = r.attempt() + 1;
+  r.set_attempt(attempt);
+  r.set_state(v1::RUNNING);
+  if (r.started_ms() == 0) r.set_started_ms(clock_->WallNowMs());
+  r.mutable_placement()->Assign(placement.ranks.begin(), placement.ranks.end());
+  job->waiting.clear();
+  job->failure.clear();
+  r.set_reason("");
+  job->ranks.assign(placement.ranks.size(), Rank{});
+  IndexPlacement(*job, true);
+
+  v1::AttemptRecord& a = job->attempts[attempt];
+  a.set_job_id(r.job_id());
+  a.set_attempt(attempt);
+  a.set_world_size(placement.world_size);
+  a.mutable_placement()->CopyFrom(r.placement());
+  a.set_started_ms(clock_->WallNowMs());
+  a.set_resume_step(resume ? resume->step() : -1);
+  a.set_resume_checkpoint(resume ? resume->path() : "");
+  spdlog::info("job {} attempt {}: world size {}, resume from {}", r.job_id(), attempt,
+               placement.world_size, resume ? resume->path() : "scratch");
+  Persist(*job, &a);
+  if (hooks_.attempt_started) hooks_.attempt_started(r.job_id(), attempt);
+}
+
+v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why) {
+  v1::AttemptRecord& a = job.attempts[job.rec.attempt()];
+  a.set_job_id(job.rec.job_id());
+  a.set_attempt(job.rec.attempt());
+  a.set_ended_ms(clock_->WallNowMs());
+  a.set_end_reason(why);
+  IndexPlacement(job, false);
+  job.rec.clear_placement();
+  job.ranks.clear();
+  if (hooks_.attempt_ended) hooks_.attempt_ended(job.rec.job_id(), job.rec.attempt());
+  return a;
+}
+
+void JobManager::FailAttempt(Job& job, const std::string& why) {
+  const int64_t attempt = job.rec.attempt();
+  v1::AttemptRecord& a = EndAttempt(job, why);
+  const std::string what = "attempt " + std::to_string(attempt) + " failed: " + why;
+  if (job.rec.restarts() >= job.rec.max_restarts()) {
+    job.rec.set_state(v1::FAILED);
+    job.rec.set_finished_ms(clock_->WallNowMs());
+    job.rec.set_reason(what + "; max_restarts (" + std::to_string(job.rec.max_restarts()) +
+                       ") used up");
+  } else {
+    job.rec.set_restarts(job.rec.restarts() + 1);
+    job.rec.set_state(v1::RECOVERING);
+    job.failure = what + "; restart " + std::to_string(job.rec.restarts()) + " of " +
+                  std::to_string(job.rec.max_restarts());
+    job.waiting.clear();
+    UpdateReason(job);
+  }
+  spdlog::warn("job {}: {}", job.rec.job_id(), job.rec.reason());
+  Persist(job, &a);
+}
+
+void JobManager::Succeed(Job& job) {
+  v1::AttemptRecord& a = EndAttempt(job, "succeeded");
+  job.rec.set_state(v1::SUCCEEDED);
+  job.rec.set_finished_ms(clock_->WallNowMs());
+  job.rec.set_reason("");
+  spdlog::info("job {} succeeded (attempt {})", job.rec.job_id(), job.rec.attempt());
+  Persist(job, &a);
+}
+
+const JobManager::Rank* JobManager::CurrentRank(const std::string& node,
+                                                const TrainerKey& key) const {
+  const Job* job = Get(key.job_id);
+  if (!job || job->rec.state() != v1::RUNNING || job->rec.attempt() != key.attempt) return nullptr;
+  if (key.rank < 0 || key.rank >= job->rec.placement_size()) return nullptr;
+  if (job->rec.placement(key.rank).node() != node) return nullptr;
+  return &job->ranks[key.rank];
+}
+
+void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatus& t) {
+  const TrainerKey key = TrainerKey::Of(t);
+  if (!CurrentRank(node, key)) return;  // fenced: an older attempt, or not placed there
+  Job& job = *Get(key.job_id);
+  Rank& rank = job.ranks[key.rank];
+  rank.acked = true;
+  rank.status = t;
+  if (t.progress().step() > job.rec.last_step()) job.rec.set_last_step(t.progress().step());
+  if (key.rank == 0 && t.progress().step() > 0) {
+    job.rec.set_last_loss(t.progress().loss());
+    job.rec.set_tokens_per_s(t.progress().tokens_per_s());
+  }
+  if (t.state() != v1::TRAINER_EXITED || rank.done) return;
+  if (t.exit_code() == 0 && t.signal() == 0) {
+    rank.done = true;
+    if (std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& r) { return r.done; })) {
+      Succeed(job);
+    }
+    return;
+  }
+  FailAttempt(job, DescribeExit(t, node));
+}
+
+void JobManager::OnListing(const std::string& node, const std::vector<v1::TrainerStatus>& listed) {
+  auto it = jobs_on_node_.find(node);
+  if (it == jobs_on_node_.end()) return;
+  std::set<TrainerKey> seen;
+  for (const auto& t : listed) seen.insert(TrainerKey::Of(t));
+  std::vector<std::pair<std::string, int>> lost;
+  for (const std::string& id : it->second) {
+    const Job& job = *Get(id);
+    for (int r = 0; r < job.rec.placement_size(); ++r) {
+      const Rank& rank = job.ranks[r];
+      if (job.rec.placement(r).node() == node && rank.acked && !rank.done &&
+          !seen.count({id, job.rec.attempt(), r})) {
+        lost.emplace_back(id, r);
+      }
+    }
+  }
+  for (const auto& [id, r] : lost) {
+    Job& job = *Get(id);
+    if (job.rec.state() != v1::RUNNING) continue;  // an earlier loss already ended it
+    FailAttempt(job, "rank " + std::to_string(r) + " vanished from the agent on " + node);
+  }
+}
+
+void JobManager::OnNodeLost(const std::string& node, const std::string& why) {
+  auto it = jobs_on_node_.find(node);
+  if (it == jobs_on_node_.end()) return;
+  const std::vector<std::string> ids(it->second.begin(), it->second.end());
+  for (const std::string& id : ids) {
+    Job& job = *Get(id);
+    if (job.rec.state() == v1::RUNNING) FailAttempt(job, "node " + node + " " + why);
+  }
+}
+
+void JobManager::OnHang(const TrainerKey& key) {
+  if (!IsCurrent(key)) return;
+  Job& job = *Get(key.job_id);
+  FailAttempt(job, "rank " + std::to_string(key.rank) + " hung: step " +
+                       std::to_string(job.ranks[key.rank].status.progress().step()) +
+                       " did not move for " +
+                       std::to_string(job.spec.fault_tolerance.hang_timeout_s) + " s");
+}
+
+bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
+  Job* job = Get(record.job_id());
+  if (!job || record.attempt() != job->rec.attempt()) return false;
+  if (record.step() > job->rec.latest_checkpoint_step()) {
+    job->rec.set_latest_checkpoint_step(record.step());
+    Persist(*job, nullptr);
+  }
+  return true;
+}
+
+void JobManager::AppendOrders(const std::string& node, const std::vector<v1::TrainerStatus>& listed,
+                              Orders* orders) const {
+  std::set<std::pair<std::string, int64_t>> stopping;
+  for (const auto& t : listed) {
+    if (!IsLive(t) || CurrentRank(node, TrainerKey::Of(t))) continue;
+    if (!stopping.emplace(t.job_id(), t.attempt()).second) continue;
+    v1::StopTrainersOrder* stop = orders->Add()->mutable_stop();
+    stop->set_job_id(t.job_id());
+    stop->set_attempt(t.attempt());
+    stop->set_grace_ms(static_cast<int32_t>(options_.stop_grace_ms));
+    const Job* job = Get(t.job_id());
+    std::string reason = "not a running attempt";
+    if (!job) {
+      reason = "unknown job";
+    } else if (auto a = job->attempts.find(t.attempt());
+               a != job->attempts.end() && !a->second.end_reason().empty()) {
+      reason = a->second.end_reason();
+    }
+    stop->set_reason(reason);
+  }
+  auto it = jobs_on_node_.find(node);
+  if (it == jobs_on_node_.end()) return;
+  for (const std::string& id : it->second) {
+    const Job& job = *Get(id);
+    const v1::AttemptRecord& a = job.attempts.at(job.rec.attempt());
+    for (int r = 0; r < job.rec.placement_size(); ++r) {
+      const v1::RankAssignment& p = job.rec.placement(r);
+      if (p.node() != node || job.ranks[r].acked) continue;
+      v1::StartTrainerOrder* start = orders->Add()->mutable_start();
+      start->set_job_id(id);
+      start->set_attempt(job.rec.attempt());
+      start->set_rank(r);
+      start->set_world_size(job.rec.placement_size());
+      start->set_local_rank(p.local_rank());
+      start->set_slot(p.slot());
+      start->set_spec_yaml(job.rec.spec_yaml());
+      start->set_coordinator_address(options_.coordinator_address);
+      start->set_resume_checkpoint(a.resume_checkpoint());
+      start->set_device(job.rec.device());
+      start->set_threads(job.spec.resources.threads_per_rank);
+    }
+  }
+}
+
+const v1::JobRecord* JobManager::Find(const std::string& job_id) const {
+  const Job* job = Get(job_id);
+  return job ? &job->rec : nullptr;
+}
+
+bool JobManager::IsCurrent(const TrainerKey& key) const {
+  const Job* job = Get(key.job_id);
+  return job && key.rank >= 0 && key.rank < job->rec.placement_size() &&
+         CurrentRank(job->rec.placement(key.rank).node(), key) != nullptr;
+}
+
+int64_t JobManager::HangTimeoutMs(const std::string& job_id) const {
+  const Job* job = Get(job_id);
+  return job ? static_cast<int64_t>(job->spec.fault_tolerance.hang_timeout_s * 1000.0) : 0;
+}
+
+std::optional<int> JobManager::SlotOf(const std::string& node, const TrainerKey& key) const {
+  const Job* job = Get(key.job_id);
+  if (!job) return std::nullopt;
+  auto a = job->attempts.find(key.attempt);
+  if (a == job->attempts.end() || key.rank < 0 || key.rank >= a->second.placement_size()) {
+    return std::nullopt;
+  }
+  const v1::RankAssignment& p = a->second.placement(key.rank);
+  if (p.node() != node) return std::nullopt;
+  return p.slot();
+}
+
+void JobManager::ForEachReservedSlot(const std::function<void(const std::string&, int)>& fn) const {
+  for (const auto& [node, ids] : jobs_on_node_) {
+    for (const std::string& id : ids) {
+      for (const auto& p : Get(id)->rec.placement()) {
+        if (p.node() == node) fn(node, p.slot());
+      }
+    }
+  }
+}
+
+std::vector<v1::AttemptRecord> JobManager::Attempts(const std::string& job_id) const {
+  std::vector<v1::AttemptRecord> out;
+  if (const Job* job = Get(job_id)) {
+    for (const auto& [n, a] : job->attempts) out.push_back(a);
+  }
+  return out;
+}
+
+std::vector<v1::TrainerStatus> JobManager::CurrentTrainers(const std::string& job_id) const {
+  std::vector<v1::TrainerStatus> out;
+  if (const Job* job = Get(job_id)) {
+    for (const Rank& r : job->ranks) {
+      if (r.acked) out.push_back(r.status);
+    }
+  }
+  return out;
+}
+
+std::vector<v1::JobRecord> JobManager::List() const {
+  std::vector<v1::JobRecord> out;
+  out.reserve(jobs_.size());
+  for (const auto& [id, job] : jobs_) out.push_back(job.rec);
+  std::sort(out.begin(), out.end(), [](const v1::JobRecord& a, const v1::JobRecord& b) {
+    return a.submit_seq() < b.submit_seq();
+  });
+  return out;
+}
+
+}  // namespace drover::coordinator

@@ -1,0 +1,145 @@
+// JobManager: every job's life cycle, its attempts, and the orders that follow from them.
+//
+//   PENDING -> RUNNING -> (RECOVERING -> RUNNING)* -> SUCCEEDED | FAILED | CANCELLED
+//
+// An attempt is one placement of a job; its number only grows. Anything that names an
+// attempt other than the job's current RUNNING one is ignored (fencing). On any failure of
+// an attempt (a rank exited non-zero or by a signal, hung, vanished, or its node died) the
+// attempt ends at once: every surviving trainer of it gets a StopTrainersOrder in its
+// agent's next heartbeat reply, and the job is RECOVERING (a restart, counted against
+// max_restarts) or FAILED when none is left. The scheduler then places the next attempt,
+// which resumes from the newest complete checkpoint. SUCCEEDED when every rank of the
+// current attempt exited 0.
+//
+// Orders are level-triggered, computed from what an agent lists in each heartbeat: a
+// start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
+// lists a live trainer that is not part of a current attempt (which also covers trainers
+// adopted after a re-registration and leftovers of a coordinator restart).
+//
+// Not thread-safe: the coordinator calls it under its state lock. It never touches disk:
+// every state change is handed to hooks.persist as one StoreBatch (one transaction).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/job_spec.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/store/sqlite_store.h"
+#include "coordinator/trainer_key.h"
+#include "proto/drover.pb.h"
+
+namespace drover::coordinator {
+
+struct JobManagerOptions {
+  int64_t stop_grace_ms = 5000;     // in StopTrainersOrder: SIGTERM, then SIGKILL after this
+  std::string coordinator_address;  // in StartTrainerOrder, for rendezvous
+};
+
+class JobManager {
+ public:
+  struct Hooks {
+    std::function<void(StoreBatch)> persist;
+    std::function<void(const std::string& job_id, int64_t attempt)> attempt_started;
+    std::function<void(const std::string& job_id, int64_t attempt)> attempt_ended;
+  };
+  using Orders = google::protobuf::RepeatedPtrField<v1::Order>;
+
+  JobManager(const Clock* clock, JobManagerOptions options, Hooks hooks);
+
+  // Loads persisted jobs and attempts after a restart. A RUNNING job's ranks are started
+  // again through (idempotent) start orders until their agents list them.
+  void Restore(const std::vector<v1::JobRecord>& jobs,
+               const std::vector<v1::AttemptRecord>& attempts);
+
+  // Accepts a job whose spec parses (INVALID_ARGUMENT with the parser's message if not).
+  StatusOr<std::string> Submit(const std::string& spec_yaml, int priority,
+                               const std::string& job_id, int64_t submit_seq);
+  // Cancels a job (idempotent on a finished one). Returns the job's state afterwards.
+  StatusOr<v1::JobState> Cancel(const std::string& job_id);
+
+  // Jobs waiting for a placement (PENDING or RECOVERING).
+  std::vector<PendingJob> Pending() const;
+  // Why a pending job waits, for people (in memory: it changes on every scheduling pass).
+  void SetWaitingReason(const std::string& job_id, const std::string& reason);
+  // Starts the next attempt of a pending job on `placement`, resuming from `resume`
+  // (nullptr: fresh start).
+  void StartAttempt(const Placement& placement, const v1::CheckpointRecord* resume);
+
+  // A trainer as its agent on `node` lists it (heartbeat, registration or exit report).
+  void OnTrainerStatus(const std::string& node, const v1::TrainerStatus& trainer);
+  // After a full listing from `node`: a rank that its agent had listed before and no
+  // longer lists (without an exit) is lost, which fails its attempt.
+  void OnListing(const std::string& node, const std::vector<v1::TrainerStatus>& listed);
+  // `node` died: every current attempt with a rank there fails.
+  void OnNodeLost(const std::string& node, const std::string& why);
+  // A trainer's step did not move for the hang timeout.
+  void OnHang(const TrainerKey& key);
+  // A complete checkpoint reported by a trainer. False when fenced (older attempt).
+  bool OnCheckpoint(const v1::CheckpointRecord& record);
+
+  // Appends the orders for `node`, given what its agent lists now.
+  void AppendOrders(const std::string& node, const std::vector<v1::TrainerStatus>& listed,
+                    Orders* orders) const;
+
+  // The address trainers dial for rendezvous (known once the server is bound).
+  void set_coordinator_address(std::string address) {
+    options_.coordinator_address = std::move(address);
+  }
+
+  // Queries.
+  const v1::JobRecord* Find(const std::string& job_id) const;
+  bool IsCurrent(const TrainerKey& key) const;  // a rank of a RUNNING job's current attempt
+  int64_t HangTimeoutMs(const std::string& job_id) const;
+  // The slot the trainer was placed on, if its attempt placed it on `node`.
+  std::optional<int> SlotOf(const std::string& node, const TrainerKey& key) const;
+  // Calls fn(node, slot) for every rank of every RUNNING job's current attempt.
+  void ForEachReservedSlot(const std::function<void(const std::string&, int)>& fn) const;
+  std::vector<v1::AttemptRecord> Attempts(const std::string& job_id) const;
+  std::vector<v1::TrainerStatus> CurrentTrainers(const std::string& job_id) const;
+  std::vector<v1::JobRecord> List() const;  // by submit order
+
+ private:
+  struct Rank {
+    v1::TrainerStatus status;
+    bool acked = false;  // its agent listed it at least once
+    bool done = false;   // exited 0
+  };
+  struct Job {
+    v1::JobRecord rec;
+    JobSpec spec;
+    std::vector<int> feasible;
+    std::map<int64_t, v1::AttemptRecord> attempts;
+    std::vector<Rank> ranks;  // the current attempt's, while RUNNING
+    std::string failure;      // why it is recovering
+    std::string waiting;      // why it is not placed yet
+  };
+
+  Job* Get(const std::string& job_id);
+  const Job* Get(const std::string& job_id) const;
+  const Rank* CurrentRank(const std::string& node, const TrainerKey& key) const;
+  void UpdateReason(Job& job);
+  // Ends the RUNNING attempt (recording why) and returns its record.
+  v1::AttemptRecord& EndAttempt(Job& job, const std::string& why);
+  void FailAttempt(Job& job, const std::string& why);
+  void Succeed(Job& job);
+  void Persist(const Job& job, const v1::AttemptRecord* attempt);
+  void IndexPlacement(const Job& job, bool add);
+
+  const Clock* const clock_;
+  JobManagerOptions options_;
+  const Hooks hooks_;
+  std::unordered_map<std::string, Job> jobs_;
+  // node -> RUNNING jobs with a rank of their current attempt there (heartbeats are cheap
+  // for nodes that run nothing).
+  std::unordered_map<std::string, std::set<std::string>> jobs_on_node_;
+};
+
+}  // namespace drover::coordinator

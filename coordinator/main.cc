@@ -1,0 +1,80 @@
+// drover-coordinator: one per cluster. Accepts jobs, schedules them onto worker slots,
+// watches heartbeats and restarts jobs from checkpoints; state lives in --state-dir.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "common/logging.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/server.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"drover-coordinator: schedules and supervises drover training jobs"};
+  drover::coordinator::CoordinatorOptions options;
+  std::string listen = "127.0.0.1:7600";
+  std::string log_level = "info";
+  app.add_option("--listen", listen,
+                 "host:port to serve on (another host than 127.0.0.1 "
+                 "exposes the coordinator to the network)")
+      ->capture_default_str();
+  app.add_option("--state-dir", options.state_dir, "durable state (state.db, logs/)")->required();
+  app.add_option("--heartbeat-interval-ms", options.heartbeat_interval_ms,
+                 "heartbeat period agents are told to use")
+      ->check(CLI::Range(10, 600000))
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", options.heartbeat_timeout_ms,
+                 "a node is dead after this long without a heartbeat")
+      ->check(CLI::Range(20, 3600000))
+      ->capture_default_str();
+  app.add_option("--stop-grace-ms", options.stop_grace_ms,
+                 "SIGTERM to SIGKILL grace when stopping trainers")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
+    std::cerr << "drover-coordinator: --heartbeat-timeout-ms (" << options.heartbeat_timeout_ms
+              << ") must be larger than --heartbeat-interval-ms (" << options.heartbeat_interval_ms
+              << ")\n";
+    return 2;
+  }
+  if (auto st = drover::InitLogging("drover-coordinator", log_level); !st.ok()) {
+    std::cerr << "drover-coordinator: " << st.message() << "\n";
+    return 2;
+  }
+
+  // Block the stop signals before any thread starts, then wait for one in this thread.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto coordinator = drover::coordinator::Coordinator::Open(options, drover::SystemClock::Get());
+  if (!coordinator.ok()) {
+    spdlog::error("{}", coordinator.status().ToString());
+    return 1;
+  }
+  auto server = drover::coordinator::CoordinatorServer::Start(coordinator->get(), listen);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().ToString());
+    return server.status().code() == drover::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("signal {}: shutting down", sig);
+  (*server)->Shutdown();
+  drover::Status flushed = (*coordinator)->Flush();
+  if (!flushed.ok()) {
+    spdlog::error("final state write failed: {}", flushed.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,131 @@
+#include "coordinator/node_manager.h"
+
+#include <algorithm>
+
+namespace drover::coordinator {
+
+NodeManager::NodeManager(const Clock* clock, NodeManagerOptions options)
+    : clock_(clock), options_(options) {}
+
+void NodeManager::Restore(const v1::NodeRecord& record) {
+  Node& node = nodes_[record.name()];
+  node.record = record;
+  node.connected = false;
+}
+
+v1::NodeRecord NodeManager::Register(const v1::RegisterRequest& request) {
+  Node& node = nodes_[request.name()];
+  v1::NodeRecord& r = node.record;
+  if (r.name().empty()) r.set_registered_ms(clock_->WallNowMs());
+  r.set_name(request.name());
+  r.set_address(request.address());
+  r.mutable_slots()->CopyFrom(request.slots());
+  r.set_agent_id(request.agent_id());
+  r.set_last_heartbeat_ms(clock_->WallNowMs());
+  bool cordoned = r.cordon_until_ms() > clock_->WallNowMs();
+  r.set_state(cordoned ? v1::NODE_CORDONED : v1::NODE_ALIVE);
+  if (!cordoned) r.set_cordon_until_ms(0);
+  node.connected = true;
+  node.trainers.assign(request.running().begin(), request.running().end());
+  return r;
+}
+
+bool NodeManager::Accepts(const std::string& name, const std::string& agent_id) const {
+  auto it = nodes_.find(name);
+  return it != nodes_.end() && it->second.record.agent_id() == agent_id;
+}
+
+std::optional<v1::NodeRecord> NodeManager::OnHeartbeat(const v1::HeartbeatRequest& request) {
+  auto it = nodes_.find(request.name());
+  if (it == nodes_.end()) return std::nullopt;
+  Node& node = it->second;
+  node.connected = true;
+  node.record.set_last_heartbeat_ms(clock_->WallNowMs());
+  node.trainers.assign(request.trainers().begin(), request.trainers().end());
+  if (node.record.state() != v1::NODE_DEAD) return std::nullopt;
+  // A dead node whose agent kept its id came back (a partition healed).
+  bool cordoned = node.record.cordon_until_ms() > clock_->WallNowMs();
+  node.record.set_state(cordoned ? v1::NODE_CORDONED : v1::NODE_ALIVE);
+  return node.record;
+}
+
+void NodeManager::UpdateTrainer(const std::string& name, const v1::TrainerStatus& trainer) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return;
+  for (auto& t : it->second.trainers) {
+    if (t.job_id() == trainer.job_id() && t.attempt() == trainer.attempt() &&
+        t.rank() == trainer.rank()) {
+      t = trainer;
+      return;
+    }
+  }
+  it->second.trainers.push_back(trainer);
+}
+
+std::optional<v1::NodeRecord> NodeManager::MarkDead(const std::string& name) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end() || it->second.record.state() == v1::NODE_DEAD) return std::nullopt;
+  Node& node = it->second;
+  node.connected = false;
+  node.trainers.clear();  // whatever ran there is gone as far as scheduling is concerned
+  node.record.set_failures(node.record.failures() + 1);
+  if (node.record.failures() >= options_.cordon_after_failures) Cordon(node);
+  node.record.set_state(v1::NODE_DEAD);
+  return node.record;
+}
+
+void NodeManager::Cordon(Node& node) {
+  int over = node.record.failures() - options_.cordon_after_failures;
+  int64_t ms = options_.cordon_base_ms;
+  for (int i = 0; i < over && ms < options_.cordon_max_ms; ++i) ms *= 2;
+  ms = std::min(ms, options_.cordon_max_ms);
+  node.record.set_cordon_until_ms(clock_->WallNowMs() + ms);
+}
+
+std::vector<v1::NodeRecord> NodeManager::ExpireCordons() {
+  std::vector<v1::NodeRecord> changed;
+  int64_t now = clock_->WallNowMs();
+  for (auto& [name, node] : nodes_) {
+    v1::NodeRecord& r = node.record;
+    if (r.state() == v1::NODE_CORDONED && r.cordon_until_ms() <= now) {
+      r.set_state(v1::NODE_ALIVE);
+      r.set_cordon_until_ms(0);
+      changed.push_back(r);
+    }
+  }
+  return changed;
+}
+
+bool NodeManager::Schedulable(const std::string& name) const {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end() || !it->second.connected) return false;
+  const v1::NodeRecord& r = it->second.record;
+  return r.state() == v1::NODE_ALIVE && r.cordon_until_ms() <= clock_->WallNowMs();
+}
+
+const v1::NodeRecord* NodeManager::Find(const std::string& name) const {
+  auto it = nodes_.find(name);
+  return it == nodes_.end() ? nullptr : &it->second.record;
+}
+
+const std::vector<v1::TrainerStatus>* NodeManager::Trainers(const std::string& name) const {
+  auto it = nodes_.find(name);
+  return it == nodes_.end() ? nullptr : &it->second.trainers;
+}
+
+std::vector<std::string> NodeManager::Names() const {
+  std::vector<std::string> names;
+  names.reserve(nodes_.size());
+  for (const auto& [name, node] : nodes_) names.push_back(name);
+  return names;
+}
+
+int64_t NodeManager::TotalSlotsEver(v1::DeviceKind device) const {
+  int64_t total = 0;
+  for (const auto& [name, node] : nodes_) {
+    for (const auto& s : node.record.slots()) total += s.device() == device ? 1 : 0;
+  }
+  return total;
+}
+
+}  // namespace drover::coordinator

@@ -1,0 +1,83 @@
+// NodeManager: the registry of worker nodes, their slots, what each agent last said it runs,
+// and cordoning of nodes that fail repeatedly.
+//
+// Not thread-safe: the coordinator calls it under its state lock. It never touches disk;
+// methods that change a persisted field return the NodeRecord for the caller to store.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/clock.h"
+#include "proto/drover.pb.h"
+
+namespace drover::coordinator {
+
+struct NodeManagerOptions {
+  // Node failures (deaths) before the node is cordoned; every further failure cordons it
+  // again for twice as long as the previous time, up to cordon_max_ms.
+  int cordon_after_failures = 2;
+  int64_t cordon_base_ms = 30'000;
+  int64_t cordon_max_ms = 600'000;
+};
+
+class NodeManager {
+ public:
+  NodeManager(const Clock* clock, NodeManagerOptions options);
+
+  // Loads a persisted node after a coordinator restart. It is not schedulable until its
+  // agent heartbeats again (`connected` false), whatever state it had.
+  void Restore(const v1::NodeRecord& record);
+
+  // Registers (or re-registers) a node: new agent id, address, slots, and what it runs.
+  // Keeps failures and cordoning. Returns the record to persist.
+  v1::NodeRecord Register(const v1::RegisterRequest& request);
+
+  // True when `name` is known and `agent_id` is its current agent.
+  bool Accepts(const std::string& name, const std::string& agent_id) const;
+
+  // Records a heartbeat from an accepted node: its trainer list replaces the last one.
+  // Returns the record to persist when the node changed state (a dead node came back).
+  std::optional<v1::NodeRecord> OnHeartbeat(const v1::HeartbeatRequest& request);
+
+  // Updates one trainer in the node's listing (an exit reported between heartbeats).
+  void UpdateTrainer(const std::string& name, const v1::TrainerStatus& trainer);
+
+  // Marks the node dead and counts a failure against it (cordoning it when due).
+  // Returns the record to persist, or nullopt when the node is unknown or already dead.
+  std::optional<v1::NodeRecord> MarkDead(const std::string& name);
+
+  // Returns cordoned nodes whose cool-down has passed, now ALIVE again (to persist).
+  std::vector<v1::NodeRecord> ExpireCordons();
+
+  // Alive, connected and not cordoned.
+  bool Schedulable(const std::string& name) const;
+
+  const v1::NodeRecord* Find(const std::string& name) const;
+  // Trainers the node's agent listed last (live or just exited).
+  const std::vector<v1::TrainerStatus>* Trainers(const std::string& name) const;
+
+  // Every node, ordered by name.
+  std::vector<std::string> Names() const;
+
+  // Slots of every node ever registered, per device: what the cluster could ever offer.
+  int64_t TotalSlotsEver(v1::DeviceKind device) const;
+
+ private:
+  struct Node {
+    v1::NodeRecord record;
+    bool connected = false;  // heartbeating since this coordinator started
+    std::vector<v1::TrainerStatus> trainers;
+  };
+  void Cordon(Node& node);
+
+  const Clock* const clock_;
+  const NodeManagerOptions options_;
+  std::map<std::string, Node> nodes_;
+};
+
+}  // namespace drover::coordinator

@@ -1,0 +1,60 @@
+// RendezvousStore: the per-attempt key-value store trainers use to find each other
+// (NCCL unique id, Gloo's rendezvous::Store). Keys live in the namespace (job, attempt).
+//
+// Fencing: only the job's open attempt is served. A request for an older attempt, or for
+// an attempt that ended, fails with FAILED_PRECONDITION; a job with no attempt opened is
+// NOT_FOUND. Opening a newer attempt or closing one frees its namespace and wakes its
+// waiters, which then fail the same way.
+//
+// Thread-safe: every method may be called from any RPC thread; Wait blocks its caller (up
+// to the timeout, capped at kMaxWaitMs) without holding anything else.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace drover::coordinator {
+
+class RendezvousStore {
+ public:
+  static constexpr int64_t kMaxWaitMs = 300'000;
+
+  // Makes `attempt` the job's served namespace (empty), dropping any older one.
+  void OpenAttempt(const std::string& job_id, int64_t attempt);
+  // Ends `attempt` (no-op when it is not the open one): requests for it fail from now on.
+  void CloseAttempt(const std::string& job_id, int64_t attempt);
+
+  Status Set(const std::string& job_id, int64_t attempt, const std::string& key, std::string value);
+  // nullopt when the key does not exist (yet).
+  StatusOr<std::optional<std::string>> Get(const std::string& job_id, int64_t attempt,
+                                           const std::string& key);
+  // Returns OK once every key exists; DEADLINE_EXCEEDED (naming the missing keys) when they
+  // do not within timeout_ms; FAILED_PRECONDITION when the attempt is superseded meanwhile.
+  Status Wait(const std::string& job_id, int64_t attempt, const std::vector<std::string>& keys,
+              int64_t timeout_ms);
+  // Adds `delta` to the integer stored at `key` (absent = 0), stored as decimal text.
+  StatusOr<int64_t> Add(const std::string& job_id, int64_t attempt, const std::string& key,
+                        int64_t delta);
+
+ private:
+  struct Namespace {
+    int64_t attempt = 0;
+    bool open = false;
+    std::map<std::string, std::string> kv;
+  };
+  // The job's namespace when `attempt` is its open one; else the error to return.
+  StatusOr<Namespace*> Served(const std::string& job_id, int64_t attempt);
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, Namespace> jobs_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace drover::coordinator

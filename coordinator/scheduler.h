@@ -1,0 +1,55 @@
+// Scheduler: places pending jobs onto free slots. A pure function of its inputs, so it is
+// tested without any other manager.
+//
+// Policy: gang scheduling (every rank of a job or none); jobs in order of priority (higher
+// first), FIFO (submit_seq) within a priority, and a job that cannot start yet blocks the
+// jobs behind it on the same device kind, so a big job is never starved by small ones.
+// Elastic: a job gets the largest of its feasible world sizes that fits the free slots.
+// Packing: ranks go onto as few nodes as possible (one node when any can hold the job,
+// the fullest-fitting one; otherwise the nodes with the most free slots first).
+// A job that could never fit, even on every slot the cluster ever registered, does not
+// block others and gets a reason saying so.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "proto/drover.pb.h"
+
+namespace drover::coordinator {
+
+struct NodeCapacity {
+  std::string name;
+  v1::DeviceKind device = v1::CPU;
+  std::vector<int> free_slots;  // slot indices, ascending
+};
+
+struct PendingJob {
+  std::string job_id;
+  int priority = 0;
+  int64_t submit_seq = 0;
+  v1::DeviceKind device = v1::CPU;
+  std::vector<int> feasible_world_sizes;  // ascending; empty: no layout works
+};
+
+struct Placement {
+  std::string job_id;
+  int world_size = 0;
+  std::vector<v1::RankAssignment> ranks;  // rank r at index r
+};
+
+struct ScheduleResult {
+  std::vector<Placement> placements;
+  std::map<std::string, std::string> waiting;  // job id -> why it is still pending
+};
+
+// `total_slots_ever`: per device, every slot of every node ever registered.
+ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> nodes,
+                        const std::map<v1::DeviceKind, int64_t>& total_slots_ever);
+
+// The ranks of a `world_size` job packed onto `nodes` (which must hold enough free slots).
+std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes);
+
+}  // namespace drover::coordinator

@@ -1,0 +1,57 @@
+// CoordinatorServer: gRPC in front of a Coordinator (WorkerService, JobService,
+// RendezvousService of proto/drover.proto) plus the ticker thread that drives health
+// checks and scheduling.
+//
+// Handlers only translate: proto in, Coordinator call, grpc::Status out (one helper maps
+// drover Status codes). Blocking rendezvous waits occupy one RPC thread each, bounded by
+// their timeout.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "coordinator/coordinator.h"
+
+namespace drover::coordinator {
+
+grpc::Status ToGrpcStatus(const Status& status);
+
+class CoordinatorServer {
+ public:
+  // Binds `listen` (host:port; port 0 picks a free one), starts serving and ticking every
+  // tick_ms. `coordinator` must outlive the server.
+  static StatusOr<std::unique_ptr<CoordinatorServer>> Start(Coordinator* coordinator,
+                                                            const std::string& listen,
+                                                            int64_t tick_ms = 100);
+  ~CoordinatorServer();  // Shutdown()
+
+  int port() const { return port_; }
+  std::string address() const { return host_ + ":" + std::to_string(port_); }
+
+  // Stops accepting RPCs, waits briefly for those in flight, stops the ticker. Idempotent.
+  void Shutdown();
+
+ private:
+  CoordinatorServer() = default;
+  void RunTicker(int64_t tick_ms);
+
+  Coordinator* coordinator_ = nullptr;
+  std::string host_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Service> worker_service_;
+  std::unique_ptr<grpc::Service> job_service_;
+  std::unique_ptr<grpc::Service> rendezvous_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;  // GUARDED_BY(mu_)
+  std::thread ticker_;
+};
+
+}  // namespace drover::coordinator

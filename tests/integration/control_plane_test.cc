@@ -1,0 +1,259 @@
+// Control plane end to end on loopback: a real coordinator, real agents and the scripted
+// trainer (drover-fake-trainer), with short timing knobs (heartbeat 200 ms, node timeout
+// 1 s). Every wait is on a condition with a deadline; every process is killed by the
+// Cluster destructor, also when an assertion fails.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "tests/integration/cluster.h"
+
+namespace drover::testing {
+namespace {
+
+bool Terminal(const v1::JobInfo& i) {
+  v1::JobState s = i.job().state();
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+std::string Describe(const v1::JobInfo& info) {
+  std::string s = "job " + info.job().job_id() + " state " + v1::JobState_Name(info.job().state()) +
+                  " attempt " + std::to_string(info.job().attempt()) + " restarts " +
+                  std::to_string(info.job().restarts()) + " reason '" + info.job().reason() + "'";
+  for (const auto& a : info.attempts()) {
+    s += "\n  attempt " + std::to_string(a.attempt()) + " world " + std::to_string(a.world_size()) +
+         " resume " + std::to_string(a.resume_step()) + " end '" + a.end_reason() + "'";
+  }
+  return s;
+}
+
+// Pids of the current attempt's trainers that reported a pid.
+std::vector<pid_t> TrainerPids(const v1::JobInfo& info) {
+  std::vector<pid_t> pids;
+  for (const auto& t : info.trainers()) {
+    if (t.attempt() == info.job().attempt() && t.pid() > 0) pids.push_back(t.pid());
+  }
+  return pids;
+}
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void StartCluster(int agents, int slots = 1) {
+    ClusterOptions o;
+    o.agents = agents;
+    o.slots_per_agent = slots;
+    o.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    cluster_ = std::make_unique<Cluster>(o);
+    ASSERT_TRUE(cluster_->Start()) << "workers did not register\n" << cluster_->DebugLogs();
+  }
+  std::string Submit(const std::string& yaml) {
+    auto id = cluster_->Submit(yaml);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : "";
+  }
+  // Waits for the job to end; returns its final info.
+  v1::JobInfo WaitEnd(const std::string& id, int64_t timeout_ms) {
+    v1::JobInfo info;
+    bool ended = cluster_->WaitJob(id, Terminal, timeout_ms, &info);
+    EXPECT_TRUE(ended) << "job did not end in " << timeout_ms << " ms: " << Describe(info) << "\n"
+                       << cluster_->DebugLogs();
+    return info;
+  }
+  // Waits until the current attempt's trainers all run and reached `step`.
+  v1::JobInfo WaitStep(const std::string& id, int64_t step, int world, int64_t timeout_ms) {
+    v1::JobInfo info;
+    bool ok = cluster_->WaitJob(
+        id,
+        [&](const v1::JobInfo& i) {
+          if (i.job().state() != v1::RUNNING) return false;
+          int at = 0;
+          for (const auto& t : i.trainers()) {
+            at += t.attempt() == i.job().attempt() && t.progress().step() >= step &&
+                  t.state() == v1::TRAINER_RUNNING;
+          }
+          return at >= world;
+        },
+        timeout_ms, &info);
+    EXPECT_TRUE(ok) << "trainers did not reach step " << step << ": " << Describe(info) << "\n"
+                    << cluster_->DebugLogs();
+    return info;
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+};
+
+// Runs the `drover` CLI; returns its exit code (-1 when it hung) and combined output.
+struct CliResult {
+  int code = -1;
+  std::string out;
+};
+CliResult RunCli(const std::filesystem::path& dir, std::vector<std::string> args) {
+  static int n = 0;
+  const std::string log = (dir / ("cli-" + std::to_string(n++) + ".out")).string();
+  CliResult r;
+  {
+    Process p(Cluster::Bin("drover"), std::move(args), log);
+    int ws = 0;
+    if (p.Wait(20000, &ws) && WIFEXITED(ws)) r.code = WEXITSTATUS(ws);
+  }
+  r.out = ReadAll(log);
+  return r;
+}
+
+TEST_F(ControlPlaneTest, JobRunsToSuccessThroughTheCli) {
+  StartCluster(2);
+  const std::string addr = cluster_->address();
+  const std::string spec = (cluster_->root() / "ok.yaml").string();
+  // steps: 5 in the file, 20 through --set: the override must win.
+  std::string yaml = cluster_->JobYaml("ok", 2, 2, 5, 10, 3, 30, "step_ms=20\n");
+  std::ofstream(spec) << yaml;
+  CliResult submit =
+      RunCli(cluster_->root(), {"--coordinator", addr, "submit", spec, "--set", "train.steps=20"});
+  ASSERT_EQ(submit.code, 0) << submit.out;
+  std::string id = submit.out.substr(0, submit.out.find('\n'));
+  CliResult wait = RunCli(cluster_->root(), {"--coordinator", addr, "wait", id, "--timeout", "15"});
+  EXPECT_EQ(wait.code, 0) << wait.out << cluster_->DebugLogs();
+  auto info = cluster_->GetJob(id);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->job().state(), v1::SUCCEEDED) << Describe(*info);
+  EXPECT_EQ(info->job().attempt(), 1);
+  EXPECT_EQ(info->job().restarts(), 0);
+  CliResult status = RunCli(cluster_->root(), {"--coordinator", addr, "status", id, "--json"});
+  EXPECT_EQ(status.code, 0);
+  EXPECT_NE(status.out.find("\"SUCCEEDED\""), std::string::npos) << status.out;
+  CliResult jobs = RunCli(cluster_->root(), {"--coordinator", addr, "jobs"});
+  EXPECT_EQ(jobs.code, 0);
+  EXPECT_NE(jobs.out.find(id), std::string::npos) << jobs.out;
+  CliResult workers = RunCli(cluster_->root(), {"--coordinator", addr, "workers"});
+  EXPECT_EQ(workers.code, 0);
+  EXPECT_NE(workers.out.find("w1"), std::string::npos) << workers.out;
+  // `drover logs` prints rank 0's output, shipped by its agent (the tail may still be on
+  // its way when the job ends).
+  CliResult logs;
+  bool complete = WaitUntil(
+      [&] {
+        logs = RunCli(cluster_->root(), {"--coordinator", addr, "logs", id, "--rank", "0"});
+        return logs.code == 0 &&
+               logs.out.find("fake-trainer: done after step 20") != std::string::npos;
+      },
+      5000, 100);
+  EXPECT_TRUE(complete) << "drover logs printed:\n" << logs.out;
+  EXPECT_NE(logs.out.find("rank 0/2"), std::string::npos) << logs.out;
+}
+
+TEST_F(ControlPlaneTest, CliRejectsBadSpecAndReportsUnreachableCoordinator) {
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("drover_cli_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "bad.yaml") << "name: x\ntrain:\n  stepz: 3\n";
+  const std::string nobody = "127.0.0.1:" + std::to_string(FreePort());
+  CliResult bad = RunCli(dir, {"--coordinator", nobody, "submit", (dir / "bad.yaml").string()});
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("stepz"), std::string::npos) << bad.out;
+  CliResult down = RunCli(dir, {"--coordinator", nobody, "jobs"});
+  EXPECT_EQ(down.code, 1) << down.out;
+  EXPECT_NE(down.out.find("cannot reach the coordinator"), std::string::npos) << down.out;
+  EXPECT_EQ(std::count(down.out.begin(), down.out.end(), '\n'), 1) << down.out;
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(ControlPlaneTest, TrainerKilledIsRecoveredFromTheLatestCheckpoint) {
+  StartCluster(2);
+  std::string id = Submit(cluster_->JobYaml("tkill", 2, 2, 40, 5, 3, 30, "step_ms=40\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo running = WaitStep(id, 8, 2, 15000);
+  std::vector<pid_t> pids = TrainerPids(running);
+  ASSERT_EQ(pids.size(), 2u) << Describe(running);
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  v1::JobInfo info = WaitEnd(id, 20000);
+  ASSERT_EQ(info.job().state(), v1::SUCCEEDED) << Describe(info);
+  EXPECT_EQ(info.job().attempt(), 2) << Describe(info);
+  EXPECT_EQ(info.job().restarts(), 1);
+  ASSERT_GE(info.attempts_size(), 2);
+  EXPECT_GE(info.attempts(1).resume_step(), 5) << Describe(info);
+  // The survivor of attempt 1 was stopped.
+  EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(pids[0]); }, 3000));
+}
+
+TEST_F(ControlPlaneTest, AgentKilledIsRecoveredOnTheSurvivingNodes) {
+  StartCluster(3);
+  std::string id = Submit(cluster_->JobYaml("akill", 2, 2, 40, 5, 3, 30, "step_ms=40\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo running = WaitStep(id, 8, 2, 15000);
+  ASSERT_EQ(running.job().placement_size(), 2);
+  std::string victim = running.job().placement(1).node();
+  std::vector<pid_t> pids = TrainerPids(running);
+  Process* agent = cluster_->agent(victim);
+  ASSERT_NE(agent, nullptr) << victim;
+  agent->Kill(SIGKILL);
+  v1::JobInfo info = WaitEnd(id, 20000);
+  ASSERT_EQ(info.job().state(), v1::SUCCEEDED) << Describe(info);
+  EXPECT_EQ(info.job().attempt(), 2) << Describe(info);
+  EXPECT_EQ(info.job().restarts(), 1);
+  for (const auto& r : info.job().placement()) EXPECT_NE(r.node(), victim);
+  // No trainer of attempt 1 lives on: the dead agent's died with it (PDEATHSIG), the
+  // survivor was stopped by its agent.
+  for (pid_t pid : pids) EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(pid); }, 3000)) << pid;
+}
+
+TEST_F(ControlPlaneTest, CoordinatorKilledAndRestartedLeavesTrainersUndisturbed) {
+  StartCluster(2);
+  std::string id = Submit(cluster_->JobYaml("ckill", 2, 2, 50, 5, 3, 30, "step_ms=40\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo running = WaitStep(id, 5, 2, 15000);
+  std::vector<pid_t> pids = TrainerPids(running);
+  ASSERT_EQ(pids.size(), 2u);
+  cluster_->coordinator()->Kill(SIGKILL);
+  // While it is away the trainers keep training.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (pid_t pid : pids) EXPECT_TRUE(ProcessAlive(pid)) << pid;
+  cluster_->StartCoordinator();
+  v1::JobInfo info = WaitEnd(id, 20000);
+  ASSERT_EQ(info.job().state(), v1::SUCCEEDED) << Describe(info);
+  EXPECT_EQ(info.job().attempt(), 1) << Describe(info);
+  EXPECT_EQ(info.job().restarts(), 0);
+}
+
+TEST_F(ControlPlaneTest, HangIsDetectedAndTheJobRestarted) {
+  StartCluster(2);
+  std::string id = Submit(
+      cluster_->JobYaml("hang", 2, 2, 20, 5, 3, 1.0, "step_ms=30\nhang_at_step=7\nhang_rank=1\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo info = WaitEnd(id, 20000);
+  ASSERT_EQ(info.job().state(), v1::SUCCEEDED) << Describe(info);
+  EXPECT_EQ(info.job().attempt(), 2) << Describe(info);
+  EXPECT_EQ(info.job().restarts(), 1);
+}
+
+TEST_F(ControlPlaneTest, MaxRestartsIsHonoured) {
+  StartCluster(2);
+  std::string id = Submit(cluster_->JobYaml("crashy", 2, 2, 30, 0, 2, 30,
+                                            "step_ms=20\ncrash_at_step=3\ncrash_attempt=0\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo info = WaitEnd(id, 20000);
+  ASSERT_EQ(info.job().state(), v1::FAILED) << Describe(info);
+  EXPECT_EQ(info.job().restarts(), 2) << Describe(info);
+  EXPECT_EQ(info.job().attempt(), 3) << Describe(info);
+}
+
+TEST_F(ControlPlaneTest, CancelStopsEveryProcessOfTheJob) {
+  StartCluster(2);
+  // The trainers ignore SIGTERM: only the SIGKILL escalation can stop them.
+  std::string id =
+      Submit(cluster_->JobYaml("cancel", 2, 2, 100000, 0, 3, 30, "step_ms=20\nignore_sigterm=1\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo running = WaitStep(id, 3, 2, 15000);
+  std::vector<pid_t> pids = TrainerPids(running);
+  ASSERT_EQ(pids.size(), 2u);
+  ASSERT_TRUE(cluster_->Cancel(id).ok());
+  v1::JobInfo info = WaitEnd(id, 10000);
+  EXPECT_EQ(info.job().state(), v1::CANCELLED) << Describe(info);
+  for (pid_t pid : pids) EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(pid); }, 5000)) << pid;
+}
+
+}  // namespace
+}  // namespace drover::testing

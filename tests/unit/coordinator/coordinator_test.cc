@@ -1,0 +1,287 @@
+#include "coordinator/coordinator.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "coordinator/server.h"
+#include "proto/drover.grpc.pb.h"
+#include "tests/unit/coordinator/test_util.h"
+
+namespace drover::coordinator {
+namespace {
+
+using testing::Exited;
+using testing::RegisterReq;
+using testing::SpecYaml;
+using testing::Trainer;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  CoordinatorTest() {
+    options_.state_dir = ::testing::TempDir() + "/drover_coord_" + std::to_string(getpid()) + "_" +
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(options_.state_dir);
+    Reopen();
+  }
+  void Reopen() {
+    c_.reset();
+    auto c = Coordinator::Open(options_, &clock_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = std::move(*c);
+  }
+  std::string Submit(const std::string& yaml) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    auto id = c_->SubmitJob(req);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : "";
+  }
+  v1::HeartbeatResponse Beat(const std::string& node, std::vector<v1::TrainerStatus> trainers,
+                             const std::string& agent = "agent-1") {
+    v1::HeartbeatRequest hb;
+    hb.set_name(node);
+    hb.set_agent_id(agent);
+    for (auto& t : trainers) *hb.add_trainers() = t;
+    return c_->Heartbeat(hb);
+  }
+  v1::JobRecord Job(const std::string& id) { return c_->GetJob(id)->job(); }
+
+  FakeClock clock_;
+  CoordinatorOptions options_;
+  std::unique_ptr<Coordinator> c_;
+};
+
+TEST_F(CoordinatorTest, NodeDeathRecoversOnHealthySlotsAfterSurvivorsExit) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  ASSERT_TRUE(c_->Register(RegisterReq("n2", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 2));
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  ASSERT_EQ(Job(id).placement_size(), 2);
+  EXPECT_EQ(Beat("n1", {}).orders(0).start().rank(), 0);
+  EXPECT_EQ(Beat("n2", {}).orders(0).start().rank(), 1);
+  Beat("n1", {Trainer(id, 1, 0)});
+  Beat("n2", {Trainer(id, 1, 1)});
+
+  // n1 keeps heartbeating, n2 goes silent: dead after 3 s, not before.
+  for (int i = 0; i < 3; ++i) {
+    clock_.AdvanceMs(999);
+    Beat("n1", {Trainer(id, 1, 0)});
+    c_->Tick();
+  }
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  clock_.AdvanceMs(3);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_EQ(Job(id).restarts(), 1);
+
+  // The survivor is stopped; its slot stays busy until the agent says it exited.
+  auto resp = Beat("n1", {Trainer(id, 1, 0)});
+  ASSERT_EQ(resp.orders_size(), 1);
+  EXPECT_EQ(resp.orders(0).stop().attempt(), 1);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  Beat("n1", {Exited(id, 1, 0, 0, 15)});
+  c_->Tick();
+  // Elastic: attempt 2 shrinks to the one healthy slot.
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  EXPECT_EQ(Job(id).placement_size(), 1);
+  EXPECT_EQ(Job(id).placement(0).node(), "n1");
+  const auto& n2 = c_->ListWorkers().workers(1).node();
+  EXPECT_EQ(n2.state(), v1::NODE_DEAD);
+  EXPECT_EQ(n2.failures(), 1);
+}
+
+TEST_F(CoordinatorTest, TrainerExitReportedAtOnceAndCheckpointResumed) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string id = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  Beat("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("agent-1");
+  *hb.add_trainers() = Trainer(id, 1, 0, v1::TRAINER_RUNNING, 50);
+  *hb.add_trainers() = Trainer(id, 1, 1, v1::TRAINER_RUNNING, 50);
+  v1::CheckpointRecord* ck = hb.add_checkpoints();
+  ck->set_job_id(id);
+  ck->set_attempt(1);
+  ck->set_step(50);
+  ck->set_path("/runs/ck/step_50");
+  c_->Heartbeat(hb);
+  c_->Heartbeat(hb);  // re-sent: ignored as a duplicate
+  EXPECT_EQ(c_->GetJob(id)->checkpoints_size(), 1);
+  EXPECT_EQ(Job(id).latest_checkpoint_step(), 50);
+
+  v1::TrainerExitRequest exit;
+  exit.set_name("n1");
+  exit.set_agent_id("agent-1");
+  *exit.mutable_trainer() = Exited(id, 1, 1, 0, 9);
+  ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  Beat("n1", {Exited(id, 1, 0, 0, 15), Exited(id, 1, 1, 0, 9)});
+  c_->Tick();
+  ASSERT_EQ(Job(id).attempt(), 2);
+  auto resp = Beat("n1", {});
+  ASSERT_EQ(resp.orders_size(), 2);
+  EXPECT_EQ(resp.orders(0).start().resume_checkpoint(), "/runs/ck/step_50");
+}
+
+TEST_F(CoordinatorTest, UnknownAgentIsToldToRegisterAgain) {
+  EXPECT_TRUE(Beat("n1", {}).reregister());
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1, "a1")).ok());
+  EXPECT_FALSE(Beat("n1", {}, "a1").reregister());
+  EXPECT_TRUE(Beat("n1", {}, "a0").reregister());  // an older agent process
+  EXPECT_EQ(c_->Register(RegisterReq("", 1)).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, HangDetectedFromStalledHeartbeats) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1, 2, /*hang_s=*/5));
+  c_->Tick();
+  for (int i = 0; i < 6; ++i) {
+    Beat("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 3)});
+    c_->Tick();
+    clock_.AdvanceMs(1000);
+  }
+  Beat("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 3)});
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_NE(Job(id).reason().find("hung"), std::string::npos);
+}
+
+TEST_F(CoordinatorTest, JobThatCanNeverFitSaysWhy) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string id = Submit(SpecYaml(4, 4));
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::PENDING);
+  EXPECT_NE(Job(id).reason().find("needs at least 4 cpu slots"), std::string::npos);
+  ASSERT_TRUE(c_->Register(RegisterReq("n2", 2)).ok());  // a node joins: now it fits
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+}
+
+TEST_F(CoordinatorTest, RestartRestoresJobsAttemptsNodesWithoutKillingAnything) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string id = Submit(SpecYaml(2, 2));
+  const std::string queued = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  Beat("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  ASSERT_TRUE(c_->Flush().ok());
+  Reopen();
+
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 1);
+  EXPECT_EQ(Job(queued).state(), v1::PENDING);
+  EXPECT_EQ(c_->ListJobs().jobs_size(), 2);
+  // Rendezvous for the running attempt is served again.
+  EXPECT_TRUE(c_->rendezvous().Set(id, 1, "k", "v").ok());
+  // The node is known (no re-registration needed) but waits for its agent to reconnect.
+  clock_.AdvanceMs(2500);
+  c_->Tick();
+  auto resp = Beat("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  EXPECT_FALSE(resp.reregister());
+  EXPECT_EQ(resp.orders_size(), 0);
+  clock_.AdvanceMs(2500);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(queued).state(), v1::PENDING);
+  // New job ids keep counting after the restart.
+  EXPECT_NE(Submit(SpecYaml(1, 1)), queued);
+}
+
+TEST_F(CoordinatorTest, RestoredNodeThatNeverReturnsIsDeadAfterGrace) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  Beat("n1", {Trainer(id, 1, 0)});
+  ASSERT_TRUE(c_->Flush().ok());
+  clock_.AdvanceMs(60'000);  // the coordinator was down a long time
+  Reopen();
+  clock_.AdvanceMs(2999);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  clock_.AdvanceMs(1);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+}
+
+TEST(CoordinatorServerTest, ServesRpcsOnLoopback) {
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.state_dir = ::testing::TempDir() + "/drover_coord_rpc_" + std::to_string(getpid());
+  std::filesystem::remove_all(options.state_dir);
+  auto c = Coordinator::Open(options, &clock);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto server = CoordinatorServer::Start(c->get(), "127.0.0.1:0", 10);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto jobs = v1::JobService::NewStub(channel);
+  auto workers = v1::WorkerService::NewStub(channel);
+  auto kv = v1::RendezvousService::NewStub(channel);
+
+  {
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml("name: x\ntrain: {bogus_key: 1}\n");
+    v1::SubmitJobResponse resp;
+    grpc::Status st = jobs->SubmitJob(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("bogus_key"), std::string::npos);
+  }
+  std::string id;
+  {
+    grpc::ClientContext ctx;
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(SpecYaml(1, 1));
+    v1::SubmitJobResponse resp;
+    ASSERT_TRUE(jobs->SubmitJob(&ctx, req, &resp).ok());
+    id = resp.job_id();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterResponse resp;
+    ASSERT_TRUE(workers->Register(&ctx, RegisterReq("n1", 1), &resp).ok());
+    EXPECT_EQ(resp.heartbeat_timeout_ms(), 3000);
+  }
+  // The ticker places the job; the heartbeat reply carries the start order.
+  v1::HeartbeatResponse hb;
+  for (int i = 0; i < 200 && hb.orders_size() == 0; ++i) {
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest req;
+    req.set_name("n1");
+    req.set_agent_id("agent-1");
+    ASSERT_TRUE(workers->Heartbeat(&ctx, req, &hb).ok());
+    if (hb.orders_size() == 0) usleep(5000);
+  }
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).start().job_id(), id);
+  EXPECT_EQ(hb.orders(0).start().coordinator_address(), (*server)->address());
+  {
+    grpc::ClientContext ctx;
+    v1::KvSetRequest req;
+    req.mutable_key()->set_job_id(id);
+    req.mutable_key()->set_attempt(1);
+    req.mutable_key()->set_key("addr");
+    req.set_value("x");
+    v1::KvSetResponse resp;
+    ASSERT_TRUE(kv->Set(&ctx, req, &resp).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::KvWaitRequest req;
+    req.set_job_id(id);
+    req.set_attempt(0);
+    req.add_keys("addr");
+    v1::KvWaitResponse resp;
+    EXPECT_EQ(kv->Wait(&ctx, req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  (*server)->Shutdown();
+}
+
+}  // namespace
+}  // namespace drover::coordinator

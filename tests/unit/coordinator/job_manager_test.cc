@@ -1,0 +1,210 @@
+#include "coordinator/job_manager.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/coordinator/test_util.h"
+
+namespace drover::coordinator {
+namespace {
+
+using testing::Exited;
+using testing::SpecYaml;
+using testing::Trainer;
+
+NodeCapacity Node(const std::string& name, int free) {
+  NodeCapacity n{name, v1::CPU, {}};
+  for (int i = 0; i < free; ++i) n.free_slots.push_back(i);
+  return n;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  JobManagerTest()
+      : jobs_(&clock_, {.stop_grace_ms = 5000, .coordinator_address = "127.0.0.1:1"},
+              {[this](StoreBatch b) { batches_.push_back(std::move(b)); },
+               [this](const std::string& j, int64_t a) { started_.emplace_back(j, a); },
+               [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }}) {}
+
+  // Submits a job and places its first attempt on the given nodes.
+  std::string SubmitAndPlace(int world, std::vector<NodeCapacity> nodes, int max_restarts = 2) {
+    auto id = jobs_.Submit(SpecYaml(world, world, max_restarts), 0, "j1", 1);
+    EXPECT_TRUE(id.ok()) << id.status();
+    Place(*id, world, nodes);
+    return *id;
+  }
+  void Place(const std::string& id, int world, const std::vector<NodeCapacity>& nodes,
+             const v1::CheckpointRecord* resume = nullptr) {
+    jobs_.StartAttempt({id, world, PackRanks(world, nodes)}, resume);
+  }
+  std::vector<v1::Order> OrdersFor(const std::string& node,
+                                   const std::vector<v1::TrainerStatus>& listed) {
+    JobManager::Orders orders;
+    jobs_.AppendOrders(node, listed, &orders);
+    return {orders.begin(), orders.end()};
+  }
+  // Feeds a heartbeat listing to the manager the way the coordinator does.
+  void Listing(const std::string& node, const std::vector<v1::TrainerStatus>& listed) {
+    for (const auto& t : listed) jobs_.OnTrainerStatus(node, t);
+    jobs_.OnListing(node, listed);
+  }
+  v1::JobState State(const std::string& id) { return jobs_.Find(id)->state(); }
+
+  FakeClock clock_;
+  std::vector<StoreBatch> batches_;
+  std::vector<std::pair<std::string, int64_t>> started_, ended_;
+  JobManager jobs_;
+};
+
+TEST_F(JobManagerTest, InvalidSpecIsRejectedWithTheParserMessage) {
+  auto id = jobs_.Submit("name: x\nmodel: {n_layer: -1}\n", 0, "j1", 1);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(id.status().message().find("n_layer"), std::string::npos);
+}
+
+TEST_F(JobManagerTest, StartOrdersResentUntilAgentListsTheTrainer) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 2)});
+  EXPECT_EQ(State(id), v1::RUNNING);
+  EXPECT_EQ(started_, (std::vector<std::pair<std::string, int64_t>>{{id, 1}}));
+  auto orders = OrdersFor("n1", {});
+  ASSERT_EQ(orders.size(), 2u);
+  EXPECT_EQ(orders[0].start().rank(), 0);
+  EXPECT_EQ(orders[1].start().world_size(), 2);
+  EXPECT_EQ(orders[0].start().coordinator_address(), "127.0.0.1:1");
+  EXPECT_TRUE(OrdersFor("n2", {}).empty());
+  // Still re-sent while unacknowledged; only rank 1 once rank 0 is listed.
+  EXPECT_EQ(OrdersFor("n1", {}).size(), 2u);
+  Listing("n1", {Trainer(id, 1, 0)});
+  orders = OrdersFor("n1", {Trainer(id, 1, 0)});
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].start().rank(), 1);
+}
+
+TEST_F(JobManagerTest, SucceedsWhenEveryRankExitedZero) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 2)});
+  Listing("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 0));
+  EXPECT_EQ(State(id), v1::RUNNING);
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 1, 0));
+  EXPECT_EQ(State(id), v1::SUCCEEDED);
+  EXPECT_EQ(jobs_.Attempts(id).back().end_reason(), "succeeded");
+  EXPECT_EQ(batches_.back().jobs.back().state(), v1::SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, TrainerExitStopsSurvivorsAndNextAttemptResumes) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 1), Node("n2", 1)});
+  Listing("n1", {Trainer(id, 1, 0)});
+  Listing("n2", {Trainer(id, 1, 1)});
+  jobs_.OnTrainerStatus("n2", Exited(id, 1, 1, 0, 9));
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 1);
+  EXPECT_NE(jobs_.Find(id)->reason().find("rank 1 on n2 was killed by signal 9"),
+            std::string::npos);
+  EXPECT_EQ(ended_.size(), 1u);
+  // The survivor on n1 is ordered to stop, with the grace period, until it is gone.
+  auto orders = OrdersFor("n1", {Trainer(id, 1, 0)});
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].stop().attempt(), 1);
+  EXPECT_EQ(orders[0].stop().grace_ms(), 5000);
+  EXPECT_TRUE(OrdersFor("n1", {Trainer(id, 1, 0, v1::TRAINER_EXITED)}).empty());
+  // The next attempt resumes from the checkpoint it is given.
+  v1::CheckpointRecord ckpt;
+  ckpt.set_job_id(id);
+  ckpt.set_step(40);
+  ckpt.set_path("/ckpt/step_40");
+  Place(id, 2, {Node("n1", 2)}, &ckpt);
+  EXPECT_EQ(jobs_.Find(id)->attempt(), 2);
+  orders = OrdersFor("n1", {});
+  ASSERT_EQ(orders.size(), 2u);
+  EXPECT_EQ(orders[0].start().attempt(), 2);
+  EXPECT_EQ(orders[0].start().resume_checkpoint(), "/ckpt/step_40");
+  EXPECT_EQ(jobs_.Attempts(id).back().resume_step(), 40);
+}
+
+TEST_F(JobManagerTest, OldAttemptReportsAreFenced) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)});
+  Listing("n1", {Trainer(id, 1, 0)});
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  Place(id, 1, {Node("n1", 1)});
+  Listing("n1", {Trainer(id, 2, 0)});
+  // A late exit 0 of attempt 1 must not finish attempt 2, nor a crash fail it.
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 0));
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 3));
+  EXPECT_EQ(State(id), v1::RUNNING);
+  EXPECT_EQ(jobs_.Find(id)->attempt(), 2);
+  EXPECT_FALSE(jobs_.IsCurrent({id, 1, 0}));
+  EXPECT_TRUE(jobs_.IsCurrent({id, 2, 0}));
+  v1::CheckpointRecord old;
+  old.set_job_id(id);
+  old.set_attempt(1);
+  old.set_step(10);
+  EXPECT_FALSE(jobs_.OnCheckpoint(old));
+  // A report from a node the rank was not placed on is ignored too.
+  jobs_.OnTrainerStatus("n9", Exited(id, 2, 0, 1));
+  EXPECT_EQ(State(id), v1::RUNNING);
+}
+
+TEST_F(JobManagerTest, MaxRestartsHonouredThenFailedWithReason) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/1);
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 2));
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  Place(id, 1, {Node("n1", 1)});
+  jobs_.OnTrainerStatus("n1", Exited(id, 2, 0, 2));
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 1);
+  EXPECT_NE(jobs_.Find(id)->reason().find("max_restarts (1) used up"), std::string::npos);
+  EXPECT_TRUE(jobs_.Pending().empty());
+}
+
+TEST_F(JobManagerTest, NodeLossHangAndVanishedRankFailTheAttempt) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 1), Node("n2", 1)}, 5);
+  jobs_.OnNodeLost("n2", "is dead");
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  EXPECT_NE(jobs_.Find(id)->reason().find("node n2 is dead"), std::string::npos);
+
+  Place(id, 1, {Node("n1", 1)});
+  Listing("n1", {Trainer(id, 2, 0, v1::TRAINER_RUNNING, 7)});
+  jobs_.OnHang({id, 2, 0});
+  EXPECT_NE(jobs_.Find(id)->reason().find("rank 0 hung: step 7"), std::string::npos);
+
+  Place(id, 1, {Node("n1", 1)});
+  Listing("n1", {Trainer(id, 3, 0)});
+  Listing("n1", {});  // listed before, gone now without an exit report
+  EXPECT_NE(jobs_.Find(id)->reason().find("rank 0 vanished"), std::string::npos);
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 3);
+}
+
+TEST_F(JobManagerTest, CancelStopsEverythingAndIsIdempotent) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)});
+  Listing("n1", {Trainer(id, 1, 0)});
+  EXPECT_EQ(*jobs_.Cancel(id), v1::CANCELLED);
+  EXPECT_EQ(*jobs_.Cancel(id), v1::CANCELLED);
+  EXPECT_EQ(jobs_.Cancel("nope").status().code(), StatusCode::kNotFound);
+  auto orders = OrdersFor("n1", {Trainer(id, 1, 0)});
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].stop().reason(), "cancelled");
+}
+
+TEST_F(JobManagerTest, UnknownLiveTrainersAreOrderedStopped) {
+  auto orders = OrdersFor("n1", {Trainer("ghost", 4, 0), Trainer("ghost", 4, 1)});
+  ASSERT_EQ(orders.size(), 1u);  // one order per (job, attempt)
+  EXPECT_EQ(orders[0].stop().job_id(), "ghost");
+  EXPECT_EQ(orders[0].stop().reason(), "unknown job");
+}
+
+TEST_F(JobManagerTest, RestoreResendsStartsForRunningAttempt) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 2)});
+  Listing("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  std::vector<v1::JobRecord> records = jobs_.List();
+  std::vector<v1::AttemptRecord> attempts = jobs_.Attempts(id);
+  JobManager restored(&clock_, {}, {});
+  restored.Restore(records, attempts);
+  EXPECT_EQ(restored.Find(id)->state(), v1::RUNNING);
+  JobManager::Orders orders;
+  restored.AppendOrders("n1", {}, &orders);
+  EXPECT_EQ(orders.size(), 2);  // idempotent on the agent, which already runs them
+  EXPECT_TRUE(restored.IsCurrent({id, 1, 1}));
+}
+
+}  // namespace
+}  // namespace drover::coordinator

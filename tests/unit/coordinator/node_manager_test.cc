@@ -1,0 +1,77 @@
+#include "coordinator/node_manager.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/coordinator/test_util.h"
+
+namespace drover::coordinator {
+namespace {
+
+using testing::RegisterReq;
+
+TEST(NodeManagerTest, RegisterThenAcceptsOnlyCurrentAgent) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {});
+  auto rec = nodes.Register(RegisterReq("n1", 4, "a1"));
+  EXPECT_EQ(rec.state(), v1::NODE_ALIVE);
+  EXPECT_TRUE(nodes.Accepts("n1", "a1"));
+  EXPECT_FALSE(nodes.Accepts("n1", "a0"));
+  EXPECT_FALSE(nodes.Accepts("n2", "a1"));
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  EXPECT_EQ(nodes.TotalSlotsEver(v1::CPU), 4);
+}
+
+TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
+  FakeClock clock;
+  NodeManager nodes(
+      &clock, {.cordon_after_failures = 2, .cordon_base_ms = 30'000, .cordon_max_ms = 100'000});
+  nodes.Register(RegisterReq("n1", 1));
+  // First death: not cordoned; it is schedulable as soon as it heartbeats again.
+  auto dead = nodes.MarkDead("n1");
+  ASSERT_TRUE(dead);
+  EXPECT_EQ(dead->cordon_until_ms(), 0);
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("agent-1");
+  auto back = nodes.OnHeartbeat(hb);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->state(), v1::NODE_ALIVE);
+  // Second death: cordoned for 30 s.
+  dead = nodes.MarkDead("n1");
+  EXPECT_EQ(dead->cordon_until_ms(), clock.WallNowMs() + 30'000);
+  EXPECT_EQ(nodes.OnHeartbeat(hb)->state(), v1::NODE_CORDONED);
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  clock.AdvanceMs(29'999);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  clock.AdvanceMs(1);
+  ASSERT_EQ(nodes.ExpireCordons().size(), 1u);
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  // Third: 60 s; fourth: 120 s capped at 100 s.
+  EXPECT_EQ(nodes.MarkDead("n1")->cordon_until_ms(), clock.WallNowMs() + 60'000);
+  nodes.OnHeartbeat(hb);
+  EXPECT_EQ(nodes.MarkDead("n1")->cordon_until_ms(), clock.WallNowMs() + 100'000);
+  // Re-registering keeps the cordon.
+  EXPECT_EQ(nodes.Register(RegisterReq("n1", 1, "a2")).state(), v1::NODE_CORDONED);
+}
+
+TEST(NodeManagerTest, RestoredNodeIsNotSchedulableUntilItHeartbeats) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {});
+  v1::NodeRecord rec;
+  rec.set_name("n1");
+  rec.set_agent_id("a1");
+  rec.set_state(v1::NODE_ALIVE);
+  rec.add_slots()->set_index(0);
+  nodes.Restore(rec);
+  EXPECT_TRUE(nodes.Accepts("n1", "a1"));
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("a1");
+  nodes.OnHeartbeat(hb);
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+}
+
+}  // namespace
+}  // namespace drover::coordinator

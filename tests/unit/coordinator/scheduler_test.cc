@@ -1,0 +1,97 @@
+#include "coordinator/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace drover::coordinator {
+namespace {
+
+NodeCapacity Node(const std::string& name, int free, v1::DeviceKind d = v1::CPU) {
+  NodeCapacity n{name, d, {}};
+  for (int i = 0; i < free; ++i) n.free_slots.push_back(i);
+  return n;
+}
+
+PendingJob Job(const std::string& id, std::vector<int> sizes, int priority = 0, int64_t seq = 0) {
+  return PendingJob{id, priority, seq, v1::CPU, std::move(sizes)};
+}
+
+std::map<v1::DeviceKind, int64_t> Ever(int64_t cpu) { return {{v1::CPU, cpu}, {v1::CUDA, 0}}; }
+
+TEST(SchedulerTest, GangPlacesAllRanksOrNone) {
+  auto r = Schedule({Job("a", {4})}, {Node("n1", 2), Node("n2", 1)}, Ever(8));
+  EXPECT_TRUE(r.placements.empty());
+  EXPECT_NE(r.waiting["a"].find("waiting for 4 free cpu slots (3 free)"), std::string::npos);
+  r = Schedule({Job("a", {3})}, {Node("n1", 2), Node("n2", 1)}, Ever(8));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].ranks.size(), 3u);
+}
+
+TEST(SchedulerTest, FifoWithinPriorityAndHigherPriorityFirst) {
+  // Two slots: the older of the two priority-0 jobs goes before the newer one, and the
+  // priority-5 job goes before both although it was submitted last.
+  auto r = Schedule({Job("old", {1}, 0, 1), Job("new", {1}, 0, 2), Job("urgent", {1}, 5, 3)},
+                    {Node("n1", 2)}, Ever(2));
+  ASSERT_EQ(r.placements.size(), 2u);
+  EXPECT_EQ(r.placements[0].job_id, "urgent");
+  EXPECT_EQ(r.placements[1].job_id, "old");
+  EXPECT_TRUE(r.waiting.count("new"));
+}
+
+TEST(SchedulerTest, BlockedHeadJobIsNotOvertakenBySmallerOnes) {
+  auto r = Schedule({Job("big", {4}, 0, 1), Job("small", {1}, 0, 2)}, {Node("n1", 2)}, Ever(4));
+  EXPECT_TRUE(r.placements.empty());
+  EXPECT_NE(r.waiting["small"].find("queued behind"), std::string::npos);
+}
+
+TEST(SchedulerTest, PacksRanksOntoFewestNodes) {
+  // One node can hold the job: the tightest fit is used, not a spread.
+  auto r = Schedule({Job("a", {2})}, {Node("n1", 1), Node("n2", 4), Node("n3", 2)}, Ever(7));
+  ASSERT_EQ(r.placements.size(), 1u);
+  for (const auto& rank : r.placements[0].ranks) EXPECT_EQ(rank.node(), "n3");
+  // No single node fits: the biggest nodes first (2 nodes, not 3).
+  r = Schedule({Job("b", {5})}, {Node("n1", 1), Node("n2", 4), Node("n3", 2)}, Ever(7));
+  ASSERT_EQ(r.placements.size(), 1u);
+  std::set<std::string> used;
+  for (const auto& rank : r.placements[0].ranks) used.insert(rank.node());
+  EXPECT_EQ(used, (std::set<std::string>{"n2", "n3"}));
+  // Ranks are numbered in order and local ranks count per node.
+  const auto& ranks = r.placements[0].ranks;
+  for (size_t i = 0; i < ranks.size(); ++i) EXPECT_EQ(ranks[i].rank(), static_cast<int>(i));
+  EXPECT_EQ(ranks[3].local_rank(), 3);
+  EXPECT_EQ(ranks[4].local_rank(), 0);
+}
+
+TEST(SchedulerTest, ElasticTakesLargestFeasibleSizeThatFits) {
+  // Feasible {1,2,3,4,6}; 5 free slots -> 4 (5 is not a feasible size).
+  auto r = Schedule({Job("a", {1, 2, 3, 4, 6})}, {Node("n1", 3), Node("n2", 2)}, Ever(8));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 4);
+  // Shrink: only 2 free now.
+  r = Schedule({Job("a", {1, 2, 3, 4, 6})}, {Node("n1", 2)}, Ever(8));
+  EXPECT_EQ(r.placements[0].world_size, 2);
+  // Grow: 6 free.
+  r = Schedule({Job("a", {1, 2, 3, 4, 6})}, {Node("n1", 6)}, Ever(8));
+  EXPECT_EQ(r.placements[0].world_size, 6);
+}
+
+TEST(SchedulerTest, NeverFittingJobGetsReasonAndDoesNotBlockOthers) {
+  auto r = Schedule({Job("huge", {16}, 0, 1), Job("small", {1}, 0, 2)}, {Node("n1", 4)}, Ever(4));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].job_id, "small");
+  EXPECT_NE(r.waiting["huge"].find("needs at least 16 cpu slots, the cluster has registered 4"),
+            std::string::npos);
+}
+
+TEST(SchedulerTest, DeviceKindsAreSeparatePools) {
+  PendingJob gpu{"g", 0, 1, v1::CUDA, {2}};
+  auto r = Schedule({gpu, Job("c", {1}, 0, 2)}, {Node("cpu1", 4), Node("gpu1", 1, v1::CUDA)},
+                    {{v1::CPU, 4}, {v1::CUDA, 4}});
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].job_id, "c");  // the waiting cuda job blocks only cuda jobs
+  EXPECT_TRUE(r.waiting.count("g"));
+}
+
+}  // namespace
+}  // namespace drover::coordinator

@@ -1,0 +1,250 @@
+// Checkpoint directories: format round trip, corruption handling, pruning, and a resumed
+// run that continues the exact loss curve of an uninterrupted one.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "common/token_shard.h"
+#include "worker/engine/ckpt/async_writer.h"
+#include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/threads.h"
+#include "worker/engine/trainer.h"
+
+namespace drover::engine::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+CheckpointSnapshot MakeSnapshot(int64_t step, size_t n) {
+  CheckpointSnapshot s;
+  s.meta.set_step(step);
+  s.meta.set_num_params(static_cast<int64_t>(n));
+  s.meta.set_consumed_samples(step * 12);
+  s.meta.mutable_train_sampler()->set_consumed_samples(step * 12);
+  s.meta.mutable_model()->set_num_layers(2);
+  s.meta.set_optimizer_step(step);
+  s.meta.set_world_size(1);
+  s.meta.set_rng_state(0xfeedface12345678ull);
+  auto* t = s.meta.add_tensors();
+  t->set_name("wte");
+  t->set_numel(static_cast<int64_t>(n));
+  t->add_shape(static_cast<int64_t>(n));
+  t->set_decay(true);
+  std::mt19937 rng(static_cast<uint32_t>(step));
+  std::normal_distribution<float> dist;
+  for (auto* arena : {&s.params, &s.adam_m, &s.adam_v}) {
+    arena->resize(n);
+    for (float& x : *arena) x = dist(rng);
+  }
+  return s;
+}
+
+class CkptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("ckpt_test_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Dir() const { return dir_.string(); }
+  fs::path dir_;
+};
+
+void FlipByte(const fs::path& path, size_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.put(static_cast<char>(c ^ 0x40));
+}
+
+TEST_F(CkptTest, RoundTripKeepsEveryArenaAndField) {
+  const CheckpointSnapshot s = MakeSnapshot(7, 1000);
+  auto path = WriteCheckpoint(Dir(), s);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(fs::path(*path).filename(), "step_7");
+  EXPECT_FALSE(fs::exists(dir_ / "step_7.tmp"));
+  auto r = ReadCheckpoint(*path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->params, s.params);
+  EXPECT_EQ(r->adam_m, s.adam_m);
+  EXPECT_EQ(r->adam_v, s.adam_v);
+  EXPECT_EQ(r->meta.step(), 7);
+  EXPECT_EQ(r->meta.consumed_samples(), 84);
+  EXPECT_EQ(r->meta.rng_state(), 0xfeedface12345678ull);
+  EXPECT_EQ(r->meta.model().num_layers(), 2);
+  ASSERT_EQ(r->meta.tensors_size(), 1);
+  EXPECT_EQ(r->meta.tensors(0).name(), "wte");
+  ASSERT_EQ(r->meta.shards_size(), 3);
+  for (const auto& sh : r->meta.shards()) {
+    EXPECT_EQ(sh.begin(), 0);
+    EXPECT_EQ(sh.end(), 1000);
+    EXPECT_EQ(sh.bytes(), 4000);
+  }
+  std::ifstream manifest(dir_ / "step_7" / kManifestFile);
+  std::string text((std::istreambuf_iterator<char>(manifest)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, ::testing::HasSubstr("\"crc32c\""));
+  EXPECT_THAT(text, ::testing::HasSubstr("\"arena\": \"adam_v\""));
+}
+
+TEST_F(CkptTest, CorruptShardIsSkippedForThePreviousCheckpoint) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(10, 500)).ok());
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(20, 500)).ok());
+  FlipByte(dir_ / "step_20" / "adam_m.r0.bin", 123);
+  auto bad = ReadCheckpoint((dir_ / "step_20").string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("CRC32C mismatch"));
+  std::string path;
+  auto latest = LoadLatestCheckpoint(Dir(), &path);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->meta.step(), 10);
+  EXPECT_EQ(fs::path(path).filename(), "step_10");
+}
+
+TEST_F(CkptTest, TruncatedShardAndBrokenManifestAreSkipped) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(1, 300)).ok());
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(2, 300)).ok());
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(3, 300)).ok());
+  fs::resize_file(dir_ / "step_3" / "params.r0.bin", 100);
+  { std::ofstream(dir_ / "step_2" / kManifestFile) << "{\"step\": "; }
+  auto latest = LoadLatestCheckpoint(Dir());
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->meta.step(), 1);
+}
+
+TEST_F(CkptTest, PartialTmpDirectoryIsIgnoredAndPruned) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(5, 200)).ok());
+  // A crash after the shards but before the rename: a complete-looking step_9.tmp/.
+  fs::create_directories(dir_ / "step_9.tmp");
+  fs::copy(dir_ / "step_5", dir_ / "step_9.tmp", fs::copy_options::recursive);
+  fs::create_directories(dir_ / "step_3.tmp");
+  auto listed = ListCheckpoints(Dir());
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].first, 5);
+  auto latest = LoadLatestCheckpoint(Dir());
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->meta.step(), 5);
+  ASSERT_TRUE(PruneCheckpoints(Dir(), 3).ok());
+  EXPECT_FALSE(fs::exists(dir_ / "step_3.tmp"));
+  EXPECT_TRUE(fs::exists(dir_ / "step_5"));
+}
+
+TEST_F(CkptTest, NoCheckpointIsNotFound) {
+  EXPECT_EQ(LoadLatestCheckpoint(Dir()).status().code(), StatusCode::kNotFound);
+  fs::create_directories(dir_ / "step_4");  // no manifest
+  EXPECT_EQ(LoadLatestCheckpoint(Dir()).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CkptTest, AsyncWriterKeepsLastKAndReportsEachCheckpoint) {
+  std::vector<int64_t> completed;
+  {
+    AsyncCheckpointWriter writer(Dir(), 2,
+                                 [&](const v1::CheckpointManifest& m, const std::string& path) {
+                                   EXPECT_TRUE(fs::exists(fs::path(path) / kManifestFile));
+                                   completed.push_back(m.step());
+                                 });
+    for (int64_t step = 1; step <= 5; ++step) {
+      ASSERT_TRUE(writer.Submit(MakeSnapshot(step * 10, 256)).ok());
+    }
+    ASSERT_TRUE(writer.Flush().ok());
+  }
+  EXPECT_EQ(completed, (std::vector<int64_t>{10, 20, 30, 40, 50}));
+  auto listed = ListCheckpoints(Dir());
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].first, 50);
+  EXPECT_EQ(listed[1].first, 40);
+}
+
+// --- resume through the Trainer -----------------------------------------------------------
+
+class ResumeTest : public CkptTest {
+ protected:
+  void SetUp() override {
+    CkptTest::SetUp();
+    SetNumThreads(1);
+    fs::create_directories(dir_);
+    std::mt19937_64 rng(11);
+    std::vector<uint16_t> tokens(3000);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = rng() % 8 == 0 ? rng() % 16 : static_cast<uint16_t>((i * 5) % 13);
+    }
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens).ok());
+  }
+
+  JobSpec Spec(const std::string& run, bool async) {
+    const std::string yaml =
+        "name: resume\noutput_dir: " + (dir_ / run).string() +
+        "\nmodel: {n_layer: 1, n_head: 2, n_embd: 16, block_size: 8, vocab_size: 16}\n"
+        "data: {train: " +
+        (dir_ / "train.bin").string() +
+        "}\ntrain: {steps: 8, global_batch: 4, micro_batch: 2, seq_len: 8, lr: 0.01, "
+        "warmup_steps: 2, eval_every: 0, seed: 3}\n"
+        "checkpoint: {every_steps: 4, keep_last: 2, async: " +
+        (async ? "true" : "false") + "}\n";
+    auto spec = ParseJobSpec(yaml);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+
+  std::unique_ptr<Trainer> Make(const JobSpec& spec) {
+    TrainerOptions options;
+    options.spec = spec;
+    options.log_steps = false;
+    auto t = Trainer::Create(options);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+
+  static std::vector<std::string> Losses(const fs::path& metrics) {
+    std::ifstream in(metrics);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) {
+      const size_t at = l.find("\"loss\":") + 7;
+      out.push_back(l.substr(at, l.find(',', at) - at));
+    }
+    return out;
+  }
+};
+
+TEST_F(ResumeTest, ResumedRunContinuesTheExactLossCurve) {
+  // Uninterrupted: 8 steps, async checkpoints at 4 and 8.
+  auto straight = Make(Spec("straight", /*async=*/true));
+  ASSERT_NE(straight, nullptr);
+  ASSERT_TRUE(straight->Run().ok());
+  const auto want = Losses(dir_ / "straight" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 8u);
+  EXPECT_EQ(ListCheckpoints((dir_ / "straight" / "ckpt").string()).size(), 2u);
+
+  // Interrupted: 4 steps, a checkpoint, the process "dies"; a new trainer resumes.
+  const JobSpec spec = Spec("resumed", /*async=*/false);
+  {
+    auto first = Make(spec);
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->resumed_from(), -1);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(first->Step().ok());
+    ASSERT_TRUE(first->SaveCheckpoint(/*async=*/false).ok());
+    ASSERT_TRUE(first->Step().ok());  // progress after the checkpoint is lost
+  }
+  auto second = Make(spec);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->resumed_from(), 4);
+  EXPECT_EQ(second->step(), 4);
+  EXPECT_EQ(second->optimizer().step_count(), 4);
+  ASSERT_TRUE(second->Run().ok());
+  const auto got = Losses(dir_ / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 4u);  // steps 5..8
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], want[4 + i]) << "step " << 5 + i;
+}
+
+}  // namespace
+}  // namespace drover::engine::ckpt

@@ -1,0 +1,128 @@
+#include "worker/status_channel.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "worker/trainer_reporter.h"
+
+namespace drover {
+namespace {
+
+v1::TrainerStatus Starting() {
+  v1::TrainerStatus st;
+  st.set_job_id("j-1");
+  st.set_attempt(2);
+  st.set_state(v1::TRAINER_STARTING);
+  st.set_last_progress_ms(100);
+  st.mutable_progress()->set_last_checkpoint_step(-1);
+  return st;
+}
+
+TEST(StatusChannelTest, StepChangeMovesLastProgressAndMarksRunning) {
+  v1::TrainerStatus st = Starting();
+  std::vector<v1::CheckpointRecord> ckpts;
+  ASSERT_TRUE(ApplyReportLine(R"({"progress":{"step":"5","loss":2.5}})", 900, &st, &ckpts).ok());
+  EXPECT_EQ(st.progress().step(), 5);
+  EXPECT_DOUBLE_EQ(st.progress().loss(), 2.5);
+  EXPECT_EQ(st.last_progress_ms(), 900);
+  EXPECT_EQ(st.state(), v1::TRAINER_RUNNING);
+  EXPECT_TRUE(ckpts.empty());
+}
+
+TEST(StatusChannelTest, PhaseOnlyReportDoesNotCountAsProgress) {
+  v1::TrainerStatus st = Starting();
+  std::vector<v1::CheckpointRecord> ckpts;
+  ASSERT_TRUE(ApplyReportLine(R"({"progress":{"step":"5"}})", 900, &st, &ckpts).ok());
+  ASSERT_TRUE(
+      ApplyReportLine(R"({"progress":{"step":"5","message":"still here"}})", 5000, &st, &ckpts)
+          .ok());
+  EXPECT_EQ(st.last_progress_ms(), 900);
+  EXPECT_EQ(st.progress().message(), "still here");
+}
+
+TEST(StatusChannelTest, CheckpointIsQueuedWithJobAndAttemptFilledIn) {
+  v1::TrainerStatus st = Starting();
+  std::vector<v1::CheckpointRecord> ckpts;
+  ASSERT_TRUE(
+      ApplyReportLine(R"({"checkpoint":{"step":"40","path":"/c/step_40"}})", 7, &st, &ckpts).ok());
+  ASSERT_EQ(ckpts.size(), 1u);
+  EXPECT_EQ(ckpts[0].job_id(), "j-1");
+  EXPECT_EQ(ckpts[0].attempt(), 2);
+  EXPECT_EQ(ckpts[0].step(), 40);
+  EXPECT_EQ(ckpts[0].created_ms(), 7);
+  EXPECT_EQ(st.progress().last_checkpoint_step(), 40);
+  // A later progress report without the checkpoint step must not forget it.
+  ASSERT_TRUE(ApplyReportLine(R"({"progress":{"step":"41"}})", 8, &st, &ckpts).ok());
+  EXPECT_EQ(st.progress().last_checkpoint_step(), 40);
+}
+
+TEST(StatusChannelTest, MalformedLineIsRejectedAndStatusUnchanged) {
+  v1::TrainerStatus st = Starting();
+  std::vector<v1::CheckpointRecord> ckpts;
+  Status s = ApplyReportLine("{not json", 900, &st, &ckpts);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("{not json"), std::string::npos);
+  EXPECT_EQ(st.state(), v1::TRAINER_STARTING);
+  EXPECT_EQ(st.last_progress_ms(), 100);
+}
+
+TEST(StatusChannelTest, TakeLinesKeepsPartialTail) {
+  std::string buf = "a\nbb\n\nccc";
+  std::vector<std::string> lines = TakeLines(&buf);
+  EXPECT_EQ(lines, (std::vector<std::string>{"a", "bb"}));
+  EXPECT_EQ(buf, "ccc");
+  buf += "d\n";
+  EXPECT_EQ(TakeLines(&buf), (std::vector<std::string>{"cccd"}));
+  EXPECT_TRUE(buf.empty());
+}
+
+TEST(TrainerReporterTest, LinesRoundTripThroughASocket) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TrainerReporter reporter(sv[1]);
+  ASSERT_TRUE(reporter.enabled());
+  v1::CheckpointRecord rec;
+  rec.set_step(10);
+  rec.set_path("/x/step_10");
+  reporter.Checkpoint(rec);
+  reporter.Progress(11, 12.5, 3.25, 900.0);
+  reporter.Done();
+  close(sv[1]);
+  std::string data;
+  char buf[4096];
+  for (ssize_t n; (n = read(sv[0], buf, sizeof(buf))) > 0;) data.append(buf, n);
+  close(sv[0]);
+
+  v1::TrainerStatus st = Starting();
+  std::vector<v1::CheckpointRecord> ckpts;
+  std::vector<std::string> lines = TakeLines(&data);
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& line : lines) ASSERT_TRUE(ApplyReportLine(line, 50, &st, &ckpts).ok()) << line;
+  EXPECT_EQ(st.progress().step(), 11);
+  EXPECT_DOUBLE_EQ(st.progress().loss(), 3.25);
+  EXPECT_EQ(st.progress().last_checkpoint_step(), 10);
+  EXPECT_EQ(st.progress().message(), "done");
+  ASSERT_EQ(ckpts.size(), 1u);
+  EXPECT_EQ(ckpts[0].path(), "/x/step_10");
+}
+
+TEST(TrainerReporterTest, DisabledWithoutStatusFdAndWritingIsANoOp) {
+  unsetenv("DROVER_STATUS_FD");
+  TrainerReporter reporter = TrainerReporter::FromEnv();
+  EXPECT_FALSE(reporter.enabled());
+  reporter.Progress(1, 1, 1, 1);  // must not crash
+}
+
+TEST(TrainerReporterTest, VanishedReaderDoesNotKillTheTrainer) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  close(sv[0]);
+  TrainerReporter reporter(sv[1]);
+  reporter.Progress(1, 1, 1, 1);  // EPIPE, not SIGPIPE
+  close(sv[1]);
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace drover

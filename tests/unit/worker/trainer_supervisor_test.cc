@@ -1,0 +1,195 @@
+#include "worker/trainer_supervisor.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace drover {
+namespace {
+
+class TrainerSupervisorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("drover_sup_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    supervisor_ = std::make_unique<TrainerSupervisor>(SystemClock::Get(),
+                                                      [this](const v1::TrainerStatus& st) {
+                                                        std::lock_guard<std::mutex> l(mu_);
+                                                        exits_.push_back(st);
+                                                      });
+  }
+  void TearDown() override {
+    supervisor_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  TrainerLaunch Shell(const std::string& script, int rank = 0, int64_t attempt = 1) {
+    TrainerLaunch l;
+    l.key = TrainerKey{"j-1", attempt, rank};
+    l.spawn.executable = "/bin/sh";
+    l.spawn.args = {"-c", script};
+    l.spawn.env = {{"DROVER_TEST_VAR", "hello-env"}};
+    l.spawn.log_path = LogPath(rank, attempt);
+    return l;
+  }
+  std::string LogPath(int rank, int64_t attempt = 1) {
+    return (dir_ / ("a" + std::to_string(attempt)) / ("rank-" + std::to_string(rank) + ".log"))
+        .string();
+  }
+  std::string ReadFile(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Waits (bounded) for `n` exit callbacks.
+  std::vector<v1::TrainerStatus> WaitExits(size_t n, int timeout_ms = 5000) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (exits_.size() >= n) return exits_;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    return exits_;
+  }
+
+  std::filesystem::path dir_;
+  std::mutex mu_;
+  std::vector<v1::TrainerStatus> exits_;
+  std::unique_ptr<TrainerSupervisor> supervisor_;
+};
+
+TEST_F(TrainerSupervisorTest, ReportsExitCodeAndCapturesStdoutStderrAndEnv) {
+  ASSERT_TRUE(supervisor_->Start(Shell("echo out-$DROVER_TEST_VAR; echo err >&2; exit 7")).ok());
+  auto exits = WaitExits(1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].state(), v1::TRAINER_EXITED);
+  EXPECT_EQ(exits[0].exit_code(), 7);
+  EXPECT_EQ(exits[0].signal(), 0);
+  EXPECT_GT(exits[0].pid(), 0);
+  EXPECT_EQ(ReadFile(LogPath(0)), "out-hello-env\nerr\n");
+}
+
+TEST_F(TrainerSupervisorTest, ReportsTerminatingSignal) {
+  ASSERT_TRUE(supervisor_->Start(Shell("kill -9 $$")).ok());
+  auto exits = WaitExits(1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal(), SIGKILL);
+}
+
+TEST_F(TrainerSupervisorTest, ExecFailureIsAnExit127WithTheReasonInTheLog) {
+  TrainerLaunch l = Shell("");
+  l.spawn.executable = (dir_ / "no-such-trainer").string();
+  ASSERT_TRUE(supervisor_->Start(l).ok());
+  auto exits = WaitExits(1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].exit_code(), 127);
+  EXPECT_NE(ReadFile(LogPath(0)).find("no-such-trainer"), std::string::npos);
+}
+
+TEST_F(TrainerSupervisorTest, StopSendsSigtermToTheWholeGroup) {
+  // The child shell starts a grandchild; both must go.
+  ASSERT_TRUE(
+      supervisor_->Start(Shell("sleep 30 & echo $! > " + (dir_ / "gc").string() + "; wait")).ok());
+  std::string gc_file = (dir_ / "gc").string();
+  for (int i = 0; i < 500 && ReadFile(gc_file).empty(); ++i) usleep(5000);
+  pid_t grandchild = std::stoi(ReadFile(gc_file));
+  supervisor_->Stop("j-1", 1, 5000);
+  auto exits = WaitExits(1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal(), SIGTERM);
+  // The grandchild was signalled with its group (and killed with it after the leader went).
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = kill(grandchild, 0) != 0;
+    if (!gone) usleep(5000);
+  }
+  EXPECT_TRUE(gone);
+}
+
+TEST_F(TrainerSupervisorTest, SigtermIgnoredEscalatesToSigkillAfterGrace) {
+  ASSERT_TRUE(
+      supervisor_->Start(Shell("trap '' TERM; echo ready; while :; do sleep 0.05; done")).ok());
+  for (int i = 0; i < 500 && ReadFile(LogPath(0)).empty(); ++i) usleep(5000);
+  auto t0 = std::chrono::steady_clock::now();
+  supervisor_->Stop("j-1", 1, 300);
+  supervisor_->Stop("j-1", 1, 60000);  // a repeated stop never extends the deadline
+  auto exits = WaitExits(1);
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal(), SIGKILL);
+  EXPECT_GE(ms, 290);
+}
+
+TEST_F(TrainerSupervisorTest, StopOnlyTouchesOlderOrEqualAttemptsOfThatJob) {
+  ASSERT_TRUE(supervisor_->Start(Shell("sleep 30", 0, 1)).ok());
+  ASSERT_TRUE(supervisor_->Start(Shell("sleep 30", 0, 2)).ok());
+  TrainerLaunch other = Shell("sleep 30", 0, 1);
+  other.key.job_id = "j-other";
+  other.spawn.log_path = (dir_ / "other.log").string();
+  ASSERT_TRUE(supervisor_->Start(other).ok());
+  supervisor_->Stop("j-1", 1, 0);
+  auto exits = WaitExits(1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].attempt(), 1);
+  EXPECT_EQ(exits[0].job_id(), "j-1");
+  EXPECT_EQ(supervisor_->RunningCount(), 2);
+}
+
+TEST_F(TrainerSupervisorTest, RepeatedStartIsIgnored) {
+  ASSERT_TRUE(supervisor_->Start(Shell("echo once; sleep 30")).ok());
+  ASSERT_TRUE(supervisor_->Start(Shell("echo twice; sleep 30")).ok());
+  EXPECT_EQ(supervisor_->RunningCount(), 1);
+  EXPECT_EQ(supervisor_->Snapshot().size(), 1u);
+}
+
+TEST_F(TrainerSupervisorTest, StatusChannelReportsAreFoldedInBeforeTheExit) {
+  ASSERT_TRUE(supervisor_
+                  ->Start(Shell("echo '{\"progress\":{\"step\":\"4\",\"loss\":1.5}}' "
+                                ">&$DROVER_STATUS_FD; "
+                                "echo '{\"checkpoint\":{\"step\":\"4\",\"path\":\"/p\"}}' "
+                                ">&$DROVER_STATUS_FD; exit 0"))
+                  .ok());
+  auto exits = WaitExits(1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].progress().step(), 4);
+  EXPECT_EQ(exits[0].progress().last_checkpoint_step(), 4);
+  auto ckpts = supervisor_->PendingCheckpoints();
+  ASSERT_EQ(ckpts.size(), 1u);
+  EXPECT_EQ(ckpts[0].job_id(), "j-1");
+  supervisor_->AckCheckpoints(1);
+  EXPECT_TRUE(supervisor_->PendingCheckpoints().empty());
+  // The exited trainer stays visible for heartbeats.
+  auto snap = supervisor_->Snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0].state(), v1::TRAINER_EXITED);
+}
+
+TEST_F(TrainerSupervisorTest, ExitedTrainersAreForgottenAfterRetention) {
+  supervisor_.reset();
+  supervisor_ = std::make_unique<TrainerSupervisor>(SystemClock::Get(), nullptr,
+                                                    /*exited_retention_ms=*/50);
+  ASSERT_TRUE(supervisor_->Start(Shell("exit 0")).ok());
+  bool forgotten = false;
+  for (int i = 0; i < 400 && !forgotten; ++i) {
+    forgotten = supervisor_->Snapshot().empty();
+    if (!forgotten) usleep(5000);
+  }
+  EXPECT_TRUE(forgotten);
+}
+
+}  // namespace
+}  // namespace drover

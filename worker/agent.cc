@@ -1,0 +1,244 @@
+#include "worker/agent.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include "common/files.h"
+#include "worker/grpc_util.h"
+#include "worker/process.h"
+#include "worker/trainer_env.h"
+
+namespace drover {
+namespace {
+
+std::string MakeAgentId(const std::string& name) {
+  std::random_device rd;
+  char suffix[17];
+  snprintf(suffix, sizeof(suffix), "%08x%08x", rd(), rd());
+  return name + "-" + std::to_string(getpid()) + "-" + suffix;
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::string AttemptDir(const std::string& root, const std::string& job, int64_t attempt) {
+  return root + "/" + job + "/attempt-" + std::to_string(attempt);
+}
+
+}  // namespace
+
+StatusOr<v1::DeviceKind> ParseDeviceKind(const std::string& device) {
+  if (device == "cpu") return v1::CPU;
+  if (device == "cuda") return v1::CUDA;
+  return InvalidArgumentError("--device '" + device + "' is not valid; use cpu or cuda");
+}
+
+Agent::Agent(AgentOptions options, const Clock* clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      agent_id_(MakeAgentId(options_.name)),
+      stub_(v1::WorkerService::NewStub(MakeChannel(options_.coordinator))) {
+  if (options_.heartbeat_interval_ms > 0) heartbeat_interval_ms_ = options_.heartbeat_interval_ms;
+  logs_ = std::make_unique<LogShipper>([this](const v1::AppendLogsRequest& req) {
+    v1::AppendLogsResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineMs(&ctx, options_.rpc_timeout_ms);
+    return FromGrpcStatus(stub()->AppendLogs(&ctx, req, &resp), "AppendLogs");
+  });
+  supervisor_ = std::make_unique<TrainerSupervisor>(
+      clock_, [this](const v1::TrainerStatus& st) { OnTrainerExit(st); },
+      options_.exited_retention_ms);
+  logs_->Start();
+}
+
+std::shared_ptr<v1::WorkerService::Stub> Agent::stub() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stub_;
+}
+
+void Agent::ResetChannel() {
+  std::shared_ptr<v1::WorkerService::Stub> fresh =
+      v1::WorkerService::NewStub(MakeChannel(options_.coordinator));
+  std::lock_guard<std::mutex> lock(mu_);
+  stub_ = std::move(fresh);
+}
+
+Agent::~Agent() {
+  supervisor_.reset();
+  logs_.reset();
+}
+
+void Agent::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool Agent::SleepMs(int64_t ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return shutdown_; });
+  return !shutdown_;
+}
+
+Status Agent::Register() {
+  v1::RegisterRequest req;
+  req.set_name(options_.name);
+  req.set_address(options_.address.empty() ? HostName() : options_.address);
+  req.set_agent_id(agent_id_);
+  req.set_protocol_version(1);
+  for (int i = 0; i < options_.slots; ++i) {
+    v1::Slot* slot = req.add_slots();
+    slot->set_index(i);
+    slot->set_device(options_.device);
+    slot->set_description(options_.device == v1::CUDA ? "cuda:" + std::to_string(i) : "cpu");
+  }
+  for (const v1::TrainerStatus& st : supervisor_->Snapshot()) *req.add_running() = st;
+  v1::RegisterResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineMs(&ctx, options_.rpc_timeout_ms);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub()->Register(&ctx, req, &resp), "Register with " + options_.coordinator));
+  if (options_.heartbeat_interval_ms <= 0 && resp.heartbeat_interval_ms() > 0) {
+    heartbeat_interval_ms_ = resp.heartbeat_interval_ms();
+  }
+  spdlog::info("registered as {} (agent {}) with {}, {} slot(s), heartbeat every {} ms",
+               options_.name, agent_id_, options_.coordinator, options_.slots,
+               heartbeat_interval_ms_);
+  return OkStatus();
+}
+
+Status Agent::Heartbeat() {
+  v1::HeartbeatRequest req;
+  req.set_name(options_.name);
+  req.set_agent_id(agent_id_);
+  req.set_seq(++seq_);
+  for (const v1::TrainerStatus& st : supervisor_->Snapshot()) *req.add_trainers() = st;
+  std::vector<v1::CheckpointRecord> pending = supervisor_->PendingCheckpoints();
+  for (const v1::CheckpointRecord& c : pending) *req.add_checkpoints() = c;
+  v1::HeartbeatResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineMs(&ctx, options_.rpc_timeout_ms);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(stub()->Heartbeat(&ctx, req, &resp), "Heartbeat to " + options_.coordinator));
+  supervisor_->AckCheckpoints(pending.size());
+  for (const v1::Order& order : resp.orders()) {
+    if (order.has_start()) StartTrainer(order.start());
+    if (order.has_stop()) {
+      const v1::StopTrainersOrder& stop = order.stop();
+      spdlog::info("stopping trainers of job {} attempt <= {} ({})", stop.job_id(), stop.attempt(),
+                   stop.reason());
+      supervisor_->Stop(stop.job_id(), stop.attempt(), stop.grace_ms());
+    }
+  }
+  if (resp.reregister()) return AbortedError("coordinator asked to register again");
+  return OkStatus();
+}
+
+void Agent::StartTrainer(const v1::StartTrainerOrder& order) {
+  TrainerKey key{order.job_id(), order.attempt(), order.rank()};
+  if (supervisor_->Has(key)) return;  // a repeated order
+  const std::string job_dir = AttemptDir(options_.work_dir + "/jobs", key.job_id, key.attempt);
+  const std::string spec_path = job_dir + "/job.yaml";
+  const std::string log_path = AttemptDir(options_.work_dir + "/logs", key.job_id, key.attempt) +
+                               "/rank-" + std::to_string(key.rank) + ".log";
+  Status st = MakeDirs(job_dir);
+  if (st.ok()) st = WriteFileAtomic(spec_path, order.spec_yaml());
+  if (!st.ok()) {
+    // The trainer cannot start without its spec; launching it anyway lets it fail the
+    // usual way (an exit the coordinator sees) instead of silently never starting.
+    spdlog::error("job {} rank {}: {}", key.job_id, key.rank, st.ToString());
+  }
+  TrainerLaunch launch;
+  launch.key = key;
+  launch.spawn.executable = options_.trainer_path;
+  launch.spawn.log_path = log_path;
+  const std::string coordinator =
+      order.coordinator_address().empty() ? options_.coordinator : order.coordinator_address();
+  launch.spawn.env = {
+      {kEnvCoordinator, coordinator},
+      {kEnvJobId, key.job_id},
+      {kEnvAttempt, std::to_string(key.attempt)},
+      {kEnvRank, std::to_string(key.rank)},
+      {kEnvWorldSize, std::to_string(order.world_size())},
+      {kEnvLocalRank, std::to_string(order.local_rank())},
+      {kEnvSlot, std::to_string(order.slot())},
+      {kEnvSpecPath, spec_path},
+      {kEnvResume, order.resume_checkpoint()},
+      {kEnvThreads, std::to_string(std::max(1, order.threads()))},
+  };
+  logs_->Add(key, log_path);
+  spdlog::info("starting trainer job {} attempt {} rank {}/{} slot {}{}", key.job_id, key.attempt,
+               key.rank, order.world_size(), order.slot(),
+               order.resume_checkpoint().empty() ? "" : " from " + order.resume_checkpoint());
+  Status started = supervisor_->Start(launch);
+  if (!started.ok()) spdlog::error("job {} rank {}: {}", key.job_id, key.rank, started.ToString());
+}
+
+void Agent::OnTrainerExit(const v1::TrainerStatus& status) {
+  logs_->Finish(TrainerKey{status.job_id(), status.attempt(), status.rank()});
+  spdlog::info("trainer job {} attempt {} rank {} (pid {}) exited: {}", status.job_id(),
+               status.attempt(), status.rank(), status.pid(),
+               DescribeWaitStatus(status.exit_code(), status.signal()));
+  // Sent once, at once; if the coordinator is away, the exited status stays in heartbeats
+  // for exited_retention_ms, so the exit still arrives.
+  v1::TrainerExitRequest req;
+  req.set_name(options_.name);
+  req.set_agent_id(agent_id_);
+  *req.mutable_trainer() = status;
+  v1::TrainerExitResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineMs(&ctx, options_.rpc_timeout_ms);
+  Status st = FromGrpcStatus(stub()->ReportTrainerExit(&ctx, req, &resp), "ReportTrainerExit");
+  if (!st.ok()) spdlog::warn("{} (the next heartbeats carry it)", st.ToString());
+}
+
+Status Agent::Run() {
+  bool registered = false;
+  bool warned = false;
+  int64_t backoff_ms = 100;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutdown_) break;
+    }
+    Status st = registered ? Heartbeat() : Register();
+    if (st.ok()) {
+      if (warned) spdlog::info("coordinator {} is back", options_.coordinator);
+      warned = false;
+      backoff_ms = 100;
+      // Right after registering, heartbeat at once: its reply carries the first orders.
+      int64_t wait = registered ? heartbeat_interval_ms_ : 0;
+      registered = true;
+      if (!SleepMs(wait)) break;
+      continue;
+    }
+    if (st.code() == StatusCode::kAborted) {  // asked to register again
+      registered = false;
+      continue;
+    }
+    // After any outage register again, so a restarted coordinator learns what runs here.
+    registered = false;
+    if (!warned) spdlog::warn("{}; retrying with back-off (trainers keep running)", st.ToString());
+    warned = true;
+    if (!SleepMs(backoff_ms)) break;
+    ResetChannel();
+    // Capped at the heartbeat period too: a coordinator that restarts must hear from this
+    // node before it declares it dead, and retrying at the heartbeat rate costs no more
+    // than heartbeating.
+    backoff_ms = std::min<int64_t>({backoff_ms * 2, options_.max_backoff_ms, heartbeat_interval_ms_});
+  }
+  spdlog::info("shutting down: stopping {} trainer(s)", supervisor_->RunningCount());
+  supervisor_->StopAll(options_.shutdown_grace_ms);
+  supervisor_->WaitAllExited(options_.shutdown_grace_ms + 2000);
+  return OkStatus();
+}
+
+}  // namespace drover

@@ -1,0 +1,94 @@
+// Agent: the worker node's side of the control plane.
+//
+// Registers the node (name, address, slots, a fresh agent_id per process start, and the
+// trainers it already runs), heartbeats every interval with every trainer's status and the
+// checkpoint records not yet delivered, and carries out the orders in each reply:
+//   StartTrainerOrder  - fork/exec one trainer (ignored when that (job, attempt, rank) is
+//                        already known), spec in <work>/jobs/<job>/attempt-<a>/job.yaml,
+//                        log in <work>/logs/<job>/attempt-<a>/rank-<r>.log;
+//   StopTrainersOrder  - SIGTERM the job's trainers with attempt <= the given one, SIGKILL
+//                        after grace_ms (idempotent).
+// Trainer exits are reported at once with ReportTrainerExit. When the coordinator is
+// unreachable the trainers keep running; the agent retries with exponential back-off
+// (capped at max_backoff_ms) and registers again once it answers, listing what runs.
+//
+// Thread-safety: Run() is called once, from the thread that should own the trainers (they
+// die with it, PR_SET_PDEATHSIG). Shutdown() may be called from any thread (also from a
+// signal-watching thread).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "proto/drover.grpc.pb.h"
+#include "worker/log_shipper.h"
+#include "worker/trainer_supervisor.h"
+
+namespace drover {
+
+struct AgentOptions {
+  std::string coordinator = "127.0.0.1:7600";
+  std::string name;
+  std::string address;  // informational; default: the host name
+  int slots = 1;
+  v1::DeviceKind device = v1::CPU;
+  std::string work_dir;
+  std::string trainer_path;       // the trainer executable
+  int heartbeat_interval_ms = 0;  // 0: use the coordinator's value
+  int rpc_timeout_ms = 2000;
+  int max_backoff_ms = 2000;
+  int shutdown_grace_ms = 5000;  // SIGTERM -> SIGKILL when the agent itself stops
+  int64_t exited_retention_ms = 60000;
+};
+
+class Agent {
+ public:
+  Agent(AgentOptions options, const Clock* clock = SystemClock::Get());
+  ~Agent();
+
+  // Runs until Shutdown(); then stops every trainer (SIGTERM, SIGKILL after the grace
+  // period) and returns OK.
+  Status Run();
+  void Shutdown();
+
+  const std::string& agent_id() const { return agent_id_; }
+
+ private:
+  Status Register();
+  // One heartbeat; on success carries out the orders.
+  Status Heartbeat();
+  void StartTrainer(const v1::StartTrainerOrder& order);
+  void OnTrainerExit(const v1::TrainerStatus& status);
+  // Sleeps up to `ms`, returning early on Shutdown(); false when shutting down.
+  bool SleepMs(int64_t ms);
+  // The current stub; ResetChannel replaces it after a failure, so the next call dials a
+  // restarted coordinator at once instead of waiting out gRPC's reconnect back-off.
+  std::shared_ptr<v1::WorkerService::Stub> stub();
+  void ResetChannel();
+
+  const AgentOptions options_;
+  const Clock* clock_;
+  const std::string agent_id_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutdown_ = false;  // guarded by mu_
+  std::shared_ptr<v1::WorkerService::Stub> stub_;  // guarded by mu_
+  int64_t heartbeat_interval_ms_ = 1000;
+  int64_t seq_ = 0;
+
+  // Declared last: destroyed first, while the stub its callbacks use is still alive.
+  std::unique_ptr<LogShipper> logs_;
+  std::unique_ptr<TrainerSupervisor> supervisor_;
+};
+
+// "cpu" | "cuda" -> DeviceKind; InvalidArgument otherwise.
+StatusOr<v1::DeviceKind> ParseDeviceKind(const std::string& device);
+
+}  // namespace drover

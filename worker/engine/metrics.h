@@ -1,0 +1,51 @@
+// Per-step training metrics: one JSON object per line in <output_dir>/metrics.jsonl
+// (DESIGN.md "Interfaces"), the same numbers the log line shows.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+
+namespace drover::engine {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based: the number of optimizer steps completed
+  double loss = 0;   // mean training loss over the step's micro-batches
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  double data_wait_ms = 0;  // time the step waited on the data loader
+  int world_size = 1;
+  int64_t attempt = 0;
+  std::optional<double> val_loss;  // present on evaluation steps
+};
+
+// The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
+// tokens_per_s, step_ms, world_size, attempt, data_wait_ms, and val_loss when present.
+// Non-finite numbers are written as null (JSON has no NaN).
+std::string StepMetricsToJson(const StepMetrics& m);
+
+// Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a
+// crash both see whole lines. Thread-compatible.
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  // Opens `path` for appending, creating its directory. Errors name the path.
+  Status Open(const std::string& path);
+  Status Append(const StepMetrics& m);
+  bool is_open() const { return file_ != nullptr; }
+
+ private:
+  std::FILE* file_ = nullptr;
+  std::string path_;
+};
+
+}  // namespace drover::engine

@@ -1,0 +1,139 @@
+#include "worker/engine/model/model_file.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <vector>
+
+namespace drover::engine {
+namespace {
+
+constexpr int kHeaderInts = 256;
+constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
+constexpr int kLayerTensors = 12;  // ln1w .. fcprojb, as in gpt.h's layout
+
+// One contiguous piece of the arena, in file order.
+struct Segment {
+  size_t offset;
+  size_t numel;
+};
+
+// The arena segments in llm.c's tensor-major file order: wte, wpe, then each per-layer
+// tensor stacked over layers, then lnfw, lnfb.
+std::vector<Segment> FileOrder(const std::vector<TensorInfo>& t, int L) {
+  std::vector<Segment> s;
+  s.push_back({t[0].offset, t[0].numel});
+  s.push_back({t[1].offset, t[1].numel});
+  for (int k = 0; k < kLayerTensors; k++) {
+    for (int l = 0; l < L; l++) {
+      const TensorInfo& x = t[2 + l * kLayerTensors + k];
+      s.push_back({x.offset, x.numel});
+    }
+  }
+  s.push_back({t[t.size() - 2].offset, t[t.size() - 2].numel});
+  s.push_back({t[t.size() - 1].offset, t[t.size() - 1].numel});
+  return s;
+}
+
+// A FILE* closed on every path.
+struct FileCloser {
+  void operator()(FILE* f) const { std::fclose(f); }
+};
+using FilePtr = std::unique_ptr<FILE, FileCloser>;
+
+Status WriteAll(FILE* f, const void* data, size_t bytes, const std::string& path) {
+  if (std::fwrite(data, 1, bytes, f) != bytes) return ErrnoToStatus(errno, "writing " + path);
+  return OkStatus();
+}
+
+StatusOr<GptConfig> ParseHeader(const int32_t* h, const std::string& path) {
+  if (h[0] != kModelFileMagic) {
+    return DataLossError(path + ": not an llm.c model file (header magic " + std::to_string(h[0]) +
+                         ", expected " + std::to_string(kModelFileMagic) + ")");
+  }
+  if (h[1] != kModelFileVersionFp32) {
+    return InvalidArgumentError(path + ": unsupported model file version " + std::to_string(h[1]) +
+                                " (only version 3, fp32 with padded vocabulary, is supported)");
+  }
+  GptConfig c;
+  c.max_seq_len = h[2];
+  c.vocab_size = h[3];
+  c.num_layers = h[4];
+  c.num_heads = h[5];
+  c.channels = h[6];
+  c.padded_vocab_size = h[7];
+  Status s = c.Validate();
+  if (!s.ok()) return InvalidArgumentError(path + ": header: " + s.message());
+  return c;
+}
+
+}  // namespace
+
+Status SaveModelFile(const Gpt& model, const std::string& path) {
+  const GptConfig& c = model.config();
+  int32_t header[kHeaderInts] = {};
+  header[0] = kModelFileMagic;
+  header[1] = kModelFileVersionFp32;
+  header[2] = c.max_seq_len;
+  header[3] = c.vocab_size;
+  header[4] = c.num_layers;
+  header[5] = c.num_heads;
+  header[6] = c.channels;
+  header[7] = c.padded_vocab_size;
+
+  const std::string tmp = path + ".tmp";
+  {
+    FilePtr f(std::fopen(tmp.c_str(), "wb"));
+    if (!f) return ErrnoToStatus(errno, "creating " + tmp);
+    RETURN_IF_ERROR(WriteAll(f.get(), header, kHeaderBytes, tmp));
+    for (const Segment& s : FileOrder(model.tensors(), c.num_layers)) {
+      RETURN_IF_ERROR(WriteAll(f.get(), model.params() + s.offset, s.numel * sizeof(float), tmp));
+    }
+    // Durable before the rename makes it visible under its final name.
+    if (std::fflush(f.get()) != 0 || ::fsync(fileno(f.get())) != 0) {
+      return ErrnoToStatus(errno, "flushing " + tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return ErrnoToStatus(errno, "renaming " + tmp + " to " + path);
+  }
+  return OkStatus();
+}
+
+StatusOr<GptConfig> ReadModelFileConfig(const std::string& path) {
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) return ErrnoToStatus(errno, "opening model file " + path);
+  int32_t header[kHeaderInts];
+  if (std::fread(header, 1, kHeaderBytes, f.get()) != kHeaderBytes) {
+    return DataLossError(path + ": file too short for the 1024-byte model header");
+  }
+  return ParseHeader(header, path);
+}
+
+StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& path) {
+  ASSIGN_OR_RETURN(GptConfig config, ReadModelFileConfig(path));
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "stat " + path);
+  const size_t expected = kHeaderBytes + GptNumParams(config) * sizeof(float);
+  if (static_cast<size_t>(st.st_size) != expected) {
+    return DataLossError(path + ": file size " + std::to_string(st.st_size) +
+                         " bytes does not match the header's shapes (expected " +
+                         std::to_string(expected) + " bytes)");
+  }
+  auto model = std::make_unique<Gpt>(config);
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) return ErrnoToStatus(errno, "opening model file " + path);
+  if (std::fseek(f.get(), kHeaderBytes, SEEK_SET) != 0) {
+    return ErrnoToStatus(errno, "seeking in " + path);
+  }
+  for (const Segment& s : FileOrder(model->tensors(), config.num_layers)) {
+    if (std::fread(model->params() + s.offset, sizeof(float), s.numel, f.get()) != s.numel) {
+      return DataLossError(path + ": short read of the parameters");
+    }
+  }
+  return model;
+}
+
+}  // namespace drover::engine

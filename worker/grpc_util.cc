@@ -1,0 +1,69 @@
+#include "worker/grpc_util.h"
+
+namespace drover {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  // Reconnect quickly after the coordinator restarts: gRPC's default back-off grows to
+  // minutes, far longer than the agent's own retry cap.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A private subchannel pool: a fresh channel (see the agent's ResetChannel) then really
+  // dials at once instead of inheriting a shared subchannel's back-off.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+Status FromGrpcStatus(const grpc::Status& status, std::string_view context) {
+  if (status.ok()) return OkStatus();
+  StatusCode code = StatusCode::kInternal;
+  switch (status.error_code()) {
+    case grpc::StatusCode::CANCELLED:
+      code = StatusCode::kCancelled;
+      break;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      code = StatusCode::kDeadlineExceeded;
+      break;
+    case grpc::StatusCode::NOT_FOUND:
+      code = StatusCode::kNotFound;
+      break;
+    case grpc::StatusCode::ALREADY_EXISTS:
+      code = StatusCode::kAlreadyExists;
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      code = StatusCode::kFailedPrecondition;
+      break;
+    case grpc::StatusCode::ABORTED:
+      code = StatusCode::kAborted;
+      break;
+    case grpc::StatusCode::OUT_OF_RANGE:
+      code = StatusCode::kOutOfRange;
+      break;
+    case grpc::StatusCode::UNIMPLEMENTED:
+      code = StatusCode::kUnimplemented;
+      break;
+    case grpc::StatusCode::UNAVAILABLE:
+      code = StatusCode::kUnavailable;
+      break;
+    case grpc::StatusCode::DATA_LOSS:
+      code = StatusCode::kDataLoss;
+      break;
+    default:
+      code = StatusCode::kInternal;
+      break;
+  }
+  std::string message = status.error_message();
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && message.empty()) {
+    message = "unavailable";
+  }
+  return Status(code, std::string(context) + ": " + message);
+}
+
+}  // namespace drover

@@ -1,0 +1,128 @@
+#include "worker/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "common/files.h"
+
+extern char** environ;
+
+namespace drover {
+namespace {
+
+// Environment of the child: the parent's, with `extra` added or replacing.
+std::vector<std::string> BuildEnv(const std::vector<std::pair<std::string, std::string>>& extra) {
+  std::map<std::string, std::string> vars;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    vars[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : extra) vars[k] = v;
+  std::vector<std::string> out;
+  out.reserve(vars.size());
+  for (const auto& [k, v] : vars) out.push_back(k + "=" + v);
+  return out;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Runs in the child between fork and exec: async-signal-safe calls only.
+[[noreturn]] void ExecChild(pid_t parent, int log_fd, int null_fd, int status_fd, const char* path,
+                            char* const* argv, char* const* envp) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(126);  // the parent died before prctl took effect
+  dup2(null_fd, STDIN_FILENO);
+  dup2(log_fd, STDOUT_FILENO);
+  dup2(log_fd, STDERR_FILENO);
+  if (status_fd >= 0) fcntl(status_fd, F_SETFD, 0);  // keep it open across exec
+  // Dispositions set to SIG_IGN and the signal mask survive exec; give the trainer a clean
+  // slate (the agent ignores SIGPIPE and blocks signals in some threads).
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof(dfl));
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  execve(path, argv, envp);
+  const char* msg = "drover: cannot exec trainer ";
+  ssize_t ignored = write(STDERR_FILENO, msg, strlen(msg));
+  ignored = write(STDERR_FILENO, path, strlen(path));
+  ignored = write(STDERR_FILENO, ": ", 2);
+  const char* err = strerror(errno);
+  ignored = write(STDERR_FILENO, err, strlen(err));
+  ignored = write(STDERR_FILENO, "\n", 1);
+  (void)ignored;
+  _exit(127);
+}
+
+}  // namespace
+
+StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options) {
+  RETURN_IF_ERROR(MakeDirs(Dirname(options.log_path)));
+  int log_fd = open(options.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return ErrnoToStatus(errno, "open log " + options.log_path);
+  int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd < 0) {
+    Status st = ErrnoToStatus(errno, "open /dev/null");
+    close(log_fd);
+    return st;
+  }
+  int sv[2] = {-1, -1};
+  if (!options.status_fd_env.empty() &&
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    Status st = ErrnoToStatus(errno, "socketpair");
+    close(log_fd);
+    close(null_fd);
+    return st;
+  }
+  // Everything the child needs is built before fork: after fork only async-signal-safe
+  // calls are allowed (the agent is multi-threaded).
+  auto env_extra = options.env;
+  if (sv[1] >= 0) env_extra.emplace_back(options.status_fd_env, std::to_string(sv[1]));
+  std::vector<std::string> env = BuildEnv(env_extra);
+  std::vector<std::string> argv_strings;
+  argv_strings.push_back(options.executable);
+  argv_strings.insert(argv_strings.end(), options.args.begin(), options.args.end());
+  std::vector<char*> argv = CStrings(argv_strings);
+  std::vector<char*> envp = CStrings(env);
+  const pid_t parent = getpid();
+
+  pid_t pid = fork();
+  if (pid == 0) {
+    ExecChild(parent, log_fd, null_fd, sv[1], options.executable.c_str(), argv.data(), envp.data());
+  }
+  int fork_errno = errno;
+  close(log_fd);
+  close(null_fd);
+  if (sv[1] >= 0) close(sv[1]);
+  if (pid < 0) {
+    if (sv[0] >= 0) close(sv[0]);
+    return ErrnoToStatus(fork_errno, "fork");
+  }
+  // Also set the group from the parent, so a stop right after spawn already reaches it.
+  setpgid(pid, pid);
+  return SpawnedProcess{pid, sv[0]};
+}
+
+std::string DescribeWaitStatus(int exit_code, int signal) {
+  if (signal != 0) return "signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  return "exit code " + std::to_string(exit_code);
+}
+
+}  // namespace drover

@@ -1,0 +1,91 @@
+// drover-trainer: one rank of a job, launched by the worker agent with the environment of
+// worker/trainer_env.h. Reads the effective job spec from DROVER_SPEC, resumes from the
+// newest valid checkpoint in checkpoint.dir (DROVER_RESUME_CHECKPOINT is only a hint: the
+// directory is the truth, since a newer checkpoint may have completed after the coordinator
+// chose), trains, and reports through DROVER_STATUS_FD. Exit: 0 finished, 1 runtime
+// failure or stopped by SIGTERM, 2 invalid spec, data or environment.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "common/job_spec.h"
+#include "common/logging.h"
+#include "worker/engine/threads.h"
+#include "worker/engine/trainer.h"
+#include "worker/engine/trainer_process.h"
+#include "worker/trainer_env.h"
+#include "worker/trainer_reporter.h"
+
+namespace {
+
+// Forwards the trainer's events to the agent over DROVER_STATUS_FD.
+class ReporterListener final : public drover::engine::TrainerListener {
+ public:
+  explicit ReporterListener(drover::TrainerReporter* reporter) : reporter_(reporter) {}
+  void OnStep(const drover::engine::StepMetrics& m) override {
+    reporter_->Progress(m.step, m.step_ms, m.loss, m.tokens_per_s);
+  }
+  void OnCheckpoint(const drover::v1::CheckpointRecord& record) override {
+    reporter_->Checkpoint(record);
+  }
+  void OnDone() override { reporter_->Done(); }
+
+ private:
+  drover::TrainerReporter* reporter_;
+};
+
+int Fail(const drover::Status& st, const char* what) {
+  spdlog::error("{}: {}", what, st.ToString());
+  return drover::engine::ExitCodeFor(st);
+}
+
+}  // namespace
+
+int main(int, char**) {
+  using namespace drover;
+  const std::atomic<bool>* stop = engine::InstallStopSignalHandlers();
+  (void)InitLogging("drover-trainer");
+  auto env = ReadTrainerEnv();
+  if (!env.ok()) return Fail(env.status(), "trainer environment");
+  if (env->spec_path.empty()) {
+    std::fprintf(stderr,
+                 "drover-trainer: %s is not set; this program is started by "
+                 "drover-worker (use `drover train JOB.yaml` to train by hand)\n",
+                 kEnvSpecPath);
+    return 2;
+  }
+  auto spec = LoadJobSpecFile(env->spec_path);
+  if (!spec.ok()) return Fail(spec.status(), "job spec");
+  const bool threads_from_env = std::getenv(kEnvThreads) != nullptr;
+  engine::SetNumThreads(threads_from_env ? env->threads : spec->resources.threads_per_rank);
+
+  TrainerReporter reporter = TrainerReporter::FromEnv();
+  reporter.Phase("loading");
+  engine::TrainerOptions options;
+  options.spec = *spec;
+  options.job_id = env->job_id;
+  options.attempt = env->attempt;
+  options.world_size = env->world_size;
+  ReporterListener listener(&reporter);
+  options.listener = &listener;
+  options.stop = stop;
+  spdlog::info("drover-trainer job={} attempt={} rank={}/{} threads={} resume hint='{}'",
+               env->job_id, env->attempt, env->rank, env->world_size, engine::NumThreads(),
+               env->resume_checkpoint);
+  auto trainer = engine::Trainer::Create(options);
+  if (!trainer.ok()) return Fail(trainer.status(), "trainer start-up");
+  if (!env->resume_checkpoint.empty() && (*trainer)->resumed_from() < 0) {
+    spdlog::warn("resume hint {} names no valid checkpoint in {}; starting from scratch",
+                 env->resume_checkpoint, engine::CheckpointDirOf(*spec));
+  }
+  reporter.Phase("training");
+  Status st = (*trainer)->Run();
+  if (st.code() == StatusCode::kCancelled) {
+    spdlog::warn("stopped by signal at step {}", (*trainer)->step());
+    return 1;
+  }
+  if (!st.ok()) return Fail(st, "training");
+  return 0;
+}

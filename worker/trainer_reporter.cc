@@ -1,0 +1,88 @@
+#include "worker/trainer_reporter.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+#include "worker/trainer_env.h"
+
+namespace drover {
+
+TrainerReporter TrainerReporter::FromEnv() {
+  const char* v = std::getenv(kEnvStatusFd);
+  if (v == nullptr || *v == '\0') return TrainerReporter(-1);
+  int fd = -1;
+  auto [ptr, ec] = std::from_chars(v, v + std::strlen(v), fd);
+  if (ec != std::errc() || *ptr != '\0' || fd < 0) return TrainerReporter(-1);
+  return TrainerReporter(fd);
+}
+
+void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
+                               const std::string& message) {
+  v1::TrainerReport report;
+  v1::TrainerProgress* p = report.mutable_progress();
+  p->set_step(step);
+  p->set_step_ms(step_ms);
+  p->set_loss(loss);
+  p->set_tokens_per_s(tokens_per_s);
+  p->set_message(message);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_step_ = step;
+    p->set_last_checkpoint_step(last_checkpoint_step_);
+  }
+  Write(report);
+}
+
+void TrainerReporter::Phase(const std::string& message) {
+  v1::TrainerReport report;
+  v1::TrainerProgress* p = report.mutable_progress();
+  p->set_message(message);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    p->set_step(last_step_);
+    p->set_last_checkpoint_step(last_checkpoint_step_);
+  }
+  Write(report);
+}
+
+void TrainerReporter::Checkpoint(const v1::CheckpointRecord& record) {
+  v1::TrainerReport report;
+  *report.mutable_checkpoint() = record;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (record.step() > last_checkpoint_step_) last_checkpoint_step_ = record.step();
+  }
+  Write(report);
+}
+
+void TrainerReporter::Done() {
+  v1::TrainerReport report;
+  report.set_done(true);
+  Write(report);
+}
+
+void TrainerReporter::Write(const v1::TrainerReport& report) {
+  if (fd_ < 0) return;
+  std::string line;
+  if (!google::protobuf::util::MessageToJsonString(report, &line).ok()) return;
+  line.push_back('\n');
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t done = 0;
+  while (done < line.size()) {
+    // The agent hands out a socket: MSG_NOSIGNAL turns a vanished reader into EPIPE
+    // instead of a SIGPIPE that would kill the trainer. Plain fds fall back to write().
+    ssize_t n = send(fd_, line.data() + done, line.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == ENOTSOCK) n = write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace drover

@@ -1,0 +1,49 @@
+// Trainer side of the agent protocol: writes one JSON TrainerReport per line to the
+// status channel whose fd the agent put in DROVER_STATUS_FD (worker/trainer_env.h).
+//
+// Without DROVER_STATUS_FD (a trainer run by `drover train`, not by an agent) every call
+// is a no-op, so the engine uses the same code either way. Thread-safe: a report is one
+// write of one whole line under a mutex, so lines never interleave. A failed write (the
+// agent is gone) is ignored: the trainer dies with its agent anyway (PR_SET_PDEATHSIG).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "proto/drover.pb.h"
+
+namespace drover {
+
+class TrainerReporter {
+ public:
+  // Reads DROVER_STATUS_FD; a missing or malformed value gives a disabled reporter.
+  static TrainerReporter FromEnv();
+
+  // Writes to `fd` (not owned; -1 disables).
+  explicit TrainerReporter(int fd) : fd_(fd) {}
+  TrainerReporter(TrainerReporter&& other) noexcept : fd_(other.fd_) {}
+
+  bool enabled() const { return fd_ >= 0; }
+
+  // Reports the last completed optimizer step. last_checkpoint_step is filled in from the
+  // last Checkpoint() call (-1 before any).
+  void Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
+                const std::string& message = "");
+  // Reports a phase without a step change ("loading data", "rendezvous").
+  void Phase(const std::string& message);
+  // Reports a complete checkpoint directory (rank 0, after the rename).
+  void Checkpoint(const v1::CheckpointRecord& record);
+  // Training finished; the process exits 0 next.
+  void Done();
+
+ private:
+  void Write(const v1::TrainerReport& report);
+
+  int fd_;
+  std::mutex mu_;
+  int64_t last_step_ = 0;              // guarded by mu_
+  int64_t last_checkpoint_step_ = -1;  // guarded by mu_
+};
+
+}  // namespace drover

@@ -1,0 +1,236 @@
+#include "worker/trainer_supervisor.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "worker/status_channel.h"
+#include "worker/trainer_env.h"
+
+namespace drover {
+
+TrainerSupervisor::TrainerSupervisor(const Clock* clock, ExitCallback on_exit,
+                                     int64_t exited_retention_ms)
+    : clock_(clock), on_exit_(std::move(on_exit)), exited_retention_ms_(exited_retention_ms) {
+  timer_ = std::thread([this] { TimerLoop(); });
+}
+
+TrainerSupervisor::~TrainerSupervisor() {
+  std::vector<std::shared_ptr<Trainer>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    for (auto& [key, t] : trainers_) {
+      if (!t->exited) killpg(t->status.pid(), SIGKILL);
+      all.push_back(t);
+    }
+    for (auto& t : retired_) all.push_back(t);
+  }
+  cv_.notify_all();
+  timer_.join();
+  for (auto& t : all) {
+    if (t->waiter.joinable()) t->waiter.join();
+  }
+}
+
+Status TrainerSupervisor::Start(const TrainerLaunch& launch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (shutting_down_) return FailedPreconditionError("supervisor is shutting down");
+  if (trainers_.count(launch.key) > 0) return OkStatus();
+  auto t = std::make_shared<Trainer>();
+  v1::TrainerStatus& st = t->status;
+  st.set_job_id(launch.key.job_id);
+  st.set_attempt(launch.key.attempt);
+  st.set_rank(launch.key.rank);
+  st.set_state(v1::TRAINER_STARTING);
+  st.set_started_ms(clock_->WallNowMs());
+  // Hang detection counts from the start: a trainer that never reports is stuck too.
+  st.set_last_progress_ms(st.started_ms());
+  st.mutable_progress()->set_last_checkpoint_step(-1);
+  trainers_[launch.key] = t;
+
+  SpawnOptions spawn = launch.spawn;
+  spawn.status_fd_env = kEnvStatusFd;
+  StatusOr<SpawnedProcess> proc = SpawnProcess(spawn);
+  if (!proc.ok()) {
+    lock.unlock();
+    RecordExit(t, 127, 0);
+    return proc.status();
+  }
+  st.set_pid(proc->pid);
+  t->status_fd = proc->status_fd;
+  t->waiter = std::thread([this, t] { WaitForExit(t); });
+  return OkStatus();
+}
+
+bool TrainerSupervisor::Has(const TrainerKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return trainers_.count(key) > 0;
+}
+
+void TrainerSupervisor::StopLocked(Trainer* t, int grace_ms) {
+  if (t->exited || t->stop_deadline_ms >= 0) return;
+  const pid_t pgid = t->status.pid();
+  t->status.set_state(v1::TRAINER_STOPPING);
+  if (grace_ms <= 0) {
+    killpg(pgid, SIGKILL);
+    t->stop_deadline_ms = clock_->NowMs();
+    return;
+  }
+  killpg(pgid, SIGTERM);
+  t->stop_deadline_ms = clock_->NowMs() + grace_ms;
+}
+
+void TrainerSupervisor::Stop(const std::string& job_id, int64_t max_attempt, int grace_ms) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, t] : trainers_) {
+      if (key.job_id == job_id && key.attempt <= max_attempt) StopLocked(t.get(), grace_ms);
+    }
+  }
+  cv_.notify_all();
+}
+
+void TrainerSupervisor::StopAll(int grace_ms) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, t] : trainers_) StopLocked(t.get(), grace_ms);
+  }
+  cv_.notify_all();
+}
+
+bool TrainerSupervisor::WaitAllExited(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] {
+    for (auto& [key, t] : trainers_) {
+      if (!t->exited) return false;
+    }
+    return true;
+  });
+}
+
+std::vector<v1::TrainerStatus> TrainerSupervisor::Snapshot() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::TrainerStatus> out;
+  out.reserve(trainers_.size());
+  for (auto& [key, t] : trainers_) out.push_back(t->status);
+  return out;
+}
+
+int TrainerSupervisor::RunningCount() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (auto& [key, t] : trainers_) n += t->exited ? 0 : 1;
+  return n;
+}
+
+std::vector<v1::CheckpointRecord> TrainerSupervisor::PendingCheckpoints() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return checkpoints_;
+}
+
+void TrainerSupervisor::AckCheckpoints(size_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (count > checkpoints_.size()) count = checkpoints_.size();
+  checkpoints_.erase(checkpoints_.begin(), checkpoints_.begin() + count);
+}
+
+void TrainerSupervisor::WaitForExit(std::shared_ptr<Trainer> t) {
+  const pid_t pid = t->status.pid();
+  if (t->status_fd >= 0) t->reader = std::thread([this, t] { ReadStatus(t); });
+  // Wait without reaping first: while the leader is a zombie its pid (= the group id)
+  // cannot be reused, so the group kill below cannot hit an unrelated process.
+  siginfo_t info{};
+  while (waitid(P_PID, pid, &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+  }
+  killpg(pid, SIGKILL);  // anything the trainer left behind in its group
+  int ws = 0;
+  while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t->exited = true;  // tells the reader to stop once the channel is drained
+  }
+  // Every report the trainer wrote is folded in before its exit is announced, so a final
+  // checkpoint record is never overtaken by the exit.
+  if (t->reader.joinable()) t->reader.join();
+  int exit_code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 0;
+  int signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
+  RecordExit(t, exit_code, signal);
+}
+
+void TrainerSupervisor::ReadStatus(std::shared_ptr<Trainer> t) {
+  std::string buffer;
+  char chunk[4096];
+  for (;;) {
+    pollfd pfd{t->status_fd, POLLIN, 0};
+    int r = poll(&pfd, 1, 100);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) {
+      // Nothing to read: stop once the process is gone (a grandchild that escaped the
+      // group could otherwise hold the channel open forever).
+      std::lock_guard<std::mutex> lock(mu_);
+      if (t->exited) break;
+      continue;
+    }
+    ssize_t n = read(t->status_fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buffer.append(chunk, static_cast<size_t>(n));
+    std::vector<std::string> lines = TakeLines(&buffer);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& line : lines) {
+      // A malformed line is the trainer's bug, not a reason to lose the rest.
+      (void)ApplyReportLine(line, clock_->WallNowMs(), &t->status, &checkpoints_);
+    }
+  }
+  close(t->status_fd);
+}
+
+void TrainerSupervisor::RecordExit(const std::shared_ptr<Trainer>& t, int exit_code, int signal) {
+  v1::TrainerStatus copy;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t->exited = true;
+    t->exited_at_ms = clock_->NowMs();
+    t->status.set_state(v1::TRAINER_EXITED);
+    t->status.set_exit_code(exit_code);
+    t->status.set_signal(signal);
+    copy = t->status;
+  }
+  cv_.notify_all();
+  if (on_exit_) on_exit_(copy);
+}
+
+void TrainerSupervisor::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutting_down_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    const int64_t now = clock_->NowMs();
+    std::vector<std::shared_ptr<Trainer>> to_join;
+    for (auto it = trainers_.begin(); it != trainers_.end();) {
+      Trainer* t = it->second.get();
+      if (!t->exited && t->stop_deadline_ms >= 0 && now >= t->stop_deadline_ms) {
+        killpg(t->status.pid(), SIGKILL);
+        t->stop_deadline_ms = INT64_MAX;  // escalated; do not signal again
+      }
+      if (t->exited && now - t->exited_at_ms >= exited_retention_ms_) {
+        to_join.push_back(it->second);
+        it = trainers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (to_join.empty()) continue;
+    lock.unlock();
+    for (auto& t : to_join) {
+      if (t->waiter.joinable()) t->waiter.join();
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace drover

@@ -1,0 +1,101 @@
+// drover-worker: the node agent. Registers the node's slots with the coordinator and
+// supervises one trainer process per assigned rank (worker/agent.h).
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "worker/agent.h"
+
+namespace {
+
+// The trainer sits next to this binary unless --trainer says otherwise.
+std::string DefaultTrainerPath() {
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "drover-trainer";
+  return (self.parent_path() / "drover-trainer").string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"drover-worker: runs trainers on this node for a drover coordinator"};
+  drover::AgentOptions options;
+  std::string device = "cpu";
+  app.add_option("--coordinator", options.coordinator, "coordinator address host:port")
+      ->capture_default_str();
+  app.add_option("--name", options.name, "node name (unique in the cluster)")->required();
+  app.add_option("--slots", options.slots, "trainer slots on this node")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--device", device, "cpu | cuda")->capture_default_str();
+  app.add_option("--work-dir", options.work_dir, "job specs and trainer logs go here")->required();
+  app.add_option("--trainer", options.trainer_path,
+                 "trainer executable (default: drover-trainer next to this binary)");
+  app.add_option("--heartbeat-interval-ms", options.heartbeat_interval_ms,
+                 "heartbeat period (default: the coordinator's)")
+      ->check(CLI::Range(1, 600000));
+  app.add_option("--address", options.address, "address shown to people (default: host name)");
+  app.add_option("--stop-grace-ms", options.shutdown_grace_ms,
+                 "on SIGTERM: grace before trainers are killed")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  auto kind = drover::ParseDeviceKind(device);
+  if (!kind.ok()) {
+    std::cerr << "drover-worker: " << kind.status().message() << "\n";
+    return 2;
+  }
+  options.device = *kind;
+  if (options.trainer_path.empty()) options.trainer_path = DefaultTrainerPath();
+  if (access(options.trainer_path.c_str(), X_OK) != 0) {
+    std::cerr << "drover-worker: trainer executable '" << options.trainer_path
+              << "' is missing or not executable (see --trainer)\n";
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.work_dir, ec);
+  if (ec) {
+    std::cerr << "drover-worker: cannot create --work-dir '" << options.work_dir
+              << "': " << ec.message() << "\n";
+    return 1;
+  }
+  options.work_dir = std::filesystem::absolute(options.work_dir).string();
+
+  // Signals are taken by one thread with sigwait, so no handler runs inside gRPC or the
+  // supervisor. Blocked before any thread starts, so every thread inherits the mask
+  // (trainers get a clean mask in worker/process.cc).
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  drover::Agent agent(options);
+  std::thread signals([&agent, set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    spdlog::info("got signal {}", sig);
+    agent.Shutdown();
+  });
+  drover::Status st = agent.Run();
+  // Unblock the signal thread if Run ended for another reason.
+  pthread_kill(signals.native_handle(), SIGTERM);
+  signals.join();
+  if (!st.ok()) {
+    std::cerr << "drover-worker: " << st.ToString() << "\n";
+    return 1;
+  }
+  return 0;
+}
