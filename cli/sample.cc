@@ -65,16 +65,21 @@ int RunSample(const SampleFlags& f) {
   }
   if (f.threads > 0) engine::SetNumThreads(f.threads);
   const int V = (*model)->config().vocab_size;
-  if ((*tok)->vocab_size() > V) {
-    std::fprintf(stderr, "drover sample: the %s tokenizer has %d tokens but the model only %d\n",
-                 f.tokenizer.c_str(), (*tok)->vocab_size(), V);
-    return kExitUsage;
-  }
   std::vector<int32_t> context = (*tok)->Encode(f.prompt);
   if (context.empty()) {
     // Start from end-of-text when the vocabulary has one, else from a newline byte.
     const int32_t eot = (*tok)->eot_token();
     context.push_back(eot >= 0 ? eot : (*tok)->Encode("\n").front());
+  }
+  // A smaller model vocabulary than the tokenizer's is fine as long as the prompt fits.
+  for (int32_t id : context) {
+    if (id < 0 || id >= V) {
+      std::fprintf(stderr,
+                   "drover sample: the prompt has token %d, outside the model's vocabulary of "
+                   "%d tokens (wrong --tokenizer?)\n",
+                   id, V);
+      return kExitUsage;
+    }
   }
   std::mt19937_64 rng(f.seed);
   std::fputs(f.prompt.c_str(), stdout);

@@ -233,7 +233,8 @@ Status Agent::Run() {
     // Capped at the heartbeat period too: a coordinator that restarts must hear from this
     // node before it declares it dead, and retrying at the heartbeat rate costs no more
     // than heartbeating.
-    backoff_ms = std::min<int64_t>({backoff_ms * 2, options_.max_backoff_ms, heartbeat_interval_ms_});
+    backoff_ms =
+        std::min<int64_t>({backoff_ms * 2, options_.max_backoff_ms, heartbeat_interval_ms_});
   }
   spdlog::info("shutting down: stopping {} trainer(s)", supervisor_->RunningCount());
   supervisor_->StopAll(options_.shutdown_grace_ms);

@@ -78,7 +78,7 @@ class Agent {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool shutdown_ = false;  // guarded by mu_
+  bool shutdown_ = false;                          // guarded by mu_
   std::shared_ptr<v1::WorkerService::Stub> stub_;  // guarded by mu_
   int64_t heartbeat_interval_ms_ = 1000;
   int64_t seq_ = 0;

@@ -143,7 +143,7 @@ struct Gpt::Activations {
   std::unique_ptr<float[]> arena;
   size_t capacity = 0;  // floats
   std::vector<int32_t> inputs, targets;
-  // Forward, per layer l at [l * stride]:
+  // Forward. Per-layer buffers hold L slices; layer l starts at l * (one slice).
   float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
       *ln2_rstd, *fch, *fch_gelu, *residual3;
   float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses, *lse;
