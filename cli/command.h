@@ -43,6 +43,6 @@ const std::vector<CommandDef>& RegisteredCommands();
 #define DROVER_CLI_CONCAT(a, b) DROVER_CLI_CONCAT_INNER(a, b)
 // DROVER_REGISTER_COMMAND("submit", "Submit a job spec", [](CLI::App* app, GlobalOptions* g)
 //     -> CommandRun { ...; return [=] { return 0; }; });
-#define DROVER_REGISTER_COMMAND(name, help, setup)                                \
-  static const bool DROVER_CLI_CONCAT(kDroverCommandRegistered_, __LINE__) =     \
+#define DROVER_REGISTER_COMMAND(name, help, setup)                           \
+  static const bool DROVER_CLI_CONCAT(kDroverCommandRegistered_, __LINE__) = \
       ::drover::cli::RegisterCommand({name, help, setup})

@@ -1,6 +1,5 @@
 // drover: the command-line interface. Subcommands register themselves (cli/command.h).
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>

@@ -1,6 +1,5 @@
 // `drover version`: prints the build's version.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 
 #include "cli/command.h"

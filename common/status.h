@@ -64,19 +64,31 @@ class [[nodiscard]] Status {
 std::ostream& operator<<(std::ostream& os, const Status& s);
 
 inline Status OkStatus() { return Status(); }
-inline Status InvalidArgumentError(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgumentError(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotFoundError(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status AlreadyExistsError(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-inline Status FailedPreconditionError(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+inline Status AlreadyExistsError(std::string m) {
+  return {StatusCode::kAlreadyExists, std::move(m)};
+}
+inline Status FailedPreconditionError(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
 inline Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
-inline Status DeadlineExceededError(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status DeadlineExceededError(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 inline Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status CancelledError(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status AbortedError(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 inline Status OutOfRangeError(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
-inline Status UnimplementedError(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
-inline Status ResourceExhaustedError(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status UnimplementedError(std::string m) {
+  return {StatusCode::kUnimplemented, std::move(m)};
+}
+inline Status ResourceExhaustedError(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
 
 // Translates an errno value at the boundary: "<context>: <strerror>" with a matching code.
 Status ErrnoToStatus(int err, std::string_view context);
@@ -93,15 +105,24 @@ class [[nodiscard]] StatusOr {
     if (std::get<Status>(value_).ok())
       CheckFailed(__FILE__, __LINE__, "!status.ok()", "StatusOr built from OK");
   }
-  StatusOr(const T& value) : value_(value) {}  // NOLINT
+  StatusOr(const T& value) : value_(value) {}        // NOLINT
   StatusOr(T&& value) : value_(std::move(value)) {}  // NOLINT
 
   bool ok() const { return std::holds_alternative<T>(value_); }
   Status status() const { return ok() ? Status() : std::get<Status>(value_); }
 
-  const T& value() const& { Check(); return std::get<T>(value_); }
-  T& value() & { Check(); return std::get<T>(value_); }
-  T&& value() && { Check(); return std::get<T>(std::move(value_)); }
+  const T& value() const& {
+    Check();
+    return std::get<T>(value_);
+  }
+  T& value() & {
+    Check();
+    return std::get<T>(value_);
+  }
+  T&& value() && {
+    Check();
+    return std::get<T>(std::move(value_));
+  }
   const T& operator*() const& { return value(); }
   T& operator*() & { return value(); }
   const T* operator->() const { return &value(); }
@@ -120,10 +141,10 @@ class [[nodiscard]] StatusOr {
 #define DROVER_CONCAT(a, b) DROVER_CONCAT_INNER(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define RETURN_IF_ERROR(expr)                      \
-  do {                                             \
-    ::drover::Status _drover_st = (expr);          \
-    if (!_drover_st.ok()) return _drover_st;       \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::drover::Status _drover_st = (expr);    \
+    if (!_drover_st.ok()) return _drover_st; \
   } while (0)
 
 // ASSIGN_OR_RETURN(auto x, FunctionReturningStatusOr());
@@ -135,17 +156,16 @@ class [[nodiscard]] StatusOr {
   lhs = std::move(tmp).value()
 
 // Aborts with file:line when an invariant is broken. Not for expected failures.
-#define DROVER_CHECK(cond)                                                         \
-  do {                                                                             \
-    if (!(cond)) ::drover::CheckFailed(__FILE__, __LINE__, #cond, "");             \
+#define DROVER_CHECK(cond)                                             \
+  do {                                                                 \
+    if (!(cond)) ::drover::CheckFailed(__FILE__, __LINE__, #cond, ""); \
   } while (0)
-#define DROVER_CHECK_MSG(cond, msg)                                                \
-  do {                                                                             \
-    if (!(cond)) ::drover::CheckFailed(__FILE__, __LINE__, #cond, (msg));          \
+#define DROVER_CHECK_MSG(cond, msg)                                       \
+  do {                                                                    \
+    if (!(cond)) ::drover::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)
-#define DROVER_CHECK_OK(expr)                                                      \
-  do {                                                                             \
-    ::drover::Status _drover_st = (expr);                                          \
-    if (!_drover_st.ok())                                                          \
-      ::drover::CheckFailed(__FILE__, __LINE__, #expr, _drover_st.ToString());     \
+#define DROVER_CHECK_OK(expr)                                                                      \
+  do {                                                                                             \
+    ::drover::Status _drover_st = (expr);                                                          \
+    if (!_drover_st.ok()) ::drover::CheckFailed(__FILE__, __LINE__, #expr, _drover_st.ToString()); \
   } while (0)

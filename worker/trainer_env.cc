@@ -42,9 +42,9 @@ StatusOr<TrainerEnv> ReadTrainerEnv() {
   RETURN_IF_ERROR(ReadNumber(kEnvStatusFd, &env.status_fd));
   RETURN_IF_ERROR(ReadNumber(kEnvThreads, &env.threads));
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
-    return InvalidArgumentError("DROVER_RANK=" + std::to_string(env.rank) +
-                                " must be in [0, DROVER_WORLD_SIZE=" +
-                                std::to_string(env.world_size) + ")");
+    return InvalidArgumentError(
+        "DROVER_RANK=" + std::to_string(env.rank) +
+        " must be in [0, DROVER_WORLD_SIZE=" + std::to_string(env.world_size) + ")");
   }
   return env;
 }
