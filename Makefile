@@ -7,6 +7,7 @@ BUILD_TYPE ?= RelWithDebInfo
 SANITIZE ?=
 BUILD ?= $(if $(SANITIZE),build-$(SANITIZE),build)
 JOBS ?= $(shell nproc)
+SHELL := /bin/bash
 CMAKE_ARGS ?=
 
 .PHONY: all deps configure build test demo bench clean format
@@ -17,7 +18,8 @@ deps:
 	@deploy/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDROVER_SANITIZE=$(SANITIZE) $(CMAKE_ARGS) >/dev/null
+	@set -o pipefail; cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DDROVER_SANITIZE=$(SANITIZE) $(CMAKE_ARGS) \
+	  | { grep -vE "^-- (Found|Looking|Performing|Check|Detecting|The |Configuring|Generating|Build files)" || true; }
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
