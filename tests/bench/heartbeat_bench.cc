@@ -237,7 +237,17 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
+  // Each agent count runs in its own child process: gRPC must not be in use in a process
+  // that forks, and RunOne forks the coordinator, so this process never touches gRPC.
   int rc = 0;
-  for (int n : agents) rc |= RunOne(n, seconds, threads);
+  for (int n : agents) {
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) _exit(RunOne(n, seconds, threads));
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  }
   return rc;
 }
