@@ -24,7 +24,7 @@ TrainerSupervisor::~TrainerSupervisor() {
     std::lock_guard<std::mutex> lock(mu_);
     shutting_down_ = true;
     for (auto& [key, t] : trainers_) {
-      if (!t->exited) killpg(t->status.pid(), SIGKILL);
+      if (!t->reaped) killpg(t->status.pid(), SIGKILL);
       all.push_back(t);
     }
     for (auto& t : retired_) all.push_back(t);
@@ -72,7 +72,7 @@ bool TrainerSupervisor::Has(const TrainerKey& key) const {
 }
 
 void TrainerSupervisor::StopLocked(Trainer* t, int grace_ms) {
-  if (t->exited || t->stop_deadline_ms >= 0) return;
+  if (t->reaped || t->stop_deadline_ms >= 0) return;
   const pid_t pgid = t->status.pid();
   t->status.set_state(v1::TRAINER_STOPPING);
   if (grace_ms <= 0) {
@@ -152,7 +152,7 @@ void TrainerSupervisor::WaitForExit(std::shared_ptr<Trainer> t) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    t->exited = true;  // tells the reader to stop once the channel is drained
+    t->reaped = true;  // tells the reader to stop once the channel is drained
   }
   // Every report the trainer wrote is folded in before its exit is announced, so a final
   // checkpoint record is never overtaken by the exit.
@@ -173,7 +173,7 @@ void TrainerSupervisor::ReadStatus(std::shared_ptr<Trainer> t) {
       // Nothing to read: stop once the process is gone (a grandchild that escaped the
       // group could otherwise hold the channel open forever).
       std::lock_guard<std::mutex> lock(mu_);
-      if (t->exited) break;
+      if (t->reaped) break;
       continue;
     }
     ssize_t n = read(t->status_fd, chunk, sizeof(chunk));
@@ -213,7 +213,7 @@ void TrainerSupervisor::TimerLoop() {
     std::vector<std::shared_ptr<Trainer>> to_join;
     for (auto it = trainers_.begin(); it != trainers_.end();) {
       Trainer* t = it->second.get();
-      if (!t->exited && t->stop_deadline_ms >= 0 && now >= t->stop_deadline_ms) {
+      if (!t->reaped && t->stop_deadline_ms >= 0 && now >= t->stop_deadline_ms) {
         killpg(t->status.pid(), SIGKILL);
         t->stop_deadline_ms = INT64_MAX;  // escalated; do not signal again
       }

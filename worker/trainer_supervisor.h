@@ -83,7 +83,8 @@ class TrainerSupervisor {
   struct Trainer {
     v1::TrainerStatus status;
     int status_fd = -1;
-    bool exited = false;
+    bool reaped = false;  // waitpid returned: never signal the pid again (it may be reused)
+    bool exited = false;  // the exit is recorded (after every status report was folded in)
     int64_t stop_deadline_ms = -1;  // monotonic; -1 when no stop was asked
     int64_t exited_at_ms = 0;       // monotonic
     std::thread waiter;

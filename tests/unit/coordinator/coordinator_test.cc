@@ -91,7 +91,8 @@ TEST_F(CoordinatorTest, NodeDeathRecoversOnHealthySlotsAfterSurvivorsExit) {
   EXPECT_EQ(Job(id).attempt(), 2);
   EXPECT_EQ(Job(id).placement_size(), 1);
   EXPECT_EQ(Job(id).placement(0).node(), "n1");
-  const auto& n2 = c_->ListWorkers().workers(1).node();
+  // A copy: ListWorkers() returns a temporary.
+  const v1::NodeRecord n2 = c_->ListWorkers().workers(1).node();
   EXPECT_EQ(n2.state(), v1::NODE_DEAD);
   EXPECT_EQ(n2.failures(), 1);
 }
