@@ -12,29 +12,9 @@
 #include <filesystem>
 #include <system_error>
 
+#include "common/fd.h"
+
 namespace drover {
-namespace {
-
-// Closes on scope exit, for the error paths; Close() reports the close(2) error, which
-// matters after writes (NFS reports failed writes there).
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int Close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
 
 Status WriteAll(int fd, std::string_view data, const std::string& path) {
   while (!data.empty()) {
@@ -48,8 +28,10 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
   return OkStatus();
 }
 
+namespace {
+
 Status FsyncPath(const std::string& path, int flags, const char* what) {
-  Fd fd(::open(path.c_str(), flags | O_CLOEXEC));
+  ScopedFd fd(::open(path.c_str(), flags | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoToStatus(errno, std::string("open ") + what + " " + path);
   if (::fsync(fd.get()) != 0)
     return ErrnoToStatus(errno, std::string("fsync ") + what + " " + path);
@@ -72,7 +54,7 @@ std::string Dirname(const std::string& path) {
 }
 
 StatusOr<std::string> ReadFileToString(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, "stat " + path);
@@ -94,7 +76,7 @@ StatusOr<std::string> ReadFileToString(const std::string& path) {
 
 Status WriteFileAtomic(const std::string& path, std::string_view data) {
   const std::string tmp = TempPathFor(path);
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (fd.get() < 0) return ErrnoToStatus(errno, "create " + tmp);
   Status st = WriteAll(fd.get(), data, tmp);
   // The data must be durable before the rename makes it visible under `path`; otherwise a

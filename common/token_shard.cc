@@ -9,46 +9,10 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/fd.h"
+
 namespace drover {
 namespace {
-
-// Closes a file descriptor on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  void reset(int fd) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-  int release() {
-    int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-
- private:
-  int fd_;
-};
-
-Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, "write " + path);
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return OkStatus();
-}
 
 // Reads exactly `bytes` at `offset`; DataLoss if the file ends first.
 Status ReadAllAt(int fd, void* data, size_t bytes, uint64_t offset, const std::string& path) {
@@ -68,7 +32,7 @@ Status ReadAllAt(int fd, void* data, size_t bytes, uint64_t offset, const std::s
 }
 
 // Opens `path` and validates its header; returns the token count and keeps the fd open.
-StatusOr<uint64_t> OpenAndCheck(const std::string& path, Fd* fd) {
+StatusOr<uint64_t> OpenAndCheck(const std::string& path, ScopedFd* fd) {
   const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (raw < 0) return ErrnoToStatus(errno, "token shard " + path);
   fd->reset(raw);
@@ -126,12 +90,15 @@ Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens
   header[2] = static_cast<int32_t>(tokens.size());
 
   const std::string tmp = path + ".tmp";
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return ErrnoToStatus(errno, "create " + tmp);
-  RETURN_IF_ERROR(WriteAll(fd.get(), header, sizeof(header), tmp));
-  RETURN_IF_ERROR(WriteAll(fd.get(), tokens.data(), tokens.size_bytes(), tmp));
+  RETURN_IF_ERROR(WriteAll(
+      fd.get(), std::string_view(reinterpret_cast<const char*>(header), sizeof(header)), tmp));
+  RETURN_IF_ERROR(WriteAll(
+      fd.get(), std::string_view(reinterpret_cast<const char*>(tokens.data()), tokens.size_bytes()),
+      tmp));
   if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, "fsync " + tmp);
-  if (::close(fd.release()) != 0) return ErrnoToStatus(errno, "close " + tmp);
+  if (fd.Close() != 0) return ErrnoToStatus(errno, "close " + tmp);
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return ErrnoToStatus(errno, "rename " + tmp + " to " + path);
   }
@@ -139,12 +106,12 @@ Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens
 }
 
 StatusOr<uint64_t> ReadTokenShardCount(const std::string& path) {
-  Fd fd(-1);
+  ScopedFd fd(-1);
   return OpenAndCheck(path, &fd);
 }
 
 StatusOr<std::vector<uint16_t>> ReadTokenShard(const std::string& path) {
-  Fd fd(-1);
+  ScopedFd fd(-1);
   ASSIGN_OR_RETURN(const uint64_t count, OpenAndCheck(path, &fd));
   std::vector<uint16_t> tokens(count);
   RETURN_IF_ERROR(
