@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
@@ -11,6 +12,10 @@ namespace drover::coordinator {
 namespace {
 
 constexpr char kSaltCounter[] = "job_id_salt";
+
+int LiveTrainers(const std::vector<v1::TrainerStatus>& listed) {
+  return static_cast<int>(std::count_if(listed.begin(), listed.end(), IsLive));
+}
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
@@ -51,6 +56,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
                               [this](const std::string& job, int64_t attempt) {
                                 rendezvous_.CloseAttempt(job, attempt);
                                 health_.ForgetAttempt(job, attempt);
+                                schedule_due_ = true;  // its slots are free, or it waits
                               }}) {}
 
 Coordinator::~Coordinator() {
@@ -123,6 +129,7 @@ StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& 
     Persist(std::move(batch));
     health_.OnHeartbeat(request.name(), clock_->NowMs());
     ObserveTrainers(request.name());
+    schedule_due_ = true;
   }
   spdlog::info("node {} registered: {} slots, agent {}, {} trainers running", request.name(),
                request.slots_size(), request.agent_id(), request.running_size());
@@ -140,10 +147,18 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
     return response;
   }
   health_.OnHeartbeat(request.name(), clock_->NowMs());
+  const bool was_schedulable = nodes_.Schedulable(request.name());
+  const int was_live = LiveTrainers(*nodes_.Trainers(request.name()));
   if (auto changed = nodes_.OnHeartbeat(request)) {
     StoreBatch batch;
     batch.nodes.push_back(*changed);
     Persist(std::move(batch));
+  }
+  // Slots may be free now: a restored node's first heartbeat or a dead node's return
+  // offers its slots again; a trainer listed as exited (or no longer listed) frees one.
+  if ((!was_schedulable && nodes_.Schedulable(request.name())) ||
+      LiveTrainers(*nodes_.Trainers(request.name())) < was_live) {
+    schedule_due_ = true;
   }
   ObserveTrainers(request.name());
   for (const auto& c : request.checkpoints()) {
@@ -166,6 +181,7 @@ Status Coordinator::ReportTrainerExit(const v1::TrainerExitRequest& request) {
   nodes_.UpdateTrainer(request.name(), request.trainer());
   jobs_.OnTrainerStatus(request.name(), request.trainer());
   health_.ForgetTrainer(TrainerKey::Of(request.trainer()));
+  schedule_due_ = true;  // a survivor's exit frees its slot
   return OkStatus();
 }
 
@@ -183,6 +199,7 @@ StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request
     ASSIGN_OR_RETURN(job_id, jobs_.Submit(request.spec_yaml(), request.priority(),
                                           MakeJobId(submit_seq, id_salt_), submit_seq));
     ++next_submit_seq_;
+    schedule_due_ = true;
     seq = last_write_seq_;
   }
   RETURN_IF_ERROR(writer_->WaitDurable(seq));
@@ -215,40 +232,44 @@ StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(state, jobs_.Cancel(job_id));
+    schedule_due_ = true;
     seq = last_write_seq_;
   }
   RETURN_IF_ERROR(writer_->WaitDurable(seq));
   return state;
 }
 
-std::set<std::pair<std::string, int>> Coordinator::BusySlots() const {
+std::vector<int> Coordinator::BusySlots(const std::string& node) const {
   // A slot is busy while a current attempt holds it, and also while its agent still lists
   // a live trainer there (a stopped attempt's survivor keeps its slot until it exits).
-  std::set<std::pair<std::string, int>> busy;
-  jobs_.ForEachReservedSlot([&](const std::string& node, int slot) { busy.emplace(node, slot); });
-  for (const std::string& name : nodes_.Names()) {
-    for (const auto& t : *nodes_.Trainers(name)) {
-      if (!IsLive(t)) continue;
-      if (auto slot = jobs_.SlotOf(name, TrainerKey::Of(t))) busy.emplace(name, *slot);
-    }
-  }
+  std::vector<int> busy = jobs_.ReservedSlots(node);
+  AppendListedSlots(node, &busy);
   return busy;
+}
+
+void Coordinator::AppendListedSlots(const std::string& node, std::vector<int>* slots) const {
+  for (const auto& t : *nodes_.Trainers(node)) {
+    if (!IsLive(t)) continue;
+    if (auto slot = jobs_.SlotOf(node, TrainerKey::Of(t))) slots->push_back(*slot);
+  }
 }
 
 v1::ListWorkersResponse Coordinator::ListWorkers() {
   v1::ListWorkersResponse response;
   std::lock_guard<std::mutex> lock(mu_);
-  const auto busy = BusySlots();
-  for (const std::string& name : nodes_.Names()) {
+  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) {
     v1::WorkerInfo* w = response.add_workers();
-    *w->mutable_node() = *nodes_.Find(name);
+    *w->mutable_node() = rec;
     for (const auto& t : *nodes_.Trainers(name)) *w->add_trainers() = t;
     int free = 0;
-    if (nodes_.Schedulable(name)) {
-      for (const auto& s : w->node().slots()) free += busy.count({name, s.index()}) ? 0 : 1;
+    if (schedulable) {
+      const std::vector<int> busy = BusySlots(name);
+      for (const auto& s : rec.slots()) {
+        free += std::find(busy.begin(), busy.end(), s.index()) == busy.end() ? 1 : 0;
+      }
     }
     w->set_free_slots(free);
-  }
+  });
   return response;
 }
 
@@ -274,29 +295,34 @@ StatusOr<v1::ReadLogsResponse> Coordinator::ReadLogs(const v1::ReadLogsRequest& 
 }
 
 void Coordinator::ScheduleLocked() {
+  schedule_due_ = false;
+  last_schedule_ms_ = clock_->NowMs();
   std::vector<PendingJob> pending = jobs_.Pending();
   if (pending.empty()) return;
-  const auto busy = BusySlots();
   std::vector<NodeCapacity> capacity;
   std::map<v1::DeviceKind, int64_t> ever;
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) ever[d] = nodes_.TotalSlotsEver(d);
-  for (const std::string& name : nodes_.Names()) {
-    if (!nodes_.Schedulable(name)) continue;
-    const v1::NodeRecord* rec = nodes_.Find(name);
+  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) {
+    if (!schedulable) return;
+    std::vector<int> busy = jobs_.ReservedSlots(name);
+    // Full nodes are the common case while jobs queue: skip them before the listing walk.
+    if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
+    AppendListedSlots(name, &busy);
     // A node offers one device kind per slot; group its free slots per kind.
-    std::map<v1::DeviceKind, NodeCapacity> per_device;
-    for (const auto& s : rec->slots()) {
-      if (busy.count({name, s.index()})) continue;
-      NodeCapacity& c = per_device[s.device()];
-      c.name = name;
-      c.device = s.device();
+    NodeCapacity per_device[2];  // CPU, CUDA
+    for (const auto& s : rec.slots()) {
+      if (std::find(busy.begin(), busy.end(), s.index()) != busy.end()) continue;
+      NodeCapacity& c = per_device[s.device() == v1::CUDA ? 1 : 0];
+      c.device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
       c.free_slots.push_back(s.index());
     }
-    for (auto& [d, c] : per_device) {
+    for (NodeCapacity& c : per_device) {
+      if (c.free_slots.empty()) continue;
+      c.name = name;
       std::sort(c.free_slots.begin(), c.free_slots.end());
       capacity.push_back(std::move(c));
     }
-  }
+  });
   ScheduleResult result = Schedule(std::move(pending), std::move(capacity), ever);
   for (const Placement& p : result.placements) {
     jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));
@@ -323,8 +349,12 @@ void Coordinator::Tick() {
     StoreBatch batch;
     batch.nodes.push_back(std::move(rec));
     Persist(std::move(batch));
+    schedule_due_ = true;
   }
-  ScheduleLocked();
+  if (!events.dead_nodes.empty()) schedule_due_ = true;
+  if (schedule_due_ || clock_->NowMs() - last_schedule_ms_ >= kScheduleFallbackMs) {
+    ScheduleLocked();
+  }
 }
 
 Status Coordinator::Flush() {

@@ -78,10 +78,13 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& options, const Clock* clock,
               std::unique_ptr<SqliteStore> store);
   Status Restore(const StoreContents& contents);
-  void Persist(StoreBatch batch);                           // REQUIRES(mu_)
-  void ObserveTrainers(const std::string& node);            // REQUIRES(mu_)
-  std::set<std::pair<std::string, int>> BusySlots() const;  // REQUIRES(mu_)
-  void ScheduleLocked();                                    // REQUIRES(mu_)
+  void Persist(StoreBatch batch);                             // REQUIRES(mu_)
+  void ObserveTrainers(const std::string& node);              // REQUIRES(mu_)
+  std::vector<int> BusySlots(const std::string& node) const;  // REQUIRES(mu_)
+  // Appends the slots of live trainers the node's agent lists (a stopped attempt's
+  // survivor keeps its slot until it exits).                   REQUIRES(mu_)
+  void AppendListedSlots(const std::string& node, std::vector<int>* slots) const;
+  void ScheduleLocked();  // REQUIRES(mu_)
 
   const Clock* const clock_;
   const CoordinatorOptions options_;
@@ -100,6 +103,14 @@ class Coordinator {
   int64_t next_submit_seq_ = 1;     // GUARDED_BY(mu_)
   uint32_t id_salt_ = 0;            // GUARDED_BY(mu_)
   int64_t last_write_seq_ = 0;      // GUARDED_BY(mu_): the newest batch queued
+  // A scheduling pass walks every node, so Tick runs one only when something that can
+  // change its outcome happened (a job submitted, cancelled or ended, a node registered,
+  // revived, died or left its cordon, a trainer exited), plus once per
+  // kScheduleFallbackMs for changes no event announces (a survivor vanishing from a
+  // listing). A 10,000-node cluster with a queue would otherwise pay for a pass per tick.
+  bool schedule_due_ = true;      // GUARDED_BY(mu_)
+  int64_t last_schedule_ms_ = 0;  // GUARDED_BY(mu_)
+  static constexpr int64_t kScheduleFallbackMs = 1000;
 };
 
 }  // namespace drover::coordinator

@@ -8,10 +8,19 @@ HealthManager::HealthManager(int64_t heartbeat_timeout_ms)
     : heartbeat_timeout_ms_(heartbeat_timeout_ms) {}
 
 void HealthManager::OnHeartbeat(const std::string& node, int64_t now_ms) {
-  deadline_ms_[node] = now_ms + heartbeat_timeout_ms_;
+  auto [it, inserted] = leases_.try_emplace(node);
+  Lease& lease = it->second;
+  lease.deadline_ms = now_ms + heartbeat_timeout_ms_;
+  // The pending check is due no later than the deadline (deadlines only grow on a steady
+  // clock); only a new lease, or one whose deadline moved earlier, needs a new check.
+  if (inserted || lease.deadline_ms < lease.check_ms) {
+    lease.gen = ++next_gen_;
+    lease.check_ms = lease.deadline_ms;
+    lease_checks_.push({lease.check_ms, lease.gen, node});
+  }
 }
 
-void HealthManager::ForgetNode(const std::string& node) { deadline_ms_.erase(node); }
+void HealthManager::ForgetNode(const std::string& node) { leases_.erase(node); }
 
 void HealthManager::OnTrainerProgress(const TrainerKey& key, int64_t step, int64_t hang_timeout_ms,
                                       int64_t now_ms) {
@@ -23,6 +32,12 @@ void HealthManager::OnTrainerProgress(const TrainerKey& key, int64_t step, int64
     p.moved_ms = now_ms;
   }
   p.timeout_ms = hang_timeout_ms;
+  const int64_t deadline = p.moved_ms + p.timeout_ms;
+  if (inserted || deadline < p.check_ms) {
+    p.gen = ++next_gen_;
+    p.check_ms = deadline;
+    hang_checks_.push({p.check_ms, p.gen, key});
+  }
 }
 
 void HealthManager::ForgetTrainer(const TrainerKey& key) { progress_.erase(key); }
@@ -36,23 +51,38 @@ void HealthManager::ForgetAttempt(const std::string& job_id, int64_t attempt) {
 
 HealthManager::Events HealthManager::Tick(int64_t now_ms) {
   Events events;
-  for (auto it = deadline_ms_.begin(); it != deadline_ms_.end();) {
-    if (now_ms >= it->second) {
-      events.dead_nodes.push_back(it->first);
-      it = deadline_ms_.erase(it);  // reported once; a new heartbeat renews the lease
+  while (!lease_checks_.empty() && lease_checks_.top().due_ms <= now_ms) {
+    Check<std::string> check = lease_checks_.top();
+    lease_checks_.pop();
+    auto it = leases_.find(check.key);
+    if (it == leases_.end() || it->second.gen != check.gen) continue;
+    Lease& lease = it->second;
+    if (now_ms >= lease.deadline_ms) {
+      events.dead_nodes.push_back(check.key);
+      leases_.erase(it);  // reported once; a new heartbeat renews the lease
     } else {
-      ++it;
+      lease.check_ms = lease.deadline_ms;
+      check.due_ms = lease.deadline_ms;
+      lease_checks_.push(std::move(check));
     }
   }
   std::sort(events.dead_nodes.begin(), events.dead_nodes.end());
-  for (auto it = progress_.begin(); it != progress_.end();) {
-    if (now_ms - it->second.moved_ms >= it->second.timeout_ms) {
-      events.hung.push_back(it->first);
-      it = progress_.erase(it);
+  while (!hang_checks_.empty() && hang_checks_.top().due_ms <= now_ms) {
+    Check<TrainerKey> check = hang_checks_.top();
+    hang_checks_.pop();
+    auto it = progress_.find(check.key);
+    if (it == progress_.end() || it->second.gen != check.gen) continue;
+    Progress& p = it->second;
+    if (now_ms - p.moved_ms >= p.timeout_ms) {
+      events.hung.push_back(check.key);
+      progress_.erase(it);
     } else {
-      ++it;
+      p.check_ms = p.moved_ms + p.timeout_ms;
+      check.due_ms = p.check_ms;
+      hang_checks_.push(std::move(check));
     }
   }
+  std::sort(events.hung.begin(), events.hung.end());
   return events;
 }
 

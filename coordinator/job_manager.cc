@@ -44,12 +44,14 @@ void JobManager::Persist(const Job& job, const v1::AttemptRecord* attempt) {
 }
 
 void JobManager::IndexPlacement(const Job& job, bool add) {
-  for (const auto& r : job.rec.placement()) {
+  const std::string& id = job.rec.job_id();
+  for (int r = 0; r < job.rec.placement_size(); ++r) {
+    const std::string& node = job.rec.placement(r).node();
     if (add) {
-      jobs_on_node_[r.node()].insert(job.rec.job_id());
-    } else if (auto it = jobs_on_node_.find(r.node()); it != jobs_on_node_.end()) {
-      it->second.erase(job.rec.job_id());
-      if (it->second.empty()) jobs_on_node_.erase(it);
+      ranks_on_node_[node][id].push_back(r);
+    } else if (auto it = ranks_on_node_.find(node); it != ranks_on_node_.end()) {
+      it->second.erase(id);
+      if (it->second.empty()) ranks_on_node_.erase(it);
     }
   }
 }
@@ -159,6 +161,7 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   job->failure.clear();
   r.set_reason("");
   job->ranks.assign(placement.ranks.size(), Rank{});
+  job->ranks_done = 0;
   IndexPlacement(*job, true);
 
   v1::AttemptRecord& a = job->attempts[attempt];
@@ -184,6 +187,7 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why) {
   IndexPlacement(job, false);
   job.rec.clear_placement();
   job.ranks.clear();
+  job.ranks_done = 0;
   if (hooks_.attempt_ended) hooks_.attempt_ended(job.rec.job_id(), job.rec.attempt());
   return a;
 }
@@ -242,26 +246,23 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
   if (t.state() != v1::TRAINER_EXITED || rank.done) return;
   if (t.exit_code() == 0 && t.signal() == 0) {
     rank.done = true;
-    if (std::all_of(job.ranks.begin(), job.ranks.end(), [](const Rank& r) { return r.done; })) {
-      Succeed(job);
-    }
+    if (++job.ranks_done == static_cast<int>(job.ranks.size())) Succeed(job);
     return;
   }
   FailAttempt(job, DescribeExit(t, node));
 }
 
 void JobManager::OnListing(const std::string& node, const std::vector<v1::TrainerStatus>& listed) {
-  auto it = jobs_on_node_.find(node);
-  if (it == jobs_on_node_.end()) return;
+  auto it = ranks_on_node_.find(node);
+  if (it == ranks_on_node_.end()) return;
   std::set<TrainerKey> seen;
   for (const auto& t : listed) seen.insert(TrainerKey::Of(t));
   std::vector<std::pair<std::string, int>> lost;
-  for (const std::string& id : it->second) {
+  for (const auto& [id, ranks] : it->second) {
     const Job& job = *Get(id);
-    for (int r = 0; r < job.rec.placement_size(); ++r) {
+    for (int r : ranks) {
       const Rank& rank = job.ranks[r];
-      if (job.rec.placement(r).node() == node && rank.acked && !rank.done &&
-          !seen.count({id, job.rec.attempt(), r})) {
+      if (rank.acked && !rank.done && !seen.count({id, job.rec.attempt(), r})) {
         lost.emplace_back(id, r);
       }
     }
@@ -274,9 +275,10 @@ void JobManager::OnListing(const std::string& node, const std::vector<v1::Traine
 }
 
 void JobManager::OnNodeLost(const std::string& node, const std::string& why) {
-  auto it = jobs_on_node_.find(node);
-  if (it == jobs_on_node_.end()) return;
-  const std::vector<std::string> ids(it->second.begin(), it->second.end());
+  auto it = ranks_on_node_.find(node);
+  if (it == ranks_on_node_.end()) return;
+  std::vector<std::string> ids;
+  for (const auto& [id, ranks] : it->second) ids.push_back(id);
   for (const std::string& id : ids) {
     Job& job = *Get(id);
     if (job.rec.state() == v1::RUNNING) FailAttempt(job, "node " + node + " " + why);
@@ -322,14 +324,14 @@ void JobManager::AppendOrders(const std::string& node, const std::vector<v1::Tra
     }
     stop->set_reason(reason);
   }
-  auto it = jobs_on_node_.find(node);
-  if (it == jobs_on_node_.end()) return;
-  for (const std::string& id : it->second) {
+  auto it = ranks_on_node_.find(node);
+  if (it == ranks_on_node_.end()) return;
+  for (const auto& [id, ranks] : it->second) {
     const Job& job = *Get(id);
     const v1::AttemptRecord& a = job.attempts.at(job.rec.attempt());
-    for (int r = 0; r < job.rec.placement_size(); ++r) {
+    for (int r : ranks) {
       const v1::RankAssignment& p = job.rec.placement(r);
-      if (p.node() != node || job.ranks[r].acked) continue;
+      if (job.ranks[r].acked) continue;
       v1::StartTrainerOrder* start = orders->Add()->mutable_start();
       start->set_job_id(id);
       start->set_attempt(job.rec.attempt());
@@ -374,14 +376,15 @@ std::optional<int> JobManager::SlotOf(const std::string& node, const TrainerKey&
   return p.slot();
 }
 
-void JobManager::ForEachReservedSlot(const std::function<void(const std::string&, int)>& fn) const {
-  for (const auto& [node, ids] : jobs_on_node_) {
-    for (const std::string& id : ids) {
-      for (const auto& p : Get(id)->rec.placement()) {
-        if (p.node() == node) fn(node, p.slot());
-      }
-    }
+std::vector<int> JobManager::ReservedSlots(const std::string& node) const {
+  std::vector<int> slots;
+  auto it = ranks_on_node_.find(node);
+  if (it == ranks_on_node_.end()) return slots;
+  for (const auto& [id, ranks] : it->second) {
+    const Job& job = *Get(id);
+    for (int r : ranks) slots.push_back(job.rec.placement(r).slot());
   }
+  return slots;
 }
 
 std::vector<v1::AttemptRecord> JobManager::Attempts(const std::string& job_id) const {

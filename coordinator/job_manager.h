@@ -100,8 +100,8 @@ class JobManager {
   int64_t HangTimeoutMs(const std::string& job_id) const;
   // The slot the trainer was placed on, if its attempt placed it on `node`.
   std::optional<int> SlotOf(const std::string& node, const TrainerKey& key) const;
-  // Calls fn(node, slot) for every rank of every RUNNING job's current attempt.
-  void ForEachReservedSlot(const std::function<void(const std::string&, int)>& fn) const;
+  // The slots of `node` that ranks of RUNNING jobs' current attempts hold.
+  std::vector<int> ReservedSlots(const std::string& node) const;
   std::vector<v1::AttemptRecord> Attempts(const std::string& job_id) const;
   std::vector<v1::TrainerStatus> CurrentTrainers(const std::string& job_id) const;
   std::vector<v1::JobRecord> List() const;  // by submit order
@@ -118,6 +118,7 @@ class JobManager {
     std::vector<int> feasible;
     std::map<int64_t, v1::AttemptRecord> attempts;
     std::vector<Rank> ranks;  // the current attempt's, while RUNNING
+    int ranks_done = 0;       // how many of `ranks` are done
     std::string failure;      // why it is recovering
     std::string waiting;      // why it is not placed yet
   };
@@ -137,9 +138,10 @@ class JobManager {
   JobManagerOptions options_;
   const Hooks hooks_;
   std::unordered_map<std::string, Job> jobs_;
-  // node -> RUNNING jobs with a rank of their current attempt there (heartbeats are cheap
-  // for nodes that run nothing).
-  std::unordered_map<std::string, std::set<std::string>> jobs_on_node_;
+  // node -> RUNNING job -> the ranks of its current attempt placed on that node. Every
+  // per-node operation (a heartbeat's listing and orders, a node's death, free slots) walks
+  // only this, so its cost does not grow with the size of the jobs or of the cluster.
+  std::unordered_map<std::string, std::map<std::string, std::vector<int>>> ranks_on_node_;
 };
 
 }  // namespace drover::coordinator

@@ -11,6 +11,9 @@ void NodeManager::Restore(const v1::NodeRecord& record) {
   Node& node = nodes_[record.name()];
   node.record = record;
   node.connected = false;
+  if (record.cordon_until_ms() > 0) {
+    next_cordon_check_ms_ = std::min(next_cordon_check_ms_, record.cordon_until_ms());
+  }
 }
 
 v1::NodeRecord NodeManager::Register(const v1::RegisterRequest& request) {
@@ -80,14 +83,20 @@ void NodeManager::Cordon(Node& node) {
   for (int i = 0; i < over && ms < options_.cordon_max_ms; ++i) ms *= 2;
   ms = std::min(ms, options_.cordon_max_ms);
   node.record.set_cordon_until_ms(clock_->WallNowMs() + ms);
+  next_cordon_check_ms_ = std::min(next_cordon_check_ms_, node.record.cordon_until_ms());
 }
 
 std::vector<v1::NodeRecord> NodeManager::ExpireCordons() {
   std::vector<v1::NodeRecord> changed;
-  int64_t now = clock_->WallNowMs();
+  const int64_t now = clock_->WallNowMs();
+  if (now < next_cordon_check_ms_) return changed;
+  next_cordon_check_ms_ = INT64_MAX;
   for (auto& [name, node] : nodes_) {
     v1::NodeRecord& r = node.record;
-    if (r.state() == v1::NODE_CORDONED && r.cordon_until_ms() <= now) {
+    if (r.cordon_until_ms() <= 0) continue;
+    if (r.cordon_until_ms() > now) {
+      next_cordon_check_ms_ = std::min(next_cordon_check_ms_, r.cordon_until_ms());
+    } else if (r.state() == v1::NODE_CORDONED) {
       r.set_state(v1::NODE_ALIVE);
       r.set_cordon_until_ms(0);
       changed.push_back(r);
@@ -98,9 +107,7 @@ std::vector<v1::NodeRecord> NodeManager::ExpireCordons() {
 
 bool NodeManager::Schedulable(const std::string& name) const {
   auto it = nodes_.find(name);
-  if (it == nodes_.end() || !it->second.connected) return false;
-  const v1::NodeRecord& r = it->second.record;
-  return r.state() == v1::NODE_ALIVE && r.cordon_until_ms() <= clock_->WallNowMs();
+  return it != nodes_.end() && IsSchedulable(it->second, clock_->WallNowMs());
 }
 
 const v1::NodeRecord* NodeManager::Find(const std::string& name) const {
@@ -111,6 +118,14 @@ const v1::NodeRecord* NodeManager::Find(const std::string& name) const {
 const std::vector<v1::TrainerStatus>* NodeManager::Trainers(const std::string& name) const {
   auto it = nodes_.find(name);
   return it == nodes_.end() ? nullptr : &it->second.trainers;
+}
+
+void NodeManager::ForEach(
+    const std::function<void(const std::string&, const v1::NodeRecord&, bool)>& fn) const {
+  const int64_t now = clock_->WallNowMs();
+  for (const auto& [name, node] : nodes_) {
+    fn(name, node.record, IsSchedulable(node, now));
+  }
 }
 
 std::vector<std::string> NodeManager::Names() const {

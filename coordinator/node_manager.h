@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -63,6 +64,9 @@ class NodeManager {
 
   // Every node, ordered by name.
   std::vector<std::string> Names() const;
+  // Calls fn(name, record, schedulable) for every node, ordered by name, without copying.
+  void ForEach(
+      const std::function<void(const std::string&, const v1::NodeRecord&, bool)>& fn) const;
 
   // Slots of every node ever registered, per device: what the cluster could ever offer.
   int64_t TotalSlotsEver(v1::DeviceKind device) const;
@@ -74,10 +78,18 @@ class NodeManager {
     std::vector<v1::TrainerStatus> trainers;
   };
   void Cordon(Node& node);
+  // Alive, connected and not cordoned at wall time `now_ms`.
+  static bool IsSchedulable(const Node& node, int64_t now_ms) {
+    const v1::NodeRecord& r = node.record;
+    return node.connected && r.state() == v1::NODE_ALIVE && r.cordon_until_ms() <= now_ms;
+  }
 
   const Clock* const clock_;
   const NodeManagerOptions options_;
   std::map<std::string, Node> nodes_;
+  // No cordon ends before this (wall ms): ExpireCordons, called every tick, walks the nodes
+  // only from then on, not ten times a second over a 10,000-node cluster.
+  int64_t next_cordon_check_ms_ = INT64_MAX;
 };
 
 }  // namespace drover::coordinator

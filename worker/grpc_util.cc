@@ -1,8 +1,11 @@
 #include "worker/grpc_util.h"
 
+#include "common/grpc_runtime.h"
+
 namespace drover {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  TuneGrpcRuntime();
   grpc::ChannelArguments args;
   // Reconnect quickly after the coordinator restarts: gRPC's default back-off grows to
   // minutes, far longer than the agent's own retry cap.
@@ -12,6 +15,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // A private subchannel pool: a fresh channel (see the agent's ResetChannel) then really
   // dials at once instead of inheriting a shared subchannel's back-off.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Small messages only (heartbeats, reports, log chunks): no bandwidth-delay probing,
+  // whose PINGs cost more than the heartbeats (coordinator/server.cc turns it off too).
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 

@@ -131,6 +131,43 @@ TEST_F(CoordinatorTest, TrainerExitReportedAtOnceAndCheckpointResumed) {
   EXPECT_EQ(resp.orders(0).start().resume_checkpoint(), "/runs/ck/step_50");
 }
 
+TEST_F(CoordinatorTest, QueuedJobStartsAtTheNextTickAfterSlotsFree) {
+  // Scheduling passes run on events, not on every tick: each way a slot frees must wake
+  // the scheduler, so the queued job starts at the very next tick (no fallback delay).
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string a = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  ASSERT_EQ(Job(a).state(), v1::RUNNING);
+  const std::string b = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  EXPECT_EQ(Job(b).state(), v1::PENDING);
+  Beat("n1", {Trainer(a, 1, 0)});
+  c_->Tick();
+  EXPECT_EQ(Job(b).state(), v1::PENDING);
+
+  // A's trainer exits 0, reported at once: A succeeds, B starts at the next tick.
+  v1::TrainerExitRequest exit;
+  exit.set_name("n1");
+  exit.set_agent_id("agent-1");
+  *exit.mutable_trainer() = Exited(a, 1, 0, 0);
+  ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
+  EXPECT_EQ(Job(a).state(), v1::SUCCEEDED);
+  c_->Tick();
+  ASSERT_EQ(Job(b).state(), v1::RUNNING);
+  Beat("n1", {Trainer(b, 1, 0)});
+
+  // C waits behind B. B is cancelled; its trainer holds the slot until the agent lists it
+  // as exited in a heartbeat (no exit report this time): then C starts at the next tick.
+  const std::string cj = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  ASSERT_TRUE(c_->CancelJob(b).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(cj).state(), v1::PENDING);  // B's trainer is still listed live
+  Beat("n1", {Exited(b, 1, 0, 0, 15)});
+  c_->Tick();
+  EXPECT_EQ(Job(cj).state(), v1::RUNNING);
+}
+
 TEST_F(CoordinatorTest, UnknownAgentIsToldToRegisterAgain) {
   EXPECT_TRUE(Beat("n1", {}).reregister());
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1, "a1")).ok());

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
+
 #include "common/clock.h"
 
 namespace drover::coordinator {
@@ -55,6 +58,118 @@ TEST(HealthManagerTest, ForgottenAttemptsAndDisabledTimeoutNeverHang) {
   h.ForgetAttempt("j", 1);
   clock.AdvanceMs(100'000);
   EXPECT_TRUE(h.Tick(clock.NowMs()).hung.empty());
+}
+
+TEST(HealthManagerTest, ForgottenNodeThatComesBackGetsAFreshLease) {
+  FakeClock clock;
+  HealthManager h(3000);
+  h.OnHeartbeat("n1", clock.NowMs());
+  clock.AdvanceMs(1000);
+  h.ForgetNode("n1");
+  h.OnHeartbeat("n1", clock.NowMs());  // lease to t=4000; the forgotten check was due at 3000
+  clock.AdvanceMs(2500);
+  EXPECT_TRUE(h.Tick(clock.NowMs()).dead_nodes.empty());
+  clock.AdvanceMs(500);
+  EXPECT_EQ(h.Tick(clock.NowMs()).dead_nodes, std::vector<std::string>{"n1"});
+}
+
+TEST(HealthManagerTest, DeadNodeThatHeartbeatsAgainIsWatchedAgain) {
+  FakeClock clock;
+  HealthManager h(3000);
+  h.OnHeartbeat("n1", clock.NowMs());
+  clock.AdvanceMs(3000);
+  EXPECT_EQ(h.Tick(clock.NowMs()).dead_nodes.size(), 1u);
+  h.OnHeartbeat("n1", clock.NowMs());
+  clock.AdvanceMs(3000);
+  EXPECT_EQ(h.Tick(clock.NowMs()).dead_nodes, std::vector<std::string>{"n1"});
+}
+
+TEST(HealthManagerTest, ShorterHangTimeoutTakesEffectAtOnce) {
+  FakeClock clock;
+  HealthManager h(3000);
+  TrainerKey k{"j", 1, 0};
+  h.OnTrainerProgress(k, 1, 60'000, clock.NowMs());
+  h.OnTrainerProgress(k, 1, 5'000, clock.NowMs());
+  clock.AdvanceMs(5000);
+  EXPECT_EQ(h.Tick(clock.NowMs()).hung, std::vector<TrainerKey>{k});
+}
+
+// The checks in a heap must report exactly what scanning every lease and every trainer at
+// each tick reports: random heartbeats, steps, forgets and ticks against that reference.
+TEST(HealthManagerTest, MatchesAFullScanUnderRandomTraffic) {
+  FakeClock clock;
+  const int64_t timeout = 3000;
+  HealthManager h(timeout);
+  std::map<std::string, int64_t> lease;  // reference: node -> deadline
+  struct Ref {
+    int64_t step, moved, timeout;
+  };
+  std::map<TrainerKey, Ref> progress;
+  std::mt19937 rng(7);
+  auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+  std::vector<std::string> nodes, jobs;
+  // (Names built with append: GCC 12 warns falsely on "literal" + std::to_string here.)
+  for (int i = 0; i < 20; ++i) nodes.push_back(std::string("n").append(std::to_string(i)));
+  for (int i = 0; i < 3; ++i) jobs.push_back(std::string("j").append(std::to_string(i)));
+  for (int round = 0; round < 20'000; ++round) {
+    const int64_t now = clock.NowMs();
+    switch (pick(8)) {
+      case 0:
+      case 1: {
+        const std::string& node = nodes[pick(20)];
+        h.OnHeartbeat(node, now);
+        lease[node] = now + timeout;
+        break;
+      }
+      case 2:
+      case 3: {
+        const TrainerKey key{jobs[pick(3)], pick(3), pick(4)};
+        const int64_t step = pick(3), t = 1000 * (1 + pick(5));
+        h.OnTrainerProgress(key, step, t, now);
+        auto [it, inserted] = progress.try_emplace(key, Ref{step, now, t});
+        if (!inserted && it->second.step != step) it->second = Ref{step, now, t};
+        it->second.timeout = t;
+        break;
+      }
+      case 4: {
+        const std::string& node = nodes[pick(20)];
+        h.ForgetNode(node);
+        lease.erase(node);
+        break;
+      }
+      case 5: {
+        const TrainerKey key{jobs[pick(3)], pick(3), pick(4)};
+        if (pick(2) == 0) {
+          h.ForgetTrainer(key);
+          progress.erase(key);
+        } else {
+          h.ForgetAttempt(key.job_id, key.attempt);
+          std::erase_if(progress, [&](const auto& e) {
+            return e.first.job_id == key.job_id && e.first.attempt == key.attempt;
+          });
+        }
+        break;
+      }
+      default: {
+        clock.AdvanceMs(pick(700));
+        const int64_t t = clock.NowMs();
+        HealthManager::Events want;
+        std::erase_if(lease, [&](const auto& e) {
+          if (t < e.second) return false;
+          want.dead_nodes.push_back(e.first);
+          return true;
+        });
+        std::erase_if(progress, [&](const auto& e) {
+          if (t - e.second.moved < e.second.timeout) return false;
+          want.hung.push_back(e.first);
+          return true;
+        });
+        HealthManager::Events got = h.Tick(t);
+        ASSERT_EQ(got.dead_nodes, want.dead_nodes) << "round " << round;
+        ASSERT_EQ(got.hung, want.hung) << "round " << round;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "tests/unit/coordinator/test_util.h"
 
 namespace drover::coordinator {
@@ -183,6 +185,30 @@ TEST_F(JobManagerTest, CancelStopsEverythingAndIsIdempotent) {
   auto orders = OrdersFor("n1", {Trainer(id, 1, 0)});
   ASSERT_EQ(orders.size(), 1u);
   EXPECT_EQ(orders[0].stop().reason(), "cancelled");
+}
+
+TEST_F(JobManagerTest, EachNodeSeesOnlyItsOwnRanks) {
+  const std::string id = SubmitAndPlace(3, {Node("n1", 2), Node("n2", 1)});
+  auto sorted = [](std::vector<int> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(jobs_.ReservedSlots("n1")), (std::vector<int>{0, 1}));
+  EXPECT_EQ(jobs_.ReservedSlots("n2"), std::vector<int>{0});
+  EXPECT_TRUE(jobs_.ReservedSlots("n3").empty());
+  auto orders = OrdersFor("n2", {});
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].start().rank(), 2);
+  EXPECT_EQ(orders[0].start().world_size(), 3);
+  // n2 lists its rank; n1 lists only one of its two: nothing is lost until n1 had listed
+  // a rank and then dropped it.
+  Listing("n2", {Trainer(id, 1, 2)});
+  Listing("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  EXPECT_EQ(State(id), v1::RUNNING);
+  Listing("n1", {Trainer(id, 1, 0)});
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  EXPECT_TRUE(jobs_.ReservedSlots("n1").empty());
+  EXPECT_TRUE(jobs_.ReservedSlots("n2").empty());
 }
 
 TEST_F(JobManagerTest, UnknownLiveTrainersAreOrderedStopped) {

@@ -73,5 +73,28 @@ TEST(NodeManagerTest, RestoredNodeIsNotSchedulableUntilItHeartbeats) {
   EXPECT_TRUE(nodes.Schedulable("n1"));
 }
 
+TEST(NodeManagerTest, RestoredCordonEndsOnTime) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {});
+  v1::NodeRecord rec;
+  rec.set_name("n1");
+  rec.set_agent_id("a1");
+  rec.set_state(v1::NODE_CORDONED);
+  rec.set_cordon_until_ms(clock.WallNowMs() + 10'000);
+  rec.add_slots()->set_index(0);
+  nodes.Restore(rec);
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("a1");
+  nodes.OnHeartbeat(hb);
+  clock.AdvanceMs(9'999);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  clock.AdvanceMs(1);
+  ASSERT_EQ(nodes.ExpireCordons().size(), 1u);
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  EXPECT_TRUE(nodes.ExpireCordons().empty());  // reported once
+}
+
 }  // namespace
 }  // namespace drover::coordinator
