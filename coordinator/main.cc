@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
                  "host:port to serve on (another host than 127.0.0.1 "
                  "exposes the coordinator to the network)")
       ->capture_default_str();
+  std::string advertise;
+  app.add_option("--advertise", advertise,
+                 "host:port trainers dial for rendezvous (default: the --listen address, or, "
+                 "when it is a wildcard, the address each agent reaches the coordinator by)");
   app.add_option("--state-dir", options.state_dir, "durable state (state.db, logs/)")->required();
   app.add_option("--heartbeat-interval-ms", options.heartbeat_interval_ms,
                  "heartbeat period agents are told to use")
@@ -67,6 +71,7 @@ int main(int argc, char** argv) {
     spdlog::error("{}", server.status().ToString());
     return server.status().code() == drover::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  if (!advertise.empty()) (*coordinator)->SetAdvertisedAddress(advertise);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   spdlog::info("signal {}: shutting down", sig);

@@ -161,10 +161,12 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinato
   if (!s->server_ || s->port_ == 0) {
     return UnavailableError("cannot listen on " + listen + " (address in use or invalid)");
   }
-  // Trainers dial this for rendezvous; a wildcard bind is not dialable, use loopback.
-  std::string host = s->host_;
-  if (host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
-  coordinator->SetAdvertisedAddress(host + ":" + std::to_string(s->port_));
+  // Trainers dial this for rendezvous. A wildcard bind names no address another node can
+  // dial, so none is advertised: each agent then hands its trainers the address it reaches
+  // the coordinator by itself (worker/agent.cc), which is right on every node. main's
+  // --advertise overrides both.
+  const bool wildcard = s->host_ == "0.0.0.0" || s->host_ == "[::]" || s->host_ == "::";
+  coordinator->SetAdvertisedAddress(wildcard ? "" : s->host_ + ":" + std::to_string(s->port_));
   s->ticker_ = std::thread([raw = s.get(), tick_ms] { raw->RunTicker(tick_ms); });
   spdlog::info("coordinator listening on {}", s->address());
   return s;

@@ -321,5 +321,35 @@ TEST(CoordinatorServerTest, ServesRpcsOnLoopback) {
   (*server)->Shutdown();
 }
 
+TEST(CoordinatorServerTest, WildcardListenAdvertisesNoRendezvousAddress) {
+  // 0.0.0.0 is not an address another node can dial: start orders leave it empty and each
+  // agent substitutes the address it reaches the coordinator by.
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.state_dir = ::testing::TempDir() + "/drover_coord_wild_" + std::to_string(getpid());
+  std::filesystem::remove_all(options.state_dir);
+  auto c = Coordinator::Open(options, &clock);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto server = CoordinatorServer::Start(c->get(), "0.0.0.0:0", 10);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*c)->Register(RegisterReq("n1", 1)).ok());
+  v1::SubmitJobRequest submit;
+  submit.set_spec_yaml(SpecYaml(1, 1));
+  ASSERT_TRUE((*c)->SubmitJob(submit).ok());
+  (*c)->Tick();
+  v1::HeartbeatRequest req;
+  req.set_name("n1");
+  req.set_agent_id("agent-1");
+  v1::HeartbeatResponse hb = (*c)->Heartbeat(req);
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).start().coordinator_address(), "");
+  // --advertise names one explicitly.
+  (*c)->SetAdvertisedAddress("10.1.2.3:7600");
+  hb = (*c)->Heartbeat(req);
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).start().coordinator_address(), "10.1.2.3:7600");
+  (*server)->Shutdown();
+}
+
 }  // namespace
 }  // namespace drover::coordinator

@@ -136,7 +136,7 @@ class AgentTest : public ::testing::Test {
 TEST_F(AgentTest, RegistersSlotsThenStartsTrainerAndReportsItsExitAtOnce) {
   StartAgent(
       Script("echo \"rank $DROVER_RANK of $DROVER_WORLD_SIZE attempt $DROVER_ATTEMPT\"; "
-             "cat \"$DROVER_SPEC\"; exit 5"));
+             "echo \"rendezvous $DROVER_COORDINATOR\"; cat \"$DROVER_SPEC\"; exit 5"));
   ASSERT_TRUE(WaitFor([&] { return Count(fake_.registers) >= 1; }));
   {
     std::lock_guard<std::mutex> l(fake_.mu);
@@ -163,7 +163,10 @@ TEST_F(AgentTest, RegistersSlotsThenStartsTrainerAndReportsItsExitAtOnce) {
   std::ifstream in(log_path);
   std::stringstream ss;
   ss << in.rdbuf();
-  EXPECT_EQ(ss.str(), "rank 1 of 2 attempt 3\nname: seven\n");
+  // The order named no rendezvous address (a coordinator on a wildcard address): the
+  // trainer dials the coordinator the way this agent does.
+  EXPECT_EQ(ss.str(), "rank 1 of 2 attempt 3\nrendezvous 127.0.0.1:" + std::to_string(port_) +
+                          "\nname: seven\n");
   // The exited trainer stays in heartbeats.
   ASSERT_FALSE(fake_.heartbeats.empty());
 }
