@@ -36,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include "common/clock.h"
@@ -109,8 +110,39 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Packets the kernel dropped (every CPU's backlog, /proc/net/softnet_stat column 2) and TCP
+// segments it retransmitted (/proc/net/snmp). On loopback a drop costs a retransmission
+// timeout (>= 200 ms) to the heartbeat that lost it, so any drop shows in the tail latency.
+struct NetCounters {
+  int64_t drops = 0;
+  int64_t retransmits = 0;
+};
+
+NetCounters ReadNetCounters() {
+  NetCounters n;
+  std::ifstream softnet("/proc/net/softnet_stat");
+  std::string line;
+  while (std::getline(softnet, line)) {
+    std::istringstream fields(line);
+    std::string processed, dropped;
+    if (fields >> processed >> dropped) n.drops += std::stoll(dropped, nullptr, 16);
+  }
+  std::ifstream snmp("/proc/net/snmp");
+  std::string header;
+  while (std::getline(snmp, header) && std::getline(snmp, line)) {
+    if (header.rfind("Tcp:", 0) != 0) continue;
+    std::istringstream names(header), values(line);
+    std::string name, value;
+    while (names >> name && values >> value) {
+      if (name == "RetransSegs") n.retransmits = std::stoll(value);
+    }
+  }
+  return n;
+}
+
 struct ThreadResult {
   std::vector<int64_t> latency_us;
+  std::vector<int64_t> send_late_us;  // how late each measured beat was sent (agent-side)
   int64_t errors = 0;
   int64_t reregister = 0;
   int64_t register_errors = 0;
@@ -133,7 +165,7 @@ AgentSet Connect(const std::string& address, int first, int count, int connectio
   for (int c = 0; c < connections; ++c) {
     grpc::ChannelArguments args;
     args.SetInt("drover.bench.connection", first + c);
-    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // as the agent's channel (worker/grpc_util.cc)
     set.stubs.push_back(v1::WorkerService::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
@@ -259,6 +291,10 @@ void RunClients(const AgentSet& set, Clock::time_point start, Clock::time_point 
       call->agent = i;
       call->sent = Clock::now();
       call->measured = call->sent >= measure_from;
+      if (call->measured) {
+        out->send_late_us.push_back(
+            std::chrono::duration_cast<std::chrono::microseconds>(call->sent - due(sent)).count());
+      }
       // The agent's RPC timeout (worker/agent.h).
       call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
       // The request is serialized here, so the agent may change it before the reply.
@@ -390,10 +426,12 @@ int RunOne(int agents, const Options& o) {
   std::this_thread::sleep_until(measure_from);
   const double cpu0 = CpuSeconds(child);
   const double agents_cpu0 = CpuSeconds(getpid());
+  const NetCounters net0 = ReadNetCounters();
   const auto wall0 = Clock::now();
   std::this_thread::sleep_until(end);
   const double cpu1 = CpuSeconds(child);
   const double agents_cpu1 = CpuSeconds(getpid());
+  const NetCounters net1 = ReadNetCounters();
   const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
   for (auto& t : clients) t.join();
   if (!job_id.empty()) {  // say why, if the job is not running
@@ -412,19 +450,22 @@ int RunOne(int agents, const Options& o) {
   waitpid(child, nullptr, 0);
   std::filesystem::remove_all(dir);
 
-  std::vector<int64_t> lat;
+  std::vector<int64_t> lat, late;
   int64_t errors = 0, rereg = 0, listed = 0, skipped = 0;
   for (auto& r : results) {
     skipped += r.skipped;
     lat.insert(lat.end(), r.latency_us.begin(), r.latency_us.end());
+    late.insert(late.end(), r.send_late_us.begin(), r.send_late_us.end());
     errors += r.errors;
     rereg += r.reregister;
     listed += r.trainers_listed;
   }
   std::sort(lat.begin(), lat.end());
-  auto pct = [&](double p) {
-    return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, size_t(p * lat.size()))] / 1000.0;
+  std::sort(late.begin(), late.end());
+  auto pct_of = [](const std::vector<int64_t>& v, double p) {
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, size_t(p * v.size()))] / 1000.0;
   };
+  auto pct = [&](double p) { return pct_of(lat, p); };
   const double coord_cpu = 100.0 * (cpu1 - cpu0) / wall;
   std::printf(
       "agents=%d connections=%d trainers=%lld/%d registered in %.1f s  heartbeats=%zu "
@@ -436,6 +477,19 @@ int RunOne(int agents, const Options& o) {
       (long long)rereg, coord_cpu, 100.0 * (agents_cpu1 - agents_cpu0) / wall, pct(0.5), pct(0.9),
       pct(0.99), lat.empty() ? 0.0 : lat.back() / 1000.0,
       coord_cpu < 100.0 && pct(0.99) < 20.0 && errors == 0 && skipped == 0 ? "met" : "NOT met");
+  // When the agents' own thread falls behind, their beats leave late and their replies are
+  // read late: both inflate the latency above without the coordinator being slow.
+  std::printf("  agents sent their beats late by p50=%.2f p99=%.2f max=%.2f ms\n",
+              pct_of(late, 0.5), pct_of(late, 0.99), late.empty() ? 0.0 : late.back() / 1000.0);
+  const int64_t drops = net1.drops - net0.drops;
+  const int64_t retransmits = net1.retransmits - net0.retransmits;
+  if (drops > 0 || retransmits > 0) {
+    std::printf(
+        "  the kernel dropped %lld packets and retransmitted %lld TCP segments in the window: "
+        "the loopback backlog overflowed (net.core.netdev_max_backlog), which delays those "
+        "heartbeats by a retransmission timeout; raise it to measure the coordinator alone\n",
+        (long long)drops, (long long)retransmits);
+  }
   std::fflush(stdout);
   const bool all_listed = listed == int64_t{agents} * o.trainers;
   if (!all_listed)
