@@ -3,7 +3,9 @@
 //
 // Agents ship their local log with its byte offset and retry on failure, so appends are
 // deduplicated by offset per (job, attempt, rank): a chunk whose bytes were already
-// appended is dropped, an overlapping one contributes only its new tail.
+// appended is dropped, an overlapping one contributes only its new tail. The offset of the
+// next byte is kept beside each log (rank-<r>.log.next, the latest attempt's), so this
+// holds across a coordinator restart too.
 //
 // Thread-safe (one internal mutex, held across the file append so chunks never
 // interleave; it guards nothing else, so the coordinator's state lock is never held here).
@@ -38,6 +40,8 @@ class LogStore {
 
  private:
   std::string PathOf(const std::string& job_id, int rank) const;
+  // The next offset the sidecar records for (job, attempt, rank); 0 when none or torn.
+  int64_t LoadNext(const std::string& job_id, int64_t attempt, int rank) const;
 
   const std::string root_;
   std::mutex mu_;

@@ -32,6 +32,25 @@ TEST_F(LogStoreTest, AppendsDeduplicateRetriedAndOverlappingChunks) {
   EXPECT_EQ(ReadAll("j-1", 1), "");  // another rank: nothing yet, not an error
 }
 
+TEST_F(LogStoreTest, RetriedChunkIsDroppedAfterACoordinatorRestart) {
+  ASSERT_TRUE(logs_.Append("j-1", 3, 0, 0, "first\n").ok());
+  // A new store on the same directory (the coordinator restarted); the agent never saw
+  // the ack of "first" and sends it again, then the rest.
+  LogStore restarted(root_);
+  ASSERT_TRUE(restarted.Append("j-1", 3, 0, 0, "first\n").ok());
+  ASSERT_TRUE(restarted.Append("j-1", 3, 0, 6, "second\n").ok());
+  EXPECT_EQ(restarted.Read("j-1", 0, 0, 1 << 20)->data, "first\nsecond\n");
+  // Another attempt starts from offset 0 again.
+  LogStore again(root_);
+  ASSERT_TRUE(again.Append("j-1", 4, 0, 0, "third\n").ok());
+  EXPECT_EQ(again.Read("j-1", 0, 0, 1 << 20)->data, "first\nsecond\nthird\n");
+  // A torn sidecar only costs de-duplication: the chunk is appended again, nothing lost.
+  std::filesystem::resize_file(root_ + "/j-1/rank-0.log.next", 7);
+  LogStore torn(root_);
+  ASSERT_TRUE(torn.Append("j-1", 4, 0, 0, "third\n").ok());
+  EXPECT_EQ(torn.Read("j-1", 0, 0, 1 << 20)->data, "first\nsecond\nthird\nthird\n");
+}
+
 TEST_F(LogStoreTest, ReadsByteRanges) {
   ASSERT_TRUE(logs_.Append("j-1", 1, 2, 0, "0123456789").ok());
   auto c = logs_.Read("j-1", 2, 4, 3);
