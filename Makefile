@@ -28,7 +28,7 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure -j 2 $(if $(SANITIZE),-L unit,)
 
 demo: build
-	@$(BUILD)/drover demo
+	@$(BUILD)/bin/drover demo
 
 bench: build
 	@cmake --build $(BUILD) -j $(JOBS) --target benchmarks
