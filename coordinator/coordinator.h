@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <vector>
 #include <string>
 
 #include "common/clock.h"

@@ -128,13 +128,6 @@ void NodeManager::ForEach(
   }
 }
 
-std::vector<std::string> NodeManager::Names() const {
-  std::vector<std::string> names;
-  names.reserve(nodes_.size());
-  for (const auto& [name, node] : nodes_) names.push_back(name);
-  return names;
-}
-
 int64_t NodeManager::TotalSlotsEver(v1::DeviceKind device) const {
   int64_t total = 0;
   for (const auto& [name, node] : nodes_) {

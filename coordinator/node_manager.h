@@ -62,8 +62,6 @@ class NodeManager {
   // Trainers the node's agent listed last (live or just exited).
   const std::vector<v1::TrainerStatus>* Trainers(const std::string& name) const;
 
-  // Every node, ordered by name.
-  std::vector<std::string> Names() const;
   // Calls fn(name, record, schedulable) for every node, ordered by name, without copying.
   void ForEach(
       const std::function<void(const std::string&, const v1::NodeRecord&, bool)>& fn) const;

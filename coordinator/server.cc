@@ -6,15 +6,21 @@
 #include "proto/drover.grpc.pb.h"
 
 namespace drover::coordinator {
+
+class HeartbeatServer;
+
 namespace {
 
-// Heartbeat, the one RPC every node sends every second, is served on the async API by a
+// Heartbeat, the one RPC every node sends every second, is served on the async API by one
 // thread that polls its own completion queue and answers in the thread that read the
-// request: no hand-off to another thread per call. The sync and callback APIs pass each
-// call between a polling thread and a worker thread, about three context switches per
-// heartbeat, which dominated the coordinator's CPU at 10,000 nodes
-// (tests/bench/heartbeat_bench.cc). Coordinator::Heartbeat never blocks on I/O, so it is
-// safe on those threads. The other methods are rare and may touch disk; they stay sync.
+// request (HeartbeatServer below). The sync and callback APIs pass each call between a
+// polling thread and a worker thread: 2.9 context switches and 6.4 syscalls per heartbeat,
+// against 0.3 and 2.6 this way (tests/bench/heartbeat_bench.cc, 3,000 agents), and that
+// dominated the coordinator's CPU at 10,000 nodes. One thread, because a second one on the
+// same epoll set takes turns polling with the first through futexes (2.2 switches per
+// heartbeat again); one answers 10,000 heartbeats a second in about half a core.
+// Coordinator::Heartbeat never blocks on I/O, so it is safe there. The other methods are
+// rare and may touch disk or wait; they stay sync.
 class WorkerServiceImpl final
     : public v1::WorkerService::WithAsyncMethod_Heartbeat<v1::WorkerService::Service> {
  public:
@@ -119,31 +125,23 @@ class RendezvousServiceImpl final : public v1::RendezvousService::Service {
   RendezvousStore* kv_;
 };
 
-// One heartbeat call on the async API: it asks gRPC for the next Heartbeat on `cq`; when
-// one arrives it answers it and lets a fresh HeartbeatCall ask for the next; once the
+// One heartbeat call on the async API: it asks gRPC for the next Heartbeat on the queue;
+// when one arrives it answers it and has a fresh HeartbeatCall ask for the next; once the
 // answer is sent (or the server shuts down) it deletes itself.
 class HeartbeatCall {
  public:
-  HeartbeatCall(WorkerServiceImpl* service, grpc::ServerCompletionQueue* cq, Coordinator* c)
-      : service_(service), cq_(cq), c_(c), responder_(&ctx_) {
-    service_->RequestHeartbeat(&ctx_, &request_, &responder_, cq_, cq_, this);
+  HeartbeatCall(HeartbeatServer* server, WorkerServiceImpl* service,
+                grpc::ServerCompletionQueue* cq, Coordinator* c)
+      : server_(server), service_(service), c_(c), responder_(&ctx_) {
+    service_->RequestHeartbeat(&ctx_, &request_, &responder_, cq, cq, this);
   }
 
   // The completion of this call's last operation; `ok` false: the server is shutting down.
-  void Proceed(bool ok) {
-    if (answered_ || !ok) {
-      delete this;
-      return;
-    }
-    new HeartbeatCall(service_, cq_, c_);
-    response_ = c_->Heartbeat(request_);
-    answered_ = true;
-    responder_.Finish(response_, grpc::Status::OK, this);
-  }
+  void Proceed(bool ok);
 
  private:
+  HeartbeatServer* const server_;
   WorkerServiceImpl* const service_;
-  grpc::ServerCompletionQueue* const cq_;
   Coordinator* const c_;
   grpc::ServerContext ctx_;
   v1::HeartbeatRequest request_;
@@ -152,12 +150,71 @@ class HeartbeatCall {
   bool answered_ = false;
 };
 
-void ServeHeartbeats(WorkerServiceImpl* service, grpc::ServerCompletionQueue* cq, Coordinator* c) {
-  // A few calls waiting per queue, so a burst does not wait for the next to be asked for.
-  for (int i = 0; i < 8; ++i) new HeartbeatCall(service, cq, c);
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq->Next(&tag, &ok)) static_cast<HeartbeatCall*>(tag)->Proceed(ok);
+}  // namespace
+
+// The thread that polls the heartbeat queue, and the calls waiting on it.
+class HeartbeatServer {
+ public:
+  HeartbeatServer(std::unique_ptr<grpc::ServerCompletionQueue> cq, WorkerServiceImpl* service,
+                  Coordinator* c)
+      : cq_(std::move(cq)), service_(service), c_(c) {}
+
+  // Once the server is built: a few calls waiting, so a burst does not wait for the next
+  // to be asked for, and the polling thread.
+  void Start() {
+    for (int i = 0; i < 8; ++i) AskForNext();
+    thread_ = std::thread([this] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (cq_->Next(&tag, &ok)) static_cast<HeartbeatCall*>(tag)->Proceed(ok);
+    });
+  }
+
+  void AskForNext() {
+    // Never after the queue is shut down (gRPC aborts on that); the lock orders the two.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_) new HeartbeatCall(this, service_, cq_.get(), c_);
+  }
+
+  // After the grpc::Server's Shutdown: the queue then hands back every call still waiting
+  // (ok false), and the thread ends once it is drained. Idempotent.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      cq_->Shutdown();
+    }
+    if (thread_.joinable()) {
+      thread_.join();
+    } else {  // never started: drain here
+      void* tag = nullptr;
+      bool ok = false;
+      while (cq_->Next(&tag, &ok)) static_cast<HeartbeatCall*>(tag)->Proceed(ok);
+    }
+  }
+  ~HeartbeatServer() { Stop(); }
+
+ private:
+  const std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  WorkerServiceImpl* const service_;
+  Coordinator* const c_;
+  std::mutex mu_;
+  bool stopped_ = false;  // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+namespace {
+
+void HeartbeatCall::Proceed(bool ok) {
+  if (answered_ || !ok) {
+    delete this;
+    return;
+  }
+  server_->AskForNext();
+  response_ = c_->Heartbeat(request_);
+  answered_ = true;
+  responder_.Finish(response_, grpc::Status::OK, this);
 }
 
 }  // namespace
@@ -192,18 +249,14 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinato
   // on thousands of connections that each carry one small heartbeat a second, that doubled
   // the coordinator's packets and CPU. Messages here are small; the default window is ample.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  for (int i = 0; i < kHeartbeatThreads; ++i)
-    s->heartbeat_cqs_.push_back(builder.AddCompletionQueue());
+  auto* service = static_cast<WorkerServiceImpl*>(s->worker_service_.get());
+  s->heartbeats_ =
+      std::make_unique<HeartbeatServer>(builder.AddCompletionQueue(), service, coordinator);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    for (auto& cq : s->heartbeat_cqs_) DrainQueue(cq.get());
-    s->heartbeat_cqs_.clear();
     return UnavailableError("cannot listen on " + listen + " (address in use or invalid)");
   }
-  auto* service = static_cast<WorkerServiceImpl*>(s->worker_service_.get());
-  for (auto& cq : s->heartbeat_cqs_) {
-    s->heartbeat_threads_.emplace_back(ServeHeartbeats, service, cq.get(), coordinator);
-  }
+  s->heartbeats_->Start();
   // Trainers dial this for rendezvous. A wildcard bind names no address another node can
   // dial, so none is advertised: each agent then hands its trainers the address it reaches
   // the coordinator by itself (worker/agent.cc), which is right on every node. main's
@@ -236,17 +289,7 @@ void CoordinatorServer::Shutdown() {
   stop_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  // After the server: the queues then hand back every call still waiting, with ok false.
-  for (auto& cq : heartbeat_cqs_) cq->Shutdown();
-  for (auto& t : heartbeat_threads_) t.join();
-}
-
-void CoordinatorServer::DrainQueue(grpc::ServerCompletionQueue* cq) {
-  cq->Shutdown();
-  void* tag = nullptr;
-  bool ok = false;
-  while (cq->Next(&tag, &ok)) {
-  }
+  if (heartbeats_) heartbeats_->Stop();
 }
 
 }  // namespace drover::coordinator

@@ -21,6 +21,8 @@
 
 namespace drover::coordinator {
 
+class HeartbeatServer;
+
 grpc::Status ToGrpcStatus(const Status& status);
 
 class CoordinatorServer {
@@ -41,13 +43,6 @@ class CoordinatorServer {
  private:
   CoordinatorServer() = default;
   void RunTicker(int64_t tick_ms);
-  static void DrainQueue(grpc::ServerCompletionQueue* cq);
-
-  // Threads, each polling its own completion queue, that serve Heartbeat on the async API.
-  // One: a second one on the same epoll set takes turns polling with the first through
-  // futexes, measured at ~2 context switches per heartbeat against 0.3 with one thread,
-  // and one thread answers 10,000 heartbeats a second in about half a core.
-  static constexpr int kHeartbeatThreads = 1;
 
   Coordinator* coordinator_ = nullptr;
   std::string host_;
@@ -55,14 +50,14 @@ class CoordinatorServer {
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Service> job_service_;
   std::unique_ptr<grpc::Service> rendezvous_service_;
-  // The queues outlive the server (declared before it, destroyed after it).
-  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> heartbeat_cqs_;
+  // Heartbeat is served on the async API by one thread polling its own completion queue
+  // (server.cc says why one). Declared before server_: its queue must outlive the server.
+  std::unique_ptr<HeartbeatServer> heartbeats_;
   std::unique_ptr<grpc::Server> server_;
   std::mutex mu_;
   std::condition_variable stop_cv_;
   bool stop_ = false;  // GUARDED_BY(mu_)
   std::thread ticker_;
-  std::vector<std::thread> heartbeat_threads_;
 };
 
 }  // namespace drover::coordinator
