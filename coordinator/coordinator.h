@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
