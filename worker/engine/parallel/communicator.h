@@ -1,0 +1,102 @@
+// Collective and point-to-point communication within one group of ranks (DESIGN.md
+// "Parallelism"): the world, or one axis of the device mesh (dp, pp, tp), or a small
+// group such as the first and last pipeline stage that share the tied embedding.
+//
+// One interface, one implementation per backend: Gloo over TCP on host memory
+// (gloo_communicator.h) and NCCL on device memory (nccl_communicator.h, built with CUDA).
+// The engine holds a Communicator per group and never names the backend.
+//
+// Contract of every call:
+// - Every rank of the group makes the same calls in the same order with the same sizes
+//   (counts, types, root, tags); a mismatch is a bug of the caller, not an input error.
+// - Each call returns within the communicator's timeout (CommOptions::timeout), end to end:
+//   OK; DeadlineExceeded when a peer did not take part in time (it hangs, or is slow);
+//   Unavailable when a peer's connection closed (it died). The message names the group,
+//   the operation and, where known, the peer. After any error the communicator is broken:
+//   every later call fails at once (the trainer's answer is to exit and be restarted).
+// - Data pointers are host memory for Gloo and device memory for NCCL. Buffers may not be
+//   touched by the caller until the call (or, for the async calls, Wait) returns.
+// - Results of AllReduce and AllGather are bitwise identical on every rank, so replicated
+//   parameters that are updated from them stay identical without further checks.
+//
+// Thread-safety: one thread at a time per Communicator (the engine gives a communicator to
+// one thread: the dp group's to its CommStream, the others to the training thread).
+// Different communicators of one process may be used from different threads at once.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "common/status.h"
+
+namespace drover::engine::parallel {
+
+enum class DataType { kFloat32, kFloat64 };
+enum class ReduceOp { kSum, kAverage };
+
+// Bytes of one element of `type`.
+size_t SizeOf(DataType type);
+
+struct CommOptions {
+  // Deadline of every call (and of connecting the group). A few seconds on CPU catches a
+  // dead or hung peer quickly; the spec's parallel.timeout_s sets it for real jobs.
+  std::chrono::milliseconds timeout{10'000};
+};
+
+// A send or receive in flight (Isend / Irecv). Wait returns within the communicator's
+// timeout, counted from the call that started it. Destroying a request that was never
+// waited for waits for it (and drops its status): buffers must outlive their requests.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual Status Wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // This rank's index in the group, in [0, size()).
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's name, for messages ("dp", "tp[pp=1,dp=0]", "world", ...).
+  virtual const std::string& name() const = 0;
+
+  // data (count elements of `type`) becomes the element-wise reduction over the group.
+  virtual Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
+
+  // data holds sum(counts) elements: chunk r is [sum(counts[0..r)), + counts[r]) and
+  // counts.size() == size(). On return chunk rank() holds the reduction of every rank's
+  // chunk rank(); the other chunks hold partial sums (scratch). A ring moves
+  // (size - 1) / size of the buffer per rank. Zero counts are allowed.
+  virtual Status ReduceScatter(void* data, std::span<const size_t> counts, DataType type,
+                               ReduceOp op) = 0;
+
+  // data holds sum(counts) elements laid out as for ReduceScatter. On entry chunk rank()
+  // holds this rank's part; on return every chunk holds its owner's part (in place).
+  virtual Status AllGather(void* data, std::span<const size_t> counts, DataType type) = 0;
+
+  // data (count elements) of rank `root` is copied to every rank.
+  virtual Status Broadcast(void* data, size_t count, DataType type, int root) = 0;
+
+  // Point to point. Messages between two ranks with the same tag arrive in the order they
+  // were sent; a receive must name the sender's byte count exactly.
+  virtual StatusOr<std::unique_ptr<Request>> Isend(const void* data, size_t bytes, int peer,
+                                                   uint64_t tag) = 0;
+  virtual StatusOr<std::unique_ptr<Request>> Irecv(void* data, size_t bytes, int peer,
+                                                   uint64_t tag) = 0;
+  Status Send(const void* data, size_t bytes, int peer, uint64_t tag);
+  Status Recv(void* data, size_t bytes, int peer, uint64_t tag);
+
+  // Returns once every rank of the group has called it.
+  virtual Status Barrier() = 0;
+
+  // The deadline of every call.
+  virtual std::chrono::milliseconds timeout() const = 0;
+};
+
+}  // namespace drover::engine::parallel
