@@ -1,0 +1,55 @@
+// The NCCL backend of Communicator (communicator.h): device memory, one CUDA stream.
+//
+// Compile-tested; exercised by the GPU issue's device check. Built only with CUDA and NCCL
+// (worker/CMakeLists.txt: target drover_engine_nccl, which defines DROVER_HAVE_NCCL).
+//
+// Every call enqueues its NCCL work on the communication stream given at connect time and
+// returns when that stream has drained (or, for Isend / Irecv, the request's Wait returns
+// when an event recorded after the transfer has fired). Completion is polled, never waited
+// out: cudaStreamQuery / cudaEventQuery and ncclCommGetAsyncError, against the call's
+// deadline (CommOptions::timeout, end to end). On a deadline the communicator calls
+// ncclCommAbort, which is the only way to get a rank out of a collective whose peer hangs,
+// and is broken from then on (communicator.h). The stream may carry other work of the
+// caller; a call then also waits for that work.
+//
+// Algorithms: AllReduce, Broadcast: NCCL's, in place; kAverage is ncclAvg. ReduceScatter
+// and AllGather with equal counts: ncclReduceScatter / ncclAllGather in place. With uneven
+// counts: one ncclReduce (ReduceScatter) or ncclBroadcast (AllGather) per non-empty chunk,
+// rooted at the chunk's owner, fused in one ncclGroupStart/End: in place, with neither a
+// padded scratch copy nor a reduction kernel of our own, and each chunk still crosses the
+// ring once. Barrier: an all-reduce of one float.
+//
+// Point to point: NCCL matches sends and receives between two ranks in call order and has
+// no tags; `tag` is ignored, so a receiver must post its receives in the order the sender
+// posted the sends. Each Isend / Irecv is its own group on the one stream: two ranks that
+// both send before they receive deadlock (until the timeout). Order exchanges so that one
+// side receives first (e.g. even ranks send first, odd ranks receive first).
+//
+// Thread-safety: communicator.h's (one thread at a time). Every call makes `device`
+// current on the calling thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "worker/engine/parallel/communicator.h"
+#include "worker/engine/parallel/kv_store.h"
+
+namespace drover::engine::parallel {
+
+// Connects rank `rank` of `group_name` (`size` ranks) on CUDA device `device`: rank 0
+// creates the NCCL unique id and publishes it in `store` under "<group_name>/nccl/", the
+// others read it; the communicator is initialised nonblocking and polled until ready or
+// `connect_timeout` (then DeadlineExceeded). `stream` carries every operation and must
+// outlive the communicator; `store` is used only during this call.
+StatusOr<std::unique_ptr<Communicator>> ConnectNcclGroup(KvStore* store,
+                                                         const std::string& group_name, int rank,
+                                                         int size, int device, cudaStream_t stream,
+                                                         const CommOptions& options,
+                                                         std::chrono::milliseconds connect_timeout);
+
+}  // namespace drover::engine::parallel
