@@ -22,8 +22,9 @@
 
 namespace drover::engine::parallel {
 
-// 1 MiB: on loopback, larger segments stop helping and smaller ones cost per-message
-// overhead (tests/bench/comm_bench.cc measures it). A multiple of every element size.
+// 1 MiB: on loopback, 64 and 256 KiB segments lose to per-message cost and 4 MiB or
+// unsegmented chunks lose the overlap of receiving with reducing (measurements in
+// tests/bench/README.md, "Communication"). A multiple of every element size.
 inline constexpr size_t kRingSegmentBytes = size_t{1} << 20;
 
 // communicator.h's ReduceScatter on a group of size >= 2. `scratch` receives the left
