@@ -72,7 +72,10 @@ StatusOr<GptConfig> ParseHeader(const int32_t* h, const std::string& path) {
 }  // namespace
 
 Status SaveModelFile(const Gpt& model, const std::string& path) {
-  const GptConfig& c = model.config();
+  return SaveModelFile(model.config(), model.params(), path);
+}
+
+Status SaveModelFile(const GptConfig& c, const float* params, const std::string& path) {
   int32_t header[kHeaderInts] = {};
   header[0] = kModelFileMagic;
   header[1] = kModelFileVersionFp32;
@@ -88,8 +91,8 @@ Status SaveModelFile(const Gpt& model, const std::string& path) {
     FilePtr f(std::fopen(tmp.c_str(), "wb"));
     if (!f) return ErrnoToStatus(errno, "creating " + tmp);
     RETURN_IF_ERROR(WriteAll(f.get(), header, kHeaderBytes, tmp));
-    for (const Segment& s : FileOrder(model.tensors(), c.num_layers)) {
-      RETURN_IF_ERROR(WriteAll(f.get(), model.params() + s.offset, s.numel * sizeof(float), tmp));
+    for (const Segment& s : FileOrder(GptTensorTable(c), c.num_layers)) {
+      RETURN_IF_ERROR(WriteAll(f.get(), params + s.offset, s.numel * sizeof(float), tmp));
     }
     // Durable before the rename makes it visible under its final name.
     if (std::fflush(f.get()) != 0 || ::fsync(fileno(f.get())) != 0) {

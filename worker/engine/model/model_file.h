@@ -24,6 +24,9 @@ inline constexpr int kModelFileVersionFp32 = 3;
 // Writes `model`'s parameters to `path` (atomically: a temp file renamed into place).
 // Errors name the path.
 Status SaveModelFile(const Gpt& model, const std::string& path);
+// The same for a global parameter arena of `config` (GptTensorTable order), as a parallel
+// job assembles it on rank 0.
+Status SaveModelFile(const GptConfig& config, const float* params, const std::string& path);
 
 // Reads the header only. NotFound, DataLoss (short file, wrong magic), InvalidArgument
 // (unsupported version, inconsistent shapes); messages name the file and the field.

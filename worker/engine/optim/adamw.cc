@@ -38,8 +38,13 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n
 }
 
 AdamW::AdamW(std::vector<DecayRange> ranges, size_t n, const AdamWConfig& config, size_t begin,
-             size_t end)
-    : config_(config), begin_(begin), end_(end), m_(end - begin), v_(end - begin) {
+             size_t end, Ops* ops)
+    : config_(config),
+      ops_(ops),
+      begin_(begin),
+      end_(end),
+      m_(ops->Allocate(end - begin)),
+      v_(ops->Allocate(end - begin)) {
   DROVER_CHECK(begin <= end && end <= n);
   // Mark each element of the owned range with its decay flag, then run-length encode.
   // Ranges outside the arena or overlapping are broken tables from the model.
@@ -75,8 +80,8 @@ void AdamW::Step(float* params, const float* grads, float lr) {
   ++step_count_;
   for (const Segment& s : segments_) {
     const float wd = s.decay ? config_.weight_decay : 0.0f;
-    AdamWUpdate(params + s.offset, grads + s.offset, m_.data() + s.offset, v_.data() + s.offset,
-                s.numel, lr, wd, config_, step_count_);
+    ops_->AdamWUpdate(params + s.offset, grads + s.offset, m_.data() + s.offset,
+                      v_.data() + s.offset, s.numel, lr, wd, config_, step_count_);
   }
 }
 

@@ -9,21 +9,19 @@
 //
 // The optimizer state (m, v) is two fp32 arenas that mirror a contiguous range
 // [begin, end) of the flat parameter arena. The whole arena is the default; ZeRO gives each
-// rank its own shard range, and the free function AdamWUpdate works on any sub-range.
+// rank its own shard range, and the free function AdamWUpdate works on any sub-range. The
+// arenas come from the kernel table's allocator and the update runs through it, so the
+// same optimizer drives host and device memory.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-namespace drover::engine {
+#include "worker/engine/kernels/ops.h"
+#include "worker/engine/optim/adamw_config.h"
 
-struct AdamWConfig {
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-};
+namespace drover::engine {
 
 // A run of the flat arena that shares one weight-decay setting.
 struct DecayRange {
@@ -53,13 +51,13 @@ class AdamW {
   // Optimizer for the whole arena of n parameters. `tensors` is a model tensor table (see
   // DecayRangesOf); elements no tensor covers get no weight decay.
   template <typename TensorTable>
-  AdamW(const TensorTable& tensors, size_t n, const AdamWConfig& config)
-      : AdamW(DecayRangesOf(tensors), n, config, 0, n) {}
+  AdamW(const TensorTable& tensors, size_t n, const AdamWConfig& config, Ops* ops = CpuOps())
+      : AdamW(DecayRangesOf(tensors), n, config, 0, n, ops) {}
 
   // Optimizer for the shard [begin, end) of an arena of n parameters (ZeRO). m and v have
   // end - begin elements. CHECKs begin <= end <= n.
   AdamW(std::vector<DecayRange> ranges, size_t n, const AdamWConfig& config, size_t begin,
-        size_t end);
+        size_t end, Ops* ops = CpuOps());
 
   // One step over the owned range: increments step_count() first, then updates with
   // t = step_count(). `params` and `grads` point at element `begin()` of their arenas (for
@@ -75,7 +73,7 @@ class AdamW {
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t steps) { step_count_ = steps; }
 
-  // The moment arenas, size() floats each, indexed from begin().
+  // The moment arenas, size() floats each, indexed from begin(), in the ops' memory.
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   const float* m() const { return m_.data(); }
@@ -90,11 +88,12 @@ class AdamW {
   };
 
   AdamWConfig config_;
+  Ops* ops_;
   size_t begin_;
   size_t end_;
   std::vector<Segment> segments_;
-  std::vector<float> m_;
-  std::vector<float> v_;
+  Buffer m_;
+  Buffer v_;
   int64_t step_count_ = 0;
 };
 

@@ -1,0 +1,135 @@
+// GptLayout: what each rank of a pipeline / tensor-parallel mesh holds, and the mapping
+// between its local arena and the global one.
+#include "worker/engine/model/gpt_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+namespace drover::engine {
+namespace {
+
+GptConfig Config() { return GptConfig{16, 50, 128, 4, 4, 16}; }  // maxT V Vp L NH C
+
+// Units tile the local arena in order, and tensors tile the units.
+void ExpectUnitsTileTheArena(const GptLayout& layout) {
+  size_t offset = 0;
+  for (const Unit& u : layout.units()) {
+    EXPECT_EQ(u.offset, offset);
+    offset += u.numel;
+  }
+  EXPECT_EQ(offset, layout.num_params());
+  offset = 0;
+  for (const LocalTensor& t : layout.tensors()) {
+    EXPECT_EQ(t.offset, offset) << layout.NameOf(t);
+    offset += t.numel;
+  }
+  EXPECT_EQ(offset, layout.num_params());
+}
+
+TEST(GptLayoutTest, WholeModelIsTheGlobalArena) {
+  const GptLayout layout = GptLayout::Whole(Config());
+  ASSERT_EQ(layout.num_params(), GptNumParams(Config()));
+  ASSERT_EQ(layout.tensors().size(), layout.global_tensors().size());
+  for (size_t i = 0; i < layout.tensors().size(); ++i) {
+    EXPECT_EQ(layout.tensors()[i].offset, layout.global_tensors()[i].offset);
+    EXPECT_TRUE(layout.tensors()[i].primary);
+  }
+  EXPECT_EQ(layout.head_unit(), layout.embedding_unit());
+  EXPECT_EQ(layout.units().size(), 4u + 2u);  // embedding, 4 layers, final norm
+  ExpectUnitsTileTheArena(layout);
+}
+
+TEST(GptLayoutTest, EveryGlobalElementHasExactlyOnePrimaryOwner) {
+  const GptConfig cfg = Config();
+  const size_t n = GptNumParams(cfg);
+  std::vector<float> global(n);
+  std::iota(global.begin(), global.end(), 0.0f);  // every element distinct
+  std::vector<int> owners(n, 0);
+  for (int stages : {1, 2, 4}) {
+    for (int tp : {1, 2, 4}) {
+      std::fill(owners.begin(), owners.end(), 0);
+      std::vector<float> rebuilt(n, -1.0f);
+      for (int stage = 0; stage < stages; ++stage) {
+        for (int r = 0; r < tp; ++r) {
+          auto layout = GptLayout::Create(cfg, stage, stages, r, tp);
+          ASSERT_TRUE(layout.ok()) << layout.status();
+          ExpectUnitsTileTheArena(*layout);
+          std::vector<float> local(layout->num_params());
+          layout->GlobalToLocal(global.data(), local.data());
+          layout->LocalToGlobal(local.data(), rebuilt.data(), /*primary_only=*/true);
+          for (const LocalTensor& t : layout->tensors()) {
+            if (!t.primary) continue;
+            layout->ForEachRun(t, [&](size_t g, size_t, size_t count) {
+              for (size_t i = g; i < g + count; ++i) owners[i]++;
+            });
+          }
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(owners[i], 1) << "pp " << stages << " tp " << tp << " element " << i;
+        ASSERT_EQ(rebuilt[i], global[i]) << "pp " << stages << " tp " << tp << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(GptLayoutTest, TensorParallelSplitsHeadsOfQKVAndColumnsOfProjections) {
+  const GptConfig cfg = Config();  // C = 16, NH = 4: head size 4
+  auto layout = GptLayout::Create(cfg, 0, 1, 1, 2);  // tp rank 1 of 2: heads 2, 3
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(layout->attn_channels(), 8);
+  EXPECT_EQ(layout->local_heads(), 2);
+  EXPECT_EQ(layout->mlp_channels(), 32);
+  std::vector<float> global(GptNumParams(cfg));
+  std::iota(global.begin(), global.end(), 0.0f);
+  std::vector<float> local(layout->num_params());
+  layout->GlobalToLocal(global.data(), local.data());
+  const TensorInfo& gq = layout->global_tensors()[2 + 2];  // h.0.qkvw (48, 16)
+  ASSERT_EQ(gq.name, "h.0.qkvw");
+  const LocalTensor* q = layout->Find("h.0.qkvw");
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->shape, (std::vector<int64_t>{24, 16}));
+  // Local rows 0..7 are q rows 8..15, rows 8..15 are k rows 24..31, 16..23 v rows 40..47.
+  for (int block = 0; block < 3; ++block) {
+    for (int r = 0; r < 8; ++r) {
+      const size_t global_row = block * 16 + 8 + r;
+      EXPECT_EQ(local[q->offset + (block * 8 + r) * 16], global[gq.offset + global_row * 16]);
+    }
+  }
+  const LocalTensor* proj = layout->Find("h.0.attprojw");  // (16, 16) -> columns 8..15
+  const TensorInfo& gp = layout->global_tensors()[proj->global];
+  EXPECT_EQ(proj->shape, (std::vector<int64_t>{16, 8}));
+  EXPECT_EQ(local[proj->offset + 3 * 8 + 5], global[gp.offset + 3 * 16 + 8 + 5]);
+  // Replicated tensors count on tp rank 0 only.
+  EXPECT_FALSE(layout->Find("h.0.ln1w")->primary);
+  EXPECT_TRUE(layout->Find("h.0.fcw")->primary);
+}
+
+TEST(GptLayoutTest, LastOfSeveralStagesHoldsACopyOfTheTiedEmbedding) {
+  auto last = GptLayout::Create(Config(), 1, 2, 0, 1);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->first_layer(), 2);
+  EXPECT_EQ(last->end_layer(), 4);
+  EXPECT_EQ(last->embedding_unit(), -1);
+  ASSERT_GE(last->head_unit(), 0);
+  EXPECT_EQ(last->units()[last->head_unit()].kind, UnitKind::kHead);
+  const LocalTensor* wte = last->Find("wte");
+  ASSERT_NE(wte, nullptr);
+  EXPECT_FALSE(wte->primary);  // the first stage's copy is the one that counts
+  EXPECT_EQ(last->Find("wpe"), nullptr);
+  EXPECT_EQ(last->Find("h.1.qkvw"), nullptr);
+  EXPECT_NE(last->Find("lnfw"), nullptr);
+}
+
+TEST(GptLayoutTest, RejectsSplitsThatDoNotDivide) {
+  EXPECT_EQ(GptLayout::Create(Config(), 0, 3, 0, 1).status().message(),
+            "model.n_layer (4) is not divisible by pp (3)");
+  EXPECT_EQ(GptLayout::Create(Config(), 0, 1, 0, 3).status().message(),
+            "model.n_head (4) is not divisible by tp (3)");
+  EXPECT_FALSE(GptLayout::Create(Config(), 2, 2, 0, 1).ok());
+}
+
+}  // namespace
+}  // namespace drover::engine

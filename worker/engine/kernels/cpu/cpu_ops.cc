@@ -1,0 +1,126 @@
+// CpuOps: the kernel table over kernels/cpu/ (OpenMP + OpenBLAS) and host memory.
+#include <cstdlib>
+#include <cstring>
+
+#include "common/status.h"
+#include "worker/engine/kernels/cpu/attention.h"
+#include "worker/engine/kernels/cpu/crossentropy.h"
+#include "worker/engine/kernels/cpu/encoder.h"
+#include "worker/engine/kernels/cpu/gelu.h"
+#include "worker/engine/kernels/cpu/layernorm.h"
+#include "worker/engine/kernels/cpu/matmul.h"
+#include "worker/engine/kernels/ops.h"
+#include "worker/engine/optim/adamw.h"
+#include "worker/engine/optim/grad_clip.h"
+
+namespace drover::engine {
+namespace {
+
+// Below this many elements an OpenMP parallel region costs more than it saves.
+constexpr int64_t kParallelThreshold = int64_t{1} << 15;
+
+class CpuAllocator final : public Allocator {
+ public:
+  float* Allocate(size_t n) override {
+    if (n == 0) return nullptr;
+    // 64 bytes: a cache line, and the widest vector load (AVX-512).
+    const size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    DROVER_CHECK_MSG(p != nullptr, "out of host memory");
+    std::memset(p, 0, bytes);
+    return static_cast<float*>(p);
+  }
+  void Free(float* p) override { std::free(p); }
+};
+
+class CpuOpsImpl final : public Ops {
+ public:
+  const char* name() const override { return "cpu"; }
+  Allocator* allocator() override { return &allocator_; }
+
+  void Fill(float* x, float value, size_t n) override {
+    if (value == 0.0f) {
+      std::memset(x, 0, n * sizeof(float));
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) x[i] = value;
+  }
+  void Copy(float* dst, const float* src, size_t n) override {
+    if (n > 0 && dst != src) std::memmove(dst, src, n * sizeof(float));
+  }
+  void Add(float* y, const float* x, size_t n) override {
+    const auto count = static_cast<int64_t>(n);
+#pragma omp parallel for simd schedule(static) if (count > kParallelThreshold)
+    for (int64_t i = 0; i < count; ++i) y[i] += x[i];
+  }
+  void Scale(float* x, size_t n, float s) override { ScaleInPlace(x, n, s); }
+  double SumSquares(const float* x, size_t n) override { return engine::SumSquares(x, n); }
+  void ToHost(float* host, const float* x, size_t n) override { Copy(host, x, n); }
+  void FromHost(float* x, const float* host, size_t n) override { Copy(x, host, n); }
+
+  void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                      int T, int C) override {
+    cpu::EncoderForward(out, inp, wte, wpe, B, T, C);
+  }
+  void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
+                       int T, int C) override {
+    cpu::EncoderBackward(dwte, dwpe, dout, inp, B, T, C);
+  }
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int N, int C) override {
+    cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int N, int C, bool accumulate) override {
+    cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate);
+  }
+  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                     const float* residual, int N, int C, int OC, int ldo) override {
+    cpu::MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo);
+  }
+  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const float* weight, int N, int C, int OC, int ldo,
+                      bool accumulate) override {
+    cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate);
+  }
+  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
+                        int NH) override {
+    cpu::AttentionForward(out, att, qkv, B, T, C, NH);
+  }
+  void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
+                         int T, int C, int NH) override {
+    cpu::AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH);
+  }
+  void GeluForward(float* out, const float* inp, size_t N) override {
+    cpu::GeluForward(out, inp, N);
+  }
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) override {
+    cpu::GeluBackward(dinp, inp, dout, N);
+  }
+  float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                            int N, int V, int Vp) override {
+    return cpu::CrossEntropyForward(losses, lse, logits, targets, N, V, Vp);
+  }
+  void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
+                            int N, int V, int Vp) override {
+    cpu::CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp);
+  }
+
+  void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                   float weight_decay, const AdamWConfig& config, int64_t t) override {
+    engine::AdamWUpdate(params, grads, m, v, n, lr, weight_decay, config, t);
+  }
+
+ private:
+  CpuAllocator allocator_;
+};
+
+}  // namespace
+
+Ops* CpuOps() {
+  static CpuOpsImpl* ops = new CpuOpsImpl();  // never destroyed: used until exit
+  return ops;
+}
+
+}  // namespace drover::engine

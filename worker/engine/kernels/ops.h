@@ -1,0 +1,134 @@
+// The kernel table: every computation the model and the optimizer do on arena memory, and
+// the allocator those arenas come from, behind one interface per backend. The model
+// (model/gpt_stage.h), the optimizer and the parallel code call only this, so a second
+// backend (CUDA, in the GPU issue) is a second table, and the model does not change.
+//
+// Shapes and semantics of the layer ops are those of the CPU kernels they wrap
+// (kernels/cpu/*.h, one file per op); they are repeated here only where the table adds
+// something. Pointers are memory of this backend (host for CpuOps).
+//
+// Thread-safety: an Ops is stateless apart from its allocator, which is thread-safe; the
+// kernels themselves parallelise inside (OpenMP / OpenBLAS for CpuOps), so call each from
+// one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "worker/engine/optim/adamw_config.h"
+
+namespace drover::engine {
+
+// Zero-filled, 64-byte aligned float arrays of one backend.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // n floats, zero-filled. n == 0 returns nullptr. Out of memory is a broken invariant
+  // (CHECK): the engine sizes every arena at start-up.
+  virtual float* Allocate(size_t n) = 0;
+  virtual void Free(float* p) = 0;
+};
+
+// An owning handle on one allocation (move-only).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Allocator* allocator, size_t n) : allocator_(allocator), size_(n) {
+    data_ = allocator->Allocate(n);
+  }
+  ~Buffer() { Release(); }
+  Buffer(Buffer&& o) noexcept : allocator_(o.allocator_), data_(o.data_), size_(o.size_) {
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      Release();
+      allocator_ = o.allocator_;
+      data_ = o.data_;
+      size_ = o.size_;
+      o.data_ = nullptr;
+      o.size_ = 0;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  void Release() {
+    if (data_ != nullptr) allocator_->Free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  Allocator* allocator_ = nullptr;
+  float* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+
+  virtual const char* name() const = 0;  // "cpu", "cuda"
+  virtual Allocator* allocator() = 0;
+  Buffer Allocate(size_t n) { return Buffer(allocator(), n); }
+
+  // ---- memory ---------------------------------------------------------------------------
+  virtual void Fill(float* x, float value, size_t n) = 0;
+  virtual void Copy(float* dst, const float* src, size_t n) = 0;
+  // y[i] += x[i] (gradient accumulation of reduced shards).
+  virtual void Add(float* y, const float* x, size_t n) = 0;
+  // x[i] *= s.
+  virtual void Scale(float* x, size_t n, float s) = 0;
+  // Sum of x[i]^2 in double (gradient norms; sharded runs all-reduce it).
+  virtual double SumSquares(const float* x, size_t n) = 0;
+  // Host <-> backend memory (identical to Copy for CpuOps).
+  virtual void ToHost(float* host, const float* x, size_t n) = 0;
+  virtual void FromHost(float* x, const float* host, size_t n) = 0;
+
+  // ---- layers (kernels/cpu/*.h) --------------------------------------------------------
+  virtual void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe,
+                              int B, int T, int C) = 0;
+  virtual void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
+                               int B, int T, int C) = 0;
+  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int N, int C) = 0;
+  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, const float* mean,
+                                 const float* rstd, int N, int C, bool accumulate) = 0;
+  // bias and residual may be null: a row-parallel GEMM (tensor parallelism) adds them on
+  // one rank only, so that the all-reduce that follows adds them once.
+  virtual void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                             const float* residual, int N, int C, int OC, int ldo) = 0;
+  virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                              const float* inp, const float* weight, int N, int C, int OC, int ldo,
+                              bool accumulate) = 0;
+  virtual void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
+                                int NH) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* att,
+                                 const float* qkv, int B, int T, int C, int NH) = 0;
+  virtual void GeluForward(float* out, const float* inp, size_t N) = 0;
+  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) = 0;
+  // Returns the mean loss over the N rows.
+  virtual float CrossEntropyForward(float* losses, float* lse, const float* logits,
+                                    const int32_t* targets, int N, int V, int Vp) = 0;
+  virtual void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets,
+                                    float dloss, int N, int V, int Vp) = 0;
+
+  // ---- optimizer (optim/adamw.h) -------------------------------------------------------
+  // One AdamW update of n elements with one weight-decay value; t is the 1-based step.
+  virtual void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
+                           float lr, float weight_decay, const AdamWConfig& config, int64_t t) = 0;
+};
+
+// The CPU table (OpenMP + OpenBLAS), shared by everything in the process.
+Ops* CpuOps();
+
+}  // namespace drover::engine

@@ -1,0 +1,265 @@
+#include "worker/engine/model/gpt_stage.h"
+
+namespace drover::engine {
+namespace {
+
+// Points ptrs[i] at consecutive buffers of sizes[i] floats from `base` (null: only
+// measure) and returns the number of floats used.
+size_t LayoutBuffers(float* base, float** ptrs[], int nptrs, const size_t sizes[]) {
+  size_t off = 0;
+  for (int i = 0; i < nptrs; i++) {
+    if (base != nullptr) *ptrs[i] = base + off;
+    // Round every buffer to 16 floats (64 bytes) so rows start cache-line aligned.
+    off += (sizes[i] + 15) / 16 * 16;
+  }
+  return off;
+}
+
+}  // namespace
+
+void StageActivations::Ensure(int B, int T) {
+  const GptConfig& cfg = layout_->config();
+  DROVER_CHECK(B >= 1 && T >= 1 && T <= cfg.max_seq_len);
+  const size_t L = layout_->end_layer() - layout_->first_layer();
+  const size_t C = cfg.channels, Ca = layout_->attn_channels(), C4 = layout_->mlp_channels();
+  const size_t NHa = layout_->local_heads();
+  const size_t BT = static_cast<size_t>(B) * T;
+  // The head's buffers exist on the last stage only.
+  const size_t last = layout_->last_stage() ? 1 : 0;
+  const size_t Vp = cfg.padded_vocab_size;
+  float** ptrs[] = {&encoded_,  &ln1_,     &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
+                    &att_,      &residual2_, &ln2_,    &ln2_mean_, &ln2_rstd_, &fch_,
+                    &fch_gelu_, &residual3_, &lnf_,    &lnf_mean_, &lnf_rstd_, &logits_,
+                    &losses_,   &lse_,     &dres_,     &dbtc_,     &dqkv_,     &dfch_};
+  const size_t sizes[] = {BT * C,
+                          L * BT * C,
+                          L * BT,
+                          L * BT,
+                          L * BT * 3 * Ca,
+                          L * BT * Ca,
+                          L * B * NHa * T * T,
+                          L * BT * C,
+                          L * BT * C,
+                          L * BT,
+                          L * BT,
+                          L * BT * C4,
+                          L * BT * C4,
+                          L * BT * C,
+                          last * BT * C,
+                          last * BT,
+                          last * BT,
+                          last * BT * Vp,
+                          last * BT,
+                          last * BT,
+                          BT * C,
+                          BT * C,
+                          BT * 3 * Ca,
+                          BT * C4};
+  constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
+  static_assert(n == sizeof(ptrs) / sizeof(ptrs[0]));
+  const size_t need = LayoutBuffers(nullptr, ptrs, n, sizes);
+  if (need > arena_.size()) arena_ = ops_->Allocate(need);
+  LayoutBuffers(arena_.data(), ptrs, n, sizes);
+  B_ = B;
+  T_ = T;
+  inputs_.resize(BT);
+  targets_.resize(BT);
+  backward_ready_ = false;
+}
+
+const float* StageActivations::output() const {
+  const size_t L = layout_->end_layer() - layout_->first_layer();
+  const size_t btc = static_cast<size_t>(B_) * T_ * layout_->config().channels;
+  return L == 0 ? encoded_ : residual3_ + (L - 1) * btc;
+}
+
+GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp)
+    : layout_(layout), ops_(ops), tp_(tp) {
+  DROVER_CHECK((layout->tp_size() > 1) == (tp != nullptr));
+  DROVER_CHECK(tp == nullptr || tp->size() == layout->tp_size());
+}
+
+Status GptStage::RowParallelForward(float* out, const float* inp, const float* w,
+                                    const float* bias, const float* residual, int N, int IC,
+                                    int OC) {
+  if (tp_ == nullptr) {
+    ops_->MatmulForward(out, inp, w, bias, residual, N, IC, OC, OC);
+    return OkStatus();
+  }
+  // Rank 0 folds bias and residual into its partial product; the sum adds them once.
+  const bool adds = tp_->rank() == 0;
+  ops_->MatmulForward(out, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC, OC,
+                      OC);
+  return tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
+                        parallel::ReduceOp::kSum);
+}
+
+Status GptStage::ReduceInputGrad(float* dinp, size_t n) {
+  if (tp_ == nullptr) return OkStatus();
+  return tp_->AllReduce(dinp, n, parallel::DataType::kFloat32, parallel::ReduceOp::kSum);
+}
+
+Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
+  const int B = a.B_, T = a.T_, BT = B * T;
+  const int C = layout_->config().channels, Ca = layout_->attn_channels();
+  const int C4 = layout_->mlp_channels(), NHa = layout_->local_heads();
+  const size_t i = l - layout_->first_layer();
+  const size_t btc = static_cast<size_t>(BT) * C;
+  const int unit = layout_->layer_unit(l);
+  if (l + 1 < layout_->end_layer()) mem.PrefetchParams(unit + 1);
+  ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(unit));
+  const LayerOffsets& o = layout_->layer_offsets();
+  const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
+  float* ln1 = a.ln1_ + i * btc;
+  float* qkv = a.qkv_ + i * BT * 3 * Ca;
+  float* atty = a.atty_ + i * BT * Ca;
+  float* att = a.att_ + i * B * NHa * T * T;
+  float* res2 = a.residual2_ + i * btc;
+  float* ln2 = a.ln2_ + i * btc;
+  float* fch = a.fch_ + i * BT * C4;
+  float* fchg = a.fch_gelu_ + i * BT * C4;
+  float* res3 = a.residual3_ + i * btc;
+  ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w,
+                         p + o.ln1b, BT, C);
+  ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca);
+  ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa);
+  RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
+  ops_->LayerNormForward(ln2, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, res2, p + o.ln2w,
+                         p + o.ln2b, BT, C);
+  ops_->MatmulForward(fch, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4);
+  ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4);
+  RETURN_IF_ERROR(RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C));
+  return mem.ReleaseParams(unit);
+}
+
+StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pass) {
+  const GptConfig& cfg = layout_->config();
+  const int B = a.B_, T = a.T_, BT = B * T;
+  const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+  DROVER_CHECK(B >= 1 && T >= 1);
+  a.backward_ready_ = false;
+  if (layout_->first_stage()) {
+    for (int i = 0; i < BT; i++) DROVER_CHECK_MSG(a.inputs_[i] >= 0 && a.inputs_[i] < V, "token id");
+    const int e = layout_->embedding_unit();
+    if (layout_->end_layer() > layout_->first_layer()) {
+      mem.PrefetchParams(layout_->layer_unit(layout_->first_layer()));
+    }
+    ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(e));
+    ops_->EncoderForward(a.encoded_, a.inputs_.data(), p, p + layout_->wpe_offset(), B, T, C);
+    RETURN_IF_ERROR(mem.ReleaseParams(e));
+  }
+  for (int l = layout_->first_layer(); l < layout_->end_layer(); ++l) {
+    RETURN_IF_ERROR(LayerForward(a, mem, l));
+  }
+  if (!layout_->last_stage()) return 0.0f;
+
+  const int f = layout_->final_norm_unit(), h = layout_->head_unit();
+  ASSIGN_OR_RETURN(const float* pf, mem.AcquireParams(f));
+  ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
+  ops_->LayerNormForward(a.lnf_, a.lnf_mean_, a.lnf_rstd_, a.output(), pf, pf + C, BT, C);
+  // Tied LM head; only the V live columns are computed.
+  ops_->MatmulForward(a.logits_, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp);
+  if (pass != Pass::kTrain) {
+    // Backward would need both again; without it they go now.
+    RETURN_IF_ERROR(mem.ReleaseParams(h));
+    RETURN_IF_ERROR(mem.ReleaseParams(f));
+  }
+  if (pass == Pass::kLogits) return 0.0f;
+  for (int i = 0; i < BT; i++) {
+    DROVER_CHECK_MSG(a.targets_[i] >= 0 && a.targets_[i] < V, "target id");
+  }
+  a.backward_ready_ = pass == Pass::kTrain;
+  return ops_->CrossEntropyForward(a.losses_, a.lse_, a.logits_, a.targets_.data(), BT, V, Vp);
+}
+
+Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_scale) {
+  const GptConfig& cfg = layout_->config();
+  const int BT = a.B_ * a.T_;
+  const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+  const int f = layout_->final_norm_unit(), h = layout_->head_unit();
+  // The Forward (kTrain) left both acquired; these acquisitions only fetch the pointers.
+  ASSIGN_OR_RETURN(const float* pf, mem.AcquireParams(f));
+  ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
+  bool acc = false;
+  ASSIGN_OR_RETURN(float* gh, mem.AcquireGrads(h, &acc));
+  ops_->CrossEntropyBackward(a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT, V, Vp);
+  ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.logits_, a.lnf_, ph, BT, C, V, Vp, acc);
+  if (!acc) {
+    // Overwritten rows are the live ones; the padding rows (and, on a single stage, wpe,
+    // which the encoder's backward only adds to) need their zeros written.
+    const size_t live = static_cast<size_t>(V) * C;
+    ops_->Fill(gh + live, 0.0f, static_cast<size_t>(Vp) * C - live);
+    if (h == layout_->embedding_unit()) {
+      ops_->Fill(gh + layout_->wpe_offset(), 0.0f, static_cast<size_t>(cfg.max_seq_len) * C);
+    }
+  }
+  RETURN_IF_ERROR(mem.ReleaseParams(h));
+  RETURN_IF_ERROR(mem.ReleaseParams(h));
+  if (h != layout_->embedding_unit()) RETURN_IF_ERROR(mem.GradsReady(h));
+
+  ASSIGN_OR_RETURN(float* gf, mem.AcquireGrads(f, &acc));
+  ops_->Fill(a.dres_, 0.0f, static_cast<size_t>(BT) * C);
+  ops_->LayerNormBackward(a.dres_, gf, gf + C, a.dbtc_, a.output(), pf, a.lnf_mean_, a.lnf_rstd_,
+                          BT, C, acc);
+  RETURN_IF_ERROR(mem.ReleaseParams(f));
+  RETURN_IF_ERROR(mem.ReleaseParams(f));
+  return mem.GradsReady(f);
+}
+
+Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
+  const int B = a.B_, T = a.T_, BT = B * T;
+  const int C = layout_->config().channels, Ca = layout_->attn_channels();
+  const int C4 = layout_->mlp_channels(), NHa = layout_->local_heads();
+  const size_t i = l - layout_->first_layer();
+  const size_t btc = static_cast<size_t>(BT) * C;
+  const int unit = layout_->layer_unit(l);
+  if (l > layout_->first_layer()) mem.PrefetchParams(unit - 1);
+  ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(unit));
+  bool acc = false;
+  ASSIGN_OR_RETURN(float* g, mem.AcquireGrads(unit, &acc));
+  const LayerOffsets& o = layout_->layer_offsets();
+  const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
+  const float* fch = a.fch_ + i * BT * C4;
+  ops_->MatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_, a.fch_gelu_ + i * BT * C4,
+                       p + o.fcprojw, BT, C4, C, C, acc);
+  ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4);
+  ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, a.ln2_ + i * btc, p + o.fcw, BT, C,
+                       C4, C4, acc);
+  RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
+  ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + i * btc,
+                          p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc);
+  ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
+                       p + o.attprojw, BT, Ca, C, C, acc);
+  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * B * NHa * T * T,
+                          a.qkv_ + i * BT * 3 * Ca, B, T, Ca, NHa);
+  ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,
+                       C, 3 * Ca, 3 * Ca, acc);
+  RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
+  ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
+                          a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc);
+  RETURN_IF_ERROR(mem.ReleaseParams(unit));
+  return mem.GradsReady(unit);
+}
+
+Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scale) {
+  if (layout_->last_stage()) {
+    DROVER_CHECK_MSG(a.backward_ready_, "Backward needs a Forward with targets (a training pass) right before");
+    a.backward_ready_ = false;  // the logits buffer becomes dlogits
+    RETURN_IF_ERROR(HeadBackward(a, mem, grad_scale));
+  }
+  for (int l = layout_->end_layer() - 1; l >= layout_->first_layer(); --l) {
+    RETURN_IF_ERROR(LayerBackward(a, mem, l));
+  }
+  if (!layout_->first_stage()) return OkStatus();
+  const int e = layout_->embedding_unit();
+  bool acc = false;
+  ASSIGN_OR_RETURN(float* ge, mem.AcquireGrads(e, &acc));
+  // The encoder's backward scatter-adds: it needs zeros underneath when nothing else wrote
+  // this unit in this micro-batch (on a single stage the head did).
+  if (!acc) ops_->Fill(ge, 0.0f, layout_->units()[e].numel);
+  ops_->EncoderBackward(ge, ge + layout_->wpe_offset(), a.dres_, a.inputs_.data(), a.B_, a.T_,
+                        layout_->config().channels);
+  return mem.GradsReady(e);
+}
+
+}  // namespace drover::engine

@@ -1,0 +1,130 @@
+// GptStage: the GPT-2 computation of one pipeline stage on one tensor-parallel rank, as
+// XForward / XBackward calls on the kernel table (kernels/ops.h). It owns no memory:
+// parameters and gradients come from a StageMemory unit by unit, activations from a
+// StageActivations the caller owns (one per micro-batch in flight).
+//
+// Dimension names: B batch, T sequence, C channels, NH heads, V vocabulary, Vp padded
+// vocabulary; per tensor-parallel rank Ca = C / tp attention channels in NHa = NH / tp
+// heads, and C4 = 4C / tp MLP channels.
+//
+// One stage of one rank (layers [l0, l1) of the layout):
+//   first stage:  x = wte[inputs] + wpe                                       (B, T, C)
+//   other stages: x = input() (the previous stage's output)                   (B, T, C)
+//   each layer:   ln1 = LN(x); qkv = ln1 @ qkvw^T + qkvb                      (B, T, 3Ca)
+//                 atty = causal attention(qkv)                                 (B, T, Ca)
+//                 res2 = x + atty @ attprojw^T + attprojb        [tp: all-reduce] (B, T, C)
+//                 ln2 = LN(res2); fch = gelu(ln2 @ fcw^T + fcb)                (B, T, C4)
+//                 x = res2 + fch @ fcprojw^T + fcprojb           [tp: all-reduce] (B, T, C)
+//   last stage:   logits = LN(x) @ wte^T; loss = mean cross-entropy         (B, T, Vp)
+//   other stages: output() = x
+// Backward runs the same in reverse; under tensor parallelism the input gradients of the
+// column-parallel GEMMs (qkv, fc) are all-reduced before their LayerNorm's backward, and the
+// row-parallel GEMMs add bias and residual on tp rank 0 only, so the all-reduce adds them
+// once. Every tp rank computes the replicated tensors' gradients identically.
+//
+// Thread-safety: a GptStage is immutable; Forward/Backward run on one thread at a time per
+// StageActivations and StageMemory (the kernels parallelise inside).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/engine/kernels/ops.h"
+#include "worker/engine/model/gpt_layout.h"
+#include "worker/engine/model/stage_memory.h"
+#include "worker/engine/parallel/communicator.h"
+
+namespace drover::engine {
+
+// The activations of one micro-batch on one stage. Buffers are sized for (B, T) by Ensure
+// and allocated zero-filled from the stage's backend (padded logit columns are never
+// written, so they stay defined).
+class StageActivations {
+ public:
+  StageActivations(const GptLayout* layout, Ops* ops) : layout_(layout), ops_(ops) {}
+  StageActivations(const StageActivations&) = delete;
+  StageActivations& operator=(const StageActivations&) = delete;
+
+  // Lays the buffers out for (B, T), growing the arena when it needs more. CHECKs
+  // 1 <= T <= maxT and B >= 1.
+  void Ensure(int B, int T);
+  int B() const { return B_; }
+  int T() const { return T_; }
+
+  // Token ids (B, T): the first stage embeds inputs, the last stage scores targets.
+  int32_t* inputs() { return inputs_.data(); }
+  int32_t* targets() { return targets_.data(); }
+  // (B, T, C) from the previous stage, written by the caller before Forward (stages > 0).
+  float* input() { return encoded_; }
+  // (B, T, C) for the next stage after Forward (all stages but the last).
+  const float* output() const;
+  // (B, T, C) gradient of output(), written by the caller before Backward (not last stage).
+  float* doutput() { return dres_; }
+  // (B, T, C) gradient of input() after Backward (stages > 0).
+  const float* dinput() const { return dres_; }
+  // (B, T, Vp) after a Forward of the last stage, until Backward reuses the buffer.
+  const float* logits() const { return logits_; }
+
+ private:
+  friend class GptStage;
+
+  const GptLayout* layout_;
+  Ops* ops_;
+  Buffer arena_;
+  int B_ = 0, T_ = 0;
+  bool backward_ready_ = false;  // a training Forward of the last stage came right before
+  std::vector<int32_t> inputs_, targets_;
+  // Per-layer buffers hold one slice per local layer; layer l0 + i starts at slice i.
+  float *encoded_ = nullptr, *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr,
+        *qkv_ = nullptr, *atty_ = nullptr, *att_ = nullptr, *residual2_ = nullptr,
+        *ln2_ = nullptr, *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr, *fch_ = nullptr,
+        *fch_gelu_ = nullptr, *residual3_ = nullptr;
+  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
+        *losses_ = nullptr, *lse_ = nullptr;
+  // Backward scratch: the residual stream's gradient and working buffers.
+  float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
+};
+
+class GptStage {
+ public:
+  enum class Pass {
+    kTrain,   // targets scored; Backward follows (the head's parameters stay acquired)
+    kEval,    // targets scored; no Backward
+    kLogits,  // no targets (sampling)
+  };
+
+  // `tp` is the tensor-parallel group when layout.tp_size() > 1 (CHECKed), else null. Not
+  // owned; all must outlive the stage.
+  GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp);
+
+  // Runs the stage on `a` (inputs() / input() filled by the caller; targets() too on the
+  // last stage unless kLogits). Returns the mean loss on the last stage (kTrain, kEval),
+  // else 0. Token ids out of range are a broken invariant (CHECK): validate data at its
+  // source. Errors come from the memory or the tp group only.
+  StatusOr<float> Forward(StageActivations& a, StageMemory& mem, Pass pass);
+
+  // Adds d(grad_scale * loss)/d(params) into the memory's gradients (see StageMemory for
+  // accumulate), and leaves dinput() on stages > 0. Needs a kTrain Forward of `a` before
+  // (CHECKed on the last stage) and, on other stages, doutput() filled.
+  Status Backward(StageActivations& a, StageMemory& mem, float grad_scale);
+
+  const GptLayout& layout() const { return *layout_; }
+  Ops* ops() const { return ops_; }
+
+ private:
+  // out (N, OC) = [residual +] inp (N, IC) @ w^T [+ bias], summed over the tp group.
+  Status RowParallelForward(float* out, const float* inp, const float* w, const float* bias,
+                            const float* residual, int N, int IC, int OC);
+  // Sums a column-parallel GEMM's partial input gradient (N, C) over the tp group.
+  Status ReduceInputGrad(float* dinp, size_t n);
+  Status LayerForward(StageActivations& a, StageMemory& mem, int l);
+  Status LayerBackward(StageActivations& a, StageMemory& mem, int l);
+  Status HeadBackward(StageActivations& a, StageMemory& mem, float grad_scale);
+
+  const GptLayout* layout_;
+  Ops* ops_;
+  parallel::Communicator* tp_;
+};
+
+}  // namespace drover::engine
