@@ -58,6 +58,11 @@ struct ParallelSpec {
   int tp = 1;
   int zero_stage = 0;                // 0..3
   std::string pp_schedule = "1f1b";  // gpipe | 1f1b
+  // Deadline of every collective and point-to-point transfer between ranks: a dead or hung
+  // peer fails the others within it instead of blocking them.
+  double timeout_s = 10;
+  // Gradient bucket size for data-parallel reduction (PyTorch DDP's default, 25 MiB).
+  double bucket_mb = 25;
 };
 
 struct WorldSizeSpec {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/parallel_mesh.h"
 #include "common/job_spec_internal.h"
 #include "common/yaml_util.h"
 
@@ -208,6 +209,15 @@ class Rules {
                   Num(int64_t{p.zero_stage}) + " is not valid; must be 0, 1, 2 or 3");
     }
     RETURN_IF_ERROR(OneOf("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b"}));
+    if (p.zero_stage >= 2 && p.pp > 1) {
+      return Fail("parallel.zero_stage",
+                  Num(int64_t{p.zero_stage}) + " cannot be combined with parallel.pp (" +
+                      Num(int64_t{p.pp}) +
+                      "): ZeRO-2/3 would reduce-scatter every stage's gradients once per "
+                      "micro-batch; use zero_stage 0 or 1 with pipelines");
+    }
+    RETURN_IF_ERROR(Positive("parallel.timeout_s", p.timeout_s));
+    RETURN_IF_ERROR(Positive("parallel.bucket_mb", p.bucket_mb));
     if (s_.model.n_layer % p.pp != 0) {
       return Fail("parallel.pp", Num(int64_t{p.pp}) + " does not divide model.n_layer (" +
                                      Num(int64_t{s_.model.n_layer}) +
@@ -288,41 +298,7 @@ Status JobSpec::Validate() const {
 }
 
 Status JobSpec::ValidateForWorldSize(int world_size) const {
-  const int64_t pp = parallel.pp;
-  const int64_t tp = parallel.tp;
-  const int64_t mb = train.micro_batch;
-  const std::string ws = std::to_string(world_size);
-  if (world_size < 1) return InvalidArgumentError("world_size " + ws + " must be at least 1");
-  if (pp < 1 || tp < 1 || mb < 1) {
-    return InvalidArgumentError("parallel.pp (" + Num(pp) + "), parallel.tp (" + Num(tp) +
-                                ") and train.micro_batch (" + Num(mb) + ") must be at least 1");
-  }
-  if (model.n_layer % pp != 0) {
-    return InvalidArgumentError("model.n_layer (" + Num(int64_t{model.n_layer}) +
-                                ") is not divisible by pp (" + Num(pp) + ")");
-  }
-  if (model.n_head % tp != 0) {
-    return InvalidArgumentError("model.n_head (" + Num(int64_t{model.n_head}) +
-                                ") is not divisible by tp (" + Num(tp) + ")");
-  }
-  int64_t dp = parallel.dp;
-  if (dp <= 0) {  // auto
-    if (world_size % (pp * tp) != 0) {
-      return InvalidArgumentError("world_size " + ws + " is not divisible by pp (" + Num(pp) +
-                                  ") x tp (" + Num(tp) + ") = " + Num(pp * tp));
-    }
-    dp = world_size / (pp * tp);
-  } else if (dp * pp * tp != world_size) {
-    return InvalidArgumentError("dp (" + Num(dp) + ") x pp (" + Num(pp) + ") x tp (" + Num(tp) +
-                                ") = " + Num(dp * pp * tp) + " does not equal world_size " + ws +
-                                "; set parallel.dp to auto or to " + ws + " / (pp x tp)");
-  }
-  if (train.global_batch % (dp * mb) != 0) {
-    return InvalidArgumentError("train.global_batch (" + Num(int64_t{train.global_batch}) +
-                                ") is not divisible by dp (" + Num(dp) + ") x train.micro_batch (" +
-                                Num(mb) + ") = " + Num(dp * mb) + " at world_size " + ws);
-  }
-  return OkStatus();
+  return ParallelMesh::Create(*this, world_size).status();
 }
 
 std::vector<int> JobSpec::FeasibleWorldSizes() const {

@@ -1,0 +1,100 @@
+#include "common/parallel_mesh.h"
+
+namespace drover {
+namespace {
+
+std::string Num(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+StatusOr<ParallelMesh> ParallelMesh::Create(const JobSpec& spec, int world_size) {
+  const int64_t pp = spec.parallel.pp;
+  const int64_t tp = spec.parallel.tp;
+  const int64_t mb = spec.train.micro_batch;
+  const std::string ws = std::to_string(world_size);
+  if (world_size < 1) return InvalidArgumentError("world_size " + ws + " must be at least 1");
+  if (pp < 1 || tp < 1 || mb < 1) {
+    return InvalidArgumentError("parallel.pp (" + Num(pp) + "), parallel.tp (" + Num(tp) +
+                                ") and train.micro_batch (" + Num(mb) + ") must be at least 1");
+  }
+  if (spec.model.n_layer % pp != 0) {
+    return InvalidArgumentError("model.n_layer (" + Num(spec.model.n_layer) +
+                                ") is not divisible by pp (" + Num(pp) + ")");
+  }
+  if (spec.model.n_head % tp != 0) {
+    return InvalidArgumentError("model.n_head (" + Num(spec.model.n_head) +
+                                ") is not divisible by tp (" + Num(tp) + ")");
+  }
+  int64_t dp = spec.parallel.dp;
+  if (dp <= 0) {  // auto
+    if (world_size % (pp * tp) != 0) {
+      return InvalidArgumentError("world_size " + ws + " is not divisible by pp (" + Num(pp) +
+                                  ") x tp (" + Num(tp) + ") = " + Num(pp * tp));
+    }
+    dp = world_size / (pp * tp);
+  } else if (dp * pp * tp != world_size) {
+    return InvalidArgumentError("dp (" + Num(dp) + ") x pp (" + Num(pp) + ") x tp (" + Num(tp) +
+                                ") = " + Num(dp * pp * tp) + " does not equal world_size " + ws +
+                                "; set parallel.dp to auto or to " + ws + " / (pp x tp)");
+  }
+  if (spec.train.global_batch % (dp * mb) != 0) {
+    return InvalidArgumentError("train.global_batch (" + Num(spec.train.global_batch) +
+                                ") is not divisible by dp (" + Num(dp) + ") x train.micro_batch (" +
+                                Num(mb) + ") = " + Num(dp * mb) + " at world_size " + ws);
+  }
+  if (spec.parallel.zero_stage >= 2 && pp > 1) {
+    return InvalidArgumentError("parallel.zero_stage " + Num(spec.parallel.zero_stage) +
+                                " with pp (" + Num(pp) +
+                                ") > 1: ZeRO-2/3 would reduce-scatter every stage's gradients "
+                                "once per micro-batch; use zero_stage 0 or 1 with pipelines");
+  }
+  ParallelMesh mesh;
+  mesh.dp_ = static_cast<int>(dp);
+  mesh.pp_ = static_cast<int>(pp);
+  mesh.tp_ = static_cast<int>(tp);
+  mesh.zero_stage_ = spec.parallel.zero_stage;
+  mesh.micro_batches_ = static_cast<int>(spec.train.global_batch / (dp * mb));
+  mesh.pp_schedule_ = spec.parallel.pp_schedule;
+  return mesh;
+}
+
+ParallelMesh::Coord ParallelMesh::CoordOf(int rank) const {
+  DROVER_CHECK(rank >= 0 && rank < world_size());
+  Coord c;
+  c.tp = rank % tp_;
+  c.dp = (rank / tp_) % dp_;
+  c.pp = rank / (tp_ * dp_);
+  return c;
+}
+
+std::vector<int> ParallelMesh::DpGroup(int rank) const {
+  Coord c = CoordOf(rank);
+  std::vector<int> ranks;
+  for (c.dp = 0; c.dp < dp_; ++c.dp) ranks.push_back(RankOf(c));
+  return ranks;
+}
+
+std::vector<int> ParallelMesh::PpGroup(int rank) const {
+  Coord c = CoordOf(rank);
+  std::vector<int> ranks;
+  for (c.pp = 0; c.pp < pp_; ++c.pp) ranks.push_back(RankOf(c));
+  return ranks;
+}
+
+std::vector<int> ParallelMesh::TpGroup(int rank) const {
+  Coord c = CoordOf(rank);
+  std::vector<int> ranks;
+  for (c.tp = 0; c.tp < tp_; ++c.tp) ranks.push_back(RankOf(c));
+  return ranks;
+}
+
+std::string ParallelMesh::Describe() const {
+  std::string s = "dp" + Num(dp_) + " x pp" + Num(pp_) + " x tp" + Num(tp_);
+  if (zero_stage_ > 0) s += ", ZeRO-" + Num(zero_stage_);
+  if (pp_ > 1) s += ", " + pp_schedule_;
+  s += ", " + Num(micro_batches_) + " micro-batch" + (micro_batches_ == 1 ? "" : "es") +
+       " per step";
+  return s;
+}
+
+}  // namespace drover

@@ -1,0 +1,64 @@
+// The device mesh of one attempt of a job: dp x pp x tp = world_size, validated once from
+// the job spec and a concrete world size (torchtitan's ParallelDims). The scheduler asks it
+// which world sizes a spec admits (JobSpec::ValidateForWorldSize delegates here), and every
+// trainer derives its coordinates and its groups from it, so the two can never disagree.
+//
+// Rank order, Megatron's: tp fastest, then dp, then pp:
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank,
+// so a tensor-parallel group is a block of consecutive ranks (on one node, where the gang
+// scheduler packs a job's ranks) and world rank 0 is the first stage's dp 0 / tp 0.
+//
+// Thread-safety: an immutable value.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "common/status.h"
+
+namespace drover {
+
+class ParallelMesh {
+ public:
+  struct Coord {
+    int dp = 0;
+    int pp = 0;
+    int tp = 0;
+    friend bool operator==(const Coord&, const Coord&) = default;
+  };
+
+  // The mesh of `spec` at `world_size`. InvalidArgument naming every factor and the rule
+  // broken: world_size < 1; dp x pp x tp != world_size (or world_size not divisible by
+  // pp x tp when dp is auto); n_layer not divisible by pp; n_head not divisible by tp;
+  // global_batch not divisible by dp x micro_batch; ZeRO-2/3 with pp > 1.
+  static StatusOr<ParallelMesh> Create(const JobSpec& spec, int world_size);
+
+  int world_size() const { return dp_ * pp_ * tp_; }
+  int dp() const { return dp_; }
+  int pp() const { return pp_; }
+  int tp() const { return tp_; }
+  int zero_stage() const { return zero_stage_; }
+  // Micro-batches each dp rank runs per optimizer step: global_batch / (dp x micro_batch)
+  // (gradient accumulation steps; the pipeline's micro-batches in flight when pp > 1).
+  int micro_batches() const { return micro_batches_; }
+
+  Coord CoordOf(int rank) const;
+  int RankOf(const Coord& c) const { return (c.pp * dp_ + c.dp) * tp_ + c.tp; }
+
+  // World ranks (ascending) of the group along one axis through `rank`.
+  std::vector<int> DpGroup(int rank) const;
+  std::vector<int> PpGroup(int rank) const;
+  std::vector<int> TpGroup(int rank) const;
+
+  // "dp2 x pp2 x tp1, ZeRO-1, 1f1b, 4 micro-batches per step"
+  std::string Describe() const;
+
+ private:
+  int dp_ = 1, pp_ = 1, tp_ = 1;
+  int zero_stage_ = 0;
+  int micro_batches_ = 1;
+  std::string pp_schedule_;
+};
+
+}  // namespace drover

@@ -1,0 +1,71 @@
+// The device mesh: coordinates and groups, and a table of impossible layouts with the
+// message each one gets.
+#include "common/parallel_mesh.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace drover {
+namespace {
+
+JobSpec Spec(int layers, int heads, int pp, int tp, int dp, int global, int micro, int zero) {
+  JobSpec s;
+  s.model.n_layer = layers;
+  s.model.n_head = heads;
+  s.model.n_embd = heads * 8;
+  s.parallel.pp = pp;
+  s.parallel.tp = tp;
+  s.parallel.dp = dp;
+  s.train.global_batch = global;
+  s.train.micro_batch = micro;
+  s.parallel.zero_stage = zero;
+  return s;
+}
+
+TEST(ParallelMeshTest, RanksRunTensorFastestThenDataThenPipeline) {
+  auto mesh = ParallelMesh::Create(Spec(4, 4, 2, 2, 0, 8, 2, 1), 8);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->dp(), 2);
+  EXPECT_EQ(mesh->micro_batches(), 2);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(mesh->RankOf(mesh->CoordOf(r)), r);
+  EXPECT_EQ(mesh->CoordOf(5), (ParallelMesh::Coord{0, 1, 1}));  // dp 0, pp 1, tp 1
+  EXPECT_EQ(mesh->TpGroup(5), (std::vector<int>{4, 5}));
+  EXPECT_EQ(mesh->DpGroup(5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(mesh->PpGroup(5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(mesh->Describe(), "dp2 x pp2 x tp2, ZeRO-1, 1f1b, 2 micro-batches per step");
+}
+
+struct Impossible {
+  JobSpec spec;
+  int world;
+  std::string message;
+};
+
+TEST(ParallelMeshTest, ImpossibleLayoutsNameEveryFactor) {
+  const std::vector<Impossible> table = {
+      {Spec(4, 4, 1, 1, 0, 8, 1, 0), 0, "world_size 0 must be at least 1"},
+      {Spec(6, 4, 4, 1, 0, 8, 1, 0), 4, "model.n_layer (6) is not divisible by pp (4)"},
+      {Spec(4, 6, 1, 4, 0, 8, 1, 0), 4, "model.n_head (6) is not divisible by tp (4)"},
+      {Spec(4, 4, 2, 2, 0, 8, 1, 0), 6, "world_size 6 is not divisible by pp (2) x tp (2) = 4"},
+      {Spec(4, 4, 2, 1, 3, 12, 1, 0), 4,
+       "dp (3) x pp (2) x tp (1) = 6 does not equal world_size 4; set parallel.dp to auto or "
+       "to 4 / (pp x tp)"},
+      {Spec(4, 4, 1, 1, 0, 12, 4, 0), 2,
+       "train.global_batch (12) is not divisible by dp (2) x train.micro_batch (4) = 8 at "
+       "world_size 2"},
+      {Spec(4, 4, 2, 1, 0, 8, 1, 2), 4,
+       "parallel.zero_stage 2 with pp (2) > 1: ZeRO-2/3 would reduce-scatter every stage's "
+       "gradients once per micro-batch; use zero_stage 0 or 1 with pipelines"},
+  };
+  for (const Impossible& c : table) {
+    auto mesh = ParallelMesh::Create(c.spec, c.world);
+    ASSERT_FALSE(mesh.ok()) << c.message;
+    EXPECT_EQ(mesh.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(mesh.status().message(), c.message);
+  }
+}
+
+}  // namespace
+}  // namespace drover
