@@ -36,6 +36,17 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendInt(&s, "world_size", m.world_size);
   AppendInt(&s, "attempt", m.attempt);
   AppendNumber(&s, "data_wait_ms", m.data_wait_ms);
+  AppendInt(&s, "dp", m.dp);
+  AppendInt(&s, "pp", m.pp);
+  AppendInt(&s, "tp", m.tp);
+  AppendInt(&s, "zero_stage", m.zero_stage);
+  AppendNumber(&s, "comm_ms", m.comm_ms);
+  AppendNumber(&s, "comm_wait_ms", m.comm_wait_ms);
+  AppendNumber(&s, "pp_wait_ms", m.pp_wait_ms);
+  AppendNumber(&s, "param_mib", m.param_mib);
+  AppendNumber(&s, "grad_mib", m.grad_mib);
+  AppendNumber(&s, "optimizer_mib", m.optimizer_mib);
+  AppendNumber(&s, "working_mib", m.working_mib);
   if (m.val_loss.has_value()) AppendNumber(&s, "val_loss", *m.val_loss);
   s.push_back('}');
   return s;

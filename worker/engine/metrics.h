@@ -21,11 +21,23 @@ struct StepMetrics {
   double data_wait_ms = 0;  // time the step waited on the data loader
   int world_size = 1;
   int64_t attempt = 0;
+  // The mesh: dp x pp x tp = world_size, and the ZeRO stage.
+  int dp = 1;
+  int pp = 1;
+  int tp = 1;
+  int zero_stage = 0;
+  double comm_ms = 0;       // data-parallel reduction time (on the comm thread)
+  double comm_wait_ms = 0;  // of which the step waited for (the rest hid behind backward)
+  double pp_wait_ms = 0;    // time blocked receiving from neighbouring pipeline stages
+  // MiB rank 0 holds for parameters, gradients, AdamW state and ZeRO's transient buffers.
+  double param_mib = 0, grad_mib = 0, optimizer_mib = 0, working_mib = 0;
   std::optional<double> val_loss;  // present on evaluation steps
 };
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
-// tokens_per_s, step_ms, world_size, attempt, data_wait_ms, and val_loss when present.
+// tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, zero_stage,
+// comm_ms, comm_wait_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib, and
+// val_loss when present.
 // Non-finite numbers are written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 

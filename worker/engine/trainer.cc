@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <utility>
 
+#include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
-#include "worker/engine/optim/grad_clip.h"
 #include "worker/engine/optim/lr_schedule.h"
 
 namespace drover::engine {
@@ -17,8 +17,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double MsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 int64_t WallNowMs() {
@@ -94,13 +94,16 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
 
 Status Trainer::Init() {
   const JobSpec& spec = options_.spec;
-  if (options_.world_size > 1) {
-    return FailedPreconditionError(
-        "world size " + std::to_string(options_.world_size) +
-        " asked for, but data parallelism is not built yet: run with world size 1");
-  }
   RETURN_IF_ERROR(spec.Validate());
-  RETURN_IF_ERROR(spec.ValidateForWorldSize(1));
+  ASSIGN_OR_RETURN(mesh_, ParallelMesh::Create(spec, options_.world_size));
+  if (options_.rank < 0 || options_.rank >= options_.world_size) {
+    return InvalidArgumentError("rank " + std::to_string(options_.rank) + " is outside world size " +
+                                std::to_string(options_.world_size));
+  }
+  if (options_.world_size > 1 && options_.store == nullptr) {
+    return InvalidArgumentError("world size " + std::to_string(options_.world_size) +
+                                " needs a rendezvous store to connect the ranks");
+  }
   if (spec.precision.dtype != "fp32") {
     return InvalidArgumentError("precision.dtype: '" + spec.precision.dtype +
                                 "' is not supported by the CPU engine; use fp32");
@@ -111,71 +114,104 @@ Status Trainer::Init() {
   }
   B_ = spec.train.micro_batch;
   T_ = spec.train.seq_len;
-  accum_ = spec.train.global_batch / spec.train.micro_batch;
   output_dir_ = OutputDirOf(spec);
   ckpt_dir_ = CheckpointDirOf(spec);
-  inputs_.resize(static_cast<size_t>(B_) * T_);
-  targets_.resize(static_cast<size_t>(B_) * T_);
 
-  RETURN_IF_ERROR(InitModel());
-  const GptConfig& cfg = model_->config();
-  if (T_ > cfg.max_seq_len) {
+  ASSIGN_OR_RETURN(std::vector<float> params, InitialParams());
+  if (T_ > config_.max_seq_len) {
     return InvalidArgumentError("train.seq_len " + std::to_string(T_) +
                                 " exceeds the model's block size " +
-                                std::to_string(cfg.max_seq_len));
+                                std::to_string(config_.max_seq_len));
   }
-  AdamWConfig adam{static_cast<float>(spec.train.beta1), static_cast<float>(spec.train.beta2),
-                   static_cast<float>(spec.train.eps), static_cast<float>(spec.train.weight_decay)};
-  optimizer_ = std::make_unique<AdamW>(model_->tensors(), model_->num_params(), adam);
+  if (options_.world_size > 1) {
+    parallel::ConnectOptions connect;
+    connect.bind_address = options_.bind_address;
+    connect.comm.timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(spec.parallel.timeout_s * 1000));
+    auto groups = parallel::ConnectProcessGroups(*mesh_, options_.rank, options_.store, connect);
+    if (!groups.ok()) return groups.status().WithContext("connecting the ranks");
+    groups_ = std::move(groups).value();
+  }
+  parallel::ParallelGptOptions mo;
+  mo.config = config_;
+  mo.rank = options_.rank;
+  ASSIGN_OR_RETURN(mo.schedule, parallel::ParsePipelineSchedule(spec.parallel.pp_schedule));
+  mo.micro_batch = B_;
+  mo.seq_len = T_;
+  mo.adam = AdamWConfig{static_cast<float>(spec.train.beta1), static_cast<float>(spec.train.beta2),
+                        static_cast<float>(spec.train.eps),
+                        static_cast<float>(spec.train.weight_decay)};
+  mo.grad_clip = spec.train.grad_clip;
+  mo.bucket_floats = static_cast<size_t>(spec.parallel.bucket_mb * (1 << 20) / sizeof(float));
+  ASSIGN_OR_RETURN(model_, parallel::ParallelGpt::Create(mo, *mesh_, &groups_, CpuOps()));
+  model_->LoadGlobalParams(params.data());
+  params = {};
   RETURN_IF_ERROR(OpenData());
 
   if (options_.resume) {
     Status restored = RestoreLatest();
     if (!restored.ok() && restored.code() != StatusCode::kNotFound) return restored;
   }
-  writer_ = std::make_unique<ckpt::AsyncCheckpointWriter>(
-      ckpt_dir_, spec.checkpoint.keep_last,
-      [this](const v1::CheckpointManifest& meta, const std::string& path) {
-        OnCheckpointComplete(meta, path);
-      });
-  RETURN_IF_ERROR(metrics_.Open(output_dir_ + "/metrics.jsonl"));
-  spdlog::info("model {} ({} parameters), B={} T={} accum={} steps={}, resuming from {}",
-               DescribeConfig(cfg), model_->num_params(), B_, T_, accum_, spec.train.steps,
+  if (is_rank0()) {
+    writer_ = std::make_unique<ckpt::AsyncCheckpointWriter>(
+        ckpt_dir_, spec.checkpoint.keep_last,
+        [this](const v1::CheckpointManifest& meta, const std::string& path) {
+          OnCheckpointComplete(meta, path);
+        });
+    RETURN_IF_ERROR(metrics_.Open(output_dir_ + "/metrics.jsonl"));
+  }
+  // Ranks reach here after start-up work of different lengths (data scans, checkpoint
+  // reads); the first collective of the first step must not count that against its
+  // deadline.
+  RETURN_IF_ERROR(StoreBarrier("ready"));
+  spdlog::info("model {} ({} parameters, {} on this rank), {}, B={} T={} steps={}, resuming "
+               "from {}",
+               DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
+               mesh_->Describe(), B_, T_, spec.train.steps,
                resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
   return OkStatus();
 }
 
-Status Trainer::InitModel() {
+StatusOr<std::vector<float>> Trainer::InitialParams() {
   const JobSpec& spec = options_.spec;
   if (spec.train.init_from.empty()) {
-    GptConfig cfg = GptConfig::FromSpec(spec.model);
-    RETURN_IF_ERROR(cfg.Validate());
-    model_ = std::make_unique<Gpt>(cfg);
-    model_->InitRandom(spec.train.seed);
-    return OkStatus();
+    config_ = GptConfig::FromSpec(spec.model);
+    RETURN_IF_ERROR(config_.Validate());
+    std::vector<float> params(GptNumParams(config_));
+    InitGptParams(config_, spec.train.seed, params.data());
+    return params;
   }
   auto loaded = LoadModelFile(spec.train.init_from);
   if (!loaded.ok()) return loaded.status().WithContext("train.init_from");
-  model_ = std::move(loaded).value();
-  const GptConfig& c = model_->config();
+  const Gpt& model = **loaded;
+  config_ = model.config();
   const ModelSpec& m = spec.model;
-  if (c.num_layers != m.n_layer || c.num_heads != m.n_head || c.channels != m.n_embd ||
-      c.vocab_size != m.vocab_size || c.max_seq_len != m.block_size) {
+  if (config_.num_layers != m.n_layer || config_.num_heads != m.n_head ||
+      config_.channels != m.n_embd || config_.vocab_size != m.vocab_size ||
+      config_.max_seq_len != m.block_size) {
     spdlog::warn("train.init_from {} has shapes {}; they replace the spec's model section",
-                 spec.train.init_from, DescribeConfig(c));
+                 spec.train.init_from, DescribeConfig(config_));
+    // The mesh was validated against the spec's shapes; the file's must fit it too.
+    if (config_.num_layers % mesh_->pp() != 0 || config_.num_heads % mesh_->tp() != 0) {
+      return InvalidArgumentError("train.init_from " + spec.train.init_from + " has " +
+                                  DescribeConfig(config_) + ", which does not split into pp " +
+                                  std::to_string(mesh_->pp()) + " x tp " +
+                                  std::to_string(mesh_->tp()));
+    }
   }
-  return OkStatus();
+  return std::vector<float>(model.params(), model.params() + model.num_params());
 }
 
 Status Trainer::OpenData() {
   const JobSpec& spec = options_.spec;
-  const int V = model_->config().vocab_size;
+  const int V = config_.vocab_size;
   auto train = TokenDataset::Open(spec.data.train, T_);
   if (!train.ok()) return train.status().WithContext("data.train");
   train_data_ = std::shared_ptr<const TokenDataset>(std::move(train).value());
   RETURN_IF_ERROR(CheckTokenRange(*train_data_, V, "data.train"));
   DataLoaderOptions lo;
-  lo.layout = BatchLayout{spec.train.global_batch, B_, 0, 1};
+  const ParallelMesh::Coord c = mesh_->CoordOf(options_.rank);
+  lo.layout = BatchLayout{spec.train.global_batch, B_, c.dp, mesh_->dp()};
   lo.seed = spec.train.seed;
   lo.shuffle = true;
   lo.prefetch = options_.prefetch;
@@ -195,25 +231,39 @@ Status Trainer::OpenData() {
 }
 
 Status Trainer::RestoreLatest() {
+  // Rank 0 picks the checkpoint and every rank loads that one, so that the ranks cannot
+  // disagree about which is newest.
   std::string path;
-  auto snap = ckpt::LoadLatestCheckpoint(ckpt_dir_, &path);
-  if (!snap.ok()) return snap.status();
+  StatusOr<ckpt::CheckpointSnapshot> snap = NotFoundError("no checkpoint");
+  double chosen = -1;  // a step number; doubles hold every integer up to 2^53
+  if (is_rank0()) {
+    snap = ckpt::LoadLatestCheckpoint(ckpt_dir_, &path);
+    if (snap.ok()) chosen = static_cast<double>(snap->meta.step());
+  }
+  if (groups_.world != nullptr) {
+    RETURN_IF_ERROR(groups_.world->Broadcast(&chosen, 1, parallel::DataType::kFloat64, 0)
+                        .WithContext("agreeing on the checkpoint to resume"));
+  }
+  if (chosen < 0) return is_rank0() ? snap.status() : NotFoundError("no checkpoint");
+  if (!is_rank0()) {
+    path = ckpt_dir_ + "/" + ckpt::StepDirName(static_cast<int64_t>(chosen));
+    snap = ckpt::ReadCheckpoint(path);
+    if (!snap.ok()) return snap.status().WithContext("checkpoint chosen by rank 0");
+  }
   const v1::CheckpointManifest& m = snap->meta;
   const GptConfig saved = FromProto(m.model());
-  if (!(saved == model_->config())) {
+  if (!(saved == config_)) {
     return InvalidArgumentError("checkpoint " + path + " holds a model " + DescribeConfig(saved) +
-                                ", the job spec asks for " + DescribeConfig(model_->config()) +
+                                ", the job spec asks for " + DescribeConfig(config_) +
                                 "; use another checkpoint.dir (or `drover train --fresh`)");
   }
-  const size_t n = model_->num_params();
+  const size_t n = GptNumParams(config_);
   if (snap->params.size() != n) {
     return DataLossError("checkpoint " + path + " has " + std::to_string(snap->params.size()) +
                          " parameters, the model has " + std::to_string(n));
   }
-  std::copy(snap->params.begin(), snap->params.end(), model_->params());
-  std::copy(snap->adam_m.begin(), snap->adam_m.end(), optimizer_->m());
-  std::copy(snap->adam_v.begin(), snap->adam_v.end(), optimizer_->v());
-  optimizer_->set_step_count(m.optimizer_step());
+  model_->LoadGlobalParams(snap->params.data());
+  model_->LoadGlobalOptimizer(snap->adam_m.data(), snap->adam_v.data(), m.optimizer_step());
   SamplerState s;
   s.epoch = static_cast<uint64_t>(m.train_sampler().epoch());
   s.offset = static_cast<uint64_t>(m.train_sampler().offset());
@@ -228,38 +278,57 @@ Status Trainer::RestoreLatest() {
   return OkStatus();
 }
 
+Status Trainer::StoreBarrier(const std::string& name) {
+  if (options_.world_size == 1) return OkStatus();
+  const std::string prefix = "barrier/" + name + "/";
+  RETURN_IF_ERROR(options_.store->Set(prefix + std::to_string(options_.rank), "1"));
+  for (int r = 0; r < options_.world_size; ++r) {
+    auto got = options_.store->Get(prefix + std::to_string(r), std::chrono::minutes(5));
+    if (!got.ok()) return got.status().WithContext("waiting for rank " + std::to_string(r));
+  }
+  return OkStatus();
+}
+
 bool Trainer::StopRequested() const {
   return options_.stop != nullptr && options_.stop->load(std::memory_order_relaxed);
 }
 
 StatusOr<StepMetrics> Trainer::Step() {
   const auto t0 = Clock::now();
-  const size_t n = model_->num_params();
-  model_->ZeroGrad();
-  double loss_sum = 0;
   double wait_s = 0;
-  for (int a = 0; a < accum_; ++a) {
+  auto next_batch = [&](int32_t* inputs, int32_t* targets) -> Status {
     if (StopRequested()) return CancelledError("stopped during step " + std::to_string(step_ + 1));
-    loader_->Next(inputs_.data(), targets_.data());
+    loader_->Next(inputs, targets);
     wait_s += loader_->last_wait_s();
-    loss_sum += model_->Forward(inputs_.data(), targets_.data(), B_, T_);
-    model_->Backward(1.0f / static_cast<float>(accum_));
-  }
+    return OkStatus();
+  };
   const double lr = LearningRate(options_.spec.train, step_);
-  const double norm = ClipGradNorm(model_->grads(), n, options_.spec.train.grad_clip);
-  optimizer_->Step(model_->params(), model_->grads(), static_cast<float>(lr));
+  ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr));
   ++step_;
 
   StepMetrics m;
   m.step = step_;
-  m.loss = loss_sum / accum_;
+  m.loss = r.loss;
   m.lr = lr;
-  m.grad_norm = norm;
-  m.step_ms = MsSince(t0);
-  m.tokens_per_s = static_cast<double>(accum_) * B_ * T_ / (m.step_ms / 1000.0);
+  m.grad_norm = r.grad_norm;
+  m.step_ms = SecondsSince(t0) * 1000.0;
+  m.tokens_per_s =
+      static_cast<double>(options_.spec.train.global_batch) * T_ / (m.step_ms / 1000.0);
   m.data_wait_ms = wait_s * 1000.0;
   m.world_size = options_.world_size;
   m.attempt = options_.attempt;
+  m.dp = mesh_->dp();
+  m.pp = mesh_->pp();
+  m.tp = mesh_->tp();
+  m.zero_stage = mesh_->zero_stage();
+  m.comm_ms = r.comm_busy_s * 1000.0;
+  m.comm_wait_ms = r.comm_blocked_s * 1000.0;
+  m.pp_wait_ms = r.pp_wait_s * 1000.0;
+  constexpr double kMiB = 1 << 20;
+  m.param_mib = static_cast<double>(r.param_bytes) / kMiB;
+  m.grad_mib = static_cast<double>(r.grad_bytes) / kMiB;
+  m.optimizer_mib = static_cast<double>(r.optimizer_bytes) / kMiB;
+  m.working_mib = static_cast<double>(r.working_bytes) / kMiB;
   if (!std::isfinite(m.loss)) {
     return InternalError("training loss is not finite at step " + std::to_string(step_));
   }
@@ -270,30 +339,27 @@ StatusOr<double> Trainer::Evaluate() {
   if (val_loader_ == nullptr) return NotFoundError("no validation data (data.val)");
   const int64_t batches =
       std::min<int64_t>(options_.spec.train.eval_batches, val_loader_->num_batches());
-  double sum = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    val_loader_->Batch(i, inputs_.data(), targets_.data());
-    sum += model_->Forward(inputs_.data(), targets_.data(), B_, T_);
-  }
-  return sum / static_cast<double>(std::max<int64_t>(batches, 1));
+  return model_->Evaluate(batches, [this](int64_t i, int32_t* inputs, int32_t* targets) {
+    val_loader_->Batch(i, inputs, targets);
+  });
 }
 
-Status Trainer::SaveCheckpoint(bool async) {
+ckpt::CheckpointSnapshot Trainer::MakeSnapshot(std::vector<float> params, std::vector<float> m,
+                                               std::vector<float> v) const {
   const JobSpec& spec = options_.spec;
-  const size_t n = model_->num_params();
   ckpt::CheckpointSnapshot snap;
-  v1::CheckpointManifest& m = snap.meta;
-  m.set_job_id(options_.job_id);
-  m.set_attempt(options_.attempt);
-  m.set_step(step_);
+  v1::CheckpointManifest& meta = snap.meta;
+  meta.set_job_id(options_.job_id);
+  meta.set_attempt(options_.attempt);
+  meta.set_step(step_);
   const SamplerState s = loader_->state();
-  m.set_consumed_samples(static_cast<int64_t>(s.consumed_samples));
-  m.mutable_train_sampler()->set_epoch(static_cast<int64_t>(s.epoch));
-  m.mutable_train_sampler()->set_offset(static_cast<int64_t>(s.offset));
-  m.mutable_train_sampler()->set_consumed_samples(static_cast<int64_t>(s.consumed_samples));
-  *m.mutable_model() = ToProto(model_->config());
-  for (const TensorInfo& t : model_->tensors()) {
-    v1::CheckpointTensor* pt = m.add_tensors();
+  meta.set_consumed_samples(static_cast<int64_t>(s.consumed_samples));
+  meta.mutable_train_sampler()->set_epoch(static_cast<int64_t>(s.epoch));
+  meta.mutable_train_sampler()->set_offset(static_cast<int64_t>(s.offset));
+  meta.mutable_train_sampler()->set_consumed_samples(static_cast<int64_t>(s.consumed_samples));
+  *meta.mutable_model() = ToProto(config_);
+  for (const TensorInfo& t : GptTensorTable(config_)) {
+    v1::CheckpointTensor* pt = meta.add_tensors();
     pt->set_name(t.name);
     pt->set_offset(static_cast<int64_t>(t.offset));
     pt->set_numel(static_cast<int64_t>(t.numel));
@@ -301,23 +367,46 @@ Status Trainer::SaveCheckpoint(bool async) {
     pt->set_decay(t.decay);
   }
   // The engine has no stochastic op (no dropout), so the seed is the whole RNG state.
-  m.set_rng_state(spec.train.seed);
-  m.mutable_loss_scaler()->set_scale(1.0);  // fp32: no loss scaling
-  m.set_world_size(options_.world_size);
-  m.set_optimizer_step(optimizer_->step_count());
-  m.set_created_ms(WallNowMs());
-  m.set_num_params(static_cast<int64_t>(n));
-  snap.params.assign(model_->params(), model_->params() + n);
-  snap.adam_m.assign(optimizer_->m(), optimizer_->m() + n);
-  snap.adam_v.assign(optimizer_->v(), optimizer_->v() + n);
-  last_checkpoint_step_ = step_;
-  if (async) return writer_->Submit(std::move(snap));
-  return writer_->WriteNow(snap);
+  meta.set_rng_state(spec.train.seed);
+  meta.mutable_loss_scaler()->set_scale(1.0);  // fp32: no loss scaling
+  meta.set_world_size(options_.world_size);
+  meta.set_optimizer_step(model_->optimizer_steps());
+  meta.set_created_ms(WallNowMs());
+  meta.set_num_params(static_cast<int64_t>(params.size()));
+  snap.params = std::move(params);
+  snap.adam_m = std::move(m);
+  snap.adam_v = std::move(v);
+  return snap;
 }
 
-Status Trainer::FlushCheckpoints() { return writer_->Flush(); }
+Status Trainer::SaveCheckpoint(bool async) {
+  std::vector<float> params, m, v;
+  RETURN_IF_ERROR(model_->GatherGlobal(&params, &m, &v));
+  last_checkpoint_step_ = step_;
+  if (!is_rank0()) {
+    // A synchronous write keeps rank 0 away from the collectives for as long as it takes.
+    return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));
+  }
+  ckpt::CheckpointSnapshot snap = MakeSnapshot(std::move(params), std::move(m), std::move(v));
+  if (async) return writer_->Submit(std::move(snap));
+  Status st = writer_->WriteNow(snap);
+  Status barrier = StoreBarrier("checkpoint-" + std::to_string(step_));
+  return st.ok() ? barrier : st;
+}
 
-Status Trainer::SaveModel(const std::string& path) const { return SaveModelFile(*model_, path); }
+Status Trainer::FlushCheckpoints() { return writer_ != nullptr ? writer_->Flush() : OkStatus(); }
+
+StatusOr<std::vector<float>> Trainer::GlobalParams() {
+  std::vector<float> params;
+  RETURN_IF_ERROR(model_->GatherGlobal(&params, nullptr, nullptr));
+  return params;
+}
+
+Status Trainer::SaveModel(const std::string& path) {
+  ASSIGN_OR_RETURN(std::vector<float> params, GlobalParams());
+  if (!is_rank0()) return OkStatus();
+  return SaveModelFile(config_, params.data(), path);
+}
 
 void Trainer::OnCheckpointComplete(const v1::CheckpointManifest& meta, const std::string& path) {
   spdlog::info("checkpoint step {} complete: {}", meta.step(), path);
@@ -335,7 +424,9 @@ void Trainer::OnCheckpointComplete(const v1::CheckpointManifest& meta, const std
 
 void Trainer::LogStep(const StepMetrics& m) const {
   const int64_t every = std::max<int64_t>(options_.spec.train.log_every, 1);
-  if (!options_.log_steps || (m.step % every != 0 && !m.val_loss.has_value())) return;
+  if (!options_.log_steps || !is_rank0() || (m.step % every != 0 && !m.val_loss.has_value())) {
+    return;
+  }
   std::string val = m.val_loss.has_value() ? fmt::format(" | val {:.4f}", *m.val_loss) : "";
   spdlog::info(
       "step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | "
@@ -351,7 +442,7 @@ Status Trainer::Run() {
     auto m = Step();
     if (!m.ok()) {
       // A checkpoint already snapshotted is worth finishing; the step in progress is not.
-      (void)writer_->Flush();
+      (void)FlushCheckpoints();
       return m.status();
     }
     if (spec.train.eval_every > 0 && val_loader_ != nullptr &&
@@ -361,20 +452,35 @@ Status Trainer::Run() {
       m->val_loss = *val;
     }
     LogStep(*m);
-    RETURN_IF_ERROR(metrics_.Append(*m));
+    if (metrics_.is_open()) RETURN_IF_ERROR(metrics_.Append(*m));
     if (options_.listener != nullptr) options_.listener->OnStep(*m);
     if (every_ckpt > 0 && step_ % every_ckpt == 0 && step_ < spec.train.steps) {
       Status st = SaveCheckpoint(spec.checkpoint.async);
+      if (st.code() == StatusCode::kDeadlineExceeded || st.code() == StatusCode::kUnavailable) {
+        return st;  // a peer is gone: the gather is a collective
+      }
       if (!st.ok()) spdlog::warn("an earlier checkpoint failed: {}", st.ToString());
     }
   }
-  if (every_ckpt > 0 && last_checkpoint_step_ != step_) {
-    RETURN_IF_ERROR(SaveCheckpoint(/*async=*/false));
+  // One gather serves the final checkpoint and the model file: after it, rank 0 writes
+  // while the others are done (no collective waits on its disk).
+  const bool final_ckpt = every_ckpt > 0 && last_checkpoint_step_ != step_;
+  std::vector<float> params, m, v;
+  RETURN_IF_ERROR(final_ckpt ? model_->GatherGlobal(&params, &m, &v)
+                             : model_->GatherGlobal(&params, nullptr, nullptr));
+  if (is_rank0()) {
+    if (final_ckpt) {
+      std::vector<float> copy = params;
+      last_checkpoint_step_ = step_;
+      RETURN_IF_ERROR(writer_->WriteNow(MakeSnapshot(std::move(copy), std::move(m), std::move(v))));
+    }
+    RETURN_IF_ERROR(writer_->Flush());
+    const std::string model_path = output_dir_ + "/model.bin";
+    RETURN_IF_ERROR(SaveModelFile(config_, params.data(), model_path));
+    spdlog::info("training done at step {}; model written to {}", step_, model_path);
+  } else {
+    spdlog::info("training done at step {}", step_);
   }
-  RETURN_IF_ERROR(writer_->Flush());
-  const std::string model_path = output_dir_ + "/model.bin";
-  RETURN_IF_ERROR(SaveModel(model_path));
-  spdlog::info("training done at step {}; model written to {}", step_, model_path);
   if (options_.listener != nullptr) options_.listener->OnDone();
   return OkStatus();
 }

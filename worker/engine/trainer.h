@@ -1,16 +1,19 @@
-// The single-process training loop (issue 3), used by `drover train` and by the
-// drover-trainer executable that the worker agent launches.
+// The training loop of one rank, used by `drover train` and by the drover-trainer
+// executable that the worker agent (or `drover train --nproc N`) launches.
 //
-// A Trainer owns the model (from the job spec, train.init_from, or the newest valid
-// checkpoint in checkpoint.dir), AdamW, the train DataLoader and the validation loader. One
-// optimizer step is accum = global_batch / (dp * micro_batch) micro-batches of
-// Forward + Backward(1/accum), global-norm clipping, then AdamW with the scheduled LR.
-// Here dp = 1: a world size above 1 is refused (data parallelism is a later issue).
+// A Trainer validates the parallel layout for its world size (ParallelMesh), connects the
+// rank's process groups through the bootstrap store, and owns its part of the model
+// (parallel::ParallelGpt: from the job spec, train.init_from, or the newest valid
+// checkpoint in checkpoint.dir), the train DataLoader (this rank's dp slice of every
+// global batch) and the validation loader. One optimizer step is the mesh's micro-batches
+// of forward and backward (pipelined when pp > 1), the dp reduction, global-norm clipping,
+// then AdamW with the scheduled LR. With world size 1 it is single-process training.
 //
-// Side effects, all under the job's output_dir / checkpoint.dir: one JSON line per step in
-// <output_dir>/metrics.jsonl, checkpoints every checkpoint.every_steps (asynchronous when
+// Side effects, all under the job's output_dir / checkpoint.dir, written by world rank 0
+// only: one JSON line per step in <output_dir>/metrics.jsonl, checkpoints every
+// checkpoint.every_steps (gathered to rank 0, written asynchronously when
 // checkpoint.async), the final model as the llm.c model file <output_dir>/model.bin.
-// Progress and complete checkpoints go to the TrainerListener when one is given.
+// Progress goes to the TrainerListener on every rank, complete checkpoints on rank 0.
 //
 // Thread-safety: a Trainer is driven by one thread. `stop` may be set from any thread (or
 // a signal handler); the loop checks it between micro-batches and abandons the step.
@@ -26,10 +29,13 @@
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "worker/engine/ckpt/async_writer.h"
+#include "common/parallel_mesh.h"
 #include "worker/engine/data/loader.h"
 #include "worker/engine/metrics.h"
-#include "worker/engine/model/gpt.h"
-#include "worker/engine/optim/adamw.h"
+#include "worker/engine/model/gpt_layout.h"
+#include "worker/engine/parallel/kv_store.h"
+#include "worker/engine/parallel/parallel_gpt.h"
+#include "worker/engine/parallel/process_groups.h"
 
 namespace drover::engine {
 
@@ -50,8 +56,13 @@ struct TrainerOptions {
   JobSpec spec;
   std::string job_id;  // recorded in checkpoints and reports ("" outside a cluster)
   int64_t attempt = 0;
-  int world_size = 1;     // > 1 is refused for now
-  bool resume = true;     // continue from the newest valid checkpoint in checkpoint.dir
+  int rank = 0;
+  int world_size = 1;
+  // Bootstrap of the process groups (required when world_size > 1; not owned): keys of
+  // this job attempt only (the coordinator's rendezvous, or drover train's local store).
+  parallel::KvStore* store = nullptr;
+  std::string bind_address = "127.0.0.1";  // where this rank accepts its peers
+  bool resume = true;  // continue from the newest valid checkpoint in checkpoint.dir
   int prefetch = 2;       // micro-batches the loader assembles ahead
   bool log_steps = true;  // one log line per train.log_every steps
   TrainerListener* listener = nullptr;      // not owned; nullptr = no reports
@@ -65,9 +76,10 @@ std::string OutputDirOf(const JobSpec& spec);
 
 class Trainer {
  public:
-  // Validates the spec for this process, opens the data (checking every token id against
-  // the vocabulary), builds or restores the model and optimizer. InvalidArgument for a bad
-  // spec or data, FailedPrecondition for a world size above 1, NotFound for missing files.
+  // Validates the spec and the parallel layout for this world size, connects the process
+  // groups, opens the data (checking every token id against the vocabulary), builds or
+  // restores the model and optimizer. InvalidArgument for a bad spec, layout or data,
+  // NotFound for missing files, DeadlineExceeded when peers do not show up.
   static StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options);
   ~Trainer();
 
@@ -81,50 +93,61 @@ class Trainer {
   StatusOr<StepMetrics> Step();
 
   // Mean validation loss over the first min(eval_batches, available) batches of
-  // (micro_batch, seq_len), or NotFound when there is no validation data.
+  // (micro_batch, seq_len), or NotFound when there is no validation data. Collective.
   StatusOr<double> Evaluate();
 
-  // Snapshots the state and writes checkpoint step_<step()> (in the background when
-  // `async`; Flush waits for it).
+  // Gathers the state to rank 0, which writes checkpoint step_<step()> (in the background
+  // when `async`; Flush waits for it). Collective.
   Status SaveCheckpoint(bool async);
   Status FlushCheckpoints();
 
-  // Writes the model as an llm.c model file.
-  Status SaveModel(const std::string& path) const;
+  // Writes the model as an llm.c model file (rank 0). Collective.
+  Status SaveModel(const std::string& path);
+
+  // The global parameter arena, assembled on rank 0 (empty elsewhere). Collective.
+  StatusOr<std::vector<float>> GlobalParams();
 
   int64_t step() const { return step_; }                  // optimizer steps completed
   int64_t resumed_from() const { return resumed_from_; }  // checkpoint step, -1 if none
-  Gpt& model() { return *model_; }
-  const AdamW& optimizer() const { return *optimizer_; }
+  const GptConfig& model_config() const { return config_; }
+  int64_t optimizer_steps() const { return model_->optimizer_steps(); }
   const JobSpec& spec() const { return options_.spec; }
-  int accum_steps() const { return accum_; }
+  const ParallelMesh& mesh() const { return *mesh_; }
+  int accum_steps() const { return mesh_->micro_batches(); }
 
  private:
   explicit Trainer(const TrainerOptions& options);
   Status Init();
-  Status InitModel();
+  // The global parameters to start from: train.init_from, else the seeded init.
+  StatusOr<std::vector<float>> InitialParams();
   Status OpenData();
   Status RestoreLatest();
+  // Waits (up to the connect timeout) until every rank reached `name`: a barrier through
+  // the bootstrap store for phases longer than the communicators' deadline.
+  Status StoreBarrier(const std::string& name);
   bool StopRequested() const;
+  bool is_rank0() const { return options_.rank == 0; }
   void LogStep(const StepMetrics& m) const;
+  // The snapshot of checkpoint step_ from gathered global arenas (rank 0).
+  ckpt::CheckpointSnapshot MakeSnapshot(std::vector<float> params, std::vector<float> m,
+                                        std::vector<float> v) const;
   void OnCheckpointComplete(const v1::CheckpointManifest& meta, const std::string& path);
 
   TrainerOptions options_;
+  std::optional<ParallelMesh> mesh_;
+  GptConfig config_;
   std::string output_dir_;
   std::string ckpt_dir_;
   int B_ = 0;
   int T_ = 0;
-  int accum_ = 1;
-  std::unique_ptr<Gpt> model_;
-  std::unique_ptr<AdamW> optimizer_;
+  parallel::ProcessGroups groups_;
+  std::unique_ptr<parallel::ParallelGpt> model_;
   std::shared_ptr<const TokenDataset> train_data_;
   std::shared_ptr<const TokenDataset> val_data_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<EvalLoader> val_loader_;
   std::unique_ptr<ckpt::AsyncCheckpointWriter> writer_;
-  MetricsWriter metrics_;
-  std::vector<int32_t> inputs_;   // (B, T)
-  std::vector<int32_t> targets_;  // (B, T)
+  MetricsWriter metrics_;  // open on rank 0 only
   int64_t step_ = 0;
   int64_t resumed_from_ = -1;
   int64_t last_checkpoint_step_ = -1;

@@ -239,7 +239,7 @@ TEST_F(ResumeTest, ResumedRunContinuesTheExactLossCurve) {
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(second->resumed_from(), 4);
   EXPECT_EQ(second->step(), 4);
-  EXPECT_EQ(second->optimizer().step_count(), 4);
+  EXPECT_EQ(second->optimizer_steps(), 4);
   ASSERT_TRUE(second->Run().ok());
   const auto got = Losses(dir_ / "resumed" / "metrics.jsonl");
   ASSERT_EQ(got.size(), 4u);  // steps 5..8

@@ -112,9 +112,11 @@ TEST_F(TrainerTest, LossDecreasesAndWritesMetricsAndModel) {
 
   auto model = LoadModelFile((dir_ / "out" / "model.bin").string());
   ASSERT_TRUE(model.ok()) << model.status();
-  ASSERT_EQ((*model)->num_params(), trainer->model().num_params());
+  auto params = trainer->GlobalParams();
+  ASSERT_TRUE(params.ok()) << params.status();
+  ASSERT_EQ((*model)->num_params(), params->size());
   for (size_t i = 0; i < (*model)->num_params(); ++i) {
-    ASSERT_EQ((*model)->params()[i], trainer->model().params()[i]) << i;
+    ASSERT_EQ((*model)->params()[i], (*params)[i]) << i;
   }
   auto val = trainer->Evaluate();
   ASSERT_TRUE(val.ok());
@@ -135,24 +137,35 @@ TEST_F(TrainerTest, GradAccumulationOfTwoMicroBatchesMatchesOneBatch) {
     EXPECT_NEAR(a->loss, b->loss, 1e-5);
     EXPECT_NEAR(a->grad_norm, b->grad_norm, 1e-4 * a->grad_norm);
   }
-  const size_t n = big->model().num_params();
+  auto pa = big->GlobalParams();
+  auto pb = accum->GlobalParams();
+  ASSERT_TRUE(pa.ok() && pb.ok());
   double max_diff = 0;
-  for (size_t i = 0; i < n; ++i) {
-    max_diff = std::max<double>(max_diff,
-                                std::fabs(big->model().params()[i] - accum->model().params()[i]));
+  for (size_t i = 0; i < pa->size(); ++i) {
+    max_diff = std::max<double>(max_diff, std::fabs((*pa)[i] - (*pb)[i]));
   }
   EXPECT_LT(max_diff, 1e-5);
 }
 
-TEST_F(TrainerTest, RefusesWorldSizeAboveOne) {
+TEST_F(TrainerTest, WorldSizeAboveOneNeedsARendezvousStore) {
   TrainerOptions options;
-  options.spec = Spec();
+  options.spec = Spec({"train.micro_batch=2"});
   options.world_size = 2;
   auto trainer = Trainer::Create(options);
   ASSERT_FALSE(trainer.ok());
-  EXPECT_EQ(trainer.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(trainer.status().message(),
-              ::testing::HasSubstr("data parallelism is not built yet"));
+  EXPECT_EQ(trainer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(trainer.status().message(), ::testing::HasSubstr("rendezvous store"));
+}
+
+TEST_F(TrainerTest, RefusesALayoutThatDoesNotFitTheWorldSize) {
+  TrainerOptions options;
+  // 2 layers: pp 2 fits, a world size of 3 does not.
+  options.spec = Spec({"parallel.pp=2", "resources.world_size.max=4"});
+  options.world_size = 3;
+  auto trainer = Trainer::Create(options);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(trainer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(trainer.status().message(), "world_size 3 is not divisible by pp (2) x tp (1) = 2");
 }
 
 TEST_F(TrainerTest, RejectsTokensOutsideTheVocabulary) {

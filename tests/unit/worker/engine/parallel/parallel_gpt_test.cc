@@ -1,0 +1,232 @@
+// Every parallel mode against single-process training (DESIGN.md: "for the same seed, data
+// and global batch, the loss of every step equals single-process training within
+// floating-point tolerance"). The ranks of a job run as threads of this process, each with
+// its own Trainer (so the whole path runs: mesh, process groups over Gloo on loopback,
+// per-dp-rank data, ParallelGpt), connected through one in-memory bootstrap store. The
+// same modes run as processes through `drover train --nproc` in tests/integration/.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "common/token_shard.h"
+#include "worker/engine/parallel/kv_store.h"
+#include "worker/engine/threads.h"
+#include "worker/engine/trainer.h"
+
+namespace drover::engine::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kSteps = 5;
+
+struct RankResult {
+  Status status;
+  std::vector<double> losses;
+  std::vector<double> norms;
+  std::vector<float> params;  // global, on rank 0
+  double val_loss = 0;
+};
+
+class ParallelEquivalenceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::path(::testing::TempDir()) / "parallel_gpt_test");
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_);
+    std::mt19937_64 rng(11);
+    std::vector<uint16_t> tokens(20000);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = rng() % 6 == 0 ? rng() % 64 : static_cast<uint16_t>((i * 5 + i / 7) % 61);
+    }
+    ASSERT_TRUE(WriteTokenShard((*dir_ / "train.bin").string(), tokens).ok());
+    tokens.resize(3000);
+    ASSERT_TRUE(WriteTokenShard((*dir_ / "val.bin").string(), tokens).ok());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  // A 4-layer model, global batch 8; `overrides` choose the mode.
+  static JobSpec Spec(const std::vector<std::string>& overrides) {
+    const std::string yaml =
+        "name: equiv\n"
+        "output_dir: " +
+        (*dir_ / "out").string() +
+        "\n"
+        "model: {n_layer: 4, n_head: 4, n_embd: 32, block_size: 16, vocab_size: 64}\n"
+        "data: {train: " +
+        (*dir_ / "train.bin").string() + ", val: " + (*dir_ / "val.bin").string() +
+        "}\n"
+        "train: {steps: 5, global_batch: 8, micro_batch: 4, seq_len: 16, lr: 0.01, "
+        "min_lr: 0.001, warmup_steps: 2, eval_every: 100, eval_batches: 4, seed: 3, "
+        "grad_clip: 0.5}\n"
+        "parallel: {bucket_mb: 0.02, timeout_s: 20}\n"
+        "resources: {world_size: {min: 1, max: 8}}\n"
+        "checkpoint: {every_steps: 0}\n";
+    auto spec = ParseJobSpec(yaml, overrides);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+
+  // Runs kSteps steps of `spec` on `world` ranks (threads), then gathers the parameters.
+  static std::vector<RankResult> RunWorld(const JobSpec& spec, int world) {
+    InMemoryKvStore store;
+    std::vector<RankResult> results(world);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        SetNumThreads(1);
+        RankResult& r = results[rank];
+        TrainerOptions options;
+        options.spec = spec;
+        options.rank = rank;
+        options.world_size = world;
+        options.store = &store;
+        options.log_steps = false;
+        options.resume = false;
+        auto trainer = Trainer::Create(options);
+        if (!trainer.ok()) {
+          r.status = trainer.status();
+          return;
+        }
+        for (int s = 0; s < kSteps; ++s) {
+          auto m = (*trainer)->Step();
+          if (!m.ok()) {
+            r.status = m.status();
+            return;
+          }
+          r.losses.push_back(m->loss);
+          r.norms.push_back(m->grad_norm);
+        }
+        auto val = (*trainer)->Evaluate();
+        if (!val.ok()) {
+          r.status = val.status();
+          return;
+        }
+        r.val_loss = *val;
+        auto params = (*trainer)->GlobalParams();
+        if (!params.ok()) {
+          r.status = params.status();
+          return;
+        }
+        r.params = std::move(params).value();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  }
+
+  // The single-process run with the same global batch and micro-batch size.
+  static const RankResult& Reference(int micro_batch) {
+    static auto* cache = new std::map<int, RankResult>();
+    auto it = cache->find(micro_batch);
+    if (it == cache->end()) {
+      JobSpec spec = Spec({"train.micro_batch=" + std::to_string(micro_batch)});
+      it = cache->emplace(micro_batch, RunWorld(spec, 1)[0]).first;
+    }
+    return it->second;
+  }
+
+  // Runs the mode and checks every rank against the single-process run.
+  static void ExpectMatchesOneProcess(int world, const std::vector<std::string>& overrides) {
+    JobSpec spec = Spec(overrides);
+    const RankResult& want = Reference(spec.train.micro_batch);
+    ASSERT_TRUE(want.status.ok()) << want.status;
+    const std::vector<RankResult> got = RunWorld(spec, world);
+    for (int rank = 0; rank < world; ++rank) {
+      const RankResult& r = got[rank];
+      ASSERT_TRUE(r.status.ok()) << "rank " << rank << ": " << r.status;
+      ASSERT_EQ(r.losses.size(), want.losses.size());
+      for (size_t s = 0; s < r.losses.size(); ++s) {
+        EXPECT_NEAR(r.losses[s], want.losses[s], 1e-5 * std::fabs(want.losses[s]))
+            << "rank " << rank << " step " << s + 1;
+        EXPECT_NEAR(r.norms[s], want.norms[s], 1e-4 * want.norms[s])
+            << "rank " << rank << " step " << s + 1;
+      }
+      EXPECT_NEAR(r.val_loss, want.val_loss, 1e-5 * want.val_loss) << "rank " << rank;
+    }
+    ASSERT_EQ(got[0].params.size(), want.params.size());
+    double worst = 0;
+    size_t worst_i = 0;
+    for (size_t i = 0; i < want.params.size(); ++i) {
+      const double d = std::fabs(got[0].params[i] - want.params[i]);
+      if (d > worst) {
+        worst = d;
+        worst_i = i;
+      }
+    }
+    EXPECT_LT(worst, 1e-5) << "largest parameter difference at global element " << worst_i;
+    for (int rank = 1; rank < world; ++rank) EXPECT_TRUE(got[rank].params.empty());
+  }
+
+  static fs::path* dir_;
+};
+
+fs::path* ParallelEquivalenceTest::dir_ = nullptr;
+
+TEST_F(ParallelEquivalenceTest, DataParallel) { ExpectMatchesOneProcess(2, {}); }
+
+TEST_F(ParallelEquivalenceTest, DataParallelWithAccumulation) {
+  ExpectMatchesOneProcess(2, {"train.micro_batch=2"});
+}
+
+TEST_F(ParallelEquivalenceTest, ZeroStage1) {
+  ExpectMatchesOneProcess(2, {"train.micro_batch=2", "parallel.zero_stage=1"});
+}
+
+TEST_F(ParallelEquivalenceTest, ZeroStage2) {
+  ExpectMatchesOneProcess(2, {"train.micro_batch=2", "parallel.zero_stage=2"});
+}
+
+TEST_F(ParallelEquivalenceTest, ZeroStage3) {
+  ExpectMatchesOneProcess(2, {"train.micro_batch=2", "parallel.zero_stage=3"});
+}
+
+TEST_F(ParallelEquivalenceTest, PipelineGPipe) {
+  ExpectMatchesOneProcess(
+      2, {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"});
+}
+
+TEST_F(ParallelEquivalenceTest, Pipeline1F1B) {
+  ExpectMatchesOneProcess(2, {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=1f1b"});
+}
+
+TEST_F(ParallelEquivalenceTest, FourStagePipeline) {
+  ExpectMatchesOneProcess(4, {"train.micro_batch=1", "parallel.pp=4"});
+}
+
+TEST_F(ParallelEquivalenceTest, TensorParallel) { ExpectMatchesOneProcess(2, {"parallel.tp=2"}); }
+
+TEST_F(ParallelEquivalenceTest, DataAndPipelineParallelWithZero1) {
+  ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.pp=2", "parallel.zero_stage=1"});
+}
+
+TEST_F(ParallelEquivalenceTest, DataAndTensorParallelWithZero1) {
+  ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.tp=2", "parallel.zero_stage=1"});
+}
+
+TEST_F(ParallelEquivalenceTest, PipelineAndTensorParallel) {
+  ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2"});
+}
+
+TEST_F(ParallelEquivalenceTest, DataPipelineAndTensorParallelWithZero1) {
+  ExpectMatchesOneProcess(8, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2",
+                              "parallel.zero_stage=1"});
+}
+
+TEST_F(ParallelEquivalenceTest, ZeroStage3WithTensorParallel) {
+  ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.tp=2", "parallel.zero_stage=3"});
+}
+
+}  // namespace
+}  // namespace drover::engine::parallel

@@ -1,0 +1,68 @@
+// CommStream: a thread that runs communication work in submission order, so that the
+// training thread can start a reduction (a gradient bucket, a ZeRO-3 gather) and go on
+// computing while it runs (DESIGN.md: "gradients reduced in buckets, overlapped with
+// backward"). The CUDA backend gets the same shape from a second cudaStream_t.
+//
+// Errors are sticky: once a piece of work fails, every later piece is skipped and reports
+// that first error (the communicator it used is broken anyway, communicator.h).
+//
+// Thread-safety: Submit, Wait and WaitAll are called from one thread (the training
+// thread); the work runs on the stream's own thread. The stream's thread runs CPU kernels
+// single-threaded (OpenMP) so that they do not compete with the training thread's team.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+
+namespace drover::engine::parallel {
+
+class CommStream {
+ public:
+  using Ticket = uint64_t;
+
+  explicit CommStream(std::string name);
+  // Finishes the queued work, then joins the thread.
+  ~CommStream();
+  CommStream(const CommStream&) = delete;
+  CommStream& operator=(const CommStream&) = delete;
+
+  // Queues `work`; its ticket is larger than every earlier one.
+  Ticket Submit(std::function<Status()> work);
+  // Blocks until the work of `ticket` (and everything before it) has run. Returns the
+  // stream's first error if one happened at or before `ticket`.
+  Status Wait(Ticket ticket);
+  // Blocks until the queue is empty; returns the stream's first error, if any.
+  Status WaitAll();
+
+  // Seconds spent running work, and seconds callers spent blocked in Wait/WaitAll, since
+  // the last ResetTimes(): the fraction of communication hidden behind compute is
+  // 1 - blocked / busy.
+  double busy_seconds() const;
+  double blocked_seconds() const { return blocked_s_; }
+  void ResetTimes();
+
+ private:
+  void Loop();
+
+  const std::string name_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<Ticket, std::function<Status()>>> queue_;  // guarded by mu_
+  Ticket next_ticket_ = 1;                                         // guarded by mu_
+  Ticket done_ = 0;     // guarded by mu_: every ticket <= done_ has run
+  Ticket failed_at_ = 0;  // guarded by mu_: ticket of the first error, 0 if none
+  Status error_;        // guarded by mu_
+  bool stop_ = false;   // guarded by mu_
+  double busy_s_ = 0;   // guarded by mu_
+  double blocked_s_ = 0;  // touched by the caller's thread only
+  std::thread thread_;    // started last
+};
+
+}  // namespace drover::engine::parallel

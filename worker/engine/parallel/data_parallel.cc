@@ -1,0 +1,124 @@
+#include "worker/engine/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <span>
+
+namespace drover::engine::parallel {
+
+DataParallelMemory::DataParallelMemory(const GptLayout* layout, Ops* ops, Communicator* dp,
+                                       int zero_stage, size_t bucket_floats,
+                                       std::vector<int> deferred)
+    : layout_(layout),
+      ops_(ops),
+      dp_(dp),
+      zero_stage_(dp == nullptr ? 0 : zero_stage),
+      params_(ops->Allocate(layout->num_params())),
+      grads_(ops->Allocate(layout->num_params())),
+      flat_(layout, ops, params_.data(), grads_.data()),
+      partition_(layout->num_params(), dp == nullptr ? 1 : dp->size()),
+      deferred_(std::move(deferred)) {
+  DROVER_CHECK(zero_stage == 0 || zero_stage == 1);
+  if (dp_ == nullptr) return;
+  buckets_ = PlanBuckets(layout->units(), bucket_floats, deferred_);
+  bucket_of_unit_.assign(layout->units().size(), -1);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (int u : buckets_[b].units) bucket_of_unit_[u] = static_cast<int>(b);
+  }
+  pending_units_.resize(buckets_.size());
+  stream_ = std::make_unique<CommStream>("dp reduction");
+}
+
+DataParallelMemory::~DataParallelMemory() {
+  // Reductions in flight write into grads_: finish them before the arena goes.
+  if (stream_ != nullptr) (void)stream_->WaitAll();
+}
+
+void DataParallelMemory::BeginStep() {
+  flat_.ZeroGrad();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_units_[b] = static_cast<int>(buckets_[b].units.size());
+  }
+  if (stream_ != nullptr) stream_->ResetTimes();
+}
+
+void DataParallelMemory::Reduce(size_t begin, size_t end) {
+  float* data = grads_.data() + begin;
+  if (zero_stage_ == 0) {
+    stream_->Submit([this, data, n = end - begin] {
+      return dp_->AllReduce(data, n, DataType::kFloat32, ReduceOp::kAverage);
+    });
+  } else {
+    stream_->Submit([this, data, counts = partition_.Counts(begin, end)] {
+      return dp_->ReduceScatter(data, counts, DataType::kFloat32, ReduceOp::kAverage);
+    });
+  }
+}
+
+Status DataParallelMemory::GradsReady(int unit) {
+  if (dp_ == nullptr || !last_micro_batch_) return OkStatus();
+  const int b = bucket_of_unit_[unit];
+  if (b < 0) return OkStatus();  // deferred: FinishGradients reduces it
+  if (--pending_units_[b] == 0) Reduce(buckets_[b].begin, buckets_[b].end);
+  return OkStatus();
+}
+
+Status DataParallelMemory::FinishGradients(
+    const std::function<Status(float* grads)>& sync_deferred) {
+  // A unit the stage never touched this step still holds the promise of zeros.
+  flat_.MaterializeZeros();
+  if (dp_ == nullptr) {
+    return sync_deferred ? sync_deferred(grads_.data()) : OkStatus();
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    DROVER_CHECK_MSG(pending_units_[b] == 0, "a bucket's units were not all made ready");
+  }
+  if (sync_deferred) RETURN_IF_ERROR(sync_deferred(grads_.data()));
+  for (int u : deferred_) {
+    const Unit& unit = layout_->units()[u];
+    Reduce(unit.offset, unit.offset + unit.numel);
+  }
+  return stream_->WaitAll();
+}
+
+size_t DataParallelMemory::owned_begin() const {
+  return zero_stage_ == 0 ? 0 : partition_.begin(dp_->rank());
+}
+
+size_t DataParallelMemory::owned_end() const {
+  return zero_stage_ == 0 ? layout_->num_params() : partition_.end(dp_->rank());
+}
+
+Status DataParallelMemory::PublishParams() {
+  if (zero_stage_ == 0) return OkStatus();
+  stream_->Submit([this, counts = partition_.Counts(0, partition_.n)] {
+    return dp_->AllGather(params_.data(), counts, DataType::kFloat32);
+  });
+  return stream_->WaitAll();
+}
+
+Status DataParallelMemory::ExportParams(float* local) {
+  ops_->ToHost(local, params_.data(), layout_->num_params());
+  return OkStatus();
+}
+
+void DataParallelMemory::ImportParams(const float* local) {
+  ops_->FromHost(params_.data(), local, layout_->num_params());
+}
+
+Status DataParallelMemory::GatherOwned(float* whole) {
+  if (zero_stage_ == 0) return OkStatus();
+  stream_->Submit([this, whole, counts = partition_.Counts(0, partition_.n)] {
+    return dp_->AllGather(whole, counts, DataType::kFloat32);
+  });
+  return stream_->WaitAll();
+}
+
+double DataParallelMemory::comm_busy_seconds() const {
+  return stream_ == nullptr ? 0 : stream_->busy_seconds();
+}
+
+double DataParallelMemory::comm_blocked_seconds() const {
+  return stream_ == nullptr ? 0 : stream_->blocked_seconds();
+}
+
+}  // namespace drover::engine::parallel

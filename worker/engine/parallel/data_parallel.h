@@ -1,0 +1,85 @@
+// Data parallelism with whole gradients: ZeRO stage 0 (plain DDP) and stage 1 (optimizer
+// state sharded). See training_memory.h for the table of stages.
+//
+// Gradients live in one arena, as in single-process training. On the step's last
+// micro-batch, each bucket (PlanBuckets: units in the order backward finishes them) is
+// handed to the CommStream the moment its last unit is ready: stage 0 all-reduces it
+// (average), stage 1 reduce-scatters it so each rank ends up with the average of its own
+// shard only. Earlier micro-batches just accumulate locally (no_sync in PyTorch's terms).
+// Stage 1 then all-gathers the updated shards (PublishParams).
+//
+// With a null dp communicator (dp = 1) nothing is reduced and the memory is exactly
+// FlatStageMemory: single-process training goes through here unchanged.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "worker/engine/kernels/ops.h"
+#include "worker/engine/model/gpt_layout.h"
+#include "worker/engine/parallel/comm_stream.h"
+#include "worker/engine/parallel/communicator.h"
+#include "worker/engine/parallel/training_memory.h"
+
+namespace drover::engine::parallel {
+
+class DataParallelMemory final : public TrainingMemory {
+ public:
+  // `dp` may be null (dp = 1); zero_stage is 0 or 1. `deferred` units are left out of the
+  // buckets and reduced in FinishGradients after its sync_deferred hook. Not owned: all
+  // pointers must outlive the memory.
+  DataParallelMemory(const GptLayout* layout, Ops* ops, Communicator* dp, int zero_stage,
+                     size_t bucket_floats, std::vector<int> deferred);
+  ~DataParallelMemory() override;
+
+  StatusOr<const float*> AcquireParams(int unit) override { return flat_.AcquireParams(unit); }
+  Status ReleaseParams(int unit) override { return flat_.ReleaseParams(unit); }
+  StatusOr<float*> AcquireGrads(int unit, bool* accumulate) override {
+    return flat_.AcquireGrads(unit, accumulate);
+  }
+  Status GradsReady(int unit) override;
+
+  void BeginStep() override;
+  void SetLastMicroBatch(bool last) override { last_micro_batch_ = last; }
+  Status FinishGradients(const std::function<Status(float* grads)>& sync_deferred) override;
+
+  size_t owned_begin() const override;
+  size_t owned_end() const override;
+  float* owned_params() override { return params_.data() + owned_begin(); }
+  float* owned_grads() override { return grads_.data() + owned_begin(); }
+  bool owned_replicated() const override { return zero_stage_ == 0; }
+  Status PublishParams() override;
+
+  Status ExportParams(float* local) override;
+  void ImportParams(const float* local) override;
+  Status GatherOwned(float* whole) override;
+
+  MemoryUsage memory_usage() const override { return {params_.size(), grads_.size(), 0}; }
+  double comm_busy_seconds() const override;
+  double comm_blocked_seconds() const override;
+
+  // The whole arenas (for tests).
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+
+ private:
+  // Queues the reduction of [begin, end) of the gradient arena.
+  void Reduce(size_t begin, size_t end);
+
+  const GptLayout* layout_;
+  Ops* ops_;
+  Communicator* dp_;
+  const int zero_stage_;
+  Buffer params_;
+  Buffer grads_;
+  FlatStageMemory flat_;
+  ShardPartition partition_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_unit_;  // -1 for deferred units
+  std::vector<int> deferred_;
+  std::vector<int> pending_units_;  // per bucket: units not yet ready in this step
+  bool last_micro_batch_ = true;
+  std::unique_ptr<CommStream> stream_;  // null when dp is null
+};
+
+}  // namespace drover::engine::parallel

@@ -1,0 +1,325 @@
+#include "worker/engine/parallel/parallel_gpt.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "worker/engine/optim/grad_clip.h"
+#include "worker/engine/parallel/data_parallel.h"
+#include "worker/engine/parallel/zero_sharded.h"
+
+namespace drover::engine::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Point-to-point tags between pipeline stages: activations and their gradients travel on
+// separate tags (they cross in opposite directions), numbered by micro-batch.
+constexpr uint64_t kActivationTag = uint64_t{1} << 32;
+constexpr uint64_t kGradientTag = uint64_t{2} << 32;
+constexpr uint64_t kEvalTag = uint64_t{3} << 32;
+// The gather of a checkpoint or model on world rank 0: one tag per arena.
+constexpr uint64_t kGatherTag = uint64_t{4} << 32;
+
+// Runs of consecutive tensors whose `primary` flag is set, merged: the ranges whose
+// squared gradients this rank adds to the global norm (each element once in the world).
+std::vector<std::pair<size_t, size_t>> PrimaryRuns(const GptLayout& layout) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (const LocalTensor& t : layout.tensors()) {
+    if (!t.primary) continue;
+    if (!runs.empty() && runs.back().second == t.offset) {
+      runs.back().second += t.numel;
+    } else {
+      runs.emplace_back(t.offset, t.offset + t.numel);
+    }
+  }
+  return runs;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const ParallelGptOptions& options,
+                                                           const ParallelMesh& mesh,
+                                                           ProcessGroups* groups, Ops* ops) {
+  const ParallelMesh::Coord c = mesh.CoordOf(options.rank);
+  // 1 + 2: tensor and pipeline parallelism decide what this rank holds.
+  ASSIGN_OR_RETURN(GptLayout layout,
+                   GptLayout::Create(options.config, c.pp, mesh.pp(), c.tp, mesh.tp()));
+  auto model = std::unique_ptr<ParallelGpt>(
+      new ParallelGpt(options, mesh, std::move(layout), groups, ops));
+  return model;
+}
+
+ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& mesh,
+                         GptLayout layout, ProcessGroups* groups, Ops* ops)
+    : options_(options),
+      mesh_(mesh),
+      coord_(mesh.CoordOf(options.rank)),
+      layout_(std::move(layout)),
+      groups_(groups),
+      ops_(ops),
+      stage_(&layout_, ops, groups->tp.get()),
+      schedule_(StageSchedule(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches())),
+      norm_ranges_(PrimaryRuns(layout_)) {
+  // 3: data parallelism / ZeRO over the dp group. With a pipeline, the tied embedding's
+  // unit waits for the first/last stage sum before its dp reduction.
+  std::vector<int> deferred;
+  if (mesh.pp() > 1 && layout_.first_stage()) deferred.push_back(layout_.embedding_unit());
+  if (mesh.pp() > 1 && layout_.last_stage()) deferred.push_back(layout_.head_unit());
+  if (mesh.zero_stage() >= 2 && groups->dp != nullptr) {
+    memory_ = std::make_unique<ShardedMemory>(&layout_, ops, groups->dp.get(), mesh.zero_stage());
+  } else {
+    memory_ = std::make_unique<DataParallelMemory>(&layout_, ops, groups->dp.get(),
+                                                   std::min(mesh.zero_stage(), 1),
+                                                   options.bucket_floats, std::move(deferred));
+  }
+  // 4: the optimizer over the owned range.
+  optimizer_ = std::make_unique<AdamW>(DecayRangesOf(layout_.tensors()), layout_.num_params(),
+                                       options.adam, memory_->owned_begin(),
+                                       memory_->owned_end(), ops);
+  const int sets =
+      MaxInFlight(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches());
+  for (int i = 0; i < sets; ++i) {
+    acts_.push_back(std::make_unique<StageActivations>(&layout_, ops));
+    acts_.back()->Ensure(options.micro_batch, options.seq_len);
+  }
+  sends_.resize(sets);
+}
+
+ParallelGpt::~ParallelGpt() {
+  // Sends in flight read activation buffers: let them finish (or fail) first.
+  for (int s = 0; s < static_cast<int>(sends_.size()); ++s) (void)WaitSends(s);
+}
+
+void ParallelGpt::LoadGlobalParams(const float* params) {
+  std::vector<float> local(layout_.num_params());
+  layout_.GlobalToLocal(params, local.data());
+  memory_->ImportParams(local.data());
+}
+
+void ParallelGpt::LoadGlobalOptimizer(const float* m, const float* v, int64_t step_count) {
+  std::vector<float> local(layout_.num_params());
+  const size_t begin = memory_->owned_begin(), n = memory_->owned_end() - begin;
+  layout_.GlobalToLocal(m, local.data());
+  ops_->FromHost(optimizer_->m(), local.data() + begin, n);
+  layout_.GlobalToLocal(v, local.data());
+  ops_->FromHost(optimizer_->v(), local.data() + begin, n);
+  optimizer_->set_step_count(step_count);
+}
+
+Status ParallelGpt::WaitSends(int slot) {
+  Status first;
+  for (auto& request : sends_[slot]) {
+    Status st = request->Wait();
+    if (first.ok()) first = st;
+  }
+  sends_[slot].clear();
+  return first;
+}
+
+Status ParallelGpt::SendTo(int peer_stage, int slot, const float* data, uint64_t tag) {
+  const size_t bytes = sizeof(float) * options_.micro_batch * options_.seq_len *
+                       static_cast<size_t>(layout_.config().channels);
+  ASSIGN_OR_RETURN(std::unique_ptr<Request> request,
+                   groups_->pp->Isend(data, bytes, peer_stage, tag));
+  sends_[slot].push_back(std::move(request));
+  return OkStatus();
+}
+
+Status ParallelGpt::RecvFrom(int peer_stage, float* data, uint64_t tag) {
+  const size_t bytes = sizeof(float) * options_.micro_batch * options_.seq_len *
+                       static_cast<size_t>(layout_.config().channels);
+  const auto t0 = Clock::now();
+  Status st = groups_->pp->Recv(data, bytes, peer_stage, tag);
+  pp_wait_s_ += SecondsSince(t0);
+  return st;
+}
+
+Status ParallelGpt::RunForward(int micro_batch, const BatchFn& next_batch, double* loss_sum) {
+  const int slot = micro_batch % static_cast<int>(acts_.size());
+  StageActivations& a = *acts_[slot];
+  RETURN_IF_ERROR(WaitSends(slot));
+  // Every stage draws every micro-batch, so all ranks' samplers stay at one position (the
+  // first stage embeds the inputs, the last scores the targets).
+  RETURN_IF_ERROR(next_batch(a.inputs(), a.targets()));
+  if (!layout_.first_stage()) {
+    RETURN_IF_ERROR(RecvFrom(coord_.pp - 1, a.input(), kActivationTag + micro_batch));
+  }
+  ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *memory_, GptStage::Pass::kTrain));
+  if (layout_.last_stage()) {
+    *loss_sum += loss;
+  } else {
+    RETURN_IF_ERROR(SendTo(coord_.pp + 1, slot, a.output(), kActivationTag + micro_batch));
+  }
+  return OkStatus();
+}
+
+Status ParallelGpt::RunBackward(int micro_batch) {
+  const int slot = micro_batch % static_cast<int>(acts_.size());
+  StageActivations& a = *acts_[slot];
+  memory_->SetLastMicroBatch(micro_batch == mesh_.micro_batches() - 1);
+  if (!layout_.last_stage()) {
+    RETURN_IF_ERROR(RecvFrom(coord_.pp + 1, a.doutput(), kGradientTag + micro_batch));
+  }
+  RETURN_IF_ERROR(stage_.Backward(a, *memory_, 1.0f / static_cast<float>(mesh_.micro_batches())));
+  if (!layout_.first_stage()) {
+    RETURN_IF_ERROR(SendTo(coord_.pp - 1, slot, a.dinput(), kGradientTag + micro_batch));
+  }
+  return OkStatus();
+}
+
+Status ParallelGpt::SyncTiedEmbedding(float* grads) {
+  if (groups_->emb == nullptr) return OkStatus();
+  const int unit = layout_.first_stage() ? layout_.embedding_unit() : layout_.head_unit();
+  const GptConfig& cfg = layout_.config();
+  const size_t wte = static_cast<size_t>(cfg.padded_vocab_size) * cfg.channels;
+  return groups_->emb->AllReduce(grads + layout_.units()[unit].offset, wte, DataType::kFloat32,
+                                 ReduceOp::kSum);
+}
+
+double ParallelGpt::OwnedGradSumSquares() {
+  // Under plain data parallelism every dp rank holds the same reduced gradient.
+  if (memory_->owned_replicated() && coord_.dp != 0) return 0;
+  const size_t begin = memory_->owned_begin(), end = memory_->owned_end();
+  const float* grads = memory_->owned_grads();
+  double sum = 0;
+  for (const auto& [lo, hi] : norm_ranges_) {
+    const size_t b = std::max(lo, begin), e = std::min(hi, end);
+    if (e > b) sum += ops_->SumSquares(grads + (b - begin), e - b);
+  }
+  return sum;
+}
+
+StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
+  pp_wait_s_ = 0;
+  memory_->BeginStep();
+  double loss_sum = 0;
+  for (const PipeAction& action : schedule_) {
+    if (action.kind == PipeAction::kForward) {
+      RETURN_IF_ERROR(RunForward(action.micro_batch, next_batch, &loss_sum));
+    } else {
+      RETURN_IF_ERROR(RunBackward(action.micro_batch));
+    }
+  }
+  for (int s = 0; s < static_cast<int>(sends_.size()); ++s) RETURN_IF_ERROR(WaitSends(s));
+  std::function<Status(float*)> sync;
+  if (groups_->emb != nullptr) sync = [this](float* grads) { return SyncTiedEmbedding(grads); };
+  RETURN_IF_ERROR(memory_->FinishGradients(sync));
+
+  // The loss of every micro-batch is counted once (last stage, tp rank 0), the squared
+  // gradient of every parameter once (OwnedGradSumSquares).
+  const bool counts_loss = layout_.last_stage() && coord_.tp == 0;
+  double stats[2] = {counts_loss ? loss_sum : 0.0, OwnedGradSumSquares()};
+  if (groups_->world != nullptr) {
+    RETURN_IF_ERROR(groups_->world->AllReduce(stats, 2, DataType::kFloat64, ReduceOp::kSum));
+  }
+  StepResult r;
+  r.loss = stats[0] / (static_cast<double>(mesh_.dp()) * mesh_.micro_batches());
+  r.grad_norm = std::sqrt(stats[1]);
+  const double scale = ClipScale(r.grad_norm, options_.grad_clip);
+  const size_t owned = memory_->owned_end() - memory_->owned_begin();
+  if (scale != 1.0) ops_->Scale(memory_->owned_grads(), owned, static_cast<float>(scale));
+  optimizer_->Step(memory_->owned_params(), memory_->owned_grads(), static_cast<float>(lr));
+  RETURN_IF_ERROR(memory_->PublishParams());
+  r.comm_busy_s = memory_->comm_busy_seconds();
+  r.comm_blocked_s = memory_->comm_blocked_seconds();
+  r.pp_wait_s = pp_wait_s_;
+  const MemoryUsage usage = memory_->memory_usage();
+  r.param_bytes = sizeof(float) * usage.params;
+  r.grad_bytes = sizeof(float) * usage.grads;
+  r.optimizer_bytes = 2 * sizeof(float) * optimizer_->size();
+  r.working_bytes = sizeof(float) * usage.working;
+  return r;
+}
+
+StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch) {
+  double sum = 0;
+  int64_t count = 0;
+  int64_t k = 0;  // this rank's batches so far: activation sets rotate over them
+  for (int64_t i = coord_.dp; i < batches; i += mesh_.dp(), ++k) {
+    const int slot = static_cast<int>(k % static_cast<int64_t>(acts_.size()));
+    StageActivations& a = *acts_[slot];
+    RETURN_IF_ERROR(WaitSends(slot));
+    batch(i, a.inputs(), a.targets());
+    if (!layout_.first_stage()) RETURN_IF_ERROR(RecvFrom(coord_.pp - 1, a.input(), kEvalTag + k));
+    ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *memory_, GptStage::Pass::kEval));
+    if (layout_.last_stage()) {
+      sum += loss;
+      ++count;
+    } else {
+      RETURN_IF_ERROR(SendTo(coord_.pp + 1, slot, a.output(), kEvalTag + k));
+    }
+  }
+  for (int s = 0; s < static_cast<int>(sends_.size()); ++s) RETURN_IF_ERROR(WaitSends(s));
+  const bool counts = layout_.last_stage() && coord_.tp == 0;
+  double stats[2] = {counts ? sum : 0.0, counts ? static_cast<double>(count) : 0.0};
+  if (groups_->world != nullptr) {
+    RETURN_IF_ERROR(groups_->world->AllReduce(stats, 2, DataType::kFloat64, ReduceOp::kSum));
+  }
+  return stats[0] / std::max(stats[1], 1.0);
+}
+
+Status ParallelGpt::ExportLocal(std::vector<float>* params, std::vector<float>* m,
+                                std::vector<float>* v) {
+  const size_t n = layout_.num_params();
+  params->assign(n, 0.0f);
+  RETURN_IF_ERROR(memory_->ExportParams(params->data()));
+  if (m == nullptr) return OkStatus();
+  const size_t begin = memory_->owned_begin(), owned = memory_->owned_end() - begin;
+  m->assign(n, 0.0f);
+  v->assign(n, 0.0f);
+  ops_->ToHost(m->data() + begin, optimizer_->m(), owned);
+  ops_->ToHost(v->data() + begin, optimizer_->v(), owned);
+  RETURN_IF_ERROR(memory_->GatherOwned(m->data()));
+  return memory_->GatherOwned(v->data());
+}
+
+Status ParallelGpt::GatherGlobal(std::vector<float>* params, std::vector<float>* m,
+                                 std::vector<float>* v) {
+  DROVER_CHECK((m == nullptr) == (v == nullptr));
+  std::vector<float> local_p, local_m, local_v;
+  RETURN_IF_ERROR(ExportLocal(&local_p, m ? &local_m : nullptr, m ? &local_v : nullptr));
+  std::vector<std::vector<float>*> locals = {&local_p};
+  std::vector<std::vector<float>*> globals = {params};
+  if (m != nullptr) {
+    locals.insert(locals.end(), {&local_m, &local_v});
+    globals.insert(globals.end(), {m, v});
+  }
+  for (std::vector<float>* g : globals) g->clear();
+  if (options_.rank != 0) {
+    // dp rank 0 of every (pp, tp) coordinate holds its whole local arenas now.
+    if (coord_.dp != 0) return OkStatus();
+    for (size_t i = 0; i < locals.size(); ++i) {
+      RETURN_IF_ERROR(groups_->world->Send(locals[i]->data(), sizeof(float) * locals[i]->size(),
+                                           0, kGatherTag + i));
+    }
+    return OkStatus();
+  }
+  const size_t total = layout_.global_num_params();
+  for (std::vector<float>* g : globals) g->assign(total, 0.0f);
+  for (int pp = 0; pp < mesh_.pp(); ++pp) {
+    for (int tp = 0; tp < mesh_.tp(); ++tp) {
+      const int src = mesh_.RankOf({0, pp, tp});
+      ASSIGN_OR_RETURN(GptLayout layout,
+                       GptLayout::Create(layout_.config(), pp, mesh_.pp(), tp, mesh_.tp()));
+      for (size_t i = 0; i < locals.size(); ++i) {
+        std::vector<float> remote;
+        const std::vector<float>* local = locals[i];
+        if (src != 0) {
+          remote.resize(layout.num_params());
+          RETURN_IF_ERROR(groups_->world->Recv(remote.data(), sizeof(float) * remote.size(), src,
+                                               kGatherTag + i));
+          local = &remote;
+        }
+        layout.LocalToGlobal(local->data(), globals[i]->data(), /*primary_only=*/true);
+      }
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace drover::engine::parallel

@@ -1,0 +1,129 @@
+// ParallelGpt: one rank's part of a GPT trained on a device mesh, and its optimizer step.
+//
+// The techniques of parallel/ are applied by Create in this order (torchtitan's
+// parallelize), each by its own piece:
+//   1. tensor parallelism  - the layout cuts every tensor to this rank's tp part, and the
+//                            stage all-reduces inside each block over the tp group
+//                            (GptLayout, GptStage);
+//   2. pipeline parallelism - the layout keeps this stage's layers; a step runs the stage's
+//                            schedule, sending activations and their gradients to the
+//                            neighbouring stages (pipeline.h); the tied embedding's
+//                            gradient is summed between first and last stage;
+//   3. data parallelism / ZeRO - the TrainingMemory reduces (and shards) over the dp group
+//                            (data_parallel.h, zero_sharded.h);
+//   4. the optimizer       - AdamW over the shard this rank owns, clipped by the global
+//                            gradient norm (summed over the world).
+// With world size 1 every group is null and the step is single-process training, bit for
+// bit: one stage, plain gradient accumulation, no communication.
+//
+// The trainer calls Step and Evaluate; it does not know which techniques are on. Global
+// values (loss, gradient norm, validation loss) are the same on every rank.
+//
+// Thread-safety: driven by one thread (the training thread).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/parallel_mesh.h"
+#include "common/status.h"
+#include "worker/engine/kernels/ops.h"
+#include "worker/engine/model/gpt_layout.h"
+#include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/optim/adamw.h"
+#include "worker/engine/parallel/pipeline.h"
+#include "worker/engine/parallel/process_groups.h"
+#include "worker/engine/parallel/training_memory.h"
+
+namespace drover::engine::parallel {
+
+struct ParallelGptOptions {
+  GptConfig config;
+  int rank = 0;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  int micro_batch = 1;  // B
+  int seq_len = 1;      // T
+  AdamWConfig adam;
+  double grad_clip = 1.0;  // 0 disables clipping
+  size_t bucket_floats = size_t{25} << 18;  // 25 MiB of fp32
+};
+
+struct StepResult {
+  double loss = 0;       // mean training loss over the global batch
+  double grad_norm = 0;  // global, before clipping
+  double comm_busy_s = 0;     // dp reduction time on the comm stream
+  double comm_blocked_s = 0;  // of which the training thread waited for
+  double pp_wait_s = 0;       // time blocked receiving from neighbouring stages
+  // Bytes this rank holds for parameters, gradients, AdamW state and ZeRO's transient
+  // buffers (most at once so far).
+  size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, working_bytes = 0;
+};
+
+class ParallelGpt {
+ public:
+  // Fills (B, T) inputs and targets with this rank's next training micro-batch; an error
+  // (a stop request) abandons the step.
+  using BatchFn = std::function<Status(int32_t* inputs, int32_t* targets)>;
+  // Fills (B, T) inputs and targets with validation batch i.
+  using EvalBatchFn = std::function<void(int64_t i, int32_t* inputs, int32_t* targets)>;
+
+  // `groups` must hold the communicators of `mesh` for options.rank (ConnectProcessGroups);
+  // not owned, must outlive the model. Parameters start at zero: load them.
+  static StatusOr<std::unique_ptr<ParallelGpt>> Create(const ParallelGptOptions& options,
+                                                       const ParallelMesh& mesh,
+                                                       ProcessGroups* groups, Ops* ops);
+  ~ParallelGpt();
+
+  const GptLayout& layout() const { return layout_; }
+  const ParallelMesh& mesh() const { return mesh_; }
+  int rank() const { return options_.rank; }
+
+  // Takes this rank's part of a global parameter arena (every rank passes the same one).
+  void LoadGlobalParams(const float* params);
+  // Takes this rank's part of global AdamW moments, and the optimizer's step count.
+  void LoadGlobalOptimizer(const float* m, const float* v, int64_t step_count);
+  int64_t optimizer_steps() const { return optimizer_->step_count(); }
+
+  // One optimizer step at learning rate `lr` over mesh.micro_batches() micro-batches from
+  // `next_batch`. Errors are communication failures (a dead or hung peer).
+  StatusOr<StepResult> Step(const BatchFn& next_batch, double lr);
+
+  // Mean loss over validation batches [0, batches), split over the dp ranks.
+  StatusOr<double> Evaluate(int64_t batches, const EvalBatchFn& batch);
+
+  // Assembles the global parameters (and, when m and v are given, the AdamW moments) on
+  // world rank 0; other ranks' vectors are left empty. Collective over the world.
+  Status GatherGlobal(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
+
+ private:
+  ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& mesh, GptLayout layout,
+              ProcessGroups* groups, Ops* ops);
+  Status RunForward(int micro_batch, const BatchFn& next_batch, double* loss_sum);
+  Status RunBackward(int micro_batch);
+  Status SendTo(int peer_stage, int slot, const float* data, uint64_t tag);
+  Status RecvFrom(int peer_stage, float* data, uint64_t tag);
+  Status WaitSends(int slot);
+  Status SyncTiedEmbedding(float* grads);
+  double OwnedGradSumSquares();
+  // Collects this rank's whole local arenas of params (and m, v) into host vectors.
+  Status ExportLocal(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
+
+  const ParallelGptOptions options_;
+  const ParallelMesh mesh_;
+  const ParallelMesh::Coord coord_;
+  const GptLayout layout_;
+  ProcessGroups* groups_;
+  Ops* ops_;
+  GptStage stage_;
+  std::vector<PipeAction> schedule_;
+  std::unique_ptr<TrainingMemory> memory_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::vector<std::unique_ptr<StageActivations>> acts_;  // micro-batch i uses i % size
+  std::vector<std::vector<std::unique_ptr<Request>>> sends_;  // per activation set
+  std::vector<std::pair<size_t, size_t>> norm_ranges_;  // runs of primary tensors
+  double pp_wait_s_ = 0;
+};
+
+}  // namespace drover::engine::parallel

@@ -1,0 +1,45 @@
+// Pipeline schedules (GPipe; 1F1B as in PipeDream-flush / Megatron-LM): for one stage, the
+// order of its micro-batches' forward and backward passes in one optimizer step. Pure
+// functions; the executor (parallel_gpt.cc) runs the actions, receiving each forward's
+// input from the previous stage and each backward's output gradient from the next.
+//
+//   GPipe: F0 F1 .. F(m-1) then B0 B1 .. B(m-1); every micro-batch's activations are held
+//          until its backward: m sets in flight.
+//   1F1B:  stage s of p first runs w = min(p - s - 1, m) forwards (warm-up), then
+//          alternates one forward and one backward, then drains the remaining w backwards;
+//          at most w + 1 <= p - s sets in flight, whatever m is. With p = 1 it is plain
+//          gradient accumulation: F0 B0 F1 B1 ...
+// Both have the same bubble, (p - 1) / (m + p - 1) of a step; 1F1B bounds memory.
+// Backwards run in micro-batch order on every stage, so a stage's k-th backward always
+// consumes the k-th gradient its successor sent.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace drover::engine::parallel {
+
+enum class PipelineSchedule { kGPipe, k1F1B };
+
+// "gpipe" | "1f1b" (parallel.pp_schedule); InvalidArgument otherwise.
+StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& name);
+
+struct PipeAction {
+  enum Kind { kForward, kBackward };
+  Kind kind = kForward;
+  int micro_batch = 0;
+  friend bool operator==(const PipeAction&, const PipeAction&) = default;
+};
+
+// The actions of stage `stage` (0-based) of `stages` for `micro_batches` micro-batches.
+// CHECKs 0 <= stage < stages and micro_batches >= 1.
+std::vector<PipeAction> StageSchedule(PipelineSchedule schedule, int stages, int stage,
+                                      int micro_batches);
+
+// The most micro-batches whose activations that stage holds at once under the schedule:
+// how many activation sets to allocate. Micro-batch i uses set i % MaxInFlight.
+int MaxInFlight(PipelineSchedule schedule, int stages, int stage, int micro_batches);
+
+}  // namespace drover::engine::parallel

@@ -1,0 +1,107 @@
+// TrainingMemory: a StageMemory (model/stage_memory.h) that also owns the step-level life
+// of the parameters, gradients and optimizer state of one rank under data parallelism and
+// ZeRO (DeepSpeed's stages, over the dp group):
+//
+//   stage | parameters        | gradients                         | AdamW m, v | reduction
+//   ------+-------------------+-----------------------------------+------------+----------------------
+//     0   | whole             | whole                             | whole      | all-reduce per bucket
+//     1   | whole             | whole, reduce-scattered at the end | shard      | reduce-scatter per bucket
+//     2   | whole             | shard (+ transient unit buffers)  | shard      | reduce-scatter per unit
+//     3   | shard (gathered per unit) | as stage 2                | shard      | as stage 2
+//
+// "whole" is the rank's local arena (its pipeline stage and tensor-parallel part); a shard
+// is this dp rank's contiguous slice of it (ShardPartition). Stages 0/1 reduce on the last
+// micro-batch of a step only, in buckets launched as backward makes their units ready;
+// stages 2/3 reduce every micro-batch so that no whole gradient is ever held.
+//
+// One optimizer step, as the trainer drives it:
+//   BeginStep(); for each micro-batch: SetLastMicroBatch(..), Forward, Backward;
+//   FinishGradients();                        owned_grads() now hold the dp-averaged gradient
+//   norm from OwnedGradSumSquares (+ all-reduce), clip with ScaleOwnedGrads,
+//   AdamW over owned_params() / owned_grads(); PublishParams().
+//
+// Thread-safety: the training thread calls everything; reductions run on the memory's
+// CommStream, which is the only user of the dp communicator.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/engine/model/stage_memory.h"
+
+namespace drover::engine::parallel {
+
+// Contiguous slices of [0, n) for `parts` ranks: rank r owns [r * S, (r + 1) * S) clipped
+// to n, S = ceil(n / parts) rounded up to 16 floats (64 bytes) so shards start aligned.
+struct ShardPartition {
+  size_t n = 0;
+  int parts = 1;
+  size_t shard = 0;  // S
+
+  ShardPartition(size_t n, int parts);
+  size_t begin(int r) const;
+  size_t end(int r) const;
+  // counts[r] = |[lo, hi) ∩ shard r|: the per-rank chunks of a collective over [lo, hi).
+  std::vector<size_t> Counts(size_t lo, size_t hi) const;
+};
+
+// Runs of consecutive units (in the order backward makes them ready, i.e. descending
+// index) whose total reaches `bucket_floats`; `excluded` units get no bucket. Each bucket
+// is a contiguous range of the arena. Pure, for tests.
+struct Bucket {
+  std::vector<int> units;
+  size_t begin = 0, end = 0;
+};
+std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_floats,
+                                const std::vector<int>& excluded);
+
+// Floats one rank holds for the model state (activations not counted).
+struct MemoryUsage {
+  size_t params = 0;   // whole arena, or the shard under ZeRO-3
+  size_t grads = 0;    // whole arena, or the shard under ZeRO-2/3
+  size_t working = 0;  // transient unit buffers (ZeRO-2/3): the most ever held at once
+};
+
+class TrainingMemory : public StageMemory {
+ public:
+  // Gradients of this step's micro-batches start from zero.
+  virtual void BeginStep() = 0;
+  // Whether the micro-batch whose Backward comes next is the step's last.
+  virtual void SetLastMicroBatch(bool last) = 0;
+  // Waits for every reduction of the step. `sync_deferred`, when set, runs first on the
+  // units excluded from bucketing (the tied embedding of a pipeline, summed between its
+  // first and last stage before the dp reduction); it receives the gradient arena.
+  virtual Status FinishGradients(const std::function<Status(float* grads)>& sync_deferred) = 0;
+
+  // The range of the local arena this rank updates, and its parameters and gradients
+  // (pointers to element owned_begin()).
+  virtual size_t owned_begin() const = 0;
+  virtual size_t owned_end() const = 0;
+  virtual float* owned_params() = 0;
+  virtual float* owned_grads() = 0;
+  // True when every dp rank owns (and holds identical) everything: stage 0.
+  virtual bool owned_replicated() const = 0;
+  // After the optimizer changed owned_params(): every rank's whole parameters current
+  // again (all-gather for stages 1 and 2).
+  virtual Status PublishParams() = 0;
+
+  // The whole local arena's parameters (num_params floats, host memory): a gather under
+  // stage 3, a copy otherwise. Collective over dp for stage 3: every dp rank must call it.
+  virtual Status ExportParams(float* local) = 0;
+  // Takes this rank's part of `local` (the whole local arena, host memory).
+  virtual void ImportParams(const float* local) = 0;
+  // `whole` (num_params floats, host memory) holds this rank's owned slice; afterwards it
+  // holds every rank's (an all-gather over dp; nothing to do when owned_replicated()).
+  // For optimizer state, which is sharded like the owned range. Collective over dp.
+  virtual Status GatherOwned(float* whole) = 0;
+
+  virtual MemoryUsage memory_usage() const = 0;
+
+  // Seconds the stream spent reducing / the trainer spent waiting for it this step.
+  virtual double comm_busy_seconds() const = 0;
+  virtual double comm_blocked_seconds() const = 0;
+};
+
+}  // namespace drover::engine::parallel

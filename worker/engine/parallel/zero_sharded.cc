@@ -1,0 +1,175 @@
+#include "worker/engine/parallel/zero_sharded.h"
+
+#include <algorithm>
+
+namespace drover::engine::parallel {
+
+std::shared_ptr<Buffer> ShardedMemory::Pool::Take(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < free_.size(); ++i) {
+    if (free_[i]->size() == n) {
+      std::shared_ptr<Buffer> b = std::move(free_[i]);
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+      return b;
+    }
+  }
+  held_ += n;
+  high_water_ = std::max(high_water_, held_);
+  return std::make_shared<Buffer>(ops_->Allocate(n));
+}
+
+void ShardedMemory::Pool::Give(std::shared_ptr<Buffer> b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(std::move(b));
+}
+
+size_t ShardedMemory::Pool::high_water() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return high_water_;
+}
+
+ShardedMemory::ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp, int zero_stage)
+    : layout_(layout),
+      ops_(ops),
+      dp_(dp),
+      zero_stage_(zero_stage),
+      partition_(layout->num_params(), dp->size()),
+      params_(ops->Allocate(zero_stage == 3
+                                ? partition_.end(dp->rank()) - partition_.begin(dp->rank())
+                                : layout->num_params())),
+      owned_grads_(ops->Allocate(partition_.end(dp->rank()) - partition_.begin(dp->rank()))),
+      pool_(ops),
+      param_slots_(layout->units().size()),
+      grad_slots_(layout->units().size()),
+      stream_("zero-" + std::to_string(zero_stage) + " dp") {
+  DROVER_CHECK(zero_stage == 2 || zero_stage == 3);
+}
+
+ShardedMemory::~ShardedMemory() { (void)stream_.WaitAll(); }
+
+float* ShardedMemory::owned_params() {
+  return zero_stage_ == 3 ? params_.data() : params_.data() + owned_begin();
+}
+
+void ShardedMemory::StartGather(int unit) {
+  ParamSlot& slot = param_slots_[unit];
+  if (slot.buffer != nullptr) return;  // resident, or its gather is queued
+  const Unit& u = layout_->units()[unit];
+  slot.buffer = pool_.Take(u.numel);
+  float* data = slot.buffer->data();
+  const size_t lo = std::max(u.offset, owned_begin());
+  const size_t hi = std::min(u.offset + u.numel, owned_end());
+  const float* own = hi > lo ? params_.data() + owned_offset(lo) : nullptr;
+  slot.ready = stream_.Submit(
+      [this, data, own, dst = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
+       counts = partition_.Counts(u.offset, u.offset + u.numel)] {
+        if (n > 0) ops_->Copy(data + dst, own, n);
+        return dp_->AllGather(data, counts, DataType::kFloat32);
+      });
+}
+
+StatusOr<const float*> ShardedMemory::AcquireParams(int unit) {
+  if (zero_stage_ == 2) return static_cast<const float*>(params_.data() + layout_->units()[unit].offset);
+  StartGather(unit);
+  ParamSlot& slot = param_slots_[unit];
+  if (slot.refs == 0) RETURN_IF_ERROR(stream_.Wait(slot.ready));
+  ++slot.refs;
+  return static_cast<const float*>(slot.buffer->data());
+}
+
+Status ShardedMemory::ReleaseParams(int unit) {
+  if (zero_stage_ == 2) return OkStatus();
+  ParamSlot& slot = param_slots_[unit];
+  DROVER_CHECK_MSG(slot.refs > 0, "ReleaseParams without AcquireParams");
+  if (--slot.refs == 0) pool_.Give(std::move(slot.buffer));
+  return OkStatus();
+}
+
+void ShardedMemory::PrefetchParams(int unit) {
+  if (zero_stage_ == 3) StartGather(unit);
+}
+
+StatusOr<float*> ShardedMemory::AcquireGrads(int unit, bool* accumulate) {
+  std::shared_ptr<Buffer>& slot = grad_slots_[unit];
+  if (slot != nullptr) {
+    *accumulate = true;
+    return slot->data();
+  }
+  // Bound the transient memory: wait for the oldest reduction rather than allocate more.
+  while (static_cast<int>(grads_in_flight_.size()) >= kMaxGradsInFlight) {
+    RETURN_IF_ERROR(stream_.Wait(grads_in_flight_.front()));
+    grads_in_flight_.pop_front();
+  }
+  slot = pool_.Take(layout_->units()[unit].numel);
+  *accumulate = false;
+  return slot->data();
+}
+
+Status ShardedMemory::GradsReady(int unit) {
+  std::shared_ptr<Buffer> buffer = std::move(grad_slots_[unit]);
+  DROVER_CHECK_MSG(buffer != nullptr, "GradsReady without AcquireGrads");
+  const Unit& u = layout_->units()[unit];
+  const size_t lo = std::max(u.offset, owned_begin());
+  const size_t hi = std::min(u.offset + u.numel, owned_end());
+  float* own = hi > lo ? owned_grads_.data() + owned_offset(lo) : nullptr;
+  grads_in_flight_.push_back(stream_.Submit(
+      [this, buffer, own, src = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
+       counts = partition_.Counts(u.offset, u.offset + u.numel)]() mutable {
+        Status st = dp_->ReduceScatter(buffer->data(), counts, DataType::kFloat32,
+                                       ReduceOp::kAverage);
+        if (st.ok() && n > 0) ops_->Add(own, buffer->data() + src, n);
+        pool_.Give(std::move(buffer));
+        return st;
+      }));
+  return OkStatus();
+}
+
+void ShardedMemory::BeginStep() {
+  ops_->Fill(owned_grads_.data(), 0.0f, owned_grads_.size());
+  stream_.ResetTimes();
+}
+
+Status ShardedMemory::FinishGradients(const std::function<Status(float* grads)>& sync_deferred) {
+  DROVER_CHECK_MSG(!sync_deferred, "ZeRO-2/3 has no deferred units (no pipelines)");
+  grads_in_flight_.clear();
+  RETURN_IF_ERROR(stream_.WaitAll());
+  for (size_t u = 0; u < param_slots_.size(); ++u) {
+    DROVER_CHECK_MSG(param_slots_[u].refs == 0, "a unit's parameters outlived the step");
+    DROVER_CHECK_MSG(grad_slots_[u] == nullptr, "a unit's gradient was never made ready");
+  }
+  return OkStatus();
+}
+
+Status ShardedMemory::PublishParams() {
+  if (zero_stage_ == 3) return OkStatus();  // gathered at the next use
+  stream_.Submit([this, counts = partition_.Counts(0, partition_.n)] {
+    return dp_->AllGather(params_.data(), counts, DataType::kFloat32);
+  });
+  return stream_.WaitAll();
+}
+
+Status ShardedMemory::ExportParams(float* local) {
+  if (zero_stage_ == 2) {
+    ops_->ToHost(local, params_.data(), layout_->num_params());
+    return OkStatus();
+  }
+  ops_->ToHost(local + owned_begin(), params_.data(), owned_end() - owned_begin());
+  return GatherOwned(local);
+}
+
+Status ShardedMemory::GatherOwned(float* whole) {
+  stream_.Submit([this, whole, counts = partition_.Counts(0, partition_.n)] {
+    return dp_->AllGather(whole, counts, DataType::kFloat32);
+  });
+  return stream_.WaitAll();
+}
+
+void ShardedMemory::ImportParams(const float* local) {
+  if (zero_stage_ == 2) {
+    ops_->FromHost(params_.data(), local, layout_->num_params());
+  } else {
+    ops_->FromHost(params_.data(), local + owned_begin(), owned_end() - owned_begin());
+  }
+}
+
+}  // namespace drover::engine::parallel

@@ -1,0 +1,111 @@
+// ZeRO stages 2 and 3 (see training_memory.h for the table of stages): no rank ever holds
+// the whole gradient, and under stage 3 not the whole parameters either.
+//
+// Gradients: backward writes each unit's gradient into a transient buffer from a pool;
+// when the unit is ready the CommStream reduce-scatters it over dp (average) and adds this
+// rank's slice into its owned gradient shard, then the buffer goes back to the pool. This
+// happens every micro-batch (accumulation happens in the shard). At most
+// kMaxGradsInFlight units wait for reduction at a time; backward blocks rather than
+// allocating more.
+//
+// Parameters (stage 3): each rank keeps only its shard. Acquiring a unit gathers it into a
+// pooled buffer (its own slice copied in, then an all-gather over dp); the stage's
+// PrefetchParams hint starts the next unit's gather on the stream while the current unit
+// computes. The buffer returns to the pool when the last acquisition is released.
+// Stage 2 keeps whole parameters and all-gathers the updated shards after the optimizer.
+//
+// Every dp collective runs on the stream in the order the training thread asked for it;
+// that order depends only on the (identical) call sequence, so every dp rank issues the
+// same collectives in the same order.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "worker/engine/kernels/ops.h"
+#include "worker/engine/model/gpt_layout.h"
+#include "worker/engine/parallel/comm_stream.h"
+#include "worker/engine/parallel/communicator.h"
+#include "worker/engine/parallel/training_memory.h"
+
+namespace drover::engine::parallel {
+
+class ShardedMemory final : public TrainingMemory {
+ public:
+  static constexpr int kMaxGradsInFlight = 2;
+
+  // zero_stage is 2 or 3; dp is not null. Not owned: all pointers must outlive the memory.
+  ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp, int zero_stage);
+  ~ShardedMemory() override;
+
+  StatusOr<const float*> AcquireParams(int unit) override;
+  Status ReleaseParams(int unit) override;
+  void PrefetchParams(int unit) override;
+  StatusOr<float*> AcquireGrads(int unit, bool* accumulate) override;
+  Status GradsReady(int unit) override;
+
+  void BeginStep() override;
+  void SetLastMicroBatch(bool) override {}  // every micro-batch is reduced
+  Status FinishGradients(const std::function<Status(float* grads)>& sync_deferred) override;
+
+  size_t owned_begin() const override { return partition_.begin(dp_->rank()); }
+  size_t owned_end() const override { return partition_.end(dp_->rank()); }
+  float* owned_params() override;
+  float* owned_grads() override { return owned_grads_.data(); }
+  bool owned_replicated() const override { return false; }
+  Status PublishParams() override;
+
+  Status ExportParams(float* local) override;
+  void ImportParams(const float* local) override;
+  Status GatherOwned(float* whole) override;
+
+  MemoryUsage memory_usage() const override {
+    return {params_.size(), owned_grads_.size(), pool_.high_water()};
+  }
+  double comm_busy_seconds() const override { return stream_.busy_seconds(); }
+  double comm_blocked_seconds() const override { return stream_.blocked_seconds(); }
+
+ private:
+  // Free transient buffers by size; buffers come back from the stream thread.
+  class Pool {
+   public:
+    explicit Pool(Ops* ops) : ops_(ops) {}
+    std::shared_ptr<Buffer> Take(size_t n);
+    void Give(std::shared_ptr<Buffer> b);
+    size_t high_water() const;
+
+   private:
+    Ops* ops_;
+    mutable std::mutex mu_;
+    std::vector<std::shared_ptr<Buffer>> free_;  // guarded by mu_
+    size_t held_ = 0;                            // guarded by mu_: floats allocated
+    size_t high_water_ = 0;                      // guarded by mu_
+  };
+
+  struct ParamSlot {
+    std::shared_ptr<Buffer> buffer;
+    int refs = 0;
+    CommStream::Ticket ready = 0;
+  };
+
+  // Starts gathering unit u's parameters unless they are resident or on their way.
+  void StartGather(int unit);
+  size_t owned_offset(size_t arena_offset) const { return arena_offset - owned_begin(); }
+
+  const GptLayout* layout_;
+  Ops* ops_;
+  Communicator* dp_;
+  const int zero_stage_;
+  ShardPartition partition_;
+  Buffer params_;        // stage 2: the whole arena; stage 3: this rank's shard
+  Buffer owned_grads_;   // this rank's shard of the dp-averaged gradient
+  Pool pool_;
+  std::vector<ParamSlot> param_slots_;              // stage 3, per unit
+  std::vector<std::shared_ptr<Buffer>> grad_slots_;  // per unit, while acquired
+  std::deque<CommStream::Ticket> grads_in_flight_;
+  CommStream stream_;  // last: its thread stops before the buffers go
+};
+
+}  // namespace drover::engine::parallel
