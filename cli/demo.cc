@@ -25,6 +25,7 @@
 
 #include "cli/command.h"
 #include "cli/rpc_client.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/token_shard.h"
 #include "worker/engine/data/tokenizer.h"
@@ -185,10 +186,8 @@ Status PrepareData(const std::string& text_path, const fs::path& dir) {
 
 std::string RunDir(const std::string& flag) {
   if (!flag.empty()) return fs::absolute(flag).string();
-  const char* tmp = std::getenv("TMPDIR");
-  std::string tmpl = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/drover-demo-XXXXXX";
-  char* made = ::mkdtemp(tmpl.data());
-  return made != nullptr ? std::string(made) : std::string();
+  StatusOr<std::string> made = MakeTempDir("drover-demo-");
+  return made.ok() ? *made : std::string();
 }
 
 double Since(SteadyClock::time_point t0) {

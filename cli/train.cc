@@ -1,6 +1,6 @@
-// `drover train JOB.yaml [--set k=v]...`: runs a job in this process, without a
-// coordinator (benchmarks, debugging). `--nproc N` is accepted for the interface of
-// DESIGN.md, but N > 1 waits for data parallelism.
+// `drover train JOB.yaml [--set k=v]... [--nproc N]`: runs a job without a coordinator
+// (benchmarks, debugging): in this process, or with N > 1 in N local trainer processes
+// (cli/local_launcher.h).
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/local_launcher.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "worker/engine/threads.h"
@@ -24,20 +25,25 @@ struct TrainFlags {
   int nproc = 1;
   int threads = 0;  // 0: resources.threads_per_rank
   bool fresh = false;
+  std::string trainer;  // hidden --trainer: the rank program for --nproc > 1 (tests)
 };
 
 int RunTrain(const TrainFlags& f) {
-  if (f.nproc > 1) {
-    std::fprintf(stderr,
-                 "drover train: --nproc %d: data parallelism is not built yet; "
-                 "use --nproc 1\n",
-                 f.nproc);
-    return kExitUsage;
-  }
-  auto spec = LoadJobSpecFile(f.spec_path, f.overrides);
+  std::vector<std::string> overrides = f.overrides;
+  // --nproc is the world size; the spec's range is for the coordinator's elastic placement.
+  // Set here, the spec validates against it and the ranks read it back.
+  if (f.nproc > 1) overrides.push_back("resources.world_size=" + std::to_string(f.nproc));
+  auto spec = LoadJobSpecFile(f.spec_path, overrides);
   if (!spec.ok()) {
     std::fprintf(stderr, "drover train: %s\n", spec.status().message().c_str());
     return kExitUsage;
+  }
+  if (f.nproc > 1) {
+    return RunLocalLaunch({.spec = *spec,
+                           .nproc = f.nproc,
+                           .threads = f.threads,
+                           .fresh = f.fresh,
+                           .trainer_path = f.trainer});
   }
   (void)InitLogging("drover train");
   engine::SetNumThreads(f.threads > 0 ? f.threads : spec->resources.threads_per_rank);
@@ -59,19 +65,21 @@ int RunTrain(const TrainFlags& f) {
 }
 
 DROVER_REGISTER_COMMAND(
-    "train", "Train a job in this process (no coordinator)",
+    "train", "Train a job on this machine, in this process or N local ones (no coordinator)",
     [](CLI::App* app, GlobalOptions*) -> CommandRun {
       auto flags = std::make_shared<TrainFlags>();
       app->add_option("spec", flags->spec_path, "job spec YAML")->required();
       app->add_option("--set", flags->overrides, "override a key: section.key=value")
           ->allow_extra_args(false);
-      app->add_option("--nproc", flags->nproc, "local processes (only 1 for now)")
+      app->add_option("--nproc", flags->nproc,
+                      "local trainer processes (world size); 1 trains in this process")
           ->check(CLI::PositiveNumber);
       app->add_option("--threads", flags->threads,
                       "CPU threads (default resources.threads_per_rank)")
           ->check(CLI::NonNegativeNumber);
       app->add_flag("--fresh", flags->fresh,
                     "ignore existing checkpoints in checkpoint.dir (they are overwritten)");
+      app->add_option("--trainer", flags->trainer)->group("");  // tests: a scripted trainer
       return [flags] { return RunTrain(*flags); };
     });
 

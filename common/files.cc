@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
@@ -116,6 +117,14 @@ Status RemoveAll(const std::string& path) {
   std::filesystem::remove_all(path, ec);
   if (ec) return ErrnoToStatus(ec.value(), "remove " + path);
   return OkStatus();
+}
+
+StatusOr<std::string> MakeTempDir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + prefix;
+  path += "XXXXXX";
+  if (::mkdtemp(path.data()) == nullptr) return ErrnoToStatus(errno, "mkdtemp " + path);
+  return path;
 }
 
 StatusOr<std::vector<std::string>> ListGlob(const std::string& pattern) {

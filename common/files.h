@@ -38,6 +38,11 @@ Status MakeDirs(const std::string& path);
 // exist. Symbolic links are removed, never followed.
 Status RemoveAll(const std::string& path);
 
+// Creates a new directory $TMPDIR/<prefix>XXXXXX (/tmp when TMPDIR is unset or empty),
+// mode 0700, with a name no other process got, and returns its path. The caller removes it
+// (RemoveAll).
+StatusOr<std::string> MakeTempDir(const std::string& prefix);
+
 // The paths matching a glob(3) pattern ("data/train_*.bin"), sorted. No match is an empty
 // list, not an error.
 StatusOr<std::vector<std::string>> ListGlob(const std::string& pattern);

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "common/grpc_runtime.h"
+#include "coordinator/grpc_status.h"
+#include "coordinator/rendezvous_service.h"
 #include "proto/drover.grpc.pb.h"
 
 namespace drover::coordinator {
@@ -89,40 +91,6 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Coordinator* c_;
-};
-
-class RendezvousServiceImpl final : public v1::RendezvousService::Service {
- public:
-  explicit RendezvousServiceImpl(RendezvousStore* kv) : kv_(kv) {}
-  grpc::Status Set(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) override {
-    const auto& k = req->key();
-    return ToGrpcStatus(kv_->Set(k.job_id(), k.attempt(), k.key(), req->value()));
-  }
-  grpc::Status Get(grpc::ServerContext*, const v1::KvGetRequest* req,
-                   v1::KvGetResponse* resp) override {
-    const auto& k = req->key();
-    auto r = kv_->Get(k.job_id(), k.attempt(), k.key());
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    resp->set_found(r->has_value());
-    if (r->has_value()) resp->set_value(**r);
-    return grpc::Status::OK;
-  }
-  grpc::Status Wait(grpc::ServerContext*, const v1::KvWaitRequest* req,
-                    v1::KvWaitResponse*) override {
-    std::vector<std::string> keys(req->keys().begin(), req->keys().end());
-    return ToGrpcStatus(kv_->Wait(req->job_id(), req->attempt(), keys, req->timeout_ms()));
-  }
-  grpc::Status Add(grpc::ServerContext*, const v1::KvAddRequest* req,
-                   v1::KvAddResponse* resp) override {
-    const auto& k = req->key();
-    auto r = kv_->Add(k.job_id(), k.attempt(), k.key(), req->delta());
-    if (!r.ok()) return ToGrpcStatus(r.status());
-    resp->set_value(*r);
-    return grpc::Status::OK;
-  }
-
- private:
-  RendezvousStore* kv_;
 };
 
 // One heartbeat call on the async API: it asks gRPC for the next Heartbeat on the queue;
@@ -218,12 +186,6 @@ void HeartbeatCall::Proceed(bool ok) {
 }
 
 }  // namespace
-
-grpc::Status ToGrpcStatus(const Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // drover's codes are numbered like gRPC's (common/status.h), so the cast is exact.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
-}
 
 StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinator* coordinator,
                                                                       const std::string& listen,

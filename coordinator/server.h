@@ -23,8 +23,6 @@ namespace drover::coordinator {
 
 class HeartbeatServer;
 
-grpc::Status ToGrpcStatus(const Status& status);
-
 class CoordinatorServer {
  public:
   // Binds `listen` (host:port; port 0 picks a free one), starts serving and ticking every

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "common/files.h"
@@ -41,14 +42,14 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
 }
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
-[[noreturn]] void ExecChild(pid_t parent, int log_fd, int null_fd, int status_fd, const char* path,
-                            char* const* argv, char* const* envp) {
+[[noreturn]] void ExecChild(pid_t parent, int out_fd, int err_fd, int null_fd, int status_fd,
+                            const char* path, char* const* argv, char* const* envp) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(126);  // the parent died before prctl took effect
   dup2(null_fd, STDIN_FILENO);
-  dup2(log_fd, STDOUT_FILENO);
-  dup2(log_fd, STDERR_FILENO);
+  dup2(out_fd, STDOUT_FILENO);
+  dup2(err_fd, STDERR_FILENO);
   if (status_fd >= 0) fcntl(status_fd, F_SETFD, 0);  // keep it open across exec
   // Dispositions set to SIG_IGN and the signal mask survive exec; give the trainer a clean
   // slate (the agent ignores SIGPIPE and blocks signals in some threads).
@@ -71,23 +72,35 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   _exit(127);
 }
 
+// The log file, opened for appending (with its directory created).
+StatusOr<int> OpenLog(const std::string& path) {
+  RETURN_IF_ERROR(MakeDirs(Dirname(path)));
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, "open log " + path);
+  return fd;
+}
+
 }  // namespace
 
 StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options) {
-  RETURN_IF_ERROR(MakeDirs(Dirname(options.log_path)));
-  int log_fd = open(options.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log_fd < 0) return ErrnoToStatus(errno, "open log " + options.log_path);
+  const bool to_fds = options.stdout_fd >= 0 && options.stderr_fd >= 0;
+  int log_fd = -1;
+  if (!to_fds) {
+    ASSIGN_OR_RETURN(log_fd, OpenLog(options.log_path));
+  }
+  const int out_fd = to_fds ? options.stdout_fd : log_fd;
+  const int err_fd = to_fds ? options.stderr_fd : log_fd;
   int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (null_fd < 0) {
     Status st = ErrnoToStatus(errno, "open /dev/null");
-    close(log_fd);
+    if (log_fd >= 0) close(log_fd);
     return st;
   }
   int sv[2] = {-1, -1};
   if (!options.status_fd_env.empty() &&
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     Status st = ErrnoToStatus(errno, "socketpair");
-    close(log_fd);
+    if (log_fd >= 0) close(log_fd);
     close(null_fd);
     return st;
   }
@@ -105,10 +118,11 @@ StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options) {
 
   pid_t pid = fork();
   if (pid == 0) {
-    ExecChild(parent, log_fd, null_fd, sv[1], options.executable.c_str(), argv.data(), envp.data());
+    ExecChild(parent, out_fd, err_fd, null_fd, sv[1], options.executable.c_str(), argv.data(),
+              envp.data());
   }
   int fork_errno = errno;
-  close(log_fd);
+  if (log_fd >= 0) close(log_fd);
   close(null_fd);
   if (sv[1] >= 0) close(sv[1]);
   if (pid < 0) {
@@ -118,6 +132,13 @@ StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options) {
   // Also set the group from the parent, so a stop right after spawn already reaches it.
   setpgid(pid, pid);
   return SpawnedProcess{pid, sv[0]};
+}
+
+std::string SiblingExecutable(const std::string& name) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return name;
+  return (self.parent_path() / name).string();
 }
 
 std::string DescribeWaitStatus(int exit_code, int signal) {

@@ -3,8 +3,9 @@
 //
 // A child gets its own process group (so a stop signals the trainer and anything it
 // started), dies with the thread that spawned it (PR_SET_PDEATHSIG: a dead agent's
-// trainers must not live on), has stdout+stderr appended to a log file and stdin from
-// /dev/null, and optionally gets one end of a socketpair as its status channel.
+// trainers must not live on), has stdout+stderr appended to a log file (or written to
+// descriptors the caller gives, e.g. pipes) and stdin from /dev/null, and optionally gets
+// one end of a socketpair as its status channel.
 //
 // PR_SET_PDEATHSIG fires when the *thread* that forked exits, so call SpawnProcess from a
 // thread that lives as long as the supervisor (the agent's main loop does).
@@ -26,6 +27,10 @@ struct SpawnOptions {
   // Added to (or replacing in) the parent's environment.
   std::vector<std::pair<std::string, std::string>> env;
   std::string log_path;  // stdout+stderr, appended; created with its directory
+  // Instead of log_path, when both are >= 0: the child's stdout and stderr (the caller
+  // keeps these descriptors and closes its copies after the spawn).
+  int stdout_fd = -1;
+  int stderr_fd = -1;
   // When set, the child gets a status socket whose fd number is exported in this variable.
   std::string status_fd_env;
 };
@@ -38,6 +43,11 @@ struct SpawnedProcess {
 // Forks and execs. An exec failure is not an error here: the child writes the reason to its
 // log and exits 127, which the caller sees like any other exit.
 StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options);
+
+// `name` in the directory of the running executable (/proc/self/exe): how the programs
+// find their siblings (drover-trainer next to drover-worker and drover). `name` alone when
+// /proc/self/exe cannot be read.
+std::string SiblingExecutable(const std::string& name);
 
 // Exit description for people: "exit code 3", "signal 9 (Killed)".
 std::string DescribeWaitStatus(int exit_code, int signal);

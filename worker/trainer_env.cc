@@ -41,6 +41,9 @@ StatusOr<TrainerEnv> ReadTrainerEnv() {
   RETURN_IF_ERROR(ReadNumber(kEnvSlot, &env.slot));
   RETURN_IF_ERROR(ReadNumber(kEnvStatusFd, &env.status_fd));
   RETURN_IF_ERROR(ReadNumber(kEnvThreads, &env.threads));
+  int fresh = 0;
+  RETURN_IF_ERROR(ReadNumber(kEnvFresh, &fresh));
+  env.fresh = fresh != 0;
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {
     return InvalidArgumentError(
         "DROVER_RANK=" + std::to_string(env.rank) +

@@ -20,6 +20,8 @@ inline constexpr char kEnvSpecPath[] = "DROVER_SPEC";             // effective j
 inline constexpr char kEnvStatusFd[] = "DROVER_STATUS_FD";        // pipe for TrainerReport lines
 inline constexpr char kEnvResume[] = "DROVER_RESUME_CHECKPOINT";  // step_N/ dir or empty
 inline constexpr char kEnvThreads[] = "DROVER_THREADS";
+// "1": ignore existing checkpoints in checkpoint.dir (`drover train --fresh`).
+inline constexpr char kEnvFresh[] = "DROVER_FRESH";
 
 // What a trainer learns from its environment.
 struct TrainerEnv {
@@ -34,6 +36,7 @@ struct TrainerEnv {
   int status_fd = -1;  // -1 when not launched by an agent
   std::string resume_checkpoint;
   int threads = 1;
+  bool fresh = false;
 };
 
 // Reads the variables above. Missing optional ones keep their defaults; a malformed number

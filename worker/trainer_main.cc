@@ -1,9 +1,9 @@
 // drover-trainer: one rank of a job, launched by the worker agent with the environment of
 // worker/trainer_env.h. Reads the effective job spec from DROVER_SPEC, resumes from the
-// newest valid checkpoint in checkpoint.dir (DROVER_RESUME_CHECKPOINT is only a hint: the
-// directory is the truth, since a newer checkpoint may have completed after the coordinator
-// chose), trains, and reports through DROVER_STATUS_FD. Exit: 0 finished, 1 runtime
-// failure or stopped by SIGTERM, 2 invalid spec, data or environment.
+// newest valid checkpoint in checkpoint.dir unless DROVER_FRESH=1 (DROVER_RESUME_CHECKPOINT
+// is only a hint: the directory is the truth, since a newer checkpoint may have completed
+// after the coordinator chose), trains, and reports through DROVER_STATUS_FD. Exit: 0 finished, 1
+// runtime failure or stopped by SIGTERM, 2 invalid spec, data or environment.
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -68,6 +68,7 @@ int main(int, char**) {
   options.job_id = env->job_id;
   options.attempt = env->attempt;
   options.world_size = env->world_size;
+  options.resume = !env->fresh;
   ReporterListener listener(&reporter);
   options.listener = &listener;
   options.stop = stop;

@@ -10,18 +10,7 @@
 #include <thread>
 
 #include "worker/agent.h"
-
-namespace {
-
-// The trainer sits next to this binary unless --trainer says otherwise.
-std::string DefaultTrainerPath() {
-  std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "drover-trainer";
-  return (self.parent_path() / "drover-trainer").string();
-}
-
-}  // namespace
+#include "worker/process.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"drover-worker: runs trainers on this node for a drover coordinator"};
@@ -57,7 +46,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.device = *kind;
-  if (options.trainer_path.empty()) options.trainer_path = DefaultTrainerPath();
+  // The trainer sits next to this binary unless --trainer says otherwise.
+  if (options.trainer_path.empty())
+    options.trainer_path = drover::SiblingExecutable("drover-trainer");
   if (access(options.trainer_path.c_str(), X_OK) != 0) {
     std::cerr << "drover-worker: trainer executable '" << options.trainer_path
               << "' is missing or not executable (see --trainer)\n";

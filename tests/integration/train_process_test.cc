@@ -1,100 +1,20 @@
 // The real training programs as processes: `drover train` and drover-trainer (as the
 // worker agent starts it, with DROVER_* variables and a status pipe).
-#include <fcntl.h>
+#include "tests/integration/train_process.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <random>
 #include <string>
-#include <thread>
 #include <vector>
-
-#include "common/token_shard.h"
 
 namespace drover {
 namespace {
 
-namespace fs = std::filesystem;
-
-const std::string kBin = std::string(DROVER_BIN_DIR) + "/bin/";
-
-class TrainProcessTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!fs::exists(kBin + "drover") || !fs::exists(kBin + "drover-trainer")) {
-      GTEST_SKIP() << "drover and drover-trainer are not built in " << kBin;
-    }
-    dir_ = fs::path(::testing::TempDir()) /
-           ("train_process_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::mt19937_64 rng(5);
-    std::vector<uint16_t> tokens(6000);
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = rng() % 8 == 0 ? rng() % 32 : static_cast<uint16_t>((i * 7) % 29);
-    }
-    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens).ok());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  // A spec of `steps` steps checkpointing every `every` steps.
-  std::string WriteSpec(int steps, int every, int n_embd = 32) {
-    const fs::path path = dir_ / "job.yaml";
-    std::ofstream(path) << "name: proc\noutput_dir: " << (dir_ / "out").string()
-                        << "\nmodel: {n_layer: 2, n_head: 2, n_embd: " << n_embd
-                        << ", block_size: 16, vocab_size: 32}\n"
-                        << "data: {train: " << (dir_ / "train.bin").string() << "}\n"
-                        << "train: {steps: " << steps
-                        << ", global_batch: 4, micro_batch: 4, seq_len: 16, lr: 0.005, "
-                           "warmup_steps: 2, eval_every: 0}\n"
-                        << "checkpoint: {every_steps: " << every << ", keep_last: 2}\n";
-    return path.string();
-  }
-
-  // Starts argv with extra environment, output appended to log.txt; inherited fds stay open.
-  pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env = {}) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int log = open((dir_ / "log.txt").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      dup2(log, 1);
-      dup2(log, 2);
-      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    return pid;
-  }
-
-  static int Wait(pid_t pid) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
-  std::vector<std::string> MetricsLines() const {
-    std::ifstream in(dir_ / "out" / "metrics.jsonl");
-    std::vector<std::string> lines;
-    for (std::string l; std::getline(in, l);) lines.push_back(l);
-    return lines;
-  }
-
-  std::string Log() const {
-    std::ifstream in(dir_ / "log.txt");
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-
-  fs::path dir_;
-};
+class TrainProcessTest : public TrainProcessFixture {};
 
 TEST_F(TrainProcessTest, DroverTrainWritesMetricsCheckpointsAndModel) {
   const std::string spec = WriteSpec(12, 5);
@@ -121,8 +41,6 @@ TEST_F(TrainProcessTest, DroverTrainWritesMetricsCheckpointsAndModel) {
 TEST_F(TrainProcessTest, InvalidInputExitsTwoWithAMessage) {
   EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", (dir_ / "missing.yaml").string()})), 2);
   const std::string spec = WriteSpec(4, 0);
-  EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--nproc", "2"})), 2);
-  EXPECT_THAT(Log(), ::testing::HasSubstr("data parallelism is not built yet"));
   EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--set", "model.vocab_size=8"})), 2);
   EXPECT_THAT(Log(), ::testing::HasSubstr("model.vocab_size is 8"));
   EXPECT_EQ(Wait(Spawn({kBin + "drover", "eval", (dir_ / "nope.bin").string(), "--data",

@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,6 +152,45 @@ TEST(DirnameTest, Cases) {
   EXPECT_EQ(Dirname("c"), ".");
   EXPECT_EQ(Dirname("/c"), "/");
   EXPECT_EQ(Dirname("/x/y"), "/x");
+}
+
+// Points TMPDIR at `dir` for one scope.
+class ScopedTmpdir {
+ public:
+  explicit ScopedTmpdir(const std::string& dir) {
+    const char* old = std::getenv("TMPDIR");
+    if (old != nullptr) saved_ = old;
+    setenv("TMPDIR", dir.c_str(), 1);
+  }
+  ~ScopedTmpdir() {
+    if (saved_.has_value()) {
+      setenv("TMPDIR", saved_->c_str(), 1);
+    } else {
+      unsetenv("TMPDIR");
+    }
+  }
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+TEST_F(FilesTest, MakeTempDirCreatesAPrivateDirectoryUnderTmpdir) {
+  ScopedTmpdir tmpdir(dir_);
+  StatusOr<std::string> a = MakeTempDir("run-");
+  StatusOr<std::string> b = MakeTempDir("run-");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(a->rfind(dir_ + "/run-", 0), 0u) << *a;
+  EXPECT_TRUE(IsDirectory(*a));
+  struct stat st;
+  ASSERT_EQ(stat(a->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+TEST_F(FilesTest, MakeTempDirInAMissingDirectoryIsNotFound) {
+  ScopedTmpdir tmpdir(dir_ + "/missing");
+  EXPECT_EQ(MakeTempDir("run-").status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace
