@@ -174,6 +174,8 @@ void Agent::StartTrainer(const v1::StartTrainerOrder& order) {
       {kEnvResume, order.resume_checkpoint()},
       {kEnvThreads, std::to_string(std::max(1, order.threads()))},
   };
+  // An address given to the agent is one its peers can reach: its trainers accept there.
+  if (!options_.address.empty()) launch.spawn.env.emplace_back(kEnvBindAddress, options_.address);
   logs_->Add(key, log_path);
   spdlog::info("starting trainer job {} attempt {} rank {}/{} slot {}{}", key.job_id, key.attempt,
                key.rank, order.world_size(), order.slot(),

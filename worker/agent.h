@@ -35,7 +35,7 @@ namespace drover {
 struct AgentOptions {
   std::string coordinator = "127.0.0.1:7600";
   std::string name;
-  std::string address;  // informational; default: the host name
+  std::string address;  // shown to people; trainers bind here when set (trainer_env.h)
   int slots = 1;
   v1::DeviceKind device = v1::CPU;
   std::string work_dir;

@@ -22,6 +22,9 @@ inline constexpr char kEnvResume[] = "DROVER_RESUME_CHECKPOINT";  // step_N/ dir
 inline constexpr char kEnvThreads[] = "DROVER_THREADS";
 // "1": ignore existing checkpoints in checkpoint.dir (`drover train --fresh`).
 inline constexpr char kEnvFresh[] = "DROVER_FRESH";
+// Where this rank accepts connections from its peers (an address of this node). Unset:
+// 127.0.0.1 when the coordinator is on loopback, else the host name.
+inline constexpr char kEnvBindAddress[] = "DROVER_BIND_ADDRESS";
 
 // What a trainer learns from its environment.
 struct TrainerEnv {
@@ -37,6 +40,7 @@ struct TrainerEnv {
   std::string resume_checkpoint;
   int threads = 1;
   bool fresh = false;
+  std::string bind_address;  // resolved: never empty
 };
 
 // Reads the variables above. Missing optional ones keep their defaults; a malformed number

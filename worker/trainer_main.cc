@@ -5,6 +5,7 @@
 // after the coordinator chose), trains, and reports through DROVER_STATUS_FD. Exit: 0 finished, 1
 // runtime failure or stopped by SIGTERM, 2 invalid spec, data or environment.
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
 #include "worker/engine/trainer_process.h"
+#include "worker/rendezvous_kv_store.h"
 #include "worker/trainer_env.h"
 #include "worker/trainer_reporter.h"
 
@@ -67,14 +69,30 @@ int main(int, char**) {
   options.spec = *spec;
   options.job_id = env->job_id;
   options.attempt = env->attempt;
+  options.rank = env->rank;
   options.world_size = env->world_size;
   options.resume = !env->fresh;
+  options.bind_address = env->bind_address;
+  // The ranks of a job find each other through the coordinator's rendezvous service (or the
+  // one `drover train --nproc` serves), in the keys of this attempt.
+  std::unique_ptr<RendezvousClient> rendezvous;
+  std::unique_ptr<RendezvousKvStore> store;
+  if (env->world_size > 1) {
+    if (env->coordinator.empty()) {
+      return Fail(InvalidArgumentError(std::string(kEnvCoordinator) +
+                                       " is not set; a job of several ranks needs a rendezvous"),
+                  "trainer environment");
+    }
+    rendezvous = std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt);
+    store = std::make_unique<RendezvousKvStore>(rendezvous.get());
+    options.store = store.get();
+  }
   ReporterListener listener(&reporter);
   options.listener = &listener;
   options.stop = stop;
-  spdlog::info("drover-trainer job={} attempt={} rank={}/{} threads={} resume hint='{}'",
-               env->job_id, env->attempt, env->rank, env->world_size, engine::NumThreads(),
-               env->resume_checkpoint);
+  spdlog::info("drover-trainer job={} attempt={} rank={}/{} pid {} threads={} resume hint='{}'",
+               env->job_id, env->attempt, env->rank, env->world_size, getpid(),
+               engine::NumThreads(), env->resume_checkpoint);
   auto trainer = engine::Trainer::Create(options);
   if (!trainer.ok()) return Fail(trainer.status(), "trainer start-up");
   if (!env->resume_checkpoint.empty() && (*trainer)->resumed_from() < 0) {

@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", options.heartbeat_interval_ms,
                  "heartbeat period (default: the coordinator's)")
       ->check(CLI::Range(1, 600000));
-  app.add_option("--address", options.address, "address shown to people (default: host name)");
+  app.add_option("--address", options.address,
+                 "this node's address: shown to people, and where its trainers accept their "
+                 "peers (default: the host name; 127.0.0.1 for a coordinator on loopback)");
   app.add_option("--stop-grace-ms", options.shutdown_grace_ms,
                  "on SIGTERM: grace before trainers are killed")
       ->check(CLI::Range(0, 600000))

@@ -136,6 +136,8 @@ struct ClusterOptions {
   int stop_grace_ms = 500;
   int agent_stop_grace_ms = 500;
   std::string name = "cluster";
+  // The program agents start per rank: the scripted trainer, or "drover-trainer".
+  std::string trainer = "drover-fake-trainer";
 };
 
 class Cluster {
@@ -193,7 +195,7 @@ class Cluster {
         std::vector<std::string>{"--coordinator", address_, "--name", AgentName(i), "--slots",
                                  std::to_string(options_.slots_per_agent), "--device", "cpu",
                                  "--work-dir", (root_ / AgentName(i)).string(), "--trainer",
-                                 Bin("drover-fake-trainer"), "--stop-grace-ms",
+                                 Bin(options_.trainer), "--stop-grace-ms",
                                  std::to_string(options_.agent_stop_grace_ms)},
         (root_ / (AgentName(i) + ".log")).string());
   }

@@ -1,7 +1,8 @@
 // `drover train --nproc N` (cli/local_launcher.cc): N trainer processes with a local
-// rendezvous store. Until the engine trains with world size > 1, the real trainer refuses
-// it, so the mechanics (prefixed output, stopping, exit codes) run on the scripted trainer
-// (tests/tools/fake_trainer.cc) through the hidden --trainer option.
+// rendezvous store. The mechanics (prefixed output, stopping, exit codes) run on the real
+// trainer where it can show them and on the scripted trainer (tests/tools/fake_trainer.cc,
+// through the hidden --trainer option) where a rank must misbehave on cue. The parallel
+// modes themselves are pinned in parallel_train_test.cc.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -63,26 +64,34 @@ class LocalLauncherTest : public TrainProcessFixture {
   }
 };
 
-TEST_F(LocalLauncherTest, RealTrainerRanksExitWithTheirCodeAndPrefixedOutput) {
-  // Each rank of today's trainer refuses world size 2 (exit 2); the launcher passes that on.
-  // Whichever rank fails first stops the other, maybe before it printed anything, so both
-  // ranks' prefixes are pinned with the scripted trainer below, not here.
+TEST_F(LocalLauncherTest, RealTrainerRanksTrainWithPrefixedOutput) {
   const std::string spec = WriteSpec(4, 0);
   EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--nproc", "2", "--set",
                         "train.micro_batch=2", "--threads", "1"})),
-            2)
+            0)
       << Log();
   const std::string log = Log();
-  EXPECT_THAT(log, HasSubstr("data parallelism is not built yet"));
-  EXPECT_THAT(log, ContainsRegex("rank [01] failed with exit code 2"));
+  EXPECT_THAT(log, HasSubstr("[rank 0] "));
+  EXPECT_THAT(log, HasSubstr("[rank 1] "));
+  EXPECT_THAT(log, HasSubstr("all 2 ranks finished"));
   std::istringstream lines(log);
-  int forwarded = 0;
   for (std::string line; std::getline(lines, line);) {
     if (line.rfind("drover train: ", 0) == 0) continue;  // the launcher's own
     EXPECT_THAT(line, ContainsRegex("^\\[rank [01]\\] ")) << log;
-    ++forwarded;
   }
-  EXPECT_GT(forwarded, 0) << log;
+  EXPECT_EQ(MetricsLines().size(), 4u);  // rank 0 only
+}
+
+TEST_F(LocalLauncherTest, FailingRealTrainerRankExitsWithItsCode) {
+  // A missing train.init_from fails every rank at start-up: input the user must fix.
+  const std::string spec = WriteSpec(4, 0, /*n_embd=*/32);
+  EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--nproc", "2", "--set",
+                        "train.micro_batch=2", "--set", "train.init_from=/nonexistent/model.bin",
+                        "--threads", "1"})),
+            2)
+      << Log();
+  EXPECT_THAT(Log(), ContainsRegex("rank [01] failed with exit code 2"));
+  EXPECT_THAT(Log(), HasSubstr("train.init_from"));
 }
 
 TEST_F(LocalLauncherTest, LayoutThatDoesNotFitNprocExitsTwoNamingTheFactorAndStartsNothing) {

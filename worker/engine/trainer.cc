@@ -126,6 +126,7 @@ Status Trainer::Init() {
   if (options_.world_size > 1) {
     parallel::ConnectOptions connect;
     connect.bind_address = options_.bind_address;
+    connect.connect_timeout = options_.connect_timeout;
     connect.comm.timeout = std::chrono::milliseconds(
         static_cast<int64_t>(spec.parallel.timeout_s * 1000));
     auto groups = parallel::ConnectProcessGroups(*mesh_, options_.rank, options_.store, connect);
@@ -283,7 +284,7 @@ Status Trainer::StoreBarrier(const std::string& name) {
   const std::string prefix = "barrier/" + name + "/";
   RETURN_IF_ERROR(options_.store->Set(prefix + std::to_string(options_.rank), "1"));
   for (int r = 0; r < options_.world_size; ++r) {
-    auto got = options_.store->Get(prefix + std::to_string(r), std::chrono::minutes(5));
+    auto got = options_.store->Get(prefix + std::to_string(r), options_.connect_timeout);
     if (!got.ok()) return got.status().WithContext("waiting for rank " + std::to_string(r));
   }
   return OkStatus();

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -62,6 +63,8 @@ struct TrainerOptions {
   // this job attempt only (the coordinator's rendezvous, or drover train's local store).
   parallel::KvStore* store = nullptr;
   std::string bind_address = "127.0.0.1";  // where this rank accepts its peers
+  // How long start-up waits for every rank to show up (ranks start at different times).
+  std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
   bool resume = true;  // continue from the newest valid checkpoint in checkpoint.dir
   int prefetch = 2;       // micro-batches the loader assembles ahead
   bool log_steps = true;  // one log line per train.log_every steps

@@ -4,8 +4,6 @@
 
 namespace drover::engine::parallel {
 
-KvStore::~KvStore() = default;
-
 Status InMemoryKvStore::Set(const std::string& key, const std::string& value) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -18,9 +18,11 @@
 
 namespace drover::engine::parallel {
 
+// The interface is header-only, so that an implementation outside the engine library (the
+// trainer's adapter over the rendezvous client, in worker/) needs nothing from it.
 class KvStore {
  public:
-  virtual ~KvStore();
+  virtual ~KvStore() = default;
 
   // Sets (or overwrites) `key`.
   virtual Status Set(const std::string& key, const std::string& value) = 0;

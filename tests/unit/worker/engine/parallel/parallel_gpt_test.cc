@@ -6,6 +6,7 @@
 // same modes run as processes through `drover train --nproc` in tests/integration/.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,7 +40,9 @@ struct RankResult {
 class ParallelEquivalenceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::path(::testing::TempDir()) / "parallel_gpt_test");
+    // ctest runs every test in its own process, several at once: one directory each.
+    dir_ = new fs::path(fs::path(::testing::TempDir()) /
+                        ("parallel_gpt_test_" + std::to_string(::getpid())));
     fs::remove_all(*dir_);
     fs::create_directories(*dir_);
     std::mt19937_64 rng(11);
@@ -94,6 +97,8 @@ class ParallelEquivalenceTest : public ::testing::Test {
         options.store = &store;
         options.log_steps = false;
         options.resume = false;
+        // A rank that fails at start-up must not leave the others waiting for minutes.
+        options.connect_timeout = std::chrono::seconds(30);
         auto trainer = Trainer::Create(options);
         if (!trainer.ok()) {
           r.status = trainer.status();

@@ -1,0 +1,196 @@
+// Parallel training as users run it: `drover train --nproc N` for every mode against one
+// process (the losses of every step and the final model), a hung rank that the others
+// give up on within the communicator deadline, and a two-rank job submitted to a
+// coordinator with two one-slot agents, whose losses equal `drover train --nproc 2`'s.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/cluster.h"
+#include "tests/integration/train_process.h"
+
+namespace drover {
+namespace {
+
+using ::testing::HasSubstr;
+
+// "loss" of each line of a metrics.jsonl.
+std::vector<double> Losses(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::vector<double> losses;
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("\"loss\":");
+    if (at != std::string::npos) losses.push_back(std::stod(line.substr(at + 7)));
+  }
+  return losses;
+}
+
+// The parameters of an llm.c model file (after its 1024-byte header).
+std::vector<float> ModelParams(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(1024);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> params(bytes.size() / sizeof(float));
+  std::memcpy(params.data(), bytes.data(), params.size() * sizeof(float));
+  return params;
+}
+
+class ParallelTrainTest : public TrainProcessFixture {
+ protected:
+  // A 2-layer, 2-head model (so pp 2 and tp 2 both fit), global batch 8.
+  std::string Spec(const std::string& name, int steps) {
+    const fs::path path = dir_ / (name + ".yaml");
+    std::ofstream(path) << "name: " << name << "\noutput_dir: " << (dir_ / name).string()
+                        << "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, "
+                           "vocab_size: 32}\n"
+                        << "data: {train: " << (dir_ / "train.bin").string() << "}\n"
+                        << "train: {steps: " << steps
+                        << ", global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.005, "
+                           "warmup_steps: 2, eval_every: 0, grad_clip: 0.5}\n"
+                        << "parallel: {bucket_mb: 0.02, timeout_s: 20}\n"
+                        << "checkpoint: {every_steps: 0}\n";
+    return path.string();
+  }
+
+  // `drover train spec --nproc n args...`; returns the exit code.
+  int Train(const std::string& spec, int n, std::vector<std::string> args = {}) {
+    std::vector<std::string> argv = {kBin + "drover", "train", spec, "--threads", "1", "--nproc",
+                                     std::to_string(n)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return Wait(Spawn(argv));
+  }
+};
+
+struct Mode {
+  const char* name;
+  int nproc;
+  std::vector<std::string> sets;
+};
+
+class ModeTest : public ParallelTrainTest, public ::testing::WithParamInterface<Mode> {};
+
+TEST_P(ModeTest, DroverTrainNprocMatchesOneProcessStepForStep) {
+  const Mode& mode = GetParam();
+  const std::string one = Spec("one", 6);
+  ASSERT_EQ(Train(one, 1), 0) << Log();
+  const std::string spec = Spec("par", 6);
+  std::vector<std::string> args;
+  for (const std::string& s : mode.sets) args.insert(args.end(), {"--set", s});
+  ASSERT_EQ(Train(spec, mode.nproc, args), 0) << Log();
+  const std::vector<double> want = Losses(dir_ / "one" / "metrics.jsonl");
+  const std::vector<double> got = Losses(dir_ / "par" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  ASSERT_EQ(got.size(), want.size()) << Log();
+  for (size_t s = 0; s < want.size(); ++s) {
+    EXPECT_NEAR(got[s], want[s], 1e-5 * want[s]) << "step " << s + 1;
+  }
+  const std::vector<float> a = ModelParams(dir_ / "one" / "model.bin");
+  const std::vector<float> b = ModelParams(dir_ / "par" / "model.bin");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 0u);
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double{a[i]} - b[i]));
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_THAT(Log(), HasSubstr("[rank " + std::to_string(mode.nproc - 1) + "]"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryMode, ModeTest,
+    ::testing::Values(Mode{"dp2", 2, {}}, Mode{"dp2_no_accumulation", 2, {"train.micro_batch=4"}},
+                      Mode{"zero1", 2, {"parallel.zero_stage=1"}},
+                      Mode{"zero2", 2, {"parallel.zero_stage=2"}},
+                      Mode{"zero3", 2, {"parallel.zero_stage=3"}},
+                      Mode{"pp2_gpipe", 2, {"parallel.pp=2", "parallel.pp_schedule=gpipe"}},
+                      Mode{"pp2_1f1b", 2, {"parallel.pp=2"}}, Mode{"tp2", 2, {"parallel.tp=2"}},
+                      Mode{"dp2_pp2", 4, {"parallel.pp=2", "parallel.zero_stage=1"}},
+                      Mode{"dp2_tp2", 4, {"parallel.tp=2", "parallel.zero_stage=1"}},
+                      Mode{"pp2_tp2", 4, {"parallel.pp=2", "parallel.tp=2"}}),
+    [](const ::testing::TestParamInfo<Mode>& info) { return std::string(info.param.name); });
+
+// A rank that stops making progress (SIGSTOP: alive, connections open, silent) must not
+// keep the others in a collective: they fail with DeadlineExceeded within
+// parallel.timeout_s, and the launcher stops everything.
+TEST_F(ParallelTrainTest, HungRankFailsTheOthersWithinTheDeadline) {
+  const std::string spec = Spec("hang", 100000);
+  const pid_t launcher = Spawn({kBin + "drover", "train", spec, "--threads", "1", "--nproc", "2",
+                                "--set", "parallel.timeout_s=2"});
+  // Wait until rank 1 trains (its pid is in its start line), then freeze it.
+  pid_t rank1 = -1;
+  const std::regex started("\\[rank 1\\] .*drover-trainer .*pid (\\d+)");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::smatch m;
+    const std::string log = Log();
+    if (std::regex_search(log, m, started) && Losses(dir_ / "hang" / "metrics.jsonl").size() > 2) {
+      rank1 = std::stoi(m[1]);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(rank1, 0) << Log();
+  ASSERT_EQ(kill(rank1, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = Wait(launcher);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kill(rank1, SIGKILL);  // in case the launcher did not
+  EXPECT_EQ(code, 1) << Log();
+  // 2 s deadline, then the launcher's stop of the frozen rank (SIGKILL after its grace).
+  EXPECT_LT(waited, 2.0 + 3.0 + 3.0) << Log();
+  EXPECT_THAT(Log(), HasSubstr("DEADLINE_EXCEEDED")) << Log();
+}
+
+// The real trainer under the coordinator: a job of world size 2 on two one-slot agents,
+// so its ranks are on different agents and meet through the coordinator's rendezvous.
+TEST_F(ParallelTrainTest, TwoRankJobOnTwoAgentsMatchesDroverTrainNproc2) {
+  testing::ClusterOptions o;
+  o.agents = 2;
+  o.slots_per_agent = 1;
+  o.trainer = "drover-trainer";
+  o.name = "two_rank_job";
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+
+  std::string yaml;
+  {
+    std::ifstream in(Spec("submitted", 8));
+    yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  yaml += "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n";
+  auto id = cluster.Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster.WaitJob(
+      *id,
+      [](const v1::JobInfo& i) {
+        return i.job().state() == v1::SUCCEEDED || i.job().state() == v1::FAILED ||
+               i.job().state() == v1::CANCELLED;
+      },
+      60000, &info))
+      << cluster.DebugLogs();
+  ASSERT_EQ(info.job().state(), v1::SUCCEEDED) << info.job().reason() << cluster.DebugLogs();
+  ASSERT_GE(info.attempts_size(), 1);
+  std::set<std::string> nodes;
+  for (const auto& a : info.attempts(info.attempts_size() - 1).placement()) nodes.insert(a.node());
+  EXPECT_EQ(nodes.size(), 2u) << "both ranks on one agent";
+
+  ASSERT_EQ(Train(Spec("local", 8), 2), 0) << Log();
+  const std::vector<double> want = Losses(dir_ / "local" / "metrics.jsonl");
+  const std::vector<double> got = Losses(dir_ / "submitted" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 8u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s) EXPECT_NEAR(got[s], want[s], 1e-6 * want[s]);
+}
+
+}  // namespace
+}  // namespace drover
