@@ -98,6 +98,9 @@ class Ops {
                               int B, int T, int C) = 0;
   virtual void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
                                int B, int T, int C) = 0;
+  virtual void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
+                                     const float* dout, const int32_t* inp, int B, int T,
+                                     int C) = 0;
   virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                                 const float* weight, const float* bias, int N, int C) = 0;
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,

@@ -195,7 +195,9 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   }
   RETURN_IF_ERROR(mem.ReleaseParams(h));
   RETURN_IF_ERROR(mem.ReleaseParams(h));
-  if (h != layout_->embedding_unit()) RETURN_IF_ERROR(mem.GradsReady(h));
+  // Ready now, also when the embedding shares the unit: its rows follow at the very end
+  // (StageMemory::AddEmbeddingGrads), and the dense part can be reduced meanwhile.
+  RETURN_IF_ERROR(mem.GradsReady(h));
 
   ASSIGN_OR_RETURN(float* gf, mem.AcquireGrads(f, &acc));
   ops_->Fill(a.dres_, 0.0f, static_cast<size_t>(BT) * C);
@@ -252,13 +254,16 @@ Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scal
   }
   if (!layout_->first_stage()) return OkStatus();
   const int e = layout_->embedding_unit();
+  if (e == layout_->head_unit()) {
+    // The head wrote (and zero-filled) this unit and made it ready already.
+    return mem.AddEmbeddingGrads(e, a.inputs_.data(), a.dres_, a.B_, a.T_);
+  }
   bool acc = false;
   ASSIGN_OR_RETURN(float* ge, mem.AcquireGrads(e, &acc));
-  // The encoder's backward scatter-adds: it needs zeros underneath when nothing else wrote
-  // this unit in this micro-batch (on a single stage the head did).
+  // The embedding's backward scatter-adds: zeros underneath when nothing else wrote this
+  // unit in this micro-batch.
   if (!acc) ops_->Fill(ge, 0.0f, layout_->units()[e].numel);
-  ops_->EncoderBackward(ge, ge + layout_->wpe_offset(), a.dres_, a.inputs_.data(), a.B_, a.T_,
-                        layout_->config().channels);
+  RETURN_IF_ERROR(mem.AddEmbeddingGrads(e, a.inputs_.data(), a.dres_, a.B_, a.T_));
   return mem.GradsReady(e);
 }
 

@@ -23,6 +23,15 @@ StatusOr<float*> FlatStageMemory::AcquireGrads(int unit, bool* accumulate) {
 
 Status FlatStageMemory::GradsReady(int) { return OkStatus(); }
 
+Status FlatStageMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout,
+                                          int B, int T) {
+  DROVER_CHECK_MSG(!zero_pending_[unit], "the embedding's gradient was never acquired");
+  float* g = grads_ + layout_->units()[unit].offset;
+  ops_->EncoderBackward(g, g + layout_->wpe_offset(), dout, inputs, B, T,
+                        layout_->config().channels);
+  return OkStatus();
+}
+
 void FlatStageMemory::ZeroGrad() { zero_pending_.assign(zero_pending_.size(), true); }
 
 void FlatStageMemory::MaterializeZeros() {

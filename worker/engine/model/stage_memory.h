@@ -19,9 +19,19 @@
 // PrefetchParams(u) is a hint that u is acquired next; it never fails (an error shows at
 // the acquisition).
 //
+// The embedding's backward goes through AddEmbeddingGrads. On a single stage the LM head
+// shares the embedding unit, and the stage makes that unit ready right after the head's
+// backward, before the layers': the unit's dense part (the head's gradient of wte, a third
+// of GPT-2 small) can then be reduced while the layers' backward runs, instead of last. The
+// embedding's own contribution arrives after that, as AddEmbeddingGrads; a memory whose
+// reduction of the unit has already started reduces those rows on their own (B*T token rows
+// and T position rows, not the whole table) and adds them after. Elsewhere (the first of
+// several stages) AddEmbeddingGrads comes between AcquireGrads and GradsReady.
+//
 // Thread-safety: called from the training thread only.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "common/status.h"
@@ -39,6 +49,11 @@ class StageMemory {
   virtual void PrefetchParams(int /*unit*/) {}
   virtual StatusOr<float*> AcquireGrads(int unit, bool* accumulate) = 0;
   virtual Status GradsReady(int unit) = 0;
+  // Adds the embedding's backward of a micro-batch into `unit` (the embedding unit): dout
+  // (B, T, C) scatter-added into the wte rows of `inputs` (B, T), and summed over B into the
+  // wpe rows 0..T-1 (Ops::EncoderBackward). See above for when it comes.
+  virtual Status AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
+                                   int T) = 0;
 };
 
 // Whole parameter and gradient arenas of one layout (not owned). ZeroGrad is lazy: the
@@ -52,6 +67,8 @@ class FlatStageMemory : public StageMemory {
   Status ReleaseParams(int unit) override;
   StatusOr<float*> AcquireGrads(int unit, bool* accumulate) override;
   Status GradsReady(int unit) override;
+  Status AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
+                           int T) override;
 
   // The next AcquireGrads of every unit says accumulate = false.
   void ZeroGrad();

@@ -19,7 +19,11 @@ DataParallelMemory::DataParallelMemory(const GptLayout* layout, Ops* ops, Commun
       deferred_(std::move(deferred)) {
   DROVER_CHECK(zero_stage == 0 || zero_stage == 1);
   if (dp_ == nullptr) return;
-  buckets_ = PlanBuckets(layout->units(), bucket_floats, deferred_);
+  std::vector<int> alone;
+  if (layout->first_stage() && layout->head_unit() == layout->embedding_unit()) {
+    alone.push_back(layout->embedding_unit());  // ready after the head, before every layer
+  }
+  buckets_ = PlanBuckets(layout->units(), bucket_floats, deferred_, alone);
   bucket_of_unit_.assign(layout->units().size(), -1);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     for (int u : buckets_[b].units) bucket_of_unit_[u] = static_cast<int>(b);
@@ -59,6 +63,41 @@ Status DataParallelMemory::GradsReady(int unit) {
   const int b = bucket_of_unit_[unit];
   if (b < 0) return OkStatus();  // deferred: FinishGradients reduces it
   if (--pending_units_[b] == 0) Reduce(buckets_[b].begin, buckets_[b].end);
+  return OkStatus();
+}
+
+Status DataParallelMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout,
+                                             int B, int T) {
+  const int b = dp_ == nullptr ? -1 : bucket_of_unit_[unit];
+  const bool reducing = b >= 0 && last_micro_batch_ && pending_units_[b] == 0;
+  if (!reducing) return flat_.AddEmbeddingGrads(unit, inputs, dout, B, T);
+  // The unit's reduction is under way: every rank's rows, averaged, go on top of it.
+  const Unit& u = layout_->units()[unit];
+  const int C = layout_->config().channels;
+  const int ranks = dp_->size();
+  auto packed = std::make_shared<std::vector<float>>(
+      PackEmbeddingRows(inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks)));
+  const size_t n = packed->size();
+  auto gathered = std::make_shared<std::vector<float>>(n * ranks);
+  std::copy(packed->begin(), packed->end(), gathered->begin() + n * dp_->rank());
+  // Stage 1 keeps only its shard of the reduced gradient; stage 0 all of it.
+  const size_t lo = std::max(u.offset, owned_begin()), hi = std::min(u.offset + u.numel, owned_end());
+  if (hi <= lo) {
+    stream_->Submit([this, gathered, n] {
+      return dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n),
+                            DataType::kFloat32);
+    });
+    return OkStatus();
+  }
+  stream_->Submit([this, gathered, n, B, T, C, lo, hi, offset = u.offset] {
+    RETURN_IF_ERROR(dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n),
+                                   DataType::kFloat32));
+    for (int r = 0; r < dp_->size(); ++r) {
+      AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
+                       grads_.data() + lo, lo - offset, hi - offset);
+    }
+    return OkStatus();
+  });
   return OkStatus();
 }
 

@@ -6,7 +6,10 @@
 // handed to the CommStream the moment its last unit is ready: stage 0 all-reduces it
 // (average), stage 1 reduce-scatters it so each rank ends up with the average of its own
 // shard only. Earlier micro-batches just accumulate locally (no_sync in PyTorch's terms).
-// Stage 1 then all-gathers the updated shards (PublishParams).
+// Stage 1 then all-gathers the updated shards (PublishParams). On a single stage the tied
+// embedding is a bucket of its own, reduced right after the LM head's backward; the
+// embedding's rows of the last micro-batch follow it (AddEmbeddingGrads), gathered from
+// every dp rank and added after the reduction, in stream order.
 //
 // With a null dp communicator (dp = 1) nothing is reduced and the memory is exactly
 // FlatStageMemory: single-process training goes through here unchanged.
@@ -38,6 +41,8 @@ class DataParallelMemory final : public TrainingMemory {
     return flat_.AcquireGrads(unit, accumulate);
   }
   Status GradsReady(int unit) override;
+  Status AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
+                           int T) override;
 
   void BeginStep() override;
   void SetLastMicroBatch(bool last) override { last_micro_batch_ = last; }

@@ -25,7 +25,10 @@ std::vector<size_t> ShardPartition::Counts(size_t lo, size_t hi) const {
 }
 
 std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_floats,
-                                const std::vector<int>& excluded) {
+                                const std::vector<int>& excluded, const std::vector<int>& alone) {
+  auto in = [](const std::vector<int>& list, int u) {
+    return std::find(list.begin(), list.end(), u) != list.end();
+  };
   std::vector<Bucket> buckets;
   Bucket current;
   size_t size = 0;
@@ -36,9 +39,15 @@ std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_fl
     size = 0;
   };
   for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
-    if (std::find(excluded.begin(), excluded.end(), u) != excluded.end()) {
+    if (in(excluded, u) || in(alone, u)) {
       // Buckets must stay contiguous: a gap closes the current one.
       close();
+      if (in(alone, u)) {
+        current.units = {u};
+        current.begin = units[u].offset;
+        current.end = units[u].offset + units[u].numel;
+        close();
+      }
       continue;
     }
     if (current.units.empty()) current.end = units[u].offset + units[u].numel;
@@ -49,6 +58,23 @@ std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_fl
   }
   close();
   return buckets;
+}
+
+std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T,
+                                     int C, float scale) {
+  const size_t bt = static_cast<size_t>(B) * T;
+  std::vector<float> packed(bt + bt * C);
+  for (size_t i = 0; i < bt; ++i) packed[i] = static_cast<float>(inputs[i]);
+  for (size_t i = 0; i < bt * C; ++i) packed[bt + i] = dout[i] * scale;
+  return packed;
+}
+
+void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t wpe_offset,
+                      float* dwindow, size_t lo, size_t hi) {
+  const size_t bt = static_cast<size_t>(B) * T;
+  std::vector<int32_t> ids(bt);
+  for (size_t i = 0; i < bt; ++i) ids[i] = static_cast<int32_t>(packed[i]);
+  ops->EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, packed + bt, ids.data(), B, T, C);
 }
 
 }  // namespace drover::engine::parallel

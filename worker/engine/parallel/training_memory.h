@@ -25,10 +25,12 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "common/status.h"
+#include "worker/engine/kernels/ops.h"
 #include "worker/engine/model/stage_memory.h"
 
 namespace drover::engine::parallel {
@@ -48,14 +50,26 @@ struct ShardPartition {
 };
 
 // Runs of consecutive units (in the order backward makes them ready, i.e. descending
-// index) whose total reaches `bucket_floats`; `excluded` units get no bucket. Each bucket
-// is a contiguous range of the arena. Pure, for tests.
+// index) whose total reaches `bucket_floats`; `excluded` units get no bucket, `alone` units
+// a bucket of their own (the embedding on a single stage, ready first, not last). Each
+// bucket is a contiguous range of the arena. Pure, for tests.
 struct Bucket {
   std::vector<int> units;
   size_t begin = 0, end = 0;
 };
 std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_floats,
-                                const std::vector<int>& excluded);
+                                const std::vector<int>& excluded, const std::vector<int>& alone);
+
+// The embedding's backward of one micro-batch as data that travels between dp ranks
+// (StageMemory::AddEmbeddingGrads after the unit's reduction started): the B*T token ids as
+// floats (exact below 2^24) followed by dout (B, T, C) times `scale` (1 / dp: the rows are
+// averaged like the rest of the gradient). Host memory.
+std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T,
+                                     int C, float scale);
+// Adds one rank's packed rows into the window [lo, hi) (elements of the embedding unit,
+// wpe at wpe_offset) of a gradient whose element lo is `dwindow`.
+void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t wpe_offset,
+                      float* dwindow, size_t lo, size_t hi);
 
 // Floats one rank holds for the model state (activations not counted).
 struct MemoryUsage {

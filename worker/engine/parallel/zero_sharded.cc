@@ -124,6 +124,40 @@ Status ShardedMemory::GradsReady(int unit) {
   return OkStatus();
 }
 
+Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
+                                        int T) {
+  const int C = layout_->config().channels;
+  const Unit& u = layout_->units()[unit];
+  if (grad_slots_[unit] != nullptr) {  // not reduced yet: into the transient gradient
+    float* g = grad_slots_[unit]->data();
+    ops_->EncoderBackward(g, g + layout_->wpe_offset(), dout, inputs, B, T, C);
+    return OkStatus();
+  }
+  // Reduced (and its buffer gone) already: every rank's rows, averaged, into the own shard.
+  const int ranks = dp_->size();
+  auto gathered = std::make_shared<std::vector<float>>();
+  {
+    std::vector<float> packed =
+        PackEmbeddingRows(inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks));
+    gathered->resize(packed.size() * ranks);
+    std::copy(packed.begin(), packed.end(), gathered->begin() + packed.size() * dp_->rank());
+  }
+  const size_t n = gathered->size() / ranks;
+  const size_t lo = std::max(u.offset, owned_begin());
+  const size_t hi = std::max(lo, std::min(u.offset + u.numel, owned_end()));
+  stream_.Submit([this, gathered, n, B, T, C, lo, hi, offset = u.offset] {
+    RETURN_IF_ERROR(dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n),
+                                   DataType::kFloat32));
+    if (hi == lo) return OkStatus();
+    for (int r = 0; r < dp_->size(); ++r) {
+      AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
+                       owned_grads_.data() + owned_offset(lo), lo - offset, hi - offset);
+    }
+    return OkStatus();
+  });
+  return OkStatus();
+}
+
 void ShardedMemory::BeginStep() {
   ops_->Fill(owned_grads_.data(), 0.0f, owned_grads_.size());
   stream_.ResetTimes();

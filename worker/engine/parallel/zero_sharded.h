@@ -45,6 +45,8 @@ class ShardedMemory final : public TrainingMemory {
   void PrefetchParams(int unit) override;
   StatusOr<float*> AcquireGrads(int unit, bool* accumulate) override;
   Status GradsReady(int unit) override;
+  Status AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
+                           int T) override;
 
   void BeginStep() override;
   void SetLastMicroBatch(bool) override {}  // every micro-batch is reduced

@@ -66,6 +66,10 @@ class CpuOpsImpl final : public Ops {
                        int T, int C) override {
     cpu::EncoderBackward(dwte, dwpe, dout, inp, B, T, C);
   }
+  void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
+                             const float* dout, const int32_t* inp, int B, int T, int C) override {
+    cpu::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, inp, B, T, C);
+  }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                         const float* weight, const float* bias, int N, int C) override {
     cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);

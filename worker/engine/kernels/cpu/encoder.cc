@@ -42,4 +42,28 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
   }
 }
 
+void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
+                           const float* dout, const int32_t* inp, int B, int T, int C) {
+  // Threads own column blocks, as in EncoderBackward; each row is clipped to the window.
+  constexpr int kBlock = 64;
+  const int blocks = (C + kBlock - 1) / kBlock;
+  auto add_row = [&](size_t row, const float* __restrict d, int c0, int c1) {
+    // Columns [c0, c1) of the row starting at element `row`, within [lo, hi).
+    const size_t b = std::max(row + c0, lo), e = std::min(row + c1, hi);
+    for (size_t i = b; i < e; i++) dwindow[i - lo] += d[i - row];
+  };
+#pragma omp parallel for schedule(static)
+  for (int blk = 0; blk < blocks; blk++) {
+    const int c0 = blk * kBlock;
+    const int c1 = std::min(C, c0 + kBlock);
+    for (int b = 0; b < B; b++) {
+      for (int t = 0; t < T; t++) {
+        const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
+        add_row(static_cast<size_t>(inp[b * T + t]) * C, d, c0, c1);
+        add_row(wpe_offset + static_cast<size_t>(t) * C, d, c0, c1);
+      }
+    }
+  }
+}
+
 }  // namespace drover::engine::cpu

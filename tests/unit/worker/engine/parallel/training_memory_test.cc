@@ -46,7 +46,7 @@ std::vector<Unit> Units(std::vector<size_t> sizes) {
 
 TEST(PlanBucketsTest, GroupsUnitsInBackwardOrderUntilTheBucketIsFull) {
   // Units 0..4 of sizes 10, 5, 5, 5, 20; buckets of at least 10 floats, from the last unit.
-  const auto buckets = PlanBuckets(Units({10, 5, 5, 5, 20}), 10, {});
+  const auto buckets = PlanBuckets(Units({10, 5, 5, 5, 20}), 10, {}, {});
   ASSERT_EQ(buckets.size(), 3u);
   EXPECT_EQ(buckets[0].units, (std::vector<int>{4}));
   EXPECT_EQ(buckets[1].units, (std::vector<int>{3, 2}));
@@ -58,10 +58,20 @@ TEST(PlanBucketsTest, GroupsUnitsInBackwardOrderUntilTheBucketIsFull) {
 }
 
 TEST(PlanBucketsTest, ExcludedUnitsSplitBucketsAndGetNone) {
-  const auto buckets = PlanBuckets(Units({4, 4, 4, 4}), 100, {2});
+  const auto buckets = PlanBuckets(Units({4, 4, 4, 4}), 100, {2}, {});
   ASSERT_EQ(buckets.size(), 2u);
   EXPECT_EQ(buckets[0].units, (std::vector<int>{3}));
   EXPECT_EQ(buckets[1].units, (std::vector<int>{1, 0}));
+  EXPECT_EQ(buckets[1].end, 8u);
+}
+
+TEST(PlanBucketsTest, AloneUnitsGetABucketOfTheirOwn) {
+  // The embedding (unit 0) of a single stage is ready first and reduced on its own.
+  const auto buckets = PlanBuckets(Units({8, 4, 4, 2}), 100, {}, {0});
+  ASSERT_EQ(buckets.size(), 2u);
+  EXPECT_EQ(buckets[0].units, (std::vector<int>{3, 2, 1}));
+  EXPECT_EQ(buckets[1].units, (std::vector<int>{0}));
+  EXPECT_EQ(buckets[1].begin, 0u);
   EXPECT_EQ(buckets[1].end, 8u);
 }
 
