@@ -125,6 +125,31 @@ Vec LayerNormRef(const Vec& x, const Vec& w, const Vec& b, int N, int C) {
   return out;
 }
 
+TEST(EncoderTest, BackwardWindowsAddUpToTheWholeBackward) {
+  // The embedding gradient [dwte (V, C) | dwpe (T, C)] filled window by window (as the shards
+  // of ZeRO receive the embedding's rows) equals one EncoderBackward, bit for bit, and
+  // nothing outside a window is touched.
+  const int B = 2, T = 5, C = 70, V = 9;  // C spans two channel blocks
+  std::vector<int32_t> inp = {3, 1, 3, 8, 0, 1, 1, 7, 3, 2};
+  const std::vector<float> dout = Random(static_cast<size_t>(B) * T * C, 21);
+  const size_t wpe = static_cast<size_t>(V) * C, n = wpe + static_cast<size_t>(T) * C;
+  std::vector<float> whole = Random(n, 22);
+  std::vector<float> windows = whole;
+  EncoderBackward(whole.data(), whole.data() + wpe, dout.data(), inp.data(), B, T, C);
+  const std::vector<size_t> cuts = {0, 13, 140, 141, 500, wpe + 3, n};
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    std::vector<float> guard = windows;
+    EncoderBackwardWindow(windows.data() + cuts[i], cuts[i], cuts[i + 1], wpe, dout.data(),
+                          inp.data(), B, T, C);
+    for (size_t j = 0; j < n; ++j) {
+      if (j < cuts[i] || j >= cuts[i + 1]) {
+        ASSERT_EQ(windows[j], guard[j]) << j;
+      }
+    }
+  }
+  for (size_t j = 0; j < n; ++j) ASSERT_EQ(windows[j], whole[j]) << j;
+}
+
 TEST(LayerNormTest, ForwardAndBackwardMatchReference) {
   const int N = 6, C = 37;  // C not a multiple of the vector width
   auto x = Random(N * C, 1, 2.0f), w = Random(C, 2), b = Random(C, 3), dy = Random(N * C, 4);
