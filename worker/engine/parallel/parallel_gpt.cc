@@ -40,18 +40,53 @@ std::vector<std::pair<size_t, size_t>> PrimaryRuns(const GptLayout& layout) {
   return runs;
 }
 
+// The techniques, one function each, applied by Create in this order: what a rank holds
+// depends on tensor and pipeline parallelism, how its gradients are shared on data
+// parallelism over that, and the optimizer on what the rank owns after all three.
+
+// 1 + 2. Tensor and pipeline parallelism: the layers of this rank's stage, each tensor cut
+// to its tensor-parallel part (the stage's blocks all-reduce over the tp group).
+StatusOr<GptLayout> ShardModel(const GptConfig& config, const ParallelMesh& mesh,
+                               const ParallelMesh::Coord& c) {
+  return GptLayout::Create(config, c.pp, mesh.pp(), c.tp, mesh.tp());
+}
+
+// 2. Pipeline parallelism: this stage's order of forwards and backwards in a step.
+std::vector<PipeAction> SchedulePipeline(PipelineSchedule schedule, const ParallelMesh& mesh,
+                                         const ParallelMesh::Coord& c) {
+  return StageSchedule(schedule, mesh.pp(), c.pp, mesh.micro_batches());
+}
+
+// 3. Data parallelism and ZeRO over the dp group. With a pipeline, the tied embedding's
+// unit waits for the sum between first and last stage before its dp reduction.
+std::unique_ptr<TrainingMemory> ApplyDataParallel(const GptLayout* layout, Ops* ops,
+                                                  const ParallelMesh& mesh, Communicator* dp,
+                                                  size_t bucket_floats) {
+  if (mesh.zero_stage() >= 2 && dp != nullptr) {
+    return std::make_unique<ShardedMemory>(layout, ops, dp, mesh.zero_stage());
+  }
+  std::vector<int> deferred;
+  if (mesh.pp() > 1 && layout->first_stage()) deferred.push_back(layout->embedding_unit());
+  if (mesh.pp() > 1 && layout->last_stage()) deferred.push_back(layout->head_unit());
+  return std::make_unique<DataParallelMemory>(layout, ops, dp, std::min(mesh.zero_stage(), 1),
+                                              bucket_floats, std::move(deferred));
+}
+
+// 4. AdamW over the range this rank owns (its dp shard under ZeRO, else everything).
+std::unique_ptr<AdamW> ShardOptimizer(const GptLayout& layout, const TrainingMemory& memory,
+                                      const AdamWConfig& config, Ops* ops) {
+  return std::make_unique<AdamW>(DecayRangesOf(layout.tensors()), layout.num_params(), config,
+                                 memory.owned_begin(), memory.owned_end(), ops);
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ParallelGpt>> ParallelGpt::Create(const ParallelGptOptions& options,
                                                            const ParallelMesh& mesh,
                                                            ProcessGroups* groups, Ops* ops) {
-  const ParallelMesh::Coord c = mesh.CoordOf(options.rank);
-  // 1 + 2: tensor and pipeline parallelism decide what this rank holds.
-  ASSIGN_OR_RETURN(GptLayout layout,
-                   GptLayout::Create(options.config, c.pp, mesh.pp(), c.tp, mesh.tp()));
-  auto model = std::unique_ptr<ParallelGpt>(
+  ASSIGN_OR_RETURN(GptLayout layout, ShardModel(options.config, mesh, mesh.CoordOf(options.rank)));
+  return std::unique_ptr<ParallelGpt>(
       new ParallelGpt(options, mesh, std::move(layout), groups, ops));
-  return model;
 }
 
 ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& mesh,
@@ -63,26 +98,11 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
       groups_(groups),
       ops_(ops),
       stage_(&layout_, ops, groups->tp.get()),
-      schedule_(StageSchedule(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches())),
+      schedule_(SchedulePipeline(options.schedule, mesh, coord_)),
+      memory_(ApplyDataParallel(&layout_, ops, mesh, groups->dp.get(), options.bucket_floats)),
+      optimizer_(ShardOptimizer(layout_, *memory_, options.adam, ops)),
       norm_ranges_(PrimaryRuns(layout_)) {
-  // 3: data parallelism / ZeRO over the dp group. With a pipeline, the tied embedding's
-  // unit waits for the first/last stage sum before its dp reduction.
-  std::vector<int> deferred;
-  if (mesh.pp() > 1 && layout_.first_stage()) deferred.push_back(layout_.embedding_unit());
-  if (mesh.pp() > 1 && layout_.last_stage()) deferred.push_back(layout_.head_unit());
-  if (mesh.zero_stage() >= 2 && groups->dp != nullptr) {
-    memory_ = std::make_unique<ShardedMemory>(&layout_, ops, groups->dp.get(), mesh.zero_stage());
-  } else {
-    memory_ = std::make_unique<DataParallelMemory>(&layout_, ops, groups->dp.get(),
-                                                   std::min(mesh.zero_stage(), 1),
-                                                   options.bucket_floats, std::move(deferred));
-  }
-  // 4: the optimizer over the owned range.
-  optimizer_ = std::make_unique<AdamW>(DecayRangesOf(layout_.tensors()), layout_.num_params(),
-                                       options.adam, memory_->owned_begin(),
-                                       memory_->owned_end(), ops);
-  const int sets =
-      MaxInFlight(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches());
+  const int sets = MaxInFlight(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches());
   for (int i = 0; i < sets; ++i) {
     acts_.push_back(std::make_unique<StageActivations>(&layout_, ops));
     acts_.back()->Ensure(options.micro_batch, options.seq_len);
