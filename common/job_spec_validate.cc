@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/job_spec.h"
-#include "common/parallel_mesh.h"
 #include "common/job_spec_internal.h"
+#include "common/parallel_mesh.h"
 #include "common/yaml_util.h"
 
 namespace drover {

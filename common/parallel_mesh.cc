@@ -92,8 +92,8 @@ std::string ParallelMesh::Describe() const {
   std::string s = "dp" + Num(dp_) + " x pp" + Num(pp_) + " x tp" + Num(tp_);
   if (zero_stage_ > 0) s += ", ZeRO-" + Num(zero_stage_);
   if (pp_ > 1) s += ", " + pp_schedule_;
-  s += ", " + Num(micro_batches_) + " micro-batch" + (micro_batches_ == 1 ? "" : "es") +
-       " per step";
+  s +=
+      ", " + Num(micro_batches_) + " micro-batch" + (micro_batches_ == 1 ? "" : "es") + " per step";
   return s;
 }
 

@@ -85,10 +85,10 @@ TEST_F(LocalLauncherTest, RealTrainerRanksTrainWithPrefixedOutput) {
 TEST_F(LocalLauncherTest, FailingRealTrainerRankExitsWithItsCode) {
   // A missing train.init_from fails every rank at start-up: input the user must fix.
   const std::string spec = WriteSpec(4, 0, /*n_embd=*/32);
-  EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--nproc", "2", "--set",
-                        "train.micro_batch=2", "--set", "train.init_from=/nonexistent/model.bin",
-                        "--threads", "1"})),
-            2)
+  EXPECT_EQ(
+      Wait(Spawn({kBin + "drover", "train", spec, "--nproc", "2", "--set", "train.micro_batch=2",
+                  "--set", "train.init_from=/nonexistent/model.bin", "--threads", "1"})),
+      2)
       << Log();
   EXPECT_THAT(Log(), ContainsRegex("rank [01] failed with exit code 2"));
   EXPECT_THAT(Log(), HasSubstr("train.init_from"));

@@ -64,8 +64,8 @@ class ParallelTrainTest : public TrainProcessFixture {
 
   // `drover train spec --nproc n args...`; returns the exit code.
   int Train(const std::string& spec, int n, std::vector<std::string> args = {}) {
-    std::vector<std::string> argv = {kBin + "drover", "train", spec, "--threads", "1", "--nproc",
-                                     std::to_string(n)};
+    std::vector<std::string> argv = {kBin + "drover", "train",          spec, "--threads", "1",
+                                     "--nproc",       std::to_string(n)};
     argv.insert(argv.end(), args.begin(), args.end());
     return Wait(Spawn(argv));
   }

@@ -97,8 +97,8 @@ Status Trainer::Init() {
   RETURN_IF_ERROR(spec.Validate());
   ASSIGN_OR_RETURN(mesh_, ParallelMesh::Create(spec, options_.world_size));
   if (options_.rank < 0 || options_.rank >= options_.world_size) {
-    return InvalidArgumentError("rank " + std::to_string(options_.rank) + " is outside world size " +
-                                std::to_string(options_.world_size));
+    return InvalidArgumentError("rank " + std::to_string(options_.rank) +
+                                " is outside world size " + std::to_string(options_.world_size));
   }
   if (options_.world_size > 1 && options_.store == nullptr) {
     return InvalidArgumentError("world size " + std::to_string(options_.world_size) +
@@ -127,8 +127,8 @@ Status Trainer::Init() {
     parallel::ConnectOptions connect;
     connect.bind_address = options_.bind_address;
     connect.connect_timeout = options_.connect_timeout;
-    connect.comm.timeout = std::chrono::milliseconds(
-        static_cast<int64_t>(spec.parallel.timeout_s * 1000));
+    connect.comm.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
     auto groups = parallel::ConnectProcessGroups(*mesh_, options_.rank, options_.store, connect);
     if (!groups.ok()) return groups.status().WithContext("connecting the ranks");
     groups_ = std::move(groups).value();
@@ -139,9 +139,9 @@ Status Trainer::Init() {
   ASSIGN_OR_RETURN(mo.schedule, parallel::ParsePipelineSchedule(spec.parallel.pp_schedule));
   mo.micro_batch = B_;
   mo.seq_len = T_;
-  mo.adam = AdamWConfig{static_cast<float>(spec.train.beta1), static_cast<float>(spec.train.beta2),
-                        static_cast<float>(spec.train.eps),
-                        static_cast<float>(spec.train.weight_decay)};
+  mo.adam =
+      AdamWConfig{static_cast<float>(spec.train.beta1), static_cast<float>(spec.train.beta2),
+                  static_cast<float>(spec.train.eps), static_cast<float>(spec.train.weight_decay)};
   mo.grad_clip = spec.train.grad_clip;
   mo.bucket_floats = static_cast<size_t>(spec.parallel.bucket_mb * (1 << 20) / sizeof(float));
   ASSIGN_OR_RETURN(model_, parallel::ParallelGpt::Create(mo, *mesh_, &groups_, CpuOps()));
@@ -165,11 +165,12 @@ Status Trainer::Init() {
   // reads); the first collective of the first step must not count that against its
   // deadline.
   RETURN_IF_ERROR(StoreBarrier("ready"));
-  spdlog::info("model {} ({} parameters, {} on this rank), {}, B={} T={} steps={}, resuming "
-               "from {}",
-               DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
-               mesh_->Describe(), B_, T_, spec.train.steps,
-               resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
+  spdlog::info(
+      "model {} ({} parameters, {} on this rank), {}, B={} T={} steps={}, resuming "
+      "from {}",
+      DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
+      mesh_->Describe(), B_, T_, spec.train.steps,
+      resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
   return OkStatus();
 }
 

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/parallel_mesh.h"
 #include "common/status.h"
 #include "worker/engine/ckpt/async_writer.h"
-#include "common/parallel_mesh.h"
 #include "worker/engine/data/loader.h"
 #include "worker/engine/metrics.h"
 #include "worker/engine/model/gpt_layout.h"
@@ -65,7 +65,7 @@ struct TrainerOptions {
   std::string bind_address = "127.0.0.1";  // where this rank accepts its peers
   // How long start-up waits for every rank to show up (ranks start at different times).
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
-  bool resume = true;  // continue from the newest valid checkpoint in checkpoint.dir
+  bool resume = true;     // continue from the newest valid checkpoint in checkpoint.dir
   int prefetch = 2;       // micro-batches the loader assembles ahead
   bool log_steps = true;  // one log line per train.log_every steps
   TrainerListener* listener = nullptr;      // not owned; nullptr = no reports

@@ -115,8 +115,8 @@ class Ops {
                               bool accumulate) = 0;
   virtual void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
                                 int NH) = 0;
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* att,
-                                 const float* qkv, int B, int T, int C, int NH) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv,
+                                 int B, int T, int C, int NH) = 0;
   virtual void GeluForward(float* out, const float* inp, size_t N) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) = 0;
   // Returns the mean loss over the N rows.

@@ -105,8 +105,8 @@ size_t GptNumParams(const GptConfig& config) {
   return table.back().offset + table.back().numel;
 }
 
-StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int stages,
-                                      int tp_rank, int tp_size) {
+StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int stages, int tp_rank,
+                                      int tp_size) {
   RETURN_IF_ERROR(config.Validate());
   if (stages < 1 || stage < 0 || stage >= stages) {
     return InvalidArgumentError("pipeline stage " + Num(stage) + " of " + Num(stages) +
@@ -238,18 +238,16 @@ std::pair<size_t, size_t> GptLayout::LayerRange(int l) const {
 
 void GptLayout::GlobalToLocal(const float* global, float* local) const {
   for (const LocalTensor& t : tensors_) {
-    ForEachRun(t, [&](size_t g, size_t l, size_t n) {
-      std::copy(global + g, global + g + n, local + l);
-    });
+    ForEachRun(
+        t, [&](size_t g, size_t l, size_t n) { std::copy(global + g, global + g + n, local + l); });
   }
 }
 
 void GptLayout::LocalToGlobal(const float* local, float* global, bool primary_only) const {
   for (const LocalTensor& t : tensors_) {
     if (primary_only && !t.primary) continue;
-    ForEachRun(t, [&](size_t g, size_t l, size_t n) {
-      std::copy(local + l, local + l + n, global + g);
-    });
+    ForEachRun(
+        t, [&](size_t g, size_t l, size_t n) { std::copy(local + l, local + l + n, global + g); });
   }
 }
 

@@ -27,10 +27,10 @@ void StageActivations::Ensure(int B, int T) {
   // The head's buffers exist on the last stage only.
   const size_t last = layout_->last_stage() ? 1 : 0;
   const size_t Vp = cfg.padded_vocab_size;
-  float** ptrs[] = {&encoded_,  &ln1_,     &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
-                    &att_,      &residual2_, &ln2_,    &ln2_mean_, &ln2_rstd_, &fch_,
-                    &fch_gelu_, &residual3_, &lnf_,    &lnf_mean_, &lnf_rstd_, &logits_,
-                    &losses_,   &lse_,     &dres_,     &dbtc_,     &dqkv_,     &dfch_};
+  float** ptrs[] = {&encoded_,  &ln1_,       &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
+                    &att_,      &residual2_, &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
+                    &fch_gelu_, &residual3_, &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
+                    &losses_,   &lse_,       &dres_,     &dbtc_,     &dqkv_,     &dfch_};
   const size_t sizes[] = {BT * C,
                           L * BT * C,
                           L * BT,
@@ -79,17 +79,15 @@ GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp
   DROVER_CHECK(tp == nullptr || tp->size() == layout->tp_size());
 }
 
-Status GptStage::RowParallelForward(float* out, const float* inp, const float* w,
-                                    const float* bias, const float* residual, int N, int IC,
-                                    int OC) {
+Status GptStage::RowParallelForward(float* out, const float* inp, const float* w, const float* bias,
+                                    const float* residual, int N, int IC, int OC) {
   if (tp_ == nullptr) {
     ops_->MatmulForward(out, inp, w, bias, residual, N, IC, OC, OC);
     return OkStatus();
   }
   // Rank 0 folds bias and residual into its partial product; the sum adds them once.
   const bool adds = tp_->rank() == 0;
-  ops_->MatmulForward(out, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC, OC,
-                      OC);
+  ops_->MatmulForward(out, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC, OC, OC);
   return tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
                         parallel::ReduceOp::kSum);
 }
@@ -119,8 +117,8 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   float* fch = a.fch_ + i * BT * C4;
   float* fchg = a.fch_gelu_ + i * BT * C4;
   float* res3 = a.residual3_ + i * btc;
-  ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w,
-                         p + o.ln1b, BT, C);
+  ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
+                         BT, C);
   ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca);
   ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa);
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
@@ -139,7 +137,8 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   DROVER_CHECK(B >= 1 && T >= 1);
   a.backward_ready_ = false;
   if (layout_->first_stage()) {
-    for (int i = 0; i < BT; i++) DROVER_CHECK_MSG(a.inputs_[i] >= 0 && a.inputs_[i] < V, "token id");
+    for (int i = 0; i < BT; i++)
+      DROVER_CHECK_MSG(a.inputs_[i] >= 0 && a.inputs_[i] < V, "token id");
     const int e = layout_->embedding_unit();
     if (layout_->end_layer() > layout_->first_layer()) {
       mem.PrefetchParams(layout_->layer_unit(layout_->first_layer()));
@@ -232,8 +231,8 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
                           p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc);
   ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
                        p + o.attprojw, BT, Ca, C, C, acc);
-  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * B * NHa * T * T,
-                          a.qkv_ + i * BT * 3 * Ca, B, T, Ca, NHa);
+  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * B * NHa * T * T, a.qkv_ + i * BT * 3 * Ca,
+                          B, T, Ca, NHa);
   ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,
                        C, 3 * Ca, 3 * Ca, acc);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
@@ -245,7 +244,8 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
 
 Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scale) {
   if (layout_->last_stage()) {
-    DROVER_CHECK_MSG(a.backward_ready_, "Backward needs a Forward with targets (a training pass) right before");
+    DROVER_CHECK_MSG(a.backward_ready_,
+                     "Backward needs a Forward with targets (a training pass) right before");
     a.backward_ready_ = false;  // the logits buffer becomes dlogits
     RETURN_IF_ERROR(HeadBackward(a, mem, grad_scale));
   }

@@ -77,9 +77,9 @@ class StageActivations {
   std::vector<int32_t> inputs_, targets_;
   // Per-layer buffers hold one slice per local layer; layer l0 + i starts at slice i.
   float *encoded_ = nullptr, *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr,
-        *qkv_ = nullptr, *atty_ = nullptr, *att_ = nullptr, *residual2_ = nullptr,
-        *ln2_ = nullptr, *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr, *fch_ = nullptr,
-        *fch_gelu_ = nullptr, *residual3_ = nullptr;
+        *qkv_ = nullptr, *atty_ = nullptr, *att_ = nullptr, *residual2_ = nullptr, *ln2_ = nullptr,
+        *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr, *fch_ = nullptr, *fch_gelu_ = nullptr,
+        *residual3_ = nullptr;
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *lse_ = nullptr;
   // Backward scratch: the residual stream's gradient and working buffers.

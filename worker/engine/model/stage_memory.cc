@@ -23,8 +23,8 @@ StatusOr<float*> FlatStageMemory::AcquireGrads(int unit, bool* accumulate) {
 
 Status FlatStageMemory::GradsReady(int) { return OkStatus(); }
 
-Status FlatStageMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout,
-                                          int B, int T) {
+Status FlatStageMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
+                                          int T) {
   DROVER_CHECK_MSG(!zero_pending_[unit], "the embedding's gradient was never acquired");
   float* g = grads_ + layout_->units()[unit].offset;
   ops_->EncoderBackward(g, g + layout_->wpe_offset(), dout, inputs, B, T,

@@ -55,12 +55,12 @@ class CommStream {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<Ticket, std::function<Status()>>> queue_;  // guarded by mu_
-  Ticket next_ticket_ = 1;                                         // guarded by mu_
-  Ticket done_ = 0;     // guarded by mu_: every ticket <= done_ has run
+  Ticket next_ticket_ = 1;                                        // guarded by mu_
+  Ticket done_ = 0;       // guarded by mu_: every ticket <= done_ has run
   Ticket failed_at_ = 0;  // guarded by mu_: ticket of the first error, 0 if none
-  Status error_;        // guarded by mu_
-  bool stop_ = false;   // guarded by mu_
-  double busy_s_ = 0;   // guarded by mu_
+  Status error_;          // guarded by mu_
+  bool stop_ = false;     // guarded by mu_
+  double busy_s_ = 0;     // guarded by mu_
   double blocked_s_ = 0;  // touched by the caller's thread only
   std::thread thread_;    // started last
 };

@@ -314,8 +314,8 @@ Status ParallelGpt::GatherGlobal(std::vector<float>* params, std::vector<float>*
     // dp rank 0 of every (pp, tp) coordinate holds its whole local arenas now.
     if (coord_.dp != 0) return OkStatus();
     for (size_t i = 0; i < locals.size(); ++i) {
-      RETURN_IF_ERROR(groups_->world->Send(locals[i]->data(), sizeof(float) * locals[i]->size(),
-                                           0, kGatherTag + i));
+      RETURN_IF_ERROR(groups_->world->Send(locals[i]->data(), sizeof(float) * locals[i]->size(), 0,
+                                           kGatherTag + i));
     }
     return OkStatus();
   }

@@ -46,13 +46,13 @@ struct ParallelGptOptions {
   int micro_batch = 1;  // B
   int seq_len = 1;      // T
   AdamWConfig adam;
-  double grad_clip = 1.0;  // 0 disables clipping
+  double grad_clip = 1.0;                   // 0 disables clipping
   size_t bucket_floats = size_t{25} << 18;  // 25 MiB of fp32
 };
 
 struct StepResult {
-  double loss = 0;       // mean training loss over the global batch
-  double grad_norm = 0;  // global, before clipping
+  double loss = 0;            // mean training loss over the global batch
+  double grad_norm = 0;       // global, before clipping
   double comm_busy_s = 0;     // dp reduction time on the comm stream
   double comm_blocked_s = 0;  // of which the training thread waited for
   double pp_wait_s = 0;       // time blocked receiving from neighbouring stages
@@ -120,9 +120,9 @@ class ParallelGpt {
   std::vector<PipeAction> schedule_;
   std::unique_ptr<TrainingMemory> memory_;
   std::unique_ptr<AdamW> optimizer_;
-  std::vector<std::unique_ptr<StageActivations>> acts_;  // micro-batch i uses i % size
+  std::vector<std::unique_ptr<StageActivations>> acts_;       // micro-batch i uses i % size
   std::vector<std::vector<std::unique_ptr<Request>>> sends_;  // per activation set
-  std::vector<std::pair<size_t, size_t>> norm_ranges_;  // runs of primary tensors
+  std::vector<std::pair<size_t, size_t>> norm_ranges_;        // runs of primary tensors
   double pp_wait_s_ = 0;
 };
 

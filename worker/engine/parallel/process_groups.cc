@@ -16,8 +16,7 @@ StatusOr<std::unique_ptr<Communicator>> Join(const std::shared_ptr<GlooTransport
   const auto it = std::find(members.begin(), members.end(), rank);
   DROVER_CHECK_MSG(it != members.end(), "rank not in its own group");
   return ConnectGlooGroup(transport, store, name, static_cast<int>(it - members.begin()),
-                          static_cast<int>(members.size()), options.comm,
-                          options.connect_timeout);
+                          static_cast<int>(members.size()), options.comm, options.connect_timeout);
 }
 
 std::string Coords(const char* a, int x, const char* b, int y) {

@@ -11,9 +11,7 @@ ShardPartition::ShardPartition(size_t n, int parts) : n(n), parts(parts) {
 
 size_t ShardPartition::begin(int r) const { return std::min(n, static_cast<size_t>(r) * shard); }
 
-size_t ShardPartition::end(int r) const {
-  return std::min(n, static_cast<size_t>(r + 1) * shard);
-}
+size_t ShardPartition::end(int r) const { return std::min(n, static_cast<size_t>(r + 1) * shard); }
 
 std::vector<size_t> ShardPartition::Counts(size_t lo, size_t hi) const {
   std::vector<size_t> counts(parts);
@@ -60,8 +58,8 @@ std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_fl
   return buckets;
 }
 
-std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T,
-                                     int C, float scale) {
+std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T, int C,
+                                     float scale) {
   const size_t bt = static_cast<size_t>(B) * T;
   std::vector<float> packed(bt + bt * C);
   for (size_t i = 0; i < bt; ++i) packed[i] = static_cast<float>(inputs[i]);

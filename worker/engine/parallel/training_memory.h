@@ -4,10 +4,11 @@
 //
 //   stage | parameters        | gradients                         | AdamW m, v | reduction
 //   ------+-------------------+-----------------------------------+------------+----------------------
-//     0   | whole             | whole                             | whole      | all-reduce per bucket
-//     1   | whole             | whole, reduce-scattered at the end | shard      | reduce-scatter per bucket
-//     2   | whole             | shard (+ transient unit buffers)  | shard      | reduce-scatter per unit
-//     3   | shard (gathered per unit) | as stage 2                | shard      | as stage 2
+//     0   | whole             | whole                             | whole      | all-reduce per
+//     bucket 1   | whole             | whole, reduce-scattered at the end | shard      |
+//     reduce-scatter per bucket 2   | whole             | shard (+ transient unit buffers)  | shard
+//     | reduce-scatter per unit 3   | shard (gathered per unit) | as stage 2                | shard
+//     | as stage 2
 //
 // "whole" is the rank's local arena (its pipeline stage and tensor-parallel part); a shard
 // is this dp rank's contiguous slice of it (ShardPartition). Stages 0/1 reduce on the last
@@ -64,8 +65,8 @@ std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_fl
 // (StageMemory::AddEmbeddingGrads after the unit's reduction started): the B*T token ids as
 // floats (exact below 2^24) followed by dout (B, T, C) times `scale` (1 / dp: the rows are
 // averaged like the rest of the gradient). Host memory.
-std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T,
-                                     int C, float scale);
+std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T, int C,
+                                     float scale);
 // Adds one rank's packed rows into the window [lo, hi) (elements of the embedding unit,
 // wpe at wpe_offset) of a gradient whose element lo is `dwindow`.
 void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t wpe_offset,

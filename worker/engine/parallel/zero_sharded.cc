@@ -60,16 +60,17 @@ void ShardedMemory::StartGather(int unit) {
   const size_t lo = std::max(u.offset, owned_begin());
   const size_t hi = std::min(u.offset + u.numel, owned_end());
   const float* own = hi > lo ? params_.data() + owned_offset(lo) : nullptr;
-  slot.ready = stream_.Submit(
-      [this, data, own, dst = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
-       counts = partition_.Counts(u.offset, u.offset + u.numel)] {
+  slot.ready =
+      stream_.Submit([this, data, own, dst = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
+                      counts = partition_.Counts(u.offset, u.offset + u.numel)] {
         if (n > 0) ops_->Copy(data + dst, own, n);
         return dp_->AllGather(data, counts, DataType::kFloat32);
       });
 }
 
 StatusOr<const float*> ShardedMemory::AcquireParams(int unit) {
-  if (zero_stage_ == 2) return static_cast<const float*>(params_.data() + layout_->units()[unit].offset);
+  if (zero_stage_ == 2)
+    return static_cast<const float*>(params_.data() + layout_->units()[unit].offset);
   StartGather(unit);
   ParamSlot& slot = param_slots_[unit];
   if (slot.refs == 0) RETURN_IF_ERROR(stream_.Wait(slot.ready));
@@ -115,8 +116,8 @@ Status ShardedMemory::GradsReady(int unit) {
   grads_in_flight_.push_back(stream_.Submit(
       [this, buffer, own, src = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
        counts = partition_.Counts(u.offset, u.offset + u.numel)]() mutable {
-        Status st = dp_->ReduceScatter(buffer->data(), counts, DataType::kFloat32,
-                                       ReduceOp::kAverage);
+        Status st =
+            dp_->ReduceScatter(buffer->data(), counts, DataType::kFloat32, ReduceOp::kAverage);
         if (st.ok() && n > 0) ops_->Add(own, buffer->data() + src, n);
         pool_.Give(std::move(buffer));
         return st;
@@ -146,8 +147,8 @@ Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const f
   const size_t lo = std::max(u.offset, owned_begin());
   const size_t hi = std::max(lo, std::min(u.offset + u.numel, owned_end()));
   stream_.Submit([this, gathered, n, B, T, C, lo, hi, offset = u.offset] {
-    RETURN_IF_ERROR(dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n),
-                                   DataType::kFloat32));
+    RETURN_IF_ERROR(
+        dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n), DataType::kFloat32));
     if (hi == lo) return OkStatus();
     for (int r = 0; r < dp_->size(); ++r) {
       AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),

@@ -101,10 +101,10 @@ class ShardedMemory final : public TrainingMemory {
   Communicator* dp_;
   const int zero_stage_;
   ShardPartition partition_;
-  Buffer params_;        // stage 2: the whole arena; stage 3: this rank's shard
-  Buffer owned_grads_;   // this rank's shard of the dp-averaged gradient
+  Buffer params_;       // stage 2: the whole arena; stage 3: this rank's shard
+  Buffer owned_grads_;  // this rank's shard of the dp-averaged gradient
   Pool pool_;
-  std::vector<ParamSlot> param_slots_;              // stage 3, per unit
+  std::vector<ParamSlot> param_slots_;               // stage 3, per unit
   std::vector<std::shared_ptr<Buffer>> grad_slots_;  // per unit, while acquired
   std::deque<CommStream::Ticket> grads_in_flight_;
   CommStream stream_;  // last: its thread stops before the buffers go

@@ -70,8 +70,8 @@ class CpuOpsImpl final : public Ops {
                              const float* dout, const int32_t* inp, int B, int T, int C) override {
     cpu::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, inp, B, T, C);
   }
-  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                        const float* weight, const float* bias, int N, int C) override {
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int N, int C) override {
     cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,

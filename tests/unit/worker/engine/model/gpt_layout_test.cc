@@ -76,7 +76,7 @@ TEST(GptLayoutTest, EveryGlobalElementHasExactlyOnePrimaryOwner) {
 }
 
 TEST(GptLayoutTest, TensorParallelSplitsHeadsOfQKVAndColumnsOfProjections) {
-  const GptConfig cfg = Config();  // C = 16, NH = 4: head size 4
+  const GptConfig cfg = Config();                    // C = 16, NH = 4: head size 4
   auto layout = GptLayout::Create(cfg, 0, 1, 1, 2);  // tp rank 1 of 2: heads 2, 3
   ASSERT_TRUE(layout.ok());
   EXPECT_EQ(layout->attn_channels(), 8);

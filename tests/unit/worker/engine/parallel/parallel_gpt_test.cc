@@ -198,8 +198,8 @@ TEST_F(ParallelEquivalenceTest, ZeroStage3) {
 }
 
 TEST_F(ParallelEquivalenceTest, PipelineGPipe) {
-  ExpectMatchesOneProcess(
-      2, {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"});
+  ExpectMatchesOneProcess(2,
+                          {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"});
 }
 
 TEST_F(ParallelEquivalenceTest, Pipeline1F1B) {
@@ -225,8 +225,8 @@ TEST_F(ParallelEquivalenceTest, PipelineAndTensorParallel) {
 }
 
 TEST_F(ParallelEquivalenceTest, DataPipelineAndTensorParallelWithZero1) {
-  ExpectMatchesOneProcess(8, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2",
-                              "parallel.zero_stage=1"});
+  ExpectMatchesOneProcess(
+      8, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"});
 }
 
 TEST_F(ParallelEquivalenceTest, ZeroStage3WithTensorParallel) {

@@ -22,8 +22,7 @@ std::string Render(const std::vector<PipeAction>& actions) {
 }
 
 TEST(PipelineScheduleTest, GPipeRunsEveryForwardThenEveryBackward) {
-  EXPECT_EQ(Render(StageSchedule(PipelineSchedule::kGPipe, 2, 0, 4)),
-            "F0 F1 F2 F3 B0 B1 B2 B3");
+  EXPECT_EQ(Render(StageSchedule(PipelineSchedule::kGPipe, 2, 0, 4)), "F0 F1 F2 F3 B0 B1 B2 B3");
   EXPECT_EQ(MaxInFlight(PipelineSchedule::kGPipe, 2, 0, 4), 4);
 }
 
@@ -62,10 +61,10 @@ void ExpectRunsToCompletion(PipelineSchedule schedule, int p, int m) {
     for (int s = 0; s < p; ++s) {
       if (next[s] == plans[s].size()) continue;
       const PipeAction a = plans[s][next[s]];
-      const bool ready = a.kind == PipeAction::kForward
-                             ? (s == 0 || fwd_done[s - 1][a.micro_batch])
-                             : (s == p - 1 ? fwd_done[s][a.micro_batch]
-                                           : bwd_done[s + 1][a.micro_batch]);
+      const bool ready =
+          a.kind == PipeAction::kForward
+              ? (s == 0 || fwd_done[s - 1][a.micro_batch])
+              : (s == p - 1 ? fwd_done[s][a.micro_batch] : bwd_done[s + 1][a.micro_batch]);
       if (!ready) continue;
       if (a.kind == PipeAction::kForward) {
         const int sets = MaxInFlight(schedule, p, s, m);
