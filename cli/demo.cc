@@ -194,8 +194,14 @@ double Since(SteadyClock::time_point t0) {
   return std::chrono::duration<double>(SteadyClock::now() - t0).count();
 }
 
-std::string NodeOf(const v1::JobRecord& job) {
-  return job.placement_size() > 0 ? job.placement(0).node() : "-";
+// "demo-w1" or "demo-w1 + demo-w2": the nodes of the job's ranks, in rank order.
+std::string NodesOf(const v1::JobRecord& job) {
+  std::string nodes;
+  for (const auto& a : job.placement()) {
+    if (nodes.find(a.node()) != std::string::npos) continue;
+    nodes += (nodes.empty() ? "" : " + ") + a.node();
+  }
+  return nodes.empty() ? "-" : nodes;
 }
 
 // Watches the job until it ends, killing the worker that runs it once at `kill_at`.
@@ -225,7 +231,10 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
     if (job.state() != last_state || job.attempt() != last_attempt) {
       std::string line = JobStateName(job.state());
       if (job.attempt() > 0) line += ", attempt " + std::to_string(job.attempt());
-      if (job.state() == v1::RUNNING) line += " on " + NodeOf(job);
+      if (job.state() == v1::RUNNING) {
+        line += " on " + NodesOf(job) + " (" + std::to_string(job.placement_size()) + " rank" +
+                (job.placement_size() == 1 ? "" : "s, data parallel") + ")";
+      }
       if (job.attempt() != last_attempt && info->attempts_size() > 0) {
         const v1::AttemptRecord& a = info->attempts(info->attempts_size() - 1);
         if (a.attempt() == job.attempt() && a.resume_step() >= 0) {
@@ -243,7 +252,7 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
     if (job.last_step() != last_step && job.last_step() > 0) {
       std::printf("  [%6.1fs] step %5lld/%lld  loss %.4f  %7.0f tok/s  on %s  checkpoint %s\n",
                   Since(t0), static_cast<long long>(job.last_step()), static_cast<long long>(steps),
-                  job.last_loss(), job.tokens_per_s(), NodeOf(job).c_str(),
+                  job.last_loss(), job.tokens_per_s(), NodesOf(job).c_str(),
                   job.latest_checkpoint_step() >= 0
                       ? ("step " + std::to_string(job.latest_checkpoint_step())).c_str()
                       : "none yet");
@@ -251,10 +260,11 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
     }
     if (!killed && kill_at >= 0 && job.state() == v1::RUNNING && job.last_step() >= kill_at &&
         job.latest_checkpoint_step() > 0) {
-      const std::string node = NodeOf(job);
+      const std::string node = job.placement(0).node();  // rank 0's
       std::printf(
-          "\n  >>> kill -9 worker %s (pid %d), which runs the job, at step %lld; the newest\n"
-          "  >>> checkpoint is step %lld. Watch the coordinator notice and move the job.\n\n",
+          "\n  >>> kill -9 worker %s (pid %d), which runs rank 0 of the job, at step %lld; the\n"
+          "  >>> newest checkpoint is step %lld. Watch the coordinator notice, stop the other\n"
+          "  >>> rank and resume the job on the worker that is left.\n\n",
           node.c_str(), static_cast<int>(cluster->pid(node)),
           static_cast<long long>(job.last_step()),
           static_cast<long long>(job.latest_checkpoint_step()));
