@@ -37,6 +37,13 @@ struct RankResult {
   double val_loss = 0;
 };
 
+// What one run of RunWorld does.
+struct Phase {
+  int steps = kSteps;
+  bool resume = false;      // from the newest checkpoint in checkpoint.dir
+  bool checkpoint = false;  // write one (synchronously) after the steps
+};
+
 class ParallelEquivalenceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -81,8 +88,9 @@ class ParallelEquivalenceTest : public ::testing::Test {
     return *spec;
   }
 
-  // Runs kSteps steps of `spec` on `world` ranks (threads), then gathers the parameters.
-  static std::vector<RankResult> RunWorld(const JobSpec& spec, int world) {
+  // Runs `phase.steps` steps of `spec` on `world` ranks (threads), evaluates, then gathers
+  // the parameters.
+  static std::vector<RankResult> RunWorld(const JobSpec& spec, int world, Phase phase = {}) {
     InMemoryKvStore store;
     std::vector<RankResult> results(world);
     std::vector<std::thread> threads;
@@ -96,7 +104,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
         options.world_size = world;
         options.store = &store;
         options.log_steps = false;
-        options.resume = false;
+        options.resume = phase.resume;
         // A rank that fails at start-up must not leave the others waiting for minutes.
         options.connect_timeout = std::chrono::seconds(30);
         auto trainer = Trainer::Create(options);
@@ -104,7 +112,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
           r.status = trainer.status();
           return;
         }
-        for (int s = 0; s < kSteps; ++s) {
+        for (int s = 0; s < phase.steps; ++s) {
           auto m = (*trainer)->Step();
           if (!m.ok()) {
             r.status = m.status();
@@ -112,6 +120,13 @@ class ParallelEquivalenceTest : public ::testing::Test {
           }
           r.losses.push_back(m->loss);
           r.norms.push_back(m->grad_norm);
+        }
+        if (phase.checkpoint) {
+          Status st = (*trainer)->SaveCheckpoint(/*async=*/false);
+          if (!st.ok()) {
+            r.status = st;
+            return;
+          }
         }
         auto val = (*trainer)->Evaluate();
         if (!val.ok()) {
@@ -227,6 +242,46 @@ TEST_F(ParallelEquivalenceTest, PipelineAndTensorParallel) {
 TEST_F(ParallelEquivalenceTest, DataPipelineAndTensorParallelWithZero1) {
   ExpectMatchesOneProcess(
       8, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"});
+}
+
+// Checkpoints hold ranges of the global arenas, gathered from any mesh: one written at
+// dp2 x ZeRO-2 after 3 steps resumes at other meshes (and in one process), and the next
+// steps are the uninterrupted run's.
+TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
+  const RankResult& want = Reference(2);
+  ASSERT_TRUE(want.status.ok()) << want.status;
+  struct Load {
+    int world;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Load> loads = {
+      {1, {}},
+      {2, {"parallel.pp=2"}},
+      {2, {"parallel.tp=2"}},
+      {4, {"parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"}},
+      {2, {"parallel.zero_stage=3"}},
+  };
+  for (size_t i = 0; i < loads.size(); ++i) {
+    const std::string ckpt = "checkpoint.dir=" + (*dir_ / ("ckpt" + std::to_string(i))).string();
+    const JobSpec save = Spec({"train.micro_batch=2", "parallel.zero_stage=2", ckpt});
+    const auto saved = RunWorld(save, 2, {3, false, true});
+    ASSERT_TRUE(saved[0].status.ok()) << saved[0].status;
+    std::vector<std::string> sets = loads[i].sets;
+    sets.insert(sets.end(), {"train.micro_batch=2", ckpt});
+    const auto got = RunWorld(Spec(sets), loads[i].world, {2, true, false});
+    SCOPED_TRACE("resumed at world " + std::to_string(loads[i].world));
+    ASSERT_TRUE(got[0].status.ok()) << got[0].status;
+    ASSERT_EQ(got[0].losses.size(), 2u);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_NEAR(got[0].losses[s], want.losses[3 + s], 1e-5 * want.losses[3 + s]) << s;
+    }
+    ASSERT_EQ(got[0].params.size(), want.params.size());
+    double worst = 0;
+    for (size_t j = 0; j < want.params.size(); ++j) {
+      worst = std::max(worst, std::fabs(double{got[0].params[j]} - want.params[j]));
+    }
+    EXPECT_LT(worst, 1e-5);
+  }
 }
 
 TEST_F(ParallelEquivalenceTest, ZeroStage3WithTensorParallel) {
