@@ -184,6 +184,16 @@ TEST_F(ParallelTrainTest, TwoRankJobOnTwoAgentsMatchesDroverTrainNproc2) {
   for (const auto& a : info.attempts(info.attempts_size() - 1).placement()) nodes.insert(a.node());
   EXPECT_EQ(nodes.size(), 2u) << "both ranks on one agent";
 
+  // Every rank's log reaches the CLI through its agent and the coordinator.
+  for (int rank : {0, 1}) {
+    const std::string log = (dir_ / ("logs-" + std::to_string(rank) + ".txt")).string();
+    testing::Process cli(
+        testing::Cluster::Bin("drover"),
+        {"--coordinator", cluster.address(), "logs", *id, "--rank", std::to_string(rank)}, log);
+    ASSERT_TRUE(cli.Wait(20000));
+    EXPECT_THAT(testing::ReadAll(log), HasSubstr("rank=" + std::to_string(rank) + "/2"));
+  }
+
   ASSERT_EQ(Train(Spec("local", 8), 2), 0) << Log();
   const std::vector<double> want = Losses(dir_ / "local" / "metrics.jsonl");
   const std::vector<double> got = Losses(dir_ / "submitted" / "metrics.jsonl");
