@@ -237,18 +237,26 @@ Status Trainer::RestoreLatest() {
   // disagree about which is newest.
   std::string path;
   StatusOr<ckpt::CheckpointSnapshot> snap = NotFoundError("no checkpoint");
-  double chosen = -1;  // a step number; doubles hold every integer up to 2^53
+  int64_t chosen = -1;
   if (is_rank0()) {
     snap = ckpt::LoadLatestCheckpoint(ckpt_dir_, &path);
-    if (snap.ok()) chosen = static_cast<double>(snap->meta.step());
+    if (snap.ok()) chosen = snap->meta.step();
   }
-  if (groups_.world != nullptr) {
-    RETURN_IF_ERROR(groups_.world->Broadcast(&chosen, 1, parallel::DataType::kFloat64, 0)
-                        .WithContext("agreeing on the checkpoint to resume"));
+  if (options_.world_size > 1) {
+    // Through the store, not a collective: reading and verifying a large checkpoint can
+    // take rank 0 longer than the communicators' deadline.
+    const std::string key = "resume-step";
+    if (is_rank0()) {
+      RETURN_IF_ERROR(options_.store->Set(key, std::to_string(chosen)));
+    } else {
+      auto got = options_.store->Get(key, options_.connect_timeout);
+      if (!got.ok()) return got.status().WithContext("waiting for rank 0's checkpoint choice");
+      chosen = std::stoll(*got);
+    }
   }
   if (chosen < 0) return is_rank0() ? snap.status() : NotFoundError("no checkpoint");
   if (!is_rank0()) {
-    path = ckpt_dir_ + "/" + ckpt::StepDirName(static_cast<int64_t>(chosen));
+    path = ckpt_dir_ + "/" + ckpt::StepDirName(chosen);
     snap = ckpt::ReadCheckpoint(path);
     if (!snap.ok()) return snap.status().WithContext("checkpoint chosen by rank 0");
   }
