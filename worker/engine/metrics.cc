@@ -42,6 +42,7 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendInt(&s, "zero_stage", m.zero_stage);
   AppendNumber(&s, "comm_ms", m.comm_ms);
   AppendNumber(&s, "comm_wait_ms", m.comm_wait_ms);
+  AppendNumber(&s, "publish_ms", m.publish_ms);
   AppendNumber(&s, "pp_wait_ms", m.pp_wait_ms);
   AppendNumber(&s, "param_mib", m.param_mib);
   AppendNumber(&s, "grad_mib", m.grad_mib);

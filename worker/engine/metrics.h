@@ -26,8 +26,9 @@ struct StepMetrics {
   int pp = 1;
   int tp = 1;
   int zero_stage = 0;
-  double comm_ms = 0;       // data-parallel reduction time (on the comm thread)
-  double comm_wait_ms = 0;  // of which the step waited for (the rest hid behind backward)
+  double comm_ms = 0;       // data-parallel communication during forward and backward
+  double comm_wait_ms = 0;  // of which the step waited for (the rest hid behind compute)
+  double publish_ms = 0;    // ZeRO-1/2's all-gather of the updated parameters
   double pp_wait_ms = 0;    // time blocked receiving from neighbouring pipeline stages
   // MiB rank 0 holds for parameters, gradients, AdamW state and ZeRO's transient buffers.
   double param_mib = 0, grad_mib = 0, optimizer_mib = 0, working_mib = 0;
@@ -36,7 +37,7 @@ struct StepMetrics {
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, zero_stage,
-// comm_ms, comm_wait_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib, and
+// comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib, and
 // val_loss when present.
 // Non-finite numbers are written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);

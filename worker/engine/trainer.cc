@@ -333,6 +333,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.zero_stage = mesh_->zero_stage();
   m.comm_ms = r.comm_busy_s * 1000.0;
   m.comm_wait_ms = r.comm_blocked_s * 1000.0;
+  m.publish_ms = r.publish_s * 1000.0;
   m.pp_wait_ms = r.pp_wait_s * 1000.0;
   constexpr double kMiB = 1 << 20;
   m.param_mib = static_cast<double>(r.param_bytes) / kMiB;

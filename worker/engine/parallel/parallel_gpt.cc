@@ -229,6 +229,11 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
   std::function<Status(float*)> sync;
   if (groups_->emb != nullptr) sync = [this](float* grads) { return SyncTiedEmbedding(grads); };
   RETURN_IF_ERROR(memory_->FinishGradients(sync));
+  // Forward and backward are over: what the stream did so far is what could hide behind
+  // them (gradient reduction; ZeRO-3's gathers).
+  StepResult r;
+  r.comm_busy_s = memory_->comm_busy_seconds();
+  r.comm_blocked_s = memory_->comm_blocked_seconds();
 
   // The loss of every micro-batch is counted once (last stage, tp rank 0), the squared
   // gradient of every parameter once (OwnedGradSumSquares).
@@ -237,16 +242,15 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
   if (groups_->world != nullptr) {
     RETURN_IF_ERROR(groups_->world->AllReduce(stats, 2, DataType::kFloat64, ReduceOp::kSum));
   }
-  StepResult r;
   r.loss = stats[0] / (static_cast<double>(mesh_.dp()) * mesh_.micro_batches());
   r.grad_norm = std::sqrt(stats[1]);
   const double scale = ClipScale(r.grad_norm, options_.grad_clip);
   const size_t owned = memory_->owned_end() - memory_->owned_begin();
   if (scale != 1.0) ops_->Scale(memory_->owned_grads(), owned, static_cast<float>(scale));
   optimizer_->Step(memory_->owned_params(), memory_->owned_grads(), static_cast<float>(lr));
+  const auto publish = Clock::now();
   RETURN_IF_ERROR(memory_->PublishParams());
-  r.comm_busy_s = memory_->comm_busy_seconds();
-  r.comm_blocked_s = memory_->comm_blocked_seconds();
+  r.publish_s = SecondsSince(publish);
   r.pp_wait_s = pp_wait_s_;
   const MemoryUsage usage = memory_->memory_usage();
   r.param_bytes = sizeof(float) * usage.params;
