@@ -104,7 +104,13 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   const size_t i = l - layout_->first_layer();
   const size_t btc = static_cast<size_t>(BT) * C;
   const int unit = layout_->layer_unit(l);
-  if (l + 1 < layout_->end_layer()) mem.PrefetchParams(unit + 1);
+  if (l + 1 < layout_->end_layer()) {
+    mem.PrefetchParams(unit + 1);
+  } else if (layout_->last_stage()) {
+    // The head follows the last layer: its wte is large, start fetching it now.
+    mem.PrefetchParams(layout_->final_norm_unit());
+    mem.PrefetchParams(layout_->head_unit());
+  }
   ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(unit));
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;

@@ -34,7 +34,7 @@ namespace drover::engine::parallel {
 
 class ShardedMemory final : public TrainingMemory {
  public:
-  static constexpr int kMaxGradsInFlight = 2;
+  static constexpr int kMaxGradsInFlight = 4;
 
   // zero_stage is 2 or 3; dp is not null. Not owned: all pointers must outlive the memory.
   ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp, int zero_stage);
