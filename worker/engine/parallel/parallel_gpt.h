@@ -51,14 +51,14 @@ struct ParallelGptOptions {
 };
 
 struct StepResult {
-  double loss = 0;            // mean training loss over the global batch
-  double grad_norm = 0;       // global, before clipping
+  double loss = 0;       // mean training loss over the global batch
+  double grad_norm = 0;  // global, before clipping
   // dp communication during forward and backward (gradient reduction, ZeRO-3's gathers):
   // time on the comm stream, and how much of it the training thread waited for.
   double comm_busy_s = 0;
   double comm_blocked_s = 0;
   double publish_s = 0;  // the all-gather of updated parameters after the optimizer (ZeRO-1/2)
-  double pp_wait_s = 0;       // time blocked receiving from neighbouring stages
+  double pp_wait_s = 0;  // time blocked receiving from neighbouring stages
   // Bytes this rank holds for parameters, gradients, AdamW state and ZeRO's transient
   // buffers (most at once so far).
   size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, working_bytes = 0;
