@@ -75,25 +75,18 @@ Status DataParallelMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, co
   const Unit& u = layout_->units()[unit];
   const int C = layout_->config().channels;
   const int ranks = dp_->size();
-  auto packed = std::make_shared<std::vector<float>>(
-      PackEmbeddingRows(inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks)));
-  const size_t n = packed->size();
+  const std::vector<float> packed =
+      PackEmbeddingRows(inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks));
+  const size_t n = packed.size();
   auto gathered = std::make_shared<std::vector<float>>(n * ranks);
-  std::copy(packed->begin(), packed->end(), gathered->begin() + n * dp_->rank());
+  std::copy(packed.begin(), packed.end(), gathered->begin() + n * dp_->rank());
   // Stage 1 keeps only its shard of the reduced gradient; stage 0 all of it.
-  const size_t lo = std::max(u.offset, owned_begin()),
-               hi = std::min(u.offset + u.numel, owned_end());
-  if (hi <= lo) {
-    stream_->Submit([this, gathered, n] {
-      return dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n),
-                            DataType::kFloat32);
-    });
-    return OkStatus();
-  }
+  const size_t lo = std::max(u.offset, owned_begin());
+  const size_t hi = std::max(lo, std::min(u.offset + u.numel, owned_end()));
   stream_->Submit([this, gathered, n, B, T, C, lo, hi, offset = u.offset] {
     RETURN_IF_ERROR(
         dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n), DataType::kFloat32));
-    for (int r = 0; r < dp_->size(); ++r) {
+    for (int r = 0; r < dp_->size() && hi > lo; ++r) {
       AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
                        grads_.data() + lo, lo - offset, hi - offset);
     }

@@ -149,8 +149,7 @@ Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const f
   stream_.Submit([this, gathered, n, B, T, C, lo, hi, offset = u.offset] {
     RETURN_IF_ERROR(
         dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n), DataType::kFloat32));
-    if (hi == lo) return OkStatus();
-    for (int r = 0; r < dp_->size(); ++r) {
+    for (int r = 0; r < dp_->size() && hi > lo; ++r) {
       AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
                        owned_grads_.data() + owned_offset(lo), lo - offset, hi - offset);
     }
