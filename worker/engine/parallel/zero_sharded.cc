@@ -69,8 +69,9 @@ void ShardedMemory::StartGather(int unit) {
 }
 
 StatusOr<const float*> ShardedMemory::AcquireParams(int unit) {
-  if (zero_stage_ == 2)
+  if (zero_stage_ == 2) {
     return static_cast<const float*>(params_.data() + layout_->units()[unit].offset);
+  }
   StartGather(unit);
   ParamSlot& slot = param_slots_[unit];
   if (slot.refs == 0) RETURN_IF_ERROR(stream_.Wait(slot.ready));
