@@ -2,6 +2,8 @@
 
 #include <sqlite3.h>
 
+#include <filesystem>
+
 namespace drover::coordinator {
 namespace {
 
@@ -100,6 +102,14 @@ Status SqliteToStatus(int rc, sqlite3* db, const std::string& context) {
 }
 
 StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path) {
+  // SQLite opens an empty file as an empty database; for a coordinator that would be a
+  // silent start with no jobs where state existed (a truncated copy, a failed restore).
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && std::filesystem::file_size(path, ec) == 0 && !ec) {
+    return DataLossError("state store " + path +
+                         " is empty (0 bytes): refusing to start without the state it should "
+                         "hold; restore it, or move it away to start with no jobs");
+  }
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
   if (rc != SQLITE_OK) {

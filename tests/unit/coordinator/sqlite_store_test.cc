@@ -1,10 +1,12 @@
 #include "coordinator/store/sqlite_store.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "coordinator/store/store_writer.h"
 
@@ -102,6 +104,19 @@ TEST(SqliteStoreTest, ReopenAfterCrashKeepsEveryCommittedTransition) {
   EXPECT_EQ(c->nodes.size(), 20u);
   EXPECT_EQ(c->checkpoints.size(), 20u);
   EXPECT_EQ(c->jobs.back().attempt(), 20);
+}
+
+TEST(SqliteStoreTest, EmptyDatabaseFileIsRefusedNotAFreshStart) {
+  const std::string dir = ::testing::TempDir() + "/sqlite_empty_db";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/state.db");  // zero bytes
+  auto store = SqliteStore::Open(dir + "/state.db");
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(store.status().message(), ::testing::HasSubstr("state.db is empty (0 bytes)"));
+  EXPECT_EQ(std::filesystem::file_size(dir + "/state.db"), 0u);  // left as it was
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SqliteStoreTest, UnopenablePathIsAStatusNotACrash) {
