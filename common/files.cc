@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <system_error>
 
 #include "common/fd.h"
@@ -55,13 +56,21 @@ std::string Dirname(const std::string& path) {
 }
 
 StatusOr<std::string> ReadFileToString(const std::string& path) {
+  return ReadFileTail(path, std::numeric_limits<size_t>::max());
+}
+
+StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, "stat " + path);
   if (S_ISDIR(st.st_mode)) return ErrnoToStatus(EISDIR, "read " + path);
+  const size_t size = static_cast<size_t>(std::max<off_t>(st.st_size, 0));
+  if (size > max_bytes && ::lseek(fd.get(), static_cast<off_t>(size - max_bytes), SEEK_SET) < 0) {
+    return ErrnoToStatus(errno, "seek " + path);
+  }
   std::string out;
-  out.reserve(static_cast<size_t>(std::max<off_t>(st.st_size, 0)));
+  out.reserve(std::min(size, max_bytes));
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd.get(), buf, sizeof(buf));

@@ -18,6 +18,10 @@ namespace drover {
 // The whole file. NotFound when it does not exist.
 StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// The last `max_bytes` of the file (all of it when shorter): a log's tail without reading
+// the log. NotFound when it does not exist.
+StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes);
+
 // Replaces `path` with `data` so that a crash at any moment leaves either the old or the new
 // content, never a mix: writes a temporary file in the same directory, fsyncs it, renames it
 // over `path`, then fsyncs the directory so the rename itself is durable. The directory must

@@ -15,10 +15,19 @@ v1::DeviceKind DeviceOf(const JobSpec& spec) {
   return spec.resources.device == "cuda" ? v1::CUDA : v1::CPU;
 }
 
+// The trainer's exit code for input the user must fix (engine/trainer_process.h): another
+// attempt would fail the same way.
+constexpr int kExitInvalidInput = 2;
+
 std::string DescribeExit(const v1::TrainerStatus& t, const std::string& node) {
   std::string s = "rank " + std::to_string(t.rank()) + " on " + node;
-  if (t.signal() != 0) return s + " was killed by signal " + std::to_string(t.signal());
-  return s + " exited with code " + std::to_string(t.exit_code());
+  if (t.signal() != 0) {
+    s += " was killed by signal " + std::to_string(t.signal());
+  } else {
+    s += " exited with code " + std::to_string(t.exit_code());
+  }
+  if (!t.last_error().empty()) s += ": " + t.last_error();
+  return s;
 }
 
 }  // namespace
@@ -192,11 +201,15 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why) {
   return a;
 }
 
-void JobManager::FailAttempt(Job& job, const std::string& why) {
+void JobManager::FailAttempt(Job& job, const std::string& why, bool retry) {
   const int64_t attempt = job.rec.attempt();
   v1::AttemptRecord& a = EndAttempt(job, why);
   const std::string what = "attempt " + std::to_string(attempt) + " failed: " + why;
-  if (job.rec.restarts() >= job.rec.max_restarts()) {
+  if (!retry) {
+    job.rec.set_state(v1::FAILED);
+    job.rec.set_finished_ms(clock_->WallNowMs());
+    job.rec.set_reason(what + "; not restarted: the trainer rejected its input (exit code 2)");
+  } else if (job.rec.restarts() >= job.rec.max_restarts()) {
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
     job.rec.set_reason(what + "; max_restarts (" + std::to_string(job.rec.max_restarts()) +
@@ -249,7 +262,7 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
     if (++job.ranks_done == static_cast<int>(job.ranks.size())) Succeed(job);
     return;
   }
-  FailAttempt(job, DescribeExit(t, node));
+  FailAttempt(job, DescribeExit(t, node), /*retry=*/t.exit_code() != kExitInvalidInput);
 }
 
 void JobManager::OnListing(const std::string& node, const std::vector<v1::TrainerStatus>& listed) {

@@ -129,7 +129,8 @@ class JobManager {
   void UpdateReason(Job& job);
   // Ends the RUNNING attempt (recording why) and returns its record.
   v1::AttemptRecord& EndAttempt(Job& job, const std::string& why);
-  void FailAttempt(Job& job, const std::string& why);
+  // Ends the attempt; restarts the job unless `retry` is false or max_restarts is used up.
+  void FailAttempt(Job& job, const std::string& why, bool retry = true);
   void Succeed(Job& job);
   void Persist(const Job& job, const v1::AttemptRecord* attempt);
   void IndexPlacement(const Job& job, bool add);

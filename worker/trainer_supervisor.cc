@@ -7,10 +7,31 @@
 
 #include <cerrno>
 
+#include "common/files.h"
 #include "worker/status_channel.h"
 #include "worker/trainer_env.h"
 
 namespace drover {
+namespace {
+
+// The last non-empty line of a log, at most kMaxLine bytes: what a failed trainer said
+// last (its error message, when it printed one). Empty when there is none.
+std::string LastLogLine(const std::string& path) {
+  constexpr size_t kTail = 4096, kMaxLine = 400;
+  if (path.empty()) return "";
+  auto tail = ReadFileTail(path, kTail);
+  if (!tail.ok()) return "";
+  std::string_view s = *tail;
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) {
+    s.remove_suffix(1);
+  }
+  const size_t nl = s.rfind('\n');
+  std::string_view line = nl == std::string_view::npos ? s : s.substr(nl + 1);
+  if (line.size() > kMaxLine) line = line.substr(line.size() - kMaxLine);
+  return std::string(line);
+}
+
+}  // namespace
 
 TrainerSupervisor::TrainerSupervisor(const Clock* clock, ExitCallback on_exit,
                                      int64_t exited_retention_ms)
@@ -50,6 +71,7 @@ Status TrainerSupervisor::Start(const TrainerLaunch& launch) {
   // Hang detection counts from the start: a trainer that never reports is stuck too.
   st.set_last_progress_ms(st.started_ms());
   st.mutable_progress()->set_last_checkpoint_step(-1);
+  t->log_path = launch.spawn.log_path;
   trainers_[launch.key] = t;
 
   SpawnOptions spawn = launch.spawn;
@@ -191,6 +213,9 @@ void TrainerSupervisor::ReadStatus(std::shared_ptr<Trainer> t) {
 }
 
 void TrainerSupervisor::RecordExit(const std::shared_ptr<Trainer>& t, int exit_code, int signal) {
+  // Read outside the lock: a log file on a slow disk must not stall heartbeats.
+  const std::string last_line =
+      exit_code != 0 || signal != 0 ? LastLogLine(t->log_path) : std::string();
   v1::TrainerStatus copy;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -199,6 +224,7 @@ void TrainerSupervisor::RecordExit(const std::shared_ptr<Trainer>& t, int exit_c
     t->status.set_state(v1::TRAINER_EXITED);
     t->status.set_exit_code(exit_code);
     t->status.set_signal(signal);
+    t->status.set_last_error(last_line);
     copy = t->status;
   }
   cv_.notify_all();

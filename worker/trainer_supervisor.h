@@ -82,6 +82,7 @@ class TrainerSupervisor {
  private:
   struct Trainer {
     v1::TrainerStatus status;
+    std::string log_path;  // its stdout+stderr: the last line explains a failed exit
     int status_fd = -1;
     bool reaped = false;  // waitpid returned: never signal the pid again (it may be reused)
     bool exited = false;  // the exit is recorded (after every status report was folded in)

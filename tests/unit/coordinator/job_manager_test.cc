@@ -148,14 +148,43 @@ TEST_F(JobManagerTest, OldAttemptReportsAreFenced) {
 
 TEST_F(JobManagerTest, MaxRestartsHonouredThenFailedWithReason) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/1);
-  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 2));
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 3));
   EXPECT_EQ(State(id), v1::RECOVERING);
   Place(id, 1, {Node("n1", 1)});
-  jobs_.OnTrainerStatus("n1", Exited(id, 2, 0, 2));
+  jobs_.OnTrainerStatus("n1", Exited(id, 2, 0, 3));
   EXPECT_EQ(State(id), v1::FAILED);
   EXPECT_EQ(jobs_.Find(id)->restarts(), 1);
   EXPECT_NE(jobs_.Find(id)->reason().find("max_restarts (1) used up"), std::string::npos);
   EXPECT_TRUE(jobs_.Pending().empty());
+}
+
+TEST_F(JobManagerTest, TrainerThatRejectsItsInputFailsTheJobAtOnceWithItsMessage) {
+  // Exit code 2 is input the user must fix: another attempt would fail the same way.
+  const std::string id = SubmitAndPlace(2, {Node("n1", 1), Node("n2", 1)}, /*max_restarts=*/5);
+  v1::TrainerStatus exited = Exited(id, 1, 1, 2);
+  exited.set_last_error(
+      "E drover-trainer: trainer start-up: NOT_FOUND: data.train: no token shard "
+      "matches '/data/x_*.bin'");
+  jobs_.OnTrainerStatus("n2", exited);
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 0);
+  const std::string reason = jobs_.Find(id)->reason();
+  EXPECT_NE(reason.find("rank 1 on n2 exited with code 2: E drover-trainer: trainer start-up: "
+                        "NOT_FOUND: data.train: no token shard matches '/data/x_*.bin'"),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.find("not restarted"), std::string::npos) << reason;
+  EXPECT_TRUE(jobs_.Pending().empty());
+  // Another failure keeps its restart, and its message too.
+  auto submitted = jobs_.Submit(SpecYaml(1, 1, 2), 0, "j2", 2);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string other = *submitted;
+  Place(other, 1, {Node("n3", 1)});
+  v1::TrainerStatus crashed = Exited(other, 1, 0, 1);
+  crashed.set_last_error("E drover-trainer: training: UNAVAILABLE: peer closed the connection");
+  jobs_.OnTrainerStatus("n3", crashed);
+  EXPECT_EQ(State(other), v1::RECOVERING);
+  EXPECT_NE(jobs_.Find(other)->reason().find("peer closed the connection"), std::string::npos);
 }
 
 TEST_F(JobManagerTest, NodeLossHangAndVanishedRankFailTheAttempt) {

@@ -81,6 +81,18 @@ TEST_F(TrainerSupervisorTest, ReportsExitCodeAndCapturesStdoutStderrAndEnv) {
   EXPECT_EQ(ReadFile(LogPath(0)), "out-hello-env\nerr\n");
 }
 
+TEST_F(TrainerSupervisorTest, FailedExitCarriesTheLastLogLineSuccessNone) {
+  ASSERT_TRUE(
+      supervisor_->Start(Shell("echo step 1; echo 'E trainer: NOT_FOUND: no shard' >&2; exit 2"))
+          .ok());
+  ASSERT_TRUE(supervisor_->Start(Shell("echo all good", /*rank=*/1)).ok());
+  auto exits = WaitExits(2);
+  ASSERT_EQ(exits.size(), 2u);
+  for (const auto& e : exits) {
+    EXPECT_EQ(e.last_error(), e.rank() == 0 ? "E trainer: NOT_FOUND: no shard" : "") << e.rank();
+  }
+}
+
 TEST_F(TrainerSupervisorTest, ReportsTerminatingSignal) {
   ASSERT_TRUE(supervisor_->Start(Shell("kill -9 $$")).ok());
   auto exits = WaitExits(1);
