@@ -124,6 +124,10 @@ StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& 
   if (request.slots_size() == 0) return InvalidArgumentError("register: a node needs slots");
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (std::string conflict = nodes_.RegistrationConflict(request); !conflict.empty()) {
+      spdlog::warn("refused registration of agent {}: {}", request.agent_id(), conflict);
+      return AlreadyExistsError(conflict);
+    }
     StoreBatch batch;
     batch.nodes.push_back(nodes_.Register(request));
     Persist(std::move(batch));

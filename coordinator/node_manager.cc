@@ -16,6 +16,21 @@ void NodeManager::Restore(const v1::NodeRecord& record) {
   }
 }
 
+std::string NodeManager::RegistrationConflict(const v1::RegisterRequest& request) const {
+  auto it = nodes_.find(request.name());
+  if (it == nodes_.end()) return "";
+  const v1::NodeRecord& r = it->second.record;
+  // Records from before node uids, and agents that send none, cannot be told apart.
+  if (r.node_uid().empty() || request.node_uid().empty() || r.node_uid() == request.node_uid()) {
+    return "";
+  }
+  if (r.state() == v1::NODE_DEAD) return "";
+  return "node name '" + request.name() + "' is held by a live agent (" + r.agent_id() + " at " +
+         r.address() +
+         ", another work dir); start this agent with another --name, or stop "
+         "that one: its name is free once it has missed heartbeats for the node timeout";
+}
+
 v1::NodeRecord NodeManager::Register(const v1::RegisterRequest& request) {
   Node& node = nodes_[request.name()];
   v1::NodeRecord& r = node.record;
@@ -24,6 +39,7 @@ v1::NodeRecord NodeManager::Register(const v1::RegisterRequest& request) {
   r.set_address(request.address());
   r.mutable_slots()->CopyFrom(request.slots());
   r.set_agent_id(request.agent_id());
+  r.set_node_uid(request.node_uid());
   r.set_last_heartbeat_ms(clock_->WallNowMs());
   bool cordoned = r.cordon_until_ms() > clock_->WallNowMs();
   r.set_state(cordoned ? v1::NODE_CORDONED : v1::NODE_ALIVE);

@@ -34,8 +34,14 @@ class NodeManager {
   // agent heartbeats again (`connected` false), whatever state it had.
   void Restore(const v1::NodeRecord& record);
 
+  // Why `request` may not take its name, or "" when it may: the name belongs to a node that
+  // is not dead and whose agent is another node (another node_uid; a restarted agent of the
+  // same node keeps its uid and is welcome). A node that died may be taken over.
+  std::string RegistrationConflict(const v1::RegisterRequest& request) const;
+
   // Registers (or re-registers) a node: new agent id, address, slots, and what it runs.
-  // Keeps failures and cordoning. Returns the record to persist.
+  // Keeps failures and cordoning. Returns the record to persist. Check
+  // RegistrationConflict first.
   v1::NodeRecord Register(const v1::RegisterRequest& request);
 
   // True when `name` is known and `agent_id` is its current agent.

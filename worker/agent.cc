@@ -93,6 +93,7 @@ Status Agent::Register() {
   req.set_name(options_.name);
   req.set_address(options_.address.empty() ? HostName() : options_.address);
   req.set_agent_id(agent_id_);
+  req.set_node_uid(options_.node_uid);
   req.set_protocol_version(1);
   for (int i = 0; i < options_.slots; ++i) {
     v1::Slot* slot = req.add_slots();

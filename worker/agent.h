@@ -39,6 +39,7 @@ struct AgentOptions {
   int slots = 1;
   v1::DeviceKind device = v1::CPU;
   std::string work_dir;
+  std::string node_uid;           // node_identity.h: the same across restarts of this node's agent
   std::string trainer_path;       // the trainer executable
   int heartbeat_interval_ms = 0;  // 0: use the coordinator's value
   int rpc_timeout_ms = 2000;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "worker/agent.h"
+#include "worker/node_identity.h"
 #include "worker/process.h"
 
 int main(int argc, char** argv) {
@@ -64,6 +65,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   options.work_dir = std::filesystem::absolute(options.work_dir).string();
+  if (drover::Status locked = drover::LockWorkDir(options.work_dir); !locked.ok()) {
+    std::cerr << "drover-worker: " << locked.message() << "\n";
+    return 2;
+  }
+  auto uid = drover::LoadOrCreateNodeUid(options.work_dir);
+  if (!uid.ok()) {
+    std::cerr << "drover-worker: node id: " << uid.status().ToString() << "\n";
+    return 1;
+  }
+  options.node_uid = *uid;
 
   // Signals are taken by one thread with sigwait, so no handler runs inside gRPC or the
   // supervisor. Blocked before any thread starts, so every thread inherits the mask

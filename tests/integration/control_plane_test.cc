@@ -200,6 +200,54 @@ TEST_F(ControlPlaneTest, AgentKilledIsRecoveredOnTheSurvivingNodes) {
   for (pid_t pid : pids) EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(pid); }, 3000)) << pid;
 }
 
+// Two agents given one --name (other machines, other work dirs) must not take turns at
+// being that node; a restarted agent of the node (same work dir) takes its name back.
+TEST_F(ControlPlaneTest, SecondAgentWithALiveNodesNameIsRefused) {
+  StartCluster(1);
+  const std::string log = (cluster_->root() / "namesake.log").string();
+  {
+    Process namesake(Cluster::Bin("drover-worker"),
+                     {"--coordinator", cluster_->address(), "--name", "w0", "--slots", "3",
+                      "--device", "cpu", "--work-dir", (cluster_->root() / "namesake").string(),
+                      "--trainer", Cluster::Bin("drover-fake-trainer")},
+                     log);
+    ASSERT_TRUE(WaitUntil(
+        [&] { return ReadAll(log).find("is held by a live agent") != std::string::npos; }, 10000))
+        << ReadAll(log);
+    auto workers = cluster_->ListWorkers();
+    ASSERT_TRUE(workers.ok());
+    ASSERT_EQ(workers->workers_size(), 1);
+    EXPECT_EQ(workers->workers(0).node().slots_size(), 1);  // w0's own, not the namesake's 3
+    EXPECT_EQ(workers->workers(0).node().state(), v1::NODE_ALIVE);
+  }
+  // A second agent on w0's own work dir is refused before it registers at all.
+  const std::string twin_log = (cluster_->root() / "twin.log").string();
+  Process twin(Cluster::Bin("drover-worker"),
+               {"--coordinator", cluster_->address(), "--name", "w0", "--slots", "1", "--device",
+                "cpu", "--work-dir", (cluster_->root() / "w0").string(), "--trainer",
+                Cluster::Bin("drover-fake-trainer")},
+               twin_log);
+  int ws = 0;
+  ASSERT_TRUE(twin.Wait(10000, &ws));
+  EXPECT_EQ(WEXITSTATUS(ws), 2) << ReadAll(twin_log);
+  EXPECT_NE(ReadAll(twin_log).find("another drover-worker runs with --work-dir"), std::string::npos)
+      << ReadAll(twin_log);
+  // w0's agent, killed and restarted on its own work dir, is w0 again at once (it need not
+  // wait for the old one to be declared dead).
+  auto before = cluster_->ListWorkers();
+  ASSERT_TRUE(before.ok());
+  const std::string old_agent = before->workers(0).node().agent_id();
+  cluster_->agent("w0")->Kill(SIGKILL);
+  cluster_->StartAgent(0);
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        auto w = cluster_->ListWorkers();
+        return w.ok() && w->workers_size() == 1 && w->workers(0).node().agent_id() != old_agent;
+      },
+      10000))
+      << cluster_->DebugLogs();
+}
+
 TEST_F(ControlPlaneTest, CoordinatorKilledAndRestartedLeavesTrainersUndisturbed) {
   StartCluster(2);
   std::string id = Submit(cluster_->JobYaml("ckill", 2, 2, 50, 5, 3, 30, "step_ms=40\n"));

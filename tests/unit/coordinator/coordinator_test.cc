@@ -179,6 +179,35 @@ TEST_F(CoordinatorTest, UnknownAgentIsToldToRegisterAgain) {
   EXPECT_EQ(c_->Register(RegisterReq("", 1)).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(CoordinatorTest, LiveNodesNameIsRefusedToAnotherNodeButNotToItsRestartedAgent) {
+  auto req = [](const std::string& agent, const std::string& uid) {
+    v1::RegisterRequest r = RegisterReq("n1", 2, agent);
+    r.set_node_uid(uid);
+    return r;
+  };
+  ASSERT_TRUE(c_->Register(req("a1", "uid-A")).ok());
+  // Another machine (another work dir) given the same --name while n1 lives: refused, and
+  // n1 keeps its agent and its two slots.
+  v1::RegisterRequest other = req("b1", "uid-B");
+  other.clear_slots();
+  other.add_slots()->set_index(0);
+  auto refused = c_->Register(other);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(refused.status().message().find("node name 'n1' is held by a live agent (a1"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(Beat("n1", {}, "a1").reregister());
+  EXPECT_EQ(c_->ListWorkers().workers(0).node().slots_size(), 2);
+  // The same node's agent, restarted (new agent id, same uid), takes its name back.
+  ASSERT_TRUE(c_->Register(req("a2", "uid-A")).ok());
+  EXPECT_TRUE(Beat("n1", {}, "a1").reregister());
+  // Once n1 is dead, its name may go to another node.
+  clock_.AdvanceMs(60000);
+  c_->Tick();
+  ASSERT_TRUE(c_->Register(req("b2", "uid-B")).ok());
+}
+
 TEST_F(CoordinatorTest, HangDetectedFromStalledHeartbeats) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
   const std::string id = Submit(SpecYaml(1, 1, 2, /*hang_s=*/5));
