@@ -43,16 +43,7 @@ int RunEval(const EvalFlags& f, bool json) {
   auto data = engine::TokenDataset::Open(f.data, T);
   if (!data.ok()) return Usage("--data: " + data.status().message());
   std::shared_ptr<const engine::TokenDataset> dataset(std::move(data).value());
-  for (size_t s = 0; s < dataset->num_shards(); ++s) {
-    const uint16_t* tok = dataset->shard_data(s);
-    const uint16_t max = *std::max_element(tok, tok + dataset->shard_tokens(s));
-    if (max >= cfg.vocab_size) {
-      return Usage("--data: shard " + dataset->shard_path(s) + " has token id " +
-                   std::to_string(max) + ", but the model's vocabulary has " +
-                   std::to_string(cfg.vocab_size) + " tokens");
-    }
-  }
-  auto loader = engine::EvalLoader::Create(dataset, f.batch, T);
+  auto loader = engine::EvalLoader::Create(dataset, f.batch, T, cfg.vocab_size);
   if (!loader.ok()) return Usage("--data: " + loader.status().message());
   if ((*loader)->num_batches() < f.batches) {
     return Usage("--batches " + std::to_string(f.batches) + ": the data holds only " +
@@ -63,7 +54,9 @@ int RunEval(const EvalFlags& f, bool json) {
   std::vector<int32_t> targets(inputs.size());
   double sum = 0;
   for (int i = 0; i < f.batches; ++i) {
-    (*loader)->Batch(i, inputs.data(), targets.data());
+    if (Status st = (*loader)->Batch(i, inputs.data(), targets.data()); !st.ok()) {
+      return Usage("--data: " + st.message());
+    }
     sum += (*model)->Forward(inputs.data(), targets.data(), f.batch, T);
   }
   const double loss = sum / f.batches;

@@ -27,23 +27,6 @@ int64_t WallNowMs() {
       .count();
 }
 
-// Every token id must be below the vocabulary: the model CHECKs it, and bad data must be
-// an error message, not an abort.
-Status CheckTokenRange(const TokenDataset& data, int vocab_size, const std::string& what) {
-  for (size_t s = 0; s < data.num_shards(); ++s) {
-    const uint16_t* tokens = data.shard_data(s);
-    const uint64_t n = data.shard_tokens(s);
-    uint16_t max_token = 0;
-    for (uint64_t i = 0; i < n; ++i) max_token = std::max(max_token, tokens[i]);
-    if (n > 0 && max_token >= vocab_size) {
-      return InvalidArgumentError(what + " shard " + data.shard_path(s) + " has token id " +
-                                  std::to_string(max_token) + ", but model.vocab_size is " +
-                                  std::to_string(vocab_size));
-    }
-  }
-  return OkStatus();
-}
-
 v1::CheckpointModelConfig ToProto(const GptConfig& c) {
   v1::CheckpointModelConfig p;
   p.set_max_seq_len(c.max_seq_len);
@@ -210,13 +193,15 @@ Status Trainer::OpenData() {
   auto train = TokenDataset::Open(spec.data.train, T_);
   if (!train.ok()) return train.status().WithContext("data.train");
   train_data_ = std::shared_ptr<const TokenDataset>(std::move(train).value());
-  RETURN_IF_ERROR(CheckTokenRange(*train_data_, V, "data.train"));
   DataLoaderOptions lo;
   const ParallelMesh::Coord c = mesh_->CoordOf(options_.rank);
   lo.layout = BatchLayout{spec.train.global_batch, B_, c.dp, mesh_->dp()};
   lo.seed = spec.train.seed;
   lo.shuffle = true;
   lo.prefetch = options_.prefetch;
+  // Token ids are checked batch by batch as they are read (a bad one fails the step that
+  // reaches it, naming shard and position), not by a scan of the whole data at start-up.
+  lo.vocab_size = V;
   auto loader = DataLoader::Create(train_data_, lo);
   if (!loader.ok()) return loader.status().WithContext("data.train");
   loader_ = std::move(loader).value();
@@ -225,8 +210,7 @@ Status Trainer::OpenData() {
   auto val = TokenDataset::Open(spec.data.val, T_);
   if (!val.ok()) return val.status().WithContext("data.val");
   val_data_ = std::shared_ptr<const TokenDataset>(std::move(val).value());
-  RETURN_IF_ERROR(CheckTokenRange(*val_data_, V, "data.val"));
-  auto eval = EvalLoader::Create(val_data_, B_, T_);
+  auto eval = EvalLoader::Create(val_data_, B_, T_, V);
   if (!eval.ok()) return eval.status().WithContext("data.val");
   val_loader_ = std::move(eval).value();
   return OkStatus();
@@ -308,9 +292,9 @@ StatusOr<StepMetrics> Trainer::Step() {
   double wait_s = 0;
   auto next_batch = [&](int32_t* inputs, int32_t* targets) -> Status {
     if (StopRequested()) return CancelledError("stopped during step " + std::to_string(step_ + 1));
-    loader_->Next(inputs, targets);
+    Status st = loader_->Next(inputs, targets);
     wait_s += loader_->last_wait_s();
-    return OkStatus();
+    return st.WithContext("data.train");
   };
   const double lr = LearningRate(options_.spec.train, step_);
   ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr));
@@ -351,7 +335,7 @@ StatusOr<double> Trainer::Evaluate() {
   const int64_t batches =
       std::min<int64_t>(options_.spec.train.eval_batches, val_loader_->num_batches());
   return model_->Evaluate(batches, [this](int64_t i, int32_t* inputs, int32_t* targets) {
-    val_loader_->Batch(i, inputs, targets);
+    return val_loader_->Batch(i, inputs, targets).WithContext("data.val");
   });
 }
 

@@ -54,12 +54,17 @@ std::vector<uint64_t> DataLoader::Reserve(SamplerState* after) {
   return windows;
 }
 
-void DataLoader::Assemble(const std::vector<uint64_t>& windows, int32_t* inputs,
-                          int32_t* targets) const {
+Status DataLoader::Assemble(const std::vector<uint64_t>& windows, int32_t* inputs,
+                            int32_t* targets) const {
   const size_t T = static_cast<size_t>(dataset_->seq_len());
   for (size_t b = 0; b < windows.size(); ++b) {
+    size_t shard = 0;
+    uint64_t first = 0;
+    dataset_->WindowStart(windows[b], &shard, &first);
+    RETURN_IF_ERROR(dataset_->CheckTokens(shard, first, T + 1, options_.vocab_size));
     dataset_->ReadWindow(windows[b], inputs + b * T, targets + b * T);
   }
+  return OkStatus();
 }
 
 void DataLoader::Run() {
@@ -80,7 +85,7 @@ void DataLoader::Run() {
     // training thread must be able to pop a ready batch meanwhile.
     batch.inputs.resize(n);
     batch.targets.resize(n);
-    Assemble(windows, batch.inputs.data(), batch.targets.data());
+    batch.status = Assemble(windows, batch.inputs.data(), batch.targets.data());
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.emplace(ticket, std::move(batch));
@@ -89,8 +94,9 @@ void DataLoader::Run() {
   }
 }
 
-void DataLoader::Next(int32_t* inputs, int32_t* targets) {
+Status DataLoader::Next(int32_t* inputs, int32_t* targets) {
   const auto t0 = std::chrono::steady_clock::now();
+  Status status;
   {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
@@ -99,6 +105,7 @@ void DataLoader::Next(int32_t* inputs, int32_t* targets) {
         std::copy(it->second.inputs.begin(), it->second.inputs.end(), inputs);
         std::copy(it->second.targets.begin(), it->second.targets.end(), targets);
         handed_out_ = it->second.after;
+        status = it->second.status;
         ready_.erase(it);
         break;
       }
@@ -107,7 +114,7 @@ void DataLoader::Next(int32_t* inputs, int32_t* targets) {
         SamplerState after;
         const std::vector<uint64_t> windows = Reserve(&after);
         lock.unlock();
-        Assemble(windows, inputs, targets);
+        status = Assemble(windows, inputs, targets);
         lock.lock();
         handed_out_ = after;
         break;
@@ -120,6 +127,7 @@ void DataLoader::Next(int32_t* inputs, int32_t* targets) {
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   total_wait_s_ += last_wait_s_;
   ++batches_;
+  return status;
 }
 
 SamplerState DataLoader::state() const {
@@ -147,13 +155,13 @@ Status DataLoader::Restore(const SamplerState& state) {
 }
 
 StatusOr<std::unique_ptr<EvalLoader>> EvalLoader::Create(
-    std::shared_ptr<const TokenDataset> dataset, int B, int T) {
+    std::shared_ptr<const TokenDataset> dataset, int B, int T, int vocab_size) {
   DROVER_CHECK(dataset != nullptr);
   if (B < 1 || T < 1) {
     return InvalidArgumentError("eval batch " + std::to_string(B) + " x seq " + std::to_string(T) +
                                 ": both must be >= 1");
   }
-  std::unique_ptr<EvalLoader> loader(new EvalLoader(std::move(dataset), B, T));
+  std::unique_ptr<EvalLoader> loader(new EvalLoader(std::move(dataset), B, T, vocab_size));
   const uint64_t chunk = uint64_t(B) * uint64_t(T);
   uint64_t largest = 0;
   for (size_t s = 0; s < loader->dataset_->num_shards(); ++s) {
@@ -172,17 +180,20 @@ StatusOr<std::unique_ptr<EvalLoader>> EvalLoader::Create(
   return loader;
 }
 
-void EvalLoader::Batch(int64_t i, int32_t* inputs, int32_t* targets) const {
+Status EvalLoader::Batch(int64_t i, int32_t* inputs, int32_t* targets) const {
   DROVER_CHECK(i >= 0 && i < num_batches_);
   // The last shard whose first batch is <= i; empty shards share their successor's index.
   const auto it = std::upper_bound(first_batch_.begin(), first_batch_.end(), i) - 1;
   const auto s = static_cast<size_t>(it - first_batch_.begin());
   const uint64_t chunk = uint64_t(B_) * uint64_t(T_);
-  const uint16_t* tok = dataset_->shard_data(s) + uint64_t(i - *it) * chunk;
+  const uint64_t first = uint64_t(i - *it) * chunk;
+  RETURN_IF_ERROR(dataset_->CheckTokens(s, first, chunk + 1, vocab_size_));
+  const uint16_t* tok = dataset_->shard_data(s) + first;
   for (uint64_t k = 0; k < chunk; ++k) {
     inputs[k] = tok[k];
     targets[k] = tok[k + 1];
   }
+  return OkStatus();
 }
 
 }  // namespace drover::engine

@@ -33,7 +33,8 @@ struct DataLoaderOptions {
   BatchLayout layout;  // B = layout.micro_batch
   uint64_t seed = 1337;
   bool shuffle = true;
-  int prefetch = 2;  // micro-batches assembled ahead, 1..16
+  int prefetch = 2;    // micro-batches assembled ahead, 1..16
+  int vocab_size = 0;  // > 0: every batch's token ids are checked against it
 };
 
 class DataLoader {
@@ -53,8 +54,9 @@ class DataLoader {
   int seq_len() const { return dataset_->seq_len(); }
 
   // Fills inputs and targets, each (B, T) int32 row-major, with the next micro-batch;
-  // blocks until it is ready. Call from one thread (the training loop).
-  void Next(int32_t* inputs, int32_t* targets);
+  // blocks until it is ready. InvalidArgument (naming shard and position) when a token id
+  // of the batch is not below options.vocab_size. Call from one thread (the training loop).
+  Status Next(int32_t* inputs, int32_t* targets);
 
   // The sampler position after the last batch Next() returned.
   SamplerState state() const;
@@ -72,6 +74,7 @@ class DataLoader {
     std::vector<int32_t> inputs;
     std::vector<int32_t> targets;
     SamplerState after;  // sampler position once this batch is consumed
+    Status status;       // a token out of the vocabulary
   };
 
   DataLoader(std::shared_ptr<const TokenDataset> dataset, const DataLoaderOptions& options);
@@ -80,8 +83,8 @@ class DataLoader {
   void Run();
   // Takes the next ticket and its windows from the sampler. Requires mu_ held.
   std::vector<uint64_t> Reserve(SamplerState* after);
-  // Copies the windows' tokens into (B, T) inputs and targets. No lock needed.
-  void Assemble(const std::vector<uint64_t>& windows, int32_t* inputs, int32_t* targets) const;
+  // Checks and copies the windows' tokens into (B, T) inputs and targets. No lock needed.
+  Status Assemble(const std::vector<uint64_t>& windows, int32_t* inputs, int32_t* targets) const;
 
   std::shared_ptr<const TokenDataset> dataset_;
   DataLoaderOptions options_;
@@ -106,23 +109,25 @@ class EvalLoader {
  public:
   // Eval reads raw tokens, so T need not equal dataset->seq_len(). InvalidArgument if B or
   // T < 1, or if no shard holds a complete chunk of B*T + 1 tokens (the message says how
-  // many tokens the largest shard has).
+  // many tokens the largest shard has). vocab_size > 0: Batch checks token ids against it.
   static StatusOr<std::unique_ptr<EvalLoader>> Create(std::shared_ptr<const TokenDataset> dataset,
-                                                      int B, int T);
+                                                      int B, int T, int vocab_size = 0);
 
   // Number of complete batches in the dataset (at most this many distinct batches).
   int64_t num_batches() const { return num_batches_; }
 
   // Fills inputs/targets (B, T) with batch i. CHECKs 0 <= i < num_batches(). Thread-safe.
-  void Batch(int64_t i, int32_t* inputs, int32_t* targets) const;
+  // InvalidArgument (naming shard and position) for a token id out of the vocabulary.
+  Status Batch(int64_t i, int32_t* inputs, int32_t* targets) const;
 
  private:
-  EvalLoader(std::shared_ptr<const TokenDataset> dataset, int B, int T)
-      : dataset_(std::move(dataset)), B_(B), T_(T) {}
+  EvalLoader(std::shared_ptr<const TokenDataset> dataset, int B, int T, int vocab_size)
+      : dataset_(std::move(dataset)), B_(B), T_(T), vocab_size_(vocab_size) {}
 
   std::shared_ptr<const TokenDataset> dataset_;
   int B_;
   int T_;
+  int vocab_size_;
   std::vector<int64_t> first_batch_;  // per shard: global index of its first batch
   int64_t num_batches_ = 0;
 };

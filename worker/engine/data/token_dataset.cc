@@ -105,6 +105,23 @@ void TokenDataset::WindowStart(uint64_t w, size_t* shard, uint64_t* token) const
   *token = (w - it->first_window) * static_cast<uint64_t>(seq_len_);
 }
 
+Status TokenDataset::CheckTokens(size_t s, uint64_t first, uint64_t count, int vocab_size) const {
+  if (vocab_size <= 0) return OkStatus();
+  const Shard& shard = shards_[s];
+  DROVER_CHECK(first + count <= shard.count);
+  const uint16_t* tok = shard.tokens + first;
+  uint16_t max = 0;
+  for (uint64_t i = 0; i < count; ++i) max = std::max(max, tok[i]);
+  if (max < vocab_size) return OkStatus();
+  const uint64_t at =
+      first +
+      static_cast<uint64_t>(
+          std::find_if(tok, tok + count, [&](uint16_t t) { return t >= vocab_size; }) - tok);
+  return InvalidArgumentError("shard " + shard.path + " has token id " +
+                              std::to_string(shard.tokens[at]) + " at token " + std::to_string(at) +
+                              ", but model.vocab_size is " + std::to_string(vocab_size));
+}
+
 void TokenDataset::ReadWindow(uint64_t w, int32_t* inputs, int32_t* targets) const {
   size_t s = 0;
   uint64_t start = 0;

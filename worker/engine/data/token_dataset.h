@@ -48,6 +48,12 @@ class TokenDataset {
   // The (shard, first token) of window w. CHECKs w < num_windows().
   void WindowStart(uint64_t w, size_t* shard, uint64_t* token) const;
 
+  // InvalidArgument naming the shard, the position and the id of the first token among
+  // [first, first + count) of shard s that is not below vocab_size; OK when there is none
+  // (or vocab_size <= 0). The loaders check each batch as they assemble it, so that no
+  // start-up has to read the whole data set to validate it.
+  Status CheckTokens(size_t s, uint64_t first, uint64_t count, int vocab_size) const;
+
  private:
   struct Shard {
     std::string path;

@@ -268,7 +268,7 @@ StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch
     const int slot = static_cast<int>(k % static_cast<int64_t>(acts_.size()));
     StageActivations& a = *acts_[slot];
     RETURN_IF_ERROR(WaitSends(slot));
-    batch(i, a.inputs(), a.targets());
+    RETURN_IF_ERROR(batch(i, a.inputs(), a.targets()));
     if (!layout_.first_stage()) RETURN_IF_ERROR(RecvFrom(coord_.pp - 1, a.input(), kEvalTag + k));
     ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *memory_, GptStage::Pass::kEval));
     if (layout_.last_stage()) {

@@ -70,7 +70,7 @@ class ParallelGpt {
   // (a stop request) abandons the step.
   using BatchFn = std::function<Status(int32_t* inputs, int32_t* targets)>;
   // Fills (B, T) inputs and targets with validation batch i.
-  using EvalBatchFn = std::function<void(int64_t i, int32_t* inputs, int32_t* targets)>;
+  using EvalBatchFn = std::function<Status(int64_t i, int32_t* inputs, int32_t* targets)>;
 
   // `groups` must hold the communicators of `mesh` for options.rank (ConnectProcessGroups);
   // not owned, must outlive the model. Parameters start at zero: load them.

@@ -1,5 +1,6 @@
 #include "worker/engine/data/loader.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -52,7 +53,7 @@ TEST_F(LoaderTest, PrefetchedBatchesFollowTheSamplerInOrder) {
   Sampler reference(ds->num_windows(), 42, true, BatchLayout{8, B, 0, 1});
   std::vector<int32_t> in(B * T), tg(B * T), want_in(T), want_tg(T);
   for (int step = 0; step < 50; ++step) {  // > 1 epoch of 93 windows
-    (*loader)->Next(in.data(), tg.data());
+    ASSERT_TRUE((*loader)->Next(in.data(), tg.data()).ok());
     const std::vector<uint64_t> windows = reference.NextMicroBatch();
     for (int b = 0; b < B; ++b) {
       ds->ReadWindow(windows[b], want_in.data(), want_tg.data());
@@ -76,7 +77,7 @@ TEST_F(LoaderTest, TargetsAreInputsShiftedByOne) {
   auto loader = DataLoader::Create(Open(T), Options(3, B));
   ASSERT_TRUE(loader.ok());
   std::vector<int32_t> in(B * T), tg(B * T);
-  (*loader)->Next(in.data(), tg.data());
+  ASSERT_TRUE((*loader)->Next(in.data(), tg.data()).ok());
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t + 1 < T; ++t) EXPECT_EQ(tg[b * T + t], in[b * T + t + 1]);
     EXPECT_EQ(tg[b * T + T - 1], in[b * T + T - 1] + 1);  // the tokens count up
@@ -89,7 +90,7 @@ TEST_F(LoaderTest, RestoreResumesExactlyFromAHandedOutState) {
   auto a = DataLoader::Create(ds, Options(4, B));
   ASSERT_TRUE(a.ok());
   std::vector<int32_t> in(B * T), tg(B * T), in2(B * T), tg2(B * T);
-  for (int i = 0; i < 7; ++i) (*a)->Next(in.data(), tg.data());
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE((*a)->Next(in.data(), tg.data()).ok());
   const SamplerState saved = (*a)->state();
   // A fresh loader started from the saved state, and the old one restored to it after
   // running ahead, both continue with what `a` would have produced next.
@@ -97,15 +98,15 @@ TEST_F(LoaderTest, RestoreResumesExactlyFromAHandedOutState) {
   ASSERT_TRUE(b.ok());
   std::vector<std::vector<int32_t>> expected;
   for (int i = 0; i < 5; ++i) {
-    (*a)->Next(in.data(), tg.data());
-    (*b)->Next(in2.data(), tg2.data());
+    ASSERT_TRUE((*a)->Next(in.data(), tg.data()).ok());
+    ASSERT_TRUE((*b)->Next(in2.data(), tg2.data()).ok());
     EXPECT_EQ(in, in2);
     EXPECT_EQ(tg, tg2);
     expected.push_back(in);
   }
   ASSERT_TRUE((*a)->Restore(saved).ok());
   for (int i = 0; i < 5; ++i) {
-    (*a)->Next(in.data(), tg.data());
+    ASSERT_TRUE((*a)->Next(in.data(), tg.data()).ok());
     EXPECT_EQ(in, expected[i]);
   }
 }
@@ -125,10 +126,10 @@ TEST_F(LoaderTest, RejectsBadOptionsAndStates) {
   auto loader = DataLoader::Create(ds, Options(4, 2));
   ASSERT_TRUE(loader.ok());
   std::vector<int32_t> in(32), tg(32);
-  (*loader)->Next(in.data(), tg.data());
+  ASSERT_TRUE((*loader)->Next(in.data(), tg.data()).ok());
   EXPECT_FALSE((*loader)->Restore(bad).ok());
   EXPECT_EQ((*loader)->state().micro_step, 1);
-  (*loader)->Next(in.data(), tg.data());
+  ASSERT_TRUE((*loader)->Next(in.data(), tg.data()).ok());
   EXPECT_EQ((*loader)->state().consumed_samples, 4u);
 }
 
@@ -146,19 +147,48 @@ TEST_F(LoaderTest, EvalBatchesAreLlmcSequentialChunksPerShard) {
   // Shard 0 (1001 tokens): starts 0..840 (840 + 121 <= 1001) = 8; shard 1 (501): 4.
   EXPECT_EQ((*eval)->num_batches(), 12);
   std::vector<int32_t> in(B * T), tg(B * T);
-  (*eval)->Batch(0, in.data(), tg.data());
+  ASSERT_TRUE((*eval)->Batch(0, in.data(), tg.data()).ok());
   for (int i = 0; i < B * T; ++i) {
     EXPECT_EQ(in[i], i);
     EXPECT_EQ(tg[i], i + 1);
   }
-  (*eval)->Batch(7, in.data(), tg.data());
+  ASSERT_TRUE((*eval)->Batch(7, in.data(), tg.data()).ok());
   EXPECT_EQ(in[0], 840);
   EXPECT_EQ(tg[B * T - 1], 960);
-  (*eval)->Batch(8, in.data(), tg.data());  // first batch of the second shard
+  ASSERT_TRUE((*eval)->Batch(8, in.data(), tg.data()).ok());  // first batch of the second shard
   EXPECT_EQ(in[0], 20000);
-  (*eval)->Batch(11, in.data(), tg.data());
+  ASSERT_TRUE((*eval)->Batch(11, in.data(), tg.data()).ok());
   EXPECT_EQ(in[0], 20360);
   EXPECT_EQ(tg[B * T - 1], 20480);
+}
+
+TEST_F(LoaderTest, BatchesCheckTokenIdsAgainstTheVocabularyAsTheyAreRead) {
+  const int T = 16, B = 2;
+  // A vocabulary of 25000 holds both shards; 900 only the start of the first.
+  auto ok_opts = Options(B, B);
+  ok_opts.vocab_size = 25000;
+  auto fine = DataLoader::Create(Open(T), ok_opts);
+  ASSERT_TRUE(fine.ok());
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE((*fine)->Next(in.data(), tg.data()).ok()) << i;
+
+  auto small = Options(B, B);
+  small.vocab_size = 900;
+  auto loader = DataLoader::Create(Open(T), small);
+  ASSERT_TRUE(loader.ok());
+  Status first_bad;
+  for (int i = 0; i < 60 && first_bad.ok(); ++i) first_bad = (*loader)->Next(in.data(), tg.data());
+  EXPECT_EQ(first_bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(first_bad.message(), ::testing::ContainsRegex("has token id [0-9]+ at token [0-9]+, "
+                                                            "but model.vocab_size is 900"));
+
+  auto eval = EvalLoader::Create(Open(30), 4, 30, /*vocab_size=*/900);
+  ASSERT_TRUE(eval.ok());
+  std::vector<int32_t> ein(4 * 30), etg(4 * 30);
+  EXPECT_TRUE((*eval)->Batch(0, ein.data(), etg.data()).ok());  // tokens 0..120
+  Status bad = (*eval)->Batch(7, ein.data(), etg.data());       // tokens 840..960
+  EXPECT_EQ(bad.message(), "shard " + dir_ + "/train_000000.bin has token id 900 at token 900, " +
+                               "but model.vocab_size is 900");
 }
 
 TEST_F(LoaderTest, EvalNeedsOneCompleteBatch) {
