@@ -20,6 +20,7 @@ void PrintJob(const v1::JobInfo& info) {
             << "checkpoint:  "
             << (j.latest_checkpoint_step() >= 0 ? std::to_string(j.latest_checkpoint_step())
                                                 : std::string("none"))
+            << (j.checkpoint_error().empty() ? "" : "   LAST SAVE FAILED: " + j.checkpoint_error())
             << "\n"
             << "output_dir:  " << j.output_dir() << "\n";
   if (!info.attempts().empty()) {

@@ -32,6 +32,9 @@ class ReporterListener final : public drover::engine::TrainerListener {
   void OnCheckpoint(const drover::v1::CheckpointRecord& record) override {
     reporter_->Checkpoint(record);
   }
+  void OnCheckpointFailed(int64_t step, const drover::Status& error) override {
+    reporter_->CheckpointFailed("step " + std::to_string(step) + ": " + error.ToString());
+  }
   void OnDone() override { reporter_->Done(); }
 
  private:

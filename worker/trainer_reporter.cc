@@ -35,6 +35,7 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
     std::lock_guard<std::mutex> lock(mu_);
     last_step_ = step;
     p->set_last_checkpoint_step(last_checkpoint_step_);
+    p->set_checkpoint_error(checkpoint_error_);
   }
   Write(report);
 }
@@ -47,8 +48,17 @@ void TrainerReporter::Phase(const std::string& message) {
     std::lock_guard<std::mutex> lock(mu_);
     p->set_step(last_step_);
     p->set_last_checkpoint_step(last_checkpoint_step_);
+    p->set_checkpoint_error(checkpoint_error_);
   }
   Write(report);
+}
+
+void TrainerReporter::CheckpointFailed(const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    checkpoint_error_ = error;
+  }
+  Phase("checkpoint failed");
 }
 
 void TrainerReporter::Checkpoint(const v1::CheckpointRecord& record) {
@@ -57,6 +67,7 @@ void TrainerReporter::Checkpoint(const v1::CheckpointRecord& record) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (record.step() > last_checkpoint_step_) last_checkpoint_step_ = record.step();
+    checkpoint_error_.clear();
   }
   Write(report);
 }

@@ -32,8 +32,12 @@ class TrainerReporter {
                 const std::string& message = "");
   // Reports a phase without a step change ("loading data", "rendezvous").
   void Phase(const std::string& message);
-  // Reports a complete checkpoint directory (rank 0, after the rename).
+  // Reports a complete checkpoint directory (rank 0, after the rename); clears the error
+  // of an earlier failed one.
   void Checkpoint(const v1::CheckpointRecord& record);
+  // Reports that a checkpoint could not be written: carried by every progress report from
+  // now on, until a checkpoint completes.
+  void CheckpointFailed(const std::string& error);
   // Training finished; the process exits 0 next.
   void Done();
 
@@ -44,6 +48,7 @@ class TrainerReporter {
   std::mutex mu_;
   int64_t last_step_ = 0;              // guarded by mu_
   int64_t last_checkpoint_step_ = -1;  // guarded by mu_
+  std::string checkpoint_error_;       // guarded by mu_
 };
 
 }  // namespace drover

@@ -141,6 +141,9 @@ Status Trainer::Init() {
         ckpt_dir_, spec.checkpoint.keep_last,
         [this](const v1::CheckpointManifest& meta, const std::string& path) {
           OnCheckpointComplete(meta, path);
+        },
+        [this](int64_t step, const Status& error) {
+          if (options_.listener != nullptr) options_.listener->OnCheckpointFailed(step, error);
         });
     RETURN_IF_ERROR(metrics_.Open(output_dir_ + "/metrics.jsonl"));
   }
@@ -383,10 +386,11 @@ Status Trainer::SaveCheckpoint(bool async) {
     return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));
   }
   ckpt::CheckpointSnapshot snap = MakeSnapshot(std::move(params), std::move(m), std::move(v));
-  if (async) return writer_->Submit(std::move(snap));
-  Status st = writer_->WriteNow(snap);
-  Status barrier = StoreBarrier("checkpoint-" + std::to_string(step_));
-  return st.ok() ? barrier : st;
+  // A failed write is the disk's trouble, not the job's: it was reported (the listener) and
+  // the next interval tries again. Only the collectives' errors are returned.
+  Status written = async ? writer_->Submit(std::move(snap)) : writer_->WriteNow(snap);
+  if (!written.ok()) spdlog::warn("a checkpoint failed: {}", written.ToString());
+  return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));
 }
 
 Status Trainer::FlushCheckpoints() { return writer_ != nullptr ? writer_->Flush() : OkStatus(); }
@@ -450,11 +454,7 @@ Status Trainer::Run() {
     if (metrics_.is_open()) RETURN_IF_ERROR(metrics_.Append(*m));
     if (options_.listener != nullptr) options_.listener->OnStep(*m);
     if (every_ckpt > 0 && step_ % every_ckpt == 0 && step_ < spec.train.steps) {
-      Status st = SaveCheckpoint(spec.checkpoint.async);
-      if (st.code() == StatusCode::kDeadlineExceeded || st.code() == StatusCode::kUnavailable) {
-        return st;  // a peer is gone: the gather is a collective
-      }
-      if (!st.ok()) spdlog::warn("an earlier checkpoint failed: {}", st.ToString());
+      RETURN_IF_ERROR(SaveCheckpoint(spec.checkpoint.async));  // a peer is gone
     }
   }
   // One gather serves the final checkpoint and the model file: after it, rank 0 writes
@@ -464,14 +464,23 @@ Status Trainer::Run() {
   RETURN_IF_ERROR(final_ckpt ? model_->GatherGlobal(&params, &m, &v)
                              : model_->GatherGlobal(&params, nullptr, nullptr));
   if (is_rank0()) {
+    Status ckpt = OkStatus();
     if (final_ckpt) {
       std::vector<float> copy = params;
       last_checkpoint_step_ = step_;
-      RETURN_IF_ERROR(writer_->WriteNow(MakeSnapshot(std::move(copy), std::move(m), std::move(v))));
+      ckpt = writer_->WriteNow(MakeSnapshot(std::move(copy), std::move(m), std::move(v)));
     }
-    RETURN_IF_ERROR(writer_->Flush());
+    if (Status flushed = writer_->Flush(); ckpt.ok()) ckpt = flushed;
+    // The model is the training's product: written even when the checkpoint disk failed
+    // (its own disk may have room), and then the run has succeeded.
     const std::string model_path = output_dir_ + "/model.bin";
-    RETURN_IF_ERROR(SaveModelFile(config_, params.data(), model_path));
+    Status model = SaveModelFile(config_, params.data(), model_path);
+    if (!model.ok()) {
+      return ckpt.ok() ? model
+                       : InternalError("the final checkpoint and the model both failed: " +
+                                       ckpt.ToString() + "; " + model.ToString());
+    }
+    if (!ckpt.ok()) spdlog::error("the final checkpoint failed: {}", ckpt.ToString());
     spdlog::info("training done at step {}; model written to {}", step_, model_path);
   } else {
     spdlog::info("training done at step {}", step_);

@@ -49,6 +49,9 @@ class TrainerListener {
   virtual void OnStep(const StepMetrics& metrics) = 0;
   // A checkpoint directory became complete.
   virtual void OnCheckpoint(const v1::CheckpointRecord& record) = 0;
+  // Writing the checkpoint of `step` failed (training goes on; the next one is tried at its
+  // interval). On the checkpoint writer thread, like OnCheckpoint.
+  virtual void OnCheckpointFailed(int64_t /*step*/, const Status& /*error*/) {}
   // Training finished; the final model is written.
   virtual void OnDone() = 0;
 };
@@ -100,7 +103,8 @@ class Trainer {
   StatusOr<double> Evaluate();
 
   // Gathers the state to rank 0, which writes checkpoint step_<step()> (in the background
-  // when `async`; Flush waits for it). Collective.
+  // when `async`; Flush waits for it). Collective: its error is a collective's (a peer gone);
+  // a failed write is logged and reported to the listener, and the next interval retries.
   Status SaveCheckpoint(bool async);
   Status FlushCheckpoints();
 

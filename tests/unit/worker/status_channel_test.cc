@@ -107,6 +107,35 @@ TEST(TrainerReporterTest, LinesRoundTripThroughASocket) {
   EXPECT_EQ(ckpts[0].path(), "/x/step_10");
 }
 
+TEST(TrainerReporterTest, ACheckpointFailureIsCarriedUntilASaveSucceeds) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TrainerReporter reporter(sv[1]);
+  reporter.CheckpointFailed("UNAVAILABLE: No space left on device");
+  reporter.Progress(5, 1.0, 3.0, 100.0);
+  v1::CheckpointRecord rec;
+  rec.set_step(10);
+  reporter.Checkpoint(rec);
+  reporter.Progress(11, 1.0, 2.5, 100.0);
+  close(sv[1]);
+  std::string data;
+  char buf[4096];
+  for (ssize_t n; (n = read(sv[0], buf, sizeof(buf))) > 0;) data.append(buf, n);
+  close(sv[0]);
+  v1::TrainerStatus st = Starting();
+  std::vector<v1::CheckpointRecord> ckpts;
+  std::vector<std::string> lines = TakeLines(&data);
+  ASSERT_EQ(lines.size(), 4u);
+  std::vector<std::string> errors;
+  for (const auto& line : lines) {
+    ASSERT_TRUE(ApplyReportLine(line, 50, &st, &ckpts).ok()) << line;
+    errors.push_back(st.progress().checkpoint_error());
+  }
+  EXPECT_EQ(errors[0], "UNAVAILABLE: No space left on device");
+  EXPECT_EQ(errors[1], "UNAVAILABLE: No space left on device");
+  EXPECT_EQ(errors[3], "");
+}
+
 TEST(TrainerReporterTest, DisabledWithoutStatusFdAndWritingIsANoOp) {
   unsetenv("DROVER_STATUS_FD");
   TrainerReporter reporter = TrainerReporter::FromEnv();

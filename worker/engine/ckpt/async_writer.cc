@@ -6,8 +6,12 @@
 
 namespace drover::engine::ckpt {
 
-AsyncCheckpointWriter::AsyncCheckpointWriter(std::string dir, int keep_last, OnComplete on_complete)
-    : dir_(std::move(dir)), keep_last_(keep_last), on_complete_(std::move(on_complete)) {
+AsyncCheckpointWriter::AsyncCheckpointWriter(std::string dir, int keep_last, OnComplete on_complete,
+                                             OnFailure on_failure)
+    : dir_(std::move(dir)),
+      keep_last_(keep_last),
+      on_complete_(std::move(on_complete)),
+      on_failure_(std::move(on_failure)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -63,6 +67,7 @@ Status AsyncCheckpointWriter::WriteAndPrune(const CheckpointSnapshot& snap) {
   auto path = WriteCheckpoint(dir_, snap);
   if (!path.ok()) {
     spdlog::error("checkpoint of step {} failed: {}", snap.meta.step(), path.status().ToString());
+    if (on_failure_) on_failure_(snap.meta.step(), path.status());
     return path.status();
   }
   Status pruned = PruneCheckpoints(dir_, keep_last_);

@@ -26,8 +26,11 @@ class AsyncCheckpointWriter {
  public:
   // Called after a checkpoint directory became complete: (step, final path).
   using OnComplete = std::function<void(const v1::CheckpointManifest&, const std::string&)>;
+  // Called when writing the checkpoint of `step` failed (its partial files are removed).
+  using OnFailure = std::function<void(int64_t step, const Status&)>;
 
-  AsyncCheckpointWriter(std::string dir, int keep_last, OnComplete on_complete);
+  AsyncCheckpointWriter(std::string dir, int keep_last, OnComplete on_complete,
+                        OnFailure on_failure = nullptr);
   // Finishes the write in flight (a checkpoint the trainer already paid for is worth the
   // wait), then joins the thread.
   ~AsyncCheckpointWriter();
@@ -52,6 +55,7 @@ class AsyncCheckpointWriter {
   const std::string dir_;
   const int keep_last_;
   const OnComplete on_complete_;
+  const OnFailure on_failure_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -116,28 +116,11 @@ Status CheckCoverage(const v1::CheckpointManifest& m) {
   return OkStatus();
 }
 
-}  // namespace
-
-std::string StepDirName(int64_t step) { return "step_" + std::to_string(step); }
-
-StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap) {
+// Writes every shard and the manifest into tmp_dir, then renames it to final_dir.
+Status WriteStepDir(const std::string& tmp_dir, const std::string& final_dir,
+                    const std::string& dir, const CheckpointSnapshot& snap) {
   const int64_t n = snap.meta.num_params();
-  for (const char* arena : kArenas) {
-    if (static_cast<int64_t>(ArenaOf(snap, arena).size()) != n) {
-      return InvalidArgumentError(std::string("checkpoint arena '") + arena + "' has " +
-                                  std::to_string(ArenaOf(snap, arena).size()) +
-                                  " elements, manifest says num_params=" + std::to_string(n));
-    }
-  }
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return UnavailableError("cannot create checkpoint dir " + dir + ": " + ec.message());
-  const std::string final_dir = (fs::path(dir) / StepDirName(snap.meta.step())).string();
-  const std::string tmp_dir = final_dir + ".tmp";
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) return UnavailableError("cannot create " + tmp_dir + ": " + ec.message());
-
   v1::CheckpointManifest manifest = snap.meta;
   manifest.clear_shards();
   manifest.set_format_version(kManifestFormatVersion);
@@ -170,7 +153,36 @@ StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSn
   fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec) return UnavailableError("cannot rename " + tmp_dir + ": " + ec.message());
-  RETURN_IF_ERROR(FsyncDir(dir));
+  return FsyncDir(dir);
+}
+
+}  // namespace
+
+std::string StepDirName(int64_t step) { return "step_" + std::to_string(step); }
+
+StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap) {
+  const int64_t n = snap.meta.num_params();
+  for (const char* arena : kArenas) {
+    if (static_cast<int64_t>(ArenaOf(snap, arena).size()) != n) {
+      return InvalidArgumentError(std::string("checkpoint arena '") + arena + "' has " +
+                                  std::to_string(ArenaOf(snap, arena).size()) +
+                                  " elements, manifest says num_params=" + std::to_string(n));
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return UnavailableError("cannot create checkpoint dir " + dir + ": " + ec.message());
+  const std::string final_dir = (fs::path(dir) / StepDirName(snap.meta.step())).string();
+  const std::string tmp_dir = final_dir + ".tmp";
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) return UnavailableError("cannot create " + tmp_dir + ": " + ec.message());
+  // A failed write (a full disk) must not leave its partial files holding the space.
+  Status written = WriteStepDir(tmp_dir, final_dir, dir, snap);
+  if (!written.ok()) {
+    fs::remove_all(tmp_dir, ec);
+    return written;
+  }
   return final_dir;
 }
 

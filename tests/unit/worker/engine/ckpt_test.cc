@@ -2,7 +2,9 @@
 // run that continues the exact loss curve of an uninterrupted one.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -65,6 +67,29 @@ void FlipByte(const fs::path& path, size_t at) {
   f.get(c);
   f.seekp(static_cast<std::streamoff>(at));
   f.put(static_cast<char>(c ^ 0x40));
+}
+
+// A write that fails midway (here the file-size limit makes write() fail with EFBIG, as a
+// full disk fails it with ENOSPC) removes its partial step_N.tmp/ and leaves the previous
+// checkpoint as it was.
+TEST_F(CkptTest, FailedWriteRemovesItsPartialFilesAndKeepsThePreviousCheckpoint) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(1, 1000)).ok());
+  struct rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = saved;
+  small.rlim_cur = 1000;  // bytes: less than one arena of 1000 floats
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  auto failed = WriteCheckpoint(Dir(), MakeSnapshot(2, 1000));
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_FALSE(fs::exists(dir_ / "step_2.tmp"));
+  EXPECT_FALSE(fs::exists(dir_ / "step_2"));
+  std::string path;
+  auto latest = LoadLatestCheckpoint(Dir(), &path);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->meta.step(), 1);
 }
 
 TEST_F(CkptTest, RoundTripKeepsEveryArenaAndField) {

@@ -202,5 +202,38 @@ TEST_F(TrainerTest, StopFlagAbandonsTheStep) {
   EXPECT_FALSE(fs::exists(dir_ / "out" / "model.bin"));
 }
 
+// A checkpoint disk that cannot be written: every save fails and is reported, training goes
+// on to the end, and the model (whose own disk has room) is still written.
+TEST_F(TrainerTest, FailedCheckpointsAreReportedAndTheModelIsStillWritten) {
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics&) override {}
+    void OnCheckpoint(const v1::CheckpointRecord&) override { ++complete; }
+    void OnCheckpointFailed(int64_t step, const Status& error) override {
+      failed_steps.push_back(step);
+      last_error = error.ToString();
+    }
+    void OnDone() override {}
+    int complete = 0;
+    std::vector<int64_t> failed_steps;
+    std::string last_error;
+  } listener;
+  std::ofstream(dir_ / "not_a_dir") << "x";
+  TrainerOptions options;
+  options.spec = Spec(
+      {"checkpoint.every_steps=5", "checkpoint.dir=" + (dir_ / "not_a_dir" / "ckpt").string()});
+  options.listener = &listener;
+  options.log_steps = false;
+  auto trainer = Trainer::Create(options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  Status st = (*trainer)->Run();
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ((*trainer)->step(), 20);
+  EXPECT_EQ(listener.complete, 0);
+  // Every interval is tried again (5, 10, 15) and so is the final save.
+  EXPECT_THAT(listener.failed_steps, ::testing::ElementsAre(5, 10, 15, 20));
+  EXPECT_THAT(listener.last_error, ::testing::HasSubstr("not_a_dir"));
+  EXPECT_TRUE(LoadModelFile((dir_ / "out" / "model.bin").string()).ok());
+}
+
 }  // namespace
 }  // namespace drover::engine
