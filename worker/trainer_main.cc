@@ -98,9 +98,15 @@ int main(int, char**) {
                engine::NumThreads(), env->resume_checkpoint);
   auto trainer = engine::Trainer::Create(options);
   if (!trainer.ok()) return Fail(trainer.status(), "trainer start-up");
-  if (!env->resume_checkpoint.empty() && (*trainer)->resumed_from() < 0) {
-    spdlog::warn("resume hint {} names no valid checkpoint in {}; starting from scratch",
-                 env->resume_checkpoint, engine::CheckpointDirOf(*spec));
+  if (!env->fresh && !env->resume_checkpoint.empty() && (*trainer)->resumed_from() < 0) {
+    // The coordinator recorded a complete checkpoint and the directory now holds none:
+    // starting from scratch would silently throw the job's progress away.
+    return Fail(
+        FailedPreconditionError("the coordinator recorded checkpoint " + env->resume_checkpoint +
+                                ", but " + engine::CheckpointDirOf(*spec) +
+                                " holds no checkpoint (removed?); resubmit the job to "
+                                "start from scratch"),
+        "trainer start-up");
   }
   reporter.Phase("training");
   Status st = (*trainer)->Run();

@@ -48,6 +48,33 @@ TEST_F(TrainProcessTest, InvalidInputExitsTwoWithAMessage) {
             2);
 }
 
+// A checkpoint directory whose every checkpoint is broken: `drover ckpt` shows which and
+// why, and a resume refuses to start from scratch over them until told to (--fresh).
+TEST_F(TrainProcessTest, UnusableCheckpointsAreListedAndRefuseASilentFreshStart) {
+  const std::string spec = WriteSpec(10, 5);
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--threads", "1"})), 0) << Log();
+  const fs::path ckpt = dir_ / "out" / "ckpt";
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "ckpt", "ls", ckpt.string()})), 0) << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("step_10"));
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "ckpt", "verify", ckpt.string()})), 0) << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("ok      " + (ckpt / "step_10").string()));
+
+  fs::resize_file(ckpt / "step_10" / "params.r0.bin", 8);
+  { std::ofstream(ckpt / "step_5" / "manifest.json") << "{"; }
+  EXPECT_EQ(Wait(Spawn({kBin + "drover", "ckpt", "verify", ckpt.string()})), 1);
+  EXPECT_THAT(Log(),
+              ::testing::HasSubstr("BROKEN  " + (ckpt / "step_10" / "params.r0.bin").string()));
+  EXPECT_THAT(Log(), ::testing::HasSubstr("2 of 2 checkpoints cannot be used"));
+
+  const std::string spec20 = WriteSpec(20, 5);
+  EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", spec20, "--threads", "1"})), 2);
+  EXPECT_THAT(Log(), ::testing::HasSubstr("but none is usable"));
+  EXPECT_TRUE(fs::exists(ckpt / "step_10"));  // nothing was overwritten
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "train", spec20, "--threads", "1", "--fresh"})), 0)
+      << Log();
+  EXPECT_EQ(MetricsLines().size(), 10u + 20u);
+}
+
 TEST_F(TrainProcessTest, TrainerUnderAgentProtocolReportsAndResumesAfterSigterm) {
   // Slow enough per step (bigger model) that SIGTERM lands mid-run.
   const std::string spec = WriteSpec(400, 10, 128);

@@ -225,9 +225,11 @@ Status Trainer::RestoreLatest() {
   std::string path;
   StatusOr<ckpt::CheckpointSnapshot> snap = NotFoundError("no checkpoint");
   int64_t chosen = -1;
+  // -1: nothing to resume from; -2: checkpoints exist and none is usable (every rank fails).
   if (is_rank0()) {
     snap = ckpt::LoadLatestCheckpoint(ckpt_dir_, &path);
     if (snap.ok()) chosen = snap->meta.step();
+    if (snap.status().code() == StatusCode::kFailedPrecondition) chosen = -2;
   }
   if (options_.world_size > 1) {
     // Through the store, not a collective: reading and verifying a large checkpoint can
@@ -241,7 +243,9 @@ Status Trainer::RestoreLatest() {
       chosen = std::stoll(*got);
     }
   }
-  if (chosen < 0) return is_rank0() ? snap.status() : NotFoundError("no checkpoint");
+  if (chosen < 0 && is_rank0()) return snap.status();
+  if (chosen == -2) return FailedPreconditionError("rank 0 found no usable checkpoint");
+  if (chosen < 0) return NotFoundError("no checkpoint");
   if (!is_rank0()) {
     path = ckpt_dir_ + "/" + ckpt::StepDirName(chosen);
     snap = ckpt::ReadCheckpoint(path);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -88,6 +89,35 @@ int64_t ParseStepDir(const std::string& name, bool* is_tmp) {
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
   if (ec != std::errc() || ptr != s.data() + s.size() || s.empty() || step < 0) return -1;
   return step;
+}
+
+// A shared flock on a step directory while it is read: pruning (in this process or another,
+// say a trainer of the job while `drover sample` reads) skips a checkpoint being read.
+class ReadLock {
+ public:
+  explicit ReadLock(const std::string& step_dir)
+      : fd_(::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+    if (fd_ >= 0) (void)::flock(fd_, LOCK_SH);
+  }
+  ~ReadLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ReadLock(const ReadLock&) = delete;
+  ReadLock& operator=(const ReadLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+// True when nobody holds a ReadLock on `step_dir` (or it cannot be opened). The exclusive
+// lock is dropped at once: a reader that starts after this finds the directory gone or
+// complete, never half-deleted, because a reader verifies every file it reads.
+bool NotBeingRead(const std::string& step_dir) {
+  int fd = ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return true;
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);
+  return free;
 }
 
 // Checks that the shards of each arena tile [0, num_params) without gaps or overlaps.
@@ -186,24 +216,37 @@ StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSn
   return final_dir;
 }
 
-StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
+StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
   auto text = ReadWholeFile((fs::path(step_dir) / kManifestFile).string());
   if (!text.ok()) return DataLossError(step_dir + ": no readable " + kManifestFile);
-  CheckpointSnapshot snap;
+  v1::CheckpointManifest m;
   google::protobuf::util::JsonParseOptions popts;
   popts.ignore_unknown_fields = true;  // newer writers may add fields
-  auto parsed = google::protobuf::util::JsonStringToMessage(*text, &snap.meta, popts);
+  auto parsed = google::protobuf::util::JsonStringToMessage(*text, &m, popts);
   if (!parsed.ok()) {
     return DataLossError(step_dir +
                          ": manifest is not valid JSON: " + std::string(parsed.message()));
   }
-  const v1::CheckpointManifest& m = snap.meta;
   if (m.format_version() != kManifestFormatVersion) {
     return DataLossError(step_dir + ": manifest format_version " +
                          std::to_string(m.format_version()) + ", this build reads " +
                          std::to_string(kManifestFormatVersion));
   }
+  return m;
+}
+
+StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
+  ReadLock lock(step_dir);
+  CheckpointSnapshot snap;
+  ASSIGN_OR_RETURN(snap.meta, ReadManifest(step_dir));
+  const v1::CheckpointManifest& m = snap.meta;
   if (m.num_params() <= 0) return DataLossError(step_dir + ": manifest has no parameters");
+  for (const auto& sh : m.shards()) {
+    if (MutableArenaOf(&snap, sh.arena()) == nullptr) {
+      return DataLossError(step_dir + ": shard " + sh.file() + " is of arena '" + sh.arena() +
+                           "', which this build does not know (it reads params, adam_m, adam_v)");
+    }
+  }
   Status cov = CheckCoverage(m);
   if (!cov.ok()) return cov.WithContext(step_dir);
   for (const char* arena : kArenas) MutableArenaOf(&snap, arena)->resize(m.num_params());
@@ -240,20 +283,33 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   return out;
 }
 
+StatusOr<CheckpointSnapshot> VerifyCheckpoint(const std::string& step_dir, int64_t step) {
+  auto snap = ReadCheckpoint(step_dir);
+  if (snap.ok() && snap->meta.step() != step) {
+    return DataLossError(step_dir + ": manifest says step " + std::to_string(snap->meta.step()));
+  }
+  return snap;
+}
+
 StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir, std::string* path) {
-  for (const auto& [step, step_dir] : ListCheckpoints(dir)) {
-    auto snap = ReadCheckpoint(step_dir);
+  const auto all = ListCheckpoints(dir);
+  if (all.empty()) return NotFoundError("no checkpoint in " + dir);
+  std::string why;
+  for (const auto& [step, step_dir] : all) {
+    auto snap = VerifyCheckpoint(step_dir, step);
     if (snap.ok()) {
-      if (snap->meta.step() != step) {
-        spdlog::warn("checkpoint {} skipped: manifest says step {}", step_dir, snap->meta.step());
-        continue;
-      }
       if (path != nullptr) *path = step_dir;
       return snap;
     }
     spdlog::warn("checkpoint skipped: {}", snap.status().message());
+    why += "\n  " + std::string(snap.status().message());
   }
-  return NotFoundError("no valid checkpoint in " + dir);
+  // Starting from scratch here would overwrite what may be days of training: that must be
+  // a person's explicit choice.
+  return FailedPreconditionError(
+      "checkpoints exist in " + dir + " but none is usable:" + why +
+      "\nmove them away (or use another checkpoint.dir) to start from scratch, or pass "
+      "`drover train --fresh`");
 }
 
 Status PruneCheckpoints(const std::string& dir, int keep_last) {
@@ -267,6 +323,10 @@ Status PruneCheckpoints(const std::string& dir, int keep_last) {
   }
   if (keep_last <= 0) return OkStatus();
   for (size_t i = static_cast<size_t>(keep_last); i < complete.size(); ++i) {
+    if (!NotBeingRead(complete[i].second)) {
+      spdlog::info("checkpoint {} is being read; kept past retention", complete[i].second);
+      continue;
+    }
     fs::remove_all(complete[i].second, ec);
     if (ec) return UnavailableError("cannot remove " + complete[i].second + ": " + ec.message());
   }

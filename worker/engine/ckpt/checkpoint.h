@@ -41,23 +41,31 @@ std::string StepDirName(int64_t step);
 // Thread-compatible: one writer per `dir` at a time.
 StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap);
 
-// Reads step_N/ and verifies it: the manifest parses, the format version is known, every
-// arena is covered exactly by its shards, every file has its recorded size and CRC32C.
-// DataLoss names the first problem found.
+// The manifest of step_N/ (parsed, format version checked; shards not read).
+StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
+
+// Reads step_N/ and verifies it (holding a shared lock on it that pruning respects): the manifest
+// parses, the format version is known, every arena is covered exactly by its shards, every file has
+// its recorded size and CRC32C. DataLoss names the first problem found.
 StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
 
 // Complete step_N/ directories in `dir` (never *.tmp), as (step, path), newest first.
 // A missing `dir` is an empty list.
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir);
 
-// The newest checkpoint in `dir` that ReadCheckpoint accepts; every newer one that fails is
-// logged with the reason and skipped. NotFound when there is none. `path` (optional)
-// receives the chosen directory.
+// ReadCheckpoint, and the manifest's step must be the directory's `step`.
+StatusOr<CheckpointSnapshot> VerifyCheckpoint(const std::string& step_dir, int64_t step);
+
+// The newest checkpoint in `dir` that VerifyCheckpoint accepts; every newer one that fails
+// is logged with the reason and skipped. NotFound when `dir` holds no step_N/ at all;
+// FailedPrecondition naming each one and why when some exist and none is usable (the caller
+// must not start from scratch over them). `path` (optional) receives the chosen directory.
 StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir,
                                                   std::string* path = nullptr);
 
-// Deletes all but the newest `keep_last` complete checkpoints (keep_last <= 0 keeps all) and
-// every leftover step_N.tmp/ older than the newest complete one.
+// Deletes all but the newest `keep_last` complete checkpoints (keep_last <= 0 keeps all),
+// except any being read (ReadCheckpoint's lock, in any process), and every leftover
+// step_N.tmp/ older than the newest complete one.
 Status PruneCheckpoints(const std::string& dir, int keep_last);
 
 }  // namespace drover::engine::ckpt

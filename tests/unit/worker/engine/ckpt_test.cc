@@ -1,8 +1,12 @@
 // Checkpoint directories: format round trip, corruption handling, pruning, and a resumed
 // run that continues the exact loss curve of an uninterrupted one.
+#include <fcntl.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
@@ -164,10 +168,54 @@ TEST_F(CkptTest, PartialTmpDirectoryIsIgnoredAndPruned) {
   EXPECT_TRUE(fs::exists(dir_ / "step_5"));
 }
 
-TEST_F(CkptTest, NoCheckpointIsNotFound) {
+TEST_F(CkptTest, NoCheckpointIsNotFoundButUnusableOnesAreAnErrorNamingEach) {
+  EXPECT_EQ(LoadLatestCheckpoint(Dir()).status().code(), StatusCode::kNotFound);
+  fs::create_directories(dir_ / "step_7.tmp");  // a crash before any rename: nothing yet
   EXPECT_EQ(LoadLatestCheckpoint(Dir()).status().code(), StatusCode::kNotFound);
   fs::create_directories(dir_ / "step_4");  // no manifest
-  EXPECT_EQ(LoadLatestCheckpoint(Dir()).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(9, 100)).ok());
+  FlipByte(dir_ / "step_9" / "params.r0.bin", 7);
+  auto none = LoadLatestCheckpoint(Dir());
+  EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), ::testing::HasSubstr("none is usable"));
+  EXPECT_THAT(none.status().message(),
+              ::testing::HasSubstr((dir_ / "step_9" / "params.r0.bin").string() + ": CRC32C"));
+  EXPECT_THAT(none.status().message(),
+              ::testing::HasSubstr((dir_ / "step_4").string() + ": no readable manifest.json"));
+}
+
+// A manifest that adds a well-formed shard of an arena this build does not know is refused
+// by name (it once reached a null arena pointer).
+TEST_F(CkptTest, ShardOfAnUnknownArenaIsDataLossNamingIt) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(3, 64)).ok());
+  const fs::path step = dir_ / "step_3";
+  auto m = ReadManifest(step.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  v1::CheckpointShard extra = m->shards(0);
+  extra.set_arena("ema");
+  *m->add_shards() = extra;
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
+  { std::ofstream(step / kManifestFile) << json; }
+  auto snap = ReadCheckpoint(step.string());
+  EXPECT_EQ(snap.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(snap.status().message(), ::testing::HasSubstr("arena 'ema'"));
+}
+
+// Retention never deletes a checkpoint while someone reads it (a shared flock on its
+// directory, taken by ReadCheckpoint in any process).
+TEST_F(CkptTest, PruningSkipsACheckpointBeingRead) {
+  for (int step : {1, 2, 3}) ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(step, 50)).ok());
+  int fd = ::open((dir_ / "step_1").c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH), 0);
+  ASSERT_TRUE(PruneCheckpoints(Dir(), 1).ok());
+  EXPECT_TRUE(fs::exists(dir_ / "step_1" / kManifestFile));
+  EXPECT_FALSE(fs::exists(dir_ / "step_2"));
+  EXPECT_TRUE(fs::exists(dir_ / "step_3"));
+  ::close(fd);
+  ASSERT_TRUE(PruneCheckpoints(Dir(), 1).ok());
+  EXPECT_FALSE(fs::exists(dir_ / "step_1"));
 }
 
 TEST_F(CkptTest, AsyncWriterKeepsLastKAndReportsEachCheckpoint) {

@@ -188,6 +188,29 @@ TEST_F(TrainerTest, RejectsTokensOutsideTheVocabularyNamingShardAndPosition) {
   EXPECT_LT((*trainer)->step(), 20);
 }
 
+TEST_F(TrainerTest, CheckpointsThatExistButNoneUsableStopTheStartUnlessFresh) {
+  const JobSpec spec = Spec({"checkpoint.every_steps=10"});
+  {
+    auto trainer = Make(spec);
+    ASSERT_NE(trainer, nullptr);
+    ASSERT_TRUE(trainer->Run().ok());
+  }
+  for (const char* step : {"step_10", "step_20"}) {
+    fs::resize_file(dir_ / "out" / "ckpt" / step / "adam_v.r0.bin", 4);
+  }
+  TrainerOptions options;
+  options.spec = spec;
+  options.log_steps = false;
+  auto refused = Trainer::Create(options);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("step_20/adam_v.r0.bin: 4 bytes"));
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("step_10/adam_v.r0.bin: 4 bytes"));
+  options.resume = false;
+  auto fresh = Trainer::Create(options);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ((*fresh)->resumed_from(), -1);
+}
+
 TEST_F(TrainerTest, StopFlagAbandonsTheStep) {
   std::atomic<bool> stop{true};
   TrainerOptions options;
