@@ -136,17 +136,25 @@ Status Trainer::Init() {
     Status restored = RestoreLatest();
     if (!restored.ok() && restored.code() != StatusCode::kNotFound) return restored;
   }
-  if (is_rank0()) {
-    writer_ = std::make_unique<ckpt::AsyncCheckpointWriter>(
-        ckpt_dir_, spec.checkpoint.keep_last,
-        [this](const v1::CheckpointManifest& meta, const std::string& path) {
-          OnCheckpointComplete(meta, path);
-        },
-        [this](int64_t step, const Status& error) {
-          if (options_.listener != nullptr) options_.listener->OnCheckpointFailed(step, error);
-        });
-    RETURN_IF_ERROR(metrics_.Open(output_dir_ + "/metrics.jsonl"));
+  // Every rank writes the shard of the checkpoint it owns; rank 0 commits.
+  ckpt::AsyncCheckpointWriter::Options wo;
+  wo.dir = ckpt_dir_;
+  wo.rank = options_.rank;
+  wo.world_size = options_.world_size;
+  wo.keep_last = spec.checkpoint.keep_last;
+  if (options_.world_size > 1) {
+    exchange_ = std::make_unique<ckpt::KvShardExchange>(
+        options_.store, options_.checkpoint_collect_timeout, options_.stop);
+    wo.exchange = exchange_.get();
   }
+  wo.on_complete = [this](const v1::CheckpointManifest& meta, const std::string& path) {
+    OnCheckpointComplete(meta, path);
+  };
+  wo.on_failure = [this](int64_t step, const Status& error) {
+    if (options_.listener != nullptr) options_.listener->OnCheckpointFailed(step, error);
+  };
+  writer_ = std::make_unique<ckpt::AsyncCheckpointWriter>(std::move(wo));
+  if (is_rank0()) RETURN_IF_ERROR(metrics_.Open(output_dir_ + "/metrics.jsonl"));
   // Ranks reach here after start-up work of different lengths (data scans, checkpoint
   // reads); the first collective of the first step must not count that against its
   // deadline.
@@ -346,10 +354,9 @@ StatusOr<double> Trainer::Evaluate() {
   });
 }
 
-ckpt::CheckpointSnapshot Trainer::MakeSnapshot(std::vector<float> params, std::vector<float> m,
-                                               std::vector<float> v) const {
+ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   const JobSpec& spec = options_.spec;
-  ckpt::CheckpointSnapshot snap;
+  ckpt::ShardSnapshot snap;
   v1::CheckpointManifest& meta = snap.meta;
   meta.set_job_id(options_.job_id);
   meta.set_attempt(options_.attempt);
@@ -374,26 +381,30 @@ ckpt::CheckpointSnapshot Trainer::MakeSnapshot(std::vector<float> params, std::v
   meta.set_world_size(options_.world_size);
   meta.set_optimizer_step(model_->optimizer_steps());
   meta.set_created_ms(WallNowMs());
-  meta.set_num_params(static_cast<int64_t>(params.size()));
-  snap.params = std::move(params);
-  snap.adam_m = std::move(m);
-  snap.adam_v = std::move(v);
+  meta.set_num_params(static_cast<int64_t>(GptNumParams(config_)));
+  // The copy aside: this rank's owned ranges, in host memory, before the next step runs.
+  parallel::ParallelGpt::OwnedState owned = model_->ExportOwned();
+  snap.shard.rank = options_.rank;
+  for (const StridedRun& r : owned.runs) {
+    v1::CheckpointRun& run = snap.shard.runs.emplace_back();
+    run.set_begin(static_cast<int64_t>(r.begin));
+    run.set_length(static_cast<int64_t>(r.length));
+    run.set_stride(static_cast<int64_t>(r.stride));
+    run.set_count(static_cast<int64_t>(r.count));
+  }
+  snap.shard.params = std::move(owned.params);
+  snap.shard.adam_m = std::move(owned.m);
+  snap.shard.adam_v = std::move(owned.v);
   return snap;
 }
 
 Status Trainer::SaveCheckpoint(bool async) {
-  std::vector<float> params, m, v;
-  RETURN_IF_ERROR(model_->GatherGlobal(&params, &m, &v));
   last_checkpoint_step_ = step_;
-  if (!is_rank0()) {
-    // A synchronous write keeps rank 0 away from the collectives for as long as it takes.
-    return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));
-  }
-  ckpt::CheckpointSnapshot snap = MakeSnapshot(std::move(params), std::move(m), std::move(v));
   // A failed write is the disk's trouble, not the job's: it was reported (the listener) and
-  // the next interval tries again. Only the collectives' errors are returned.
-  Status written = async ? writer_->Submit(std::move(snap)) : writer_->WriteNow(snap);
+  // the next interval tries again. Only the barrier's errors (a peer gone) are returned.
+  Status written = async ? writer_->Submit(MakeSnapshot()) : writer_->WriteNow(MakeSnapshot());
   if (!written.ok()) spdlog::warn("a checkpoint failed: {}", written.ToString());
+  // A synchronous save keeps every rank away from the collectives until all shards are in.
   return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));
 }
 
@@ -461,30 +472,27 @@ Status Trainer::Run() {
       RETURN_IF_ERROR(SaveCheckpoint(spec.checkpoint.async));  // a peer is gone
     }
   }
-  // One gather serves the final checkpoint and the model file: after it, rank 0 writes
-  // while the others are done (no collective waits on its disk).
-  const bool final_ckpt = every_ckpt > 0 && last_checkpoint_step_ != step_;
-  std::vector<float> params, m, v;
-  RETURN_IF_ERROR(final_ckpt ? model_->GatherGlobal(&params, &m, &v)
-                             : model_->GatherGlobal(&params, nullptr, nullptr));
+  // The model file's gather first: after it no rank enters a collective, so the final
+  // shards are written and committed while rank 0 writes the model.
+  std::vector<float> params;
+  RETURN_IF_ERROR(model_->GatherGlobal(&params, nullptr, nullptr));
+  if (every_ckpt > 0 && last_checkpoint_step_ != step_) {
+    last_checkpoint_step_ = step_;
+    (void)writer_->Submit(MakeSnapshot());  // an earlier failure was reported already
+  }
+  Status model = OkStatus();
+  const std::string model_path = output_dir_ + "/model.bin";
+  // The model is the training's product: written even when the checkpoint disk failed (its
+  // own disk may have room), and then the run has succeeded.
+  if (is_rank0()) model = SaveModelFile(config_, params.data(), model_path);
+  Status ckpt = writer_->Flush();
+  if (!model.ok()) {
+    return ckpt.ok() ? model
+                     : InternalError("the final checkpoint and the model both failed: " +
+                                     ckpt.ToString() + "; " + model.ToString());
+  }
+  if (!ckpt.ok()) spdlog::error("the final checkpoint failed: {}", ckpt.ToString());
   if (is_rank0()) {
-    Status ckpt = OkStatus();
-    if (final_ckpt) {
-      std::vector<float> copy = params;
-      last_checkpoint_step_ = step_;
-      ckpt = writer_->WriteNow(MakeSnapshot(std::move(copy), std::move(m), std::move(v)));
-    }
-    if (Status flushed = writer_->Flush(); ckpt.ok()) ckpt = flushed;
-    // The model is the training's product: written even when the checkpoint disk failed
-    // (its own disk may have room), and then the run has succeeded.
-    const std::string model_path = output_dir_ + "/model.bin";
-    Status model = SaveModelFile(config_, params.data(), model_path);
-    if (!model.ok()) {
-      return ckpt.ok() ? model
-                       : InternalError("the final checkpoint and the model both failed: " +
-                                       ckpt.ToString() + "; " + model.ToString());
-    }
-    if (!ckpt.ok()) spdlog::error("the final checkpoint failed: {}", ckpt.ToString());
     spdlog::info("training done at step {}; model written to {}", step_, model_path);
   } else {
     spdlog::info("training done at step {}", step_);

@@ -68,6 +68,9 @@ struct TrainerOptions {
   std::string bind_address = "127.0.0.1";  // where this rank accepts its peers
   // How long start-up waits for every rank to show up (ranks start at different times).
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
+  // How long rank 0 waits for the other ranks' checkpoint shards to become durable before
+  // it gives that checkpoint up (training is not held up meanwhile).
+  std::chrono::milliseconds checkpoint_collect_timeout{std::chrono::minutes(10)};
   bool resume = true;     // continue from the newest valid checkpoint in checkpoint.dir
   int prefetch = 2;       // micro-batches the loader assembles ahead
   bool log_steps = true;  // one log line per train.log_every steps
@@ -136,8 +139,8 @@ class Trainer {
   bool is_rank0() const { return options_.rank == 0; }
   void LogStep(const StepMetrics& m) const;
   // The snapshot of checkpoint step_ from gathered global arenas (rank 0).
-  ckpt::CheckpointSnapshot MakeSnapshot(std::vector<float> params, std::vector<float> m,
-                                        std::vector<float> v) const;
+  // This rank's shard of a checkpoint at step_, with the manifest fields.
+  ckpt::ShardSnapshot MakeSnapshot();
   void OnCheckpointComplete(const v1::CheckpointManifest& meta, const std::string& path);
 
   TrainerOptions options_;
@@ -153,6 +156,7 @@ class Trainer {
   std::shared_ptr<const TokenDataset> val_data_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<EvalLoader> val_loader_;
+  std::unique_ptr<ckpt::KvShardExchange> exchange_;  // world size > 1
   std::unique_ptr<ckpt::AsyncCheckpointWriter> writer_;
   MetricsWriter metrics_;  // open on rank 0 only
   int64_t step_ = 0;

@@ -6,12 +6,7 @@
 
 namespace drover::engine::ckpt {
 
-AsyncCheckpointWriter::AsyncCheckpointWriter(std::string dir, int keep_last, OnComplete on_complete,
-                                             OnFailure on_failure)
-    : dir_(std::move(dir)),
-      keep_last_(keep_last),
-      on_complete_(std::move(on_complete)),
-      on_failure_(std::move(on_failure)) {
+AsyncCheckpointWriter::AsyncCheckpointWriter(Options options) : options_(std::move(options)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -25,7 +20,7 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   thread_.join();
 }
 
-Status AsyncCheckpointWriter::Submit(CheckpointSnapshot snap) {
+Status AsyncCheckpointWriter::Submit(ShardSnapshot snap) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return !pending_.has_value() && !busy_; });
   Status previous = std::exchange(last_error_, OkStatus());
@@ -34,9 +29,9 @@ Status AsyncCheckpointWriter::Submit(CheckpointSnapshot snap) {
   return previous;
 }
 
-Status AsyncCheckpointWriter::WriteNow(const CheckpointSnapshot& snap) {
+Status AsyncCheckpointWriter::WriteNow(const ShardSnapshot& snap) {
   Status previous = Flush();
-  Status st = WriteAndPrune(snap);
+  Status st = Save(snap);
   return st.ok() ? previous : st;
 }
 
@@ -51,11 +46,11 @@ void AsyncCheckpointWriter::Loop() {
   while (true) {
     cv_.wait(lock, [this] { return stop_ || pending_.has_value(); });
     if (!pending_.has_value()) return;  // stop_ and nothing left
-    CheckpointSnapshot snap = std::move(*pending_);
+    ShardSnapshot snap = std::move(*pending_);
     pending_.reset();
     busy_ = true;
     lock.unlock();
-    Status st = WriteAndPrune(snap);
+    Status st = Save(snap);
     lock.lock();
     busy_ = false;
     if (!st.ok()) last_error_ = st;
@@ -63,16 +58,42 @@ void AsyncCheckpointWriter::Loop() {
   }
 }
 
-Status AsyncCheckpointWriter::WriteAndPrune(const CheckpointSnapshot& snap) {
-  auto path = WriteCheckpoint(dir_, snap);
-  if (!path.ok()) {
-    spdlog::error("checkpoint of step {} failed: {}", snap.meta.step(), path.status().ToString());
-    if (on_failure_) on_failure_(snap.meta.step(), path.status());
-    return path.status();
+Status AsyncCheckpointWriter::Fail(int64_t step, Status st) {
+  spdlog::error("checkpoint of step {} failed: {}", step, st.ToString());
+  if (options_.on_failure) options_.on_failure(step, st);
+  return st;
+}
+
+Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap) {
+  const int64_t step = snap.meta.step();
+  StatusOr<std::vector<v1::CheckpointShard>> mine = WriteShard(options_.dir, snap.meta, snap.shard);
+  if (options_.rank != 0) {
+    Status published = options_.exchange->Publish(step, options_.rank, mine);
+    if (!mine.ok()) return Fail(step, mine.status());
+    if (!published.ok()) return Fail(step, published.WithContext("reporting the shard"));
+    return OkStatus();
   }
-  Status pruned = PruneCheckpoints(dir_, keep_last_);
+  Status st = mine.status();
+  std::vector<v1::CheckpointShard> shards;
+  if (mine.ok()) shards = std::move(mine).value();
+  if (options_.world_size > 1) {
+    // Even when this rank failed: the tmp directory is removed only once no rank writes.
+    auto others = options_.exchange->Collect(step, options_.world_size);
+    if (others.ok()) {
+      shards.insert(shards.end(), others->begin(), others->end());
+    } else if (st.ok()) {
+      st = others.status();
+    }
+  }
+  if (!st.ok()) {
+    AbandonCheckpoint(options_.dir, snap.meta);
+    return Fail(step, st);
+  }
+  auto path = CommitCheckpoint(options_.dir, snap.meta, shards);
+  if (!path.ok()) return Fail(step, path.status());
+  Status pruned = PruneCheckpoints(options_.dir, options_.keep_last);
   if (!pruned.ok()) spdlog::warn("checkpoint pruning: {}", pruned.ToString());
-  if (on_complete_) on_complete_(snap.meta, *path);
+  if (options_.on_complete) options_.on_complete(snap.meta, *path);
   return OkStatus();
 }
 

@@ -1,13 +1,19 @@
-// Background checkpoint writer: the trainer hands over a host-memory snapshot and keeps
-// training while a thread writes it (DESIGN.md "Saving is asynchronous").
+// Background checkpoint writer, one per rank: the trainer hands over a host-memory copy of
+// the shard it owns and keeps training while a thread writes it (DESIGN.md "Saving is
+// asynchronous").
 //
-// At most one snapshot is in flight: Submit waits for the previous write to finish
-// first, so host memory holds at most two copies of the arenas (the live ones and one
-// snapshot) and checkpoints complete in step order. After each successful write the
-// writer prunes to keep_last and calls `on_complete` (on the writer thread).
+// Every rank writes its shard files (WriteShard); ranks > 0 then report them through the
+// ShardExchange; rank 0 collects every report, commits step_N/ (CommitCheckpoint), prunes
+// to keep_last and calls `on_complete`. A checkpoint a rank could not write is abandoned
+// (rank 0 removes its tmp directory once every rank has reported) and `on_failure` is
+// called; training goes on and the next interval tries again.
 //
-// Thread-safety: Submit, Flush and the destructor are called from one (the training)
-// thread; on_complete runs on the writer thread.
+// At most one snapshot is in flight per rank: Submit waits for the previous write to finish
+// first, so host memory holds at most one shard copy beside the live state, and checkpoints
+// complete in step order.
+//
+// Thread-safety: Submit, WriteNow, Flush and the destructor are called from one (the
+// training) thread; the callbacks run on the writer thread (or the caller's, for WriteNow).
 #pragma once
 
 #include <condition_variable>
@@ -19,18 +25,36 @@
 
 #include "common/status.h"
 #include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/ckpt/shard_exchange.h"
 
 namespace drover::engine::ckpt {
 
+// One rank's part of checkpoint meta.step(): the manifest fields (rank 0's are published)
+// and the shard.
+struct ShardSnapshot {
+  v1::CheckpointManifest meta;
+  RankShard shard;
+};
+
 class AsyncCheckpointWriter {
  public:
-  // Called after a checkpoint directory became complete: (step, final path).
+  // Called on rank 0 after a checkpoint directory became complete: (manifest, final path).
   using OnComplete = std::function<void(const v1::CheckpointManifest&, const std::string&)>;
-  // Called when writing the checkpoint of `step` failed (its partial files are removed).
+  // Called when this rank's part of the checkpoint of `step` failed (on rank 0: when the
+  // checkpoint as a whole failed, for any rank's reason).
   using OnFailure = std::function<void(int64_t step, const Status&)>;
 
-  AsyncCheckpointWriter(std::string dir, int keep_last, OnComplete on_complete,
-                        OnFailure on_failure = nullptr);
+  struct Options {
+    std::string dir;
+    int rank = 0;
+    int world_size = 1;
+    int keep_last = 3;
+    ShardExchange* exchange = nullptr;  // required when world_size > 1; not owned
+    OnComplete on_complete;
+    OnFailure on_failure;
+  };
+
+  explicit AsyncCheckpointWriter(Options options);
   // Finishes the write in flight (a checkpoint the trainer already paid for is worth the
   // wait), then joins the thread.
   ~AsyncCheckpointWriter();
@@ -39,31 +63,29 @@ class AsyncCheckpointWriter {
 
   // Waits for the previous write, then queues `snap`. Returns the previous write's error,
   // if it failed (the new snapshot is queued regardless).
-  Status Submit(CheckpointSnapshot snap);
+  Status Submit(ShardSnapshot snap);
 
   // Writes `snap` on the calling thread (after the write in flight), for synchronous
-  // checkpoints and the final one.
-  Status WriteNow(const CheckpointSnapshot& snap);
+  // checkpoints.
+  Status WriteNow(const ShardSnapshot& snap);
 
   // Waits until nothing is in flight; returns the error of the last write, if any.
   Status Flush();
 
  private:
   void Loop();
-  Status WriteAndPrune(const CheckpointSnapshot& snap);
+  Status Save(const ShardSnapshot& snap);
+  Status Fail(int64_t step, Status st);
 
-  const std::string dir_;
-  const int keep_last_;
-  const OnComplete on_complete_;
-  const OnFailure on_failure_;
+  const Options options_;
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::optional<CheckpointSnapshot> pending_;  // guarded by mu_
-  bool busy_ = false;                          // guarded by mu_: a write is running
-  bool stop_ = false;                          // guarded by mu_
-  Status last_error_;                          // guarded by mu_
-  std::thread thread_;                         // started last
+  std::optional<ShardSnapshot> pending_;  // guarded by mu_
+  bool busy_ = false;                     // guarded by mu_: a write is running
+  bool stop_ = false;                     // guarded by mu_
+  Status last_error_;                     // guarded by mu_
+  std::thread thread_;                    // started last
 };
 
 }  // namespace drover::engine::ckpt

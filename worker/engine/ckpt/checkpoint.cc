@@ -74,7 +74,7 @@ StatusOr<std::string> ReadWholeFile(const std::string& path) {
   return ss.str();
 }
 
-// Parses "step_<digits>" (and, with allow_tmp, "step_<digits>.tmp"); -1 otherwise.
+// Parses "step_<digits>" and the temporary "step_<digits>[.a<attempt>].tmp"; -1 otherwise.
 int64_t ParseStepDir(const std::string& name, bool* is_tmp) {
   constexpr std::string_view kPrefix = "step_";
   std::string_view s = name;
@@ -84,11 +84,29 @@ int64_t ParseStepDir(const std::string& name, bool* is_tmp) {
   if (s.size() > 4 && s.substr(s.size() - 4) == ".tmp") {
     *is_tmp = true;
     s.remove_suffix(4);
+    if (size_t dot = s.find(".a"); dot != std::string_view::npos) s = s.substr(0, dot);
   }
   int64_t step = -1;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
   if (ec != std::errc() || ptr != s.data() + s.size() || s.empty() || step < 0) return -1;
   return step;
+}
+
+// A shard's runs; a format-1 shard (no runs) is the one range [begin, end).
+std::vector<v1::CheckpointRun> RunsOf(const v1::CheckpointShard& sh) {
+  if (sh.runs_size() > 0) return {sh.runs().begin(), sh.runs().end()};
+  v1::CheckpointRun r;
+  r.set_begin(sh.begin());
+  r.set_length(sh.end() - sh.begin());
+  r.set_stride(sh.end() - sh.begin());
+  r.set_count(1);
+  return {r};
+}
+
+int64_t RunsSize(const std::vector<v1::CheckpointRun>& runs) {
+  int64_t n = 0;
+  for (const auto& r : runs) n += r.length() * r.count();
+  return n;
 }
 
 // A shared flock on a step directory while it is read: pruning (in this process or another,
@@ -120,75 +138,154 @@ bool NotBeingRead(const std::string& step_dir) {
   return free;
 }
 
-// Checks that the shards of each arena tile [0, num_params) without gaps or overlaps.
+// Checks that every run lies inside [0, num_params) and that the runs of each arena's
+// shards cover every element exactly once (a bitmap: runs may interleave).
 Status CheckCoverage(const v1::CheckpointManifest& m) {
+  const int64_t n = m.num_params();
   for (const char* arena : kArenas) {
-    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<bool> seen(static_cast<size_t>(n), false);
+    int64_t covered = 0;
     for (const auto& sh : m.shards()) {
-      if (sh.arena() == arena) ranges.emplace_back(sh.begin(), sh.end());
-    }
-    std::sort(ranges.begin(), ranges.end());
-    int64_t next = 0;
-    for (auto [b, e] : ranges) {
-      if (b != next || e < b) {
-        return DataLossError("shards of arena '" + std::string(arena) + "' do not tile [0, " +
-                             std::to_string(m.num_params()) + ") at element " +
-                             std::to_string(next));
+      if (sh.arena() != arena) continue;
+      for (const auto& r : RunsOf(sh)) {
+        const bool sane = r.begin() >= 0 && r.length() > 0 && r.count() > 0 &&
+                          (r.count() == 1 || r.stride() >= r.length()) && r.begin() <= n &&
+                          r.length() <= n && r.count() <= n &&
+                          (r.count() == 1 || r.stride() <= n) &&
+                          r.begin() + (r.count() - 1) * r.stride() + r.length() <= n;
+        if (!sane) {
+          return DataLossError("shard " + sh.file() + " has a run outside [0, " +
+                               std::to_string(n) + ") of arena '" + arena + "'");
+        }
+        for (int64_t i = 0; i < r.count(); ++i) {
+          const int64_t b = r.begin() + i * r.stride();
+          for (int64_t e = b; e < b + r.length(); ++e) {
+            if (seen[static_cast<size_t>(e)]) {
+              return DataLossError("shards of arena '" + std::string(arena) +
+                                   "' overlap at element " + std::to_string(e));
+            }
+            seen[static_cast<size_t>(e)] = true;
+          }
+          covered += r.length();
+        }
       }
-      next = e;
     }
-    if (next != m.num_params()) {
+    if (covered != n) {
       return DataLossError("shards of arena '" + std::string(arena) + "' cover " +
-                           std::to_string(next) + " of " + std::to_string(m.num_params()) +
-                           " elements");
+                           std::to_string(covered) + " of " + std::to_string(n) + " elements");
     }
   }
   return OkStatus();
 }
 
-// Writes every shard and the manifest into tmp_dir, then renames it to final_dir.
-Status WriteStepDir(const std::string& tmp_dir, const std::string& final_dir,
-                    const std::string& dir, const CheckpointSnapshot& snap) {
-  const int64_t n = snap.meta.num_params();
-  std::error_code ec;
-  v1::CheckpointManifest manifest = snap.meta;
-  manifest.clear_shards();
-  manifest.set_format_version(kManifestFormatVersion);
-  manifest.set_dtype("fp32");
-  for (const char* arena : kArenas) {
-    const std::vector<float>& data = ArenaOf(snap, arena);
-    const std::string file = std::string(arena) + ".r0.bin";
-    const size_t bytes = data.size() * sizeof(float);
-    RETURN_IF_ERROR(WriteFileDurably((fs::path(tmp_dir) / file).string(), data.data(), bytes));
-    v1::CheckpointShard* sh = manifest.add_shards();
-    sh->set_file(file);
-    sh->set_arena(arena);
-    sh->set_begin(0);
-    sh->set_end(n);
-    sh->set_bytes(static_cast<int64_t>(bytes));
-    sh->set_crc32c(crc32c::Value(data.data(), bytes));
-    sh->set_rank(0);
-  }
-  std::string json;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
-  opts.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(manifest, &json, opts).ok()) {
-    return InternalError("cannot encode checkpoint manifest as JSON");
-  }
-  // The manifest goes last: a directory with a manifest has all its shards.
-  RETURN_IF_ERROR(
-      WriteFileDurably((fs::path(tmp_dir) / kManifestFile).string(), json.data(), json.size()));
-  RETURN_IF_ERROR(FsyncDir(tmp_dir));
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) return UnavailableError("cannot rename " + tmp_dir + ": " + ec.message());
-  return FsyncDir(dir);
+const std::vector<float>& ShardArena(const RankShard& s, const std::string& name) {
+  if (name == "adam_m") return s.adam_m;
+  if (name == "adam_v") return s.adam_v;
+  return s.params;
+}
+
+std::string TmpDirOf(const std::string& dir, const v1::CheckpointManifest& meta) {
+  return (fs::path(dir) / TmpDirName(meta.step(), meta.attempt())).string();
 }
 
 }  // namespace
 
 std::string StepDirName(int64_t step) { return "step_" + std::to_string(step); }
+
+std::string TmpDirName(int64_t step, int64_t attempt) {
+  return StepDirName(step) + ".a" + std::to_string(attempt) + ".tmp";
+}
+
+StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
+                                                      const v1::CheckpointManifest& meta,
+                                                      const RankShard& shard) {
+  const int64_t n = RunsSize(shard.runs);
+  for (const char* arena : kArenas) {
+    if (static_cast<int64_t>(ShardArena(shard, arena).size()) != n) {
+      return InvalidArgumentError(std::string("checkpoint shard of arena '") + arena + "' has " +
+                                  std::to_string(ShardArena(shard, arena).size()) +
+                                  " elements, its runs " + std::to_string(n));
+    }
+  }
+  const std::string tmp_dir = TmpDirOf(dir, meta);
+  std::error_code ec;
+  fs::create_directories(tmp_dir, ec);
+  if (ec) return UnavailableError("cannot create " + tmp_dir + ": " + ec.message());
+  int64_t lo = INT64_MAX, hi = 0;
+  for (const auto& r : shard.runs) {
+    lo = std::min(lo, r.begin());
+    hi = std::max(hi, r.begin() + (r.count() - 1) * r.stride() + r.length());
+  }
+  std::vector<v1::CheckpointShard> out;
+  for (const char* arena : kArenas) {
+    const std::vector<float>& data = ShardArena(shard, arena);
+    const std::string file = std::string(arena) + ".r" + std::to_string(shard.rank) + ".bin";
+    const std::string path = (fs::path(tmp_dir) / file).string();
+    const size_t bytes = data.size() * sizeof(float);
+    Status st = WriteFileDurably(path, data.data(), bytes);
+    if (!st.ok()) {
+      // A failed write (a full disk) must not leave its partial files holding the space.
+      fs::remove(path, ec);
+      for (const auto& done : out) fs::remove(fs::path(tmp_dir) / done.file(), ec);
+      return st;
+    }
+    v1::CheckpointShard& sh = out.emplace_back();
+    sh.set_file(file);
+    sh.set_arena(arena);
+    sh.set_begin(n > 0 ? lo : 0);
+    sh.set_end(n > 0 ? hi : 0);
+    sh.set_bytes(static_cast<int64_t>(bytes));
+    sh.set_crc32c(crc32c::Value(data.data(), bytes));
+    sh.set_rank(shard.rank);
+    for (const auto& r : shard.runs) *sh.add_runs() = r;
+  }
+  return out;
+}
+
+StatusOr<std::string> CommitCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta,
+                                       const std::vector<v1::CheckpointShard>& shards) {
+  const std::string tmp_dir = TmpDirOf(dir, meta);
+  const std::string final_dir = (fs::path(dir) / StepDirName(meta.step())).string();
+  v1::CheckpointManifest manifest = meta;
+  manifest.clear_shards();
+  for (const auto& sh : shards) {
+    if (sh.runs_size() > 0 || sh.bytes() > 0) *manifest.add_shards() = sh;  // skip empty shards
+  }
+  manifest.set_format_version(kManifestFormatVersion);
+  manifest.set_dtype("fp32");
+  std::error_code ec;
+  auto commit = [&]() -> Status {
+    // Never publish a checkpoint that would not load.
+    Status cov = CheckCoverage(manifest);
+    if (!cov.ok()) return InternalError("the shards do not make a checkpoint: " + cov.message());
+    std::string json;
+    google::protobuf::util::JsonPrintOptions opts;
+    opts.add_whitespace = true;
+    opts.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(manifest, &json, opts).ok()) {
+      return InternalError("cannot encode checkpoint manifest as JSON");
+    }
+    // The manifest goes last: a directory with a manifest has all its shards.
+    RETURN_IF_ERROR(
+        WriteFileDurably((fs::path(tmp_dir) / kManifestFile).string(), json.data(), json.size()));
+    RETURN_IF_ERROR(FsyncDir(tmp_dir));
+    fs::remove_all(final_dir, ec);
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) return UnavailableError("cannot rename " + tmp_dir + ": " + ec.message());
+    return FsyncDir(dir);
+  };
+  Status st = commit();
+  if (!st.ok()) {
+    AbandonCheckpoint(dir, meta);
+    return st;
+  }
+  return final_dir;
+}
+
+void AbandonCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta) {
+  std::error_code ec;
+  fs::remove_all(TmpDirOf(dir, meta), ec);
+}
 
 StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap) {
   const int64_t n = snap.meta.num_params();
@@ -202,18 +299,22 @@ StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSn
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return UnavailableError("cannot create checkpoint dir " + dir + ": " + ec.message());
-  const std::string final_dir = (fs::path(dir) / StepDirName(snap.meta.step())).string();
-  const std::string tmp_dir = final_dir + ".tmp";
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) return UnavailableError("cannot create " + tmp_dir + ": " + ec.message());
-  // A failed write (a full disk) must not leave its partial files holding the space.
-  Status written = WriteStepDir(tmp_dir, final_dir, dir, snap);
-  if (!written.ok()) {
-    fs::remove_all(tmp_dir, ec);
-    return written;
+  AbandonCheckpoint(dir, snap.meta);  // a leftover of a crash at this very step
+  RankShard whole;
+  whole.runs.emplace_back();
+  whole.runs[0].set_begin(0);
+  whole.runs[0].set_length(n);
+  whole.runs[0].set_stride(n);
+  whole.runs[0].set_count(1);
+  whole.params = snap.params;
+  whole.adam_m = snap.adam_m;
+  whole.adam_v = snap.adam_v;
+  auto shards = WriteShard(dir, snap.meta, whole);
+  if (!shards.ok()) {
+    AbandonCheckpoint(dir, snap.meta);
+    return shards.status();
   }
-  return final_dir;
+  return CommitCheckpoint(dir, snap.meta, *shards);
 }
 
 StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
@@ -227,9 +328,9 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
     return DataLossError(step_dir +
                          ": manifest is not valid JSON: " + std::string(parsed.message()));
   }
-  if (m.format_version() != kManifestFormatVersion) {
+  if (m.format_version() < 1 || m.format_version() > kManifestFormatVersion) {
     return DataLossError(step_dir + ": manifest format_version " +
-                         std::to_string(m.format_version()) + ", this build reads " +
+                         std::to_string(m.format_version()) + ", this build reads 1 to " +
                          std::to_string(kManifestFormatVersion));
   }
   return m;
@@ -254,7 +355,8 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
     const std::string path = (fs::path(step_dir) / sh.file()).string();
     auto bytes = ReadWholeFile(path);
     if (!bytes.ok()) return DataLossError(step_dir + ": missing shard " + sh.file());
-    const int64_t want = (sh.end() - sh.begin()) * static_cast<int64_t>(sizeof(float));
+    const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
+    const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
     if (static_cast<int64_t>(bytes->size()) != want || sh.bytes() != want) {
       return DataLossError(path + ": " + std::to_string(bytes->size()) + " bytes, expected " +
                            std::to_string(want));
@@ -265,7 +367,14 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
                            std::to_string(sh.crc32c()) + ")");
     }
     std::vector<float>* arena = MutableArenaOf(&snap, sh.arena());
-    std::memcpy(arena->data() + sh.begin(), bytes->data(), bytes->size());
+    const char* from = bytes->data();
+    for (const auto& r : runs) {
+      for (int64_t i = 0; i < r.count(); ++i) {
+        const size_t n = static_cast<size_t>(r.length()) * sizeof(float);
+        std::memcpy(arena->data() + r.begin() + i * r.stride(), from, n);
+        from += n;
+      }
+    }
   }
   return snap;
 }

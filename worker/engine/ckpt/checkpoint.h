@@ -1,15 +1,19 @@
-// Checkpoint directories (DESIGN.md "Checkpoints"), single-process writer for now, in the
-// general sharded format.
+// Checkpoint directories (DESIGN.md "Checkpoints"), written by every rank of a job.
 //
 // Layout: <dir>/step_N/manifest.json (a drover.v1.CheckpointManifest as JSON) plus shard
-// files, each holding one element range [begin, end) of one GLOBAL flat arena ("params",
-// "adam_m", "adam_v") as little-endian fp32 with a CRC32C in the manifest. Because shards
-// are ranges of the global arenas, a later resharding loader can read them at any world size.
+// files <arena>.r<rank>.bin, each holding elements of one GLOBAL flat arena ("params",
+// "adam_m", "adam_v") as little-endian fp32 with a CRC32C in the manifest. Which elements
+// is a list of strided runs (a tensor-parallel part of a matrix is one run), so the shards
+// of any mesh are ranges of the global arenas and a checkpoint loads at any world size and
+// layout with no conversion step.
 //
-// Durability protocol: everything is written into step_N.tmp/, every file is fsynced, the
-// manifest is written last, the directory is fsynced and only then renamed to step_N/ (and
-// the parent fsynced). A step_N/ directory is therefore complete unless the storage lies;
-// a crash leaves at most a step_N.tmp/, which readers ignore and pruning removes.
+// Durability protocol: every rank writes its shard files into step_N.a<attempt>.tmp/ and
+// fsyncs them (WriteShard), then tells rank 0 (ShardExchange); rank 0, once every shard is
+// durable, writes the manifest last, checks that the shards tile every arena, fsyncs the
+// directory and only then renames it to step_N/ (and fsyncs the parent) (CommitCheckpoint).
+// A step_N/ directory is therefore complete unless the storage lies; a crash at any moment
+// leaves at most a *.tmp/, which readers ignore and pruning removes. The tmp directory
+// carries the attempt so that two attempts never write into one.
 #pragma once
 
 #include <cstdint>
@@ -21,11 +25,12 @@
 
 namespace drover::engine::ckpt {
 
-inline constexpr int kManifestFormatVersion = 1;
+// 2: shards carry runs. Format 1 (one range per shard) is still read.
+inline constexpr int kManifestFormatVersion = 2;
 inline constexpr char kManifestFile[] = "manifest.json";
 
-// Everything one checkpoint holds, in host memory. `meta` carries every manifest field
-// except `shards`, which the writer fills in (and the reader fills from disk).
+// Everything one checkpoint holds, in host memory, as the global arenas. `meta` carries every
+// manifest field except `shards`, which the writer fills in (and the reader fills from disk).
 struct CheckpointSnapshot {
   v1::CheckpointManifest meta;
   std::vector<float> params;  // (num_params,)
@@ -33,12 +38,37 @@ struct CheckpointSnapshot {
   std::vector<float> adam_v;  // (num_params,)
 };
 
-// "step_<step>" inside `dir`.
-std::string StepDirName(int64_t step);
+// One rank's part of a checkpoint, in host memory: the elements of each global arena at
+// `runs`, in run order.
+struct RankShard {
+  int rank = 0;
+  std::vector<v1::CheckpointRun> runs;
+  std::vector<float> params, adam_m, adam_v;  // (sum of length * count over runs,) each
+};
 
-// Writes `snap` as <dir>/step_<meta.step>/ with the protocol above; creates `dir` if needed.
-// An existing complete step_N/ of the same step is replaced. Returns the final directory.
-// Thread-compatible: one writer per `dir` at a time.
+// "step_<step>" inside `dir`, and the temporary directory attempt `attempt` writes it in.
+std::string StepDirName(int64_t step);
+std::string TmpDirName(int64_t step, int64_t attempt);
+
+// Writes `shard`'s three files into <dir>/TmpDirName(meta.step, meta.attempt)/ (created if
+// needed), each fsynced, and returns their manifest entries. On failure the files it wrote
+// are removed. Any rank, concurrently with the others.
+StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
+                                                      const v1::CheckpointManifest& meta,
+                                                      const RankShard& shard);
+
+// After every rank's WriteShard succeeded: writes `meta` with `shards` as the manifest,
+// checks that the shards tile every arena (Internal if not: never publish a checkpoint that
+// would not load), and renames the tmp directory to <dir>/step_<meta.step>/, replacing an
+// existing one of the same step. On failure the tmp directory is removed. One rank.
+StatusOr<std::string> CommitCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta,
+                                       const std::vector<v1::CheckpointShard>& shards);
+
+// Removes the tmp directory of meta's step and attempt (a checkpoint some rank failed).
+void AbandonCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta);
+
+// A whole snapshot written by one process: WriteShard of every element as rank 0, then
+// CommitCheckpoint; creates `dir` if needed. Returns the final directory.
 StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap);
 
 // The manifest of step_N/ (parsed, format version checked; shards not read).

@@ -251,4 +251,37 @@ void GptLayout::LocalToGlobal(const float* local, float* global, bool primary_on
   }
 }
 
+std::vector<StridedRun> GptLayout::GlobalRunsOf(
+    size_t lo, size_t hi, std::vector<std::pair<size_t, size_t>>* pieces) const {
+  std::vector<StridedRun> runs;
+  pieces->clear();
+  for (const LocalTensor& t : tensors_) {
+    if (!t.primary || t.offset >= hi || t.offset + t.numel <= lo) continue;
+    ForEachRun(t, [&](size_t g, size_t l, size_t n) {
+      const size_t b = std::max(l, lo), e = std::min(l + n, hi);
+      if (b >= e) return;
+      g += b - l;
+      const size_t len = e - b;
+      // Extend the last run when this one continues its pattern in both arenas.
+      if (!runs.empty() && pieces->back().second == b) {
+        StridedRun& r = runs.back();
+        const size_t next = r.begin + r.count * r.stride;
+        if (r.length == len && (r.count == 1 ? g >= r.begin + r.length : g == next)) {
+          if (r.count == 1) r.stride = g - r.begin;
+          ++r.count;
+          pieces->back().second = e;
+          return;
+        }
+      }
+      if (!pieces->empty() && pieces->back().second == b) {
+        pieces->back().second = e;
+      } else {
+        pieces->emplace_back(b, e);
+      }
+      runs.push_back({g, len, len, 1});
+    });
+  }
+  return runs;
+}
+
 }  // namespace drover::engine

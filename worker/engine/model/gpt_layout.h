@@ -101,6 +101,12 @@ struct Unit {
   size_t numel = 0;
 };
 
+// Elements begin + i * stride + [0, length) for i in [0, count).
+struct StridedRun {
+  size_t begin = 0, length = 0, stride = 0, count = 0;
+  size_t size() const { return length * count; }
+};
+
 // Offsets of one layer's tensors from the start of its unit (equal for every layer).
 struct LayerOffsets {
   size_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
@@ -161,6 +167,14 @@ class GptLayout {
   // Writes the local arena's tensors into their places in a global arena. With
   // primary_only, tensors whose `primary` is false are skipped.
   void LocalToGlobal(const float* local, float* global, bool primary_only) const;
+
+  // Where local elements [lo, hi) of the primary tensors lie in the global arena, as strided
+  // runs in local order (each run's elements follow the previous run's in the local arena,
+  // skipping only non-primary tensors), and the local [begin, end) pieces they come from.
+  // Every global element is covered by exactly one (pp, tp) rank's primary tensors, so the
+  // runs of a partition of every rank's arena tile the global arena.
+  std::vector<StridedRun> GlobalRunsOf(size_t lo, size_t hi,
+                                       std::vector<std::pair<size_t, size_t>>* pieces) const;
 
   // Calls fn(global_offset, local_offset, count) for each contiguous run of `t`, in local
   // order: the strided mapping that GlobalToLocal and LocalToGlobal use.

@@ -302,6 +302,35 @@ Status ParallelGpt::ExportLocal(std::vector<float>* params, std::vector<float>* 
   return memory_->GatherOwned(v->data());
 }
 
+ParallelGpt::OwnedState ParallelGpt::ExportOwned() {
+  const size_t owned_begin = memory_->owned_begin();
+  size_t lo = owned_begin, hi = memory_->owned_end();
+  if (memory_->owned_replicated()) {
+    // Every replica holds everything: each writes its even share.
+    const ShardPartition split(layout_.num_params(), mesh_.dp());
+    lo = split.begin(coord_.dp);
+    hi = split.end(coord_.dp);
+  }
+  OwnedState out;
+  std::vector<std::pair<size_t, size_t>> pieces;
+  out.runs = layout_.GlobalRunsOf(lo, hi, &pieces);
+  size_t total = 0;
+  for (auto [b, e] : pieces) total += e - b;
+  out.params.resize(total);
+  out.m.resize(total);
+  out.v.resize(total);
+  // owned_params(), m() and v() start at element owned_begin of the local arena.
+  size_t at = 0;
+  for (auto [b, e] : pieces) {
+    const size_t off = b - owned_begin, n = e - b;
+    ops_->ToHost(out.params.data() + at, memory_->owned_params() + off, n);
+    ops_->ToHost(out.m.data() + at, optimizer_->m() + off, n);
+    ops_->ToHost(out.v.data() + at, optimizer_->v() + off, n);
+    at += n;
+  }
+  return out;
+}
+
 Status ParallelGpt::GatherGlobal(std::vector<float>* params, std::vector<float>* m,
                                  std::vector<float>* v) {
   DROVER_CHECK((m == nullptr) == (v == nullptr));

@@ -96,6 +96,16 @@ class ParallelGpt {
   // Mean loss over validation batches [0, batches), split over the dp ranks.
   StatusOr<double> Evaluate(int64_t batches, const EvalBatchFn& batch);
 
+  // This rank's part of a sharded checkpoint, copied to host memory: a dp slice of the local
+  // arena (the ZeRO shard this rank owns; under plain data parallelism an even split of the
+  // replicas), minus the non-primary tensor copies, as runs of the global arenas. The parts
+  // of all ranks tile the global arenas exactly. Local, no communication.
+  struct OwnedState {
+    std::vector<StridedRun> runs;
+    std::vector<float> params, m, v;  // the runs' elements, in run order
+  };
+  OwnedState ExportOwned();
+
   // Assembles the global parameters (and, when m and v are given, the AdamW moments) on
   // world rank 0; other ranks' vectors are left empty. Collective over the world.
   Status GatherGlobal(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);

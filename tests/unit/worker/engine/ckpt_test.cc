@@ -19,6 +19,8 @@
 #include "common/token_shard.h"
 #include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/ckpt/shard_exchange.h"
+#include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
 
@@ -218,16 +220,57 @@ TEST_F(CkptTest, PruningSkipsACheckpointBeingRead) {
   EXPECT_FALSE(fs::exists(dir_ / "step_1"));
 }
 
+v1::CheckpointRun MakeRun(int64_t begin, int64_t length, int64_t stride, int64_t count) {
+  v1::CheckpointRun r;
+  r.set_begin(begin);
+  r.set_length(length);
+  r.set_stride(stride);
+  r.set_count(count);
+  return r;
+}
+
+// The part of a whole snapshot at `runs`, as rank `rank` would hold it.
+ShardSnapshot PartOf(const CheckpointSnapshot& whole, int rank,
+                     const std::vector<v1::CheckpointRun>& runs) {
+  ShardSnapshot part;
+  part.meta = whole.meta;
+  part.shard.rank = rank;
+  part.shard.runs = runs;
+  for (const auto& r : runs) {
+    for (int64_t i = 0; i < r.count(); ++i) {
+      const int64_t b = r.begin() + i * r.stride();
+      for (auto [from, to] : {std::pair{&whole.params, &part.shard.params},
+                              std::pair{&whole.adam_m, &part.shard.adam_m},
+                              std::pair{&whole.adam_v, &part.shard.adam_v}}) {
+        to->insert(to->end(), from->begin() + b, from->begin() + b + r.length());
+      }
+    }
+  }
+  return part;
+}
+
+// Three ranks' parts of a 120-element model: interleaved strided runs (as tensor-parallel
+// column blocks lie) plus plain ranges.
+std::vector<std::vector<v1::CheckpointRun>> ThreeRankRuns() {
+  return {{MakeRun(0, 10, 30, 3), MakeRun(90, 10, 10, 1)},    // 0-9, 30-39, 60-69, 90-99
+          {MakeRun(10, 10, 30, 3), MakeRun(100, 10, 10, 1)},  // 10-19, 40-49, 70-79, 100-109
+          {MakeRun(20, 10, 30, 3), MakeRun(110, 10, 10, 1)}};
+}
+
 TEST_F(CkptTest, AsyncWriterKeepsLastKAndReportsEachCheckpoint) {
   std::vector<int64_t> completed;
   {
-    AsyncCheckpointWriter writer(Dir(), 2,
-                                 [&](const v1::CheckpointManifest& m, const std::string& path) {
-                                   EXPECT_TRUE(fs::exists(fs::path(path) / kManifestFile));
-                                   completed.push_back(m.step());
-                                 });
+    AsyncCheckpointWriter::Options o;
+    o.dir = Dir();
+    o.keep_last = 2;
+    o.on_complete = [&](const v1::CheckpointManifest& m, const std::string& path) {
+      EXPECT_TRUE(fs::exists(fs::path(path) / kManifestFile));
+      completed.push_back(m.step());
+    };
+    AsyncCheckpointWriter writer(o);
     for (int64_t step = 1; step <= 5; ++step) {
-      ASSERT_TRUE(writer.Submit(MakeSnapshot(step * 10, 256)).ok());
+      ASSERT_TRUE(
+          writer.Submit(PartOf(MakeSnapshot(step * 10, 256), 0, {MakeRun(0, 256, 256, 1)})).ok());
     }
     ASSERT_TRUE(writer.Flush().ok());
   }
@@ -236,6 +279,110 @@ TEST_F(CkptTest, AsyncWriterKeepsLastKAndReportsEachCheckpoint) {
   ASSERT_EQ(listed.size(), 2u);
   EXPECT_EQ(listed[0].first, 50);
   EXPECT_EQ(listed[1].first, 40);
+}
+
+// Ranks as writers of one process sharing a store: each writes its part, rank 0 commits
+// once all are durable, and the checkpoint reads back as the whole arenas.
+class ShardedWriteTest : public CkptTest {
+ protected:
+  std::unique_ptr<AsyncCheckpointWriter> Writer(int rank, int world,
+                                                std::chrono::milliseconds timeout) {
+    exchanges_.push_back(std::make_unique<KvShardExchange>(&store_, timeout, nullptr));
+    AsyncCheckpointWriter::Options o;
+    o.dir = Dir();
+    o.rank = rank;
+    o.world_size = world;
+    o.keep_last = 0;
+    o.exchange = exchanges_.back().get();
+    o.on_complete = [this](const v1::CheckpointManifest& m, const std::string&) {
+      completed_.push_back(m.step());
+    };
+    o.on_failure = [this, rank](int64_t, const Status& st) {
+      if (rank == 0) failure_ = st.ToString();
+    };
+    return std::make_unique<AsyncCheckpointWriter>(std::move(o));
+  }
+
+  parallel::InMemoryKvStore store_;
+  std::vector<std::unique_ptr<KvShardExchange>> exchanges_;
+  std::vector<int64_t> completed_;
+  std::string failure_;
+};
+
+TEST_F(ShardedWriteTest, EveryRankWritesItsRunsAndRankZeroCommitsTheWhole) {
+  const CheckpointSnapshot whole = MakeSnapshot(7, 120);
+  const auto runs = ThreeRankRuns();
+  {
+    std::vector<std::unique_ptr<AsyncCheckpointWriter>> writers;
+    for (int r = 0; r < 3; ++r) writers.push_back(Writer(r, 3, std::chrono::seconds(30)));
+    // Rank 0 first: it must wait for the others rather than commit what it has.
+    for (int r : {0, 2, 1}) ASSERT_TRUE(writers[r]->Submit(PartOf(whole, r, runs[r])).ok());
+    for (auto& w : writers) ASSERT_TRUE(w->Flush().ok());
+  }
+  EXPECT_EQ(completed_, (std::vector<int64_t>{7}));
+  auto back = ReadCheckpoint((dir_ / "step_7").string());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->params, whole.params);
+  EXPECT_EQ(back->adam_m, whole.adam_m);
+  EXPECT_EQ(back->adam_v, whole.adam_v);
+  EXPECT_EQ(back->meta.shards_size(), 9);
+  EXPECT_TRUE(fs::exists(dir_ / "step_7" / "adam_v.r2.bin"));
+  EXPECT_TRUE(ListCheckpoints(Dir()).size() == 1 && !fs::exists(dir_ / TmpDirName(7, 0)));
+}
+
+TEST_F(ShardedWriteTest, ARankThatCannotWriteAbandonsTheCheckpointAndKeepsThePrevious) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(5, 120)).ok());
+  const CheckpointSnapshot whole = MakeSnapshot(7, 120);
+  const auto runs = ThreeRankRuns();
+  {
+    std::vector<std::unique_ptr<AsyncCheckpointWriter>> writers;
+    for (int r = 0; r < 3; ++r) writers.push_back(Writer(r, 3, std::chrono::seconds(30)));
+    ShardSnapshot broken = PartOf(whole, 2, runs[2]);
+    broken.shard.adam_v.pop_back();  // its sizes disagree with its runs: WriteShard refuses
+    ASSERT_TRUE(writers[0]->Submit(PartOf(whole, 0, runs[0])).ok());
+    ASSERT_TRUE(writers[1]->Submit(PartOf(whole, 1, runs[1])).ok());
+    ASSERT_TRUE(writers[2]->Submit(std::move(broken)).ok());
+    EXPECT_FALSE(writers[0]->Flush().ok());
+  }
+  EXPECT_THAT(failure_, ::testing::HasSubstr("rank 2 could not write its shard"));
+  EXPECT_TRUE(completed_.empty());
+  EXPECT_FALSE(fs::exists(dir_ / TmpDirName(7, 0)));
+  auto latest = LoadLatestCheckpoint(Dir());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->meta.step(), 5);
+}
+
+TEST_F(ShardedWriteTest, ARankThatNeverReportsTimesTheCheckpointOut) {
+  const CheckpointSnapshot whole = MakeSnapshot(7, 120);
+  const auto runs = ThreeRankRuns();
+  {
+    auto rank0 = Writer(0, 3, std::chrono::milliseconds(300));
+    auto rank1 = Writer(1, 3, std::chrono::milliseconds(300));
+    ASSERT_TRUE(rank1->Submit(PartOf(whole, 1, runs[1])).ok());
+    ASSERT_TRUE(rank0->Submit(PartOf(whole, 0, runs[0])).ok());
+    EXPECT_EQ(rank0->Flush().code(), StatusCode::kDeadlineExceeded);
+  }
+  EXPECT_THAT(failure_, ::testing::HasSubstr("rank 2 did not report"));
+  EXPECT_TRUE(ListCheckpoints(Dir()).empty());
+}
+
+// Shards whose runs leave a gap (or overlap) are never published: the commit checks the
+// tiling before it writes the manifest.
+TEST_F(CkptTest, CommitRefusesShardsThatDoNotTileTheArenas) {
+  const CheckpointSnapshot whole = MakeSnapshot(3, 120);
+  const auto runs = ThreeRankRuns();
+  std::vector<v1::CheckpointShard> shards;
+  for (int r : {0, 1}) {  // rank 2's part is missing
+    auto part = PartOf(whole, r, runs[r]);
+    auto written = WriteShard(Dir(), part.meta, part.shard);
+    ASSERT_TRUE(written.ok()) << written.status();
+    shards.insert(shards.end(), written->begin(), written->end());
+  }
+  auto committed = CommitCheckpoint(Dir(), whole.meta, shards);
+  EXPECT_EQ(committed.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(committed.status().message(), ::testing::HasSubstr("cover 80 of 120"));
+  EXPECT_TRUE(ListCheckpoints(Dir()).empty());
+  EXPECT_FALSE(fs::exists(dir_ / TmpDirName(3, 0)));
 }
 
 // --- resume through the Trainer -----------------------------------------------------------

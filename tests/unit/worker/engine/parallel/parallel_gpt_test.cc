@@ -244,43 +244,56 @@ TEST_F(ParallelEquivalenceTest, DataPipelineAndTensorParallelWithZero1) {
       8, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"});
 }
 
-// Checkpoints hold ranges of the global arenas, gathered from any mesh: one written at
-// dp2 x ZeRO-2 after 3 steps resumes at other meshes (and in one process), and the next
-// steps are the uninterrupted run's.
+// Checkpoints are sharded (every rank writes the ranges of the global arenas it owns) and
+// universal: one written by any mesh after 3 steps resumes at any other (and in one
+// process), and the next steps are the uninterrupted run's.
 TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
   const RankResult& want = Reference(2);
   ASSERT_TRUE(want.status.ok()) << want.status;
-  struct Load {
+  struct Mesh {
     int world;
     std::vector<std::string> sets;
   };
-  const std::vector<Load> loads = {
-      {1, {}},
-      {2, {"parallel.pp=2"}},
-      {2, {"parallel.tp=2"}},
-      {4, {"parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"}},
-      {2, {"parallel.zero_stage=3"}},
+  const Mesh one{1, {}}, dp2{2, {}}, pp2{2, {"parallel.pp=2"}}, tp2{2, {"parallel.tp=2"}},
+      zero3{2, {"parallel.zero_stage=3"}};
+  const std::vector<std::pair<Mesh, std::vector<Mesh>>> cases = {
+      {{4, {"parallel.zero_stage=2"}}, {one, dp2, pp2, tp2}},
+      {{4, {"parallel.pp=2", "parallel.tp=2"}},
+       {one, zero3, {4, {"parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"}}}},
+      {{4, {"parallel.tp=2", "parallel.zero_stage=3"}}, {one, pp2}},
+      {{4, {"parallel.pp=4"}}, {tp2}},
   };
-  for (size_t i = 0; i < loads.size(); ++i) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& [save, loads] = cases[i];
     const std::string ckpt = "checkpoint.dir=" + (*dir_ / ("ckpt" + std::to_string(i))).string();
-    const JobSpec save = Spec({"train.micro_batch=2", "parallel.zero_stage=2", ckpt});
-    const auto saved = RunWorld(save, 2, {3, false, true});
-    ASSERT_TRUE(saved[0].status.ok()) << saved[0].status;
-    std::vector<std::string> sets = loads[i].sets;
+    std::vector<std::string> sets = save.sets;
     sets.insert(sets.end(), {"train.micro_batch=2", ckpt});
-    const auto got = RunWorld(Spec(sets), loads[i].world, {2, true, false});
-    SCOPED_TRACE("resumed at world " + std::to_string(loads[i].world));
-    ASSERT_TRUE(got[0].status.ok()) << got[0].status;
-    ASSERT_EQ(got[0].losses.size(), 2u);
-    for (int s = 0; s < 2; ++s) {
-      EXPECT_NEAR(got[0].losses[s], want.losses[3 + s], 1e-5 * want.losses[3 + s]) << s;
+    const auto saved = RunWorld(Spec(sets), save.world, {3, false, true});
+    ASSERT_TRUE(saved[0].status.ok()) << saved[0].status;
+    // Every rank wrote its own shard files.
+    for (int r = 0; r < save.world; ++r) {
+      EXPECT_TRUE(fs::exists(*dir_ / ("ckpt" + std::to_string(i)) / "step_3" /
+                             ("params.r" + std::to_string(r) + ".bin")))
+          << "case " << i << " rank " << r;
     }
-    ASSERT_EQ(got[0].params.size(), want.params.size());
-    double worst = 0;
-    for (size_t j = 0; j < want.params.size(); ++j) {
-      worst = std::max(worst, std::fabs(double{got[0].params[j]} - want.params[j]));
+    for (const Mesh& load : loads) {
+      std::vector<std::string> lsets = load.sets;
+      lsets.insert(lsets.end(), {"train.micro_batch=2", ckpt});
+      const auto got = RunWorld(Spec(lsets), load.world, {2, true, false});
+      SCOPED_TRACE("saved by case " + std::to_string(i) + ", resumed at world " +
+                   std::to_string(load.world));
+      ASSERT_TRUE(got[0].status.ok()) << got[0].status;
+      ASSERT_EQ(got[0].losses.size(), 2u);
+      for (int s = 0; s < 2; ++s) {
+        EXPECT_NEAR(got[0].losses[s], want.losses[3 + s], 1e-5 * want.losses[3 + s]) << s;
+      }
+      ASSERT_EQ(got[0].params.size(), want.params.size());
+      double worst = 0;
+      for (size_t j = 0; j < want.params.size(); ++j) {
+        worst = std::max(worst, std::fabs(double{got[0].params[j]} - want.params[j]));
+      }
+      EXPECT_LT(worst, 1e-5);
     }
-    EXPECT_LT(worst, 1e-5);
   }
 }
 

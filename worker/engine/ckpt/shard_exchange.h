@@ -1,0 +1,53 @@
+// ShardExchange: how the ranks of one checkpoint tell rank 0 that their shards are durable
+// (DESIGN.md "Checkpoints": step_N/ is published only when every rank's shard is).
+//
+// Each rank > 0 Publishes the manifest entries of the shard files it wrote (or why it could
+// not write them); rank 0 Collects every rank's before it commits. Over the job's bootstrap
+// key-value store (the coordinator's rendezvous service, or the one `drover train --nproc`
+// serves), whose keys belong to one attempt, so an older attempt's reports are never seen.
+//
+// Thread-safety: Publish and Collect may be called from any thread (the checkpoint writer's).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/drover.pb.h"
+#include "worker/engine/parallel/kv_store.h"
+
+namespace drover::engine::ckpt {
+
+class ShardExchange {
+ public:
+  virtual ~ShardExchange() = default;
+  // Rank `rank` (> 0) reports its shard of checkpoint `step`: durable with these entries, or
+  // failed with this status.
+  virtual Status Publish(int64_t step, int rank,
+                         const StatusOr<std::vector<v1::CheckpointShard>>& result) = 0;
+  // Rank 0: the entries of ranks 1..world_size-1 for `step`, once all reported; the first
+  // failure a rank reported (naming the rank); DeadlineExceeded when one never reports;
+  // Cancelled when the trainer is asked to stop meanwhile.
+  virtual StatusOr<std::vector<v1::CheckpointShard>> Collect(int64_t step, int world_size) = 0;
+};
+
+class KvShardExchange final : public ShardExchange {
+ public:
+  // `store` and `stop` (may be null) must outlive this. `timeout` bounds Collect: how long
+  // rank 0 waits for the slowest rank's shard to become durable.
+  KvShardExchange(parallel::KvStore* store, std::chrono::milliseconds timeout,
+                  const std::atomic<bool>* stop);
+
+  Status Publish(int64_t step, int rank,
+                 const StatusOr<std::vector<v1::CheckpointShard>>& result) override;
+  StatusOr<std::vector<v1::CheckpointShard>> Collect(int64_t step, int world_size) override;
+
+ private:
+  parallel::KvStore* const store_;
+  const std::chrono::milliseconds timeout_;
+  const std::atomic<bool>* const stop_;
+};
+
+}  // namespace drover::engine::ckpt
