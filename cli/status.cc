@@ -23,6 +23,7 @@ void PrintJob(const v1::JobInfo& info) {
             << (j.checkpoint_error().empty() ? "" : "   LAST SAVE FAILED: " + j.checkpoint_error())
             << "\n"
             << "output_dir:  " << j.output_dir() << "\n";
+  if (j.rollbacks() > 0) std::cout << "rollbacks:   " << j.rollbacks() << " (loss spikes)\n";
   if (!info.attempts().empty()) {
     std::vector<std::vector<std::string>> rows;
     for (const v1::AttemptRecord& a : info.attempts()) {

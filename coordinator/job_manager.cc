@@ -256,7 +256,10 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
     job.rec.set_last_loss(t.progress().loss());
     job.rec.set_tokens_per_s(t.progress().tokens_per_s());
   }
-  if (key.rank == 0) job.rec.set_checkpoint_error(t.progress().checkpoint_error());
+  if (key.rank == 0) {
+    job.rec.set_checkpoint_error(t.progress().checkpoint_error());
+    job.rec.set_rollbacks(t.progress().rollbacks());
+  }
   if (t.state() != v1::TRAINER_EXITED || rank.done) return;
   if (t.exit_code() == 0 && t.signal() == 0) {
     rank.done = true;

@@ -35,6 +35,9 @@ class ReporterListener final : public drover::engine::TrainerListener {
   void OnCheckpointFailed(int64_t step, const drover::Status& error) override {
     reporter_->CheckpointFailed("step " + std::to_string(step) + ": " + error.ToString());
   }
+  void OnRollback(int64_t spike_step, int64_t to_step, int64_t rollbacks) override {
+    reporter_->RolledBack(spike_step, to_step, rollbacks);
+  }
   void OnDone() override { reporter_->Done(); }
 
  private:

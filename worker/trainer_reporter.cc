@@ -36,6 +36,7 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
     last_step_ = step;
     p->set_last_checkpoint_step(last_checkpoint_step_);
     p->set_checkpoint_error(checkpoint_error_);
+    p->set_rollbacks(rollbacks_);
   }
   Write(report);
 }
@@ -49,8 +50,19 @@ void TrainerReporter::Phase(const std::string& message) {
     p->set_step(last_step_);
     p->set_last_checkpoint_step(last_checkpoint_step_);
     p->set_checkpoint_error(checkpoint_error_);
+    p->set_rollbacks(rollbacks_);
   }
   Write(report);
+}
+
+void TrainerReporter::RolledBack(int64_t spike_step, int64_t to_step, int64_t rollbacks) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rollbacks_ = rollbacks;
+    last_step_ = to_step;
+  }
+  Phase("loss spike at step " + std::to_string(spike_step) + ": rolled back to step " +
+        std::to_string(to_step));
 }
 
 void TrainerReporter::CheckpointFailed(const std::string& error) {

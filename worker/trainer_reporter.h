@@ -38,6 +38,9 @@ class TrainerReporter {
   // Reports that a checkpoint could not be written: carried by every progress report from
   // now on, until a checkpoint completes.
   void CheckpointFailed(const std::string& error);
+  // A loss spike at `spike_step` was rolled back to step `to_step`; carried by every
+  // progress report from now on.
+  void RolledBack(int64_t spike_step, int64_t to_step, int64_t rollbacks);
   // Training finished; the process exits 0 next.
   void Done();
 
@@ -49,6 +52,7 @@ class TrainerReporter {
   int64_t last_step_ = 0;              // guarded by mu_
   int64_t last_checkpoint_step_ = -1;  // guarded by mu_
   std::string checkpoint_error_;       // guarded by mu_
+  int64_t rollbacks_ = 0;              // guarded by mu_
 };
 
 }  // namespace drover

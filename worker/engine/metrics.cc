@@ -49,6 +49,8 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendNumber(&s, "optimizer_mib", m.optimizer_mib);
   AppendNumber(&s, "working_mib", m.working_mib);
   if (m.val_loss.has_value()) AppendNumber(&s, "val_loss", *m.val_loss);
+  if (m.rollbacks > 0) AppendInt(&s, "rollbacks", m.rollbacks);
+  if (m.spike) s += ",\"spike\":true";
   s.push_back('}');
   return s;
 }

@@ -33,12 +33,17 @@ struct StepMetrics {
   // MiB rank 0 holds for parameters, gradients, AdamW state and ZeRO's transient buffers.
   double param_mib = 0, grad_mib = 0, optimizer_mib = 0, working_mib = 0;
   std::optional<double> val_loss;  // present on evaluation steps
+  // Loss-spike rollbacks so far (fault_tolerance.spike_rollback); written when > 0. After a
+  // rollback step numbers repeat: this tells the lines apart.
+  int64_t rollbacks = 0;
+  bool spike = false;  // this step's loss was a spike: it was rolled back
 };
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
-// and val_loss when present. Non-finite numbers are written as null (JSON has no NaN).
+// and val_loss, rollbacks and spike when present. Non-finite numbers are written as null (JSON has
+// no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

@@ -154,6 +154,9 @@ Status Trainer::Init() {
     if (options_.listener != nullptr) options_.listener->OnCheckpointFailed(step, error);
   };
   writer_ = std::make_unique<ckpt::AsyncCheckpointWriter>(std::move(wo));
+  if (spec.fault_tolerance.spike_rollback.enabled) {
+    spike_ = std::make_unique<SpikeDetector>(spec.fault_tolerance.spike_rollback);
+  }
   if (is_rank0()) RETURN_IF_ERROR(metrics_.Open(output_dir_ + "/metrics.jsonl"));
   // Ranks reach here after start-up work of different lengths (data scans, checkpoint
   // reads); the first collective of the first step must not count that against its
@@ -227,7 +230,7 @@ Status Trainer::OpenData() {
   return OkStatus();
 }
 
-Status Trainer::RestoreLatest() {
+Status Trainer::RestoreLatest(const std::string& choice_key) {
   // Rank 0 picks the checkpoint and every rank loads that one, so that the ranks cannot
   // disagree about which is newest.
   std::string path;
@@ -242,7 +245,7 @@ Status Trainer::RestoreLatest() {
   if (options_.world_size > 1) {
     // Through the store, not a collective: reading and verifying a large checkpoint can
     // take rank 0 longer than the communicators' deadline.
-    const std::string key = "resume-step";
+    const std::string& key = choice_key;
     if (is_rank0()) {
       RETURN_IF_ERROR(options_.store->Set(key, std::to_string(chosen)));
     } else {
@@ -281,6 +284,7 @@ Status Trainer::RestoreLatest() {
   if (!st.ok()) return st.WithContext("checkpoint " + path + " sampler position");
   step_ = m.step();
   resumed_from_ = m.step();
+  rollbacks_ = std::max(rollbacks_, m.rollbacks());
   last_checkpoint_step_ = m.step();
   spdlog::info("resumed from checkpoint {} (step {}, {} samples consumed)", path, m.step(),
                m.consumed_samples());
@@ -339,7 +343,8 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.grad_mib = static_cast<double>(r.grad_bytes) / kMiB;
   m.optimizer_mib = static_cast<double>(r.optimizer_bytes) / kMiB;
   m.working_mib = static_cast<double>(r.working_bytes) / kMiB;
-  if (!std::isfinite(m.loss)) {
+  m.rollbacks = rollbacks_;
+  if (!std::isfinite(m.loss) && spike_ == nullptr) {
     return InternalError("training loss is not finite at step " + std::to_string(step_));
   }
   return m;
@@ -382,6 +387,7 @@ ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   meta.set_optimizer_step(model_->optimizer_steps());
   meta.set_created_ms(WallNowMs());
   meta.set_num_params(static_cast<int64_t>(GptNumParams(config_)));
+  meta.set_rollbacks(rollbacks_);
   // The copy aside: this rank's owned ranges, in host memory, before the next step runs.
   parallel::ParallelGpt::OwnedState owned = model_->ExportOwned();
   snap.shard.rank = options_.rank;
@@ -396,6 +402,51 @@ ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   snap.shard.adam_m = std::move(owned.m);
   snap.shard.adam_v = std::move(owned.v);
   return snap;
+}
+
+Status Trainer::RollBack(const StepMetrics& m) {
+  const SpikeRollbackSpec& spec = options_.spec.fault_tolerance.spike_rollback;
+  const int64_t spike_step = step_;
+  const uint64_t spike_consumed = loader_->state().consumed_samples;
+  const std::string why = std::isfinite(m.loss) ? fmt::format(
+                                                      "loss {:.4f} is over {} x the recent "
+                                                      "mean {:.4f}",
+                                                      m.loss, spec.factor, spike_->mean())
+                                                : std::string("loss is not finite");
+  // A run that spikes again after every rollback is not cured by more of them.
+  constexpr int64_t kMaxRollbacks = 10;
+  if (++rollbacks_ > kMaxRollbacks) {
+    return InternalError("loss spike at step " + std::to_string(spike_step) + " (" + why +
+                         ") after " + std::to_string(kMaxRollbacks) +
+                         " rollbacks already: giving up (fault_tolerance.spike_rollback)");
+  }
+  // The newest checkpoint must be on disk (a write in flight is finished first).
+  (void)FlushCheckpoints();
+  Status restored = RestoreLatest("rollback-" + std::to_string(rollbacks_));
+  if (!restored.ok()) {
+    if (restored.code() != StatusCode::kNotFound || !std::isfinite(m.loss)) {
+      return restored.WithContext("rolling back the loss spike at step " +
+                                  std::to_string(spike_step) + " (" + why + ")");
+    }
+    // Nothing to go back to yet: the spike stays in the run, counted.
+    spdlog::warn("loss spike at step {} ({}); no checkpoint to roll back to, going on", spike_step,
+                 why);
+    spike_->Reset();
+    return OkStatus();
+  }
+  // Skip the data seen from the checkpoint through the spike, and skip_steps batches more
+  // (PaLM's remedy: the batches around a spike are what set it off).
+  const uint64_t skip_to =
+      spike_consumed + static_cast<uint64_t>(spec.skip_steps) *
+                           static_cast<uint64_t>(options_.spec.train.global_batch);
+  RETURN_IF_ERROR(loader_->SkipTo(skip_to).WithContext("skipping the data of the spike"));
+  spike_->Reset();
+  spdlog::warn(
+      "loss spike at step {} ({}): rolled back to step {} and skipped the data through step {} "
+      "(rollback {})",
+      spike_step, why, step_, spike_step + spec.skip_steps, rollbacks_);
+  if (options_.listener != nullptr) options_.listener->OnRollback(spike_step, step_, rollbacks_);
+  return OkStatus();
 }
 
 Status Trainer::SaveCheckpoint(bool async) {
@@ -458,6 +509,13 @@ Status Trainer::Run() {
       // A checkpoint already snapshotted is worth finishing; the step in progress is not.
       (void)FlushCheckpoints();
       return m.status();
+    }
+    if (spike_ != nullptr && spike_->Observe(m->loss)) {
+      m->spike = true;
+      LogStep(*m);
+      if (metrics_.is_open()) RETURN_IF_ERROR(metrics_.Append(*m));
+      RETURN_IF_ERROR(RollBack(*m));
+      continue;
     }
     if (spec.train.eval_every > 0 && val_loader_ != nullptr &&
         (step_ % spec.train.eval_every == 0 || step_ == spec.train.steps)) {

@@ -37,6 +37,7 @@
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/parallel/parallel_gpt.h"
 #include "worker/engine/parallel/process_groups.h"
+#include "worker/engine/spike_detector.h"
 
 namespace drover::engine {
 
@@ -52,6 +53,8 @@ class TrainerListener {
   // Writing the checkpoint of `step` failed (training goes on; the next one is tried at its
   // interval). On the checkpoint writer thread, like OnCheckpoint.
   virtual void OnCheckpointFailed(int64_t /*step*/, const Status& /*error*/) {}
+  // A loss spike at `spike_step` was rolled back to checkpoint `to_step`; `rollbacks` so far.
+  virtual void OnRollback(int64_t /*spike_step*/, int64_t /*to_step*/, int64_t /*rollbacks*/) {}
   // Training finished; the final model is written.
   virtual void OnDone() = 0;
 };
@@ -131,7 +134,12 @@ class Trainer {
   // The global parameters to start from: train.init_from, else the seeded init.
   StatusOr<std::vector<float>> InitialParams();
   Status OpenData();
-  Status RestoreLatest();
+  // Loads the newest usable checkpoint on every rank (rank 0 chooses, published under the
+  // store key `choice_key`: a new key for each restore of one attempt).
+  Status RestoreLatest(const std::string& choice_key = "resume-step");
+  // After a loss spike at step_ (`m`): back to the newest checkpoint, data skipped through
+  // the spike and skip_steps more global batches. Collective (every rank sees the same loss).
+  Status RollBack(const StepMetrics& m);
   // Waits (up to the connect timeout) until every rank reached `name`: a barrier through
   // the bootstrap store for phases longer than the communicators' deadline.
   Status StoreBarrier(const std::string& name);
@@ -157,6 +165,8 @@ class Trainer {
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<EvalLoader> val_loader_;
   std::unique_ptr<ckpt::KvShardExchange> exchange_;  // world size > 1
+  std::unique_ptr<SpikeDetector> spike_;             // fault_tolerance.spike_rollback.enabled
+  int64_t rollbacks_ = 0;
   std::unique_ptr<ckpt::AsyncCheckpointWriter> writer_;
   MetricsWriter metrics_;  // open on rank 0 only
   int64_t step_ = 0;

@@ -205,13 +205,15 @@ TEST_F(JobManagerTest, NodeLossHangAndVanishedRankFailTheAttempt) {
   EXPECT_EQ(jobs_.Find(id)->restarts(), 3);
 }
 
-TEST_F(JobManagerTest, RankZerosCheckpointFailureIsShownUntilASaveSucceeds) {
+TEST_F(JobManagerTest, RankZerosCheckpointFailureAndRollbacksAreShown) {
   const std::string id = SubmitAndPlace(2, {Node("n1", 2)});
   v1::TrainerStatus r0 = Trainer(id, 1, 0), r1 = Trainer(id, 1, 1);
   r0.mutable_progress()->set_checkpoint_error("UNAVAILABLE: No space left on device");
+  r0.mutable_progress()->set_rollbacks(2);
   r1.mutable_progress()->set_checkpoint_error("ignored: only rank 0 writes");
   Listing("n1", {r0, r1});
   EXPECT_EQ(jobs_.Find(id)->checkpoint_error(), "UNAVAILABLE: No space left on device");
+  EXPECT_EQ(jobs_.Find(id)->rollbacks(), 2);
   r0.mutable_progress()->clear_checkpoint_error();
   Listing("n1", {r0, r1});
   EXPECT_EQ(jobs_.Find(id)->checkpoint_error(), "");

@@ -135,6 +135,18 @@ SamplerState DataLoader::state() const {
   return handed_out_;
 }
 
+Status DataLoader::SkipTo(uint64_t consumed_samples) {
+  SamplerState s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t n = sampler_.num_windows();
+    s.epoch = consumed_samples / n;
+    s.offset = consumed_samples % n;
+  }
+  s.consumed_samples = consumed_samples;
+  return Restore(s);
+}
+
 Status DataLoader::Restore(const SamplerState& state) {
   StopThread();
   Status status;

@@ -63,6 +63,9 @@ class DataLoader {
 
   // Drops prefetched batches and continues from `state` (see Sampler::Restore).
   Status Restore(const SamplerState& state);
+  // Continues at the first micro-batch of the global batch that starts after
+  // `consumed_samples` samples of the global stream (skipping data, or going back to it).
+  Status SkipTo(uint64_t consumed_samples);
 
   // Time the caller spent blocked in Next(): in total, and in the last call.
   double total_wait_s() const { return total_wait_s_; }

@@ -13,6 +13,9 @@
 
 #include "common/job_spec.h"
 #include "common/token_shard.h"
+#include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/data/sampler.h"
+#include "worker/engine/data/token_dataset.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/threads.h"
 
@@ -209,6 +212,63 @@ TEST_F(TrainerTest, CheckpointsThatExistButNoneUsableStopTheStartUnlessFresh) {
   auto fresh = Trainer::Create(options);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_EQ((*fresh)->resumed_from(), -1);
+}
+
+// A loss spike (a batch of tokens the model never saw, once the phrase is learned) rolls the
+// run back to its newest checkpoint and skips the data through the spike: the run goes on
+// to its last step, the spike is counted, and the lines of metrics.jsonl say so.
+TEST_F(TrainerTest, LossSpikeRollsBackToTheCheckpointAndSkipsItsData) {
+  std::vector<uint16_t> tokens(4000);
+  const std::vector<uint16_t> phrase = {1, 5, 9, 2, 7, 7, 3, 11, 4, 8, 6, 10, 12};
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = phrase[i % phrase.size()];
+  // The window sampled first in step 31 (global samples 120..123) gets id 15.
+  {
+    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens).ok());
+    auto data = TokenDataset::Open((dir_ / "train.bin").string(), 16);
+    ASSERT_TRUE(data.ok());
+    Sampler sampler((*data)->num_windows(), 7, true, BatchLayout{4, 4, 0, 1});
+    size_t shard = 0;
+    uint64_t start = 0;
+    (*data)->WindowStart(sampler.WindowOf(120), &shard, &start);
+    for (uint64_t i = start; i < start + 17; ++i) tokens[i] = 15;
+  }
+  ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens).ok());
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics&) override {}
+    void OnCheckpoint(const v1::CheckpointRecord&) override {}
+    void OnRollback(int64_t spike, int64_t to, int64_t n) override {
+      rollbacks.push_back({spike, to, n});
+    }
+    void OnDone() override {}
+    std::vector<std::vector<int64_t>> rollbacks;
+  } listener;
+  TrainerOptions options;
+  options.spec = Spec({"train.steps=40", "train.lr=0.02", "train.eval_every=0",
+                       "checkpoint.every_steps=10", "fault_tolerance.spike_rollback.enabled=true",
+                       "fault_tolerance.spike_rollback.window=5",
+                       "fault_tolerance.spike_rollback.skip_steps=4"});
+  options.listener = &listener;
+  options.log_steps = false;
+  auto trainer = Trainer::Create(options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  EXPECT_EQ((*trainer)->step(), 40);
+  ASSERT_EQ(listener.rollbacks.size(), 1u);
+  EXPECT_EQ(listener.rollbacks[0], (std::vector<int64_t>{31, 30, 1}));
+  const auto lines = ReadLines(dir_ / "out" / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 41u);  // steps 1..31, then 31..40 again
+  EXPECT_THAT(lines[30], ::testing::StartsWith("{\"step\":31,"));
+  EXPECT_THAT(lines[30], ::testing::HasSubstr("\"spike\":true"));
+  EXPECT_THAT(lines[31], ::testing::StartsWith("{\"step\":31,"));
+  EXPECT_THAT(lines[31], ::testing::HasSubstr("\"rollbacks\":1"));
+  EXPECT_THAT(lines[31], ::testing::Not(::testing::HasSubstr("spike")));
+  // The final checkpoint carries the count, so a resumed run keeps it.
+  auto latest = ckpt::LoadLatestCheckpoint((dir_ / "out" / "ckpt").string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->meta.rollbacks(), 1);
+  // Data consumed: 40 steps of 4 samples, plus the 4 steps skipped past the spike (the 1
+  // step from the checkpoint to the spike was replayed from new data).
+  EXPECT_EQ(latest->meta.consumed_samples(), (40 + 1 + 4) * 4);
 }
 
 TEST_F(TrainerTest, StopFlagAbandonsTheStep) {
