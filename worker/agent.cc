@@ -110,6 +110,7 @@ Status Agent::Register() {
   if (options_.heartbeat_interval_ms <= 0 && resp.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ms_ = resp.heartbeat_interval_ms();
   }
+  if (resp.heartbeat_timeout_ms() > 0) node_timeout_ms_ = resp.heartbeat_timeout_ms();
   spdlog::info("registered as {} (agent {}) with {}, {} slot(s), heartbeat every {} ms",
                options_.name, agent_id_, options_.coordinator, options_.slots,
                heartbeat_interval_ms_);
@@ -175,6 +176,10 @@ void Agent::StartTrainer(const v1::StartTrainerOrder& order) {
       {kEnvResume, order.resume_checkpoint()},
       {kEnvThreads, std::to_string(std::max(1, order.threads()))},
   };
+  // The trainer's lease on its attempt lapses well before the coordinator can declare this
+  // node dead and start another attempt (split brain: worker/attempt_lease.h).
+  launch.spawn.env.emplace_back(kEnvLeaseMs,
+                                std::to_string(std::max<int64_t>(300, 2 * node_timeout_ms_ / 3)));
   // An address given to the agent is one its peers can reach: its trainers accept there.
   if (!options_.address.empty()) launch.spawn.env.emplace_back(kEnvBindAddress, options_.address);
   logs_->Add(key, log_path);

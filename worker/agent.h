@@ -82,6 +82,7 @@ class Agent {
   bool shutdown_ = false;                          // guarded by mu_
   std::shared_ptr<v1::WorkerService::Stub> stub_;  // guarded by mu_
   int64_t heartbeat_interval_ms_ = 1000;
+  int64_t node_timeout_ms_ = 3000;  // the coordinator's, from registration
   int64_t seq_ = 0;
 
   // Declared last: destroyed first, while the stub its callbacks use is still alive.

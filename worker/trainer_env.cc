@@ -66,6 +66,7 @@ StatusOr<TrainerEnv> ReadTrainerEnv() {
   int fresh = 0;
   RETURN_IF_ERROR(ReadNumber(kEnvFresh, &fresh));
   env.fresh = fresh != 0;
+  RETURN_IF_ERROR(ReadNumber(kEnvLeaseMs, &env.lease_ms));
   env.bind_address = GetEnv(kEnvBindAddress);
   if (env.bind_address.empty()) env.bind_address = DefaultBindAddress(env.coordinator);
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {

@@ -25,6 +25,9 @@ inline constexpr char kEnvFresh[] = "DROVER_FRESH";
 // Where this rank accepts connections from its peers (an address of this node). Unset:
 // 127.0.0.1 when the coordinator is on loopback, else the host name.
 inline constexpr char kEnvBindAddress[] = "DROVER_BIND_ADDRESS";
+// Set by an agent: the validity (ms) of the trainer's lease on its attempt, shorter than the
+// coordinator's node timeout (worker/attempt_lease.h). Unset: no lease (`drover train`).
+inline constexpr char kEnvLeaseMs[] = "DROVER_LEASE_MS";
 
 // What a trainer learns from its environment.
 struct TrainerEnv {
@@ -41,6 +44,7 @@ struct TrainerEnv {
   int threads = 1;
   bool fresh = false;
   std::string bind_address;  // resolved: never empty
+  int64_t lease_ms = 0;      // 0: no lease
 };
 
 // Reads the variables above. Missing optional ones keep their defaults; a malformed number

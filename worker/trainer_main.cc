@@ -7,12 +7,15 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "worker/attempt_lease.h"
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
 #include "worker/engine/trainer_process.h"
@@ -92,6 +95,17 @@ int main(int, char**) {
     rendezvous = std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt);
     store = std::make_unique<RendezvousKvStore>(rendezvous.get());
     options.store = store.get();
+  }
+  // Under an agent: publish (metrics, checkpoints, the model) only while the coordinator
+  // confirms that this attempt is the job's current one. A superseded attempt stops.
+  std::unique_ptr<RendezvousClient> lease_client;
+  std::unique_ptr<AttemptLease> lease;
+  if (env->lease_ms > 0 && !env->coordinator.empty()) {
+    lease_client = std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt,
+                                                      std::max<int64_t>(env->lease_ms / 2, 100));
+    lease = std::make_unique<AttemptLease>(lease_client.get(), env->rank, env->lease_ms,
+                                           [](const Status&) { ::kill(::getpid(), SIGTERM); });
+    options.fence = lease.get();
   }
   ReporterListener listener(&reporter);
   options.listener = &listener;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <thread>
 #include <utility>
 
 #include "worker/engine/model/gpt.h"
@@ -147,6 +148,8 @@ Status Trainer::Init() {
         options_.store, options_.checkpoint_collect_timeout, options_.stop);
     wo.exchange = exchange_.get();
   }
+  wo.fence = options_.fence;
+  wo.stop = options_.stop;
   wo.on_complete = [this](const v1::CheckpointManifest& meta, const std::string& path) {
     OnCheckpointComplete(meta, path);
   };
@@ -404,6 +407,35 @@ ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   return snap;
 }
 
+Status Trainer::ConfirmAttempt() {
+  if (options_.fence == nullptr) return OkStatus();
+  Status st;
+  for (int i = 0; i < 25; ++i) {  // about 5 s: rides through a short coordinator restart
+    st = options_.fence->Confirm();
+    if (st.ok() || st.code() == StatusCode::kFailedPrecondition) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return st;
+}
+
+Status Trainer::PublishMetrics(const StepMetrics* m, bool wait) {
+  if (!metrics_.is_open()) return OkStatus();
+  if (m != nullptr) held_metrics_.push_back(*m);
+  if (options_.fence != nullptr && !options_.fence->Current()) {
+    if (!wait) return OkStatus();
+    // The run's end: the lines of a superseded attempt are dropped (its successor writes
+    // its own).
+    Status st = ConfirmAttempt();
+    if (!st.ok()) {
+      held_metrics_.clear();
+      return st.code() == StatusCode::kFailedPrecondition ? OkStatus() : st;
+    }
+  }
+  for (const StepMetrics& held : held_metrics_) RETURN_IF_ERROR(metrics_.Append(held));
+  held_metrics_.clear();
+  return OkStatus();
+}
+
 Status Trainer::RollBack(const StepMetrics& m) {
   const SpikeRollbackSpec& spec = options_.spec.fault_tolerance.spike_rollback;
   const int64_t spike_step = step_;
@@ -513,7 +545,7 @@ Status Trainer::Run() {
     if (spike_ != nullptr && spike_->Observe(m->loss)) {
       m->spike = true;
       LogStep(*m);
-      if (metrics_.is_open()) RETURN_IF_ERROR(metrics_.Append(*m));
+      RETURN_IF_ERROR(PublishMetrics(&*m, /*wait=*/false));
       RETURN_IF_ERROR(RollBack(*m));
       continue;
     }
@@ -524,7 +556,7 @@ Status Trainer::Run() {
       m->val_loss = *val;
     }
     LogStep(*m);
-    if (metrics_.is_open()) RETURN_IF_ERROR(metrics_.Append(*m));
+    RETURN_IF_ERROR(PublishMetrics(&*m, /*wait=*/false));
     if (options_.listener != nullptr) options_.listener->OnStep(*m);
     if (every_ckpt > 0 && step_ % every_ckpt == 0 && step_ < spec.train.steps) {
       RETURN_IF_ERROR(SaveCheckpoint(spec.checkpoint.async));  // a peer is gone
@@ -542,7 +574,11 @@ Status Trainer::Run() {
   const std::string model_path = output_dir_ + "/model.bin";
   // The model is the training's product: written even when the checkpoint disk failed (its
   // own disk may have room), and then the run has succeeded.
-  if (is_rank0()) model = SaveModelFile(config_, params.data(), model_path);
+  if (is_rank0()) {
+    RETURN_IF_ERROR(PublishMetrics(nullptr, /*wait=*/true));
+    model = ConfirmAttempt();
+    if (model.ok()) model = SaveModelFile(config_, params.data(), model_path);
+  }
   Status ckpt = writer_->Flush();
   if (!model.ok()) {
     return ckpt.ok() ? model

@@ -37,6 +37,7 @@
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/parallel/parallel_gpt.h"
 #include "worker/engine/parallel/process_groups.h"
+#include "worker/engine/publish_fence.h"
 #include "worker/engine/spike_detector.h"
 
 namespace drover::engine {
@@ -79,6 +80,9 @@ struct TrainerOptions {
   bool log_steps = true;  // one log line per train.log_every steps
   TrainerListener* listener = nullptr;      // not owned; nullptr = no reports
   const std::atomic<bool>* stop = nullptr;  // not owned; set = stop promptly
+  // Under a coordinator: metrics lines, checkpoint commits and the model file are written
+  // only while this attempt's lease is current (publish_fence.h). Not owned; nullptr = always.
+  PublishFence* fence = nullptr;
 };
 
 // The checkpoint directory the spec names: checkpoint.dir, else <output_dir>/ckpt.
@@ -140,6 +144,11 @@ class Trainer {
   // After a loss spike at step_ (`m`): back to the newest checkpoint, data skipped through
   // the spike and skip_steps more global batches. Collective (every rank sees the same loss).
   Status RollBack(const StepMetrics& m);
+  // Rank 0: appends `m` to metrics.jsonl (with any held lines first) when the fence allows;
+  // holds it otherwise. With `wait`, confirms the attempt first (the run's end).
+  Status PublishMetrics(const StepMetrics* m, bool wait);
+  // The fence's confirmation, retried for a few seconds while the coordinator is away.
+  Status ConfirmAttempt();
   // Waits (up to the connect timeout) until every rank reached `name`: a barrier through
   // the bootstrap store for phases longer than the communicators' deadline.
   Status StoreBarrier(const std::string& name);
@@ -167,6 +176,7 @@ class Trainer {
   std::unique_ptr<ckpt::KvShardExchange> exchange_;  // world size > 1
   std::unique_ptr<SpikeDetector> spike_;             // fault_tolerance.spike_rollback.enabled
   int64_t rollbacks_ = 0;
+  std::vector<StepMetrics> held_metrics_;  // rank 0: lines waiting for the fence
   std::unique_ptr<ckpt::AsyncCheckpointWriter> writer_;
   MetricsWriter metrics_;  // open on rank 0 only
   int64_t step_ = 0;

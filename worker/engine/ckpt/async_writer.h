@@ -16,6 +16,8 @@
 // training) thread; the callbacks run on the writer thread (or the caller's, for WriteNow).
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -26,6 +28,7 @@
 #include "common/status.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/ckpt/shard_exchange.h"
+#include "worker/engine/publish_fence.h"
 
 namespace drover::engine::ckpt {
 
@@ -50,6 +53,12 @@ class AsyncCheckpointWriter {
     int world_size = 1;
     int keep_last = 3;
     ShardExchange* exchange = nullptr;  // required when world_size > 1; not owned
+    // Rank 0 commits and prunes only once the fence confirms this attempt is current
+    // (nullptr: always), waiting up to fence_timeout while it cannot be confirmed, and gives
+    // the checkpoint up when the attempt is superseded or `stop` is set. Not owned.
+    PublishFence* fence = nullptr;
+    std::chrono::milliseconds fence_timeout{std::chrono::minutes(2)};
+    const std::atomic<bool>* stop = nullptr;
     OnComplete on_complete;
     OnFailure on_failure;
   };
@@ -76,6 +85,7 @@ class AsyncCheckpointWriter {
   void Loop();
   Status Save(const ShardSnapshot& snap);
   Status Fail(int64_t step, Status st);
+  Status AwaitFence(int64_t step);
 
   const Options options_;
 

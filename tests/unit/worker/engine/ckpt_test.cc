@@ -366,6 +366,44 @@ TEST_F(ShardedWriteTest, ARankThatNeverReportsTimesTheCheckpointOut) {
   EXPECT_TRUE(ListCheckpoints(Dir()).empty());
 }
 
+// A superseded attempt's rank 0 never commits (nor prunes): its shards are abandoned.
+TEST_F(CkptTest, WriterCommitsOnlyWhileTheFenceConfirmsTheAttempt) {
+  struct Fence : PublishFence {
+    bool Current() const override { return false; }
+    Status Confirm() override {
+      ++calls;
+      return calls < 3 ? UnavailableError("coordinator away") : answer;
+    }
+    int calls = 0;
+    Status answer;
+  } fence;
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(5, 64)).ok());
+  std::vector<int64_t> completed;
+  std::string failure;
+  AsyncCheckpointWriter::Options o;
+  o.dir = Dir();
+  o.keep_last = 1;
+  o.fence = &fence;
+  o.on_complete = [&](const v1::CheckpointManifest& m, const std::string&) {
+    completed.push_back(m.step());
+  };
+  o.on_failure = [&](int64_t, const Status& st) { failure = st.ToString(); };
+  AsyncCheckpointWriter writer(o);
+  // Unreachable twice, then confirmed: committed (and step_5 pruned).
+  ASSERT_TRUE(writer.WriteNow(PartOf(MakeSnapshot(10, 64), 0, {MakeRun(0, 64, 64, 1)})).ok());
+  EXPECT_EQ(completed, (std::vector<int64_t>{10}));
+  EXPECT_FALSE(fs::exists(dir_ / "step_5"));
+  // Superseded: nothing published, nothing pruned.
+  fence.calls = 0;
+  fence.answer = FailedPreconditionError("attempt 1 of job j is superseded by attempt 2");
+  EXPECT_FALSE(writer.WriteNow(PartOf(MakeSnapshot(20, 64), 0, {MakeRun(0, 64, 64, 1)})).ok());
+  EXPECT_THAT(failure, ::testing::HasSubstr("superseded"));
+  EXPECT_EQ(completed.size(), 1u);
+  EXPECT_FALSE(fs::exists(dir_ / "step_20"));
+  EXPECT_FALSE(fs::exists(dir_ / TmpDirName(20, 0)));
+  EXPECT_TRUE(fs::exists(dir_ / "step_10"));
+}
+
 // Shards whose runs leave a gap (or overlap) are never published: the commit checks the
 // tiling before it writes the manifest.
 TEST_F(CkptTest, CommitRefusesShardsThatDoNotTileTheArenas) {

@@ -1,0 +1,71 @@
+#include "worker/attempt_lease.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <string>
+
+namespace drover {
+namespace {
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+AttemptLease::AttemptLease(RendezvousClient* client, int rank, int64_t validity_ms,
+                           std::function<void(const Status&)> on_superseded)
+    : client_(client),
+      rank_(rank),
+      validity_ms_(validity_ms),
+      on_superseded_(std::move(on_superseded)),
+      thread_([this] { Loop(); }) {}
+
+AttemptLease::~AttemptLease() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool AttemptLease::Current() const {
+  const int64_t at = confirmed_ms_.load();
+  return !superseded_.load() && at >= 0 && SteadyMs() - at < validity_ms_;
+}
+
+Status AttemptLease::Confirm() {
+  if (superseded_.load()) return FailedPreconditionError("this attempt is superseded");
+  // Measured from before the call: the coordinator answered at some moment after this.
+  const int64_t sent = SteadyMs();
+  Status st = client_->Set("lease/" + std::to_string(rank_), "1");
+  if (st.ok()) {
+    int64_t prev = confirmed_ms_.load();
+    while (prev < sent && !confirmed_ms_.compare_exchange_weak(prev, sent)) {
+    }
+    return st;
+  }
+  if (st.code() == StatusCode::kFailedPrecondition && !superseded_.exchange(true)) {
+    spdlog::error("the coordinator says this attempt is superseded ({}); stopping", st.message());
+    if (on_superseded_) on_superseded_(st);
+  }
+  return st;
+}
+
+void AttemptLease::Loop() {
+  const auto period = std::chrono::milliseconds(std::max<int64_t>(validity_ms_ / 4, 1));
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    Status st = Confirm();
+    lock.lock();
+    if (st.code() == StatusCode::kFailedPrecondition) return;
+    cv_.wait_for(lock, period, [this] { return stop_; });
+  }
+}
+
+}  // namespace drover

@@ -1,0 +1,32 @@
+// PublishFence: whether this trainer's attempt may still write where the job's current
+// attempt writes (DESIGN.md "fencing"; the split-brain part of elastic recovery).
+//
+// A network partition can leave a trainer running while the coordinator, which no longer
+// hears its node, starts the job's next attempt elsewhere; both then train at once into the
+// same output and checkpoint directories. The trainer therefore publishes (appends to
+// metrics.jsonl, commits and prunes checkpoints) only while a lease on its attempt is
+// current: confirmed by the coordinator within a validity shorter than the coordinator's
+// node timeout, so that by the time another attempt can start this one has stopped
+// publishing. A superseded attempt learns so at its next confirmation and stops.
+//
+// Outside a coordinator there is no fence (nullptr): a `drover train` run owns its
+// directories.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include "common/status.h"
+
+namespace drover::engine {
+
+class PublishFence {
+ public:
+  virtual ~PublishFence() = default;
+  // Cheap: the lease was confirmed within its validity.
+  virtual bool Current() const = 0;
+  // A confirmation now (a round trip to the coordinator): OK; FailedPrecondition when the
+  // attempt is superseded; Unavailable or DeadlineExceeded when it cannot be reached.
+  virtual Status Confirm() = 0;
+};
+
+}  // namespace drover::engine
