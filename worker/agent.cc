@@ -14,6 +14,10 @@
 namespace drover {
 namespace {
 
+// After a trainer exit: heartbeats every kFastHeartbeatMs for kFastHeartbeatWindowMs.
+constexpr int64_t kFastHeartbeatMs = 100;
+constexpr int64_t kFastHeartbeatWindowMs = 3000;
+
 std::string MakeAgentId(const std::string& name) {
   std::random_device rd;
   char suffix[17];
@@ -84,7 +88,9 @@ void Agent::Shutdown() {
 
 bool Agent::SleepMs(int64_t ms) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return shutdown_; });
+  // A trainer exit ends the wait: the loop heartbeats at the fast cadence from then on.
+  cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return shutdown_ || wake_; });
+  wake_ = false;
   return !shutdown_;
 }
 
@@ -195,6 +201,12 @@ void Agent::OnTrainerExit(const v1::TrainerStatus& status) {
   spdlog::info("trainer job {} attempt {} rank {} (pid {}) exited: {}", status.job_id(),
                status.attempt(), status.rank(), status.pid(),
                DescribeWaitStatus(status.exit_code(), status.signal()));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fast_until_ms_ = clock_->NowMs() + kFastHeartbeatWindowMs;
+    wake_ = true;
+  }
+  cv_.notify_all();
   // Sent once, at once; if the coordinator is away, the exited status stays in heartbeats
   // for exited_retention_ms, so the exit still arrives.
   v1::TrainerExitRequest req;
@@ -224,6 +236,10 @@ Status Agent::Run() {
       backoff_ms = 100;
       // Right after registering, heartbeat at once: its reply carries the first orders.
       int64_t wait = registered ? heartbeat_interval_ms_ : 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (clock_->NowMs() < fast_until_ms_) wait = std::min<int64_t>(wait, kFastHeartbeatMs);
+      }
       registered = true;
       if (!SleepMs(wait)) break;
       continue;

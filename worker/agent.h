@@ -79,7 +79,12 @@ class Agent {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool shutdown_ = false;                          // guarded by mu_
+  bool shutdown_ = false;  // guarded by mu_
+  // Until then (steady ms) heartbeats come every kFastHeartbeatMs: a trainer exited here, so
+  // the coordinator is about to place the job's next attempt and its orders should not wait
+  // a whole heartbeat period.
+  int64_t fast_until_ms_ = 0;                      // guarded by mu_
+  bool wake_ = false;                              // guarded by mu_: ends the current SleepMs
   std::shared_ptr<v1::WorkerService::Stub> stub_;  // guarded by mu_
   int64_t heartbeat_interval_ms_ = 1000;
   int64_t node_timeout_ms_ = 3000;  // the coordinator's, from registration

@@ -171,6 +171,36 @@ TEST_F(AgentTest, RegistersSlotsThenStartsTrainerAndReportsItsExitAtOnce) {
   ASSERT_FALSE(fake_.heartbeats.empty());
 }
 
+// After a trainer exit the coordinator is about to place the job's next attempt: the agent
+// heartbeats every 100 ms for a while so that its orders do not wait a whole period. And
+// each trainer gets its lease validity, 2/3 of the coordinator's node timeout.
+TEST_F(AgentTest, TrainerExitBringsFastHeartbeatsAndTrainersGetTheirLease) {
+  AgentOptions o;
+  o.coordinator = "127.0.0.1:" + std::to_string(port_);
+  o.name = "n1";
+  o.slots = 1;
+  o.work_dir = (dir_ / "work").string();
+  o.trainer_path = Script("echo \"lease $DROVER_LEASE_MS\"; sleep 0.3; exit 1");
+  o.heartbeat_interval_ms = 2000;  // slow: only an exit explains quick heartbeats
+  agent_ = std::make_unique<Agent>(o);
+  run_ = std::thread([this] { EXPECT_TRUE(agent_->Run().ok()); });
+  ASSERT_TRUE(WaitFor([&] { return Count(fake_.heartbeats) >= 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    std::lock_guard<std::mutex> l(fake_.mu);
+    fake_.orders.push_back(StartOrder(0));
+  }
+  // The order rides the next heartbeat (2 s away): wait for it, then count after the exit.
+  ASSERT_TRUE(WaitFor([&] { return Count(fake_.exits) >= 1; }, 10000));
+  const size_t at_exit = Count(fake_.heartbeats);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_GE(Count(fake_.heartbeats), at_exit + 5);
+  std::ifstream in(dir_ / "work/logs/j-7/attempt-3/rank-0.log");
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "lease 333");
+}
+
 TEST_F(AgentTest, StopOrderEndsTrainerAndReregisterListsWhatRuns) {
   StartAgent(Script("exec sleep 30"));
   ASSERT_TRUE(WaitFor([&] { return Count(fake_.registers) >= 1; }));
