@@ -30,6 +30,24 @@ std::string DescribeExit(const v1::TrainerStatus& t, const std::string& node) {
   return s;
 }
 
+// The records of an attempt that ended, and of a job cancelled, at wall time `now_ms`:
+// shared by the cancel that is planned and the one that is made, so memory gets exactly
+// what was written.
+void MarkEnded(v1::AttemptRecord* a, const v1::JobRecord& job, int64_t now_ms,
+               const std::string& why) {
+  a->set_job_id(job.job_id());
+  a->set_attempt(job.attempt());
+  a->set_ended_ms(now_ms);
+  a->set_end_reason(why);
+}
+
+void MarkCancelled(v1::JobRecord* r, int64_t now_ms) {
+  r->clear_placement();
+  r->set_state(v1::CANCELLED);
+  r->set_finished_ms(now_ms);
+  r->set_reason("cancelled");
+}
+
 }  // namespace
 
 JobManager::JobManager(const Clock* clock, JobManagerOptions options, Hooks hooks)
@@ -44,7 +62,8 @@ const JobManager::Job* JobManager::Get(const std::string& job_id) const {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-void JobManager::Persist(const Job& job, const v1::AttemptRecord* attempt) {
+void JobManager::Persist(Job& job, const v1::AttemptRecord* attempt) {
+  ++job.version;
   if (!hooks_.persist) return;
   StoreBatch batch;
   batch.jobs.push_back(job.rec);
@@ -101,14 +120,13 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
   }
 }
 
-StatusOr<std::string> JobManager::Submit(const std::string& spec_yaml, int priority,
-                                         const std::string& job_id, int64_t submit_seq) {
+StatusOr<JobManager::NewJob> JobManager::PrepareSubmit(const std::string& spec_yaml, int priority,
+                                                       const std::string& job_id,
+                                                       int64_t submit_seq) const {
   auto spec = ParseJobSpec(spec_yaml, {}, "job spec");
   if (!spec.ok()) return InvalidArgumentError(spec.status().message());
-  Job job;
-  job.spec = *spec;
-  job.feasible = job.spec.FeasibleWorldSizes();
-  v1::JobRecord& r = job.rec;
+  NewJob job{{}, *spec};
+  v1::JobRecord& r = job.record;
   r.set_job_id(job_id);
   r.set_name(job.spec.name);
   r.set_spec_yaml(spec_yaml);
@@ -122,22 +140,41 @@ StatusOr<std::string> JobManager::Submit(const std::string& spec_yaml, int prior
   r.set_submit_seq(submit_seq);
   r.set_latest_checkpoint_step(-1);
   r.set_output_dir(job.spec.output_dir);
-  Persist(job, nullptr);
-  jobs_[job_id] = std::move(job);
-  return job_id;
+  return job;
 }
 
-StatusOr<v1::JobState> JobManager::Cancel(const std::string& job_id) {
-  Job* job = Get(job_id);
-  if (!job) return NotFoundError("no job " + job_id);
-  if (IsTerminal(job->rec.state())) return job->rec.state();
-  const v1::AttemptRecord* ended = nullptr;
-  if (job->rec.state() == v1::RUNNING) ended = &EndAttempt(*job, "cancelled");
-  job->rec.set_state(v1::CANCELLED);
-  job->rec.set_finished_ms(clock_->WallNowMs());
-  job->rec.set_reason("cancelled");
-  Persist(*job, ended);
-  return job->rec.state();
+void JobManager::Add(NewJob added) {
+  const std::string id = added.record.job_id();
+  DROVER_CHECK_MSG(!jobs_.count(id), "JobManager::Add: the job id is taken");
+  Job& job = jobs_[id];
+  job.rec = std::move(added.record);
+  job.spec = std::move(added.spec);
+  job.feasible = job.spec.FeasibleWorldSizes();
+}
+
+JobManager::CancelPlan JobManager::PlanCancel(const std::string& job_id) const {
+  const Job* job = Get(job_id);
+  DROVER_CHECK(job != nullptr && !IsTerminal(job->rec.state()));
+  CancelPlan plan{job_id, job->version, clock_->WallNowMs(), {}};
+  v1::JobRecord rec = job->rec;
+  if (rec.state() == v1::RUNNING) {
+    auto it = job->attempts.find(rec.attempt());
+    v1::AttemptRecord a = it == job->attempts.end() ? v1::AttemptRecord() : it->second;
+    MarkEnded(&a, rec, plan.at_ms, "cancelled");
+    plan.batch.attempts.push_back(std::move(a));
+  }
+  MarkCancelled(&rec, plan.at_ms);
+  plan.batch.jobs.push_back(std::move(rec));
+  return plan;
+}
+
+bool JobManager::ApplyCancel(const CancelPlan& plan) {
+  Job* job = Get(plan.job_id);
+  if (!job || job->version != plan.version) return false;
+  if (job->rec.state() == v1::RUNNING) EndAttempt(*job, "cancelled", plan.at_ms);
+  MarkCancelled(&job->rec, plan.at_ms);
+  ++job->version;  // what the plan wrote is the job's newest durable record
+  return true;
 }
 
 std::vector<PendingJob> JobManager::Pending() const {
@@ -187,12 +224,9 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   if (hooks_.attempt_started) hooks_.attempt_started(r.job_id(), attempt);
 }
 
-v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why) {
+v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int64_t now_ms) {
   v1::AttemptRecord& a = job.attempts[job.rec.attempt()];
-  a.set_job_id(job.rec.job_id());
-  a.set_attempt(job.rec.attempt());
-  a.set_ended_ms(clock_->WallNowMs());
-  a.set_end_reason(why);
+  MarkEnded(&a, job.rec, now_ms, why);
   IndexPlacement(job, false);
   job.rec.clear_placement();
   job.ranks.clear();
@@ -203,7 +237,7 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why) {
 
 void JobManager::FailAttempt(Job& job, const std::string& why, bool retry) {
   const int64_t attempt = job.rec.attempt();
-  v1::AttemptRecord& a = EndAttempt(job, why);
+  v1::AttemptRecord& a = EndAttempt(job, why, clock_->WallNowMs());
   const std::string what = "attempt " + std::to_string(attempt) + " failed: " + why;
   if (!retry) {
     job.rec.set_state(v1::FAILED);
@@ -227,7 +261,7 @@ void JobManager::FailAttempt(Job& job, const std::string& why, bool retry) {
 }
 
 void JobManager::Succeed(Job& job) {
-  v1::AttemptRecord& a = EndAttempt(job, "succeeded");
+  v1::AttemptRecord& a = EndAttempt(job, "succeeded", clock_->WallNowMs());
   job.rec.set_state(v1::SUCCEEDED);
   job.rec.set_finished_ms(clock_->WallNowMs());
   job.rec.set_reason("");

@@ -16,8 +16,12 @@
 // lists a live trainer that is not part of a current attempt (which also covers trainers
 // adopted after a re-registration and leftovers of a coordinator restart).
 //
-// Not thread-safe: the coordinator calls it under its state lock. It never touches disk:
-// every state change is handed to hooks.persist as one StoreBatch (one transaction).
+// Not thread-safe: the coordinator calls it under its state lock. It never touches disk.
+// Transitions it cannot refuse (driven by trainers, nodes and the scheduler) are made in
+// memory and handed to hooks.persist as one StoreBatch (one transaction) each. The two
+// that come from users, submit and cancel, are worked out first and made only once the
+// caller has made them durable (PrepareSubmit/Add, PlanCancel/ApplyCancel), so that one
+// the store refuses leaves memory as it was.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +36,7 @@
 #include "common/clock.h"
 #include "common/job_spec.h"
 #include "coordinator/scheduler.h"
-#include "coordinator/store/sqlite_store.h"
+#include "coordinator/store/store.h"
 #include "coordinator/trainer_key.h"
 #include "proto/drover.pb.h"
 
@@ -59,11 +63,32 @@ class JobManager {
   void Restore(const std::vector<v1::JobRecord>& jobs,
                const std::vector<v1::AttemptRecord>& attempts);
 
-  // Accepts a job whose spec parses (INVALID_ARGUMENT with the parser's message if not).
-  StatusOr<std::string> Submit(const std::string& spec_yaml, int priority,
-                               const std::string& job_id, int64_t submit_seq);
-  // Cancels a job (idempotent on a finished one). Returns the job's state afterwards.
-  StatusOr<v1::JobState> Cancel(const std::string& job_id);
+  // A submitted job, not added yet: the caller makes `record` durable, then Add()s it.
+  struct NewJob {
+    v1::JobRecord record;
+    JobSpec spec;
+  };
+  // Builds the record of a job whose spec parses (INVALID_ARGUMENT with the parser's
+  // message if not). Changes nothing.
+  StatusOr<NewJob> PrepareSubmit(const std::string& spec_yaml, int priority,
+                                 const std::string& job_id, int64_t submit_seq) const;
+  // Adds a prepared job whose record is durable. Persists nothing.
+  void Add(NewJob job);
+
+  // A cancel worked out from the job as it is, not made yet: the caller makes `batch`
+  // durable, then ApplyCancel()s it.
+  struct CancelPlan {
+    std::string job_id;
+    int64_t version = 0;  // the job's persisted version it was worked out from
+    int64_t at_ms = 0;    // wall time of the cancel
+    StoreBatch batch;     // the job's record after the cancel, and the attempt it ends
+  };
+  // REQUIRES: the job exists and has not finished.
+  CancelPlan PlanCancel(const std::string& job_id) const;
+  // Makes a planned cancel in memory; persists nothing. False, changing nothing, when the
+  // job's persisted state moved on since PlanCancel (a newer record of it was queued after
+  // the plan's, so the plan's is not the last word on disk): plan again.
+  bool ApplyCancel(const CancelPlan& plan);
 
   // Jobs waiting for a placement (PENDING or RECOVERING).
   std::vector<PendingJob> Pending() const;
@@ -121,18 +146,19 @@ class JobManager {
     int ranks_done = 0;       // how many of `ranks` are done
     std::string failure;      // why it is recovering
     std::string waiting;      // why it is not placed yet
+    int64_t version = 0;      // counts Persist calls: what a CancelPlan was worked out from
   };
 
   Job* Get(const std::string& job_id);
   const Job* Get(const std::string& job_id) const;
   const Rank* CurrentRank(const std::string& node, const TrainerKey& key) const;
   void UpdateReason(Job& job);
-  // Ends the RUNNING attempt (recording why) and returns its record.
-  v1::AttemptRecord& EndAttempt(Job& job, const std::string& why);
+  // Ends the RUNNING attempt (recording why, at wall time now_ms) and returns its record.
+  v1::AttemptRecord& EndAttempt(Job& job, const std::string& why, int64_t now_ms);
   // Ends the attempt; restarts the job unless `retry` is false or max_restarts is used up.
   void FailAttempt(Job& job, const std::string& why, bool retry = true);
   void Succeed(Job& job);
-  void Persist(const Job& job, const v1::AttemptRecord* attempt);
+  void Persist(Job& job, const v1::AttemptRecord* attempt);
   void IndexPlacement(const Job& job, bool add);
 
   const Clock* const clock_;

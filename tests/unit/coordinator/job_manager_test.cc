@@ -27,9 +27,23 @@ class JobManagerTest : public ::testing::Test {
                [this](const std::string& j, int64_t a) { started_.emplace_back(j, a); },
                [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }}) {}
 
+  // Submits a job the way the coordinator does once its record is durable.
+  StatusOr<std::string> Submit(const std::string& yaml, const std::string& id, int64_t seq) {
+    ASSIGN_OR_RETURN(JobManager::NewJob job, jobs_.PrepareSubmit(yaml, 0, id, seq));
+    jobs_.Add(std::move(job));
+    return id;
+  }
+  // Cancels a job the way the coordinator does (a plan, made once durable).
+  StatusOr<v1::JobState> Cancel(const std::string& id) {
+    const v1::JobRecord* rec = jobs_.Find(id);
+    if (!rec) return NotFoundError(id);
+    if (rec->state() == v1::CANCELLED) return rec->state();
+    EXPECT_TRUE(jobs_.ApplyCancel(jobs_.PlanCancel(id)));
+    return jobs_.Find(id)->state();
+  }
   // Submits a job and places its first attempt on the given nodes.
   std::string SubmitAndPlace(int world, std::vector<NodeCapacity> nodes, int max_restarts = 2) {
-    auto id = jobs_.Submit(SpecYaml(world, world, max_restarts), 0, "j1", 1);
+    auto id = Submit(SpecYaml(world, world, max_restarts), "j1", 1);
     EXPECT_TRUE(id.ok()) << id.status();
     Place(*id, world, nodes);
     return *id;
@@ -58,7 +72,7 @@ class JobManagerTest : public ::testing::Test {
 };
 
 TEST_F(JobManagerTest, InvalidSpecIsRejectedWithTheParserMessage) {
-  auto id = jobs_.Submit("name: x\nmodel: {n_layer: -1}\n", 0, "j1", 1);
+  auto id = jobs_.PrepareSubmit("name: x\nmodel: {n_layer: -1}\n", 0, "j1", 1);
   ASSERT_FALSE(id.ok());
   EXPECT_EQ(id.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("n_layer"), std::string::npos);
@@ -176,7 +190,7 @@ TEST_F(JobManagerTest, TrainerThatRejectsItsInputFailsTheJobAtOnceWithItsMessage
   EXPECT_NE(reason.find("not restarted"), std::string::npos) << reason;
   EXPECT_TRUE(jobs_.Pending().empty());
   // Another failure keeps its restart, and its message too.
-  auto submitted = jobs_.Submit(SpecYaml(1, 1, 2), 0, "j2", 2);
+  auto submitted = Submit(SpecYaml(1, 1, 2), "j2", 2);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string other = *submitted;
   Place(other, 1, {Node("n3", 1)});
@@ -220,12 +234,61 @@ TEST_F(JobManagerTest, RankZerosCheckpointFailureIsShownUntilASaveSucceeds) {
 TEST_F(JobManagerTest, CancelStopsEverythingAndIsIdempotent) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)});
   Listing("n1", {Trainer(id, 1, 0)});
-  EXPECT_EQ(*jobs_.Cancel(id), v1::CANCELLED);
-  EXPECT_EQ(*jobs_.Cancel(id), v1::CANCELLED);
-  EXPECT_EQ(jobs_.Cancel("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(*Cancel(id), v1::CANCELLED);
+  EXPECT_EQ(*Cancel(id), v1::CANCELLED);
+  EXPECT_EQ(Cancel("nope").status().code(), StatusCode::kNotFound);
   auto orders = OrdersFor("n1", {Trainer(id, 1, 0)});
   ASSERT_EQ(orders.size(), 1u);
   EXPECT_EQ(orders[0].stop().reason(), "cancelled");
+}
+
+TEST_F(JobManagerTest, SubmitAndCancelChangeNothingUntilTheCallerMakesThem) {
+  // The coordinator writes a submit or a cancel before making it: until then, nothing.
+  auto job = jobs_.PrepareSubmit(SpecYaml(1, 1), 0, "j1", 1);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->record.state(), v1::PENDING);
+  EXPECT_EQ(jobs_.Find("j1"), nullptr);
+  EXPECT_TRUE(batches_.empty());
+  jobs_.Add(std::move(*job));
+  Place("j1", 1, {Node("n1", 1)});
+  Listing("n1", {Trainer("j1", 1, 0)});
+  const size_t written = batches_.size();
+  JobManager::CancelPlan plan = jobs_.PlanCancel("j1");
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  EXPECT_EQ(batches_.size(), written);
+  ASSERT_EQ(plan.batch.jobs.size(), 1u);
+  EXPECT_EQ(plan.batch.jobs[0].state(), v1::CANCELLED);
+  ASSERT_EQ(plan.batch.attempts.size(), 1u);
+  EXPECT_EQ(plan.batch.attempts[0].end_reason(), "cancelled");
+  EXPECT_TRUE(ended_.empty());
+  EXPECT_TRUE(OrdersFor("n1", {Trainer("j1", 1, 0)}).empty());
+
+  // Made: memory now holds exactly the records the plan wrote.
+  ASSERT_TRUE(jobs_.ApplyCancel(plan));
+  EXPECT_EQ(State("j1"), v1::CANCELLED);
+  EXPECT_EQ(jobs_.Find("j1")->finished_ms(), plan.batch.jobs[0].finished_ms());
+  EXPECT_EQ(jobs_.Attempts("j1").back().SerializeAsString(),
+            plan.batch.attempts[0].SerializeAsString());
+  EXPECT_EQ(ended_.size(), 1u);
+  EXPECT_EQ(batches_.size(), written);  // persisted by the caller, not again
+}
+
+TEST_F(JobManagerTest, CancelPlanIsStaleOnceTheJobMovedOn) {
+  // The plan's record was written; then the trainer exited and the job's newer record was
+  // queued after it. Applying the old plan would leave memory CANCELLED and disk
+  // RECOVERING, so the plan is refused and worked out again.
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)});
+  Listing("n1", {Trainer(id, 1, 0)});
+  JobManager::CancelPlan stale = jobs_.PlanCancel(id);
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  ASSERT_EQ(State(id), v1::RECOVERING);
+  EXPECT_FALSE(jobs_.ApplyCancel(stale));
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  JobManager::CancelPlan fresh = jobs_.PlanCancel(id);
+  EXPECT_TRUE(fresh.batch.attempts.empty());  // no attempt runs: none to end
+  ASSERT_TRUE(jobs_.ApplyCancel(fresh));
+  EXPECT_EQ(State(id), v1::CANCELLED);
+  EXPECT_FALSE(jobs_.ApplyCancel(fresh));  // once only
 }
 
 TEST_F(JobManagerTest, EachNodeSeesOnlyItsOwnRanks) {
