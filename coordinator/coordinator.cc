@@ -73,7 +73,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
       logs_(options.state_dir + "/logs"),
       nodes_(clock, options.nodes),
       health_(options.heartbeat_timeout_ms),
-      jobs_(clock, JobManagerOptions{options.stop_grace_ms, ""},
+      jobs_(clock, JobManagerOptions{options.stop_grace_ms, "", options.restart_backoff},
             JobManager::Hooks{[this](StoreBatch b) { Persist(std::move(b)); },
                               [this](const std::string& job, int64_t attempt) {
                                 rendezvous_.OpenAttempt(job, attempt);
@@ -422,6 +422,7 @@ void Coordinator::Tick() {
     schedule_due_ = true;
   }
   if (!events.dead_nodes.empty()) schedule_due_ = true;
+  if (clock_->WallNowMs() >= jobs_.NextRestartMs()) schedule_due_ = true;  // a delay is over
   if (schedule_due_ || clock_->NowMs() - last_schedule_ms_ >= kScheduleFallbackMs) {
     ScheduleLocked();
   }

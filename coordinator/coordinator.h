@@ -26,6 +26,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "coordinator/backoff.h"
 #include "coordinator/checkpoint_registry.h"
 #include "coordinator/health_manager.h"
 #include "coordinator/job_manager.h"
@@ -44,6 +45,7 @@ struct CoordinatorOptions {
   int64_t heartbeat_timeout_ms = 3000;   // a node is dead after this without a heartbeat
   int64_t stop_grace_ms = 5000;          // SIGTERM -> SIGKILL grace in stop orders
   NodeManagerOptions nodes;
+  RestartBackoff restart_backoff;
 };
 
 // What tests replace; production leaves both empty.

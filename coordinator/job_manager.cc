@@ -108,7 +108,12 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
       job.rec.set_finished_ms(clock_->WallNowMs());
       Persist(job, nullptr);
     }
-    if (job.rec.state() == v1::RECOVERING) job.failure = job.rec.reason();
+    if (job.rec.state() == v1::RECOVERING) {
+      job.failure = job.rec.reason();
+      if (job.rec.restart_not_before_ms() > 0) {
+        next_restart_ms_ = std::min(next_restart_ms_, job.rec.restart_not_before_ms());
+      }
+    }
     if (job.rec.state() == v1::RUNNING) {
       job.ranks.resize(job.rec.placement_size());
       IndexPlacement(job, true);
@@ -177,13 +182,32 @@ bool JobManager::ApplyCancel(const CancelPlan& plan) {
   return true;
 }
 
-std::vector<PendingJob> JobManager::Pending() const {
+std::vector<PendingJob> JobManager::Pending() {
   std::vector<PendingJob> out;
-  for (const auto& [id, job] : jobs_) {
+  const int64_t now = clock_->WallNowMs();
+  next_restart_ms_ = INT64_MAX;
+  for (auto& [id, job] : jobs_) {
     if (job.rec.state() != v1::PENDING && job.rec.state() != v1::RECOVERING) continue;
-    out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.feasible});
+    // A job in its restart delay holds no place in the queue: the jobs behind it may use
+    // the slots meanwhile, as they could if it had failed for good.
+    if (job.rec.restart_not_before_ms() > now) {
+      next_restart_ms_ = std::min(next_restart_ms_, job.rec.restart_not_before_ms());
+      ShowRestartDelay(job, now);
+      continue;
+    }
+    out.push_back(
+        {id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.feasible, job.avoid});
   }
   return out;
+}
+
+void JobManager::ShowRestartDelay(Job& job, int64_t now_ms) {
+  const int64_t left_ms = job.rec.restart_not_before_ms() - now_ms;
+  if (left_ms > 0) {
+    job.waiting = "restarting in " + std::to_string((left_ms + 999) / 1000) + " s after " +
+                  std::to_string(job.rec.failures_in_a_row()) + " failures in a row";
+  }
+  UpdateReason(job);
 }
 
 void JobManager::SetWaitingReason(const std::string& job_id, const std::string& reason) {
@@ -206,6 +230,7 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   job->waiting.clear();
   job->failure.clear();
   r.set_reason("");
+  r.set_restart_not_before_ms(0);
   job->ranks.assign(placement.ranks.size(), Rank{});
   job->ranks_done = 0;
   IndexPlacement(*job, true);
@@ -235,10 +260,18 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   return a;
 }
 
-void JobManager::FailAttempt(Job& job, const std::string& why, bool retry) {
+void JobManager::FailAttempt(Job& job, const std::string& why, const std::string& node,
+                             bool retry) {
   const int64_t attempt = job.rec.attempt();
-  v1::AttemptRecord& a = EndAttempt(job, why, clock_->WallNowMs());
+  const int64_t now = clock_->WallNowMs();
+  v1::AttemptRecord& a = EndAttempt(job, why, now);
   const std::string what = "attempt " + std::to_string(attempt) + " failed: " + why;
+  const RestartBackoff& backoff = options_.restart_backoff;
+  const bool fresh = now - a.started_ms() >= backoff.reset_after_ms;
+  const int in_a_row = fresh ? 1 : job.rec.failures_in_a_row() + 1;
+  job.rec.set_failures_in_a_row(in_a_row);
+  if (fresh) job.avoid.clear();
+  job.avoid.insert(node);
   if (!retry) {
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
@@ -253,11 +286,17 @@ void JobManager::FailAttempt(Job& job, const std::string& why, bool retry) {
     job.rec.set_state(v1::RECOVERING);
     job.failure = what + "; restart " + std::to_string(job.rec.restarts()) + " of " +
                   std::to_string(job.rec.max_restarts());
+    const int64_t delay_ms = backoff.DelayMs(in_a_row);
+    job.rec.set_restart_not_before_ms(delay_ms > 0 ? now + delay_ms : 0);
+    if (delay_ms > 0) next_restart_ms_ = std::min(next_restart_ms_, now + delay_ms);
     job.waiting.clear();
     UpdateReason(job);
   }
   spdlog::warn("job {}: {}", job.rec.job_id(), job.rec.reason());
   Persist(job, &a);
+  // After Persist: like every waiting reason, the countdown lives in memory only (a
+  // restored job's reason is its failure, and the countdown is added to it again).
+  if (job.rec.state() == v1::RECOVERING) ShowRestartDelay(job, now);
 }
 
 void JobManager::Succeed(Job& job) {
@@ -297,7 +336,7 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
     if (++job.ranks_done == static_cast<int>(job.ranks.size())) Succeed(job);
     return;
   }
-  FailAttempt(job, DescribeExit(t, node), /*retry=*/t.exit_code() != kExitInvalidInput);
+  FailAttempt(job, DescribeExit(t, node), node, /*retry=*/t.exit_code() != kExitInvalidInput);
 }
 
 void JobManager::OnListing(const std::string& node, const std::vector<v1::TrainerStatus>& listed) {
@@ -318,7 +357,7 @@ void JobManager::OnListing(const std::string& node, const std::vector<v1::Traine
   for (const auto& [id, r] : lost) {
     Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING) continue;  // an earlier loss already ended it
-    FailAttempt(job, "rank " + std::to_string(r) + " vanished from the agent on " + node);
+    FailAttempt(job, "rank " + std::to_string(r) + " vanished from the agent on " + node, node);
   }
 }
 
@@ -329,17 +368,20 @@ void JobManager::OnNodeLost(const std::string& node, const std::string& why) {
   for (const auto& [id, ranks] : it->second) ids.push_back(id);
   for (const std::string& id : ids) {
     Job& job = *Get(id);
-    if (job.rec.state() == v1::RUNNING) FailAttempt(job, "node " + node + " " + why);
+    if (job.rec.state() == v1::RUNNING) FailAttempt(job, "node " + node + " " + why, node);
   }
 }
 
 void JobManager::OnHang(const TrainerKey& key) {
   if (!IsCurrent(key)) return;
   Job& job = *Get(key.job_id);
-  FailAttempt(job, "rank " + std::to_string(key.rank) + " hung: step " +
-                       std::to_string(job.ranks[key.rank].status.progress().step()) +
-                       " did not move for " +
-                       std::to_string(job.spec.fault_tolerance.hang_timeout_s) + " s");
+  const std::string node = job.rec.placement(key.rank).node();
+  FailAttempt(job,
+              "rank " + std::to_string(key.rank) + " hung: step " +
+                  std::to_string(job.ranks[key.rank].status.progress().step()) +
+                  " did not move for " + std::to_string(job.spec.fault_tolerance.hang_timeout_s) +
+                  " s",
+              node);
 }
 
 bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {

@@ -353,6 +353,36 @@ TEST_F(ControlPlaneTest, MaxRestartsIsHonoured) {
   EXPECT_EQ(info.job().attempt(), 3) << Describe(info);
 }
 
+// A trainer that fails at once, every attempt: the first restart is immediate and goes to
+// the other node; later ones wait longer each time, and the job says why it waits.
+TEST_F(ControlPlaneTest, CrashingJobBacksOffAndMovesToTheOtherNode) {
+  StartCluster(2);
+  std::string id = Submit(cluster_->JobYaml("crashloop", 1, 1, 30, 0, 3, 30,
+                                            "step_ms=20\ncrash_at_step=2\ncrash_attempt=0\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo waiting;
+  EXPECT_TRUE(cluster_->WaitJob(
+      id,
+      [](const v1::JobInfo& i) {
+        return i.job().reason().find("restarting in") != std::string::npos;
+      },
+      15000, &waiting))
+      << Describe(waiting);
+  EXPECT_NE(waiting.job().reason().find("failures in a row"), std::string::npos)
+      << Describe(waiting);
+  v1::JobInfo info = WaitEnd(id, 30000);
+  ASSERT_EQ(info.job().state(), v1::FAILED) << Describe(info);
+  ASSERT_EQ(info.attempts_size(), 4) << Describe(info);
+  EXPECT_NE(info.attempts(1).placement(0).node(), info.attempts(0).placement(0).node())
+      << Describe(info);
+  auto gap_ms = [&](int k) {
+    return info.attempts(k).started_ms() - info.attempts(k - 1).ended_ms();
+  };
+  EXPECT_LT(gap_ms(1), 1000) << Describe(info);
+  EXPECT_GE(gap_ms(2), 1000) << Describe(info);
+  EXPECT_GE(gap_ms(3), 2000) << Describe(info);
+}
+
 TEST_F(ControlPlaneTest, CancelStopsEveryProcessOfTheJob) {
   StartCluster(2);
   // The trainers ignore SIGTERM: only the SIGKILL escalation can stop them.

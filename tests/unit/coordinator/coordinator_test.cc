@@ -272,6 +272,44 @@ TEST_F(CoordinatorTest, JobThatCanNeverFitSaysWhy) {
   EXPECT_EQ(Job(id).state(), v1::RUNNING);
 }
 
+TEST_F(CoordinatorTest, CrashingJobMovesToAnotherNodeThenWaitsOutAGrowingDelay) {
+  options_.restart_backoff.base_ms = 300;  // off the 1 s fallback pass: the delay's own
+  Reopen();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  ASSERT_TRUE(c_->Register(RegisterReq("n2", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1, /*max_restarts=*/10));
+  c_->Tick();
+  ASSERT_EQ(Job(id).placement(0).node(), "n1");
+  auto crash = [&](const std::string& node, int64_t attempt) {
+    v1::TrainerExitRequest exit;
+    exit.set_name(node);
+    exit.set_agent_id("agent-1");
+    *exit.mutable_trainer() = Exited(id, attempt, 0, 1);
+    ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
+  };
+  // First failure: restarted at the next tick, on the other node.
+  crash("n1", 1);
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  EXPECT_EQ(Job(id).placement(0).node(), "n2");
+  // Second failure in a row: it waits 300 ms, and says so; then both nodes failed it and
+  // it fits nowhere else, so it goes back to one of them.
+  crash("n2", 2);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_NE(Job(id).reason().find("restarting in 1 s after 2 failures in a row"), std::string::npos)
+      << Job(id).reason();
+  clock_.AdvanceMs(299);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  clock_.AdvanceMs(1);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 3);
+  EXPECT_EQ(Job(id).restart_not_before_ms(), 0);
+}
+
 TEST_F(CoordinatorTest, RestartRestoresJobsAttemptsNodesWithoutKillingAnything) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
   const std::string id = Submit(SpecYaml(2, 2));

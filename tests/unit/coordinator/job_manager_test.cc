@@ -22,7 +22,8 @@ NodeCapacity Node(const std::string& name, int free) {
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
-      : jobs_(&clock_, {.stop_grace_ms = 5000, .coordinator_address = "127.0.0.1:1"},
+      : jobs_(&clock_,
+              {.stop_grace_ms = 5000, .coordinator_address = "127.0.0.1:1", .restart_backoff = {}},
               {[this](StoreBatch b) { batches_.push_back(std::move(b)); },
                [this](const std::string& j, int64_t a) { started_.emplace_back(j, a); },
                [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }}) {}
@@ -334,6 +335,90 @@ TEST_F(JobManagerTest, RestoreResendsStartsForRunningAttempt) {
   restored.AppendOrders("n1", {}, &orders);
   EXPECT_EQ(orders.size(), 2);  // idempotent on the agent, which already runs them
   EXPECT_TRUE(restored.IsCurrent({id, 1, 1}));
+}
+
+TEST_F(JobManagerTest, RestartsBackOffWhileAttemptsKeepFailingAndSayHowLong) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/20);
+  // The first failure is restarted at once: one node failure costs nothing extra.
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find(id)->failures_in_a_row(), 1);
+  EXPECT_EQ(jobs_.Find(id)->restart_not_before_ms(), 0);
+  EXPECT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.NextRestartMs(), INT64_MAX);
+
+  // Then 1 s, doubling up to 30 s, for each attempt that fails again.
+  const std::vector<int64_t> delays = {1000, 2000, 4000, 8000, 16000, 30000, 30000};
+  for (size_t i = 0; i < delays.size(); ++i) {
+    const int64_t attempt = static_cast<int64_t>(i) + 2;
+    const int failures = static_cast<int>(i) + 2;
+    Place(id, 1, {Node("n1", 1)});
+    clock_.AdvanceMs(100);  // it fails quickly
+    jobs_.OnTrainerStatus("n1", Exited(id, attempt, 0, 1));
+    const v1::JobRecord& rec = *jobs_.Find(id);
+    ASSERT_EQ(rec.state(), v1::RECOVERING);
+    EXPECT_EQ(rec.failures_in_a_row(), failures);
+    EXPECT_EQ(rec.restart_not_before_ms(), clock_.WallNowMs() + delays[i]);
+    EXPECT_EQ(batches_.back().jobs.back().restart_not_before_ms(), rec.restart_not_before_ms());
+    EXPECT_NE(rec.reason().find("restarting in " + std::to_string(delays[i] / 1000) + " s after " +
+                                std::to_string(failures) + " failures in a row"),
+              std::string::npos)
+        << rec.reason();
+    EXPECT_TRUE(jobs_.Pending().empty()) << "attempt " << attempt;
+    EXPECT_EQ(jobs_.NextRestartMs(), rec.restart_not_before_ms());
+    clock_.AdvanceMs(delays[i] - 1);
+    EXPECT_TRUE(jobs_.Pending().empty());
+    EXPECT_NE(jobs_.Find(id)->reason().find("restarting in 1 s"), std::string::npos);
+    clock_.AdvanceMs(1);
+    EXPECT_EQ(jobs_.Pending().size(), 1u);
+  }
+
+  // An attempt that ran for reset_after_ms before it failed starts the count again.
+  Place(id, 1, {Node("n1", 1)});
+  EXPECT_EQ(jobs_.Find(id)->restart_not_before_ms(), 0);
+  clock_.AdvanceMs(RestartBackoff{}.reset_after_ms);
+  jobs_.OnTrainerStatus("n1", Exited(id, 9, 0, 1));
+  EXPECT_EQ(jobs_.Find(id)->failures_in_a_row(), 1);
+  EXPECT_EQ(jobs_.Pending().size(), 1u);
+}
+
+TEST_F(JobManagerTest, NextPlacementAvoidsTheNodesItsFailingAttemptsFailedOn) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 1), Node("n2", 1)}, 10);
+  jobs_.OnTrainerStatus("n2", Exited(id, 1, 1, 1));
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, std::set<std::string>{"n2"});
+  Place(id, 2, {Node("n3", 2)});
+  jobs_.OnNodeLost("n3", "is dead");
+  clock_.AdvanceMs(1000);
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, (std::set<std::string>{"n2", "n3"}));
+  // A failure after a long run is a new story: only its own node is avoided.
+  Place(id, 2, {Node("n1", 2)});
+  Listing("n1", {Trainer(id, 3, 0, v1::TRAINER_RUNNING, 5), Trainer(id, 3, 1)});
+  clock_.AdvanceMs(RestartBackoff{}.reset_after_ms);
+  jobs_.OnHang({id, 3, 0});
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, std::set<std::string>{"n1"});
+}
+
+TEST_F(JobManagerTest, RestoredJobKeepsItsRestartDelay) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, 10);
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  Place(id, 1, {Node("n1", 1)});
+  jobs_.OnTrainerStatus("n1", Exited(id, 2, 0, 1));
+  const int64_t not_before = jobs_.Find(id)->restart_not_before_ms();
+  ASSERT_GT(not_before, clock_.WallNowMs());
+  // What the store holds: the last record written of the job.
+  JobManager restored(&clock_, {}, {});
+  restored.Restore({batches_.back().jobs.back()}, jobs_.Attempts(id));
+  EXPECT_EQ(restored.NextRestartMs(), not_before);
+  EXPECT_TRUE(restored.Pending().empty());
+  const std::string reason = restored.Find(id)->reason();
+  EXPECT_NE(reason.find("restarting in 1 s after 2 failures in a row"), std::string::npos)
+      << reason;
+  EXPECT_EQ(reason.find("restarting in"), reason.rfind("restarting in")) << reason;
+  clock_.AdvanceMs(not_before - clock_.WallNowMs());
+  EXPECT_EQ(restored.Pending().size(), 1u);
 }
 
 }  // namespace
