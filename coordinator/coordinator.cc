@@ -3,10 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
 #include "coordinator/ids.h"
+#include "coordinator/store/sqlite_store.h"
 
 namespace drover::coordinator {
 namespace {
@@ -21,10 +23,27 @@ bool IsTerminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
 }
 
+std::string StateDb(const CoordinatorOptions& options) { return options.state_dir + "/state.db"; }
+
+// The default reaction to a change that is in memory but could not be written: stop at
+// once, before anything builds on it (an order sent, a later change written on top). A
+// restart then resumes from the last durable state, which is consistent. _Exit, not exit:
+// destructors would wait for RPC threads, and the writer would try to drain its queue.
+[[noreturn]] void FailStop(const std::string& state_db, const Status& error) {
+  spdlog::critical(
+      "fail-stop: a state change already made in memory could not be written to {}: {}. "
+      "Stopping, so that memory cannot run ahead of disk; restart the coordinator once its "
+      "state dir is writable again (free space, permissions): it resumes from the last "
+      "durable state",
+      state_db, error.ToString());
+  spdlog::default_logger()->flush();
+  std::_Exit(1);
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorOptions& options,
-                                                         const Clock* clock) {
+                                                         const Clock* clock, CoordinatorDeps deps) {
   if (options.state_dir.empty()) return InvalidArgumentError("--state-dir is required");
   std::error_code ec;
   std::filesystem::create_directories(options.state_dir + "/logs", ec);
@@ -32,23 +51,29 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Open(const CoordinatorOption
     return FailedPreconditionError("cannot create state dir " + options.state_dir + ": " +
                                    ec.message());
   }
-  ASSIGN_OR_RETURN(auto store, SqliteStore::Open(options.state_dir + "/state.db"));
+  std::unique_ptr<Store> store = std::move(deps.store);
+  if (!store) {
+    ASSIGN_OR_RETURN(store, SqliteStore::Open(StateDb(options)));
+  }
   ASSIGN_OR_RETURN(StoreContents contents, store->LoadAll());
-  std::unique_ptr<Coordinator> c(new Coordinator(options, clock, std::move(store)));
+  StoreWriter::FatalFn fatal = std::move(deps.fatal);
+  if (!fatal) fatal = [db = StateDb(options)](const Status& error) { FailStop(db, error); };
+  std::unique_ptr<Coordinator> c(
+      new Coordinator(options, clock, std::move(store), std::move(fatal)));
   RETURN_IF_ERROR(c->Restore(contents));
   return c;
 }
 
 Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
-                         std::unique_ptr<SqliteStore> store)
+                         std::unique_ptr<Store> store, StoreWriter::FatalFn fatal)
     : clock_(clock),
       options_(options),
       store_(std::move(store)),
-      writer_(std::make_unique<StoreWriter>(store_.get())),
+      writer_(std::make_unique<StoreWriter>(store_.get(), std::move(fatal))),
       logs_(options.state_dir + "/logs"),
       nodes_(clock, options.nodes),
       health_(options.heartbeat_timeout_ms),
-      jobs_(clock, JobManagerOptions{options.stop_grace_ms, ""},
+      jobs_(clock, JobManagerOptions{options.stop_grace_ms, "", options.restart_backoff},
             JobManager::Hooks{[this](StoreBatch b) { Persist(std::move(b)); },
                               [this](const std::string& job, int64_t attempt) {
                                 rendezvous_.OpenAttempt(job, attempt);
@@ -65,7 +90,19 @@ Coordinator::~Coordinator() {
 }
 
 void Coordinator::Persist(StoreBatch batch) {
-  last_write_seq_ = writer_->Enqueue(std::move(batch));
+  last_write_seq_ = std::max(last_write_seq_, writer_->Commit(std::move(batch)));
+}
+
+int64_t Coordinator::Propose(StoreBatch batch) {
+  const int64_t seq = writer_->Propose(std::move(batch));
+  last_write_seq_ = std::max(last_write_seq_, seq);
+  return seq;
+}
+
+Status Coordinator::Refused(const std::string& what, const Status& error) const {
+  spdlog::warn("{}: the state store refused the write: {}", what, error.ToString());
+  return Status(error.code(),
+                what + ": cannot record it in " + StateDb(options_) + ": " + error.message());
 }
 
 Status Coordinator::Restore(const StoreContents& contents) {
@@ -195,18 +232,30 @@ Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {
 }
 
 StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+  // The job is written first and added to memory only once that is durable: a job the
+  // store refuses was never listed, scheduled or run.
+  JobManager::NewJob job;
   int64_t seq;
-  std::string job_id;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t submit_seq = next_submit_seq_;
-    ASSIGN_OR_RETURN(job_id, jobs_.Submit(request.spec_yaml(), request.priority(),
-                                          MakeJobId(submit_seq, id_salt_), submit_seq));
+    ASSIGN_OR_RETURN(job, jobs_.PrepareSubmit(request.spec_yaml(), request.priority(),
+                                              MakeJobId(submit_seq, id_salt_), submit_seq));
+    // Taken even if the store refuses the job: another submit may be queued behind it.
     ++next_submit_seq_;
-    schedule_due_ = true;
-    seq = last_write_seq_;
+    StoreBatch batch;
+    batch.jobs.push_back(job.record);
+    seq = Propose(std::move(batch));
   }
-  RETURN_IF_ERROR(writer_->WaitDurable(seq));
+  const std::string job_id = job.record.job_id();
+  if (Status st = writer_->WaitProposal(seq); !st.ok()) {
+    return Refused("job not submitted", st);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.Add(std::move(job));
+    schedule_due_ = true;
+  }
   spdlog::info("job {} submitted", job_id);
   return job_id;
 }
@@ -231,16 +280,33 @@ v1::ListJobsResponse Coordinator::ListJobs() {
 }
 
 StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
-  int64_t seq;
-  v1::JobState state;
-  {
+  // Written first, made in memory once durable (a refused cancel changes nothing), and the
+  // state lock is not held across the write. If the job moved on meanwhile (a trainer
+  // exited, an attempt started), its newer record was queued after the cancel's and wins
+  // on disk: work the cancel out again from the job as it is now.
+  constexpr int kTries = 10;
+  for (int i = 0; i < kTries; ++i) {
+    JobManager::CancelPlan plan;
+    int64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const v1::JobRecord* rec = jobs_.Find(job_id);
+      if (!rec) return NotFoundError("no job " + job_id);
+      if (IsTerminal(rec->state())) return rec->state();
+      plan = jobs_.PlanCancel(job_id);
+      seq = Propose(plan.batch);
+    }
+    if (Status st = writer_->WaitProposal(seq); !st.ok()) {
+      return Refused("job " + job_id + " not cancelled", st);
+    }
     std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(state, jobs_.Cancel(job_id));
-    schedule_due_ = true;
-    seq = last_write_seq_;
+    if (jobs_.ApplyCancel(plan)) {
+      schedule_due_ = true;
+      return v1::CANCELLED;
+    }
   }
-  RETURN_IF_ERROR(writer_->WaitDurable(seq));
-  return state;
+  return UnavailableError("job " + job_id + " changed state " + std::to_string(kTries) +
+                          " times while being cancelled; try again");
 }
 
 std::vector<int> Coordinator::BusySlots(const std::string& node) const {
@@ -356,6 +422,7 @@ void Coordinator::Tick() {
     schedule_due_ = true;
   }
   if (!events.dead_nodes.empty()) schedule_due_ = true;
+  if (clock_->WallNowMs() >= jobs_.NextRestartMs()) schedule_due_ = true;  // a delay is over
   if (schedule_due_ || clock_->NowMs() - last_schedule_ms_ >= kScheduleFallbackMs) {
     ScheduleLocked();
   }

@@ -3,8 +3,15 @@
 //
 // It owns the managers, declared below in dependency order, and wires them together:
 // heartbeats feed NodeManager, HealthManager and JobManager; Tick() turns expired leases
-// and hangs into failures and runs the scheduler; JobManager's state changes go through
-// the StoreWriter to SQLite, off the state lock.
+// and hangs into failures and runs the scheduler; state changes go through the StoreWriter
+// to SQLite, off the state lock.
+//
+// Memory and disk never disagree (store/store_writer.h). SubmitJob and CancelJob are made
+// in memory only once durable, and are refused with the store's error otherwise. Every
+// other change (heartbeats, exits, deaths, placements) cannot be refused: it is made in
+// memory and then written, and if that write fails the coordinator stops (fail-stop:
+// `fatal`, by default a log line naming the state dir and exit(1)), because a restart from
+// disk is then the only consistent state.
 //
 // Thread-safe: any RPC thread may call any method. One mutex (mu_) guards the in-memory
 // cluster state; it is never held across disk or network I/O (the store writer, the log
@@ -19,13 +26,14 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "coordinator/backoff.h"
 #include "coordinator/checkpoint_registry.h"
 #include "coordinator/health_manager.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/log_store.h"
 #include "coordinator/node_manager.h"
 #include "coordinator/rendezvous.h"
-#include "coordinator/store/sqlite_store.h"
+#include "coordinator/store/store.h"
 #include "coordinator/store/store_writer.h"
 #include "proto/drover.pb.h"
 
@@ -37,6 +45,15 @@ struct CoordinatorOptions {
   int64_t heartbeat_timeout_ms = 3000;   // a node is dead after this without a heartbeat
   int64_t stop_grace_ms = 5000;          // SIGTERM -> SIGKILL grace in stop orders
   NodeManagerOptions nodes;
+  RestartBackoff restart_backoff;
+};
+
+// What tests replace; production leaves both empty.
+struct CoordinatorDeps {
+  std::unique_ptr<Store> store;  // null: SQLite at <state_dir>/state.db
+  // Called once, on the store writer's thread, when a change already made in memory could
+  // not be written. Null: log why (naming the state dir) and exit(1) at once.
+  StoreWriter::FatalFn fatal;
 };
 
 class Coordinator {
@@ -44,7 +61,7 @@ class Coordinator {
   // Opens (or creates) the state dir and restores everything in it. Restored nodes get a
   // fresh heartbeat-timeout grace period, so a coordinator restart kills nothing.
   static StatusOr<std::unique_ptr<Coordinator>> Open(const CoordinatorOptions& options,
-                                                     const Clock* clock);
+                                                     const Clock* clock, CoordinatorDeps deps = {});
   ~Coordinator();
 
   // The address trainers dial for rendezvous, once the server knows its port.
@@ -56,7 +73,8 @@ class Coordinator {
   Status ReportTrainerExit(const v1::TrainerExitRequest& request);
   Status AppendLogs(const v1::AppendLogsRequest& request);
 
-  // JobService. Submit and Cancel answer only once the change is durable.
+  // JobService. Submit and Cancel answer only once the change is durable; one the store
+  // refuses is refused with its error and changes nothing.
   StatusOr<std::string> SubmitJob(const v1::SubmitJobRequest& request);
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   v1::ListJobsResponse ListJobs();
@@ -71,14 +89,20 @@ class Coordinator {
   // server's ticker thread (and by tests, after advancing a FakeClock).
   void Tick();
 
-  // Blocks until every state change so far is in SQLite (for tests and shutdown).
+  // Blocks until every state change so far is in SQLite (for tests and shutdown); the
+  // write error that stopped the store writer, if one did.
   Status Flush();
 
  private:
-  Coordinator(const CoordinatorOptions& options, const Clock* clock,
-              std::unique_ptr<SqliteStore> store);
+  Coordinator(const CoordinatorOptions& options, const Clock* clock, std::unique_ptr<Store> store,
+              StoreWriter::FatalFn fatal);
   Status Restore(const StoreContents& contents);
-  void Persist(StoreBatch batch);                             // REQUIRES(mu_)
+  // Queues a change already made in memory (fail-stop if it cannot be written).
+  void Persist(StoreBatch batch);  // REQUIRES(mu_)
+  // Queues a change not made yet; the caller waits with writer_->WaitProposal.
+  int64_t Propose(StoreBatch batch);  // REQUIRES(mu_)
+  // `error`, from a refused proposal, as the answer to the client: what was not done, where.
+  Status Refused(const std::string& what, const Status& error) const;
   void ObserveTrainers(const std::string& node);              // REQUIRES(mu_)
   std::vector<int> BusySlots(const std::string& node) const;  // REQUIRES(mu_)
   // Appends the slots of live trainers the node's agent lists (a stopped attempt's
@@ -90,7 +114,7 @@ class Coordinator {
   const CoordinatorOptions options_;
   // Dependency order: the store and its writer first; the managers that persist through
   // them after; the registry of checkpoints before the job manager that resumes from it.
-  std::unique_ptr<SqliteStore> store_;
+  std::unique_ptr<Store> store_;
   std::unique_ptr<StoreWriter> writer_;
   LogStore logs_;
   RendezvousStore rendezvous_;

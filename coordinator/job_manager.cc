@@ -30,6 +30,24 @@ std::string DescribeExit(const v1::TrainerStatus& t, const std::string& node) {
   return s;
 }
 
+// The records of an attempt that ended, and of a job cancelled, at wall time `now_ms`:
+// shared by the cancel that is planned and the one that is made, so memory gets exactly
+// what was written.
+void MarkEnded(v1::AttemptRecord* a, const v1::JobRecord& job, int64_t now_ms,
+               const std::string& why) {
+  a->set_job_id(job.job_id());
+  a->set_attempt(job.attempt());
+  a->set_ended_ms(now_ms);
+  a->set_end_reason(why);
+}
+
+void MarkCancelled(v1::JobRecord* r, int64_t now_ms) {
+  r->clear_placement();
+  r->set_state(v1::CANCELLED);
+  r->set_finished_ms(now_ms);
+  r->set_reason("cancelled");
+}
+
 }  // namespace
 
 JobManager::JobManager(const Clock* clock, JobManagerOptions options, Hooks hooks)
@@ -44,7 +62,8 @@ const JobManager::Job* JobManager::Get(const std::string& job_id) const {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-void JobManager::Persist(const Job& job, const v1::AttemptRecord* attempt) {
+void JobManager::Persist(Job& job, const v1::AttemptRecord* attempt) {
+  ++job.version;
   if (!hooks_.persist) return;
   StoreBatch batch;
   batch.jobs.push_back(job.rec);
@@ -89,7 +108,12 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
       job.rec.set_finished_ms(clock_->WallNowMs());
       Persist(job, nullptr);
     }
-    if (job.rec.state() == v1::RECOVERING) job.failure = job.rec.reason();
+    if (job.rec.state() == v1::RECOVERING) {
+      job.failure = job.rec.reason();
+      if (job.rec.restart_not_before_ms() > 0) {
+        next_restart_ms_ = std::min(next_restart_ms_, job.rec.restart_not_before_ms());
+      }
+    }
     if (job.rec.state() == v1::RUNNING) {
       job.ranks.resize(job.rec.placement_size());
       IndexPlacement(job, true);
@@ -101,14 +125,13 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
   }
 }
 
-StatusOr<std::string> JobManager::Submit(const std::string& spec_yaml, int priority,
-                                         const std::string& job_id, int64_t submit_seq) {
+StatusOr<JobManager::NewJob> JobManager::PrepareSubmit(const std::string& spec_yaml, int priority,
+                                                       const std::string& job_id,
+                                                       int64_t submit_seq) const {
   auto spec = ParseJobSpec(spec_yaml, {}, "job spec");
   if (!spec.ok()) return InvalidArgumentError(spec.status().message());
-  Job job;
-  job.spec = *spec;
-  job.feasible = job.spec.FeasibleWorldSizes();
-  v1::JobRecord& r = job.rec;
+  NewJob job{{}, *spec};
+  v1::JobRecord& r = job.record;
   r.set_job_id(job_id);
   r.set_name(job.spec.name);
   r.set_spec_yaml(spec_yaml);
@@ -122,31 +145,69 @@ StatusOr<std::string> JobManager::Submit(const std::string& spec_yaml, int prior
   r.set_submit_seq(submit_seq);
   r.set_latest_checkpoint_step(-1);
   r.set_output_dir(job.spec.output_dir);
-  Persist(job, nullptr);
-  jobs_[job_id] = std::move(job);
-  return job_id;
+  return job;
 }
 
-StatusOr<v1::JobState> JobManager::Cancel(const std::string& job_id) {
-  Job* job = Get(job_id);
-  if (!job) return NotFoundError("no job " + job_id);
-  if (IsTerminal(job->rec.state())) return job->rec.state();
-  const v1::AttemptRecord* ended = nullptr;
-  if (job->rec.state() == v1::RUNNING) ended = &EndAttempt(*job, "cancelled");
-  job->rec.set_state(v1::CANCELLED);
-  job->rec.set_finished_ms(clock_->WallNowMs());
-  job->rec.set_reason("cancelled");
-  Persist(*job, ended);
-  return job->rec.state();
+void JobManager::Add(NewJob added) {
+  const std::string id = added.record.job_id();
+  DROVER_CHECK_MSG(!jobs_.count(id), "JobManager::Add: the job id is taken");
+  Job& job = jobs_[id];
+  job.rec = std::move(added.record);
+  job.spec = std::move(added.spec);
+  job.feasible = job.spec.FeasibleWorldSizes();
 }
 
-std::vector<PendingJob> JobManager::Pending() const {
+JobManager::CancelPlan JobManager::PlanCancel(const std::string& job_id) const {
+  const Job* job = Get(job_id);
+  DROVER_CHECK(job != nullptr && !IsTerminal(job->rec.state()));
+  CancelPlan plan{job_id, job->version, clock_->WallNowMs(), {}};
+  v1::JobRecord rec = job->rec;
+  if (rec.state() == v1::RUNNING) {
+    auto it = job->attempts.find(rec.attempt());
+    v1::AttemptRecord a = it == job->attempts.end() ? v1::AttemptRecord() : it->second;
+    MarkEnded(&a, rec, plan.at_ms, "cancelled");
+    plan.batch.attempts.push_back(std::move(a));
+  }
+  MarkCancelled(&rec, plan.at_ms);
+  plan.batch.jobs.push_back(std::move(rec));
+  return plan;
+}
+
+bool JobManager::ApplyCancel(const CancelPlan& plan) {
+  Job* job = Get(plan.job_id);
+  if (!job || job->version != plan.version) return false;
+  if (job->rec.state() == v1::RUNNING) EndAttempt(*job, "cancelled", plan.at_ms);
+  MarkCancelled(&job->rec, plan.at_ms);
+  ++job->version;  // what the plan wrote is the job's newest durable record
+  return true;
+}
+
+std::vector<PendingJob> JobManager::Pending() {
   std::vector<PendingJob> out;
-  for (const auto& [id, job] : jobs_) {
+  const int64_t now = clock_->WallNowMs();
+  next_restart_ms_ = INT64_MAX;
+  for (auto& [id, job] : jobs_) {
     if (job.rec.state() != v1::PENDING && job.rec.state() != v1::RECOVERING) continue;
-    out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.feasible});
+    // A job in its restart delay holds no place in the queue: the jobs behind it may use
+    // the slots meanwhile, as they could if it had failed for good.
+    if (job.rec.restart_not_before_ms() > now) {
+      next_restart_ms_ = std::min(next_restart_ms_, job.rec.restart_not_before_ms());
+      ShowRestartDelay(job, now);
+      continue;
+    }
+    out.push_back(
+        {id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.feasible, job.avoid});
   }
   return out;
+}
+
+void JobManager::ShowRestartDelay(Job& job, int64_t now_ms) {
+  const int64_t left_ms = job.rec.restart_not_before_ms() - now_ms;
+  if (left_ms > 0) {
+    job.waiting = "restarting in " + std::to_string((left_ms + 999) / 1000) + " s after " +
+                  std::to_string(job.rec.failures_in_a_row()) + " failures in a row";
+  }
+  UpdateReason(job);
 }
 
 void JobManager::SetWaitingReason(const std::string& job_id, const std::string& reason) {
@@ -169,6 +230,7 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   job->waiting.clear();
   job->failure.clear();
   r.set_reason("");
+  r.set_restart_not_before_ms(0);
   job->ranks.assign(placement.ranks.size(), Rank{});
   job->ranks_done = 0;
   IndexPlacement(*job, true);
@@ -187,12 +249,9 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   if (hooks_.attempt_started) hooks_.attempt_started(r.job_id(), attempt);
 }
 
-v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why) {
+v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int64_t now_ms) {
   v1::AttemptRecord& a = job.attempts[job.rec.attempt()];
-  a.set_job_id(job.rec.job_id());
-  a.set_attempt(job.rec.attempt());
-  a.set_ended_ms(clock_->WallNowMs());
-  a.set_end_reason(why);
+  MarkEnded(&a, job.rec, now_ms, why);
   IndexPlacement(job, false);
   job.rec.clear_placement();
   job.ranks.clear();
@@ -201,10 +260,18 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why) {
   return a;
 }
 
-void JobManager::FailAttempt(Job& job, const std::string& why, bool retry) {
+void JobManager::FailAttempt(Job& job, const std::string& why, const std::string& node,
+                             bool retry) {
   const int64_t attempt = job.rec.attempt();
-  v1::AttemptRecord& a = EndAttempt(job, why);
+  const int64_t now = clock_->WallNowMs();
+  v1::AttemptRecord& a = EndAttempt(job, why, now);
   const std::string what = "attempt " + std::to_string(attempt) + " failed: " + why;
+  const RestartBackoff& backoff = options_.restart_backoff;
+  const bool fresh = now - a.started_ms() >= backoff.reset_after_ms;
+  const int in_a_row = fresh ? 1 : job.rec.failures_in_a_row() + 1;
+  job.rec.set_failures_in_a_row(in_a_row);
+  if (fresh) job.avoid.clear();
+  job.avoid.insert(node);
   if (!retry) {
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
@@ -219,15 +286,21 @@ void JobManager::FailAttempt(Job& job, const std::string& why, bool retry) {
     job.rec.set_state(v1::RECOVERING);
     job.failure = what + "; restart " + std::to_string(job.rec.restarts()) + " of " +
                   std::to_string(job.rec.max_restarts());
+    const int64_t delay_ms = backoff.DelayMs(in_a_row);
+    job.rec.set_restart_not_before_ms(delay_ms > 0 ? now + delay_ms : 0);
+    if (delay_ms > 0) next_restart_ms_ = std::min(next_restart_ms_, now + delay_ms);
     job.waiting.clear();
     UpdateReason(job);
   }
   spdlog::warn("job {}: {}", job.rec.job_id(), job.rec.reason());
   Persist(job, &a);
+  // After Persist: like every waiting reason, the countdown lives in memory only (a
+  // restored job's reason is its failure, and the countdown is added to it again).
+  if (job.rec.state() == v1::RECOVERING) ShowRestartDelay(job, now);
 }
 
 void JobManager::Succeed(Job& job) {
-  v1::AttemptRecord& a = EndAttempt(job, "succeeded");
+  v1::AttemptRecord& a = EndAttempt(job, "succeeded", clock_->WallNowMs());
   job.rec.set_state(v1::SUCCEEDED);
   job.rec.set_finished_ms(clock_->WallNowMs());
   job.rec.set_reason("");
@@ -266,7 +339,7 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
     if (++job.ranks_done == static_cast<int>(job.ranks.size())) Succeed(job);
     return;
   }
-  FailAttempt(job, DescribeExit(t, node), /*retry=*/t.exit_code() != kExitInvalidInput);
+  FailAttempt(job, DescribeExit(t, node), node, /*retry=*/t.exit_code() != kExitInvalidInput);
 }
 
 void JobManager::OnListing(const std::string& node, const std::vector<v1::TrainerStatus>& listed) {
@@ -287,7 +360,7 @@ void JobManager::OnListing(const std::string& node, const std::vector<v1::Traine
   for (const auto& [id, r] : lost) {
     Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING) continue;  // an earlier loss already ended it
-    FailAttempt(job, "rank " + std::to_string(r) + " vanished from the agent on " + node);
+    FailAttempt(job, "rank " + std::to_string(r) + " vanished from the agent on " + node, node);
   }
 }
 
@@ -298,17 +371,20 @@ void JobManager::OnNodeLost(const std::string& node, const std::string& why) {
   for (const auto& [id, ranks] : it->second) ids.push_back(id);
   for (const std::string& id : ids) {
     Job& job = *Get(id);
-    if (job.rec.state() == v1::RUNNING) FailAttempt(job, "node " + node + " " + why);
+    if (job.rec.state() == v1::RUNNING) FailAttempt(job, "node " + node + " " + why, node);
   }
 }
 
 void JobManager::OnHang(const TrainerKey& key) {
   if (!IsCurrent(key)) return;
   Job& job = *Get(key.job_id);
-  FailAttempt(job, "rank " + std::to_string(key.rank) + " hung: step " +
-                       std::to_string(job.ranks[key.rank].status.progress().step()) +
-                       " did not move for " +
-                       std::to_string(job.spec.fault_tolerance.hang_timeout_s) + " s");
+  const std::string node = job.rec.placement(key.rank).node();
+  FailAttempt(job,
+              "rank " + std::to_string(key.rank) + " hung: step " +
+                  std::to_string(job.ranks[key.rank].status.progress().step()) +
+                  " did not move for " + std::to_string(job.spec.fault_tolerance.hang_timeout_s) +
+                  " s",
+              node);
 }
 
 bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {

@@ -11,13 +11,24 @@
 // which resumes from the newest complete checkpoint. SUCCEEDED when every rank of the
 // current attempt exited 0.
 //
+// Restarts back off (backoff.h): the first restart after a failure is placed at once, and a
+// job whose attempts keep failing waits longer each time (JobRecord.restart_not_before_ms,
+// and its reason says so). The next placement also prefers nodes other than those where its
+// failing attempts failed, when its gang fits there (PendingJob::avoid_nodes). Nodes that
+// die repeatedly are NodeManager's concern (a cordon for the whole cluster); a rank that
+// fails says nothing certain about its node, so it only steers this job.
+//
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
 // lists a live trainer that is not part of a current attempt (which also covers trainers
 // adopted after a re-registration and leftovers of a coordinator restart).
 //
-// Not thread-safe: the coordinator calls it under its state lock. It never touches disk:
-// every state change is handed to hooks.persist as one StoreBatch (one transaction).
+// Not thread-safe: the coordinator calls it under its state lock. It never touches disk.
+// Transitions it cannot refuse (driven by trainers, nodes and the scheduler) are made in
+// memory and handed to hooks.persist as one StoreBatch (one transaction) each. The two
+// that come from users, submit and cancel, are worked out first and made only once the
+// caller has made them durable (PrepareSubmit/Add, PlanCancel/ApplyCancel), so that one
+// the store refuses leaves memory as it was.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +42,9 @@
 
 #include "common/clock.h"
 #include "common/job_spec.h"
+#include "coordinator/backoff.h"
 #include "coordinator/scheduler.h"
-#include "coordinator/store/sqlite_store.h"
+#include "coordinator/store/store.h"
 #include "coordinator/trainer_key.h"
 #include "proto/drover.pb.h"
 
@@ -41,6 +53,7 @@ namespace drover::coordinator {
 struct JobManagerOptions {
   int64_t stop_grace_ms = 5000;     // in StopTrainersOrder: SIGTERM, then SIGKILL after this
   std::string coordinator_address;  // in StartTrainerOrder, for rendezvous
+  RestartBackoff restart_backoff;   // how long a failed job waits before its next attempt
 };
 
 class JobManager {
@@ -59,14 +72,40 @@ class JobManager {
   void Restore(const std::vector<v1::JobRecord>& jobs,
                const std::vector<v1::AttemptRecord>& attempts);
 
-  // Accepts a job whose spec parses (INVALID_ARGUMENT with the parser's message if not).
-  StatusOr<std::string> Submit(const std::string& spec_yaml, int priority,
-                               const std::string& job_id, int64_t submit_seq);
-  // Cancels a job (idempotent on a finished one). Returns the job's state afterwards.
-  StatusOr<v1::JobState> Cancel(const std::string& job_id);
+  // A submitted job, not added yet: the caller makes `record` durable, then Add()s it.
+  struct NewJob {
+    v1::JobRecord record;
+    JobSpec spec;
+  };
+  // Builds the record of a job whose spec parses (INVALID_ARGUMENT with the parser's
+  // message if not). Changes nothing.
+  StatusOr<NewJob> PrepareSubmit(const std::string& spec_yaml, int priority,
+                                 const std::string& job_id, int64_t submit_seq) const;
+  // Adds a prepared job whose record is durable. Persists nothing.
+  void Add(NewJob job);
 
-  // Jobs waiting for a placement (PENDING or RECOVERING).
-  std::vector<PendingJob> Pending() const;
+  // A cancel worked out from the job as it is, not made yet: the caller makes `batch`
+  // durable, then ApplyCancel()s it.
+  struct CancelPlan {
+    std::string job_id;
+    int64_t version = 0;  // the job's persisted version it was worked out from
+    int64_t at_ms = 0;    // wall time of the cancel
+    StoreBatch batch;     // the job's record after the cancel, and the attempt it ends
+  };
+  // REQUIRES: the job exists and has not finished.
+  CancelPlan PlanCancel(const std::string& job_id) const;
+  // Makes a planned cancel in memory; persists nothing. False, changing nothing, when the
+  // job's persisted state moved on since PlanCancel (a newer record of it was queued after
+  // the plan's, so the plan's is not the last word on disk): plan again.
+  bool ApplyCancel(const CancelPlan& plan);
+
+  // Jobs ready for a placement: PENDING, or RECOVERING once their restart delay is over.
+  // A job still in its delay is left out, and its reason says for how long (refreshed by
+  // each call).
+  std::vector<PendingJob> Pending();
+  // Wall time when the next restart delay ends (INT64_MAX: none): a scheduling pass is due
+  // then, whatever else happens.
+  int64_t NextRestartMs() const { return next_restart_ms_; }
   // Why a pending job waits, for people (in memory: it changes on every scheduling pass).
   void SetWaitingReason(const std::string& job_id, const std::string& reason);
   // Starts the next attempt of a pending job on `placement`, resuming from `resume`
@@ -121,18 +160,25 @@ class JobManager {
     int ranks_done = 0;       // how many of `ranks` are done
     std::string failure;      // why it is recovering
     std::string waiting;      // why it is not placed yet
+    int64_t version = 0;      // counts Persist calls: what a CancelPlan was worked out from
+    // Nodes where ranks of its failing attempts (this run of failures in a row) failed.
+    // In memory only: a preference, lost with a coordinator restart.
+    std::set<std::string> avoid;
   };
 
   Job* Get(const std::string& job_id);
   const Job* Get(const std::string& job_id) const;
   const Rank* CurrentRank(const std::string& node, const TrainerKey& key) const;
   void UpdateReason(Job& job);
-  // Ends the RUNNING attempt (recording why) and returns its record.
-  v1::AttemptRecord& EndAttempt(Job& job, const std::string& why);
-  // Ends the attempt; restarts the job unless `retry` is false or max_restarts is used up.
-  void FailAttempt(Job& job, const std::string& why, bool retry = true);
+  // Ends the RUNNING attempt (recording why, at wall time now_ms) and returns its record.
+  v1::AttemptRecord& EndAttempt(Job& job, const std::string& why, int64_t now_ms);
+  // Ends the attempt, which failed on `node`; restarts the job (after its back-off delay)
+  // unless `retry` is false or max_restarts is used up.
+  void FailAttempt(Job& job, const std::string& why, const std::string& node, bool retry = true);
+  // Says in the job's reason how long its restart delay still lasts at wall time now_ms.
+  void ShowRestartDelay(Job& job, int64_t now_ms);
   void Succeed(Job& job);
-  void Persist(const Job& job, const v1::AttemptRecord* attempt);
+  void Persist(Job& job, const v1::AttemptRecord* attempt);
   void IndexPlacement(const Job& job, bool add);
 
   const Clock* const clock_;
@@ -143,6 +189,7 @@ class JobManager {
   // per-node operation (a heartbeat's listing and orders, a node's death, free slots) walks
   // only this, so its cost does not grow with the size of the jobs or of the cluster.
   std::unordered_map<std::string, std::map<std::string, std::vector<int>>> ranks_on_node_;
+  int64_t next_restart_ms_ = INT64_MAX;  // the earliest restart_not_before_ms still ahead
 };
 
 }  // namespace drover::coordinator

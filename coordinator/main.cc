@@ -36,6 +36,15 @@ int main(int argc, char** argv) {
                  "SIGTERM to SIGKILL grace when stopping trainers")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
+  app.add_option("--restart-backoff-ms", options.restart_backoff.base_ms,
+                 "delay before a failing job's second restart in a row; each further one "
+                 "waits twice as long (the first restart is immediate)")
+      ->check(CLI::Range(0, 3600000))
+      ->capture_default_str();
+  app.add_option("--restart-backoff-max-ms", options.restart_backoff.max_ms,
+                 "the longest delay before a failing job's next restart")
+      ->check(CLI::Range(0, 3600000))
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   try {
     app.parse(argc, argv);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "coordinator/backoff.h"
+
 namespace drover::coordinator {
 
 NodeManager::NodeManager(const Clock* clock, NodeManagerOptions options)
@@ -94,10 +96,8 @@ std::optional<v1::NodeRecord> NodeManager::MarkDead(const std::string& name) {
 }
 
 void NodeManager::Cordon(Node& node) {
-  int over = node.record.failures() - options_.cordon_after_failures;
-  int64_t ms = options_.cordon_base_ms;
-  for (int i = 0; i < over && ms < options_.cordon_max_ms; ++i) ms *= 2;
-  ms = std::min(ms, options_.cordon_max_ms);
+  const int over = node.record.failures() - options_.cordon_after_failures;
+  const int64_t ms = DoublingDelayMs(over, options_.cordon_base_ms, options_.cordon_max_ms);
   node.record.set_cordon_until_ms(clock_->WallNowMs() + ms);
   next_cordon_check_ms_ = std::min(next_cordon_check_ms_, node.record.cordon_until_ms());
 }

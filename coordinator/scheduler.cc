@@ -111,10 +111,14 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
       blocked.insert(job.device);  // gang + FIFO: nobody behind it jumps the queue
       continue;
     }
+    std::vector<NodeCapacity> preferred;
+    for (const auto& n : usable) {
+      if (!job.avoid_nodes.count(n.name)) preferred.push_back(n);
+    }
     Placement p;
     p.job_id = job.job_id;
     p.world_size = size;
-    p.ranks = PackRanks(size, usable);
+    p.ranks = PackRanks(size, FreeCount(preferred, job.device) >= size ? preferred : usable);
     Take(p.ranks, &nodes);
     result.placements.push_back(std::move(p));
   }

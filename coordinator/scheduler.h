@@ -7,12 +7,16 @@
 // Elastic: a job gets the largest of its feasible world sizes that fits the free slots.
 // Packing: ranks go onto as few nodes as possible (one node when any can hold the job,
 // the fullest-fitting one; otherwise the nodes with the most free slots first).
+// Avoidance: a job that failed on some nodes is packed onto the others when its gang fits
+// there at the size it gets, and onto the nodes it avoids only when it does not (it is
+// never shrunk nor held back to avoid them).
 // A job that could never fit, even on every slot the cluster ever registered, does not
 // block others and gets a reason saying so.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +36,7 @@ struct PendingJob {
   int64_t submit_seq = 0;
   v1::DeviceKind device = v1::CPU;
   std::vector<int> feasible_world_sizes;  // ascending; empty: no layout works
+  std::set<std::string> avoid_nodes;      // used only when the gang fits nowhere else
 };
 
 struct Placement {

@@ -67,14 +67,6 @@ Status LoadTable(sqlite3* db, const char* sql, const char* what, std::vector<Msg
 
 }  // namespace
 
-void StoreBatch::Append(StoreBatch other) {
-  for (auto& j : other.jobs) jobs.push_back(std::move(j));
-  for (auto& a : other.attempts) attempts.push_back(std::move(a));
-  for (auto& n : other.nodes) nodes.push_back(std::move(n));
-  for (auto& c : other.checkpoints) checkpoints.push_back(std::move(c));
-  for (auto& [k, v] : other.counters) counters[k] = v;
-}
-
 Status SqliteToStatus(int rc, sqlite3* db, const std::string& context) {
   if (rc == SQLITE_OK || rc == SQLITE_DONE || rc == SQLITE_ROW) return OkStatus();
   std::string msg = context + ": sqlite: " + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
@@ -168,11 +160,13 @@ Status SqliteStore::Apply(const StoreBatch& batch) {
     }
     return OkStatus();
   }();
-  if (!st.ok()) {
-    (void)Exec("ROLLBACK;");
-    return st;
-  }
-  return Exec("COMMIT;");
+  if (st.ok()) st = Exec("COMMIT;");
+  // In WAL mode the pages reach the disk at COMMIT, so that is where a full disk shows.
+  // SQLite rolls some failed COMMITs back by itself and leaves others open (its docs advise
+  // an explicit ROLLBACK); one left open would make every later BEGIN fail, so the next
+  // batch, once there is room, could never be written.
+  if (!st.ok() && !sqlite3_get_autocommit(db_)) (void)Exec("ROLLBACK;");
+  return st;
 }
 
 StatusOr<StoreContents> SqliteStore::LoadAll() {

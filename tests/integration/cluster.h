@@ -174,18 +174,33 @@ class Cluster {
   const std::string& address() const { return address_; }
   const std::filesystem::path& root() const { return root_; }
 
-  void StartCoordinator() {
+  // `max_file_kb` > 0: no file the coordinator writes may grow past it (ulimit -f, with
+  // SIGXFSZ ignored so that a write past it fails with EFBIG): a full disk for its state.
+  void StartCoordinator(int64_t max_file_kb = 0) {
     stub_.reset();  // a fresh channel: no reconnect back-off left from the old coordinator
-    coordinator_ = std::make_unique<Process>(
-        Bin("drover-coordinator"),
-        std::vector<std::string>{
-            "--listen", address_, "--state-dir", (root_ / "state").string(),
-            "--heartbeat-interval-ms", std::to_string(options_.heartbeat_interval_ms),
-            "--heartbeat-timeout-ms", std::to_string(options_.heartbeat_timeout_ms),
-            "--stop-grace-ms", std::to_string(options_.stop_grace_ms)},
-        (root_ / "coordinator.log").string());
+    std::vector<std::string> args = {"--listen",
+                                     address_,
+                                     "--state-dir",
+                                     state_dir(),
+                                     "--heartbeat-interval-ms",
+                                     std::to_string(options_.heartbeat_interval_ms),
+                                     "--heartbeat-timeout-ms",
+                                     std::to_string(options_.heartbeat_timeout_ms),
+                                     "--stop-grace-ms",
+                                     std::to_string(options_.stop_grace_ms)};
+    std::string exe = Bin("drover-coordinator");
+    if (max_file_kb > 0) {
+      args.insert(
+          args.begin(),
+          {"-c", "ulimit -f " + std::to_string(max_file_kb) + " && trap '' XFSZ && exec \"$@\"",
+           "limited", exe});
+      exe = "/bin/bash";
+    }
+    coordinator_ = std::make_unique<Process>(exe, std::move(args), coordinator_log());
   }
   Process* coordinator() { return coordinator_.get(); }
+  std::string state_dir() const { return (root_ / "state").string(); }
+  std::string coordinator_log() const { return (root_ / "coordinator.log").string(); }
 
   std::string AgentName(int i) const { return "w" + std::to_string(i); }
 
@@ -244,6 +259,14 @@ class Cluster {
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
     RETURN_IF_ERROR(FromGrpcStatus(jobs()->GetJob(&ctx, req, &resp), "GetJob"));
+    return resp;
+  }
+  StatusOr<v1::ListJobsResponse> ListJobs() {
+    v1::ListJobsRequest req;
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineMs(&ctx, 1000);
+    RETURN_IF_ERROR(FromGrpcStatus(jobs()->ListJobs(&ctx, req, &resp), "ListJobs"));
     return resp;
   }
   StatusOr<v1::ListWorkersResponse> ListWorkers() {

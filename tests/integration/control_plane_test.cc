@@ -266,6 +266,71 @@ TEST_F(ControlPlaneTest, CoordinatorKilledAndRestartedLeavesTrainersUndisturbed)
   EXPECT_EQ(info.job().restarts(), 0);
 }
 
+// The coordinator's own disk fills (a file-size limit on its process stands in for a full
+// disk). Submits it cannot write are refused, with the reason, and never listed; a change
+// it cannot refuse (a trainer died) stops it, naming its state dir. Restarted with room, it
+// lists exactly the jobs it accepted and recovers the job from what its disk says.
+TEST_F(ControlPlaneTest, CoordinatorWhoseDiskFillsRefusesSubmitsThenStops) {
+  ClusterOptions o;
+  o.agents = 1;
+  o.name = "diskfull";
+  cluster_ = std::make_unique<Cluster>(o);
+  cluster_->StartCoordinator(/*max_file_kb=*/256);
+  cluster_->StartAgent(0);
+  ASSERT_TRUE(cluster_->WaitForAliveWorkers(1, 10000)) << cluster_->DebugLogs();
+  const std::string first =
+      Submit(cluster_->JobYaml("first", 1, 1, 100000, 0, 3, 30, "step_ms=20\n"));
+  ASSERT_FALSE(first.empty());
+  std::vector<pid_t> pids = TrainerPids(WaitStep(first, 2, 1, 15000));
+  ASSERT_EQ(pids.size(), 1u);
+
+  // The queued jobs cannot start (the one slot is taken): each submit writes one record.
+  const std::string queued = cluster_->JobYaml("queued", 1, 1, 10, 0, 3, 30, "step_ms=20\n");
+  int accepted = 1;
+  Status refused;
+  for (int i = 0; i < 1000 && refused.ok(); ++i) {
+    auto id = cluster_->Submit(queued);
+    if (id.ok()) {
+      ++accepted;
+    } else {
+      refused = id.status();
+    }
+  }
+  ASSERT_FALSE(refused.ok()) << "the state store never filled";
+  EXPECT_NE(refused.message().find("job not submitted: cannot record it in " +
+                                   cluster_->state_dir() + "/state.db"),
+            std::string::npos)
+      << refused;
+  auto listed = cluster_->ListJobs();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->jobs_size(), accepted);
+  ASSERT_TRUE(cluster_->coordinator()->running());
+
+  // The trainer dies: the job must recover, which the coordinator cannot refuse nor write.
+  ASSERT_EQ(kill(pids[0], SIGKILL), 0);
+  int ws = 0;
+  ASSERT_TRUE(cluster_->coordinator()->Wait(10000, &ws)) << cluster_->DebugLogs();
+  ASSERT_TRUE(WIFEXITED(ws)) << ws;
+  EXPECT_EQ(WEXITSTATUS(ws), 1);
+  const std::string log = ReadAll(cluster_->coordinator_log());
+  EXPECT_NE(log.find("fail-stop: a state change already made in memory could not be written to " +
+                     cluster_->state_dir() + "/state.db"),
+            std::string::npos)
+      << log.substr(log.size() > 3000 ? log.size() - 3000 : 0);
+
+  // Room again: the restarted coordinator holds what its disk holds, no refused job, and
+  // the exit is seen again (the agent lists it) and recovered.
+  cluster_->StartCoordinator();
+  ASSERT_TRUE(WaitUntil([&] { return cluster_->ListJobs().ok(); }, 10000)) << cluster_->DebugLogs();
+  EXPECT_EQ(cluster_->ListJobs()->jobs_size(), accepted);
+  v1::JobInfo info;
+  EXPECT_TRUE(cluster_->WaitJob(
+      first, [](const v1::JobInfo& i) { return i.job().attempt() >= 2 && i.job().restarts() == 1; },
+      15000, &info))
+      << Describe(info) << "\n"
+      << cluster_->DebugLogs();
+}
+
 TEST_F(ControlPlaneTest, HangIsDetectedAndTheJobRestarted) {
   StartCluster(2);
   std::string id = Submit(
@@ -286,6 +351,36 @@ TEST_F(ControlPlaneTest, MaxRestartsIsHonoured) {
   ASSERT_EQ(info.job().state(), v1::FAILED) << Describe(info);
   EXPECT_EQ(info.job().restarts(), 2) << Describe(info);
   EXPECT_EQ(info.job().attempt(), 3) << Describe(info);
+}
+
+// A trainer that fails at once, every attempt: the first restart is immediate and goes to
+// the other node; later ones wait longer each time, and the job says why it waits.
+TEST_F(ControlPlaneTest, CrashingJobBacksOffAndMovesToTheOtherNode) {
+  StartCluster(2);
+  std::string id = Submit(cluster_->JobYaml("crashloop", 1, 1, 30, 0, 3, 30,
+                                            "step_ms=20\ncrash_at_step=2\ncrash_attempt=0\n"));
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo waiting;
+  EXPECT_TRUE(cluster_->WaitJob(
+      id,
+      [](const v1::JobInfo& i) {
+        return i.job().reason().find("restarting in") != std::string::npos;
+      },
+      15000, &waiting))
+      << Describe(waiting);
+  EXPECT_NE(waiting.job().reason().find("failures in a row"), std::string::npos)
+      << Describe(waiting);
+  v1::JobInfo info = WaitEnd(id, 30000);
+  ASSERT_EQ(info.job().state(), v1::FAILED) << Describe(info);
+  ASSERT_EQ(info.attempts_size(), 4) << Describe(info);
+  EXPECT_NE(info.attempts(1).placement(0).node(), info.attempts(0).placement(0).node())
+      << Describe(info);
+  auto gap_ms = [&](int k) {
+    return info.attempts(k).started_ms() - info.attempts(k - 1).ended_ms();
+  };
+  EXPECT_LT(gap_ms(1), 1000) << Describe(info);
+  EXPECT_GE(gap_ms(2), 1000) << Describe(info);
+  EXPECT_GE(gap_ms(3), 2000) << Describe(info);
 }
 
 TEST_F(ControlPlaneTest, CancelStopsEveryProcessOfTheJob) {

@@ -1,22 +1,29 @@
 #include "coordinator/coordinator.h"
 
+#include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "coordinator/server.h"
+#include "coordinator/store/sqlite_store.h"
 #include "proto/drover.grpc.pb.h"
+#include "tests/unit/coordinator/fault_injection_store.h"
 #include "tests/unit/coordinator/test_util.h"
 
 namespace drover::coordinator {
 namespace {
 
+using testing::DiskFull;
 using testing::Exited;
+using testing::FaultInjectionStore;
+using ::testing::HasSubstr;
 using testing::RegisterReq;
 using testing::SpecYaml;
 using testing::Trainer;
@@ -34,6 +41,34 @@ class CoordinatorTest : public ::testing::Test {
     auto c = Coordinator::Open(options_, &clock_);
     ASSERT_TRUE(c.ok()) << c.status();
     c_ = std::move(*c);
+  }
+  // Reopens on the same state.db behind a FaultInjectionStore (store_), with a fatal hook
+  // that records instead of exiting.
+  void ReopenWithFaults() {
+    c_.reset();
+    auto sqlite = SqliteStore::Open(options_.state_dir + "/state.db");
+    ASSERT_TRUE(sqlite.ok()) << sqlite.status();
+    auto store = std::make_unique<FaultInjectionStore>(std::move(*sqlite));
+    store_ = store.get();
+    CoordinatorDeps deps;
+    deps.store = std::move(store);
+    deps.fatal = [this](const Status& st) {
+      std::lock_guard<std::mutex> lock(fatal_mu_);
+      fatal_.push_back(st);
+    };
+    auto c = Coordinator::Open(options_, &clock_, std::move(deps));
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = std::move(*c);
+  }
+  std::vector<Status> Fatal() {
+    std::lock_guard<std::mutex> lock(fatal_mu_);
+    return fatal_;
+  }
+  std::vector<std::string> JobIds() {
+    std::vector<std::string> ids;
+    const v1::ListJobsResponse listed = c_->ListJobs();
+    for (const auto& j : listed.jobs()) ids.push_back(j.job_id());
+    return ids;
   }
   std::string Submit(const std::string& yaml) {
     v1::SubmitJobRequest req;
@@ -54,6 +89,9 @@ class CoordinatorTest : public ::testing::Test {
 
   FakeClock clock_;
   CoordinatorOptions options_;
+  FaultInjectionStore* store_ = nullptr;  // owned by c_, after ReopenWithFaults()
+  std::mutex fatal_mu_;
+  std::vector<Status> fatal_;  // GUARDED_BY(fatal_mu_)
   std::unique_ptr<Coordinator> c_;
 };
 
@@ -234,6 +272,44 @@ TEST_F(CoordinatorTest, JobThatCanNeverFitSaysWhy) {
   EXPECT_EQ(Job(id).state(), v1::RUNNING);
 }
 
+TEST_F(CoordinatorTest, CrashingJobMovesToAnotherNodeThenWaitsOutAGrowingDelay) {
+  options_.restart_backoff.base_ms = 300;  // off the 1 s fallback pass: the delay's own
+  Reopen();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  ASSERT_TRUE(c_->Register(RegisterReq("n2", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1, /*max_restarts=*/10));
+  c_->Tick();
+  ASSERT_EQ(Job(id).placement(0).node(), "n1");
+  auto crash = [&](const std::string& node, int64_t attempt) {
+    v1::TrainerExitRequest exit;
+    exit.set_name(node);
+    exit.set_agent_id("agent-1");
+    *exit.mutable_trainer() = Exited(id, attempt, 0, 1);
+    ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
+  };
+  // First failure: restarted at the next tick, on the other node.
+  crash("n1", 1);
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  EXPECT_EQ(Job(id).placement(0).node(), "n2");
+  // Second failure in a row: it waits 300 ms, and says so; then both nodes failed it and
+  // it fits nowhere else, so it goes back to one of them.
+  crash("n2", 2);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_NE(Job(id).reason().find("restarting in 1 s after 2 failures in a row"), std::string::npos)
+      << Job(id).reason();
+  clock_.AdvanceMs(299);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  clock_.AdvanceMs(1);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 3);
+  EXPECT_EQ(Job(id).restart_not_before_ms(), 0);
+}
+
 TEST_F(CoordinatorTest, RestartRestoresJobsAttemptsNodesWithoutKillingAnything) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
   const std::string id = Submit(SpecYaml(2, 2));
@@ -277,6 +353,95 @@ TEST_F(CoordinatorTest, RestoredNodeThatNeverReturnsIsDeadAfterGrace) {
   clock_.AdvanceMs(1);
   c_->Tick();
   EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+}
+
+TEST_F(CoordinatorTest, SubmitTheStoreCannotWriteIsRefusedAndTheJobNeverExists) {
+  ReopenWithFaults();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string a = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  ASSERT_EQ(Job(a).state(), v1::RUNNING);
+  ASSERT_TRUE(c_->Flush().ok());
+
+  store_->FailAllWrites(DiskFull());
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(SpecYaml(1, 1));
+  auto refused = c_->SubmitJob(req);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), HasSubstr("job not submitted"));
+  EXPECT_THAT(refused.status().message(), HasSubstr(options_.state_dir + "/state.db"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("database or disk is full"));
+  // Not listed, never scheduled; and a refusal is not a reason to stop.
+  EXPECT_EQ(JobIds(), std::vector<std::string>{a});
+  c_->Tick();
+  EXPECT_EQ(JobIds(), std::vector<std::string>{a});
+  EXPECT_TRUE(Fatal().empty());
+
+  // Room again: submits are accepted, and what memory lists is what a restart finds.
+  store_->HealWrites();
+  const std::string b = Submit(SpecYaml(1, 1));
+  EXPECT_EQ(JobIds(), (std::vector<std::string>{a, b}));
+  ASSERT_TRUE(c_->Flush().ok());
+  Reopen();
+  EXPECT_EQ(JobIds(), (std::vector<std::string>{a, b}));
+}
+
+TEST_F(CoordinatorTest, CancelTheStoreCannotWriteIsRefusedAndTheJobRunsOn) {
+  ReopenWithFaults();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  Beat("n1", {Trainer(id, 1, 0)});
+  ASSERT_TRUE(c_->Flush().ok());
+  store_->FailAllWrites(DiskFull());
+  auto refused = c_->CancelJob(id);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("not cancelled"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("database or disk is full"));
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Beat("n1", {Trainer(id, 1, 0)}).orders_size(), 0);  // no stop order went out
+  EXPECT_TRUE(Fatal().empty());
+  store_->HealWrites();
+  ASSERT_TRUE(c_->CancelJob(id).ok());
+  EXPECT_EQ(Job(id).state(), v1::CANCELLED);
+  ASSERT_TRUE(c_->Flush().ok());
+  Reopen();
+  EXPECT_EQ(Job(id).state(), v1::CANCELLED);
+}
+
+TEST_F(CoordinatorTest, HeartbeatDrivenChangeThatCannotBeWrittenStopsTheCoordinator) {
+  ReopenWithFaults();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  Beat("n1", {Trainer(id, 1, 0)});
+  ASSERT_TRUE(c_->Flush().ok());
+
+  // The trainer exits: the job must recover, whatever the disk says. Memory has moved on,
+  // the write fails, so the coordinator must stop rather than run ahead of its disk.
+  store_->FailAllWrites(DiskFull());
+  Beat("n1", {Exited(id, 1, 0, 1)});
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  Status flushed = c_->Flush();
+  EXPECT_EQ(flushed.code(), StatusCode::kResourceExhausted);
+  ASSERT_EQ(Fatal().size(), 1u);
+  EXPECT_THAT(Fatal()[0].message(), HasSubstr("database or disk is full"));
+  // Nothing is written after it, even with room again: a later change would build on the
+  // lost one. (In production the fatal hook has exited the process by now.)
+  store_->HealWrites();
+  c_->Tick();  // places attempt 2 in memory
+  EXPECT_FALSE(c_->Flush().ok());
+  EXPECT_EQ(Fatal().size(), 1u);
+
+  // The restart resumes from disk, which is consistent: attempt 1 still running there, and
+  // the agent's listing of the exited trainer makes the same transition again.
+  Reopen();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 1);
+  Beat("n1", {Exited(id, 1, 0, 1)});
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_TRUE(c_->Flush().ok());
 }
 
 TEST(CoordinatorServerTest, ServesRpcsOnLoopback) {

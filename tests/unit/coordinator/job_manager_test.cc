@@ -22,14 +22,29 @@ NodeCapacity Node(const std::string& name, int free) {
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
-      : jobs_(&clock_, {.stop_grace_ms = 5000, .coordinator_address = "127.0.0.1:1"},
+      : jobs_(&clock_,
+              {.stop_grace_ms = 5000, .coordinator_address = "127.0.0.1:1", .restart_backoff = {}},
               {[this](StoreBatch b) { batches_.push_back(std::move(b)); },
                [this](const std::string& j, int64_t a) { started_.emplace_back(j, a); },
                [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }}) {}
 
+  // Submits a job the way the coordinator does once its record is durable.
+  StatusOr<std::string> Submit(const std::string& yaml, const std::string& id, int64_t seq) {
+    ASSIGN_OR_RETURN(JobManager::NewJob job, jobs_.PrepareSubmit(yaml, 0, id, seq));
+    jobs_.Add(std::move(job));
+    return id;
+  }
+  // Cancels a job the way the coordinator does (a plan, made once durable).
+  StatusOr<v1::JobState> Cancel(const std::string& id) {
+    const v1::JobRecord* rec = jobs_.Find(id);
+    if (!rec) return NotFoundError(id);
+    if (rec->state() == v1::CANCELLED) return rec->state();
+    EXPECT_TRUE(jobs_.ApplyCancel(jobs_.PlanCancel(id)));
+    return jobs_.Find(id)->state();
+  }
   // Submits a job and places its first attempt on the given nodes.
   std::string SubmitAndPlace(int world, std::vector<NodeCapacity> nodes, int max_restarts = 2) {
-    auto id = jobs_.Submit(SpecYaml(world, world, max_restarts), 0, "j1", 1);
+    auto id = Submit(SpecYaml(world, world, max_restarts), "j1", 1);
     EXPECT_TRUE(id.ok()) << id.status();
     Place(*id, world, nodes);
     return *id;
@@ -58,7 +73,7 @@ class JobManagerTest : public ::testing::Test {
 };
 
 TEST_F(JobManagerTest, InvalidSpecIsRejectedWithTheParserMessage) {
-  auto id = jobs_.Submit("name: x\nmodel: {n_layer: -1}\n", 0, "j1", 1);
+  auto id = jobs_.PrepareSubmit("name: x\nmodel: {n_layer: -1}\n", 0, "j1", 1);
   ASSERT_FALSE(id.ok());
   EXPECT_EQ(id.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(id.status().message().find("n_layer"), std::string::npos);
@@ -176,7 +191,7 @@ TEST_F(JobManagerTest, TrainerThatRejectsItsInputFailsTheJobAtOnceWithItsMessage
   EXPECT_NE(reason.find("not restarted"), std::string::npos) << reason;
   EXPECT_TRUE(jobs_.Pending().empty());
   // Another failure keeps its restart, and its message too.
-  auto submitted = jobs_.Submit(SpecYaml(1, 1, 2), 0, "j2", 2);
+  auto submitted = Submit(SpecYaml(1, 1, 2), "j2", 2);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   const std::string other = *submitted;
   Place(other, 1, {Node("n3", 1)});
@@ -222,12 +237,61 @@ TEST_F(JobManagerTest, RankZerosCheckpointFailureAndRollbacksAreShown) {
 TEST_F(JobManagerTest, CancelStopsEverythingAndIsIdempotent) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)});
   Listing("n1", {Trainer(id, 1, 0)});
-  EXPECT_EQ(*jobs_.Cancel(id), v1::CANCELLED);
-  EXPECT_EQ(*jobs_.Cancel(id), v1::CANCELLED);
-  EXPECT_EQ(jobs_.Cancel("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(*Cancel(id), v1::CANCELLED);
+  EXPECT_EQ(*Cancel(id), v1::CANCELLED);
+  EXPECT_EQ(Cancel("nope").status().code(), StatusCode::kNotFound);
   auto orders = OrdersFor("n1", {Trainer(id, 1, 0)});
   ASSERT_EQ(orders.size(), 1u);
   EXPECT_EQ(orders[0].stop().reason(), "cancelled");
+}
+
+TEST_F(JobManagerTest, SubmitAndCancelChangeNothingUntilTheCallerMakesThem) {
+  // The coordinator writes a submit or a cancel before making it: until then, nothing.
+  auto job = jobs_.PrepareSubmit(SpecYaml(1, 1), 0, "j1", 1);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->record.state(), v1::PENDING);
+  EXPECT_EQ(jobs_.Find("j1"), nullptr);
+  EXPECT_TRUE(batches_.empty());
+  jobs_.Add(std::move(*job));
+  Place("j1", 1, {Node("n1", 1)});
+  Listing("n1", {Trainer("j1", 1, 0)});
+  const size_t written = batches_.size();
+  JobManager::CancelPlan plan = jobs_.PlanCancel("j1");
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  EXPECT_EQ(batches_.size(), written);
+  ASSERT_EQ(plan.batch.jobs.size(), 1u);
+  EXPECT_EQ(plan.batch.jobs[0].state(), v1::CANCELLED);
+  ASSERT_EQ(plan.batch.attempts.size(), 1u);
+  EXPECT_EQ(plan.batch.attempts[0].end_reason(), "cancelled");
+  EXPECT_TRUE(ended_.empty());
+  EXPECT_TRUE(OrdersFor("n1", {Trainer("j1", 1, 0)}).empty());
+
+  // Made: memory now holds exactly the records the plan wrote.
+  ASSERT_TRUE(jobs_.ApplyCancel(plan));
+  EXPECT_EQ(State("j1"), v1::CANCELLED);
+  EXPECT_EQ(jobs_.Find("j1")->finished_ms(), plan.batch.jobs[0].finished_ms());
+  EXPECT_EQ(jobs_.Attempts("j1").back().SerializeAsString(),
+            plan.batch.attempts[0].SerializeAsString());
+  EXPECT_EQ(ended_.size(), 1u);
+  EXPECT_EQ(batches_.size(), written);  // persisted by the caller, not again
+}
+
+TEST_F(JobManagerTest, CancelPlanIsStaleOnceTheJobMovedOn) {
+  // The plan's record was written; then the trainer exited and the job's newer record was
+  // queued after it. Applying the old plan would leave memory CANCELLED and disk
+  // RECOVERING, so the plan is refused and worked out again.
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)});
+  Listing("n1", {Trainer(id, 1, 0)});
+  JobManager::CancelPlan stale = jobs_.PlanCancel(id);
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  ASSERT_EQ(State(id), v1::RECOVERING);
+  EXPECT_FALSE(jobs_.ApplyCancel(stale));
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  JobManager::CancelPlan fresh = jobs_.PlanCancel(id);
+  EXPECT_TRUE(fresh.batch.attempts.empty());  // no attempt runs: none to end
+  ASSERT_TRUE(jobs_.ApplyCancel(fresh));
+  EXPECT_EQ(State(id), v1::CANCELLED);
+  EXPECT_FALSE(jobs_.ApplyCancel(fresh));  // once only
 }
 
 TEST_F(JobManagerTest, EachNodeSeesOnlyItsOwnRanks) {
@@ -273,6 +337,90 @@ TEST_F(JobManagerTest, RestoreResendsStartsForRunningAttempt) {
   restored.AppendOrders("n1", {}, &orders);
   EXPECT_EQ(orders.size(), 2);  // idempotent on the agent, which already runs them
   EXPECT_TRUE(restored.IsCurrent({id, 1, 1}));
+}
+
+TEST_F(JobManagerTest, RestartsBackOffWhileAttemptsKeepFailingAndSayHowLong) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/20);
+  // The first failure is restarted at once: one node failure costs nothing extra.
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find(id)->failures_in_a_row(), 1);
+  EXPECT_EQ(jobs_.Find(id)->restart_not_before_ms(), 0);
+  EXPECT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.NextRestartMs(), INT64_MAX);
+
+  // Then 1 s, doubling up to 30 s, for each attempt that fails again.
+  const std::vector<int64_t> delays = {1000, 2000, 4000, 8000, 16000, 30000, 30000};
+  for (size_t i = 0; i < delays.size(); ++i) {
+    const int64_t attempt = static_cast<int64_t>(i) + 2;
+    const int failures = static_cast<int>(i) + 2;
+    Place(id, 1, {Node("n1", 1)});
+    clock_.AdvanceMs(100);  // it fails quickly
+    jobs_.OnTrainerStatus("n1", Exited(id, attempt, 0, 1));
+    const v1::JobRecord& rec = *jobs_.Find(id);
+    ASSERT_EQ(rec.state(), v1::RECOVERING);
+    EXPECT_EQ(rec.failures_in_a_row(), failures);
+    EXPECT_EQ(rec.restart_not_before_ms(), clock_.WallNowMs() + delays[i]);
+    EXPECT_EQ(batches_.back().jobs.back().restart_not_before_ms(), rec.restart_not_before_ms());
+    EXPECT_NE(rec.reason().find("restarting in " + std::to_string(delays[i] / 1000) + " s after " +
+                                std::to_string(failures) + " failures in a row"),
+              std::string::npos)
+        << rec.reason();
+    EXPECT_TRUE(jobs_.Pending().empty()) << "attempt " << attempt;
+    EXPECT_EQ(jobs_.NextRestartMs(), rec.restart_not_before_ms());
+    clock_.AdvanceMs(delays[i] - 1);
+    EXPECT_TRUE(jobs_.Pending().empty());
+    EXPECT_NE(jobs_.Find(id)->reason().find("restarting in 1 s"), std::string::npos);
+    clock_.AdvanceMs(1);
+    EXPECT_EQ(jobs_.Pending().size(), 1u);
+  }
+
+  // An attempt that ran for reset_after_ms before it failed starts the count again.
+  Place(id, 1, {Node("n1", 1)});
+  EXPECT_EQ(jobs_.Find(id)->restart_not_before_ms(), 0);
+  clock_.AdvanceMs(RestartBackoff{}.reset_after_ms);
+  jobs_.OnTrainerStatus("n1", Exited(id, 9, 0, 1));
+  EXPECT_EQ(jobs_.Find(id)->failures_in_a_row(), 1);
+  EXPECT_EQ(jobs_.Pending().size(), 1u);
+}
+
+TEST_F(JobManagerTest, NextPlacementAvoidsTheNodesItsFailingAttemptsFailedOn) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 1), Node("n2", 1)}, 10);
+  jobs_.OnTrainerStatus("n2", Exited(id, 1, 1, 1));
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, std::set<std::string>{"n2"});
+  Place(id, 2, {Node("n3", 2)});
+  jobs_.OnNodeLost("n3", "is dead");
+  clock_.AdvanceMs(1000);
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, (std::set<std::string>{"n2", "n3"}));
+  // A failure after a long run is a new story: only its own node is avoided.
+  Place(id, 2, {Node("n1", 2)});
+  Listing("n1", {Trainer(id, 3, 0, v1::TRAINER_RUNNING, 5), Trainer(id, 3, 1)});
+  clock_.AdvanceMs(RestartBackoff{}.reset_after_ms);
+  jobs_.OnHang({id, 3, 0});
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, std::set<std::string>{"n1"});
+}
+
+TEST_F(JobManagerTest, RestoredJobKeepsItsRestartDelay) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, 10);
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  Place(id, 1, {Node("n1", 1)});
+  jobs_.OnTrainerStatus("n1", Exited(id, 2, 0, 1));
+  const int64_t not_before = jobs_.Find(id)->restart_not_before_ms();
+  ASSERT_GT(not_before, clock_.WallNowMs());
+  // What the store holds: the last record written of the job.
+  JobManager restored(&clock_, {}, {});
+  restored.Restore({batches_.back().jobs.back()}, jobs_.Attempts(id));
+  EXPECT_EQ(restored.NextRestartMs(), not_before);
+  EXPECT_TRUE(restored.Pending().empty());
+  const std::string reason = restored.Find(id)->reason();
+  EXPECT_NE(reason.find("restarting in 1 s after 2 failures in a row"), std::string::npos)
+      << reason;
+  EXPECT_EQ(reason.find("restarting in"), reason.rfind("restarting in")) << reason;
+  clock_.AdvanceMs(not_before - clock_.WallNowMs());
+  EXPECT_EQ(restored.Pending().size(), 1u);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ NodeCapacity Node(const std::string& name, int free, v1::DeviceKind d = v1::CPU)
 }
 
 PendingJob Job(const std::string& id, std::vector<int> sizes, int priority = 0, int64_t seq = 0) {
-  return PendingJob{id, priority, seq, v1::CPU, std::move(sizes)};
+  return PendingJob{id, priority, seq, v1::CPU, std::move(sizes), {}};
 }
 
 std::map<v1::DeviceKind, int64_t> Ever(int64_t cpu) { return {{v1::CPU, cpu}, {v1::CUDA, 0}}; }
@@ -85,12 +85,40 @@ TEST(SchedulerTest, NeverFittingJobGetsReasonAndDoesNotBlockOthers) {
 }
 
 TEST(SchedulerTest, DeviceKindsAreSeparatePools) {
-  PendingJob gpu{"g", 0, 1, v1::CUDA, {2}};
+  PendingJob gpu{"g", 0, 1, v1::CUDA, {2}, {}};
   auto r = Schedule({gpu, Job("c", {1}, 0, 2)}, {Node("cpu1", 4), Node("gpu1", 1, v1::CUDA)},
                     {{v1::CPU, 4}, {v1::CUDA, 4}});
   ASSERT_EQ(r.placements.size(), 1u);
   EXPECT_EQ(r.placements[0].job_id, "c");  // the waiting cuda job blocks only cuda jobs
   EXPECT_TRUE(r.waiting.count("g"));
+}
+
+TEST(SchedulerTest, AvoidedNodesAreUsedOnlyWhenTheGangFitsNowhereElse) {
+  auto placed_on = [](const ScheduleResult& r) {
+    std::set<std::string> nodes;
+    for (const auto& rank : r.placements.at(0).ranks) nodes.insert(rank.node());
+    return nodes;
+  };
+  PendingJob job = Job("a", {2});
+  // Without a preference the first best fit (n1) takes it.
+  auto r = Schedule({job}, {Node("n1", 2), Node("n2", 2)}, Ever(4));
+  EXPECT_EQ(placed_on(r), std::set<std::string>{"n1"});
+  job.avoid_nodes = {"n1"};
+  r = Schedule({job}, {Node("n1", 2), Node("n2", 2)}, Ever(4));
+  EXPECT_EQ(placed_on(r), std::set<std::string>{"n2"});
+  // Spread over two other nodes rather than packed onto the avoided one.
+  r = Schedule({job}, {Node("n1", 2), Node("n2", 1), Node("n3", 1)}, Ever(4));
+  EXPECT_EQ(placed_on(r), (std::set<std::string>{"n2", "n3"}));
+  // Nowhere else: the avoided node rather than no placement.
+  job.avoid_nodes = {"n1", "n2"};
+  r = Schedule({job}, {Node("n1", 2), Node("n2", 2)}, Ever(4));
+  EXPECT_EQ(placed_on(r), std::set<std::string>{"n1"});
+  // Never shrunk to avoid a node: the size that fits all free slots, on all of them.
+  PendingJob elastic = Job("e", {1, 2, 4});
+  elastic.avoid_nodes = {"n1"};
+  r = Schedule({elastic}, {Node("n1", 2), Node("n2", 2)}, Ever(4));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 4);
 }
 
 }  // namespace

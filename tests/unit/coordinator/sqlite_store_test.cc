@@ -2,9 +2,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -85,9 +88,9 @@ TEST(SqliteStoreTest, ReopenAfterCrashKeepsEveryCommittedTransition) {
     // anything (no destructor, no checkpoint of the WAL): like kill -9.
     auto store = SqliteStore::Open(path);
     if (!store.ok()) _exit(3);
-    auto* writer = new StoreWriter(store->get());
+    auto* writer = new StoreWriter(store->get(), nullptr);
     int64_t seq = 0;
-    for (int i = 1; i <= 20; ++i) seq = writer->Enqueue(SampleBatch(i));
+    for (int i = 1; i <= 20; ++i) seq = writer->Commit(SampleBatch(i));
     if (!writer->WaitDurable(seq).ok()) _exit(4);
     _exit(0);
   }
@@ -104,6 +107,47 @@ TEST(SqliteStoreTest, ReopenAfterCrashKeepsEveryCommittedTransition) {
   EXPECT_EQ(c->nodes.size(), 20u);
   EXPECT_EQ(c->checkpoints.size(), 20u);
   EXPECT_EQ(c->jobs.back().attempt(), 20);
+}
+
+TEST(SqliteStoreTest, FullDiskFailsOneBatchAndTheNextIsWrittenOnceThereIsRoom) {
+  const std::string path = TempDir("full") + "/state.db";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // In a child: a file-size limit stands in for a full disk (writes past it fail with
+    // EFBIG once SIGXFSZ is ignored), and it must not limit the test process.
+    signal(SIGXFSZ, SIG_IGN);
+    auto store = SqliteStore::Open(path);
+    if (!store.ok()) _exit(3);
+    rlimit room{};
+    getrlimit(RLIMIT_FSIZE, &room);
+    rlimit full = room;
+    full.rlim_cur = 256 << 10;  // the WAL grows by a few pages per commit
+    setrlimit(RLIMIT_FSIZE, &full);
+    int i = 1;
+    Status st;
+    for (; i < 100000 && (st = (*store)->Apply(SampleBatch(i))).ok(); ++i) {
+    }
+    if (st.ok()) _exit(4);
+    fprintf(stderr, "batch %d failed: %s\n", i, st.ToString().c_str());
+    setrlimit(RLIMIT_FSIZE, &room);
+    st = (*store)->Apply(SampleBatch(i + 1));
+    if (!st.ok()) {
+      fprintf(stderr, "the write after it failed too: %s\n", st.ToString().c_str());
+      _exit(5);
+    }
+    auto c = (*store)->LoadAll();
+    // Every batch before the failed one, the one after it, and nothing of the failed one.
+    if (!c.ok() || static_cast<int>(c->jobs.size()) != i) _exit(6);
+    for (const auto& j : c->jobs) {
+      if (j.job_id() == Name("j", i)) _exit(7);
+    }
+    _exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
 }
 
 TEST(SqliteStoreTest, EmptyDatabaseFileIsRefusedNotAFreshStart) {
