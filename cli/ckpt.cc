@@ -80,19 +80,19 @@ int RunLs(const CkptFlags& f) {
 
 int RunVerify(const CkptFlags& f) {
   // A step directory itself, or a checkpoint directory holding several.
-  std::vector<std::pair<int64_t, std::string>> todo;
+  std::vector<std::pair<int64_t, std::string>> checks;
   if (fs::exists(fs::path(f.dir) / engine::ckpt::kManifestFile)) {
     auto m = engine::ckpt::ReadManifest(f.dir);
-    todo.emplace_back(m.ok() ? m->step() : -1, f.dir);
+    checks.emplace_back(m.ok() ? m->step() : -1, f.dir);
   } else {
-    todo = engine::ckpt::ListCheckpoints(f.dir);
+    checks = engine::ckpt::ListCheckpoints(f.dir);
   }
-  if (todo.empty()) {
+  if (checks.empty()) {
     std::fprintf(stderr, "drover ckpt verify: no checkpoint (step_N/) in %s\n", f.dir.c_str());
     return kExitUsage;
   }
   int bad = 0;
-  for (const auto& [step, path] : todo) {
+  for (const auto& [step, path] : checks) {
     auto snap = engine::ckpt::VerifyCheckpoint(path, step);
     if (snap.ok()) {
       std::printf("ok      %s  (step %lld, %lld parameters, %d shards)\n", path.c_str(),
@@ -105,7 +105,7 @@ int RunVerify(const CkptFlags& f) {
   }
   if (bad > 0) {
     std::fprintf(stderr, "drover ckpt verify: %d of %zu checkpoints cannot be used\n", bad,
-                 todo.size());
+                 checks.size());
     return kExitFailure;
   }
   return kExitOk;
