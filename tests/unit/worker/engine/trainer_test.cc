@@ -271,6 +271,30 @@ TEST_F(TrainerTest, LossSpikeRollsBackToTheCheckpointAndSkipsItsData) {
   EXPECT_EQ(latest->meta.consumed_samples(), (40 + 1 + 4) * 4);
 }
 
+// The checkpoint directory removed while the job runs (an operator's mistake, a cleanup
+// script): the next save creates it again and completes, and a restart resumes from it.
+TEST_F(TrainerTest, CheckpointDirectoryRemovedWhileRunningIsRecreatedByTheNextSave) {
+  const JobSpec spec = Spec({"checkpoint.every_steps=5", "train.eval_every=0"});
+  TrainerOptions options;
+  options.spec = spec;
+  options.log_steps = false;
+  {
+    auto trainer = Trainer::Create(options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    for (int s = 0; s < 5; ++s) ASSERT_TRUE((*trainer)->Step().ok());
+    ASSERT_TRUE((*trainer)->SaveCheckpoint(/*async=*/false).ok());
+    ASSERT_TRUE(fs::exists(dir_ / "out" / "ckpt" / "step_5"));
+    fs::remove_all(dir_ / "out" / "ckpt");
+    for (int s = 0; s < 3; ++s) ASSERT_TRUE((*trainer)->Step().ok());
+    ASSERT_TRUE((*trainer)->SaveCheckpoint(/*async=*/true).ok());
+    ASSERT_TRUE((*trainer)->FlushCheckpoints().ok());
+  }
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "ckpt" / "step_8" / "manifest.json"));
+  auto resumed = Trainer::Create(options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->resumed_from(), 8);
+}
+
 TEST_F(TrainerTest, StopFlagAbandonsTheStep) {
   std::atomic<bool> stop{true};
   TrainerOptions options;
