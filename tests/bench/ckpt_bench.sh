@@ -31,15 +31,7 @@ per_rank=$((threads / nproc > 0 ? threads / nproc : 1))
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-python3 - "$out/train.bin" <<'PY'
-import random, struct, sys
-random.seed(1)
-n = 300_000
-header = [20240520, 1, n] + [0] * 253
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *header))
-    f.write(struct.pack("<%dH" % n, *(random.randrange(256) for _ in range(n))))
-PY
+python3 "$(dirname "$0")/random_shard.py" "$out/train.bin"
 
 run() {  # run NAME EVERY_STEPS ASYNC -> prints wall seconds
   local name=$1 ck_every=$2 async=$3

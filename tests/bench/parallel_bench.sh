@@ -35,17 +35,7 @@ half=$((threads / 2 > 0 ? threads / 2 : 1))
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-# Random tokens below 256, valid for every vocabulary the runs use: the benchmark times
-# steps, it does not learn.
-python3 - "$out/train.bin" <<'EOF'
-import random, struct, sys
-random.seed(1)
-n = 300_000
-header = [20240520, 1, n] + [0] * 253
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *header))
-    f.write(struct.pack("<%dH" % n, *(random.randrange(256) for _ in range(n))))
-EOF
+python3 "$(dirname "$0")/random_shard.py" "$out/train.bin"
 
 cat > "$out/spec.yaml" <<EOF
 name: parallel-bench

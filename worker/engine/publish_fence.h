@@ -15,6 +15,9 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+
 #include "common/status.h"
 
 namespace drover::engine {
@@ -28,5 +31,11 @@ class PublishFence {
   // attempt is superseded; Unavailable or DeadlineExceeded when it cannot be reached.
   virtual Status Confirm() = 0;
 };
+
+// Confirms through `fence` (nullptr: OK at once), retrying every 200 ms while the coordinator
+// cannot be reached, for up to `timeout`: a short coordinator restart is ridden through.
+// FailedPrecondition (superseded) at once; Cancelled when `stop` (may be null) is set.
+Status ConfirmWithin(PublishFence* fence, std::chrono::milliseconds timeout,
+                     const std::atomic<bool>* stop);
 
 }  // namespace drover::engine

@@ -18,6 +18,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How long the run's end waits to confirm its attempt (rides through a coordinator restart).
+constexpr std::chrono::milliseconds kConfirmTimeout{5000};
+
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -407,25 +410,26 @@ ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   return snap;
 }
 
-Status Trainer::ConfirmAttempt() {
-  if (options_.fence == nullptr) return OkStatus();
-  Status st;
-  for (int i = 0; i < 25; ++i) {  // about 5 s: rides through a short coordinator restart
-    st = options_.fence->Confirm();
-    if (st.ok() || st.code() == StatusCode::kFailedPrecondition) return st;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return st;
-}
-
 Status Trainer::PublishMetrics(const StepMetrics* m, bool wait) {
   if (!metrics_.is_open()) return OkStatus();
   if (m != nullptr) held_metrics_.push_back(*m);
+  // A long coordinator outage must not grow the trainer without bound: the oldest held lines
+  // go first (the run itself is not affected, only its record).
+  constexpr size_t kMaxHeldMetrics = 100'000;
+  if (held_metrics_.size() > kMaxHeldMetrics) {
+    if (dropped_metrics_++ % 10'000 == 0) {
+      spdlog::warn(
+          "the coordinator has not confirmed this attempt for {} steps; dropping the "
+          "oldest held metrics lines ({} so far)",
+          held_metrics_.size(), dropped_metrics_);
+    }
+    held_metrics_.pop_front();
+  }
   if (options_.fence != nullptr && !options_.fence->Current()) {
     if (!wait) return OkStatus();
     // The run's end: the lines of a superseded attempt are dropped (its successor writes
     // its own).
-    Status st = ConfirmAttempt();
+    Status st = ConfirmWithin(options_.fence, kConfirmTimeout, options_.stop);
     if (!st.ok()) {
       held_metrics_.clear();
       return st.code() == StatusCode::kFailedPrecondition ? OkStatus() : st;
@@ -576,7 +580,7 @@ Status Trainer::Run() {
   // own disk may have room), and then the run has succeeded.
   if (is_rank0()) {
     RETURN_IF_ERROR(PublishMetrics(nullptr, /*wait=*/true));
-    model = ConfirmAttempt();
+    model = ConfirmWithin(options_.fence, kConfirmTimeout, options_.stop);
     if (model.ok()) model = SaveModelFile(config_, params.data(), model_path);
   }
   Status ckpt = writer_->Flush();

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -147,8 +148,6 @@ class Trainer {
   // Rank 0: appends `m` to metrics.jsonl (with any held lines first) when the fence allows;
   // holds it otherwise. With `wait`, confirms the attempt first (the run's end).
   Status PublishMetrics(const StepMetrics* m, bool wait);
-  // The fence's confirmation, retried for a few seconds while the coordinator is away.
-  Status ConfirmAttempt();
   // Waits (up to the connect timeout) until every rank reached `name`: a barrier through
   // the bootstrap store for phases longer than the communicators' deadline.
   Status StoreBarrier(const std::string& name);
@@ -176,7 +175,8 @@ class Trainer {
   std::unique_ptr<ckpt::KvShardExchange> exchange_;  // world size > 1
   std::unique_ptr<SpikeDetector> spike_;             // fault_tolerance.spike_rollback.enabled
   int64_t rollbacks_ = 0;
-  std::vector<StepMetrics> held_metrics_;  // rank 0: lines waiting for the fence
+  std::deque<StepMetrics> held_metrics_;  // rank 0: lines waiting for the fence
+  int64_t dropped_metrics_ = 0;           // held lines dropped past the cap
   std::unique_ptr<ckpt::AsyncCheckpointWriter> writer_;
   MetricsWriter metrics_;  // open on rank 0 only
   int64_t step_ = 0;

@@ -77,6 +77,16 @@ TEST(StatusChannelTest, TakeLinesKeepsPartialTail) {
   EXPECT_TRUE(buf.empty());
 }
 
+// Closes the writing end sv[1] and returns everything written to it.
+std::string DrainSocketPair(int sv[2]) {
+  close(sv[1]);
+  std::string data;
+  char buf[4096];
+  for (ssize_t n; (n = read(sv[0], buf, sizeof(buf))) > 0;) data.append(buf, n);
+  close(sv[0]);
+  return data;
+}
+
 TEST(TrainerReporterTest, LinesRoundTripThroughASocket) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
@@ -88,11 +98,7 @@ TEST(TrainerReporterTest, LinesRoundTripThroughASocket) {
   reporter.Checkpoint(rec);
   reporter.Progress(11, 12.5, 3.25, 900.0);
   reporter.Done();
-  close(sv[1]);
-  std::string data;
-  char buf[4096];
-  for (ssize_t n; (n = read(sv[0], buf, sizeof(buf))) > 0;) data.append(buf, n);
-  close(sv[0]);
+  std::string data = DrainSocketPair(sv);
 
   v1::TrainerStatus st = Starting();
   std::vector<v1::CheckpointRecord> ckpts;
@@ -117,11 +123,7 @@ TEST(TrainerReporterTest, ACheckpointFailureIsCarriedUntilASaveSucceeds) {
   rec.set_step(10);
   reporter.Checkpoint(rec);
   reporter.Progress(11, 1.0, 2.5, 100.0);
-  close(sv[1]);
-  std::string data;
-  char buf[4096];
-  for (ssize_t n; (n = read(sv[0], buf, sizeof(buf))) > 0;) data.append(buf, n);
-  close(sv[0]);
+  std::string data = DrainSocketPair(sv);
   v1::TrainerStatus st = Starting();
   std::vector<v1::CheckpointRecord> ckpts;
   std::vector<std::string> lines = TakeLines(&data);

@@ -64,26 +64,6 @@ Status AsyncCheckpointWriter::Fail(int64_t step, Status st) {
   return st;
 }
 
-Status AsyncCheckpointWriter::AwaitFence(int64_t step) {
-  if (options_.fence == nullptr) return OkStatus();
-  const auto deadline = std::chrono::steady_clock::now() + options_.fence_timeout;
-  while (true) {
-    Status st = options_.fence->Confirm();
-    if (st.ok()) return st;
-    if (st.code() == StatusCode::kFailedPrecondition) {
-      return st.WithContext("checkpoint of step " + std::to_string(step) + " not published");
-    }
-    if (options_.stop != nullptr && options_.stop->load()) {
-      return CancelledError("stopped while confirming the attempt for checkpoint " +
-                            std::to_string(step));
-    }
-    if (std::chrono::steady_clock::now() >= deadline) {
-      return st.WithContext("cannot confirm with the coordinator that this attempt is current");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
-
 Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap) {
   const int64_t step = snap.meta.step();
   StatusOr<std::vector<v1::CheckpointShard>> mine = WriteShard(options_.dir, snap.meta, snap.shard);
@@ -111,9 +91,11 @@ Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap) {
   }
   // A superseded attempt must never publish where the current one does, nor prune its
   // checkpoints: the commit and the pruning wait for the fence.
-  if (Status fenced = AwaitFence(step); !fenced.ok()) {
+  if (Status fenced = ConfirmWithin(options_.fence, options_.fence_timeout, options_.stop);
+      !fenced.ok()) {
     AbandonCheckpoint(options_.dir, snap.meta);
-    return Fail(step, fenced);
+    return Fail(
+        step, fenced.WithContext("checkpoint of step " + std::to_string(step) + " not published"));
   }
   auto path = CommitCheckpoint(options_.dir, snap.meta, shards);
   if (!path.ok()) return Fail(step, path.status());

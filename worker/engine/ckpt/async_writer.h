@@ -85,7 +85,6 @@ class AsyncCheckpointWriter {
   void Loop();
   Status Save(const ShardSnapshot& snap);
   Status Fail(int64_t step, Status st);
-  Status AwaitFence(int64_t step);
 
   const Options options_;
 

@@ -1,0 +1,24 @@
+#include "worker/engine/publish_fence.h"
+
+#include <thread>
+
+namespace drover::engine {
+
+Status ConfirmWithin(PublishFence* fence, std::chrono::milliseconds timeout,
+                     const std::atomic<bool>* stop) {
+  if (fence == nullptr) return OkStatus();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    Status st = fence->Confirm();
+    if (st.ok() || st.code() == StatusCode::kFailedPrecondition) return st;
+    if (stop != nullptr && stop->load()) {
+      return CancelledError("stopped while confirming that this attempt is current");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return st.WithContext("cannot confirm with the coordinator that this attempt is current");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace drover::engine
