@@ -368,7 +368,8 @@ void Coordinator::ScheduleLocked() {
   schedule_due_ = false;
   last_schedule_ms_ = clock_->NowMs();
   std::vector<PendingJob> pending = jobs_.Pending();
-  if (pending.empty()) return;
+  std::vector<RunningJob> growable = jobs_.Growable();
+  if (pending.empty() && growable.empty()) return;
   std::vector<NodeCapacity> capacity;
   std::map<v1::DeviceKind, int64_t> ever;
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) ever[d] = nodes_.TotalSlotsEver(d);
@@ -398,6 +399,9 @@ void Coordinator::ScheduleLocked() {
     jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));
   }
   for (const auto& [job, why] : result.waiting) jobs_.SetWaitingReason(job, why);
+  for (const auto& [job, size] : PlanGrowth(std::move(growable), result)) {
+    jobs_.PlanGrow(job, size);
+  }
 }
 
 void Coordinator::Tick() {

@@ -195,10 +195,56 @@ std::vector<PendingJob> JobManager::Pending() {
       ShowRestartDelay(job, now);
       continue;
     }
-    out.push_back(
-        {id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.feasible, job.avoid});
+    PendingJob p{id,           job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
+                 job.feasible, job.avoid};
+    if (job.hold_size > 0 && now < job.hold_until_ms) {
+      std::erase_if(p.feasible_world_sizes, [&](int s) { return s < job.hold_size; });
+      next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
+    }
+    out.push_back(std::move(p));
   }
   return out;
+}
+
+std::vector<RunningJob> JobManager::Growable() const {
+  std::vector<RunningJob> out;
+  for (const auto& [id, job] : jobs_) {
+    if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
+    if (job.spec.checkpoint.every_steps <= 0) continue;
+    if (job.rec.placement_size() >= job.feasible.back()) continue;
+    out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
+                   job.rec.placement_size(), job.feasible});
+  }
+  return out;
+}
+
+void JobManager::PlanGrow(const std::string& job_id, int world_size) {
+  Job* job = Get(job_id);
+  if (!job || job->rec.state() != v1::RUNNING || job->grow_to == world_size) return;
+  job->grow_to = world_size;
+  job->waiting = world_size > 0
+                     ? "growing to " + std::to_string(world_size) + " ranks at its next checkpoint"
+                     : "";
+  UpdateReason(*job);
+}
+
+void JobManager::Resize(Job& job, int64_t step) {
+  const int from = job.rec.placement_size();
+  const int to = job.grow_to;
+  const std::string what = "growing from " + std::to_string(from) + " to " + std::to_string(to) +
+                           " ranks at the checkpoint of step " + std::to_string(step);
+  v1::AttemptRecord& a = EndAttempt(job, "resized: " + what, clock_->WallNowMs());
+  job.rec.set_state(v1::RECOVERING);
+  job.rec.set_restart_not_before_ms(0);
+  job.failure = what;
+  job.waiting.clear();
+  job.grow_to = 0;
+  job.hold_size = to;
+  job.hold_until_ms = clock_->WallNowMs() + options_.stop_grace_ms + 1000;
+  next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
+  UpdateReason(job);
+  spdlog::info("job {}: {}", job.rec.job_id(), what);
+  Persist(job, &a);
 }
 
 void JobManager::ShowRestartDelay(Job& job, int64_t now_ms) {
@@ -229,6 +275,8 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   r.mutable_placement()->Assign(placement.ranks.begin(), placement.ranks.end());
   job->waiting.clear();
   job->failure.clear();
+  job->grow_to = 0;
+  job->hold_size = 0;
   r.set_reason("");
   r.set_restart_not_before_ms(0);
   job->ranks.assign(placement.ranks.size(), Rank{});
@@ -256,6 +304,8 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   job.rec.clear_placement();
   job.ranks.clear();
   job.ranks_done = 0;
+  job.grow_to = 0;
+  job.waiting.clear();
   if (hooks_.attempt_ended) hooks_.attempt_ended(job.rec.job_id(), job.rec.attempt());
   return a;
 }
@@ -392,7 +442,13 @@ bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
   if (!job || record.attempt() != job->rec.attempt()) return false;
   if (record.step() > job->rec.latest_checkpoint_step()) {
     job->rec.set_latest_checkpoint_step(record.step());
-    Persist(*job, nullptr);
+    // A resize at the final step would only delay the end.
+    if (job->rec.state() == v1::RUNNING && job->grow_to > job->rec.placement_size() &&
+        record.step() < job->spec.train.steps) {
+      Resize(*job, record.step());  // persists the new latest step with the resize
+    } else {
+      Persist(*job, nullptr);
+    }
   }
   return true;
 }

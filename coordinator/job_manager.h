@@ -18,6 +18,16 @@
 // die repeatedly are NodeManager's concern (a cordon for the whole cluster); a rank that
 // fails says nothing certain about its node, so it only steers this job.
 //
+// Growing back: a RUNNING job below its largest feasible world size is offered the slots
+// left free by a scheduling pass (PlanGrowth, refreshed by every pass). It keeps training
+// at its size until its next complete checkpoint; then that attempt ends ("resized", not
+// a failure: no restart counted, no back-off) and the next one resumes from that
+// checkpoint at the larger size. What a resize costs is the steps between the checkpoint
+// and the stop, not an interval: it happens at the checkpoint's report. For a short while
+// (the stop grace period plus a second) the next attempt is placed only at the planned
+// size, so that it waits for its old ranks' slots instead of starting small on the new
+// ones alone; after that it takes what fits, as after a failure.
+//
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
 // lists a live trainer that is not part of a current attempt (which also covers trainers
@@ -108,6 +118,12 @@ class JobManager {
   int64_t NextRestartMs() const { return next_restart_ms_; }
   // Why a pending job waits, for people (in memory: it changes on every scheduling pass).
   void SetWaitingReason(const std::string& job_id, const std::string& reason);
+  // RUNNING jobs below their largest feasible world size that could grow: those that save
+  // checkpoints (a resize resumes from one).
+  std::vector<RunningJob> Growable() const;
+  // Plans growing a RUNNING job to `world_size` ranks at its next complete checkpoint, or
+  // withdraws the plan (0). Shown in its reason.
+  void PlanGrow(const std::string& job_id, int world_size);
   // Starts the next attempt of a pending job on `placement`, resuming from `resume`
   // (nullptr: fresh start).
   void StartAttempt(const Placement& placement, const v1::CheckpointRecord* resume);
@@ -121,7 +137,8 @@ class JobManager {
   void OnNodeLost(const std::string& node, const std::string& why);
   // A trainer's step did not move for the hang timeout.
   void OnHang(const TrainerKey& key);
-  // A complete checkpoint reported by a trainer. False when fenced (older attempt).
+  // A complete checkpoint reported by a trainer. False when fenced (older attempt). A new
+  // one ends the attempt of a job planned to grow (see above).
   bool OnCheckpoint(const v1::CheckpointRecord& record);
 
   // Appends the orders for `node`, given what its agent lists now.
@@ -164,6 +181,9 @@ class JobManager {
     // Nodes where ranks of its failing attempts (this run of failures in a row) failed.
     // In memory only: a preference, lost with a coordinator restart.
     std::set<std::string> avoid;
+    int grow_to = 0;            // RUNNING: the size planned at its next checkpoint (0: none)
+    int hold_size = 0;          // after a resize: placed only at this size or larger...
+    int64_t hold_until_ms = 0;  // ...until this wall time
   };
 
   Job* Get(const std::string& job_id);
@@ -178,6 +198,8 @@ class JobManager {
   // Says in the job's reason how long its restart delay still lasts at wall time now_ms.
   void ShowRestartDelay(Job& job, int64_t now_ms);
   void Succeed(Job& job);
+  // Ends the attempt at the complete checkpoint of `step` to restart it at job.grow_to.
+  void Resize(Job& job, int64_t step);
   void Persist(Job& job, const v1::AttemptRecord* attempt);
   void IndexPlacement(const Job& job, bool add);
 

@@ -122,7 +122,29 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
     Take(p.ranks, &nodes);
     result.placements.push_back(std::move(p));
   }
+  for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) result.free_left[d] = FreeCount(nodes, d);
+  result.contended = std::move(blocked);
   return result;
+}
+
+std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const ScheduleResult& result) {
+  std::stable_sort(jobs.begin(), jobs.end(), [](const RunningJob& a, const RunningJob& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    return a.submit_seq < b.submit_seq;
+  });
+  std::map<v1::DeviceKind, int64_t> free = result.free_left;
+  std::map<std::string, int> plan;
+  for (const RunningJob& job : jobs) {
+    int target = 0;
+    if (!result.contended.count(job.device)) {
+      for (int s : job.feasible_world_sizes) {
+        if (s > job.world_size && s - job.world_size <= free[job.device]) target = s;
+      }
+    }
+    if (target > 0) free[job.device] -= target - job.world_size;
+    plan[job.job_id] = target;
+  }
+  return plan;
 }
 
 }  // namespace drover::coordinator

@@ -12,6 +12,9 @@
 // never shrunk nor held back to avoid them).
 // A job that could never fit, even on every slot the cluster ever registered, does not
 // block others and gets a reason saying so.
+// Growth (PlanGrowth): a RUNNING job below its largest feasible world size grows into the
+// slots that are still free after the pending jobs were placed, and only on a device where
+// no pending job is waiting for slots (queued jobs come before growing ones).
 #pragma once
 
 #include <cstdint>
@@ -48,11 +51,29 @@ struct Placement {
 struct ScheduleResult {
   std::vector<Placement> placements;
   std::map<std::string, std::string> waiting;  // job id -> why it is still pending
+  // After the placements: free slots per device, and the devices where a job that could
+  // fit some day still waits for slots.
+  std::map<v1::DeviceKind, int64_t> free_left;
+  std::set<v1::DeviceKind> contended;
+};
+
+struct RunningJob {
+  std::string job_id;
+  int priority = 0;
+  int64_t submit_seq = 0;
+  v1::DeviceKind device = v1::CPU;
+  int world_size = 0;                     // of its current attempt
+  std::vector<int> feasible_world_sizes;  // ascending
 };
 
 // `total_slots_ever`: per device, every slot of every node ever registered.
 ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> nodes,
                         const std::map<v1::DeviceKind, int64_t>& total_slots_ever);
+
+// For each of `jobs` (in priority, then submit order), the world size it should grow to:
+// the largest feasible size whose extra ranks fit in what `result` left free on its device
+// (each job's growth takes its slots from the next), or 0 when it should not grow now.
+std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const ScheduleResult& result);
 
 // The ranks of a `world_size` job packed onto `nodes` (which must hold enough free slots).
 std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes);

@@ -423,5 +423,87 @@ TEST_F(JobManagerTest, RestoredJobKeepsItsRestartDelay) {
   EXPECT_EQ(restored.Pending().size(), 1u);
 }
 
+v1::CheckpointRecord Checkpoint(const std::string& job, int64_t attempt, int64_t step) {
+  v1::CheckpointRecord c;
+  c.set_job_id(job);
+  c.set_attempt(attempt);
+  c.set_step(step);
+  c.set_path("/ckpt/step_" + std::to_string(step));
+  return c;
+}
+
+TEST_F(JobManagerTest, GrowsAtItsNextCheckpointWithoutCountingARestart) {
+  ASSERT_TRUE(Submit(SpecYaml(2, 4, 2), "j1", 1).ok());
+  Place("j1", 2, {Node("n1", 1), Node("n2", 1)});
+  Listing("n1", {Trainer("j1", 1, 0)});
+  Listing("n2", {Trainer("j1", 1, 1)});
+  auto growable = jobs_.Growable();
+  ASSERT_EQ(growable.size(), 1u);
+  EXPECT_EQ(growable[0].world_size, 2);
+  EXPECT_EQ(growable[0].feasible_world_sizes.back(), 4);
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 2));  // no plan yet: nothing happens
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  jobs_.PlanGrow("j1", 4);
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "growing to 4 ranks at its next checkpoint");
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 2));  // not a new checkpoint
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 4));
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find("j1")->restarts(), 0);
+  EXPECT_EQ(jobs_.Find("j1")->failures_in_a_row(), 0);
+  EXPECT_EQ(jobs_.Find("j1")->latest_checkpoint_step(), 4);
+  EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(),
+            "resized: growing from 2 to 4 ranks at the checkpoint of step 4");
+  EXPECT_EQ(batches_.back().jobs.back().state(), v1::RECOVERING);
+  // Its old ranks are told to stop.
+  ASSERT_EQ(OrdersFor("n1", {Trainer("j1", 1, 0)}).size(), 1u);
+  // Until its old ranks' slots are back (the grace period and a second), it is placed only
+  // at the planned size; then at whatever fits, as after a failure.
+  auto pending = jobs_.Pending();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].feasible_world_sizes, std::vector<int>{4});
+  EXPECT_EQ(jobs_.NextRestartMs(), clock_.WallNowMs() + 5000 + 1000);
+  clock_.AdvanceMs(6000);
+  EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, (std::vector<int>{2, 3, 4}));
+  v1::CheckpointRecord resume = Checkpoint("j1", 1, 4);
+  Place("j1", 4, {Node("n1", 1), Node("n2", 1), Node("n3", 1), Node("n4", 1)}, &resume);
+  EXPECT_EQ(jobs_.Attempts("j1").back().world_size(), 4);
+  EXPECT_EQ(jobs_.Attempts("j1").back().resume_step(), 4);
+  EXPECT_TRUE(jobs_.Growable().empty());
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "");
+}
+
+TEST_F(JobManagerTest, AWithdrawnPlanOrAFinalCheckpointDoesNotResize) {
+  ASSERT_TRUE(Submit(SpecYaml(1, 2, 2), "j1", 1).ok());
+  Place("j1", 1, {Node("n1", 1)});
+  jobs_.PlanGrow("j1", 2);
+  jobs_.PlanGrow("j1", 0);  // the slots were taken meanwhile
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "");
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 4));
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  jobs_.PlanGrow("j1", 2);
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 10));  // train.steps: the job is about to end
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+}
+
+TEST_F(JobManagerTest, JobsWithoutCheckpointsOrAtTheirLargestSizeDoNotGrow) {
+  ASSERT_TRUE(Submit(SpecYaml(1, 2, 2) + "checkpoint: {every_steps: 0}\n", "j1", 1).ok());
+  Place("j1", 1, {Node("n1", 1)});
+  ASSERT_TRUE(Submit(SpecYaml(1, 2, 2), "j2", 2).ok());
+  Place("j2", 2, {Node("n2", 2)});
+  EXPECT_TRUE(jobs_.Growable().empty());
+}
+
+TEST_F(JobManagerTest, AFailureWhileAGrowIsPlannedIsAnOrdinaryRestart) {
+  ASSERT_TRUE(Submit(SpecYaml(1, 2, 2), "j1", 1).ok());
+  Place("j1", 1, {Node("n1", 1)});
+  jobs_.PlanGrow("j1", 2);
+  jobs_.OnNodeLost("n1", "is dead");
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find("j1")->restarts(), 1);
+  EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, (std::vector<int>{1, 2}));
+  EXPECT_EQ(jobs_.Find("j1")->reason().find("growing"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace drover::coordinator

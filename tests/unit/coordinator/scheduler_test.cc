@@ -121,5 +121,36 @@ TEST(SchedulerTest, AvoidedNodesAreUsedOnlyWhenTheGangFitsNowhereElse) {
   EXPECT_EQ(r.placements[0].world_size, 4);
 }
 
+TEST(PlanGrowthTest, GrowsIntoWhatThePendingJobsLeftInPriorityOrder) {
+  ScheduleResult left;
+  left.free_left = {{v1::CPU, 3}, {v1::CUDA, 4}};
+  std::vector<RunningJob> running = {
+      {"late", 0, 5, v1::CPU, 2, {1, 2, 3, 4}},
+      {"early", 0, 1, v1::CPU, 1, {1, 2, 4}},
+      {"urgent", 5, 9, v1::CPU, 4, {4, 8}},
+      {"gpu", 0, 2, v1::CUDA, 2, {2, 4, 6, 8}},
+  };
+  auto plan = PlanGrowth(running, left);
+  EXPECT_EQ(plan["urgent"], 0);  // 4 more do not fit
+  EXPECT_EQ(plan["early"], 4);   // takes 3, the largest feasible size that fits
+  EXPECT_EQ(plan["late"], 0);    // nothing left
+  EXPECT_EQ(plan["gpu"], 6);
+}
+
+TEST(PlanGrowthTest, NoGrowthWhereAPendingJobWaitsForSlots) {
+  ScheduleResult result =
+      Schedule({{"big", 0, 1, v1::CPU, {8}, {}}}, {{"n1", v1::CPU, {0, 1, 2}}}, {{v1::CPU, 16}});
+  ASSERT_TRUE(result.placements.empty());
+  EXPECT_EQ(result.free_left[v1::CPU], 3);
+  EXPECT_TRUE(result.contended.count(v1::CPU));
+  auto plan = PlanGrowth({{"small", 0, 0, v1::CPU, 1, {1, 2}}}, result);
+  EXPECT_EQ(plan["small"], 0);
+  // A job that can never fit does not hold the others back.
+  result =
+      Schedule({{"huge", 0, 1, v1::CPU, {64}, {}}}, {{"n1", v1::CPU, {0, 1, 2}}}, {{v1::CPU, 16}});
+  EXPECT_FALSE(result.contended.count(v1::CPU));
+  EXPECT_EQ(PlanGrowth({{"small", 0, 0, v1::CPU, 1, {1, 2}}}, result)["small"], 2);
+}
+
 }  // namespace
 }  // namespace drover::coordinator

@@ -1,0 +1,148 @@
+// Elastic training through the coordinator, with the real trainer: a job of world size
+// [2, 4] on four one-slot agents loses two of them, goes on at 2 from its newest
+// checkpoint, and grows back to 4 at the checkpoint after the two agents return. Every
+// step's loss, whichever attempt and world size computed it, equals one process's.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/integration/cluster.h"
+#include "tests/integration/train_process.h"
+
+namespace drover {
+namespace {
+
+struct MetricsLine {
+  int64_t step = 0;
+  double loss = 0;
+  int64_t world_size = 0;
+  int64_t attempt = 0;
+};
+
+double Field(const std::string& line, const std::string& key) {
+  const size_t at = line.find("\"" + key + "\":");
+  return at == std::string::npos ? NAN : std::stod(line.substr(at + key.size() + 3));
+}
+
+std::vector<MetricsLine> ReadMetrics(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<MetricsLine> out;
+  for (std::string l; std::getline(in, l);) {
+    if (l.find("\"loss\":") == std::string::npos) continue;
+    out.push_back({static_cast<int64_t>(Field(l, "step")), Field(l, "loss"),
+                   static_cast<int64_t>(Field(l, "world_size")),
+                   static_cast<int64_t>(Field(l, "attempt"))});
+  }
+  return out;
+}
+
+class ElasticTest : public TrainProcessFixture {
+ protected:
+  // Global batch 8 in micro-batches of 2: dp 1, 2 or 4, so [2, 4] allows 2 and 4 (not 3).
+  // A constant learning rate, so that a reference run of fewer steps computes the same
+  // steps as the long job.
+  std::string Yaml(const std::string& name, int64_t steps) {
+    return "name: " + name + "\noutput_dir: " + (dir_ / name).string() +
+           "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
+           "data: {train: " +
+           (dir_ / "train.bin").string() + "}\ntrain: {steps: " + std::to_string(steps) +
+           ", global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.002, schedule: constant, "
+           "warmup_steps: 2, eval_every: 0}\n"
+           "parallel: {zero_stage: 1, timeout_s: 20}\n"
+           "checkpoint: {every_steps: 20, keep_last: 3}\n"
+           "resources: {world_size: {min: 2, max: 4}, threads_per_rank: 1}\n"
+           "fault_tolerance: {max_restarts: 10}\n";
+  }
+};
+
+// The attempt running now, once it trained past a checkpoint of its own.
+bool CheckpointedAt(const v1::JobInfo& i, int world_size) {
+  if (i.job().state() != v1::RUNNING || i.attempts_size() == 0) return false;
+  const v1::AttemptRecord& a = *i.attempts().rbegin();
+  return a.attempt() == i.job().attempt() && a.world_size() == world_size &&
+         i.job().latest_checkpoint_step() > std::max<int64_t>(a.resume_step(), 0);
+}
+
+TEST_F(ElasticTest, ShrinksWhenAgentsDieAndGrowsBackAtTheNextCheckpoint) {
+  testing::ClusterOptions o;
+  o.agents = 4;
+  o.trainer = "drover-trainer";
+  o.name = "elastic";
+  o.heartbeat_timeout_ms = 2000;  // 8 trainers and agents share this machine's cores
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  auto id = cluster.Submit(Yaml("elastic", 1000000));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return CheckpointedAt(i, 4); }, 60000, &info))
+      << cluster.DebugLogs();
+
+  // Two agents die with their trainers: the job goes on at 2 on the others.
+  cluster.agent("w2")->Kill(SIGKILL);
+  cluster.agent("w3")->Kill(SIGKILL);
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return CheckpointedAt(i, 2); }, 60000, &info))
+      << info.job().reason() << cluster.DebugLogs();
+  const int64_t restarts = info.job().restarts();
+  const int64_t small_attempt = info.job().attempt();
+
+  // They come back: at its next checkpoint the job restarts at 4, not counted as a failure.
+  cluster.StartAgent(2);
+  cluster.StartAgent(3);
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return CheckpointedAt(i, 4); }, 60000, &info))
+      << info.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(info.job().restarts(), restarts);
+  const v1::AttemptRecord& small = info.attempts(static_cast<int>(small_attempt) - 1);
+  const v1::AttemptRecord& grown = *info.attempts().rbegin();
+  EXPECT_EQ(small.world_size(), 2);
+  EXPECT_EQ(small.end_reason().rfind("resized: growing from 2 to 4 ranks at the checkpoint of "
+                                     "step ",
+                                     0),
+            0u)
+      << small.end_reason();
+  EXPECT_EQ(grown.attempt(), small_attempt + 1);
+  EXPECT_GT(grown.resume_step(), small.resume_step());
+  ASSERT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return i.trainers_size() == 0; }, 20000))
+      << cluster.DebugLogs();
+
+  // Every line, of every attempt and world size, has the loss one process computes.
+  const std::vector<MetricsLine> got = ReadMetrics(dir_ / "elastic" / "metrics.jsonl");
+  ASSERT_FALSE(got.empty());
+  std::map<int64_t, int> sizes_seen;
+  int64_t last = 0;
+  for (const MetricsLine& m : got) {
+    last = std::max(last, m.step);
+    ++sizes_seen[m.world_size];
+  }
+  EXPECT_GT(sizes_seen[2], 0);
+  EXPECT_GT(sizes_seen[4], 0);
+  std::cout << "steps " << last << ", lines at world size 4: " << sizes_seen[4]
+            << ", at 2: " << sizes_seen[2] << ", attempts " << info.job().attempt() << "\n";
+  std::ofstream(dir_ / "ref.yaml") << Yaml("ref", last);
+  const pid_t ref = Spawn({kBin + "drover", "train", (dir_ / "ref.yaml").string(), "--threads", "1",
+                           "--nproc", "1", "--fresh"});
+  ASSERT_EQ(Wait(ref), 0) << Log();
+  std::map<int64_t, double> want;
+  for (const MetricsLine& m : ReadMetrics(dir_ / "ref" / "metrics.jsonl")) want[m.step] = m.loss;
+  ASSERT_EQ(static_cast<int64_t>(want.size()), last);
+  int compared = 0;
+  for (const MetricsLine& m : got) {
+    ASSERT_TRUE(want.count(m.step)) << m.step;
+    EXPECT_NEAR(m.loss, want[m.step], 1e-5 * want[m.step])
+        << "step " << m.step << " of attempt " << m.attempt << " at world size " << m.world_size;
+    if (++compared > 100000) break;
+  }
+}
+
+}  // namespace
+}  // namespace drover
