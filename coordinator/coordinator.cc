@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "coordinator/ids.h"
 #include "coordinator/store/sqlite_store.h"
@@ -77,8 +78,10 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
             JobManager::Hooks{[this](StoreBatch b) { Persist(std::move(b)); },
                               [this](const std::string& job, int64_t attempt) {
                                 rendezvous_.OpenAttempt(job, attempt);
+                                NudgeNodesOf(job);  // start orders
                               },
                               [this](const std::string& job, int64_t attempt) {
+                                NudgeNodesOf(job);  // stop orders for the survivors
                                 rendezvous_.CloseAttempt(job, attempt);
                                 health_.ForgetAttempt(job, attempt);
                                 schedule_due_ = true;  // its slots are free, or it waits
@@ -224,6 +227,38 @@ Status Coordinator::ReportTrainerExit(const v1::TrainerExitRequest& request) {
   health_.ForgetTrainer(TrainerKey::Of(request.trainer()));
   schedule_due_ = true;  // a survivor's exit frees its slot
   return OkStatus();
+}
+
+Status Coordinator::WatchOpened(const v1::WatchRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!nodes_.Accepts(request.name(), request.agent_id())) {
+    return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
+                                   request.name() + "; register first");
+  }
+  return OkStatus();
+}
+
+void Coordinator::WatchClosed(const v1::WatchRequest& request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A connection of an agent the node no longer knows (replaced, or already dead) says
+  // nothing about the node.
+  if (!nodes_.Accepts(request.name(), request.agent_id())) return;
+  spdlog::info("node {}: agent connection closed; dead unless it heartbeats within {} ms",
+               request.name(), options_.connection_grace_ms);
+  health_.OnConnectionLost(request.name(), clock_->NowMs(), options_.connection_grace_ms);
+}
+
+void Coordinator::SetNudge(std::function<void(const std::string& node)> nudge) {
+  std::lock_guard<std::mutex> lock(mu_);
+  nudge_ = std::move(nudge);
+}
+
+void Coordinator::NudgeNodesOf(const std::string& job_id) {
+  const v1::JobRecord* rec = jobs_.Find(job_id);
+  if (!nudge_ || !rec) return;
+  std::set<std::string> nodes;
+  for (const auto& r : rec->placement()) nodes.insert(r.node());
+  for (const std::string& node : nodes) nudge_(node);
 }
 
 Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +45,10 @@ struct CoordinatorOptions {
   int64_t heartbeat_interval_ms = 1000;  // told to agents at registration
   int64_t heartbeat_timeout_ms = 3000;   // a node is dead after this without a heartbeat
   int64_t stop_grace_ms = 5000;          // SIGTERM -> SIGKILL grace in stop orders
+  // After an agent's Watch connection closes, how long it has to heartbeat before its node
+  // is dead. A live agent heartbeats at once when its connection breaks; a dead one never
+  // does, so an agent process that dies is noticed in this time instead of the timeout.
+  int64_t connection_grace_ms = 500;
   NodeManagerOptions nodes;
   RestartBackoff restart_backoff;
 };
@@ -72,6 +77,14 @@ class Coordinator {
   v1::HeartbeatResponse Heartbeat(const v1::HeartbeatRequest& request);
   Status ReportTrainerExit(const v1::TrainerExitRequest& request);
   Status AppendLogs(const v1::AppendLogsRequest& request);
+  // An agent's Watch stream opened: FailedPrecondition unless that agent is registered.
+  Status WatchOpened(const v1::WatchRequest& request);
+  // It closed: the node is dead after connection_grace_ms unless its agent heartbeats.
+  void WatchClosed(const v1::WatchRequest& request);
+  // How the coordinator tells a node's agent that orders wait for it (through its Watch
+  // stream). Called under the state lock: it must not block or call back. Set before
+  // serving.
+  void SetNudge(std::function<void(const std::string& node)> nudge);
 
   // JobService. Submit and Cancel answer only once the change is durable; one the store
   // refuses is refused with its error and changes nothing.
@@ -109,6 +122,8 @@ class Coordinator {
   // survivor keeps its slot until it exits).                   REQUIRES(mu_)
   void AppendListedSlots(const std::string& node, std::vector<int>* slots) const;
   void ScheduleLocked();  // REQUIRES(mu_)
+  // Nudges the agents of the job's current placement.          REQUIRES(mu_)
+  void NudgeNodesOf(const std::string& job_id);
 
   const Clock* const clock_;
   const CoordinatorOptions options_;
@@ -120,13 +135,14 @@ class Coordinator {
   RendezvousStore rendezvous_;
 
   mutable std::mutex mu_;
-  NodeManager nodes_;               // GUARDED_BY(mu_)
-  HealthManager health_;            // GUARDED_BY(mu_)
-  CheckpointRegistry checkpoints_;  // GUARDED_BY(mu_)
-  JobManager jobs_;                 // GUARDED_BY(mu_)
-  int64_t next_submit_seq_ = 1;     // GUARDED_BY(mu_)
-  uint32_t id_salt_ = 0;            // GUARDED_BY(mu_)
-  int64_t last_write_seq_ = 0;      // GUARDED_BY(mu_): the newest batch queued
+  std::function<void(const std::string& node)> nudge_;  // GUARDED_BY(mu_)
+  NodeManager nodes_;                                   // GUARDED_BY(mu_)
+  HealthManager health_;                                // GUARDED_BY(mu_)
+  CheckpointRegistry checkpoints_;                      // GUARDED_BY(mu_)
+  JobManager jobs_;                                     // GUARDED_BY(mu_)
+  int64_t next_submit_seq_ = 1;                         // GUARDED_BY(mu_)
+  uint32_t id_salt_ = 0;                                // GUARDED_BY(mu_)
+  int64_t last_write_seq_ = 0;                          // GUARDED_BY(mu_): the newest batch queued
   // A scheduling pass walks every node, so Tick runs one only when something that can
   // change its outcome happened (a job submitted, cancelled or ended, a node registered,
   // revived, died or left its cordon, a trainer exited), plus once per

@@ -22,6 +22,18 @@ void HealthManager::OnHeartbeat(const std::string& node, int64_t now_ms) {
 
 void HealthManager::ForgetNode(const std::string& node) { leases_.erase(node); }
 
+void HealthManager::OnConnectionLost(const std::string& node, int64_t now_ms, int64_t grace_ms) {
+  auto it = leases_.find(node);
+  if (it == leases_.end()) return;
+  Lease& lease = it->second;
+  lease.deadline_ms = std::min(lease.deadline_ms, now_ms + grace_ms);
+  if (lease.deadline_ms < lease.check_ms) {
+    lease.gen = ++next_gen_;
+    lease.check_ms = lease.deadline_ms;
+    lease_checks_.push({lease.check_ms, lease.gen, node});
+  }
+}
+
 void HealthManager::OnTrainerProgress(const TrainerKey& key, int64_t step, int64_t hang_timeout_ms,
                                       int64_t now_ms) {
   if (hang_timeout_ms <= 0) return;

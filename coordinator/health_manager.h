@@ -26,6 +26,10 @@ class HealthManager {
   // another heartbeat. Also used to give restored nodes a grace period after a restart.
   void OnHeartbeat(const std::string& node, int64_t now_ms);
   void ForgetNode(const std::string& node);
+  // The node's agent connection closed (its process died, or the connection broke): it is
+  // dead at now_ms + grace_ms unless a heartbeat renews its lease before (a live agent
+  // heartbeats at once when its connection breaks). Never extends a lease.
+  void OnConnectionLost(const std::string& node, int64_t now_ms, int64_t grace_ms);
 
   // A live trainer's step as last reported. `hang_timeout_ms` <= 0 disables hang detection.
   // The clock starts at the first report; it restarts each time `step` changes.

@@ -300,13 +300,14 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
 v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int64_t now_ms) {
   v1::AttemptRecord& a = job.attempts[job.rec.attempt()];
   MarkEnded(&a, job.rec, now_ms, why);
+  // While the job still names its placement: the hook tells those nodes.
+  if (hooks_.attempt_ended) hooks_.attempt_ended(job.rec.job_id(), job.rec.attempt());
   IndexPlacement(job, false);
   job.rec.clear_placement();
   job.ranks.clear();
   job.ranks_done = 0;
   job.grow_to = 0;
   job.waiting.clear();
-  if (hooks_.attempt_ended) hooks_.attempt_ended(job.rec.job_id(), job.rec.attempt());
   return a;
 }
 

@@ -71,6 +71,7 @@ class JobManager {
   struct Hooks {
     std::function<void(StoreBatch)> persist;
     std::function<void(const std::string& job_id, int64_t attempt)> attempt_started;
+    // Called while Find(job_id)->placement() still names the ended attempt's ranks.
     std::function<void(const std::string& job_id, int64_t attempt)> attempt_ended;
   };
   using Orders = google::protobuf::RepeatedPtrField<v1::Order>;

@@ -32,6 +32,11 @@ int main(int argc, char** argv) {
                  "a node is dead after this long without a heartbeat")
       ->check(CLI::Range(20, 3600000))
       ->capture_default_str();
+  app.add_option("--connection-grace-ms", options.connection_grace_ms,
+                 "after an agent's connection closes, a node is dead unless its agent "
+                 "heartbeats within this")
+      ->check(CLI::Range(0, 3600000))
+      ->capture_default_str();
   app.add_option("--stop-grace-ms", options.stop_grace_ms,
                  "SIGTERM to SIGKILL grace when stopping trainers")
       ->check(CLI::Range(0, 600000))

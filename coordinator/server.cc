@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/grpc_runtime.h"
+#include "coordinator/agent_watch.h"
 #include "coordinator/grpc_status.h"
 #include "coordinator/rendezvous_service.h"
 #include "proto/drover.grpc.pb.h"
@@ -23,10 +24,16 @@ namespace {
 // heartbeat again); one answers 10,000 heartbeats a second in about half a core.
 // Coordinator::Heartbeat never blocks on I/O, so it is safe there. The other methods are
 // rare and may touch disk or wait; they stay sync.
+// Watch, one long-lived stream per agent, is on the callback API (agent_watch.h).
 class WorkerServiceImpl final
-    : public v1::WorkerService::WithAsyncMethod_Heartbeat<v1::WorkerService::Service> {
+    : public v1::WorkerService::WithCallbackMethod_Watch<
+          v1::WorkerService::WithAsyncMethod_Heartbeat<v1::WorkerService::Service>> {
  public:
-  explicit WorkerServiceImpl(Coordinator* c) : c_(c) {}
+  WorkerServiceImpl(Coordinator* c, AgentWatches* watches) : c_(c), watches_(watches) {}
+  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext*,
+                                                  const v1::WatchRequest* req) override {
+    return watches_->Open(*req);
+  }
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override {
     auto r = c_->Register(*req);
@@ -45,6 +52,7 @@ class WorkerServiceImpl final
 
  private:
   Coordinator* c_;
+  AgentWatches* watches_;
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
@@ -198,7 +206,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinato
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->coordinator_ = coordinator;
   s->host_ = listen.substr(0, colon);
-  s->worker_service_ = std::make_unique<WorkerServiceImpl>(coordinator);
+  s->watches_ = std::make_unique<AgentWatches>(coordinator);
+  coordinator->SetNudge([w = s->watches_.get()](const std::string& node) { w->Nudge(node); });
+  s->worker_service_ = std::make_unique<WorkerServiceImpl>(coordinator, s->watches_.get());
   s->job_service_ = std::make_unique<JobServiceImpl>(coordinator);
   s->rendezvous_service_ = std::make_unique<RendezvousServiceImpl>(&coordinator->rendezvous());
   grpc::ServerBuilder builder;
@@ -252,6 +262,7 @@ void CoordinatorServer::Shutdown() {
   if (ticker_.joinable()) ticker_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (heartbeats_) heartbeats_->Stop();
+  if (coordinator_) coordinator_->SetNudge(nullptr);
 }
 
 }  // namespace drover::coordinator

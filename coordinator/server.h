@@ -21,6 +21,7 @@
 
 namespace drover::coordinator {
 
+class AgentWatches;
 class HeartbeatServer;
 
 class CoordinatorServer {
@@ -45,6 +46,8 @@ class CoordinatorServer {
   Coordinator* coordinator_ = nullptr;
   std::string host_;
   int port_ = 0;
+  // Declared before server_: the streams it owns call it until the server is gone.
+  std::unique_ptr<AgentWatches> watches_;
   std::unique_ptr<grpc::Service> worker_service_;
   std::unique_ptr<grpc::Service> job_service_;
   std::unique_ptr<grpc::Service> rendezvous_service_;

@@ -74,6 +74,7 @@ void Agent::ResetChannel() {
 }
 
 Agent::~Agent() {
+  watch_.reset();
   supervisor_.reset();
   logs_.reset();
 }
@@ -92,6 +93,14 @@ bool Agent::SleepMs(int64_t ms) {
   cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return shutdown_ || wake_; });
   wake_ = false;
   return !shutdown_;
+}
+
+void Agent::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
 }
 
 Status Agent::Register() {
@@ -241,6 +250,15 @@ Status Agent::Run() {
         if (clock_->NowMs() < fast_until_ms_) wait = std::min<int64_t>(wait, kFastHeartbeatMs);
       }
       registered = true;
+      if (!watch_) {
+        v1::WatchRequest req;
+        req.set_name(options_.name);
+        req.set_agent_id(agent_id_);
+        watch_ = std::make_unique<CoordinatorWatch>(
+            req, [this] { return stub(); }, [this] { Wake(); }, [this] { Wake(); },
+            std::min<int64_t>(1000, heartbeat_interval_ms_));
+        watch_->Start();
+      }
       if (!SleepMs(wait)) break;
       continue;
     }
@@ -260,6 +278,7 @@ Status Agent::Run() {
     backoff_ms =
         std::min<int64_t>({backoff_ms * 2, options_.max_backoff_ms, heartbeat_interval_ms_});
   }
+  if (watch_) watch_->Stop();
   spdlog::info("shutting down: stopping {} trainer(s)", supervisor_->RunningCount());
   supervisor_->StopAll(options_.shutdown_grace_ms);
   supervisor_->WaitAllExited(options_.shutdown_grace_ms + 2000);

@@ -8,6 +8,9 @@
 //                        log in <work>/logs/<job>/attempt-<a>/rank-<r>.log;
 //   StopTrainersOrder  - SIGTERM the job's trainers with attempt <= the given one, SIGKILL
 //                        after grace_ms (idempotent).
+// Once registered it also keeps a Watch stream open (CoordinatorWatch): its connection
+// closing tells the coordinator at once that this process died, and its events (orders
+// wait) and its end wake the heartbeat loop to heartbeat at once.
 // Trainer exits are reported at once with ReportTrainerExit. When the coordinator is
 // unreachable the trainers keep running; the agent retries with exponential back-off
 // (capped at max_backoff_ms) and registers again once it answers, listing what runs.
@@ -27,6 +30,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "proto/drover.grpc.pb.h"
+#include "worker/coordinator_watch.h"
 #include "worker/log_shipper.h"
 #include "worker/trainer_supervisor.h"
 
@@ -66,8 +70,10 @@ class Agent {
   Status Heartbeat();
   void StartTrainer(const v1::StartTrainerOrder& order);
   void OnTrainerExit(const v1::TrainerStatus& status);
-  // Sleeps up to `ms`, returning early on Shutdown(); false when shutting down.
+  // Sleeps up to `ms`, returning early on Shutdown() or Wake(); false when shutting down.
   bool SleepMs(int64_t ms);
+  // Ends the current (or next) SleepMs: heartbeat now.
+  void Wake();
   // The current stub; ResetChannel replaces it after a failure, so the next call dials a
   // restarted coordinator at once instead of waiting out gRPC's reconnect back-off.
   std::shared_ptr<v1::WorkerService::Stub> stub();
@@ -90,6 +96,7 @@ class Agent {
   int64_t node_timeout_ms_ = 3000;  // the coordinator's, from registration
   int64_t seq_ = 0;
 
+  std::unique_ptr<CoordinatorWatch> watch_;  // from the first registration on
   // Declared last: destroyed first, while the stub its callbacks use is still alive.
   std::unique_ptr<LogShipper> logs_;
   std::unique_ptr<TrainerSupervisor> supervisor_;

@@ -42,10 +42,13 @@ std::vector<pid_t> TrainerPids(const v1::JobInfo& info) {
 
 class ControlPlaneTest : public ::testing::Test {
  protected:
-  void StartCluster(int agents, int slots = 1) {
+  void StartCluster(int agents, int slots = 1, int heartbeat_interval_ms = 200,
+                    int heartbeat_timeout_ms = 1000) {
     ClusterOptions o;
     o.agents = agents;
     o.slots_per_agent = slots;
+    o.heartbeat_interval_ms = heartbeat_interval_ms;
+    o.heartbeat_timeout_ms = heartbeat_timeout_ms;
     o.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     cluster_ = std::make_unique<Cluster>(o);
     ASSERT_TRUE(cluster_->Start()) << "workers did not register\n" << cluster_->DebugLogs();
@@ -198,6 +201,40 @@ TEST_F(ControlPlaneTest, AgentKilledIsRecoveredOnTheSurvivingNodes) {
   // No trainer of attempt 1 lives on: the dead agent's died with it (PDEATHSIG), the
   // survivor was stopped by its agent.
   for (pid_t pid : pids) EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(pid); }, 3000)) << pid;
+}
+
+// With a node timeout of 20 s, only the agent's broken connection can tell the coordinator
+// so soon that it died; and the idle agent that gets the next attempt hears of it through
+// its Watch stream, not at its next heartbeat 5 s later.
+TEST_F(ControlPlaneTest, AgentKilledIsNoticedByItsConnectionAndIdleAgentsAreNudged) {
+  StartCluster(2, 1, /*heartbeat_interval_ms=*/5000, /*heartbeat_timeout_ms=*/20000);
+  // Progress reaches the coordinator with heartbeats, 5 s apart here: the agents' logs say
+  // when they started a trainer.
+  auto started = [&](const std::string& id, int attempt) {
+    for (const char* node : {"w0", "w1"}) {
+      const std::string log = ReadAll((cluster_->root() / (std::string(node) + ".log")).string());
+      if (log.find("starting trainer job " + id + " attempt " + std::to_string(attempt)) !=
+          std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  int64_t t0 = NowMs();
+  std::string id = Submit(cluster_->JobYaml("conn", 1, 1, 100000, 5, 3, 30, "step_ms=20\n"));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(WaitUntil([&] { return started(id, 1); }, 15000)) << cluster_->DebugLogs();
+  EXPECT_LT(NowMs() - t0, 2500) << "the start order waited for a heartbeat";
+  v1::JobInfo running = WaitStep(id, 1, 1, 15000);
+  const std::string victim = running.job().placement(0).node();
+  t0 = NowMs();
+  cluster_->agent(victim)->Kill(SIGKILL);
+  ASSERT_TRUE(WaitUntil([&] { return started(id, 2); }, 25000)) << cluster_->DebugLogs();
+  EXPECT_LT(NowMs() - t0, 3000) << cluster_->DebugLogs();
+  v1::JobInfo info = WaitStep(id, 1, 1, 15000);
+  EXPECT_EQ(info.job().attempt(), 2);
+  EXPECT_NE(info.job().placement(0).node(), victim);
+  ASSERT_TRUE(cluster_->Cancel(id).ok());
 }
 
 // Two agents given one --name (other machines, other work dirs) must not take turns at

@@ -33,6 +33,33 @@ TEST(HealthManagerTest, HeartbeatRenewsTheLease) {
   }
 }
 
+TEST(HealthManagerTest, LostConnectionShortensTheLeaseUnlessAHeartbeatFollows) {
+  FakeClock clock;
+  HealthManager h(3000);
+  h.OnHeartbeat("n1", clock.NowMs());
+  h.OnHeartbeat("n2", clock.NowMs());
+  clock.AdvanceMs(100);
+  h.OnConnectionLost("n1", clock.NowMs(), 500);
+  h.OnConnectionLost("n2", clock.NowMs(), 500);
+  h.OnConnectionLost("unknown", clock.NowMs(), 500);  // never heard of: nothing to shorten
+  clock.AdvanceMs(200);
+  h.OnHeartbeat("n2", clock.NowMs());  // alive: it heartbeat at once after the break
+  clock.AdvanceMs(299);
+  EXPECT_TRUE(h.Tick(clock.NowMs()).dead_nodes.empty());
+  clock.AdvanceMs(1);
+  EXPECT_EQ(h.Tick(clock.NowMs()).dead_nodes, std::vector<std::string>{"n1"});
+  clock.AdvanceMs(2699);  // n2's heartbeat at 300 renewed it to 3300
+  EXPECT_TRUE(h.Tick(clock.NowMs()).dead_nodes.empty());
+  clock.AdvanceMs(1);
+  EXPECT_EQ(h.Tick(clock.NowMs()).dead_nodes, std::vector<std::string>{"n2"});
+  // A grace longer than what is left of the lease changes nothing.
+  h.OnHeartbeat("n3", clock.NowMs());
+  clock.AdvanceMs(2900);
+  h.OnConnectionLost("n3", clock.NowMs(), 500);
+  clock.AdvanceMs(100);
+  EXPECT_EQ(h.Tick(clock.NowMs()).dead_nodes, std::vector<std::string>{"n3"});
+}
+
 TEST(HealthManagerTest, TrainerHangsWhenStepDoesNotMove) {
   FakeClock clock;
   HealthManager h(3000);
