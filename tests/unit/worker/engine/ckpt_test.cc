@@ -67,7 +67,7 @@ TEST_F(CkptTest, FailedWriteRemovesItsPartialFilesAndKeepsThePreviousCheckpoint)
   setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, old_handler);
   ASSERT_FALSE(failed.ok());
-  EXPECT_FALSE(fs::exists(dir_ / "step_2.tmp"));
+  EXPECT_FALSE(fs::exists(dir_ / TmpDirName(2, 0)));
   EXPECT_FALSE(fs::exists(dir_ / "step_2"));
   std::string path;
   auto latest = LoadLatestCheckpoint(Dir(), &path);
