@@ -80,10 +80,6 @@ class FaultInjectionFileSystem final : public FileSystem {
     int error;
     int seen = 0;
   };
-  struct Injected {
-    Action action;
-    int error;
-  };
   struct FileState {
     uint64_t size = 0;
     uint64_t synced = 0;
@@ -92,15 +88,16 @@ class FaultInjectionFileSystem final : public FileSystem {
   // a directory above them renames them too (and undoing it renames them back).
   struct Change {
     enum Kind { kCreated, kMadeDir, kRenamed } kind;
-    std::string path;                     // what was created or made, or the rename's target
-    std::string from;                     // kRenamed: the source
-    std::optional<std::string> replaced;  // kRenamed over a file: its content
-    bool replaced_dir = false;            // kRenamed over an (empty) directory
-    std::vector<std::string> unsynced_dirs;
+    std::string path;                        // what was created or made, or the rename's target
+    std::string from;                        // kRenamed: the source
+    std::optional<std::string> replaced;     // kRenamed over a file: its content
+    bool replaced_dir = false;               // kRenamed over an (empty) directory
+    std::vector<std::string> unsynced_dirs;  // whose fsync it still waits for
   };
 
   void AddFault(Fault f);
-  // Counts a call of `op` on `path` and returns the fault it meets, if any.
+  // Counts a call of `op` on `path`; returns the error it must fail with (a fault it met, or
+  // the crash), if any. *short_write (Appends) says whether half the data goes through.
   std::optional<Status> OnOpLocked(Op op, const std::string& path, bool* short_write);
   void DropUnsyncedDataLocked();
   void UndoLocked(const Change& c);
