@@ -143,7 +143,9 @@ TEST_F(CkptFaultTest, EveryFailedStepLeavesOnlyCheckpointsThatLoad) {
       const std::string what = "EIO on call " + std::to_string(nth) + " of op " +
                                std::to_string(static_cast<int>(op)) + ": " +
                                saved.status().ToString();
-      if (!saved.ok()) EXPECT_TRUE(TmpEntries().empty()) << what;
+      if (!saved.ok()) {
+        EXPECT_TRUE(TmpEntries().empty()) << what;
+      }
       ExpectOnlyLoadableCheckpoints(what);
       fake_->DropUnsyncedData();
       ExpectOnlyLoadableCheckpoints(what + ", then a crash");
