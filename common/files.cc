@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +14,7 @@
 #include <system_error>
 
 #include "common/fd.h"
+#include "common/file_system.h"
 
 namespace drover {
 
@@ -29,24 +29,6 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
   }
   return OkStatus();
 }
-
-namespace {
-
-Status FsyncPath(const std::string& path, int flags, const char* what) {
-  ScopedFd fd(::open(path.c_str(), flags | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoToStatus(errno, std::string("open ") + what + " " + path);
-  if (::fsync(fd.get()) != 0)
-    return ErrnoToStatus(errno, std::string("fsync ") + what + " " + path);
-  return OkStatus();
-}
-
-// A name no other writer (thread or process) will pick: pid plus a process-wide counter.
-std::string TempPathFor(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-}
-
-}  // namespace
 
 std::string Dirname(const std::string& path) {
   const size_t slash = path.find_last_of('/');
@@ -85,27 +67,17 @@ StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {
 }
 
 Status WriteFileAtomic(const std::string& path, std::string_view data) {
-  const std::string tmp = TempPathFor(path);
-  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return ErrnoToStatus(errno, "create " + tmp);
-  Status st = WriteAll(fd.get(), data, tmp);
-  // The data must be durable before the rename makes it visible under `path`; otherwise a
-  // crash could leave `path` naming an empty or partial file.
-  if (st.ok() && ::fsync(fd.get()) != 0) st = ErrnoToStatus(errno, "fsync " + tmp);
-  if (fd.Close() != 0 && st.ok()) st = ErrnoToStatus(errno, "close " + tmp);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = ErrnoToStatus(errno, "rename " + tmp + " to " + path);
-  }
-  if (!st.ok()) {
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  return FsyncDir(Dirname(path));
+  return WriteFileAtomic(FileSystem::Default(), path, data);
 }
 
-Status FsyncDir(const std::string& dir) { return FsyncPath(dir, O_RDONLY | O_DIRECTORY, "dir"); }
+Status FsyncDir(const std::string& dir) { return FileSystem::Default()->SyncDir(dir); }
 
-Status FsyncFile(const std::string& path) { return FsyncPath(path, O_RDONLY, "file"); }
+Status FsyncFile(const std::string& path) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoToStatus(errno, "open file " + path);
+  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, "fsync file " + path);
+  return OkStatus();
+}
 
 Status MakeDirs(const std::string& path) {
   if (path.empty()) return InvalidArgumentError("MakeDirs: empty path");
@@ -160,19 +132,7 @@ bool IsDirectory(const std::string& path) {
 }
 
 Status RenameAtomic(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) {
-    const int err = errno;
-    if (err == ENOTEMPTY) {
-      return FailedPreconditionError("rename " + from + " to " + to + ": " + to +
-                                     " is a non-empty directory");
-    }
-    return ErrnoToStatus(err, "rename " + from + " to " + to);
-  }
-  const std::string to_dir = Dirname(to);
-  RETURN_IF_ERROR(FsyncDir(to_dir));
-  const std::string from_dir = Dirname(from);
-  if (from_dir != to_dir) RETURN_IF_ERROR(FsyncDir(from_dir));
-  return OkStatus();
+  return RenameAtomic(FileSystem::Default(), from, to);
 }
 
 }  // namespace drover

@@ -1,4 +1,7 @@
 // File-system helpers with durable-write semantics, for state files, checkpoints and specs.
+// The durable writes (WriteFileAtomic, RenameAtomic, FsyncDir) are the real file system's
+// case of common/file_system.h, which holds their one implementation; code that tests
+// should be able to fail under (checkpoints, model files, token shards) takes a FileSystem.
 //
 // Every error is a Status naming the path (errno translated by ErrnoToStatus: ENOENT ->
 // NotFound, EACCES -> FailedPrecondition, ENOSPC -> ResourceExhausted, ...). All functions
@@ -26,6 +29,7 @@ StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes);
 // content, never a mix: writes a temporary file in the same directory, fsyncs it, renames it
 // over `path`, then fsyncs the directory so the rename itself is durable. The directory must
 // exist. On failure the temporary file is removed and `path` is untouched.
+// WriteFileAtomic(FileSystem::Default(), path, data).
 Status WriteFileAtomic(const std::string& path, std::string_view data);
 
 // fsync(2) on a directory: makes creations, renames and deletions inside it durable.
@@ -58,6 +62,7 @@ bool IsDirectory(const std::string& path);
 // rename(2) `from` to `to` (files, or directories such as step_N.tmp -> step_N), then fsyncs
 // the parent directory of `to` (and of `from` when it differs) so the rename survives a
 // crash. Replacing a non-empty directory fails (FailedPrecondition or AlreadyExists).
+// RenameAtomic(FileSystem::Default(), from, to).
 Status RenameAtomic(const std::string& from, const std::string& to);
 
 // "a/b/c" -> "a/b"; "c" -> "."; "/c" -> "/".

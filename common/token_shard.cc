@@ -78,7 +78,7 @@ StatusOr<uint64_t> CheckTokenShardHeader(const int32_t* header, uint64_t file_si
   return count;
 }
 
-Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens) {
+Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens, FileSystem* fs) {
   // The count is an int32 in the header: llm.c's format caps a shard at 2^31 - 1 tokens.
   if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
     return InvalidArgumentError("token shard " + path + ": " + std::to_string(tokens.size()) +
@@ -89,20 +89,12 @@ Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens
   header[1] = kTokenShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
 
-  const std::string tmp = path + ".tmp";
-  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return ErrnoToStatus(errno, "create " + tmp);
-  RETURN_IF_ERROR(WriteAll(
-      fd.get(), std::string_view(reinterpret_cast<const char*>(header), sizeof(header)), tmp));
-  RETURN_IF_ERROR(WriteAll(
-      fd.get(), std::string_view(reinterpret_cast<const char*>(tokens.data()), tokens.size_bytes()),
-      tmp));
-  if (::fsync(fd.get()) != 0) return ErrnoToStatus(errno, "fsync " + tmp);
-  if (fd.Close() != 0) return ErrnoToStatus(errno, "close " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoToStatus(errno, "rename " + tmp + " to " + path);
-  }
-  return OkStatus();
+  return WriteFileAtomic(fs, path, [&](WritableFile& file) {
+    RETURN_IF_ERROR(
+        file.Append(std::string_view(reinterpret_cast<const char*>(header), sizeof(header))));
+    return file.Append(
+        std::string_view(reinterpret_cast<const char*>(tokens.data()), tokens.size_bytes()));
+  });
 }
 
 StatusOr<uint64_t> ReadTokenShardCount(const std::string& path) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_system.h"
 #include "common/status.h"
 
 namespace drover {
@@ -29,9 +30,10 @@ inline constexpr size_t kTokenShardHeaderBytes = kTokenShardHeaderInts * sizeof(
 StatusOr<uint64_t> CheckTokenShardHeader(const int32_t* header, uint64_t file_size,
                                          const std::string& path);
 
-// Writes `tokens` as a shard at `path` (via path.tmp + rename, so readers never see a
-// partial file). Errors name the path.
-Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens);
+// Writes `tokens` as a shard at `path` with WriteFileAtomic, so readers never see a partial
+// file and a failed write leaves no temporary file. Errors name the path.
+Status WriteTokenShard(const std::string& path, std::span<const uint16_t> tokens,
+                       FileSystem* fs = FileSystem::Default());
 
 // Reads and validates the header only; returns the token count.
 StatusOr<uint64_t> ReadTokenShardCount(const std::string& path);

@@ -4,10 +4,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
 #include <vector>
+
+#include "tests/unit/common/fault_injection_fs.h"
 
 namespace drover {
 namespace {
@@ -36,6 +40,14 @@ class TokenShardTest : public ::testing::Test {
     return path;
   }
 
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+      names.push_back(e.path().filename().string());
+    }
+    return names;
+  }
+
   std::string dir_;
 };
 
@@ -44,7 +56,7 @@ TEST_F(TokenShardTest, RoundTripsTokensAndWritesLlmcHeader) {
   const std::string path = dir_ + "/a.bin";
   ASSERT_TRUE(WriteTokenShard(path, tokens).ok());
   EXPECT_EQ(std::filesystem::file_size(path), 1024u + 2 * tokens.size());
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_EQ(Names(), std::vector<std::string>{"a.bin"});  // no temporary file left
 
   std::ifstream in(path, std::ios::binary);
   int32_t header[256];
@@ -107,6 +119,32 @@ TEST_F(TokenShardTest, RejectsTrailingDataAndShortHeader) {
   ASSERT_FALSE(tiny.ok());
   EXPECT_EQ(tiny.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(tiny.status().message().find("shorter than"), std::string::npos);
+}
+
+// A disk that fills up mid-shard: the error names the shard, the previous shard is still
+// whole and no temporary file holds the space.
+TEST_F(TokenShardTest, FailedWriteKeepsTheOldShardAndLeavesNoTemporaryFile) {
+  const std::string path = dir_ + "/train.bin";
+  ASSERT_TRUE(WriteTokenShard(path, std::vector<uint16_t>{1, 2, 3}).ok());
+  testing::FaultInjectionFileSystem fake(FileSystem::Default());
+  fake.ShortWriteNth(2, ENOSPC);  // the tokens, after the header
+  Status st = WriteTokenShard(path, std::vector<uint16_t>(1000, 9), &fake);
+  EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find(path), std::string::npos) << st;
+  EXPECT_EQ(*ReadTokenShard(path), (std::vector<uint16_t>{1, 2, 3}));
+  EXPECT_EQ(Names(), std::vector<std::string>{"train.bin"});
+}
+
+// A shard reported written is durable: its data and its name (the directory is fsynced
+// after the rename) survive a crash.
+TEST_F(TokenShardTest, WrittenShardSurvivesACrash) {
+  const std::string path = dir_ + "/train.bin";
+  testing::FaultInjectionFileSystem fake(FileSystem::Default());
+  ASSERT_TRUE(WriteTokenShard(path, std::vector<uint16_t>(100, 5), &fake).ok());
+  fake.DropUnsyncedData();
+  auto read = ReadTokenShard(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, std::vector<uint16_t>(100, 5));
 }
 
 TEST_F(TokenShardTest, MissingFileIsNotFound) {

@@ -66,7 +66,8 @@ Status AsyncCheckpointWriter::Fail(int64_t step, Status st) {
 
 Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap) {
   const int64_t step = snap.meta.step();
-  StatusOr<std::vector<v1::CheckpointShard>> mine = WriteShard(options_.dir, snap.meta, snap.shard);
+  StatusOr<std::vector<v1::CheckpointShard>> mine =
+      WriteShard(options_.dir, snap.meta, snap.shard, options_.fs);
   if (options_.rank != 0) {
     Status published = options_.exchange->Publish(step, options_.rank, mine);
     if (!mine.ok()) return Fail(step, mine.status());
@@ -86,20 +87,20 @@ Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap) {
     }
   }
   if (!st.ok()) {
-    AbandonCheckpoint(options_.dir, snap.meta);
+    AbandonCheckpoint(options_.dir, snap.meta, options_.fs);
     return Fail(step, st);
   }
   // A superseded attempt must never publish where the current one does, nor prune its
   // checkpoints: the commit and the pruning wait for the fence.
   if (Status fenced = ConfirmWithin(options_.fence, options_.fence_timeout, options_.stop);
       !fenced.ok()) {
-    AbandonCheckpoint(options_.dir, snap.meta);
+    AbandonCheckpoint(options_.dir, snap.meta, options_.fs);
     return Fail(
         step, fenced.WithContext("checkpoint of step " + std::to_string(step) + " not published"));
   }
-  auto path = CommitCheckpoint(options_.dir, snap.meta, shards);
+  auto path = CommitCheckpoint(options_.dir, snap.meta, shards, options_.fs);
   if (!path.ok()) return Fail(step, path.status());
-  Status pruned = PruneCheckpoints(options_.dir, options_.keep_last);
+  Status pruned = PruneCheckpoints(options_.dir, options_.keep_last, options_.fs);
   if (!pruned.ok()) spdlog::warn("checkpoint pruning: {}", pruned.ToString());
   if (options_.on_complete) options_.on_complete(snap.meta, *path);
   return OkStatus();

@@ -59,6 +59,8 @@ class AsyncCheckpointWriter {
     PublishFence* fence = nullptr;
     std::chrono::milliseconds fence_timeout{std::chrono::minutes(2)};
     const std::atomic<bool>* stop = nullptr;
+    // What the shards, the commit and the pruning write through. Not owned.
+    FileSystem* fs = FileSystem::Default();
     OnComplete on_complete;
     OnFailure on_failure;
   };

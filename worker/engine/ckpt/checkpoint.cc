@@ -4,7 +4,6 @@
 #include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,16 +11,13 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "common/crc32c.h"
+#include "common/file_system.h"
 #include "common/files.h"
 
 namespace drover::engine::ckpt {
 namespace {
-
-namespace fs = std::filesystem;
 
 constexpr const char* kArenas[] = {"params", "adam_m", "adam_v"};
 
@@ -38,40 +34,12 @@ std::vector<float>* MutableArenaOf(CheckpointSnapshot* s, const std::string& nam
   return nullptr;
 }
 
-// Writes `n` bytes and fsyncs before closing, so that the rename that publishes the
-// directory can never expose a file whose data is still only in the page cache.
-Status WriteFileDurably(const std::string& path, const void* data, size_t n) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoToStatus(errno, "open " + path);
-  const char* p = static_cast<const char*>(data);
-  size_t left = n;
-  while (left > 0) {
-    ssize_t w = ::write(fd, p, left);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      Status st = ErrnoToStatus(errno, "write " + path);
-      ::close(fd);
-      return st;
-    }
-    p += w;
-    left -= static_cast<size_t>(w);
-  }
-  if (::fsync(fd) != 0) {
-    Status st = ErrnoToStatus(errno, "fsync " + path);
-    ::close(fd);
-    return st;
-  }
-  if (::close(fd) != 0) return ErrnoToStatus(errno, "close " + path);
-  return OkStatus();
+std::string Join(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
 }
 
-StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError("cannot open " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return DataLossError("cannot read " + path);
-  return ss.str();
+std::string_view BytesOf(const std::vector<float>& v) {
+  return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)};
 }
 
 // Parses "step_<digits>" and the temporary "step_<digits>[.a<attempt>].tmp"; -1 otherwise.
@@ -185,7 +153,7 @@ const std::vector<float>& ShardArena(const RankShard& s, const std::string& name
 }
 
 std::string TmpDirOf(const std::string& dir, const v1::CheckpointManifest& meta) {
-  return (fs::path(dir) / TmpDirName(meta.step(), meta.attempt())).string();
+  return Join(dir, TmpDirName(meta.step(), meta.attempt()));
 }
 
 }  // namespace
@@ -198,7 +166,7 @@ std::string TmpDirName(int64_t step, int64_t attempt) {
 
 StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
                                                       const v1::CheckpointManifest& meta,
-                                                      const RankShard& shard) {
+                                                      const RankShard& shard, FileSystem* fs) {
   const int64_t n = RunsSize(shard.runs);
   for (const char* arena : kArenas) {
     if (static_cast<int64_t>(ShardArena(shard, arena).size()) != n) {
@@ -208,9 +176,7 @@ StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
     }
   }
   const std::string tmp_dir = TmpDirOf(dir, meta);
-  std::error_code ec;
-  fs::create_directories(tmp_dir, ec);
-  if (ec) return UnavailableError("cannot create " + tmp_dir + ": " + ec.message());
+  RETURN_IF_ERROR(fs->MakeDirs(tmp_dir));
   int64_t lo = INT64_MAX, hi = 0;
   for (const auto& r : shard.runs) {
     lo = std::min(lo, r.begin());
@@ -220,13 +186,13 @@ StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
   for (const char* arena : kArenas) {
     const std::vector<float>& data = ShardArena(shard, arena);
     const std::string file = std::string(arena) + ".r" + std::to_string(shard.rank) + ".bin";
-    const std::string path = (fs::path(tmp_dir) / file).string();
     const size_t bytes = data.size() * sizeof(float);
-    Status st = WriteFileDurably(path, data.data(), bytes);
+    // Synced now, named durably by the commit's fsync of the directory.
+    Status st = WriteFileSynced(fs, Join(tmp_dir, file), BytesOf(data));
     if (!st.ok()) {
-      // A failed write (a full disk) must not leave its partial files holding the space.
-      fs::remove(path, ec);
-      for (const auto& done : out) fs::remove(fs::path(tmp_dir) / done.file(), ec);
+      // A failed write (a full disk) must not leave this rank's other files holding the
+      // space (WriteFileSynced removed the failed one).
+      for (const auto& done : out) (void)fs->RemoveFile(Join(tmp_dir, done.file()));
       return st;
     }
     v1::CheckpointShard& sh = out.emplace_back();
@@ -243,9 +209,10 @@ StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
 }
 
 StatusOr<std::string> CommitCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta,
-                                       const std::vector<v1::CheckpointShard>& shards) {
+                                       const std::vector<v1::CheckpointShard>& shards,
+                                       FileSystem* fs) {
   const std::string tmp_dir = TmpDirOf(dir, meta);
-  const std::string final_dir = (fs::path(dir) / StepDirName(meta.step())).string();
+  const std::string final_dir = Join(dir, StepDirName(meta.step()));
   v1::CheckpointManifest manifest = meta;
   manifest.clear_shards();
   for (const auto& sh : shards) {
@@ -253,7 +220,6 @@ StatusOr<std::string> CommitCheckpoint(const std::string& dir, const v1::Checkpo
   }
   manifest.set_format_version(kManifestFormatVersion);
   manifest.set_dtype("fp32");
-  std::error_code ec;
   auto commit = [&]() -> Status {
     // Never publish a checkpoint that would not load.
     Status cov = CheckCoverage(manifest);
@@ -266,28 +232,30 @@ StatusOr<std::string> CommitCheckpoint(const std::string& dir, const v1::Checkpo
       return InternalError("cannot encode checkpoint manifest as JSON");
     }
     // The manifest goes last: a directory with a manifest has all its shards.
-    RETURN_IF_ERROR(
-        WriteFileDurably((fs::path(tmp_dir) / kManifestFile).string(), json.data(), json.size()));
-    RETURN_IF_ERROR(FsyncDir(tmp_dir));
-    fs::remove_all(final_dir, ec);
-    fs::rename(tmp_dir, final_dir, ec);
-    if (ec) return UnavailableError("cannot rename " + tmp_dir + ": " + ec.message());
-    return FsyncDir(dir);
+    RETURN_IF_ERROR(WriteFileSynced(fs, Join(tmp_dir, kManifestFile), json));
+    // The files' names must be durable before the rename can be: otherwise a crash could
+    // keep step_N/ and lose the files in it.
+    RETURN_IF_ERROR(fs->SyncDir(tmp_dir));
+    RETURN_IF_ERROR(fs->RemoveAll(final_dir));
+    RETURN_IF_ERROR(RenameAtomic(fs, tmp_dir, final_dir));
+    // This save may have created `dir` itself (the first one, or after someone removed it):
+    // its own name must survive a crash too, or every checkpoint in it goes.
+    return fs->SyncDir(Dirname(Dirname(final_dir)));
   };
   Status st = commit();
   if (!st.ok()) {
-    AbandonCheckpoint(dir, meta);
+    AbandonCheckpoint(dir, meta, fs);
     return st;
   }
   return final_dir;
 }
 
-void AbandonCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta) {
-  std::error_code ec;
-  fs::remove_all(TmpDirOf(dir, meta), ec);
+void AbandonCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta, FileSystem* fs) {
+  (void)fs->RemoveAll(TmpDirOf(dir, meta));
 }
 
-StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap) {
+StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap,
+                                      FileSystem* fs) {
   const int64_t n = snap.meta.num_params();
   for (const char* arena : kArenas) {
     if (static_cast<int64_t>(ArenaOf(snap, arena).size()) != n) {
@@ -296,10 +264,8 @@ StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSn
                                   " elements, manifest says num_params=" + std::to_string(n));
     }
   }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return UnavailableError("cannot create checkpoint dir " + dir + ": " + ec.message());
-  AbandonCheckpoint(dir, snap.meta);  // a leftover of a crash at this very step
+  RETURN_IF_ERROR(fs->MakeDirs(dir));
+  AbandonCheckpoint(dir, snap.meta, fs);  // a leftover of a crash at this very step
   RankShard whole;
   whole.runs.emplace_back();
   whole.runs[0].set_begin(0);
@@ -309,16 +275,16 @@ StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSn
   whole.params = snap.params;
   whole.adam_m = snap.adam_m;
   whole.adam_v = snap.adam_v;
-  auto shards = WriteShard(dir, snap.meta, whole);
+  auto shards = WriteShard(dir, snap.meta, whole, fs);
   if (!shards.ok()) {
-    AbandonCheckpoint(dir, snap.meta);
+    AbandonCheckpoint(dir, snap.meta, fs);
     return shards.status();
   }
-  return CommitCheckpoint(dir, snap.meta, *shards);
+  return CommitCheckpoint(dir, snap.meta, *shards, fs);
 }
 
 StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
-  auto text = ReadWholeFile((fs::path(step_dir) / kManifestFile).string());
+  auto text = ReadFileToString(Join(step_dir, kManifestFile));
   if (!text.ok()) return DataLossError(step_dir + ": no readable " + kManifestFile);
   v1::CheckpointManifest m;
   google::protobuf::util::JsonParseOptions popts;
@@ -352,8 +318,8 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
   if (!cov.ok()) return cov.WithContext(step_dir);
   for (const char* arena : kArenas) MutableArenaOf(&snap, arena)->resize(m.num_params());
   for (const auto& sh : m.shards()) {
-    const std::string path = (fs::path(step_dir) / sh.file()).string();
-    auto bytes = ReadWholeFile(path);
+    const std::string path = Join(step_dir, sh.file());
+    auto bytes = ReadFileToString(path);
     if (!bytes.ok()) return DataLossError(step_dir + ": missing shard " + sh.file());
     const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
     const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
@@ -379,14 +345,17 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
   return snap;
 }
 
-std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir) {
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir,
+                                                             FileSystem* fs) {
   std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+  auto names = fs->ListDir(dir);
+  if (!names.ok()) return out;
+  for (const std::string& name : *names) {
     bool is_tmp = false;
-    int64_t step = ParseStepDir(entry.path().filename().string(), &is_tmp);
-    if (step < 0 || is_tmp || !entry.is_directory(ec)) continue;
-    out.emplace_back(step, entry.path().string());
+    const int64_t step = ParseStepDir(name, &is_tmp);
+    if (step < 0 || is_tmp) continue;
+    const std::string path = Join(dir, name);
+    if (auto info = fs->Stat(path); info.ok() && info->is_directory) out.emplace_back(step, path);
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return out;
@@ -421,14 +390,15 @@ StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir, std::s
       "`drover train --fresh`");
 }
 
-Status PruneCheckpoints(const std::string& dir, int keep_last) {
-  auto complete = ListCheckpoints(dir);
+Status PruneCheckpoints(const std::string& dir, int keep_last, FileSystem* fs) {
+  auto complete = ListCheckpoints(dir, fs);
   const int64_t newest = complete.empty() ? -1 : complete.front().first;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    bool is_tmp = false;
-    int64_t step = ParseStepDir(entry.path().filename().string(), &is_tmp);
-    if (is_tmp && step >= 0 && step <= newest) fs::remove_all(entry.path(), ec);
+  if (auto names = fs->ListDir(dir); names.ok()) {
+    for (const std::string& name : *names) {
+      bool is_tmp = false;
+      const int64_t step = ParseStepDir(name, &is_tmp);
+      if (is_tmp && step >= 0 && step <= newest) (void)fs->RemoveAll(Join(dir, name));
+    }
   }
   if (keep_last <= 0) return OkStatus();
   for (size_t i = static_cast<size_t>(keep_last); i < complete.size(); ++i) {
@@ -436,8 +406,7 @@ Status PruneCheckpoints(const std::string& dir, int keep_last) {
       spdlog::info("checkpoint {} is being read; kept past retention", complete[i].second);
       continue;
     }
-    fs::remove_all(complete[i].second, ec);
-    if (ec) return UnavailableError("cannot remove " + complete[i].second + ": " + ec.message());
+    RETURN_IF_ERROR(fs->RemoveAll(complete[i].second));
   }
   return OkStatus();
 }

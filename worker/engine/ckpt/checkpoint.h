@@ -14,12 +14,17 @@
 // A step_N/ directory is therefore complete unless the storage lies; a crash at any moment
 // leaves at most a *.tmp/, which readers ignore and pruning removes. The tmp directory
 // carries the attempt so that two attempts never write into one.
+//
+// The writers take the FileSystem to write through (the real one by default), so that tests
+// can fail or crash a save at any step (tests/unit/common/fault_injection_fs.h). Readers use
+// the real file system.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "common/file_system.h"
 #include "common/status.h"
 #include "proto/drover.pb.h"
 
@@ -55,21 +60,27 @@ std::string TmpDirName(int64_t step, int64_t attempt);
 // are removed. Any rank, concurrently with the others.
 StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
                                                       const v1::CheckpointManifest& meta,
-                                                      const RankShard& shard);
+                                                      const RankShard& shard,
+                                                      FileSystem* fs = FileSystem::Default());
 
 // After every rank's WriteShard succeeded: writes `meta` with `shards` as the manifest,
 // checks that the shards tile every arena (Internal if not: never publish a checkpoint that
 // would not load), and renames the tmp directory to <dir>/step_<meta.step>/, replacing an
-// existing one of the same step. On failure the tmp directory is removed. One rank.
+// existing one of the same step; fsyncs `dir` and its parent. On failure the tmp directory
+// is removed (when only an fsync after the rename failed, step_N/ is complete but may not
+// survive a crash, and the error is returned). One rank.
 StatusOr<std::string> CommitCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta,
-                                       const std::vector<v1::CheckpointShard>& shards);
+                                       const std::vector<v1::CheckpointShard>& shards,
+                                       FileSystem* fs = FileSystem::Default());
 
 // Removes the tmp directory of meta's step and attempt (a checkpoint some rank failed).
-void AbandonCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta);
+void AbandonCheckpoint(const std::string& dir, const v1::CheckpointManifest& meta,
+                       FileSystem* fs = FileSystem::Default());
 
 // A whole snapshot written by one process: WriteShard of every element as rank 0, then
 // CommitCheckpoint; creates `dir` if needed. Returns the final directory.
-StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap);
+StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSnapshot& snap,
+                                      FileSystem* fs = FileSystem::Default());
 
 // The manifest of step_N/ (parsed, format version checked; shards not read).
 StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
@@ -81,7 +92,8 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
 
 // Complete step_N/ directories in `dir` (never *.tmp), as (step, path), newest first.
 // A missing `dir` is an empty list.
-std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir);
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(
+    const std::string& dir, FileSystem* fs = FileSystem::Default());
 
 // ReadCheckpoint, and the manifest's step must be the directory's `step`.
 StatusOr<CheckpointSnapshot> VerifyCheckpoint(const std::string& step_dir, int64_t step);
@@ -96,6 +108,7 @@ StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir,
 // Deletes all but the newest `keep_last` complete checkpoints (keep_last <= 0 keeps all),
 // except any being read (ReadCheckpoint's lock, in any process), and every leftover
 // step_N.tmp/ older than the newest complete one.
-Status PruneCheckpoints(const std::string& dir, int keep_last);
+Status PruneCheckpoints(const std::string& dir, int keep_last,
+                        FileSystem* fs = FileSystem::Default());
 
 }  // namespace drover::engine::ckpt

@@ -1,7 +1,6 @@
 #include "worker/engine/model/model_file.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -43,11 +42,6 @@ struct FileCloser {
 };
 using FilePtr = std::unique_ptr<FILE, FileCloser>;
 
-Status WriteAll(FILE* f, const void* data, size_t bytes, const std::string& path) {
-  if (std::fwrite(data, 1, bytes, f) != bytes) return ErrnoToStatus(errno, "writing " + path);
-  return OkStatus();
-}
-
 StatusOr<GptConfig> ParseHeader(const int32_t* h, const std::string& path) {
   if (h[0] != kModelFileMagic) {
     return DataLossError(path + ": not an llm.c model file (header magic " + std::to_string(h[0]) +
@@ -71,11 +65,12 @@ StatusOr<GptConfig> ParseHeader(const int32_t* h, const std::string& path) {
 
 }  // namespace
 
-Status SaveModelFile(const Gpt& model, const std::string& path) {
-  return SaveModelFile(model.config(), model.params(), path);
+Status SaveModelFile(const Gpt& model, const std::string& path, FileSystem* fs) {
+  return SaveModelFile(model.config(), model.params(), path, fs);
 }
 
-Status SaveModelFile(const GptConfig& c, const float* params, const std::string& path) {
+Status SaveModelFile(const GptConfig& c, const float* params, const std::string& path,
+                     FileSystem* fs) {
   int32_t header[kHeaderInts] = {};
   header[0] = kModelFileMagic;
   header[1] = kModelFileVersionFp32;
@@ -86,23 +81,16 @@ Status SaveModelFile(const GptConfig& c, const float* params, const std::string&
   header[6] = c.channels;
   header[7] = c.padded_vocab_size;
 
-  const std::string tmp = path + ".tmp";
-  {
-    FilePtr f(std::fopen(tmp.c_str(), "wb"));
-    if (!f) return ErrnoToStatus(errno, "creating " + tmp);
-    RETURN_IF_ERROR(WriteAll(f.get(), header, kHeaderBytes, tmp));
+  // Streamed in file order straight from the arena: no second copy of the model in memory.
+  return WriteFileAtomic(fs, path, [&](WritableFile& file) {
+    RETURN_IF_ERROR(
+        file.Append(std::string_view(reinterpret_cast<const char*>(header), kHeaderBytes)));
     for (const Segment& s : FileOrder(GptTensorTable(c), c.num_layers)) {
-      RETURN_IF_ERROR(WriteAll(f.get(), params + s.offset, s.numel * sizeof(float), tmp));
+      RETURN_IF_ERROR(file.Append(std::string_view(reinterpret_cast<const char*>(params + s.offset),
+                                                   s.numel * sizeof(float))));
     }
-    // Durable before the rename makes it visible under its final name.
-    if (std::fflush(f.get()) != 0 || ::fsync(fileno(f.get())) != 0) {
-      return ErrnoToStatus(errno, "flushing " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoToStatus(errno, "renaming " + tmp + " to " + path);
-  }
-  return OkStatus();
+    return OkStatus();
+  });
 }
 
 StatusOr<GptConfig> ReadModelFileConfig(const std::string& path) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "common/file_system.h"
 #include "common/status.h"
 #include "worker/engine/model/gpt.h"
 
@@ -21,12 +22,14 @@ namespace drover::engine {
 inline constexpr int kModelFileMagic = 20240326;
 inline constexpr int kModelFileVersionFp32 = 3;
 
-// Writes `model`'s parameters to `path` (atomically: a temp file renamed into place).
-// Errors name the path.
-Status SaveModelFile(const Gpt& model, const std::string& path);
+// Writes `model`'s parameters to `path` with WriteFileAtomic: a crash leaves the old file or
+// the new one, and a failed write leaves no temporary file. Errors name the path.
+Status SaveModelFile(const Gpt& model, const std::string& path,
+                     FileSystem* fs = FileSystem::Default());
 // The same for a global parameter arena of `config` (GptTensorTable order), as a parallel
 // job assembles it on rank 0.
-Status SaveModelFile(const GptConfig& config, const float* params, const std::string& path);
+Status SaveModelFile(const GptConfig& config, const float* params, const std::string& path,
+                     FileSystem* fs = FileSystem::Default());
 
 // Reads the header only. NotFound, DataLoss (short file, wrong magic), InvalidArgument
 // (unsupported version, inconsistent shapes); messages name the file and the field.

@@ -17,6 +17,7 @@
 
 #include "common/job_spec.h"
 #include "common/token_shard.h"
+#include "tests/unit/worker/engine/ckpt_test_util.h"
 #include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/ckpt/shard_exchange.h"
@@ -28,30 +29,6 @@ namespace drover::engine::ckpt {
 namespace {
 
 namespace fs = std::filesystem;
-
-CheckpointSnapshot MakeSnapshot(int64_t step, size_t n) {
-  CheckpointSnapshot s;
-  s.meta.set_step(step);
-  s.meta.set_num_params(static_cast<int64_t>(n));
-  s.meta.set_consumed_samples(step * 12);
-  s.meta.mutable_train_sampler()->set_consumed_samples(step * 12);
-  s.meta.mutable_model()->set_num_layers(2);
-  s.meta.set_optimizer_step(step);
-  s.meta.set_world_size(1);
-  s.meta.set_rng_state(0xfeedface12345678ull);
-  auto* t = s.meta.add_tensors();
-  t->set_name("wte");
-  t->set_numel(static_cast<int64_t>(n));
-  t->add_shape(static_cast<int64_t>(n));
-  t->set_decay(true);
-  std::mt19937 rng(static_cast<uint32_t>(step));
-  std::normal_distribution<float> dist;
-  for (auto* arena : {&s.params, &s.adam_m, &s.adam_v}) {
-    arena->resize(n);
-    for (float& x : *arena) x = dist(rng);
-  }
-  return s;
-}
 
 class CkptTest : public ::testing::Test {
  protected:
@@ -90,7 +67,7 @@ TEST_F(CkptTest, FailedWriteRemovesItsPartialFilesAndKeepsThePreviousCheckpoint)
   setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, old_handler);
   ASSERT_FALSE(failed.ok());
-  EXPECT_FALSE(fs::exists(dir_ / "step_2.tmp"));
+  EXPECT_FALSE(fs::exists(dir_ / TmpDirName(2, 0)));
   EXPECT_FALSE(fs::exists(dir_ / "step_2"));
   std::string path;
   auto latest = LoadLatestCheckpoint(Dir(), &path);

@@ -4,11 +4,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <string>
 #include <vector>
+
+#include "tests/unit/common/fault_injection_fs.h"
 
 namespace drover::engine {
 namespace {
@@ -31,6 +36,11 @@ class ModelFileTest : public ::testing::Test {
     std::ofstream f(p, std::ios::binary);
     f.write(bytes.data(), bytes.size());
   }
+  std::vector<std::string> Names() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    return names;
+  }
   fs::path dir_;
 };
 
@@ -40,7 +50,7 @@ TEST_F(ModelFileTest, RoundTripRestoresConfigAndEveryParameter) {
   Gpt m(kConfig);
   m.InitRandom(5);
   ASSERT_TRUE(SaveModelFile(m, Path("m.bin")).ok());
-  EXPECT_FALSE(fs::exists(Path("m.bin.tmp")));
+  EXPECT_EQ(Names(), std::vector<std::string>{"m.bin"});  // no temporary file left
   auto loaded = LoadModelFile(Path("m.bin"));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ((*loaded)->config(), kConfig);
@@ -109,6 +119,51 @@ TEST_F(ModelFileTest, CorruptFilesAreNamedErrors) {
   expect_error("long.bin", longer, StatusCode::kDataLoss, "file size");
   auto missing = LoadModelFile(Path("missing.bin"));
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
+}
+
+// Whatever step of the save fails (a full disk mid-parameters, a short write, EIO on fsync,
+// a failed rename), the error names the file, the old model is untouched and no temporary
+// file is left holding the space.
+TEST_F(ModelFileTest, FailedSaveRemovesItsTemporaryFileAndKeepsTheOldModel) {
+  using Op = testing::FaultInjectionFileSystem::Op;
+  Gpt old_model(kConfig), new_model(kConfig);
+  old_model.InitRandom(1);
+  new_model.InitRandom(2);
+  ASSERT_TRUE(SaveModelFile(old_model, Path("m.bin")).ok());
+  const std::vector<char> old_bytes = Read(Path("m.bin"));
+  struct Case {
+    const char* what;
+    std::function<void(testing::FaultInjectionFileSystem&)> inject;
+  };
+  const Case cases[] = {
+      {"ENOSPC on the 3rd write", [](auto& f) { f.FailNth(Op::kAppend, 3, ENOSPC); }},
+      {"short 5th write", [](auto& f) { f.ShortWriteNth(5, ENOSPC); }},
+      {"EIO on fsync", [](auto& f) { f.FailNth(Op::kSync, 1, EIO); }},
+      {"EIO on close", [](auto& f) { f.FailNth(Op::kClose, 1, EIO); }},
+      {"failed rename", [](auto& f) { f.FailNth(Op::kRename, 1, EIO); }},
+  };
+  for (const Case& c : cases) {
+    testing::FaultInjectionFileSystem fake(FileSystem::Default());
+    c.inject(fake);
+    Status st = SaveModelFile(new_model, Path("m.bin"), &fake);
+    EXPECT_FALSE(st.ok()) << c.what;
+    EXPECT_NE(st.message().find(Path("m.bin")), std::string::npos) << c.what << ": " << st;
+    EXPECT_EQ(Names(), std::vector<std::string>{"m.bin"}) << c.what;
+    EXPECT_TRUE(Read(Path("m.bin")) == old_bytes) << c.what;
+  }
+}
+
+// A saved model survives a crash right after SaveModelFile returns: its data was fsynced
+// and so was the directory holding its new name.
+TEST_F(ModelFileTest, SavedModelSurvivesACrash) {
+  Gpt m(kConfig);
+  m.InitRandom(3);
+  testing::FaultInjectionFileSystem fake(FileSystem::Default());
+  ASSERT_TRUE(SaveModelFile(m, Path("m.bin"), &fake).ok());
+  fake.DropUnsyncedData();
+  auto loaded = LoadModelFile(Path("m.bin"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(std::memcmp((*loaded)->params(), m.params(), sizeof(float) * m.num_params()), 0);
 }
 
 }  // namespace
