@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,39 @@ TEST_F(TrainProcessTest, TrainerUnderAgentProtocolReportsAndResumesAfterSigterm)
   EXPECT_EQ(lines.size(), before + 3);
   EXPECT_THAT(lines.back(), ::testing::HasSubstr("\"attempt\":2"));
   EXPECT_TRUE(fs::exists(dir_ / "out" / "model.bin"));
+}
+
+// A checkpoint directory on a real, small file system (a 512 KiB tmpfs) that fills up: room
+// for one checkpoint of this model (~330 KiB) but not for a second beside it. Every later
+// save fails with a clear message and cleans up after itself, training goes on, the model
+// is written (its own disk has room), and the one checkpoint that fitted stays whole and
+// resumes. Needs mount(2): skipped where the test may not mount.
+TEST_F(TrainProcessTest, FullCheckpointDiskFailsSavesCleanlyAndKeepsTheGoodCheckpoint) {
+  const fs::path ckpt = dir_ / "out" / "ckpt";
+  fs::create_directories(ckpt);
+  if (std::system(
+          ("mount -t tmpfs -o size=512k drover-test " + ckpt.string() + " 2>/dev/null").c_str()) !=
+      0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  }
+  struct Unmount {
+    fs::path at;
+    ~Unmount() { (void)std::system(("umount " + at.string()).c_str()); }
+  } unmount{ckpt};
+  const std::string spec = WriteSpec(20, 5);
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--threads", "1"})), 0) << Log();
+  EXPECT_EQ(MetricsLines().size(), 20u);
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "model.bin"));
+  EXPECT_THAT(Log(), ::testing::HasSubstr("No space left on device"));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(ckpt)) left.push_back(e.path().filename());
+  EXPECT_EQ(left, std::vector<std::string>{"step_5"}) << Log();
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "ckpt", "verify", ckpt.string()})), 0) << Log();
+
+  // It resumes from the checkpoint that fitted.
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "train", WriteSpec(8, 0), "--threads", "1"})), 0) << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("resumed from checkpoint " + (ckpt / "step_5").string()));
+  EXPECT_EQ(MetricsLines().size(), 20u + 3u);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "worker/engine/ckpt/agreed_load.h"
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
@@ -237,37 +238,18 @@ Status Trainer::OpenData() {
 }
 
 Status Trainer::RestoreLatest(const std::string& choice_key) {
-  // Rank 0 picks the checkpoint and every rank loads that one, so that the ranks cannot
-  // disagree about which is newest.
+  // Every rank loads the one checkpoint rank 0 chose, reading it at the same time as the
+  // others; a checkpoint some rank finds broken is skipped by all (agreed_load.h).
   std::string path;
-  StatusOr<ckpt::CheckpointSnapshot> snap = NotFoundError("no checkpoint");
-  int64_t chosen = -1;
-  // -1: nothing to resume from; -2: checkpoints exist and none is usable (every rank fails).
-  if (is_rank0()) {
-    snap = ckpt::LoadLatestCheckpoint(ckpt_dir_, &path);
-    if (snap.ok()) chosen = snap->meta.step();
-    if (snap.status().code() == StatusCode::kFailedPrecondition) chosen = -2;
-  }
-  if (options_.world_size > 1) {
-    // Through the store, not a collective: reading and verifying a large checkpoint can
-    // take rank 0 longer than the communicators' deadline.
-    const std::string& key = choice_key;
-    if (is_rank0()) {
-      RETURN_IF_ERROR(options_.store->Set(key, std::to_string(chosen)));
-    } else {
-      auto got = options_.store->Get(key, options_.connect_timeout);
-      if (!got.ok()) return got.status().WithContext("waiting for rank 0's checkpoint choice");
-      chosen = std::stoll(*got);
-    }
-  }
-  if (chosen < 0 && is_rank0()) return snap.status();
-  if (chosen == -2) return FailedPreconditionError("rank 0 found no usable checkpoint");
-  if (chosen < 0) return NotFoundError("no checkpoint");
-  if (!is_rank0()) {
-    path = ckpt_dir_ + "/" + ckpt::StepDirName(chosen);
-    snap = ckpt::ReadCheckpoint(path);
-    if (!snap.ok()) return snap.status().WithContext("checkpoint chosen by rank 0");
-  }
+  ckpt::AgreedLoadOptions load;
+  load.dir = ckpt_dir_;
+  load.rank = options_.rank;
+  load.world_size = options_.world_size;
+  load.store = options_.store;
+  load.key = choice_key;
+  load.timeout = options_.connect_timeout;
+  StatusOr<ckpt::CheckpointSnapshot> snap = ckpt::LoadAgreedCheckpoint(load, &path);
+  if (!snap.ok()) return snap.status();
   const v1::CheckpointManifest& m = snap->meta;
   const GptConfig saved = FromProto(m.model());
   if (!(saved == config_)) {

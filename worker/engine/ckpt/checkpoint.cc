@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "common/crc32c.h"
 #include "common/file_system.h"
@@ -302,47 +304,97 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
   return m;
 }
 
-StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
-  ReadLock lock(step_dir);
-  CheckpointSnapshot snap;
-  ASSIGN_OR_RETURN(snap.meta, ReadManifest(step_dir));
-  const v1::CheckpointManifest& m = snap.meta;
+namespace {
+
+// What can be checked without reading a shard: parameters, known arenas, exact coverage.
+Status CheckManifestShape(const std::string& step_dir, CheckpointSnapshot* snap) {
+  const v1::CheckpointManifest& m = snap->meta;
   if (m.num_params() <= 0) return DataLossError(step_dir + ": manifest has no parameters");
   for (const auto& sh : m.shards()) {
-    if (MutableArenaOf(&snap, sh.arena()) == nullptr) {
+    if (MutableArenaOf(snap, sh.arena()) == nullptr) {
       return DataLossError(step_dir + ": shard " + sh.file() + " is of arena '" + sh.arena() +
                            "', which this build does not know (it reads params, adam_m, adam_v)");
     }
   }
   Status cov = CheckCoverage(m);
-  if (!cov.ok()) return cov.WithContext(step_dir);
-  for (const char* arena : kArenas) MutableArenaOf(&snap, arena)->resize(m.num_params());
-  for (const auto& sh : m.shards()) {
-    const std::string path = Join(step_dir, sh.file());
-    auto bytes = ReadFileToString(path);
-    if (!bytes.ok()) return DataLossError(step_dir + ": missing shard " + sh.file());
-    const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
-    const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
-    if (static_cast<int64_t>(bytes->size()) != want || sh.bytes() != want) {
-      return DataLossError(path + ": " + std::to_string(bytes->size()) + " bytes, expected " +
-                           std::to_string(want));
-    }
-    const uint32_t crc = crc32c::Value(bytes->data(), bytes->size());
-    if (crc != sh.crc32c()) {
-      return DataLossError(path + ": CRC32C mismatch (file " + std::to_string(crc) + ", manifest " +
-                           std::to_string(sh.crc32c()) + ")");
-    }
-    std::vector<float>* arena = MutableArenaOf(&snap, sh.arena());
-    const char* from = bytes->data();
-    for (const auto& r : runs) {
-      for (int64_t i = 0; i < r.count(); ++i) {
-        const size_t n = static_cast<size_t>(r.length()) * sizeof(float);
-        std::memcpy(arena->data() + r.begin() + i * r.stride(), from, n);
-        from += n;
-      }
+  return cov.ok() ? cov : cov.WithContext(step_dir);
+}
+
+// Reads one shard file, verifies its size and CRC32C, and copies its runs into the arena.
+// Shards of one checkpoint cover disjoint elements, so they may be read concurrently.
+Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
+                     CheckpointSnapshot* snap) {
+  const std::string path = Join(step_dir, sh.file());
+  auto bytes = ReadFileToString(path);
+  if (!bytes.ok()) return DataLossError(step_dir + ": missing shard " + sh.file());
+  const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
+  const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
+  if (static_cast<int64_t>(bytes->size()) != want || sh.bytes() != want) {
+    return DataLossError(path + ": " + std::to_string(bytes->size()) + " bytes, expected " +
+                         std::to_string(want));
+  }
+  const uint32_t crc = crc32c::Value(bytes->data(), bytes->size());
+  if (crc != sh.crc32c()) {
+    return DataLossError(path + ": CRC32C mismatch (file " + std::to_string(crc) + ", manifest " +
+                         std::to_string(sh.crc32c()) + ")");
+  }
+  std::vector<float>* arena = MutableArenaOf(snap, sh.arena());
+  const char* from = bytes->data();
+  for (const auto& r : runs) {
+    for (int64_t i = 0; i < r.count(); ++i) {
+      const size_t n = static_cast<size_t>(r.length()) * sizeof(float);
+      std::memcpy(arena->data() + r.begin() + i * r.stride(), from, n);
+      from += n;
     }
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
+  ReadLock lock(step_dir);
+  CheckpointSnapshot snap;
+  ASSIGN_OR_RETURN(snap.meta, ReadManifest(step_dir));
+  RETURN_IF_ERROR(CheckManifestShape(step_dir, &snap));
+  const v1::CheckpointManifest& m = snap.meta;
+  for (const char* arena : kArenas) MutableArenaOf(&snap, arena)->resize(m.num_params());
+  // Shard files in parallel: a sharded checkpoint has one file per rank and arena, and
+  // reading plus CRC32C of each is independent. The first error (in file order) wins.
+  const int n = m.shards_size();
+  const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  std::vector<Status> results(static_cast<size_t>(n));
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int i = next++; i < n; i = next++) {
+      results[static_cast<size_t>(i)] = ReadShardInto(step_dir, m.shards(i), &snap);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const Status& st : results) RETURN_IF_ERROR(st);
   return snap;
+}
+
+Status CheckCheckpointShape(const std::string& step_dir, int64_t step) {
+  CheckpointSnapshot snap;
+  ASSIGN_OR_RETURN(snap.meta, ReadManifest(step_dir));
+  if (snap.meta.step() != step) {
+    return DataLossError(step_dir + ": manifest says step " + std::to_string(snap.meta.step()));
+  }
+  RETURN_IF_ERROR(CheckManifestShape(step_dir, &snap));
+  for (const auto& sh : snap.meta.shards()) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(Join(step_dir, sh.file()), ec);
+    if (ec) return DataLossError(step_dir + ": missing shard " + sh.file());
+    if (static_cast<int64_t>(size) != sh.bytes()) {
+      return DataLossError(Join(step_dir, sh.file()) + ": " + std::to_string(size) +
+                           " bytes, expected " + std::to_string(sh.bytes()));
+    }
+  }
+  return OkStatus();
 }
 
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir,

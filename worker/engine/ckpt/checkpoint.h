@@ -87,8 +87,15 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
 
 // Reads step_N/ and verifies it (holding a shared lock on it that pruning respects): the manifest
 // parses, the format version is known, every arena is covered exactly by its shards, every file has
-// its recorded size and CRC32C. DataLoss names the first problem found.
+// its recorded size and CRC32C. DataLoss names the first problem found. Shard files are read
+// by up to 8 threads.
 StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
+
+// What can be checked of step_N/ without reading its shards: the manifest parses, says
+// `step`, names only known arenas, its shards tile every arena, and every shard file has
+// its recorded size. A multi-rank restore picks by this, then every rank reads (and
+// CRC-checks) in parallel with the others. DataLoss names the first problem.
+Status CheckCheckpointShape(const std::string& step_dir, int64_t step);
 
 // Complete step_N/ directories in `dir` (never *.tmp), as (step, path), newest first.
 // A missing `dir` is an empty list.
