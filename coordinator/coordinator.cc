@@ -70,7 +70,8 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
     : clock_(clock),
       options_(options),
       store_(std::move(store)),
-      writer_(std::make_unique<StoreWriter>(store_.get(), std::move(fatal))),
+      writer_(std::make_unique<StoreWriter>(store_.get(), std::move(fatal),
+                                            [this](int64_t seq) { OnDurable(seq); })),
       logs_(options.state_dir + "/logs"),
       nodes_(clock, options.nodes),
       health_(options.heartbeat_timeout_ms),
@@ -78,9 +79,11 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
             JobManager::Hooks{[this](StoreBatch b) { Persist(std::move(b)); },
                               [this](const std::string& job, int64_t attempt) {
                                 rendezvous_.OpenAttempt(job, attempt);
-                                NudgeNodesOf(job);  // start orders
+                                // Its start orders wait until it is durable (OnDurable).
+                                undurable_attempts_[job] = last_write_seq_;
                               },
                               [this](const std::string& job, int64_t attempt) {
+                                undurable_attempts_.erase(job);
                                 NudgeNodesOf(job);  // stop orders for the survivors
                                 rendezvous_.CloseAttempt(job, attempt);
                                 health_.ForgetAttempt(job, attempt);
@@ -212,7 +215,8 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
       Persist(std::move(batch));
     }
   }
-  jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders());
+  jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders(),
+                     [this](const std::string& job) { return !undurable_attempts_.count(job); });
   return response;
 }
 
@@ -246,6 +250,18 @@ void Coordinator::WatchClosed(const v1::WatchRequest& request) {
   spdlog::info("node {}: agent connection closed; dead unless it heartbeats within {} ms",
                request.name(), options_.connection_grace_ms);
   health_.OnConnectionLost(request.name(), clock_->NowMs(), options_.connection_grace_ms);
+}
+
+void Coordinator::OnDurable(int64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = undurable_attempts_.begin(); it != undurable_attempts_.end();) {
+    if (it->second > seq) {
+      ++it;
+      continue;
+    }
+    NudgeNodesOf(it->first);  // its start orders may go now
+    it = undurable_attempts_.erase(it);
+  }
 }
 
 void Coordinator::SetNudge(std::function<void(const std::string& node)> nudge) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -124,6 +125,9 @@ class Coordinator {
   void ScheduleLocked();  // REQUIRES(mu_)
   // Nudges the agents of the job's current placement.          REQUIRES(mu_)
   void NudgeNodesOf(const std::string& job_id);
+  // The store writer made every change up to `seq` durable: the attempts started by then
+  // may be started by their agents now.
+  void OnDurable(int64_t seq);
 
   const Clock* const clock_;
   const CoordinatorOptions options_;
@@ -143,6 +147,10 @@ class Coordinator {
   int64_t next_submit_seq_ = 1;                         // GUARDED_BY(mu_)
   uint32_t id_salt_ = 0;                                // GUARDED_BY(mu_)
   int64_t last_write_seq_ = 0;                          // GUARDED_BY(mu_): the newest batch queued
+  // Attempts placed but not yet durable (job -> the write that records them): no start
+  // order leaves for them before it is on disk, so a coordinator that crashes meanwhile
+  // never meets trainers of an attempt it does not know, nor gives its number to another.
+  std::map<std::string, int64_t> undurable_attempts_;  // GUARDED_BY(mu_)
   // A scheduling pass walks every node, so Tick runs one only when something that can
   // change its outcome happened (a job submitted, cancelled or ended, a node registered,
   // revived, died or left its cordon, a trainer exited), plus once per

@@ -455,7 +455,8 @@ bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
 }
 
 void JobManager::AppendOrders(const std::string& node, const std::vector<v1::TrainerStatus>& listed,
-                              Orders* orders) const {
+                              Orders* orders,
+                              const std::function<bool(const std::string&)>& may_start) const {
   std::set<std::pair<std::string, int64_t>> stopping;
   for (const auto& t : listed) {
     if (!IsLive(t) || CurrentRank(node, TrainerKey::Of(t))) continue;
@@ -477,6 +478,7 @@ void JobManager::AppendOrders(const std::string& node, const std::vector<v1::Tra
   auto it = ranks_on_node_.find(node);
   if (it == ranks_on_node_.end()) return;
   for (const auto& [id, ranks] : it->second) {
+    if (may_start && !may_start(id)) continue;
     const Job& job = *Get(id);
     const v1::AttemptRecord& a = job.attempts.at(job.rec.attempt());
     for (int r : ranks) {

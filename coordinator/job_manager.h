@@ -142,9 +142,11 @@ class JobManager {
   // one ends the attempt of a job planned to grow (see above).
   bool OnCheckpoint(const v1::CheckpointRecord& record);
 
-  // Appends the orders for `node`, given what its agent lists now.
+  // Appends the orders for `node`, given what its agent lists now; start orders only for
+  // jobs `may_start` accepts (null: all).
   void AppendOrders(const std::string& node, const std::vector<v1::TrainerStatus>& listed,
-                    Orders* orders) const;
+                    Orders* orders,
+                    const std::function<bool(const std::string& job_id)>& may_start = nullptr) const;
 
   // The address trainers dial for rendezvous (known once the server is bound).
   void set_coordinator_address(std::string address) {

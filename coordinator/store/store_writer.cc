@@ -15,8 +15,11 @@ Status NotWritten(const Status& stopped) {
 
 }  // namespace
 
-StoreWriter::StoreWriter(Store* store, FatalFn fatal)
-    : store_(store), fatal_(std::move(fatal)), thread_([this] { Run(); }) {}
+StoreWriter::StoreWriter(Store* store, FatalFn fatal, DurableFn durable)
+    : store_(store),
+      fatal_(std::move(fatal)),
+      durable_(std::move(durable)),
+      thread_([this] { Run(); }) {}
 
 StoreWriter::~StoreWriter() {
   {
@@ -118,6 +121,12 @@ void StoreWriter::Run() {
     if (!fatal.ok() && fatal_) {
       lock.unlock();
       fatal_(fatal);
+      lock.lock();
+    }
+    // Before the waiters wake: whoever waited for these writes finds their consequences.
+    if (durable_ && stopped_.ok()) {
+      lock.unlock();
+      durable_(entries.back().seq);
       lock.lock();
     }
     applied_seq_ = entries.back().seq;

@@ -36,10 +36,13 @@ namespace drover::coordinator {
 class StoreWriter {
  public:
   using FatalFn = std::function<void(const Status& error)>;
+  using DurableFn = std::function<void(int64_t seq)>;
 
   // `store` must outlive this writer. `fatal` runs at most once, on the writer's thread,
-  // without the writer's lock held. Starts the writer thread.
-  StoreWriter(Store* store, FatalFn fatal);
+  // without the writer's lock held. `durable` (optional) runs on the writer's thread,
+  // without its lock, after each write that left every commit up to `seq` durable. Starts
+  // the writer thread.
+  StoreWriter(Store* store, FatalFn fatal, DurableFn durable = nullptr);
   // Writes everything still queued (unless a commit failed), then stops the thread.
   ~StoreWriter();
 
@@ -72,6 +75,7 @@ class StoreWriter {
 
   Store* const store_;
   const FatalFn fatal_;
+  const DurableFn durable_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Entry> queue_;                    // GUARDED_BY(mu_)

@@ -77,8 +77,15 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : "";
   }
+  // A heartbeat once every change so far is durable (start orders wait for their attempt's
+  // record to be written; a live agent is nudged when it is).
   v1::HeartbeatResponse Beat(const std::string& node, std::vector<v1::TrainerStatus> trainers,
                              const std::string& agent = "agent-1") {
+    (void)c_->Flush();  // an error here is what the test is about, if any
+    return BeatNow(node, std::move(trainers), agent);
+  }
+  v1::HeartbeatResponse BeatNow(const std::string& node, std::vector<v1::TrainerStatus> trainers,
+                                const std::string& agent = "agent-1") {
     v1::HeartbeatRequest hb;
     hb.set_name(node);
     hb.set_agent_id(agent);
@@ -355,6 +362,41 @@ TEST_F(CoordinatorTest, RestoredNodeThatNeverReturnsIsDeadAfterGrace) {
   EXPECT_EQ(Job(id).state(), v1::RECOVERING);
 }
 
+// A placement is a transition the coordinator makes in memory and writes behind; its start
+// orders wait until it is on disk, so that a crash in between never leaves trainers of an
+// attempt the restarted coordinator does not know. Once it is durable, the agents are
+// nudged to come for them.
+TEST_F(CoordinatorTest, StartOrdersLeaveOnlyOnceTheAttemptIsDurable) {
+  ReopenWithFaults();
+  std::vector<std::string> nudged;
+  std::mutex nudged_mu;
+  c_->SetNudge([&](const std::string& node) {
+    std::lock_guard<std::mutex> lock(nudged_mu);
+    nudged.push_back(node);
+  });
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1));
+  ASSERT_TRUE(c_->Flush().ok());
+  store_->Pause();
+  c_->Tick();  // places attempt 1; its record waits behind the paused store
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(BeatNow("n1", {}).orders_size(), 0);
+  {
+    std::lock_guard<std::mutex> lock(nudged_mu);
+    EXPECT_TRUE(nudged.empty());
+  }
+  store_->Resume();
+  ASSERT_TRUE(c_->Flush().ok());
+  {
+    std::lock_guard<std::mutex> lock(nudged_mu);
+    EXPECT_EQ(nudged, std::vector<std::string>{"n1"});
+  }
+  v1::HeartbeatResponse hb = Beat("n1", {});
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).start().attempt(), 1);
+  c_->SetNudge(nullptr);
+}
+
 TEST_F(CoordinatorTest, SubmitTheStoreCannotWriteIsRefusedAndTheJobNeverExists) {
   ReopenWithFaults();
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
@@ -534,6 +576,7 @@ TEST(CoordinatorServerTest, WildcardListenAdvertisesNoRendezvousAddress) {
   submit.set_spec_yaml(SpecYaml(1, 1));
   ASSERT_TRUE((*c)->SubmitJob(submit).ok());
   (*c)->Tick();
+  ASSERT_TRUE((*c)->Flush().ok());  // start orders wait for their attempt to be durable
   v1::HeartbeatRequest req;
   req.set_name("n1");
   req.set_agent_id("agent-1");
