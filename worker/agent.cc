@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 
 #include "common/files.h"
@@ -114,7 +115,15 @@ Status Agent::Register() {
     v1::Slot* slot = req.add_slots();
     slot->set_index(i);
     slot->set_device(options_.device);
-    slot->set_description(options_.device == v1::CUDA ? "cuda:" + std::to_string(i) : "cpu");
+    std::string what = "cpu";
+    if (options_.device == v1::CUDA) {
+      what = "cuda:" + std::to_string(i);
+      if (i < static_cast<int>(options_.gpus.size())) {
+        const GpuInfo& g = options_.gpus[static_cast<size_t>(i)];
+        what += " " + g.name + " (" + std::to_string(g.memory_bytes >> 30) + " GiB)";
+      }
+    }
+    slot->set_description(what);
   }
   for (const v1::TrainerStatus& st : supervisor_->Snapshot()) *req.add_running() = st;
   v1::RegisterResponse resp;
@@ -195,6 +204,11 @@ void Agent::StartTrainer(const v1::StartTrainerOrder& order) {
   // node dead and start another attempt (split brain: worker/attempt_lease.h).
   launch.spawn.env.emplace_back(kEnvLeaseMs,
                                 std::to_string(std::max<int64_t>(300, 2 * node_timeout_ms_ / 3)));
+  if (order.device() == v1::CUDA) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    launch.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES",
+                                  VisibleDeviceForSlot(order.slot(), visible ? visible : ""));
+  }
   // An address given to the agent is one its peers can reach: its trainers accept there.
   if (!options_.address.empty()) launch.spawn.env.emplace_back(kEnvBindAddress, options_.address);
   logs_->Add(key, log_path);

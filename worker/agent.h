@@ -4,7 +4,8 @@
 // trainers it already runs), heartbeats every interval with every trainer's status and the
 // checkpoint records not yet delivered, and carries out the orders in each reply:
 //   StartTrainerOrder  - fork/exec one trainer (ignored when that (job, attempt, rank) is
-//                        already known), spec in <work>/jobs/<job>/attempt-<a>/job.yaml,
+//                        already known; a CUDA one sees only its slot's GPU, through
+//                        CUDA_VISIBLE_DEVICES), spec in <work>/jobs/<job>/attempt-<a>/job.yaml,
 //                        log in <work>/logs/<job>/attempt-<a>/rank-<r>.log;
 //   StopTrainersOrder  - SIGTERM the job's trainers with attempt <= the given one, SIGKILL
 //                        after grace_ms (idempotent).
@@ -26,11 +27,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/status.h"
 #include "proto/drover.grpc.pb.h"
 #include "worker/coordinator_watch.h"
+#include "worker/gpu_probe.h"
 #include "worker/log_shipper.h"
 #include "worker/trainer_supervisor.h"
 
@@ -42,6 +45,7 @@ struct AgentOptions {
   std::string address;  // shown to people; trainers bind here when set (trainer_env.h)
   int slots = 1;
   v1::DeviceKind device = v1::CPU;
+  std::vector<GpuInfo> gpus;  // with device CUDA: slot i is gpus[i] (ProbeGpus)
   std::string work_dir;
   std::string node_uid;           // node_identity.h: the same across restarts of this node's agent
   std::string trainer_path;       // the trainer executable

@@ -15,7 +15,9 @@ inline constexpr char kEnvAttempt[] = "DROVER_ATTEMPT";
 inline constexpr char kEnvRank[] = "DROVER_RANK";
 inline constexpr char kEnvWorldSize[] = "DROVER_WORLD_SIZE";
 inline constexpr char kEnvLocalRank[] = "DROVER_LOCAL_RANK";
-inline constexpr char kEnvSlot[] = "DROVER_SLOT";                 // GPU ordinal for CUDA
+// The slot on its node. A CUDA trainer sees only its slot's GPU (the agent sets
+// CUDA_VISIBLE_DEVICES), as its device 0.
+inline constexpr char kEnvSlot[] = "DROVER_SLOT";
 inline constexpr char kEnvSpecPath[] = "DROVER_SPEC";             // effective job spec YAML
 inline constexpr char kEnvStatusFd[] = "DROVER_STATUS_FD";        // pipe for TrainerReport lines
 inline constexpr char kEnvResume[] = "DROVER_RESUME_CHECKPOINT";  // step_N/ dir or empty

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "worker/agent.h"
+#include "worker/gpu_probe.h"
 #include "worker/node_identity.h"
 #include "worker/process.h"
 
@@ -20,7 +21,8 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator", options.coordinator, "coordinator address host:port")
       ->capture_default_str();
   app.add_option("--name", options.name, "node name (unique in the cluster)")->required();
-  app.add_option("--slots", options.slots, "trainer slots on this node")
+  app.add_option("--slots", options.slots,
+                 "trainer slots on this node (with --device cuda: default one per visible GPU)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--device", device, "cpu | cuda")->capture_default_str();
@@ -49,6 +51,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.device = *kind;
+  if (options.device == drover::v1::CUDA) {
+    // A GPU node registers its GPUs: refused here, with the reason, when it has none to use.
+    auto gpus = drover::ProbeGpus();
+    if (!gpus.ok()) {
+      std::cerr << "drover-worker: --device cuda: " << gpus.status().message() << "\n";
+      return 2;
+    }
+    const int visible = static_cast<int>(gpus->size());
+    if (app.count("--slots") == 0) {
+      options.slots = visible;
+    } else if (options.slots > visible) {
+      std::cerr << "drover-worker: --slots " << options.slots << " but only " << visible
+                << " GPU(s) are visible; use at most " << visible << " (one trainer per GPU)\n";
+      return 2;
+    }
+    options.gpus = std::move(*gpus);
+  }
   // The trainer sits next to this binary unless --trainer says otherwise.
   if (options.trainer_path.empty())
     options.trainer_path = drover::SiblingExecutable("drover-trainer");

@@ -237,6 +237,29 @@ TEST_F(ControlPlaneTest, AgentKilledIsNoticedByItsConnectionAndIdleAgentsAreNudg
   ASSERT_TRUE(cluster_->Cancel(id).ok());
 }
 
+// One build serves both kinds of node: asked for GPUs where the driver has none, the agent
+// refuses to start and says why (skipped on a machine whose GPUs it would find).
+TEST(WorkerDeviceTest, CudaOnANodeWithoutAUsableGpuRefusesToStartWithTheReason) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("drover_cuda_probe_" + std::to_string(getpid()));
+  const std::string log = (dir / "worker.log").string();
+  std::filesystem::create_directories(dir);
+  int ws = 0;
+  bool exited = false;
+  {
+    Process p(Cluster::Bin("drover-worker"),
+              {"--coordinator", "127.0.0.1:1", "--name", "gpu0", "--device", "cuda", "--work-dir",
+               (dir / "work").string()},
+              log);
+    exited = p.Wait(5000, &ws);  // one that found GPUs keeps trying to reach 127.0.0.1:1
+  }
+  const std::string out = ReadAll(log);
+  std::filesystem::remove_all(dir);
+  if (!exited) GTEST_SKIP() << "this machine has a usable GPU";
+  EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 2) << out;
+  EXPECT_NE(out.find("drover-worker: --device cuda: "), std::string::npos) << out;
+}
+
 // Two agents given one --name (other machines, other work dirs) must not take turns at
 // being that node; a restarted agent of the node (same work dir) takes its name back.
 TEST_F(ControlPlaneTest, SecondAgentWithALiveNodesNameIsRefused) {

@@ -1,0 +1,128 @@
+#include "worker/gpu_probe.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <sstream>
+
+namespace drover {
+namespace {
+
+// The few driver entry points used, by their C signatures (cuda.h: CUresult is an enum,
+// CUdevice an int). Declared here so that the agent builds without the CUDA headers.
+using CuInit = int (*)(unsigned int);
+using CuDeviceGetCount = int (*)(int*);
+using CuDeviceGet = int (*)(int*, int);
+using CuDeviceGetName = int (*)(char*, int, int);
+using CuDeviceTotalMem = int (*)(size_t*, int);
+using CuGetErrorName = int (*)(int, const char**);
+
+// Names of the driver errors a node without a usable GPU meets, for when the driver cannot
+// name them itself (the toolkit's stub library cannot). Values from cuda.h.
+const char* KnownErrorName(int rc) {
+  switch (rc) {
+    case 3:
+      return "CUDA_ERROR_NOT_INITIALIZED";
+    case 34:
+      return "CUDA_ERROR_STUB_LIBRARY (the toolkit's stub, not a driver)";
+    case 35:
+      return "CUDA_ERROR_INSUFFICIENT_DRIVER";
+    case 46:
+      return "CUDA_ERROR_DEVICE_UNAVAILABLE";
+    case 100:
+      return "CUDA_ERROR_NO_DEVICE";
+    case 101:
+      return "CUDA_ERROR_INVALID_DEVICE";
+    case 304:
+      return "CUDA_ERROR_OPERATING_SYSTEM";
+    case 802:
+      return "CUDA_ERROR_SYSTEM_NOT_READY";
+    case 803:
+      return "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
+    case 804:
+      return "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE";
+    default:
+      return "an unnamed CUDA driver error";
+  }
+}
+
+class Library {
+ public:
+  explicit Library(const std::string& name) : handle_(::dlopen(name.c_str(), RTLD_NOW)) {}
+  ~Library() {
+    if (handle_ != nullptr) ::dlclose(handle_);
+  }
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+  bool ok() const { return handle_ != nullptr; }
+  template <typename Fn>
+  Fn Get(const char* symbol) const {
+    return reinterpret_cast<Fn>(::dlsym(handle_, symbol));
+  }
+
+ private:
+  void* handle_;
+};
+
+}  // namespace
+
+StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library) {
+  Library lib(driver_library);
+  if (!lib.ok()) {
+    const char* why = ::dlerror();
+    return FailedPreconditionError("no NVIDIA driver on this node: " + driver_library +
+                                   " cannot be loaded (" + (why ? why : "unknown error") + ")");
+  }
+  auto init = lib.Get<CuInit>("cuInit");
+  auto count = lib.Get<CuDeviceGetCount>("cuDeviceGetCount");
+  auto get = lib.Get<CuDeviceGet>("cuDeviceGet");
+  auto get_name = lib.Get<CuDeviceGetName>("cuDeviceGetName");
+  auto total_mem = lib.Get<CuDeviceTotalMem>("cuDeviceTotalMem_v2");
+  auto error_name = lib.Get<CuGetErrorName>("cuGetErrorName");
+  if (!init || !count || !get || !get_name || !total_mem) {
+    return FailedPreconditionError(driver_library +
+                                   " is not a usable CUDA driver: it lacks the device queries");
+  }
+  auto describe = [&](const char* call, int rc) {
+    const char* name = nullptr;
+    if (error_name == nullptr || error_name(rc, &name) != 0 || name == nullptr) {
+      name = KnownErrorName(rc);
+    }
+    return FailedPreconditionError("CUDA driver: " + std::string(call) + " failed: " + name + " (" +
+                                   std::to_string(rc) + ")");
+  };
+  if (int rc = init(0); rc != 0) return describe("cuInit", rc);
+  int n = 0;
+  if (int rc = count(&n); rc != 0) return describe("cuDeviceGetCount", rc);
+  if (n == 0) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return FailedPreconditionError(
+        std::string("no CUDA device is visible") +
+        (visible ? " (CUDA_VISIBLE_DEVICES='" + std::string(visible) + "')" : ""));
+  }
+  std::vector<GpuInfo> gpus;
+  for (int i = 0; i < n; ++i) {
+    int dev = 0;
+    if (int rc = get(&dev, i); rc != 0) return describe("cuDeviceGet", rc);
+    char name[256] = {};
+    if (int rc = get_name(name, sizeof(name) - 1, dev); rc != 0) {
+      return describe("cuDeviceGetName", rc);
+    }
+    size_t bytes = 0;
+    if (int rc = total_mem(&bytes, dev); rc != 0) return describe("cuDeviceTotalMem", rc);
+    gpus.push_back({i, name, static_cast<int64_t>(bytes)});
+  }
+  return gpus;
+}
+
+std::string VisibleDeviceForSlot(int slot, const std::string& agent_visible) {
+  if (agent_visible.empty()) return std::to_string(slot);
+  std::stringstream list(agent_visible);
+  std::string entry;
+  for (int i = 0; std::getline(list, entry, ','); ++i) {
+    if (i == slot) return entry;
+  }
+  return std::to_string(slot);  // more slots than listed devices: refused at start-up
+}
+
+}  // namespace drover

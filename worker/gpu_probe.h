@@ -1,0 +1,33 @@
+// The node's NVIDIA GPUs as the CUDA driver sees them (CUDA_VISIBLE_DEVICES applies), for
+// the agent to register as slots.
+//
+// The driver library is loaded at run time (dlopen), never linked: one build of the agent
+// serves GPU nodes and CPU nodes, and a node without a driver gets a message saying so
+// instead of a loader error at start-up. Thread-safe (the driver's own calls are).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace drover {
+
+struct GpuInfo {
+  int index = 0;  // CUDA device ordinal, as this process sees them
+  std::string name;
+  int64_t memory_bytes = 0;
+};
+
+// The visible GPUs, in ordinal order. FailedPrecondition naming the cause when there are
+// none to use: no driver library (`driver_library` cannot be loaded), the driver refuses
+// to initialise (its error name, e.g. CUDA_ERROR_NO_DEVICE), or no device is visible.
+StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library = "libcuda.so.1");
+
+// What CUDA_VISIBLE_DEVICES a trainer on `slot` gets: the slot-th entry of the agent's own
+// CUDA_VISIBLE_DEVICES when that is set (`agent_visible`, comma-separated), else the slot
+// number. So a trainer sees exactly one GPU, as its device 0.
+std::string VisibleDeviceForSlot(int slot, const std::string& agent_visible);
+
+}  // namespace drover
