@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The device check (issue 9), run on the GPU machine from a copy of the working tree with the
+# pack of tests/device/pack.sh carried:
+#
+#   here:   tests/device/pack.sh build build/device-pack.tar.xz
+#   there:  tests/device/check.sh build/device-pack.tar.xz      (carry build/device-pack.tar.xz)
+#
+# What it checks today, while the trainer has no CUDA backend yet:
+#   1. the GPU and its driver (nvidia-smi);
+#   2. the NCCL communicator on the GPU (cuda_tests: every collective, uneven chunks, a peer
+#      that never joins aborted at the deadline) -- the first run of drover's NCCL code;
+#   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
+#   4. a job asking for cuda fails at once (exit 2, not retried) with the trainer's message;
+#   5. the same build runs a CPU job to success on that machine.
+# Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
+# DROVER_CHECK_NO_GPU=1 it runs steps 3-5 as a machine without a GPU must see them (a dry
+# run here: step 3 expects the agent's refusal instead). Exit 0 when every step passed.
+set -uo pipefail
+
+pack=${1:-build/device-pack.tar.xz}
+no_gpu=${DROVER_CHECK_NO_GPU:-0}
+log=${OUT:-.}/check.log
+exec > >(tee "$log") 2>&1
+
+work=$(mktemp -d)
+cleanup() {
+  jobs -p | xargs -r kill -9 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+tar -C "$work" -xJf "$pack" || { echo "FAIL cannot unpack $pack"; exit 1; }
+bin=$work/pack/bin
+# cudart and NCCL come from the machine's PyTorch environment (pack.sh leaves them out).
+nvlibs=$(python3 - <<'PY' 2>/dev/null
+import glob, os, sys
+print(':'.join(sorted({d for p in sys.path for d in glob.glob(os.path.join(p, 'nvidia', '*', 'lib'))})))
+PY
+)
+export LD_LIBRARY_PATH=$work/pack/lib:${nvlibs}:${LD_LIBRARY_PATH:-}
+
+failed=0
+step() {  # step NAME COMMAND...: runs it, says PASS or FAIL
+  local name=$1
+  shift
+  echo "==== $name"
+  if "$@"; then echo "PASS $name"; else echo "FAIL $name"; failed=1; fi
+}
+
+if [[ $no_gpu != 1 ]]; then
+  step "1 gpu and driver" nvidia-smi -L
+  step "2 nccl communicator on the gpu" timeout 300 "$bin/cuda_tests"
+fi
+
+# A coordinator, a GPU agent and a CPU agent on loopback.
+port=$((20000 + RANDOM % 20000))
+addr=127.0.0.1:$port
+"$bin/drover-coordinator" --listen "$addr" --state-dir "$work/state" > "$work/coordinator.log" 2>&1 &
+"$bin/drover-worker" --coordinator "$addr" --name gpu0 --device cuda --work-dir "$work/gpu0" \
+  > "$work/gpu0.log" 2>&1 &
+gpu_agent=$!
+"$bin/drover-worker" --coordinator "$addr" --name cpu0 --slots 1 --device cpu \
+  --work-dir "$work/cpu0" > "$work/cpu0.log" 2>&1 &
+drover() { "$bin/drover" --coordinator "$addr" "$@"; }
+sleep 3
+
+gpu_registered() {
+  drover workers | tee "$work/workers.txt"
+  grep -q "cuda:0" "$work/workers.txt"
+}
+gpu_refused() {
+  ! kill -0 "$gpu_agent" 2>/dev/null && cat "$work/gpu0.log" &&
+    grep -q "drover-worker: --device cuda: " "$work/gpu0.log"
+}
+if [[ $no_gpu == 1 ]]; then
+  step "3 agent without a gpu refuses --device cuda" gpu_refused
+else
+  step "3 agent registers the gpu" gpu_registered
+fi
+
+# A tiny model on data made here.
+head -c 200000 /dev/urandom | base64 > "$work/text.txt"
+"$bin/drover" data prepare "$work/text.txt" --out "$work/data" > /dev/null
+job_yaml() {  # job_yaml NAME DEVICE
+  cat <<YAML
+name: device-check-$1
+output_dir: $work/out-$1
+model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
+data: {train: "$work/data/train_*.bin", val: "$work/data/val.bin"}
+train: {steps: 30, global_batch: 4, micro_batch: 4, seq_len: 32, eval_every: 0}
+resources: {device: $2, world_size: {min: 1, max: 1}}
+checkpoint: {every_steps: 10}
+YAML
+}
+
+cuda_job_fails_clearly() {
+  job_yaml cuda cuda > "$work/cuda.yaml"
+  local id
+  id=$(drover submit "$work/cuda.yaml") || return 1
+  timeout 60 "$bin/drover" --coordinator "$addr" wait "$id"
+  local rc=$?
+  drover status "$id" | tee "$work/cuda-status.txt"
+  [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "FAILED" "$work/cuda-status.txt" &&
+    grep -qi "cuda" "$work/cuda-status.txt"
+}
+cpu_job_succeeds() {
+  job_yaml cpu cpu > "$work/cpu.yaml"
+  local id
+  id=$(drover submit "$work/cpu.yaml") || return 1
+  timeout 120 "$bin/drover" --coordinator "$addr" wait "$id"
+  local rc=$?
+  drover status "$id"
+  [[ $rc -eq 0 ]]
+}
+if [[ $no_gpu != 1 ]]; then
+  step "4 a cuda job fails at once with the trainer's reason" cuda_job_fails_clearly
+fi
+step "5 the same build trains a cpu job" cpu_job_succeeds
+
+echo "==== coordinator log (tail)"
+tail -20 "$work/coordinator.log"
+[[ $failed -eq 0 ]] && echo "device check: every step passed" || echo "device check: FAILED"
+exit $failed
