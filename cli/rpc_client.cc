@@ -48,8 +48,8 @@ StatusOr<v1::JobInfo> RpcClient::GetJob(const std::string& job_id) {
   return resp;
 }
 
-StatusOr<v1::ListJobsResponse> RpcClient::ListJobs() {
-  v1::ListJobsRequest req;
+StatusOr<v1::ListJobsResponse> RpcClient::ListJobs(const v1::ListJobsRequest& request) {
+  const v1::ListJobsRequest& req = request;
   v1::ListJobsResponse resp;
   DROVER_RPC_CALL(ListJobs, req, resp, "jobs");
   return resp;

@@ -19,7 +19,7 @@ class RpcClient {
 
   StatusOr<std::string> SubmitJob(const std::string& spec_yaml, int priority);
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
-  StatusOr<v1::ListJobsResponse> ListJobs();
+  StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id);
   StatusOr<v1::ListWorkersResponse> ListWorkers();
   StatusOr<v1::ReadLogsResponse> ReadLogs(const std::string& job_id, int rank, int64_t offset);

@@ -323,11 +323,9 @@ StatusOr<v1::JobInfo> Coordinator::GetJob(const std::string& job_id) {
   return info;
 }
 
-v1::ListJobsResponse Coordinator::ListJobs() {
-  v1::ListJobsResponse response;
+v1::ListJobsResponse Coordinator::ListJobs(const v1::ListJobsRequest& request) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& j : jobs_.List()) *response.add_jobs() = std::move(j);
-  return response;
+  return jobs_.ListPage(request);
 }
 
 StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {

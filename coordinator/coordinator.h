@@ -91,7 +91,7 @@ class Coordinator {
   // refuses is refused with its error and changes nothing.
   StatusOr<std::string> SubmitJob(const v1::SubmitJobRequest& request);
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
-  v1::ListJobsResponse ListJobs();
+  v1::ListJobsResponse ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::JobState> CancelJob(const std::string& job_id);
   v1::ListWorkersResponse ListWorkers();
   StatusOr<v1::ReadLogsResponse> ReadLogs(const v1::ReadLogsRequest& request);

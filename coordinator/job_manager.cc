@@ -118,6 +118,7 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
       job.ranks.resize(job.rec.placement_size());
       IndexPlacement(job, true);
     }
+    by_seq_[rec.submit_seq()] = rec.job_id();
     jobs_[rec.job_id()] = std::move(job);
   }
   for (const auto& a : attempts) {
@@ -128,6 +129,13 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
 StatusOr<JobManager::NewJob> JobManager::PrepareSubmit(const std::string& spec_yaml, int priority,
                                                        const std::string& job_id,
                                                        int64_t submit_seq) const {
+  // Kept in the state and sent with every start order: bounded, so that no record or order
+  // grows with what one caller sends (a spec is a few kilobytes).
+  if (spec_yaml.size() > kMaxSpecBytes) {
+    return InvalidArgumentError("the job spec is " + std::to_string(spec_yaml.size()) +
+                                " bytes; at most " + std::to_string(kMaxSpecBytes) +
+                                " are accepted (comments included)");
+  }
   auto spec = ParseJobSpec(spec_yaml, {}, "job spec");
   if (!spec.ok()) return InvalidArgumentError(spec.status().message());
   NewJob job{{}, *spec};
@@ -152,6 +160,7 @@ void JobManager::Add(NewJob added) {
   const std::string id = added.record.job_id();
   DROVER_CHECK_MSG(!jobs_.count(id), "JobManager::Add: the job id is taken");
   Job& job = jobs_[id];
+  by_seq_[added.record.submit_seq()] = id;
   job.rec = std::move(added.record);
   job.spec = std::move(added.spec);
   job.feasible = job.spec.FeasibleWorldSizes();
@@ -557,14 +566,26 @@ std::vector<v1::TrainerStatus> JobManager::CurrentTrainers(const std::string& jo
   return out;
 }
 
-std::vector<v1::JobRecord> JobManager::List() const {
-  std::vector<v1::JobRecord> out;
-  out.reserve(jobs_.size());
-  for (const auto& [id, job] : jobs_) out.push_back(job.rec);
-  std::sort(out.begin(), out.end(), [](const v1::JobRecord& a, const v1::JobRecord& b) {
-    return a.submit_seq() < b.submit_seq();
-  });
-  return out;
+v1::ListJobsResponse JobManager::ListPage(const v1::ListJobsRequest& request) const {
+  constexpr int kDefaultLimit = 100, kMaxLimit = 1000;
+  const int limit = request.limit() <= 0 ? kDefaultLimit : std::min(request.limit(), kMaxLimit);
+  const std::set<int> states(request.states().begin(), request.states().end());
+  v1::ListJobsResponse response;
+  auto it = request.before_seq() > 0 ? by_seq_.lower_bound(request.before_seq()) : by_seq_.end();
+  while (it != by_seq_.begin()) {
+    --it;
+    const Job& job = *Get(it->second);
+    if (!states.empty() && !states.count(job.rec.state())) continue;
+    if (!request.name().empty() && job.rec.name() != request.name()) continue;
+    if (response.jobs_size() == limit) {
+      response.set_next_before_seq(it->first + 1);  // this job starts the next page
+      break;
+    }
+    v1::JobRecord* r = response.add_jobs();
+    *r = job.rec;
+    r->clear_spec_yaml();
+  }
+  return response;
 }
 
 }  // namespace drover::coordinator

@@ -60,6 +60,9 @@
 
 namespace drover::coordinator {
 
+// The largest job spec a submit may carry, in bytes.
+inline constexpr size_t kMaxSpecBytes = 256 * 1024;
+
 struct JobManagerOptions {
   int64_t stop_grace_ms = 5000;     // in StopTrainersOrder: SIGTERM, then SIGKILL after this
   std::string coordinator_address;  // in StartTrainerOrder, for rendezvous
@@ -144,9 +147,9 @@ class JobManager {
 
   // Appends the orders for `node`, given what its agent lists now; start orders only for
   // jobs `may_start` accepts (null: all).
-  void AppendOrders(const std::string& node, const std::vector<v1::TrainerStatus>& listed,
-                    Orders* orders,
-                    const std::function<bool(const std::string& job_id)>& may_start = nullptr) const;
+  void AppendOrders(
+      const std::string& node, const std::vector<v1::TrainerStatus>& listed, Orders* orders,
+      const std::function<bool(const std::string& job_id)>& may_start = nullptr) const;
 
   // The address trainers dial for rendezvous (known once the server is bound).
   void set_coordinator_address(std::string address) {
@@ -163,7 +166,9 @@ class JobManager {
   std::vector<int> ReservedSlots(const std::string& node) const;
   std::vector<v1::AttemptRecord> Attempts(const std::string& job_id) const;
   std::vector<v1::TrainerStatus> CurrentTrainers(const std::string& job_id) const;
-  std::vector<v1::JobRecord> List() const;  // by submit order
+  // One page of the list, newest first (ListJobsRequest), records without spec_yaml. Walks
+  // only the jobs it skips or returns, in submit order, not the whole history.
+  v1::ListJobsResponse ListPage(const v1::ListJobsRequest& request) const;
 
  private:
   struct Rank {
@@ -210,6 +215,7 @@ class JobManager {
   JobManagerOptions options_;
   const Hooks hooks_;
   std::unordered_map<std::string, Job> jobs_;
+  std::map<int64_t, std::string> by_seq_;  // submit_seq -> job id, for ListPage
   // node -> RUNNING job -> the ranks of its current attempt placed on that node. Every
   // per-node operation (a heartbeat's listing and orders, a node's death, free slots) walks
   // only this, so its cost does not grow with the size of the jobs or of the cluster.

@@ -72,9 +72,9 @@ class JobServiceImpl final : public v1::JobService::Service {
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
-  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
                         v1::ListJobsResponse* resp) override {
-    *resp = c_->ListJobs();
+    *resp = c_->ListJobs(*req);
     return grpc::Status::OK;
   }
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,

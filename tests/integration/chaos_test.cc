@@ -35,7 +35,7 @@ class ChaosTest : public TrainProcessFixture {
            "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
            "data: {train: " +
            (dir_ / "train.bin").string() +
-           "}\ntrain: {steps: 500, global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.003, "
+           "}\ntrain: {steps: 600, global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.003, "
            "warmup_steps: 5, eval_every: 0, grad_clip: 1.0}\n"
            "parallel: {" +
            parallel +
@@ -81,17 +81,31 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
     }
     return newest;
   };
-  // A live trainer of `rank` of the job's current attempt, and the node it runs on.
+  // A live trainer of `rank` of the job's current attempt, and the node it runs on, once
+  // its agent lists it (after a coordinator restart, ranks are listed as their agents come
+  // back); -1 if the job ended first.
   auto trainer_of = [&](const std::string& id, int rank, std::string* node) -> pid_t {
-    auto info = cluster.GetJob(id);
-    if (!info.ok() || info->job().state() != v1::RUNNING) return -1;
-    for (const auto& t : info->trainers()) {
-      if (t.rank() == rank && t.attempt() == info->job().attempt() && t.pid() > 0) {
-        if (node) *node = info->job().placement(rank).node();
-        return static_cast<pid_t>(t.pid());
-      }
-    }
-    return -1;
+    pid_t pid = -1;
+    testing::WaitUntil(
+        [&] {
+          auto info = cluster.GetJob(id);
+          if (!info.ok()) return false;
+          if (info->job().state() == v1::SUCCEEDED || info->job().state() == v1::FAILED) {
+            return true;
+          }
+          if (info->job().state() != v1::RUNNING) return false;
+          for (const auto& t : info->trainers()) {
+            if (t.rank() == rank && t.attempt() == info->job().attempt() && t.pid() > 0 &&
+                t.state() == v1::TRAINER_RUNNING) {
+              if (node) *node = info->job().placement(rank).node();
+              pid = static_cast<pid_t>(t.pid());
+              return true;
+            }
+          }
+          return false;
+        },
+        30000, 20);
+    return pid;
   };
   auto restart_agent = [&](const std::string& node) {
     cluster.agent(node)->Kill(SIGKILL);

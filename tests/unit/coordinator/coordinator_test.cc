@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <mutex>
@@ -68,6 +69,7 @@ class CoordinatorTest : public ::testing::Test {
     std::vector<std::string> ids;
     const v1::ListJobsResponse listed = c_->ListJobs();
     for (const auto& j : listed.jobs()) ids.push_back(j.job_id());
+    std::reverse(ids.begin(), ids.end());  // listed newest first; here in submit order
     return ids;
   }
   std::string Submit(const std::string& yaml) {

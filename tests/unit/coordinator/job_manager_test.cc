@@ -328,7 +328,7 @@ TEST_F(JobManagerTest, UnknownLiveTrainersAreOrderedStopped) {
 TEST_F(JobManagerTest, RestoreResendsStartsForRunningAttempt) {
   const std::string id = SubmitAndPlace(2, {Node("n1", 2)});
   Listing("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
-  std::vector<v1::JobRecord> records = jobs_.List();
+  std::vector<v1::JobRecord> records = {*jobs_.Find(id)};
   std::vector<v1::AttemptRecord> attempts = jobs_.Attempts(id);
   JobManager restored(&clock_, {}, {});
   restored.Restore(records, attempts);
@@ -503,6 +503,49 @@ TEST_F(JobManagerTest, AFailureWhileAGrowIsPlannedIsAnOrdinaryRestart) {
   EXPECT_EQ(jobs_.Find("j1")->restarts(), 1);
   EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, (std::vector<int>{1, 2}));
   EXPECT_EQ(jobs_.Find("j1")->reason().find("growing"), std::string::npos);
+}
+
+TEST_F(JobManagerTest, ListPagesGoNewestFirstWithoutSpecsAndFilter) {
+  for (int i = 1; i <= 5; ++i) {
+    ASSERT_TRUE(Submit(SpecYaml(1, 1), "j" + std::to_string(i), i).ok());
+  }
+  Place("j2", 1, {Node("n1", 1)});
+  v1::ListJobsRequest req;
+  req.set_limit(2);
+  v1::ListJobsResponse page = jobs_.ListPage(req);
+  ASSERT_EQ(page.jobs_size(), 2);
+  EXPECT_EQ(page.jobs(0).job_id(), "j5");
+  EXPECT_EQ(page.jobs(1).job_id(), "j4");
+  EXPECT_TRUE(page.jobs(0).spec_yaml().empty());
+  EXPECT_FALSE(jobs_.Find("j5")->spec_yaml().empty());  // GetJob still has it
+  std::vector<std::string> all;
+  for (int pages = 0; pages < 10; ++pages) {
+    for (const auto& j : page.jobs()) all.push_back(j.job_id());
+    if (page.next_before_seq() == 0) break;
+    req.set_before_seq(page.next_before_seq());
+    page = jobs_.ListPage(req);
+  }
+  EXPECT_EQ(all, (std::vector<std::string>{"j5", "j4", "j3", "j2", "j1"}));
+  v1::ListJobsRequest running;
+  running.add_states(v1::RUNNING);
+  page = jobs_.ListPage(running);
+  ASSERT_EQ(page.jobs_size(), 1);
+  EXPECT_EQ(page.jobs(0).job_id(), "j2");
+  EXPECT_EQ(page.next_before_seq(), 0);
+  v1::ListJobsRequest named;
+  named.set_name("nobody");
+  EXPECT_EQ(jobs_.ListPage(named).jobs_size(), 0);
+}
+
+TEST_F(JobManagerTest, OversizedSpecIsRefusedWithItsSizeAndTheLimit) {
+  const std::string padded = SpecYaml(1, 1) + "# " + std::string(300 * 1024, 'x') + "\n";
+  auto job = jobs_.PrepareSubmit(padded, 0, "big", 1);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("the job spec is " + std::to_string(padded.size()) +
+                                        " bytes; at most 262144 are accepted"),
+            std::string::npos)
+      << job.status();
 }
 
 }  // namespace
