@@ -25,6 +25,8 @@ struct GlobalOptions {
 
 enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
 
+inline constexpr char kDroverVersion[] = "0.1.0";
+
 using CommandRun = std::function<int()>;
 using CommandSetup = std::function<CommandRun(CLI::App* app, GlobalOptions* globals)>;
 

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "cli/command.h"
+#include "cli/suggest.h"
 
 namespace drover::cli {
 
@@ -42,6 +43,24 @@ int main(int argc, char** argv) {
   for (const CommandDef& def : commands) {
     CLI::App* sub = app.add_subcommand(def.name, def.help);
     runs[sub] = def.setup(sub, &globals);
+  }
+  app.set_version_flag("--version", std::string("drover ") + kDroverVersion);
+  // A mistyped command gets the nearest one, not CLI11's "A subcommand is required".
+  std::vector<std::string> names;
+  for (const CommandDef& def : commands) names.push_back(def.name);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--coordinator") {
+      ++i;
+      continue;
+    }
+    if (arg.empty() || arg[0] == '-') continue;
+    if (std::find(names.begin(), names.end(), arg) != names.end()) break;
+    const std::string near = NearestName(arg, names);
+    std::cerr << "drover: '" << arg << "' is not a drover command"
+              << (near.empty() ? "" : "; did you mean '" + near + "'?")
+              << " (drover --help lists them)\n";
+    return kExitUsage;
   }
   try {
     app.parse(argc, argv);

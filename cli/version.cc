@@ -9,7 +9,7 @@ namespace {
 
 DROVER_REGISTER_COMMAND("version", "Print drover's version", [](CLI::App*, GlobalOptions*) {
   return CommandRun([] {
-    std::printf("drover 0.1.0\n");
+    std::printf("drover %s\n", kDroverVersion);
     return static_cast<int>(kExitOk);
   });
 });

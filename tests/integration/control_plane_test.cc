@@ -237,6 +237,26 @@ TEST_F(ControlPlaneTest, AgentKilledIsNoticedByItsConnectionAndIdleAgentsAreNudg
   ASSERT_TRUE(cluster_->Cancel(id).ok());
 }
 
+// A person's typos get the nearest command, and --version works (no coordinator needed).
+TEST(CliTest, MistypedCommandGetsTheNearestOneAndVersionWorks) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("drover_cli_typo_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  CliResult typo = RunCli(dir, {"jbos"});
+  EXPECT_EQ(typo.code, 2);
+  EXPECT_NE(typo.out.find("'jbos' is not a drover command; did you mean 'jobs'?"),
+            std::string::npos)
+      << typo.out;
+  CliResult far = RunCli(dir, {"--coordinator", "127.0.0.1:1", "frobnicate"});
+  EXPECT_EQ(far.code, 2);
+  EXPECT_NE(far.out.find("'frobnicate' is not a drover command (drover --help"), std::string::npos)
+      << far.out;
+  CliResult version = RunCli(dir, {"--version"});
+  EXPECT_EQ(version.code, 0);
+  EXPECT_NE(version.out.find("drover 0."), std::string::npos) << version.out;
+  std::filesystem::remove_all(dir);
+}
+
 // One build serves both kinds of node: asked for GPUs where the driver has none, the agent
 // refuses to start and says why (skipped on a machine whose GPUs it would find).
 TEST(WorkerDeviceTest, CudaOnANodeWithoutAUsableGpuRefusesToStartWithTheReason) {
