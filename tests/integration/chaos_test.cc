@@ -19,15 +19,6 @@
 namespace drover {
 namespace {
 
-std::vector<float> ModelParams(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(1024);  // the llm.c header
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> params(bytes.size() / sizeof(float));
-  std::memcpy(params.data(), bytes.data(), params.size() * sizeof(float));
-  return params;
-}
-
 class ChaosTest : public TrainProcessFixture {
  protected:
   std::string Yaml(const std::string& name, const std::string& parallel) {

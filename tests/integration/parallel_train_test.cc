@@ -35,16 +35,6 @@ std::vector<double> Losses(const fs::path& metrics) {
   return losses;
 }
 
-// The parameters of an llm.c model file (after its 1024-byte header).
-std::vector<float> ModelParams(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(1024);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> params(bytes.size() / sizeof(float));
-  std::memcpy(params.data(), bytes.data(), params.size() * sizeof(float));
-  return params;
-}
-
 class ParallelTrainTest : public TrainProcessFixture {
  protected:
   // A 2-layer, 2-head model (so pp 2 and tp 2 both fit), global batch 8.

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -23,6 +24,16 @@ namespace drover {
 namespace fs = std::filesystem;
 
 inline const std::string kBin = std::string(DROVER_BIN_DIR) + "/bin/";
+
+// The parameters of an llm.c model file (after its 1024-byte header).
+inline std::vector<float> ModelParams(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(1024);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> params(bytes.size() / sizeof(float));
+  std::memcpy(params.data(), bytes.data(), params.size() * sizeof(float));
+  return params;
+}
 
 class TrainProcessFixture : public ::testing::Test {
  protected:
