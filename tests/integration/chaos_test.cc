@@ -1,9 +1,13 @@
 // Chaos: two real multi-rank jobs (dp2 with ZeRO-2, and a 1F1B pipeline of two stages) on
 // five one-slot agents, through a scripted schedule of kill -9 of trainers, of agents and
 // of the coordinator. Each event waits until both jobs saved a checkpoint since the last
-// one, so every failure lands in the middle of training. Both jobs must succeed, and their
-// final parameters must equal those of an uninterrupted `drover train --nproc 2`, bit for
-// bit: a resume at the same mesh replays exactly the samples and the arithmetic.
+// one, so every failure lands in the middle of training. The jobs are far longer than the
+// schedule (and their learning rate constant after warm-up, so nothing depends on their
+// length): however fast or slow this machine is, every event hits a running job. After the
+// last one both jobs are cancelled, and each one's newest checkpoint (weights and AdamW
+// moments) must equal, bit for bit, that of an uninterrupted `drover train --nproc 2` of
+// the same spec run to that step: a resume at the same mesh replays exactly the samples
+// and the arithmetic.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -11,23 +15,25 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tests/integration/cluster.h"
 #include "tests/integration/train_process.h"
+#include "worker/engine/ckpt/checkpoint.h"
 
 namespace drover {
 namespace {
 
 class ChaosTest : public TrainProcessFixture {
  protected:
-  std::string Yaml(const std::string& name, const std::string& parallel) {
+  std::string Yaml(const std::string& name, const std::string& parallel, int64_t steps) {
     return "name: " + name + "\noutput_dir: " + (dir_ / name).string() +
            "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
            "data: {train: " +
-           (dir_ / "train.bin").string() +
-           "}\ntrain: {steps: 600, global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.003, "
-           "warmup_steps: 5, eval_every: 0, grad_clip: 1.0}\n"
+           (dir_ / "train.bin").string() + "}\ntrain: {steps: " + std::to_string(steps) +
+           ", global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.003, "
+           "warmup_steps: 5, schedule: constant, eval_every: 0, grad_clip: 1.0}\n"
            "parallel: {" +
            parallel +
            ", timeout_s: 20}\n"
@@ -45,15 +51,18 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
   o.heartbeat_timeout_ms = 2000;  // 4 trainers and 5 agents share this machine's cores
   testing::Cluster cluster(o);
   ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  const std::string zero_yaml = Yaml("zero", "zero_stage: 2");
-  const std::string pipe_yaml = Yaml("pipe", "pp: 2, pp_schedule: 1f1b");
+  const std::string zero_parallel = "zero_stage: 2";
+  const std::string pipe_parallel = "pp: 2, pp_schedule: 1f1b";
+  constexpr int64_t kSteps = 1000000;  // never reached: the test cancels both jobs
+  const std::string zero_yaml = Yaml("zero", zero_parallel, kSteps);
+  const std::string pipe_yaml = Yaml("pipe", pipe_parallel, kSteps);
   auto zero = cluster.Submit(zero_yaml);
   auto pipe = cluster.Submit(pipe_yaml);
   ASSERT_TRUE(zero.ok() && pipe.ok()) << zero.status() << pipe.status();
   const std::vector<std::string> ids = {*zero, *pipe};
 
-  // Waits until every job saved a checkpoint newer than `after` (or finished); returns the
-  // newest checkpoint step per job.
+  // Waits until every job saved a checkpoint newer than `after`; returns the newest
+  // checkpoint step per job.
   auto checkpoint_after = [&](const std::vector<int64_t>& after) {
     std::vector<int64_t> newest(ids.size(), -1);
     for (size_t j = 0; j < ids.size(); ++j) {
@@ -61,7 +70,7 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
       const bool ok = cluster.WaitJob(
           ids[j],
           [&](const v1::JobInfo& i) {
-            return i.job().state() == v1::SUCCEEDED || i.job().state() == v1::FAILED ||
+            return i.job().state() == v1::FAILED ||
                    (i.job().state() == v1::RUNNING && !i.trainers().empty() &&
                     i.job().latest_checkpoint_step() > after[j]);
           },
@@ -74,16 +83,13 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
   };
   // A live trainer of `rank` of the job's current attempt, and the node it runs on, once
   // its agent lists it (after a coordinator restart, ranks are listed as their agents come
-  // back); -1 if the job ended first.
+  // back); -1 if there is none within 30 s.
   auto trainer_of = [&](const std::string& id, int rank, std::string* node) -> pid_t {
     pid_t pid = -1;
     testing::WaitUntil(
         [&] {
           auto info = cluster.GetJob(id);
           if (!info.ok()) return false;
-          if (info->job().state() == v1::SUCCEEDED || info->job().state() == v1::FAILED) {
-            return true;
-          }
           if (info->job().state() != v1::RUNNING) return false;
           for (const auto& t : info->trainers()) {
             if (t.rank() == rank && t.attempt() == info->job().attempt() && t.pid() > 0 &&
@@ -128,43 +134,49 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
     ++events;
   }
   at = checkpoint_after(at);
-  EXPECT_GE(events, 5) << "the jobs finished before the schedule did; make them longer";
+  ASSERT_EQ(events, 5) << cluster.DebugLogs();
 
   for (const std::string& id : ids) {
+    ASSERT_TRUE(cluster.Cancel(id).ok());
     v1::JobInfo info;
     ASSERT_TRUE(cluster.WaitJob(
-        id,
-        [](const v1::JobInfo& i) {
-          return i.job().state() == v1::SUCCEEDED || i.job().state() == v1::FAILED ||
-                 i.job().state() == v1::CANCELLED;
-        },
-        120000, &info))
+        id, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &info))
         << cluster.DebugLogs();
-    ASSERT_EQ(info.job().state(), v1::SUCCEEDED) << info.job().reason() << cluster.DebugLogs();
-    EXPECT_GE(info.job().attempt(), 2) << id;
+    EXPECT_GE(info.job().attempt(), 3) << id;
     std::cout << id << ": " << info.job().attempt() << " attempts, " << info.job().restarts()
               << " restarts\n";
   }
 
-  // Uninterrupted runs of the same specs, same mesh.
-  for (const auto& [name, yaml] :
-       std::vector<std::pair<std::string, std::string>>{{"zero", zero_yaml}, {"pipe", pipe_yaml}}) {
-    std::string ref = yaml;
-    ref.replace(ref.find("name: " + name), 6 + name.size(), "name: ref-" + name);
-    ref.replace(ref.find((dir_ / name).string()), (dir_ / name).string().size(),
-                (dir_ / ("ref-" + name)).string());
-    std::ofstream(dir_ / ("ref-" + name + ".yaml")) << ref;
-    const pid_t p = Spawn({kBin + "drover", "train", (dir_ / ("ref-" + name + ".yaml")).string(),
+  // Uninterrupted runs of the same specs, same mesh, to the step of each job's newest
+  // checkpoint (the final step always checkpoints).
+  for (const auto& [name, parallel] : std::vector<std::pair<std::string, std::string>>{
+           {"zero", zero_parallel}, {"pipe", pipe_parallel}}) {
+    const auto saved = engine::ckpt::ListCheckpoints((dir_ / name / "ckpt").string());
+    ASSERT_FALSE(saved.empty()) << name;
+    const auto [step, path] = saved.front();
+    ASSERT_GT(step, 40) << name;  // five events, each after a new checkpoint
+    const std::string ref_name = "ref-" + name;
+    std::ofstream(dir_ / (ref_name + ".yaml")) << Yaml(ref_name, parallel, step);
+    const pid_t p = Spawn({kBin + "drover", "train", (dir_ / (ref_name + ".yaml")).string(),
                            "--threads", "1", "--nproc", "2"});
     ASSERT_EQ(Wait(p), 0) << Log();
-    const std::vector<float> want = ModelParams(dir_ / ("ref-" + name) / "model.bin");
-    const std::vector<float> got = ModelParams(dir_ / name / "model.bin");
-    ASSERT_GT(want.size(), 0u);
-    ASSERT_EQ(got.size(), want.size()) << name;
-    size_t differ = 0;
-    for (size_t i = 0; i < want.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
-    EXPECT_EQ(differ, 0u) << name << ": " << differ << " of " << want.size()
-                          << " parameters differ from the uninterrupted run";
+    auto want = engine::ckpt::VerifyCheckpoint(
+        (dir_ / ref_name / "ckpt" / engine::ckpt::StepDirName(step)).string(), step);
+    auto got = engine::ckpt::VerifyCheckpoint(path, step);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (const auto& [arena, w, g] :
+         std::vector<std::tuple<std::string, const std::vector<float>*, const std::vector<float>*>>{
+             {"weights", &want->params, &got->params},
+             {"adam_m", &want->adam_m, &got->adam_m},
+             {"adam_v", &want->adam_v, &got->adam_v}}) {
+      ASSERT_GT(w->size(), 0u);
+      ASSERT_EQ(g->size(), w->size()) << name << " " << arena;
+      size_t differ = 0;
+      for (size_t i = 0; i < w->size(); ++i) differ += std::memcmp(&(*g)[i], &(*w)[i], 4) != 0;
+      EXPECT_EQ(differ, 0u) << name << " at step " << step << ": " << differ << " of " << w->size()
+                            << " elements of " << arena << " differ from the uninterrupted run";
+    }
   }
 }
 
