@@ -130,6 +130,8 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(train.log_every),
       DROVER_SPEC_FIELD(precision.dtype),
       Field{"precision.loss_scale", DecodeLossScale, EmitLossScale},
+      DROVER_SPEC_FIELD(precision.initial_loss_scale),
+      DROVER_SPEC_FIELD(precision.loss_scale_window),
       Field{"parallel.dp", DecodeDp, EmitDp},
       DROVER_SPEC_FIELD(parallel.pp),
       DROVER_SPEC_FIELD(parallel.tp),

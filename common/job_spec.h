@@ -50,6 +50,10 @@ struct TrainSpec {
 struct PrecisionSpec {
   std::string dtype = "fp32";          // fp32 | bf16 | fp16
   std::string loss_scale = "dynamic";  // dynamic | a positive number (fp16 only)
+  // The dynamic scaler (fp16): where it starts, and after how many steps without an
+  // overflow it doubles (each overflow halves it and skips the step).
+  double initial_loss_scale = 65536.0;  // 2^16
+  int64_t loss_scale_window = 2000;
 };
 
 struct ParallelSpec {

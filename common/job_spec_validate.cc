@@ -175,6 +175,11 @@ class Rules {
   Status CheckPrecision() const {
     const PrecisionSpec& p = s_.precision;
     RETURN_IF_ERROR(OneOf("precision.dtype", p.dtype, {"fp32", "bf16", "fp16"}));
+    if (!(p.initial_loss_scale >= 1 && p.initial_loss_scale <= 1e30)) {
+      return Fail("precision.initial_loss_scale",
+                  Num(p.initial_loss_scale) + " is out of range; must be in [1, 1e30]");
+    }
+    RETURN_IF_ERROR(AtLeast("precision.loss_scale_window", p.loss_scale_window, 1));
     if (p.loss_scale != "dynamic") {
       double scale = 0;
       if (!yaml_util::ParseDouble(p.loss_scale, &scale) || scale <= 0) {
@@ -186,11 +191,6 @@ class Rules {
                                                 ") applies only to precision.dtype fp16, not " +
                                                 p.dtype + "; use 'dynamic' or dtype fp16");
       }
-    }
-    if (p.dtype != "fp32" && s_.resources.device == "cpu") {
-      return Fail("precision.dtype", p.dtype +
-                                         " needs resources.device cuda; the CPU path computes in "
-                                         "fp32 only");
     }
     return OkStatus();
   }

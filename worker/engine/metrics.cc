@@ -51,6 +51,8 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   if (m.val_loss.has_value()) AppendNumber(&s, "val_loss", *m.val_loss);
   if (m.rollbacks > 0) AppendInt(&s, "rollbacks", m.rollbacks);
   if (m.spike) s += ",\"spike\":true";
+  if (m.loss_scale.has_value()) AppendNumber(&s, "loss_scale", *m.loss_scale);
+  if (m.skipped) s += ",\"skipped\":true";
   s.push_back('}');
   return s;
 }

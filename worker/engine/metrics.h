@@ -37,13 +37,17 @@ struct StepMetrics {
   // rollback step numbers repeat: this tells the lines apart.
   int64_t rollbacks = 0;
   bool spike = false;  // this step's loss was a spike: it was rolled back
+  // fp16 runs: the loss scale of this step's backward, and whether its gradients overflowed
+  // so that the optimizer step was skipped.
+  std::optional<double> loss_scale;
+  bool skipped = false;
 };
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
-// and val_loss, rollbacks and spike when present. Non-finite numbers are written as null (JSON has
-// no NaN).
+// and val_loss, rollbacks, spike, loss_scale and skipped when present. Non-finite numbers are
+// written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

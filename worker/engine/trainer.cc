@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/yaml_util.h"
 #include "worker/engine/ckpt/agreed_load.h"
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
@@ -60,6 +61,34 @@ std::string DescribeConfig(const GptConfig& c) {
          " V=" + std::to_string(c.vocab_size);
 }
 
+// precision.loss_scale: "dynamic" (the scaler's defaults), or a fixed scale that still
+// skips steps whose gradients overflowed.
+StatusOr<LossScalerConfig> LossScalerConfigOf(const PrecisionSpec& p) {
+  LossScalerConfig config;
+  config.initial_scale = static_cast<float>(p.initial_loss_scale);
+  config.growth_interval = p.loss_scale_window;
+  if (p.loss_scale == "dynamic") return config;
+  double scale = 0;
+  if (!yaml_util::ParseDouble(p.loss_scale, &scale) || !(scale > 0) || scale > 3.0e38) {
+    return InvalidArgumentError("precision.loss_scale: '" + p.loss_scale +
+                                "' is not 'dynamic' or a positive number");
+  }
+  config.dynamic = false;
+  config.initial_scale = static_cast<float>(scale);
+  config.min_scale = std::min(config.min_scale, config.initial_scale);
+  return config;
+}
+
+std::string DescribePrecision(const JobSpec& spec) {
+  const std::string& dtype = spec.precision.dtype;
+  if (dtype == "fp32") return "fp32";
+  std::string d = dtype + " compute, fp32 master weights, gradients and AdamW state";
+  if (dtype == "fp16") d += ", loss scale " + spec.precision.loss_scale;
+  // The CPU has no bf16/fp16 arithmetic worth using: it rounds every stored value instead.
+  if (spec.resources.device == "cpu") d += " (emulated on the CPU: values rounded at each op)";
+  return d;
+}
+
 }  // namespace
 
 std::string OutputDirOf(const JobSpec& spec) {
@@ -91,10 +120,6 @@ Status Trainer::Init() {
   if (options_.world_size > 1 && options_.store == nullptr) {
     return InvalidArgumentError("world size " + std::to_string(options_.world_size) +
                                 " needs a rendezvous store to connect the ranks");
-  }
-  if (spec.precision.dtype != "fp32") {
-    return InvalidArgumentError("precision.dtype: '" + spec.precision.dtype +
-                                "' is not supported by the CPU engine; use fp32");
   }
   if (spec.resources.device != "cpu") {
     return InvalidArgumentError("resources.device: '" + spec.resources.device +
@@ -132,6 +157,8 @@ Status Trainer::Init() {
                   static_cast<float>(spec.train.eps), static_cast<float>(spec.train.weight_decay)};
   mo.grad_clip = spec.train.grad_clip;
   mo.bucket_floats = static_cast<size_t>(spec.parallel.bucket_mb * (1 << 20) / sizeof(float));
+  ASSIGN_OR_RETURN(mo.precision, ParsePrecision(spec.precision.dtype));
+  ASSIGN_OR_RETURN(mo.loss_scaler, LossScalerConfigOf(spec.precision));
   ASSIGN_OR_RETURN(model_, parallel::ParallelGpt::Create(mo, *mesh_, &groups_, CpuOps()));
   model_->LoadGlobalParams(params.data());
   params = {};
@@ -170,10 +197,10 @@ Status Trainer::Init() {
   // deadline.
   RETURN_IF_ERROR(StoreBarrier("ready"));
   spdlog::info(
-      "model {} ({} parameters, {} on this rank), {}, B={} T={} steps={}, resuming "
+      "model {} ({} parameters, {} on this rank), {}, {}, B={} T={} steps={}, resuming "
       "from {}",
       DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
-      mesh_->Describe(), B_, T_, spec.train.steps,
+      mesh_->Describe(), DescribePrecision(spec), B_, T_, spec.train.steps,
       resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
   return OkStatus();
 }
@@ -264,6 +291,16 @@ Status Trainer::RestoreLatest(const std::string& choice_key) {
   }
   model_->LoadGlobalParams(snap->params.data());
   model_->LoadGlobalOptimizer(snap->adam_m.data(), snap->adam_v.data(), m.optimizer_step());
+  // The loss scale carries over between fp16 runs only; from any other checkpoint an fp16
+  // run starts at the initial scale (it finds its level within a few steps).
+  if (m.precision() == "fp16") {
+    LossScalerState scaler;
+    scaler.scale = static_cast<float>(m.loss_scaler().scale());
+    scaler.good_steps = m.loss_scaler().good_steps();
+    scaler.skipped_steps = m.loss_scaler().skipped_steps();
+    Status st = model_->RestoreLossScaler(scaler);
+    if (!st.ok()) return DataLossError("checkpoint " + path + ": " + st.message());
+  }
   SamplerState s;
   s.epoch = static_cast<uint64_t>(m.train_sampler().epoch());
   s.offset = static_cast<uint64_t>(m.train_sampler().offset());
@@ -332,6 +369,8 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.optimizer_mib = static_cast<double>(r.optimizer_bytes) / kMiB;
   m.working_mib = static_cast<double>(r.working_bytes) / kMiB;
   m.rollbacks = rollbacks_;
+  if (model_->loss_scaler_state() != nullptr) m.loss_scale = r.loss_scale;
+  m.skipped = r.skipped;
   if (!std::isfinite(m.loss) && spike_ == nullptr) {
     return InternalError("training loss is not finite at step " + std::to_string(step_));
   }
@@ -370,7 +409,13 @@ ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   }
   // The engine has no stochastic op (no dropout), so the seed is the whole RNG state.
   meta.set_rng_state(spec.train.seed);
-  meta.mutable_loss_scaler()->set_scale(1.0);  // fp32: no loss scaling
+  meta.set_precision(spec.precision.dtype);
+  meta.mutable_loss_scaler()->set_scale(1.0);  // no loss scaling but in fp16
+  if (const LossScalerState* scaler = model_->loss_scaler_state(); scaler != nullptr) {
+    meta.mutable_loss_scaler()->set_scale(scaler->scale);
+    meta.mutable_loss_scaler()->set_good_steps(scaler->good_steps);
+    meta.mutable_loss_scaler()->set_skipped_steps(scaler->skipped_steps);
+  }
   meta.set_world_size(options_.world_size);
   meta.set_optimizer_step(model_->optimizer_steps());
   meta.set_created_ms(WallNowMs());
@@ -511,11 +556,16 @@ void Trainer::LogStep(const StepMetrics& m) const {
     return;
   }
   std::string val = m.val_loss.has_value() ? fmt::format(" | val {:.4f}", *m.val_loss) : "";
+  std::string scale;
+  if (m.loss_scale.has_value()) {
+    scale = fmt::format(" | scale {:g}", *m.loss_scale);
+    if (m.skipped) scale += " | skipped: gradients overflowed, scale halved";
+  }
   spdlog::info(
       "step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | "
-      "{:.1f} ms | wait {:.2f} ms",
+      "{:.1f} ms | wait {:.2f} ms{}",
       m.step, options_.spec.train.steps, m.loss, val, m.lr, m.grad_norm, m.tokens_per_s, m.step_ms,
-      m.data_wait_ms);
+      m.data_wait_ms, scale);
 }
 
 Status Trainer::Run() {

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "worker/engine/kernels/precision.h"
 #include "worker/engine/optim/adamw_config.h"
 
 namespace drover::engine {
@@ -92,6 +93,9 @@ class Ops {
   // Host <-> backend memory (identical to Copy for CpuOps).
   virtual void ToHost(float* host, const float* x, size_t n) = 0;
   virtual void FromHost(float* x, const float* host, size_t n) = 0;
+  // x (n) narrowed in place to precision p, kept as floats (kernels/cpu/round.h): a store
+  // of an activation in a mixed-precision run. p == kFp32 leaves x as it is.
+  virtual void Round(float* x, size_t n, Precision p) = 0;
 
   // ---- layers (kernels/cpu/*.h) --------------------------------------------------------
   virtual void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe,

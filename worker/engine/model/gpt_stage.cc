@@ -73,8 +73,9 @@ const float* StageActivations::output() const {
   return L == 0 ? encoded_ : residual3_ + (L - 1) * btc;
 }
 
-GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp)
-    : layout_(layout), ops_(ops), tp_(tp) {
+GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp,
+                   Precision precision)
+    : layout_(layout), ops_(ops), tp_(tp), precision_(precision) {
   DROVER_CHECK((layout->tp_size() > 1) == (tp != nullptr));
   DROVER_CHECK(tp == nullptr || tp->size() == layout->tp_size());
 }
@@ -83,18 +84,26 @@ Status GptStage::RowParallelForward(float* out, const float* inp, const float* w
                                     const float* residual, int N, int IC, int OC) {
   if (tp_ == nullptr) {
     ops_->MatmulForward(out, inp, w, bias, residual, N, IC, OC, OC);
+    Narrow(out, static_cast<size_t>(N) * OC);
     return OkStatus();
   }
-  // Rank 0 folds bias and residual into its partial product; the sum adds them once.
+  // Rank 0 folds bias and residual into its partial product; the sum adds them once. The
+  // partial sums travel in fp32 and the total is narrowed once, as one GEMM's would be.
   const bool adds = tp_->rank() == 0;
   ops_->MatmulForward(out, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC, OC, OC);
-  return tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
-                        parallel::ReduceOp::kSum);
+  RETURN_IF_ERROR(tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
+                                 parallel::ReduceOp::kSum));
+  Narrow(out, static_cast<size_t>(N) * OC);
+  return OkStatus();
 }
 
 Status GptStage::ReduceInputGrad(float* dinp, size_t n) {
-  if (tp_ == nullptr) return OkStatus();
-  return tp_->AllReduce(dinp, n, parallel::DataType::kFloat32, parallel::ReduceOp::kSum);
+  if (tp_ != nullptr) {
+    RETURN_IF_ERROR(
+        tp_->AllReduce(dinp, n, parallel::DataType::kFloat32, parallel::ReduceOp::kSum));
+  }
+  Narrow(dinp, n);
+  return OkStatus();
 }
 
 Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
@@ -125,13 +134,19 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   float* res3 = a.residual3_ + i * btc;
   ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
                          BT, C);
+  Narrow(ln1, btc);
   ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca);
+  Narrow(qkv, static_cast<size_t>(BT) * 3 * Ca);
   ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa);
+  Narrow(atty, static_cast<size_t>(BT) * Ca);
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
   ops_->LayerNormForward(ln2, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, res2, p + o.ln2w,
                          p + o.ln2b, BT, C);
+  Narrow(ln2, btc);
   ops_->MatmulForward(fch, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4);
+  Narrow(fch, static_cast<size_t>(BT) * C4);
   ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4);
+  Narrow(fchg, static_cast<size_t>(BT) * C4);
   RETURN_IF_ERROR(RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C));
   return mem.ReleaseParams(unit);
 }
@@ -151,6 +166,7 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
     }
     ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(e));
     ops_->EncoderForward(a.encoded_, a.inputs_.data(), p, p + layout_->wpe_offset(), B, T, C);
+    Narrow(a.encoded_, static_cast<size_t>(BT) * C);
     RETURN_IF_ERROR(mem.ReleaseParams(e));
   }
   for (int l = layout_->first_layer(); l < layout_->end_layer(); ++l) {
@@ -162,8 +178,11 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   ASSIGN_OR_RETURN(const float* pf, mem.AcquireParams(f));
   ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
   ops_->LayerNormForward(a.lnf_, a.lnf_mean_, a.lnf_rstd_, a.output(), pf, pf + C, BT, C);
-  // Tied LM head; only the V live columns are computed.
+  Narrow(a.lnf_, static_cast<size_t>(BT) * C);
+  // Tied LM head; only the V live columns are computed. The softmax and the loss read the
+  // narrowed logits and compute in fp32.
   ops_->MatmulForward(a.logits_, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp);
+  Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
   if (pass != Pass::kTrain) {
     // Backward would need both again; without it they go now.
     RETURN_IF_ERROR(mem.ReleaseParams(h));
@@ -188,7 +207,10 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   bool acc = false;
   ASSIGN_OR_RETURN(float* gh, mem.AcquireGrads(h, &acc));
   ops_->CrossEntropyBackward(a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT, V, Vp);
+  // Where fp16 without loss scaling loses small gradients to zero.
+  Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
   ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.logits_, a.lnf_, ph, BT, C, V, Vp, acc);
+  Narrow(a.dbtc_, static_cast<size_t>(BT) * C);
   if (!acc) {
     // Overwritten rows are the live ones; the padding rows (and, on a single stage, wpe,
     // which the encoder's backward only adds to) need their zeros written.
@@ -208,6 +230,7 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   ops_->Fill(a.dres_, 0.0f, static_cast<size_t>(BT) * C);
   ops_->LayerNormBackward(a.dres_, gf, gf + C, a.dbtc_, a.output(), pf, a.lnf_mean_, a.lnf_rstd_,
                           BT, C, acc);
+  Narrow(a.dres_, static_cast<size_t>(BT) * C);
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   return mem.GradsReady(f);
@@ -229,21 +252,27 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   const float* fch = a.fch_ + i * BT * C4;
   ops_->MatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_, a.fch_gelu_ + i * BT * C4,
                        p + o.fcprojw, BT, C4, C, C, acc);
+  Narrow(a.dfch_, static_cast<size_t>(BT) * C4);
   ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4);
+  Narrow(a.dfch_, static_cast<size_t>(BT) * C4);
   ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, a.ln2_ + i * btc, p + o.fcw, BT, C,
                        C4, C4, acc);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + i * btc,
                           p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc);
+  Narrow(a.dres_, btc);
   ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
                        p + o.attprojw, BT, Ca, C, C, acc);
+  Narrow(a.dbtc_, static_cast<size_t>(BT) * Ca);
   ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * B * NHa * T * T, a.qkv_ + i * BT * 3 * Ca,
                           B, T, Ca, NHa);
+  Narrow(a.dqkv_, static_cast<size_t>(BT) * 3 * Ca);
   ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,
                        C, 3 * Ca, 3 * Ca, acc);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
                           a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc);
+  Narrow(a.dres_, btc);
   RETURN_IF_ERROR(mem.ReleaseParams(unit));
   return mem.GradsReady(unit);
 }

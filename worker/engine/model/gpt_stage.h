@@ -22,6 +22,12 @@
 // row-parallel GEMMs add bias and residual on tp rank 0 only, so the all-reduce adds them
 // once. Every tp rank computes the replicated tensors' gradients identically.
 //
+// Mixed precision (precision != kFp32): every activation and every activation gradient the
+// stage stores is narrowed to the precision as it is written (Ops::Round), the weights come
+// narrowed from the memory (NarrowedParams), and the kernels accumulate in fp32. LayerNorm
+// statistics, attention probabilities and the per-row losses stay fp32, as fused kernels
+// keep them; the weight gradients are fp32 (StageMemory's arenas).
+//
 // Thread-safety: a GptStage is immutable; Forward/Backward run on one thread at a time per
 // StageActivations and StageMemory (the kernels parallelise inside).
 #pragma once
@@ -96,7 +102,8 @@ class GptStage {
 
   // `tp` is the tensor-parallel group when layout.tp_size() > 1 (CHECKed), else null. Not
   // owned; all must outlive the stage.
-  GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp);
+  GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp,
+           Precision precision = Precision::kFp32);
 
   // Runs the stage on `a` (inputs() / input() filled by the caller; targets() too on the
   // last stage unless kLogits). Returns the mean loss on the last stage (kTrain, kEval),
@@ -111,8 +118,13 @@ class GptStage {
 
   const GptLayout& layout() const { return *layout_; }
   Ops* ops() const { return ops_; }
+  Precision precision() const { return precision_; }
 
  private:
+  // x (n) stored in the run's precision: an activation or its gradient just written.
+  void Narrow(float* x, size_t n) const {
+    if (precision_ != Precision::kFp32) ops_->Round(x, n, precision_);
+  }
   // out (N, OC) = [residual +] inp (N, IC) @ w^T [+ bias], summed over the tp group.
   Status RowParallelForward(float* out, const float* inp, const float* w, const float* bias,
                             const float* residual, int N, int IC, int OC);
@@ -125,6 +137,7 @@ class GptStage {
   const GptLayout* layout_;
   Ops* ops_;
   parallel::Communicator* tp_;
+  const Precision precision_;
 };
 
 }  // namespace drover::engine

@@ -97,9 +97,18 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
       layout_(std::move(layout)),
       groups_(groups),
       ops_(ops),
-      stage_(&layout_, ops, groups->tp.get()),
+      stage_(&layout_, ops, groups->tp.get(), options.precision),
       schedule_(SchedulePipeline(options.schedule, mesh, coord_)),
       memory_(ApplyDataParallel(&layout_, ops, mesh, groups->dp.get(), options.bucket_floats)),
+      narrowed_(
+          options.precision == Precision::kFp32
+              ? nullptr
+              : std::make_unique<NarrowedParams>(&layout_, ops, options.precision, memory_.get())),
+      stage_memory_(narrowed_ != nullptr ? static_cast<StageMemory*>(narrowed_.get())
+                                         : memory_.get()),
+      scaler_(options.precision == Precision::kFp16
+                  ? std::make_unique<DynamicLossScaler>(options.loss_scaler)
+                  : nullptr),
       optimizer_(ShardOptimizer(layout_, *memory_, options.adam, ops)),
       norm_ranges_(PrimaryRuns(layout_)) {
   const int sets = MaxInFlight(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches());
@@ -119,6 +128,12 @@ void ParallelGpt::LoadGlobalParams(const float* params) {
   std::vector<float> local(layout_.num_params());
   layout_.GlobalToLocal(params, local.data());
   memory_->ImportParams(local.data());
+  if (narrowed_ != nullptr) narrowed_->Invalidate();
+}
+
+Status ParallelGpt::RestoreLossScaler(const LossScalerState& state) {
+  if (scaler_ == nullptr) return OkStatus();
+  return scaler_->Restore(state);
 }
 
 void ParallelGpt::LoadGlobalOptimizer(const float* m, const float* v, int64_t step_count) {
@@ -169,7 +184,7 @@ Status ParallelGpt::RunForward(int micro_batch, const BatchFn& next_batch, doubl
   if (!layout_.first_stage()) {
     RETURN_IF_ERROR(RecvFrom(coord_.pp - 1, a.input(), kActivationTag + micro_batch));
   }
-  ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *memory_, GptStage::Pass::kTrain));
+  ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *stage_memory_, GptStage::Pass::kTrain));
   if (layout_.last_stage()) {
     *loss_sum += loss;
   } else {
@@ -185,7 +200,7 @@ Status ParallelGpt::RunBackward(int micro_batch) {
   if (!layout_.last_stage()) {
     RETURN_IF_ERROR(RecvFrom(coord_.pp + 1, a.doutput(), kGradientTag + micro_batch));
   }
-  RETURN_IF_ERROR(stage_.Backward(a, *memory_, 1.0f / static_cast<float>(mesh_.micro_batches())));
+  RETURN_IF_ERROR(stage_.Backward(a, *stage_memory_, BackwardSeed()));
   if (!layout_.first_stage()) {
     RETURN_IF_ERROR(SendTo(coord_.pp - 1, slot, a.dinput(), kGradientTag + micro_batch));
   }
@@ -199,6 +214,23 @@ Status ParallelGpt::SyncTiedEmbedding(float* grads) {
   const size_t wte = static_cast<size_t>(cfg.padded_vocab_size) * cfg.channels;
   return groups_->emb->AllReduce(grads + layout_.units()[unit].offset, wte, DataType::kFloat32,
                                  ReduceOp::kSum);
+}
+
+float ParallelGpt::BackwardSeed() const {
+  const float m = static_cast<float>(mesh_.micro_batches());
+  if (options_.precision == Precision::kFp32) return 1.0f / m;  // the mean over micro-batches
+  // Mixed precision: the seed single-process training of the same global batch uses, one
+  // over every micro-batch of the world (times the loss scale), so that the activation
+  // gradients that are narrowed, and that overflow fp16 or not, are the same on any mesh.
+  // The dp average then leaves the gradients dp times too small: GradMultiplier.
+  const float scale = scaler_ != nullptr ? scaler_->scale() : 1.0f;
+  return scale / (m * static_cast<float>(mesh_.dp()));
+}
+
+double ParallelGpt::GradMultiplier() const {
+  if (options_.precision == Precision::kFp32) return 1.0;
+  const double scale = scaler_ != nullptr ? scaler_->scale() : 1.0;
+  return scale / mesh_.dp();
 }
 
 double ParallelGpt::OwnedGradSumSquares() {
@@ -243,20 +275,34 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
     RETURN_IF_ERROR(groups_->world->AllReduce(stats, 2, DataType::kFloat64, ReduceOp::kSum));
   }
   r.loss = stats[0] / (static_cast<double>(mesh_.dp()) * mesh_.micro_batches());
-  r.grad_norm = std::sqrt(stats[1]);
-  const double scale = ClipScale(r.grad_norm, options_.grad_clip);
+  // What the reduced gradients are multiplied by (BackwardSeed): 1 in fp32.
+  const double multiplier = GradMultiplier();
+  if (scaler_ != nullptr) {
+    // The squares of an inf or NaN anywhere make the world's sum non-finite, and every rank
+    // sees the same sum: all skip together, and their scalers stay equal. (The sum of
+    // squares of finite floats cannot overflow a double.)
+    r.loss_scale = scaler_->scale();
+    r.skipped = !scaler_->Update(!std::isfinite(stats[1]));
+  }
+  r.grad_norm = std::sqrt(stats[1]) / multiplier;
+  const MemoryUsage usage = memory_->memory_usage();
+  r.param_bytes = sizeof(float) * usage.params;
+  r.grad_bytes = sizeof(float) * usage.grads;
+  r.optimizer_bytes = 2 * sizeof(float) * optimizer_->size();
+  r.working_bytes = sizeof(float) * usage.working;
+  r.pp_wait_s = pp_wait_s_;
+  // A skipped step leaves weights, moments and AdamW's step count as they were; the next
+  // BeginStep discards the gradients.
+  if (r.skipped) return r;
+  // Unscaling and clipping are one multiplication.
+  const double scale = ClipScale(r.grad_norm, options_.grad_clip) / multiplier;
   const size_t owned = memory_->owned_end() - memory_->owned_begin();
   if (scale != 1.0) ops_->Scale(memory_->owned_grads(), owned, static_cast<float>(scale));
   optimizer_->Step(memory_->owned_params(), memory_->owned_grads(), static_cast<float>(lr));
   const auto publish = Clock::now();
   RETURN_IF_ERROR(memory_->PublishParams());
   r.publish_s = SecondsSince(publish);
-  r.pp_wait_s = pp_wait_s_;
-  const MemoryUsage usage = memory_->memory_usage();
-  r.param_bytes = sizeof(float) * usage.params;
-  r.grad_bytes = sizeof(float) * usage.grads;
-  r.optimizer_bytes = 2 * sizeof(float) * optimizer_->size();
-  r.working_bytes = sizeof(float) * usage.working;
+  if (narrowed_ != nullptr) narrowed_->Invalidate();
   return r;
 }
 
@@ -270,7 +316,7 @@ StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch
     RETURN_IF_ERROR(WaitSends(slot));
     RETURN_IF_ERROR(batch(i, a.inputs(), a.targets()));
     if (!layout_.first_stage()) RETURN_IF_ERROR(RecvFrom(coord_.pp - 1, a.input(), kEvalTag + k));
-    ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *memory_, GptStage::Pass::kEval));
+    ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *stage_memory_, GptStage::Pass::kEval));
     if (layout_.last_stage()) {
       sum += loss;
       ++count;

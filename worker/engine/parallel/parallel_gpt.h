@@ -13,6 +13,11 @@
 //                            (data_parallel.h, zero_sharded.h);
 //   4. the optimizer       - AdamW over the shard this rank owns, clipped by the global
 //                            gradient norm (summed over the world).
+// Mixed precision (options.precision) sits beside them: the stage reads narrowed copies of
+// the fp32 master weights (NarrowedParams) and stores narrowed activations; under fp16 the
+// loss is scaled before backward and a step whose gradients overflowed anywhere in the world
+// is skipped on every rank (DynamicLossScaler). Reductions, the norm, the clip and AdamW
+// stay fp32.
 // With world size 1 every group is null and the step is single-process training, bit for
 // bit: one stage, plain gradient accumulation, no communication.
 //
@@ -32,7 +37,9 @@
 #include "worker/engine/kernels/ops.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/model/gpt_stage.h"
+#include "worker/engine/model/narrowed_params.h"
 #include "worker/engine/optim/adamw.h"
+#include "worker/engine/optim/loss_scaler.h"
 #include "worker/engine/parallel/pipeline.h"
 #include "worker/engine/parallel/process_groups.h"
 #include "worker/engine/parallel/training_memory.h"
@@ -48,11 +55,17 @@ struct ParallelGptOptions {
   AdamWConfig adam;
   double grad_clip = 1.0;                   // 0 disables clipping
   size_t bucket_floats = size_t{25} << 18;  // 25 MiB of fp32
+  Precision precision = Precision::kFp32;
+  LossScalerConfig loss_scaler;  // fp16 only
 };
 
 struct StepResult {
   double loss = 0;       // mean training loss over the global batch
-  double grad_norm = 0;  // global, before clipping
+  double grad_norm = 0;  // global, before clipping (unscaled; inf when it overflowed)
+  // fp16: the loss scale this step's backward ran with, and whether its gradients
+  // overflowed so that the optimizer step was skipped (on every rank). 1 / false otherwise.
+  double loss_scale = 1;
+  bool skipped = false;
   // dp communication during forward and backward (gradient reduction, ZeRO-3's gathers):
   // time on the comm stream, and how much of it the training thread waited for.
   double comm_busy_s = 0;
@@ -89,6 +102,13 @@ class ParallelGpt {
   void LoadGlobalOptimizer(const float* m, const float* v, int64_t step_count);
   int64_t optimizer_steps() const { return optimizer_->step_count(); }
 
+  // The fp16 loss scaler's state (null in other precisions), and its restore from a
+  // checkpoint of an fp16 run (InvalidArgument for a state that is not one).
+  const LossScalerState* loss_scaler_state() const {
+    return scaler_ != nullptr ? &scaler_->state() : nullptr;
+  }
+  Status RestoreLossScaler(const LossScalerState& state);
+
   // One optimizer step at learning rate `lr` over mesh.micro_batches() micro-batches from
   // `next_batch`. Errors are communication failures (a dead or hung peer).
   StatusOr<StepResult> Step(const BatchFn& next_batch, double lr);
@@ -120,6 +140,10 @@ class ParallelGpt {
   Status WaitSends(int slot);
   Status SyncTiedEmbedding(float* grads);
   double OwnedGradSumSquares();
+  // The gradient of the loss each micro-batch's backward starts from, and the factor the
+  // reduced gradients then carry (1 in fp32; the loss scale over dp in mixed precision).
+  float BackwardSeed() const;
+  double GradMultiplier() const;
   // Collects this rank's whole local arenas of params (and m, v) into host vectors.
   Status ExportLocal(std::vector<float>* params, std::vector<float>* m, std::vector<float>* v);
 
@@ -132,6 +156,9 @@ class ParallelGpt {
   GptStage stage_;
   std::vector<PipeAction> schedule_;
   std::unique_ptr<TrainingMemory> memory_;
+  std::unique_ptr<NarrowedParams> narrowed_;   // mixed precision only
+  StageMemory* stage_memory_;                  // narrowed_, else memory_
+  std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<AdamW> optimizer_;
   std::vector<std::unique_ptr<StageActivations>> acts_;       // micro-batch i uses i % size
   std::vector<std::vector<std::unique_ptr<Request>>> sends_;  // per activation set

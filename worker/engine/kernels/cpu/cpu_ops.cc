@@ -9,6 +9,7 @@
 #include "worker/engine/kernels/cpu/gelu.h"
 #include "worker/engine/kernels/cpu/layernorm.h"
 #include "worker/engine/kernels/cpu/matmul.h"
+#include "worker/engine/kernels/cpu/round.h"
 #include "worker/engine/kernels/ops.h"
 #include "worker/engine/optim/adamw.h"
 #include "worker/engine/optim/grad_clip.h"
@@ -57,6 +58,10 @@ class CpuOpsImpl final : public Ops {
   double SumSquares(const float* x, size_t n) override { return engine::SumSquares(x, n); }
   void ToHost(float* host, const float* x, size_t n) override { Copy(host, x, n); }
   void FromHost(float* x, const float* host, size_t n) override { Copy(x, host, n); }
+  void Round(float* x, size_t n, Precision p) override {
+    if (p == Precision::kBf16) cpu::RoundToBf16(x, n);
+    if (p == Precision::kFp16) cpu::RoundToFp16(x, n);
+  }
 
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                       int T, int C) override {

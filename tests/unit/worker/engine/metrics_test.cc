@@ -1,0 +1,32 @@
+// metrics.jsonl lines (metrics.h): the fields every line has, and those only some have.
+#include "worker/engine/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace drover::engine {
+namespace {
+
+TEST(StepMetricsToJsonTest, Fp16StepsCarryTheirLossScaleAndSkips) {
+  StepMetrics m;
+  m.step = 7;
+  m.loss = 3.5;
+  const std::string plain = StepMetricsToJson(m);
+  EXPECT_EQ(plain.find("loss_scale"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("skipped"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("\"step\":7"), std::string::npos) << plain;
+
+  m.loss_scale = 32768;
+  m.skipped = true;
+  m.grad_norm = std::numeric_limits<double>::infinity();  // an overflowed step's norm
+  const std::string fp16 = StepMetricsToJson(m);
+  EXPECT_NE(fp16.find("\"loss_scale\":32768"), std::string::npos) << fp16;
+  EXPECT_NE(fp16.find("\"skipped\":true"), std::string::npos) << fp16;
+  EXPECT_NE(fp16.find("\"grad_norm\":null"), std::string::npos) << fp16;
+  EXPECT_EQ(fp16.back(), '}');
+}
+
+}  // namespace
+}  // namespace drover::engine
