@@ -5,13 +5,17 @@
 #   here:   tests/device/pack.sh build build/device-pack.tar.xz
 #   there:  tests/device/check.sh build/device-pack.tar.xz      (carry build/device-pack.tar.xz)
 #
-# What it checks today, while the trainer has no CUDA backend yet:
+# What it checks:
 #   1. the GPU and its driver (nvidia-smi);
-#   2. the NCCL communicator on the GPU (cuda_tests: every collective, uneven chunks, a peer
-#      that never joins aborted at the deadline) -- the first run of drover's NCCL code;
+#   2. cuda_tests: every op of the CUDA kernel table against the CPU fp32 reference
+#      (forward and backward), 20 training steps on the GPU against the CPU in fp32 and
+#      bf16, and the NCCL communicator (every collective, uneven chunks, a peer that never
+#      joins aborted at the deadline);
 #   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
-#   4. a job asking for cuda fails at once (exit 2, not retried) with the trainer's message;
+#   4. a one-rank job on cuda trains to success through the coordinator on that GPU;
 #   5. the same build runs a CPU job to success on that machine.
+# Then, as information: the step time of a GPT-2-small-shaped job on the GPU (fp32 kernels,
+# not yet the bf16 tensor-core path the speed goal needs).
 # Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
 # DROVER_CHECK_NO_GPU=1 it runs steps 3-5 as a machine without a GPU must see them (a dry
 # run here: step 3 expects the agent's refusal instead). Exit 0 when every step passed.
@@ -92,15 +96,15 @@ checkpoint: {every_steps: 10}
 YAML
 }
 
-cuda_job_fails_clearly() {
+cuda_job_succeeds() {
   job_yaml cuda cuda > "$work/cuda.yaml"
   local id
   id=$(drover submit "$work/cuda.yaml") || return 1
-  timeout 60 "$bin/drover" --coordinator "$addr" wait "$id"
+  timeout 180 "$bin/drover" --coordinator "$addr" wait "$id"
   local rc=$?
   drover status "$id" | tee "$work/cuda-status.txt"
-  [[ $rc -ne 0 && $rc -ne 124 ]] && grep -q "FAILED" "$work/cuda-status.txt" &&
-    grep -qi "cuda" "$work/cuda-status.txt"
+  drover logs "$id" | tail -5
+  [[ $rc -eq 0 ]]
 }
 cpu_job_succeeds() {
   job_yaml cpu cpu > "$work/cpu.yaml"
@@ -112,9 +116,23 @@ cpu_job_succeeds() {
   [[ $rc -eq 0 ]]
 }
 if [[ $no_gpu != 1 ]]; then
-  step "4 a cuda job fails at once with the trainer's reason" cuda_job_fails_clearly
+  step "4 a cuda job trains on the gpu" cuda_job_succeeds
 fi
 step "5 the same build trains a cpu job" cpu_job_succeeds
+
+if [[ $no_gpu != 1 ]]; then
+  echo "==== speed (information): GPT-2 small shapes, fp32 CUDA kernels, 10 steps"
+  cat > "$work/speed.yaml" <<YAML
+name: speed
+output_dir: $work/out-speed
+model: {n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50257}
+data: {train: "$work/data/train_*.bin"}
+train: {steps: 10, global_batch: 4, micro_batch: 4, seq_len: 1024, eval_every: 0}
+resources: {device: cuda}
+checkpoint: {every_steps: 0}
+YAML
+  timeout 300 "$bin/drover" train "$work/speed.yaml" 2>&1 | tail -4 || true
+fi
 
 echo "==== coordinator log (tail)"
 tail -20 "$work/coordinator.log"

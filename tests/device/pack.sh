@@ -21,9 +21,12 @@ for p in "${programs[@]}"; do
   [[ -x "$build/bin/$p" ]] || { echo "pack: $build/bin/$p is not built" >&2; exit 2; }
   strip -o "$stage/pack/bin/$p" "$build/bin/$p"
 done
+# The CUDA kernel table, which the trainer opens at run time (kernels/cuda_backend.h).
+[[ -f "$build/bin/libdrover_cuda.so" ]] || { echo "pack: $build/bin/libdrover_cuda.so is not built" >&2; exit 2; }
+strip -o "$stage/pack/bin/libdrover_cuda.so" "$build/bin/libdrover_cuda.so"
 for p in "${programs[@]}"; do ldd "$build/bin/$p"; done |
   awk '/=>/ {print $3}' | sort -u |
-  grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|libcudart|libnccl|libcuda\.so' |
+  grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|libcudart|libnccl|libcuda\.so|libcublas' |
   while read -r lib; do cp -L "$lib" "$stage/pack/lib/"; done
 tar -C "$stage" -cJf "$out" pack
 echo "pack: $(du -h "$out" | cut -f1) in $out ($(ls "$stage/pack/lib" | wc -l) libraries)"

@@ -11,6 +11,7 @@
 
 #include "common/yaml_util.h"
 #include "worker/engine/ckpt/agreed_load.h"
+#include "worker/engine/kernels/cuda_backend.h"
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
@@ -86,6 +87,8 @@ std::string DescribePrecision(const JobSpec& spec) {
   if (dtype == "fp16") d += ", loss scale " + spec.precision.loss_scale;
   // The CPU has no bf16/fp16 arithmetic worth using: it rounds every stored value instead.
   if (spec.resources.device == "cpu") d += " (emulated on the CPU: values rounded at each op)";
+  // The CUDA table stores floats too: narrow kernels and storage are still to come.
+  if (spec.resources.device == "cuda") d += " (stored as fp32, rounded at each op)";
   return d;
 }
 
@@ -121,9 +124,20 @@ Status Trainer::Init() {
     return InvalidArgumentError("world size " + std::to_string(options_.world_size) +
                                 " needs a rendezvous store to connect the ranks");
   }
-  if (spec.resources.device != "cpu") {
+  Ops* ops = CpuOps();
+  if (spec.resources.device == "cuda") {
+    if (options_.world_size > 1) {
+      // The kernels run on the GPU, but the process groups are Gloo's, which read host
+      // memory: multi-rank CUDA jobs wait for the NCCL groups.
+      return InvalidArgumentError(
+          "resources.device cuda: a job of " + std::to_string(options_.world_size) +
+          " ranks needs NCCL process groups, which the trainer does not have yet; run it "
+          "with world_size 1 on cuda, or on cpu");
+    }
+    ASSIGN_OR_RETURN(ops, CudaOps());
+  } else if (spec.resources.device != "cpu") {
     return InvalidArgumentError("resources.device: '" + spec.resources.device +
-                                "' is not built yet; use cpu");
+                                "' is not a device; use cpu or cuda");
   }
   B_ = spec.train.micro_batch;
   T_ = spec.train.seq_len;
@@ -159,7 +173,7 @@ Status Trainer::Init() {
   mo.bucket_floats = static_cast<size_t>(spec.parallel.bucket_mb * (1 << 20) / sizeof(float));
   ASSIGN_OR_RETURN(mo.precision, ParsePrecision(spec.precision.dtype));
   ASSIGN_OR_RETURN(mo.loss_scaler, LossScalerConfigOf(spec.precision));
-  ASSIGN_OR_RETURN(model_, parallel::ParallelGpt::Create(mo, *mesh_, &groups_, CpuOps()));
+  ASSIGN_OR_RETURN(model_, parallel::ParallelGpt::Create(mo, *mesh_, &groups_, ops));
   model_->LoadGlobalParams(params.data());
   params = {};
   RETURN_IF_ERROR(OpenData());

@@ -1,0 +1,280 @@
+// Every op of the CUDA kernel table (kernels/cuda/) against the CPU fp32 reference
+// (CpuOps), forward and backward, on the same random inputs; then 20 training steps of a
+// small model on the GPU against the CPU. Skips itself where the CUDA backend cannot load
+// or no GPU is usable (it says why). Tolerances: the GPU sums in other orders and uses its
+// own exp/tanh, so results agree to float rounding, not bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "common/token_shard.h"
+#include "worker/engine/kernels/cuda_backend.h"
+#include "worker/engine/kernels/ops.h"
+#include "worker/engine/trainer.h"
+
+namespace drover::engine {
+namespace {
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto ops = CudaOps();
+    if (!ops.ok()) GTEST_SKIP() << ops.status();
+    gpu_ = *ops;
+    cpu_ = CpuOps();
+  }
+
+  std::vector<float> Random(size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(rng_);
+    return v;
+  }
+  // A device copy of `host`, kept alive by the test.
+  float* Dev(const std::vector<float>& host) {
+    buffers_.push_back(gpu_->Allocate(std::max<size_t>(host.size(), 1)));
+    gpu_->FromHost(buffers_.back().data(), host.data(), host.size());
+    return buffers_.back().data();
+  }
+  std::vector<float> Host(const float* device, size_t n) {
+    std::vector<float> v(n);
+    gpu_->ToHost(v.data(), device, n);
+    return v;
+  }
+  // |got - want| <= atol + rtol |want| everywhere; names the first element that is not.
+  static void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
+                          const std::string& what, double rtol = 1e-4, double atol = 1e-5) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_LE(std::fabs(double{got[i]} - want[i]), atol + rtol * std::fabs(double{want[i]}))
+          << what << " element " << i << ": gpu " << got[i] << ", cpu " << want[i];
+    }
+  }
+
+  Ops* gpu_ = nullptr;
+  Ops* cpu_ = nullptr;
+  std::mt19937 rng_{7};
+  std::vector<Buffer> buffers_;
+};
+
+TEST_F(CudaOpsTest, ElementwiseAndReductions) {
+  const size_t n = 100003;  // not a multiple of any block size
+  std::vector<float> x = Random(n), y = Random(n);
+  float* dx = Dev(x);
+  float* dy = Dev(y);
+  gpu_->Add(dy, dx, n);
+  gpu_->Scale(dy, n, 0.5f);
+  cpu_->Add(y.data(), x.data(), n);
+  cpu_->Scale(y.data(), n, 0.5f);
+  ExpectClose(Host(dy, n), y, "add + scale", 0, 0);
+  EXPECT_NEAR(gpu_->SumSquares(dx, n), cpu_->SumSquares(x.data(), n),
+              1e-10 * cpu_->SumSquares(x.data(), n));
+  gpu_->Fill(dy, 2.5f, n);
+  ExpectClose(Host(dy, n), std::vector<float>(n, 2.5f), "fill", 0, 0);
+  for (Precision p : {Precision::kBf16, Precision::kFp16}) {
+    std::vector<float> r = Random(n, 3000.0f);  // fp16 overflows past 65504
+    float* dr = Dev(r);
+    gpu_->Round(dr, n, p);
+    cpu_->Round(r.data(), n, p);
+    const std::vector<float> got = Host(dr, n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(got[i] == r[i] || (std::isnan(got[i]) && std::isnan(r[i])))
+          << PrecisionName(p) << " element " << i << ": gpu " << got[i] << ", cpu " << r[i];
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, EncoderForwardAndBackward) {
+  const int B = 3, T = 17, C = 40, Vp = 64, maxT = 32;
+  std::vector<int32_t> tokens(B * T);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng_() % 50);
+  tokens[1] = tokens[0];  // a repeated token scatters twice into one row
+  const std::vector<float> wte = Random(Vp * C), wpe = Random(maxT * C);
+  std::vector<float> out(B * T * C);
+  float* dout_gpu = Dev(out);
+  gpu_->EncoderForward(dout_gpu, tokens.data(), Dev(wte), Dev(wpe), B, T, C);
+  cpu_->EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  ExpectClose(Host(dout_gpu, out.size()), out, "encoder forward", 0, 0);
+
+  const std::vector<float> dout = Random(B * T * C);
+  std::vector<float> grad = Random(Vp * C + maxT * C);  // [dwte | dwpe], accumulated into
+  float* dgrad = Dev(grad);
+  gpu_->EncoderBackward(dgrad, dgrad + Vp * C, Dev(dout), tokens.data(), B, T, C);
+  cpu_->EncoderBackward(grad.data(), grad.data() + Vp * C, dout.data(), tokens.data(), B, T, C);
+  ExpectClose(Host(dgrad, grad.size()), grad, "encoder backward");
+
+  const size_t lo = 700, hi = 2800;  // a window across both tables
+  std::vector<float> window = Random(hi - lo);
+  float* dwindow = Dev(window);
+  gpu_->EncoderBackwardWindow(dwindow, lo, hi, Vp * C, Dev(dout), tokens.data(), B, T, C);
+  cpu_->EncoderBackwardWindow(window.data(), lo, hi, Vp * C, dout.data(), tokens.data(), B, T, C);
+  ExpectClose(Host(dwindow, window.size()), window, "encoder backward window");
+}
+
+TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
+  const int N = 37, C = 200;
+  const std::vector<float> x = Random(N * C, 2.0f), w = Random(C), b = Random(C);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  float *gout = Dev(out), *gmean = Dev(mean), *grstd = Dev(rstd);
+  float *gx = Dev(x), *gw = Dev(w);
+  gpu_->LayerNormForward(gout, gmean, grstd, gx, gw, Dev(b), N, C);
+  cpu_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  ExpectClose(Host(gout, out.size()), out, "layernorm out");
+  ExpectClose(Host(grstd, N), rstd, "layernorm rstd");
+  const std::vector<float> dout = Random(N * C);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> dinp = Random(N * C), dw = Random(C), db = Random(C);
+    float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
+    gpu_->LayerNormBackward(gdinp, gdw, gdb, Dev(dout), gx, gw, gmean, grstd, N, C, accumulate);
+    cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                            mean.data(), rstd.data(), N, C, accumulate);
+    const std::string a = accumulate ? " (accumulate)" : "";
+    ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + a, 1e-4, 1e-4);
+    ExpectClose(Host(gdw, C), dw, "layernorm dweight" + a, 1e-4, 1e-4);
+    ExpectClose(Host(gdb, C), db, "layernorm dbias" + a, 1e-4, 1e-4);
+  }
+}
+
+TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
+  // ldo > OC: the LM head writes V of Vp columns.
+  const int N = 45, C = 96, OC = 70, ldo = 80;
+  const std::vector<float> inp = Random(N * C), w = Random(OC * C, 0.1f), bias = Random(OC);
+  const std::vector<float> residual = Random(N * ldo);
+  for (bool with_extras : {false, true}) {
+    std::vector<float> out = Random(N * ldo);  // columns past OC must survive
+    float* gout = Dev(out);
+    const float* gb = with_extras ? Dev(bias) : nullptr;
+    const float* gr = with_extras ? Dev(residual) : nullptr;
+    gpu_->MatmulForward(gout, Dev(inp), Dev(w), gb, gr, N, C, OC, ldo);
+    cpu_->MatmulForward(out.data(), inp.data(), w.data(), with_extras ? bias.data() : nullptr,
+                        with_extras ? residual.data() : nullptr, N, C, OC, ldo);
+    ExpectClose(Host(gout, out.size()), out, with_extras ? "matmul + bias + residual" : "matmul",
+                1e-4, 1e-4);
+  }
+  const std::vector<float> dout = Random(N * ldo);
+  for (bool accumulate : {false, true}) {
+    std::vector<float> dinp(N * C), dw = Random(OC * C), db = Random(OC);
+    float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
+    gpu_->MatmulBackward(gdinp, gdw, gdb, Dev(dout), Dev(inp), Dev(w), N, C, OC, ldo, accumulate);
+    cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
+                         OC, ldo, accumulate);
+    const std::string a = accumulate ? " (accumulate)" : "";
+    ExpectClose(Host(gdinp, dinp.size()), dinp, "matmul dinp" + a, 1e-4, 1e-4);
+    ExpectClose(Host(gdw, dw.size()), dw, "matmul dweight" + a, 1e-4, 1e-4);
+    ExpectClose(Host(gdb, OC), db, "matmul dbias" + a, 1e-4, 1e-4);
+  }
+}
+
+TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
+  const int B = 2, T = 40, C = 48, NH = 3;  // T past one warp's width
+  const std::vector<float> qkv = Random(B * T * 3 * C);
+  std::vector<float> out(B * T * C), att(B * NH * T * T);
+  float *gout = Dev(out), *gatt = Dev(att), *gqkv = Dev(qkv);
+  gpu_->AttentionForward(gout, gatt, gqkv, B, T, C, NH);
+  cpu_->AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  ExpectClose(Host(gout, out.size()), out, "attention out");
+  ExpectClose(Host(gatt, att.size()), att, "attention probabilities");
+  const std::vector<float> dout = Random(B * T * C);
+  std::vector<float> dqkv(qkv.size());
+  float* gdqkv = Dev(dqkv);
+  gpu_->AttentionBackward(gdqkv, Dev(dout), gatt, gqkv, B, T, C, NH);
+  cpu_->AttentionBackward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH);
+  ExpectClose(Host(gdqkv, dqkv.size()), dqkv, "attention dqkv", 1e-4, 1e-4);
+}
+
+TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
+  const size_t n = 5000;
+  const std::vector<float> x = Random(n, 3.0f), d = Random(n);
+  std::vector<float> y(n);
+  float* gy = Dev(y);
+  gpu_->GeluForward(gy, Dev(x), n);
+  cpu_->GeluForward(y.data(), x.data(), n);
+  ExpectClose(Host(gy, n), y, "gelu");
+  std::vector<float> dx = d;
+  float* gdx = Dev(dx);
+  gpu_->GeluBackward(gdx, Dev(x), gdx, n);  // in place, as the model calls it
+  cpu_->GeluBackward(dx.data(), x.data(), dx.data(), n);
+  ExpectClose(Host(gdx, n), dx, "gelu backward");
+
+  const int N = 33, V = 50, Vp = 64;
+  std::vector<float> logits = Random(N * Vp, 2.0f);
+  std::vector<int32_t> targets(N);
+  for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
+  std::vector<float> losses(N), lse(N);
+  float *glogits = Dev(logits), *glosses = Dev(losses), *glse = Dev(lse);
+  const float gmean = gpu_->CrossEntropyForward(glosses, glse, glogits, targets.data(), N, V, Vp);
+  const float cmean =
+      cpu_->CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+  EXPECT_NEAR(gmean, cmean, 1e-5 * cmean);
+  ExpectClose(Host(glosses, N), losses, "cross-entropy losses");
+  gpu_->CrossEntropyBackward(glogits, glse, targets.data(), 0.25f / N, N, V, Vp);
+  cpu_->CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.25f / N, N, V, Vp);
+  ExpectClose(Host(glogits, logits.size()), logits, "dlogits", 1e-4, 1e-7);
+
+  std::vector<float> p = Random(n), g = Random(n), m = Random(n, 0.1f), v(n);
+  for (float& e : v) e = std::fabs(e) * 0.01f;
+  float *gp = Dev(p), *gm = Dev(m), *gv = Dev(v);
+  const AdamWConfig config{0.9f, 0.95f, 1e-8f, 0.1f};
+  gpu_->AdamWUpdate(gp, Dev(g), gm, gv, n, 1e-3f, 0.1f, config, 7);
+  cpu_->AdamWUpdate(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.1f, config, 7);
+  ExpectClose(Host(gp, n), p, "adamw params", 1e-5, 1e-6);
+  ExpectClose(Host(gm, n), m, "adamw m", 1e-5, 1e-7);
+  ExpectClose(Host(gv, n), v, "adamw v", 1e-5, 1e-9);
+}
+
+// 20 steps of a small GPT through the whole trainer, on the GPU and on the CPU, in fp32
+// and in bf16 (both store floats rounded to bf16; a value next to a rounding boundary may
+// land on the other side on one of them, hence the looser bound).
+TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "cuda_ops_test_train";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<uint16_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = rng_() % 6 == 0 ? rng_() % 64 : static_cast<uint16_t>((i * 5 + i / 7) % 61);
+  }
+  ASSERT_TRUE(WriteTokenShard((dir / "train.bin").string(), tokens).ok());
+  for (const auto& [dtype, rtol] :
+       std::vector<std::pair<std::string, double>>{{"fp32", 1e-4}, {"bf16", 5e-3}}) {
+    std::vector<std::vector<double>> losses;
+    for (const std::string device : {"cpu", "cuda"}) {
+      auto spec = ParseJobSpec(
+          "name: cuda-check\noutput_dir: " + (dir / (device + dtype)).string() +
+              "\nmodel: {n_layer: 2, n_head: 4, n_embd: 64, block_size: 32, vocab_size: 64}\n"
+              "data: {train: " +
+              (dir / "train.bin").string() +
+              "}\n"
+              "train: {steps: 20, global_batch: 8, micro_batch: 4, seq_len: 32, lr: 0.003, "
+              "warmup_steps: 2, eval_every: 0, seed: 5}\n"
+              "checkpoint: {every_steps: 0}\nprecision: {dtype: " +
+              dtype + "}\nresources: {device: " + device + "}\n",
+          {});
+      ASSERT_TRUE(spec.ok()) << spec.status();
+      TrainerOptions options;
+      options.spec = *spec;
+      options.log_steps = false;
+      auto trainer = Trainer::Create(options);
+      ASSERT_TRUE(trainer.ok()) << device << ": " << trainer.status();
+      losses.emplace_back();
+      for (int s = 0; s < 20; ++s) {
+        auto m = (*trainer)->Step();
+        ASSERT_TRUE(m.ok()) << device << ": " << m.status();
+        losses.back().push_back(m->loss);
+      }
+    }
+    for (int s = 0; s < 20; ++s) {
+      EXPECT_NEAR(losses[1][s], losses[0][s], rtol * losses[0][s]) << dtype << " step " << s + 1;
+    }
+    EXPECT_LT(losses[1].back(), losses[1].front()) << dtype;
+  }
+}
+
+}  // namespace
+}  // namespace drover::engine

@@ -1,0 +1,94 @@
+// Softmax + cross-entropy over rows padded to Vp columns (kernels/cpu/crossentropy.h): the
+// forward keeps each row's log-sum-exp and never writes probabilities; the backward turns
+// the logits into their gradient in place. One block per row.
+#include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/launch.h"
+#include "worker/engine/kernels/cuda/ops_cuda.h"
+
+namespace drover::engine::cuda {
+namespace {
+
+constexpr unsigned kThreads = 256;
+
+template <typename T, typename Op>
+__device__ T BlockReduce(T v, T* shared, Op op) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const T total = shared[0];
+  __syncthreads();  // shared is reused by the next reduction
+  return total;
+}
+
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Sum {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+__global__ void CrossEntropyForwardKernel(float* losses, float* lse, const float* logits,
+                                          const int32_t* targets, int V, int Vp) {
+  __shared__ float shared[kThreads];
+  const int n = blockIdx.x;
+  const float* row = logits + static_cast<size_t>(n) * Vp;
+  float maxv = -INFINITY;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) maxv = fmaxf(maxv, row[i]);
+  maxv = BlockReduce(maxv, shared, Max());
+  float sum = 0;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(row[i] - maxv);
+  sum = BlockReduce(sum, shared, Sum());
+  if (threadIdx.x == 0) {
+    const float l = maxv + logf(sum);
+    lse[n] = l;
+    losses[n] = l - row[targets[n]];
+  }
+}
+
+// One block: the mean of the N losses, summed in double.
+__global__ void MeanKernel(double* mean_out, const float* losses, int N) {
+  __shared__ double shared[kThreads];
+  double acc = 0;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) acc += losses[i];
+  acc = BlockReduce(acc, shared, Sum());
+  if (threadIdx.x == 0) *mean_out = acc / N;
+}
+
+__global__ void CrossEntropyBackwardKernel(float* logits, const float* lse, const int32_t* targets,
+                                           float dloss, int V, int Vp) {
+  const int n = blockIdx.x;
+  float* row = logits + static_cast<size_t>(n) * Vp;
+  const float l = lse[n];
+  const int target = targets[n];
+  for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+    float g = 0.0f;
+    if (i < V) g = dloss * expf(row[i] - l) - (i == target ? dloss : 0.0f);
+    row[i] = g;
+  }
+}
+
+}  // namespace
+
+void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
+                         const int32_t* targets, int N, int V, int Vp, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
+  CrossEntropyForwardKernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+  DROVER_CUDA_LAUNCHED();
+  MeanKernel<<<1, kThreads, 0, stream>>>(mean_out, losses, N);
+  DROVER_CUDA_LAUNCHED();
+}
+
+void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
+                          int N, int V, int Vp, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
+  CrossEntropyBackwardKernel<<<N, kThreads, 0, stream>>>(logits, lse, targets, dloss, V, Vp);
+  DROVER_CUDA_LAUNCHED();
+}
+
+}  // namespace drover::engine::cuda

@@ -1,0 +1,233 @@
+// CudaOps: the kernel table (kernels/ops.h) over the CUDA ops of this directory, on one
+// GPU and one stream, and the plugin's entry point (kernels/cuda_backend.h).
+//
+// Memory: arenas are cudaMalloc'ed once each, at start-up (the engine sizes every arena
+// then), zero-filled; nothing is allocated inside a step except the first time a scratch
+// buffer (token ids, attention's dpre) grows. Token ids arrive in host memory (the data
+// loader's): they are copied to a device buffer on the stream, which orders the copy after
+// every kernel still reading the previous ids.
+//
+// Synchronisation: every call enqueues on the one stream; the calls that return a value to
+// the host (CrossEntropyForward, SumSquares, ToHost) wait for it.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda_backend.h"
+#include "worker/engine/kernels/ops.h"
+
+namespace drover::engine::cuda {
+namespace {
+
+class DeviceAllocator final : public Allocator {
+ public:
+  explicit DeviceAllocator(cudaStream_t stream) : stream_(stream) {}
+  float* Allocate(size_t n) override {
+    if (n == 0) return nullptr;
+    void* p = nullptr;
+    DROVER_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+    DROVER_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return static_cast<float*>(p);
+  }
+  void Free(float* p) override {
+    if (p != nullptr) DROVER_CUDA_CHECK(cudaFree(p));
+  }
+
+ private:
+  cudaStream_t stream_;
+};
+
+// A device buffer that only grows.
+template <typename T>
+class Scratch {
+ public:
+  T* Get(size_t n) {
+    if (n > size_) {
+      if (data_ != nullptr) DROVER_CUDA_CHECK(cudaFree(data_));
+      DROVER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+      size_ = n;
+    }
+    return data_;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class CudaOpsImpl final : public Ops {
+ public:
+  CudaOpsImpl(cudaStream_t stream, cublasHandle_t blas)
+      : stream_(stream), blas_(blas), allocator_(stream) {}
+
+  const char* name() const override { return "cuda"; }
+  Allocator* allocator() override { return &allocator_; }
+
+  void Fill(float* x, float value, size_t n) override { cuda::Fill(x, value, n, stream_); }
+  void Copy(float* dst, const float* src, size_t n) override {
+    if (n == 0 || dst == src) return;
+    DROVER_CUDA_REQUIRE(dst + n <= src || src + n <= dst);  // no overlap on the device
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  }
+  void Add(float* y, const float* x, size_t n) override { cuda::Add(y, x, n, stream_); }
+  void Scale(float* x, size_t n, float s) override { cuda::Scale(x, n, s, stream_); }
+  double SumSquares(const float* x, size_t n) override {
+    return cuda::SumSquares(x, n, sum_scratch_.Get(SumSquaresScratch()), stream_);
+  }
+  void ToHost(float* host, const float* x, size_t n) override {
+    if (n == 0) return;
+    DROVER_CUDA_CHECK(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void FromHost(float* x, const float* host, size_t n) override {
+    if (n == 0) return;
+    DROVER_CUDA_CHECK(cudaMemcpyAsync(x, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    // The caller may free or reuse `host` as soon as this returns.
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void Round(float* x, size_t n, Precision p) override {
+    if (p == Precision::kBf16) cuda::Round(x, n, 1, stream_);
+    if (p == Precision::kFp16) cuda::Round(x, n, 2, stream_);
+  }
+
+  void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                      int T, int C) override {
+    cuda::EncoderForward(out, Tokens(inp, B * T), wte, wpe, B, T, C, stream_);
+  }
+  void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
+                       int T, int C) override {
+    cuda::EncoderBackward(dwte, dwpe, dout, Tokens(inp, B * T), B, T, C, stream_);
+  }
+  void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
+                             const float* dout, const int32_t* inp, int B, int T, int C) override {
+    cuda::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, Tokens(inp, B * T), B, T, C,
+                                stream_);
+  }
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int N, int C) override {
+    cuda::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, stream_);
+  }
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int N, int C, bool accumulate) override {
+    cuda::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
+                            stream_);
+  }
+  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                     const float* residual, int N, int C, int OC, int ldo) override {
+    cuda::MatmulForward(blas_, out, inp, weight, bias, residual, N, C, OC, ldo, stream_);
+  }
+  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const float* weight, int N, int C, int OC, int ldo,
+                      bool accumulate) override {
+    cuda::MatmulBackward(blas_, dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate,
+                         stream_);
+  }
+  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
+                        int NH) override {
+    cuda::AttentionForward(out, att, qkv, B, T, C, NH, stream_);
+  }
+  void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
+                         int T, int C, int NH) override {
+    float* dpre = dpre_.Get(static_cast<size_t>(B) * NH * T * T);
+    cuda::AttentionBackward(dqkv, dpre, dout, att, qkv, B, T, C, NH, stream_);
+  }
+  void GeluForward(float* out, const float* inp, size_t N) override {
+    cuda::GeluForward(out, inp, N, stream_);
+  }
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) override {
+    cuda::GeluBackward(dinp, inp, dout, N, stream_);
+  }
+  float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                            int N, int V, int Vp) override {
+    double* mean = mean_.Get(1);
+    cuda::CrossEntropyForward(losses, lse, mean, logits, Tokens(targets, N), N, V, Vp, stream_);
+    double host = 0;
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return static_cast<float>(host);
+  }
+  void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
+                            int N, int V, int Vp) override {
+    cuda::CrossEntropyBackward(logits, lse, Tokens(targets, N), dloss, N, V, Vp, stream_);
+  }
+
+  void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                   float weight_decay, const AdamWConfig& config, int64_t t) override {
+    DROVER_CUDA_REQUIRE(t >= 1);
+    // As the CPU path: bias corrections in double, then float.
+    const float c1 = static_cast<float>(1.0 - std::pow(double{config.beta1}, double(t)));
+    const float c2 = static_cast<float>(1.0 - std::pow(double{config.beta2}, double(t)));
+    cuda::AdamWUpdate(params, grads, m, v, n, lr, weight_decay, config.beta1, config.beta2,
+                      config.eps, c1, c2, stream_);
+  }
+
+ private:
+  // Host token ids (n) on the device, valid for the kernels enqueued next.
+  const int32_t* Tokens(const int32_t* host, int n) {
+    int32_t* device = tokens_.Get(static_cast<size_t>(n));
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(device, host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    return device;
+  }
+
+  cudaStream_t stream_;
+  cublasHandle_t blas_;
+  DeviceAllocator allocator_;
+  Scratch<int32_t> tokens_;
+  Scratch<float> dpre_;
+  Scratch<double> sum_scratch_;
+  Scratch<double> mean_;
+};
+
+void SetError(char* error, size_t len, const char* what, const char* detail) {
+  std::snprintf(error, len, "%s: %s", what, detail);
+}
+
+}  // namespace
+}  // namespace drover::engine::cuda
+
+extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
+    int abi, drover::engine::Ops** ops, char* error, size_t error_len) {
+  using drover::engine::cuda::SetError;
+  if (abi != drover::engine::kCudaOpsAbi) {
+    std::snprintf(error, error_len,
+                  "the CUDA backend was built for kernel table ABI %d, this program has %d "
+                  "(rebuild them together)",
+                  drover::engine::kCudaOpsAbi, abi);
+    return -1;
+  }
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    SetError(error, error_len, "no usable GPU",
+             err != cudaSuccess ? cudaGetErrorString(err)
+                                : "the driver lists none (check CUDA_VISIBLE_DEVICES)");
+    return -1;
+  }
+  if ((err = cudaSetDevice(0)) != cudaSuccess) {
+    SetError(error, error_len, "cudaSetDevice(0)", cudaGetErrorString(err));
+    return -1;
+  }
+  cudaStream_t stream = nullptr;
+  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    SetError(error, error_len, "cudaStreamCreate", cudaGetErrorString(err));
+    return -1;
+  }
+  cublasHandle_t blas = nullptr;
+  cublasStatus_t st = cublasCreate(&blas);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(blas, stream);
+  // fp32 GEMMs in fp32 (no TF32), the CPU reference's arithmetic.
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    SetError(error, error_len, "cuBLAS", cublasGetStatusString(st));
+    return -1;
+  }
+  *ops = new drover::engine::cuda::CudaOpsImpl(stream, blas);  // lives until exit
+  return 0;
+}

@@ -1,0 +1,134 @@
+// Fill, Add, Scale, Round and SumSquares over flat arrays.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/launch.h"
+#include "worker/engine/kernels/cuda/ops_cuda.h"
+
+namespace drover::engine::cuda {
+namespace {
+
+constexpr unsigned kThreads = 256;
+// SumSquares: blocks of the first pass, each leaving one partial sum.
+constexpr unsigned kSumBlocks = 1024;
+
+__global__ void FillKernel(float* x, float value, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    x[i] = value;
+  }
+}
+
+__global__ void AddKernel(float* y, const float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    y[i] += x[i];
+  }
+}
+
+__global__ void ScaleKernel(float* x, size_t n, float s) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    x[i] *= s;
+  }
+}
+
+__global__ void RoundBf16Kernel(float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+  }
+}
+
+__global__ void RoundFp16Kernel(float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    x[i] = __half2float(__float2half_rn(x[i]));
+  }
+}
+
+// Sums a block's values in a fixed tree order (deterministic for a given launch shape).
+__device__ double BlockSum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+// Pass 1: block b sums the squares of its grid-stride elements into partial[b].
+__global__ void SumSquaresPartial(const float* x, size_t n, double* partial) {
+  __shared__ double shared[kThreads];
+  double acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const double v = x[i];
+    acc += v * v;
+  }
+  const double total = BlockSum(acc, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// Pass 2: one block sums the partials into partial[kSumBlocks].
+__global__ void SumSquaresFinal(double* partial, unsigned count) {
+  __shared__ double shared[kThreads];
+  double acc = 0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+  const double total = BlockSum(acc, shared);
+  if (threadIdx.x == 0) partial[kSumBlocks] = total;
+}
+
+}  // namespace
+
+void Fill(float* x, float value, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  if (value == 0.0f) {
+    DROVER_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream));
+    return;
+  }
+  FillKernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, value, n);
+  DROVER_CUDA_LAUNCHED();
+}
+
+void Add(float* y, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  AddKernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(y, x, n);
+  DROVER_CUDA_LAUNCHED();
+}
+
+void Scale(float* x, size_t n, float s, cudaStream_t stream) {
+  if (n == 0) return;
+  ScaleKernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, s);
+  DROVER_CUDA_LAUNCHED();
+}
+
+void Round(float* x, size_t n, int precision, cudaStream_t stream) {
+  if (n == 0) return;
+  DROVER_CUDA_REQUIRE(precision == 1 || precision == 2);
+  if (precision == 1) {
+    RoundBf16Kernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n);
+  } else {
+    RoundFp16Kernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n);
+  }
+  DROVER_CUDA_LAUNCHED();
+}
+
+size_t SumSquaresScratch() { return kSumBlocks + 1; }
+
+double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream) {
+  if (n == 0) return 0.0;
+  SumSquaresPartial<<<kSumBlocks, kThreads, 0, stream>>>(x, n, scratch);
+  DROVER_CUDA_LAUNCHED();
+  SumSquaresFinal<<<1, kThreads, 0, stream>>>(scratch, kSumBlocks);
+  DROVER_CUDA_LAUNCHED();
+  double total = 0;
+  DROVER_CUDA_CHECK(cudaMemcpyAsync(&total, scratch + kSumBlocks, sizeof(double),
+                                    cudaMemcpyDeviceToHost, stream));
+  DROVER_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return total;
+}
+
+}  // namespace drover::engine::cuda

@@ -1,0 +1,48 @@
+// GELU, tanh approximation (kernels/cpu/gelu.h).
+#include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/launch.h"
+#include "worker/engine/kernels/cuda/ops_cuda.h"
+
+namespace drover::engine::cuda {
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kCube = 0.044715f;
+
+__global__ void GeluForwardKernel(float* out, const float* inp, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const float x = inp[i];
+    const float u = kSqrt2OverPi * (x + kCube * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(u));
+  }
+}
+
+// In place allowed: dinp may be dout.
+__global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const float x = inp[i];
+    const float u = kSqrt2OverPi * (x + kCube * x * x * x);
+    const float th = tanhf(u);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCube * x * x);
+    dinp[i] = (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * dout[i];
+  }
+}
+
+}  // namespace
+
+void GeluForward(float* out, const float* inp, size_t N, cudaStream_t stream) {
+  if (N == 0) return;
+  GeluForwardKernel<<<StrideBlocks(N, kThreads), kThreads, 0, stream>>>(out, inp, N);
+  DROVER_CUDA_LAUNCHED();
+}
+
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream) {
+  if (N == 0) return;
+  GeluBackwardKernel<<<StrideBlocks(N, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, N);
+  DROVER_CUDA_LAUNCHED();
+}
+
+}  // namespace drover::engine::cuda

@@ -1,0 +1,23 @@
+// What every CUDA op file shares: the stream the backend runs on and grid sizing. One
+// compute stream per process (a trainer drives one GPU); every op is enqueued on it in
+// program order, so ops need no events between them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace drover::engine::cuda {
+
+inline unsigned Blocks(size_t n, unsigned threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+// A grid-stride loop's grid: enough blocks to fill the GPU, not one per element.
+inline unsigned StrideBlocks(size_t n, unsigned threads) {
+  const size_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
+}
+
+}  // namespace drover::engine::cuda

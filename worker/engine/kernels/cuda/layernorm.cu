@@ -1,0 +1,107 @@
+// LayerNorm over the last dimension, eps 1e-5 (kernels/cpu/layernorm.h). One warp per row
+// for the row-wise work; the weight and bias gradients are column sums over every row, one
+// thread per column walking the rows in order (deterministic, no atomics).
+#include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/launch.h"
+#include "worker/engine/kernels/cuda/ops_cuda.h"
+
+namespace drover::engine::cuda {
+namespace {
+
+constexpr float kEps = 1e-5f;
+constexpr unsigned kWarpsPerBlock = 8;
+constexpr unsigned kThreads = 256;
+
+__device__ float WarpSum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int N, int C) {
+  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + static_cast<size_t>(row) * C;
+  float sum = 0;
+  for (int c = lane; c < C; c += 32) sum += x[c];
+  const float m = WarpSum(sum) / C;
+  float var = 0;
+  for (int c = lane; c < C; c += 32) {
+    const float d = x[c] - m;
+    var += d * d;
+  }
+  const float s = rsqrtf(WarpSum(var) / C + kEps);
+  float* o = out + static_cast<size_t>(row) * C;
+  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// dinp (N, C) += the row's input gradient.
+__global__ void LayerNormBackwardRows(float* dinp, const float* dout, const float* inp,
+                                      const float* weight, const float* mean, const float* rstd,
+                                      int N, int C) {
+  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t base = static_cast<size_t>(row) * C;
+  const float m = mean[row], s = rstd[row];
+  float dnorm_mean = 0, dnorm_norm_mean = 0;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (inp[base + c] - m) * s;
+    const float dnorm = weight[c] * dout[base + c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * norm;
+  }
+  dnorm_mean = WarpSum(dnorm_mean) / C;
+  dnorm_norm_mean = WarpSum(dnorm_norm_mean) / C;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (inp[base + c] - m) * s;
+    const float dnorm = weight[c] * dout[base + c];
+    dinp[base + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+  }
+}
+
+// dweight (C), dbias (C): thread c sums over the N rows in order.
+__global__ void LayerNormBackwardColumns(float* dweight, float* dbias, const float* dout,
+                                         const float* inp, const float* mean, const float* rstd,
+                                         int N, int C, bool accumulate) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float dw = 0, db = 0;
+  for (int n = 0; n < N; ++n) {
+    const size_t i = static_cast<size_t>(n) * C + c;
+    const float norm = (inp[i] - mean[n]) * rstd[n];
+    dw += norm * dout[i];
+    db += dout[i];
+  }
+  dweight[c] = accumulate ? dweight[c] + dw : dw;
+  dbias[c] = accumulate ? dbias[c] + db : db;
+}
+
+}  // namespace
+
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int N, int C, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && C > 0);
+  LayerNormForwardKernel<<<Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
+      out, mean, rstd, inp, weight, bias, N, C);
+  DROVER_CUDA_LAUNCHED();
+}
+
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int N, int C, bool accumulate, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && C > 0);
+  LayerNormBackwardRows<<<Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
+      dinp, dout, inp, weight, mean, rstd, N, C);
+  DROVER_CUDA_LAUNCHED();
+  LayerNormBackwardColumns<<<Blocks(C, kThreads), kThreads, 0, stream>>>(
+      dweight, dbias, dout, inp, mean, rstd, N, C, accumulate);
+  DROVER_CUDA_LAUNCHED();
+}
+
+}  // namespace drover::engine::cuda

@@ -1,0 +1,75 @@
+// The CUDA kernel table's launchers, one group per op file (kernels first in each .cu,
+// then the launcher that checks its preconditions and launches on `stream`). Shapes and
+// semantics are the CPU kernels' (kernels/cpu/*.h); every pointer is device memory except
+// where a comment says host. Results agree with the CPU fp32 reference to float rounding
+// (summation order differs); every reduction is deterministic (no atomics), so one run
+// repeats bit for bit.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace drover::engine::cuda {
+
+// ---- elementwise.cu --------------------------------------------------------------------
+void Fill(float* x, float value, size_t n, cudaStream_t stream);
+void Add(float* y, const float* x, size_t n, cudaStream_t stream);
+void Scale(float* x, size_t n, float s, cudaStream_t stream);
+// precision: 1 bf16, 2 fp16 (round to nearest even, as a store would; fp16 overflows to inf).
+void Round(float* x, size_t n, int precision, cudaStream_t stream);
+// Sum of x^2 in double; `scratch` holds at least SumSquaresScratch() doubles. Synchronous.
+size_t SumSquaresScratch();
+double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream);
+
+// ---- encoder.cu ------------------------------------------------------------------------
+void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                    int T, int C, cudaStream_t stream);
+void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
+                     int C, cudaStream_t stream);
+void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
+                           const float* dout, const int32_t* inp, int B, int T, int C,
+                           cudaStream_t stream);
+
+// ---- layernorm.cu ----------------------------------------------------------------------
+void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                      const float* bias, int N, int C, cudaStream_t stream);
+void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, const float* mean, const float* rstd,
+                       int N, int C, bool accumulate, cudaStream_t stream);
+
+// ---- matmul.cu (cuBLAS, fp32 math: no TF32, so that it matches the CPU reference) ------
+void MatmulForward(cublasHandle_t blas, float* out, const float* inp, const float* weight,
+                   const float* bias, const float* residual, int N, int C, int OC, int ldo,
+                   cudaStream_t stream);
+void MatmulBackward(cublasHandle_t blas, float* dinp, float* dweight, float* dbias,
+                    const float* dout, const float* inp, const float* weight, int N, int C, int OC,
+                    int ldo, bool accumulate, cudaStream_t stream);
+
+// ---- attention.cu ----------------------------------------------------------------------
+void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                      cudaStream_t stream);
+// dpre: scratch of B*NH*T*T floats (the softmax's input gradient).
+void AttentionBackward(float* dqkv, float* dpre, const float* dout, const float* att,
+                       const float* qkv, int B, int T, int C, int NH, cudaStream_t stream);
+
+// ---- gelu.cu ---------------------------------------------------------------------------
+void GeluForward(float* out, const float* inp, size_t N, cudaStream_t stream);
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream);
+
+// ---- crossentropy.cu -------------------------------------------------------------------
+// Writes losses (N) and lse (N); the mean is summed in double into *mean_out (device).
+void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
+                         const int32_t* targets, int N, int V, int Vp, cudaStream_t stream);
+void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
+                          int N, int V, int Vp, cudaStream_t stream);
+
+// ---- adamw.cu --------------------------------------------------------------------------
+// correction1/2: 1 - beta^t, computed on the host in double as the CPU path does.
+void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
+                 float weight_decay, float beta1, float beta2, float eps, float correction1,
+                 float correction2, cudaStream_t stream);
+
+}  // namespace drover::engine::cuda

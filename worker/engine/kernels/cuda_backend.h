@@ -1,0 +1,29 @@
+// The CUDA kernel table, loaded at run time. Its kernels and the CUDA libraries they need
+// (cudart, cuBLAS) live in a plugin, libdrover_cuda.so, built beside the programs when nvcc
+// is found. Programs never link it: a trainer opens it only when a job asks for
+// resources.device cuda, so one build runs CPU jobs on machines with no GPU driver or CUDA
+// libraries at all.
+#pragma once
+
+#include "common/status.h"
+#include "worker/engine/kernels/ops.h"
+
+namespace drover::engine {
+
+// Bumped whenever kernels/ops.h changes: a plugin built from another ops.h is refused
+// rather than called through a vtable that does not match.
+inline constexpr int kCudaOpsAbi = 1;
+
+// The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
+// those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a
+// message is written to error (NUL-terminated, at most error_len bytes) and -1 returned.
+using CreateCudaOpsFn = int (*)(int abi, Ops** ops, char* error, size_t error_len);
+inline constexpr char kCreateCudaOpsSymbol[] = "drover_create_cuda_ops";
+inline constexpr char kCudaPluginName[] = "libdrover_cuda.so";
+
+// Opens the plugin (next to the running program, else through the library path) once per
+// process and returns its table. FailedPrecondition with the reason when this build has no
+// CUDA plugin, its libraries cannot be loaded, or no GPU is usable.
+StatusOr<Ops*> CudaOps();
+
+}  // namespace drover::engine
