@@ -81,6 +81,12 @@ StatusOr<std::unordered_map<std::string, int32_t>> ParseEncoderJson(const std::s
     if (value.get<uint64_t>() > uint64_t(INT32_MAX)) {
       return error("token '" + key + "' has id " + value.dump() + ", out of range");
     }
+    // The decoder is a table indexed by id: an id far beyond the vocabulary (a fuzzed
+    // 999999999) would allocate gigabytes. GPT-2 numbers its tokens 0..n-1.
+    if (value.get<uint64_t>() >= doc.size()) {
+      return error("token '" + key + "' has id " + value.dump() + ", not below the number of " +
+                   "tokens (" + std::to_string(doc.size()) + "); ids must be 0..n-1");
+    }
     out[key] = static_cast<int32_t>(value.get<uint64_t>());
   }
   return out;
