@@ -7,6 +7,7 @@
 // parse is skipped, as gRPC would refuse it before the handler. Job ids carry a random
 // salt, so a job id "#k" in a request stands for the k-th job this input submitted
 // (modulo their number): without that the fuzzer could never name a job.
+#include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -136,7 +137,9 @@ void Call(Coordinator& c, FakeClock& clock, JobIds& jobs, uint8_t op, std::strin
 
 int FuzzCoordinator(const uint8_t* data, size_t size) {
   static const bool quiet = [] {
-    spdlog::set_level(spdlog::level::off);  // a log line per request would drown libFuzzer's
+    // A log line per request (and protobuf's per invalid UTF-8 string) would drown libFuzzer's.
+    spdlog::set_level(spdlog::level::off);
+    google::protobuf::SetLogHandler(nullptr);
     return true;
   }();
   (void)quiet;
