@@ -207,7 +207,8 @@ std::vector<PendingJob> JobManager::Pending() {
     PendingJob p{id,           job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
                  job.feasible, job.avoid};
     if (job.hold_size > 0 && now < job.hold_until_ms) {
-      std::erase_if(p.feasible_world_sizes, [&](int s) { return s < job.hold_size; });
+      // Captured by value: clang 14 (the fuzz build) cannot capture a structured binding.
+      std::erase_if(p.feasible_world_sizes, [hold = job.hold_size](int s) { return s < hold; });
       next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
     }
     out.push_back(std::move(p));

@@ -5,7 +5,9 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libspdlog-dev libcli11-dev libyaml-cpp-dev libgtest-dev libgmock-dev
-      libgloo-dev libopenblas-dev libsqlite3-dev)
+      libgloo-dev libopenblas-dev libsqlite3-dev nlohmann-json3-dev)
+# `make fuzz` also needs clang and its libFuzzer runtime.
+[ "${1:-}" = fuzz ] && pkgs+=(clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <thread>
 
 #include "common/crc32c.h"
@@ -306,14 +307,42 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
 
 namespace {
 
-// What can be checked without reading a shard: parameters, known arenas, exact coverage.
+// What can be checked without reading a shard: parameters, known arenas, shard names and
+// file sizes, exact coverage. The sizes come before the coverage check because that check
+// and the reader allocate by num_params: a manifest is believed about num_params only as
+// far as the shard files on disk hold that many elements of each arena (a fuzzed manifest
+// claiming 10^12 parameters made ReadCheckpoint allocate terabytes).
 Status CheckManifestShape(const std::string& step_dir, CheckpointSnapshot* snap) {
   const v1::CheckpointManifest& m = snap->meta;
   if (m.num_params() <= 0) return DataLossError(step_dir + ": manifest has no parameters");
+  std::map<std::string, int64_t> arena_bytes;
   for (const auto& sh : m.shards()) {
     if (MutableArenaOf(snap, sh.arena()) == nullptr) {
       return DataLossError(step_dir + ": shard " + sh.file() + " is of arena '" + sh.arena() +
                            "', which this build does not know (it reads params, adam_m, adam_v)");
+    }
+    // Shards live in the step directory: a name that leaves it would read any file.
+    if (sh.file().empty() || sh.file() == "." || sh.file() == ".." ||
+        sh.file().find('/') != std::string::npos) {
+      return DataLossError(step_dir + ": shard file name '" + sh.file() +
+                           "' is not a file in the checkpoint directory");
+    }
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(Join(step_dir, sh.file()), ec);
+    if (ec) return DataLossError(step_dir + ": missing shard " + sh.file());
+    if (static_cast<int64_t>(size) != sh.bytes()) {
+      return DataLossError(Join(step_dir, sh.file()) + ": " + std::to_string(size) +
+                           " bytes, expected " + std::to_string(sh.bytes()));
+    }
+    arena_bytes[sh.arena()] += static_cast<int64_t>(size);  // real files: cannot overflow
+  }
+  for (const char* arena : kArenas) {
+    const int64_t bytes = arena_bytes[arena];
+    if (bytes % static_cast<int64_t>(sizeof(float)) != 0 ||
+        bytes / static_cast<int64_t>(sizeof(float)) != m.num_params()) {
+      return DataLossError(step_dir + ": shards of arena '" + arena + "' hold " +
+                           std::to_string(bytes) + " bytes, manifest says " +
+                           std::to_string(m.num_params()) + " fp32 parameters");
     }
   }
   Status cov = CheckCoverage(m);
@@ -384,17 +413,7 @@ Status CheckCheckpointShape(const std::string& step_dir, int64_t step) {
   if (snap.meta.step() != step) {
     return DataLossError(step_dir + ": manifest says step " + std::to_string(snap.meta.step()));
   }
-  RETURN_IF_ERROR(CheckManifestShape(step_dir, &snap));
-  for (const auto& sh : snap.meta.shards()) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(Join(step_dir, sh.file()), ec);
-    if (ec) return DataLossError(step_dir + ": missing shard " + sh.file());
-    if (static_cast<int64_t>(size) != sh.bytes()) {
-      return DataLossError(Join(step_dir, sh.file()) + ": " + std::to_string(size) +
-                           " bytes, expected " + std::to_string(sh.bytes()));
-    }
-  }
-  return OkStatus();
+  return CheckManifestShape(step_dir, &snap);  // it checks every shard's file size
 }
 
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir,

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
@@ -52,150 +53,44 @@ StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
   return ss.str();
 }
 
-// A reader for exactly the JSON encoder.json uses: one flat object of string -> integer.
-class FlatJsonReader {
- public:
-  FlatJsonReader(std::string_view text, std::string path) : text_(text), path_(std::move(path)) {}
-
-  StatusOr<std::unordered_map<std::string, int32_t>> Parse() {
-    std::unordered_map<std::string, int32_t> out;
-    SkipSpace();
-    if (!Consume('{')) return Error("expected '{'");
-    SkipSpace();
-    if (Consume('}')) return out;
-    while (true) {
-      SkipSpace();
-      std::string key;
-      RETURN_IF_ERROR(ParseString(&key));
-      SkipSpace();
-      if (!Consume(':')) return Error("expected ':' after a key");
-      SkipSpace();
-      int64_t value = 0;
-      RETURN_IF_ERROR(ParseInt(&value));
-      out[key] = static_cast<int32_t>(value);
-      SkipSpace();
-      if (Consume('}')) break;
-      if (!Consume(',')) return Error("expected ',' or '}'");
-    }
-    SkipSpace();
-    if (pos_ != text_.size()) return Error("trailing data after the object");
-    return out;
+// encoder.json is one flat object of token string -> id. nlohmann-json throws on malformed
+// text; the exception stops here and becomes a Status naming the file and nlohmann's
+// byte offset, so nothing escapes into drover code.
+StatusOr<std::unordered_map<std::string, int32_t>> ParseEncoderJson(const std::string& text,
+                                                                    const std::string& path) {
+  auto error = [&](const std::string& what) {
+    return InvalidArgumentError("encoder file " + path + ": " + what);
+  };
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return error(e.what());
   }
-
- private:
-  Status Error(const std::string& what) const {
-    return InvalidArgumentError("encoder file " + path_ + " at byte " + std::to_string(pos_) +
-                                ": " + what);
+  if (!doc.is_object()) {
+    return error(std::string("expected an object of token -> id, got ") + doc.type_name());
   }
-  void SkipSpace() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
-                                   text_[pos_] == '\r' || text_[pos_] == '\t')) {
-      ++pos_;
+  std::unordered_map<std::string, int32_t> out;
+  out.reserve(doc.size());
+  for (const auto& [key, value] : doc.items()) {
+    if (!value.is_number_integer()) {
+      return error("token '" + key + "' has id " + value.dump() + "; expected an integer");
     }
+    // Non-negative integers parse as unsigned; anything signed here is below zero.
+    if (!value.is_number_unsigned()) return error("token '" + key + "' has a negative id");
+    if (value.get<uint64_t>() > uint64_t(INT32_MAX)) {
+      return error("token '" + key + "' has id " + value.dump() + ", out of range");
+    }
+    // The decoder is a table indexed by id: an id far beyond the vocabulary (a fuzzed
+    // 999999999) would allocate gigabytes. GPT-2 numbers its tokens 0..n-1.
+    if (value.get<uint64_t>() >= doc.size()) {
+      return error("token '" + key + "' has id " + value.dump() + ", not below the number of " +
+                   "tokens (" + std::to_string(doc.size()) + "); ids must be 0..n-1");
+    }
+    out[key] = static_cast<int32_t>(value.get<uint64_t>());
   }
-  bool Consume(char c) {
-    if (pos_ < text_.size() && text_[pos_] == c) {
-      ++pos_;
-      return true;
-    }
-    return false;
-  }
-  Status ParseHex4(uint32_t* out) {
-    if (pos_ + 4 > text_.size()) return Error("truncated \\u escape");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = text_[pos_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') {
-        v |= uint32_t(c - '0');
-      } else if (c >= 'a' && c <= 'f') {
-        v |= uint32_t(c - 'a' + 10);
-      } else if (c >= 'A' && c <= 'F') {
-        v |= uint32_t(c - 'A' + 10);
-      } else {
-        return Error("bad hex digit in \\u escape");
-      }
-    }
-    *out = v;
-    return OkStatus();
-  }
-  Status ParseString(std::string* out) {
-    if (!Consume('"')) return Error("expected a string");
-    while (true) {
-      if (pos_ >= text_.size()) return Error("unterminated string");
-      const char c = text_[pos_++];
-      if (c == '"') return OkStatus();
-      if (c != '\\') {
-        out->push_back(c);
-        continue;
-      }
-      if (pos_ >= text_.size()) return Error("unterminated escape");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"':
-          out->push_back('"');
-          break;
-        case '\\':
-          out->push_back('\\');
-          break;
-        case '/':
-          out->push_back('/');
-          break;
-        case 'b':
-          out->push_back('\b');
-          break;
-        case 'f':
-          out->push_back('\f');
-          break;
-        case 'n':
-          out->push_back('\n');
-          break;
-        case 'r':
-          out->push_back('\r');
-          break;
-        case 't':
-          out->push_back('\t');
-          break;
-        case 'u': {
-          uint32_t cp = 0;
-          RETURN_IF_ERROR(ParseHex4(&cp));
-          if (cp >= 0xD800 && cp <= 0xDBFF) {  // a surrogate pair
-            uint32_t low = 0;
-            if (!Consume('\\') || !Consume('u')) return Error("lone high surrogate");
-            RETURN_IF_ERROR(ParseHex4(&low));
-            if (low < 0xDC00 || low > 0xDFFF) return Error("bad low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            return Error("lone low surrogate");
-          }
-          utf8::Append(cp, out);
-          break;
-        }
-        default:
-          return Error(std::string("bad escape \\") + e);
-      }
-    }
-  }
-  Status ParseInt(int64_t* out) {
-    const size_t start = pos_;
-    Consume('-');
-    int64_t v = 0;
-    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') {
-      v = v * 10 + (text_[pos_++] - '0');
-      if (v > INT32_MAX) return Error("token id out of range");
-    }
-    if (pos_ == start || (pos_ == start + 1 && text_[start] == '-')) {
-      return Error("expected an integer token id");
-    }
-    *out = text_[start] == '-' ? -v : v;
-    if (*out < 0) return Error("negative token id");
-    return OkStatus();
-  }
-
-  std::string_view text_;
-  std::string path_;
-  size_t pos_ = 0;
-};
+  return out;
+}
 
 class Gpt2Tokenizer : public Tokenizer {
  public:
@@ -351,7 +246,7 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadGpt2Tokenizer(const std::string& encode
                                                        const std::string& merges_path) {
   ASSIGN_OR_RETURN(const std::string json, ReadFile(encoder_json_path, "encoder file"));
   ASSIGN_OR_RETURN(const std::string merges, ReadFile(merges_path, "merges file"));
-  ASSIGN_OR_RETURN(auto encoder, FlatJsonReader(json, encoder_json_path).Parse());
+  ASSIGN_OR_RETURN(auto encoder, ParseEncoderJson(json, encoder_json_path));
   ASSIGN_OR_RETURN(auto ranks, ParseMerges(merges, merges_path));
   auto tokenizer = std::make_unique<Gpt2Tokenizer>(std::move(encoder), std::move(ranks));
   if (const std::string missing = tokenizer->MissingByteSymbol(); !missing.empty()) {

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace drover::engine {
@@ -33,6 +34,28 @@ std::vector<Segment> FileOrder(const std::vector<TensorInfo>& t, int L) {
   }
   s.push_back({t[t.size() - 2].offset, t[t.size() - 2].numel});
   s.push_back({t[t.size() - 1].offset, t[t.size() - 1].numel});
+  return s;
+}
+
+// The file size the header's shapes imply, in closed form and 128-bit arithmetic (every
+// shape is below 2^31, so nothing overflows). LoadModelFile compares it with the real size
+// before building anything: GptNumParams walks a tensor table per layer, and a fuzzed
+// header of 458753 layers took it 13 s before the size check could refuse the file.
+unsigned __int128 ExpectedFileBytes(const GptConfig& c) {
+  using U = unsigned __int128;
+  const U C = static_cast<U>(c.channels);
+  const U per_layer = 12 * C * C + 13 * C;  // ln1, qkv, attproj, ln2, fc, fcproj
+  const U params = static_cast<U>(c.padded_vocab_size) * C + static_cast<U>(c.max_seq_len) * C +
+                   static_cast<U>(c.num_layers) * per_layer + 2 * C;
+  return kHeaderBytes + params * sizeof(float);
+}
+
+std::string ToString(unsigned __int128 v) {
+  std::string s;
+  do {
+    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  } while (v != 0);
   return s;
 }
 
@@ -107,12 +130,14 @@ StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& path) {
   ASSIGN_OR_RETURN(GptConfig config, ReadModelFileConfig(path));
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "stat " + path);
-  const size_t expected = kHeaderBytes + GptNumParams(config) * sizeof(float);
-  if (static_cast<size_t>(st.st_size) != expected) {
+  const unsigned __int128 expected = ExpectedFileBytes(config);
+  if (static_cast<unsigned __int128>(st.st_size) != expected) {
     return DataLossError(path + ": file size " + std::to_string(st.st_size) +
                          " bytes does not match the header's shapes (expected " +
-                         std::to_string(expected) + " bytes)");
+                         ToString(expected) + " bytes)");
   }
+  // The closed form must agree with the layout the model is built from.
+  DROVER_CHECK(kHeaderBytes + GptNumParams(config) * sizeof(float) == expected);
   auto model = std::make_unique<Gpt>(config);
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (!f) return ErrnoToStatus(errno, "opening model file " + path);

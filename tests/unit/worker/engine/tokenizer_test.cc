@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace drover::engine {
@@ -161,7 +162,22 @@ TEST_F(Gpt2TokenizerTest, ReportsMissingAndMalformedFiles) {
   ASSERT_FALSE(bad_json.ok());
   EXPECT_NE(bad_json.status().message().find("expected ':'"), std::string::npos);
 
-  std::ofstream(dir_ + "/encoder.json") << "{\"a\": 1}";
+  // Well-formed JSON of the wrong shape names the file and what was wrong.
+  for (const auto& [json, why] :
+       std::vector<std::pair<std::string, std::string>>{{"[1, 2]", "expected an object"},
+                                                        {"{\"a\": \"1\"}", "expected an integer"},
+                                                        {"{\"a\": 1.5}", "expected an integer"},
+                                                        {"{\"a\": -1}", "negative id"},
+                                                        {"{\"a\": 4294967296}", "out of range"}}) {
+    std::ofstream(dir_ + "/encoder.json") << json;
+    auto wrong = Load();
+    ASSERT_FALSE(wrong.ok()) << json;
+    EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument) << json;
+    EXPECT_NE(wrong.status().message().find(why), std::string::npos) << wrong.status();
+    EXPECT_NE(wrong.status().message().find("encoder.json"), std::string::npos) << wrong.status();
+  }
+
+  std::ofstream(dir_ + "/encoder.json") << "{\"a\": 0}";
   auto no_bytes = Load();
   ASSERT_FALSE(no_bytes.ok());
   EXPECT_NE(no_bytes.status().message().find("256 byte tokens"), std::string::npos);

@@ -1,0 +1,60 @@
+// The engine's readers of files a user hands it: model files, token shards, tokenizers.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/token_shard.h"
+#include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/targets.h"
+#include "worker/engine/data/token_dataset.h"
+#include "worker/engine/data/tokenizer.h"
+#include "worker/engine/model/model_file.h"
+
+namespace drover::fuzz {
+
+int FuzzModelFile(const uint8_t* data, size_t size) {
+  const std::string path = FreshScratchDir() + "/model.bin";
+  WriteFileOrDie(path, {reinterpret_cast<const char*>(data), size});
+  (void)engine::ReadModelFileConfig(path);
+  (void)engine::LoadModelFile(path);
+  return 0;
+}
+
+int FuzzTokenFile(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const int seq_len = 1 + data[0] % 64;
+  const std::string path = FreshScratchDir() + "/tokens.bin";
+  WriteFileOrDie(path, {reinterpret_cast<const char*>(data + 1), size - 1});
+  (void)ReadTokenShard(path);
+  auto dataset = engine::TokenDataset::Open(path, seq_len);
+  if (!dataset.ok()) return 0;
+  const engine::TokenDataset& d = **dataset;
+  std::vector<int32_t> inputs(seq_len), targets(seq_len);
+  for (uint64_t w : {uint64_t{0}, d.num_windows() - 1}) {
+    d.ReadWindow(w, inputs.data(), targets.data());
+  }
+  for (size_t s = 0; s < d.num_shards(); ++s) {
+    (void)d.CheckTokens(s, 0, d.shard_tokens(s), 50257);
+  }
+  return 0;
+}
+
+int FuzzTokenizer(const uint8_t* data, size_t size) {
+  const auto [encoder, merges] = SplitInput(data, size);
+  const std::string dir = FreshScratchDir();
+  WriteFileOrDie(dir + "/encoder.json", encoder);
+  WriteFileOrDie(dir + "/vocab.bpe", merges);
+  auto tok = engine::LoadGpt2Tokenizer(dir + "/encoder.json", dir + "/vocab.bpe");
+  if (!tok.ok()) return 0;
+  // Any text encodes with a loaded tokenizer (every byte has a token), and decodes back.
+  const std::string text = "Hello world, it's 42\xC3\xA9! \n\x01\xFF";
+  const std::vector<int32_t> ids = (*tok)->Encode(text);
+  if ((*tok)->Decode(ids) != text) {
+    std::fprintf(stderr, "tokenizer does not round-trip\n");
+    std::abort();
+  }
+  return 0;
+}
+
+}  // namespace drover::fuzz
