@@ -27,7 +27,7 @@ CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
     using Clock = std::chrono::steady_clock;
     const auto deadline =
         Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(args->timeout_s * 1000));
-    RpcClient client(globals->coordinator);
+    RpcClient client(*globals);
     // A coordinator restart during a long wait is survivable: keep polling until the
     // deadline; only a coordinator that never answered is an error at once.
     bool ever_reached = false;
@@ -44,7 +44,7 @@ CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
       } else if (!ever_reached || info.status().code() != StatusCode::kUnavailable) {
         return ReportError(info.status());
       } else {
-        client = RpcClient(globals->coordinator);  // dial a restarted coordinator afresh
+        client = RpcClient(*globals);  // dial a restarted coordinator afresh
       }
       if (args->timeout_s > 0 && Clock::now() >= deadline) {
         std::cerr << "drover: timed out after " << args->timeout_s << " s waiting for " << args->job
