@@ -12,7 +12,7 @@ CommandRun SetupCancel(CLI::App* app, GlobalOptions* globals) {
   auto job = std::make_shared<std::string>();
   app->add_option("job", *job, "job id")->required();
   return [job, globals]() -> int {
-    RpcClient client(globals->coordinator);
+    RpcClient client(*globals);
     auto resp = client.CancelJob(*job);
     if (!resp.ok()) return ReportError(resp.status());
     std::cout << *job << " " << JobStateName(resp->state()) << "\n";

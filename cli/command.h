@@ -21,6 +21,9 @@ namespace drover::cli {
 struct GlobalOptions {
   std::string coordinator;  // --coordinator, else $DROVER_COORDINATOR, else 127.0.0.1:7600
   bool json = false;        // --json where a command supports it
+  // --retry-for: how long calls that are safe to repeat keep retrying an unreachable
+  // coordinator (cli/retry.h), in seconds.
+  double retry_for_s = 15;
 };
 
 enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };

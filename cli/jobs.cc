@@ -48,7 +48,7 @@ CommandRun SetupJobs(CLI::App* app, GlobalOptions* globals) {
       }
       req.add_states(state);
     }
-    RpcClient client(globals->coordinator);
+    RpcClient client(*globals);
     const int64_t want = o->all ? INT64_MAX : o->limit;
     v1::ListJobsResponse listed;
     auto jobs = StatusOr<v1::ListJobsResponse>(listed);

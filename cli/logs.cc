@@ -1,4 +1,5 @@
 // drover logs JOB [--rank R] [-f]: the trainer's output, as shipped to the coordinator.
+// -f follows until the job ends, through coordinator restarts.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <iostream>
@@ -22,11 +23,27 @@ CommandRun SetupLogs(CLI::App* app, GlobalOptions* globals) {
       ->check(CLI::NonNegativeNumber);
   app->add_flag("-f,--follow", args->follow, "keep printing until the job ends");
   return [args, globals]() -> int {
-    RpcClient client(globals->coordinator);
+    RpcClient client(*globals);
     int64_t offset = 0;
+    bool reached = false;  // the coordinator answered at least once
+    bool lost = false;     // said so on stderr since it last answered
     for (;;) {
       auto resp = client.ReadLogs(args->job, args->rank, offset);
-      if (!resp.ok()) return ReportError(resp.status());
+      if (!resp.ok()) {
+        // Following rides through a coordinator restart, as drover wait does: its copy of
+        // the log survives the restart, so reading on from `offset` neither repeats nor
+        // loses a line. ReadLogs itself retried with back-off for --retry-for; this keeps
+        // trying after that, a second apart, until the job ends or the user gives up.
+        if (!args->follow || !reached || resp.status().code() != StatusCode::kUnavailable) {
+          return ReportError(resp.status());
+        }
+        if (!lost) std::cerr << "drover: lost the coordinator; reconnecting\n";
+        lost = true;
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        continue;
+      }
+      reached = true;
+      lost = false;
       std::cout << resp->data() << std::flush;
       const bool more = resp->next_offset() > offset && !resp->data().empty();
       offset = std::max(offset, resp->next_offset());

@@ -35,6 +35,11 @@ int main(int argc, char** argv) {
   globals.coordinator = env != nullptr && *env != '\0' ? env : "127.0.0.1:7600";
   app.add_option("--coordinator", globals.coordinator,
                  "coordinator address (default $DROVER_COORDINATOR or 127.0.0.1:7600)");
+  app.add_option("--retry-for", globals.retry_for_s,
+                 "seconds to keep retrying a coordinator that cannot be reached, for calls "
+                 "that are safe to repeat (0: fail at once)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 
   std::vector<CommandDef> commands = RegisteredCommands();
   std::sort(commands.begin(), commands.end(),
@@ -50,7 +55,7 @@ int main(int argc, char** argv) {
   for (const CommandDef& def : commands) names.push_back(def.name);
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--coordinator") {
+    if (arg == "--coordinator" || arg == "--retry-for") {
       ++i;
       continue;
     }

@@ -1,20 +1,53 @@
 #include "cli/rpc_client.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <random>
 
 #include "cli/command.h"
 #include "worker/grpc_util.h"
 
 namespace drover::cli {
 
-RpcClient::RpcClient(const std::string& address, int64_t timeout_ms)
+namespace {
+
+// 128 random bits as hex: unique enough that two submits never share one.
+std::string RandomRequestId() {
+  std::random_device rd;
+  std::string id;
+  char buf[9];
+  for (int i = 0; i < 4; ++i) {
+    snprintf(buf, sizeof(buf), "%08x", static_cast<unsigned>(rd()));
+    id += buf;
+  }
+  return id;
+}
+
+}  // namespace
+
+std::string Submitter() {
+  const char* user = std::getenv("USER");
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return std::string(user != nullptr && *user != '\0' ? user : "unknown") + "@" +
+         (host[0] != '\0' ? host : "unknown");
+}
+
+RpcClient::RpcClient(const std::string& address, int64_t timeout_ms, RetryPolicy retry)
     : address_(address),
       timeout_ms_(timeout_ms),
+      retry_(retry),
+      request_id_(RandomRequestId()),
       stub_(v1::JobService::NewStub(MakeChannel(address))) {}
+
+RpcClient::RpcClient(const GlobalOptions& globals)
+    : RpcClient(globals.coordinator, 5000,
+                RetryPolicy{static_cast<int64_t>(globals.retry_for_s * 1000)}) {}
 
 Status RpcClient::Check(const grpc::Status& st, const std::string& what) const {
   if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -26,15 +59,33 @@ Status RpcClient::Check(const grpc::Status& st, const std::string& what) const {
   return FromGrpcStatus(st, what);
 }
 
-#define DROVER_RPC_CALL(method, req, resp, what) \
-  grpc::ClientContext ctx;                       \
-  SetDeadlineMs(&ctx, timeout_ms_);              \
-  RETURN_IF_ERROR(Check(stub_->method(&ctx, req, &resp), what))
+Status RpcClient::Call(
+    const std::function<grpc::Status(v1::JobService::Stub*, grpc::ClientContext*)>& rpc,
+    const std::string& what, bool retry) {
+  auto once = [&]() -> Status {
+    grpc::ClientContext ctx;
+    SetDeadlineMs(&ctx, timeout_ms_);
+    Status st = Check(rpc(stub_.get(), &ctx), what);
+    // The next try dials afresh: this channel would wait out its reconnect back-off.
+    if (st.code() == StatusCode::kUnavailable) {
+      stub_ = v1::JobService::NewStub(MakeChannel(address_));
+    }
+    return st;
+  };
+  return retry ? Retry(retry_, RetryEnv::Real(), once) : once();
+}
+
+#define DROVER_RPC_CALL(method, req, resp, what)                                                \
+  RETURN_IF_ERROR(Call([&](v1::JobService::Stub* stub,                                          \
+                           grpc::ClientContext* ctx) { return stub->method(ctx, req, &resp); }, \
+                       what, /*retry=*/true))
 
 StatusOr<std::string> RpcClient::SubmitJob(const std::string& spec_yaml, int priority) {
   v1::SubmitJobRequest req;
   req.set_spec_yaml(spec_yaml);
   req.set_priority(priority);
+  req.set_submitter(Submitter());
+  req.set_request_id(request_id_);
   v1::SubmitJobResponse resp;
   DROVER_RPC_CALL(SubmitJob, req, resp, "submit");
   return resp.job_id();
@@ -63,8 +114,18 @@ StatusOr<v1::CancelJobResponse> RpcClient::CancelJob(const std::string& job_id) 
   return resp;
 }
 
-StatusOr<v1::ListWorkersResponse> RpcClient::ListWorkers() {
+Status RpcClient::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(job_id);
+  v1::DeleteJobResponse resp;
+  return Call([&](v1::JobService::Stub* stub,
+                  grpc::ClientContext* ctx) { return stub->DeleteJob(ctx, req, &resp); },
+              "rm " + job_id, /*retry=*/false);
+}
+
+StatusOr<v1::ListWorkersResponse> RpcClient::ListWorkers(bool include_exited) {
   v1::ListWorkersRequest req;
+  req.set_include_exited(include_exited);
   v1::ListWorkersResponse resp;
   DROVER_RPC_CALL(ListWorkers, req, resp, "workers");
   return resp;

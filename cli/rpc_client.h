@@ -1,13 +1,23 @@
 // The CLI's connection to the coordinator: one JobService stub with a deadline per call,
 // gRPC errors translated to Status (worker/grpc_util.h), JSON and table output helpers.
+//
+// Every call but DeleteJob is safe to repeat and is retried while the coordinator is
+// unreachable (cli/retry.h), each time on a freshly dialled channel (a channel that failed
+// waits out its own reconnect back-off). A submit is safe to repeat because it carries a
+// request id chosen once per RpcClient: the coordinator returns the job that id already
+// made instead of making a second one. A delete is not retried: a retry after a delete
+// that succeeded unseen would say "no job".
 #pragma once
 
 #include <google/protobuf/message.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cli/command.h"
+#include "cli/retry.h"
 #include "common/status.h"
 #include "proto/drover.grpc.pb.h"
 
@@ -15,22 +25,36 @@ namespace drover::cli {
 
 class RpcClient {
  public:
-  explicit RpcClient(const std::string& address, int64_t timeout_ms = 5000);
+  explicit RpcClient(const std::string& address, int64_t timeout_ms = 5000, RetryPolicy retry = {});
+  // To --coordinator, retrying for --retry-for.
+  explicit RpcClient(const GlobalOptions& globals);
 
+  // Fills in the submitter ($USER@hostname) and this client's request id.
   StatusOr<std::string> SubmitJob(const std::string& spec_yaml, int priority);
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id);
-  StatusOr<v1::ListWorkersResponse> ListWorkers();
+  Status DeleteJob(const std::string& job_id);
+  StatusOr<v1::ListWorkersResponse> ListWorkers(bool include_exited = false);
   StatusOr<v1::ReadLogsResponse> ReadLogs(const std::string& job_id, int rank, int64_t offset);
 
+  const std::string& request_id() const { return request_id_; }
+
  private:
+  // One call of `rpc` (a lambda calling the stub), retried while UNAVAILABLE when `retry`.
+  Status Call(const std::function<grpc::Status(v1::JobService::Stub*, grpc::ClientContext*)>& rpc,
+              const std::string& what, bool retry);
   Status Check(const grpc::Status& st, const std::string& what) const;
 
   std::string address_;
   int64_t timeout_ms_;
+  RetryPolicy retry_;
+  std::string request_id_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
+
+// "$USER@hostname", who a submit says it comes from.
+std::string Submitter();
 
 // Prints `st` as one line on stderr and returns the exit code for it: 1 for runtime
 // failures (unreachable coordinator, unknown job), 2 for invalid input.

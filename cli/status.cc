@@ -55,7 +55,7 @@ CommandRun SetupStatus(CLI::App* app, GlobalOptions* globals) {
   app->add_option("job", *job, "job id")->required();
   app->add_flag("--json", globals->json, "protobuf JSON for scripts");
   return [job, globals]() -> int {
-    RpcClient client(globals->coordinator);
+    RpcClient client(*globals);
     auto info = client.GetJob(*job);
     if (!info.ok()) return ReportError(info.status());
     if (globals->json) {

@@ -32,7 +32,7 @@ CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
     if (!yaml.ok()) return ReportError(InvalidArgumentError(yaml.status().message()));
     StatusOr<JobSpec> spec = ParseJobSpec(*yaml, {}, args->path);
     if (!spec.ok()) return ReportError(InvalidArgumentError(spec.status().message()));
-    RpcClient client(globals->coordinator);
+    RpcClient client(*globals);
     StatusOr<std::string> id = client.SubmitJob(*yaml, args->priority);
     if (!id.ok()) return ReportError(id.status());
     std::cout << *id << "\n";

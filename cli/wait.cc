@@ -1,5 +1,6 @@
 // drover wait JOB [--timeout S]: blocks until the job ends; exit 0 only on SUCCEEDED.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <thread>
@@ -27,7 +28,10 @@ CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
     using Clock = std::chrono::steady_clock;
     const auto deadline =
         Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(args->timeout_s * 1000));
-    RpcClient client(globals->coordinator);
+    // Retrying an unreachable coordinator never outlasts --timeout.
+    GlobalOptions retry = *globals;
+    if (args->timeout_s > 0) retry.retry_for_s = std::min(retry.retry_for_s, args->timeout_s);
+    RpcClient client(retry);
     // A coordinator restart during a long wait is survivable: keep polling until the
     // deadline; only a coordinator that never answered is an error at once.
     bool ever_reached = false;
@@ -44,7 +48,7 @@ CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
       } else if (!ever_reached || info.status().code() != StatusCode::kUnavailable) {
         return ReportError(info.status());
       } else {
-        client = RpcClient(globals->coordinator);  // dial a restarted coordinator afresh
+        client = RpcClient(retry);  // dial a restarted coordinator afresh
       }
       if (args->timeout_s > 0 && Clock::now() >= deadline) {
         std::cerr << "drover: timed out after " << args->timeout_s << " s waiting for " << args->job

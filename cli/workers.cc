@@ -1,4 +1,5 @@
-// drover workers [--json]: every node, its state, slots and trainers.
+// drover workers [--all] [--json]: every node, its state, slots and the trainers it runs
+// now (--all: also those that exited, as long as their agents still report them).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -9,10 +10,12 @@ namespace drover::cli {
 namespace {
 
 CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
+  auto all = std::make_shared<bool>(false);
   app->add_flag("--json", globals->json, "protobuf JSON for scripts");
-  return [globals]() -> int {
-    RpcClient client(globals->coordinator);
-    auto resp = client.ListWorkers();
+  app->add_flag("--all", *all, "also list trainers that exited");
+  return [globals, all]() -> int {
+    RpcClient client(*globals);
+    auto resp = client.ListWorkers(*all);
     if (!resp.ok()) return ReportError(resp.status());
     if (globals->json) {
       std::cout << ToJson(*resp);

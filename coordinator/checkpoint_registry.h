@@ -23,6 +23,9 @@ class CheckpointRegistry {
 
   std::vector<v1::CheckpointRecord> ForJob(const std::string& job_id) const;
 
+  // Drops the job's records (the job was deleted).
+  void Forget(const std::string& job_id) { by_job_.erase(job_id); }
+
  private:
   std::map<std::string, std::map<int64_t, v1::CheckpointRecord>> by_job_;  // job -> step
 };

@@ -26,6 +26,27 @@ bool IsTerminal(v1::JobState s) {
 
 std::string StateDb(const CoordinatorOptions& options) { return options.state_dir + "/state.db"; }
 
+// INVALID_ARGUMENT naming the field and its limit when `value` is longer than `max` bytes.
+Status CheckLength(const std::string& what, const std::string& value, size_t max) {
+  if (value.size() <= max) return OkStatus();
+  return InvalidArgumentError(what + " is " + std::to_string(value.size()) + " bytes; at most " +
+                              std::to_string(max) + " are accepted");
+}
+
+// Names, addresses and slots of a registering node within limits.h's bounds.
+Status CheckRegistration(const v1::RegisterRequest& r) {
+  RETURN_IF_ERROR(CheckLength("register: the node name", r.name(), kMaxNodeNameBytes));
+  RETURN_IF_ERROR(CheckLength("register: the agent id", r.agent_id(), kMaxNodeNameBytes));
+  RETURN_IF_ERROR(CheckLength("register: the node uid", r.node_uid(), kMaxNodeNameBytes));
+  RETURN_IF_ERROR(CheckLength("register: the address", r.address(), kMaxNodeAddressBytes));
+  if (r.slots_size() > kMaxSlotsPerNode) {
+    return InvalidArgumentError("register: the node has " + std::to_string(r.slots_size()) +
+                                " slots; at most " + std::to_string(kMaxSlotsPerNode) +
+                                " are accepted");
+  }
+  return OkStatus();
+}
+
 // The default reaction to a change that is in memory but could not be written: stop at
 // once, before anything builds on it (an order sent, a later change written on top). A
 // restart then resumes from the last durable state, which is consistent. _Exit, not exit:
@@ -165,6 +186,7 @@ StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& 
     return InvalidArgumentError("register: name and agent_id are required");
   }
   if (request.slots_size() == 0) return InvalidArgumentError("register: a node needs slots");
+  RETURN_IF_ERROR(CheckRegistration(request));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (std::string conflict = nodes_.RegistrationConflict(request); !conflict.empty()) {
@@ -278,32 +300,73 @@ void Coordinator::NudgeNodesOf(const std::string& job_id) {
 }
 
 Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {
+  if (request.data().size() > kMaxLogChunkBytes) {
+    return InvalidArgumentError("append logs: the chunk is " +
+                                std::to_string(request.data().size()) + " bytes; at most " +
+                                std::to_string(kMaxLogChunkBytes) + " are accepted per call");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The job was deleted (drover rm or its retention) while its agent still shipped the
+    // tail of a log: accepted and dropped, so the agent moves on and no log reappears.
+    if (!jobs_.Find(request.job_id())) return OkStatus();
+  }
   return logs_.Append(request.job_id(), request.attempt(), request.rank(), request.offset(),
                       request.data());
 }
 
+Status Coordinator::CheckSubmitter(const v1::SubmitJobRequest& request) const {
+  const int max = options_.max_pending_per_submitter;
+  if (max <= 0) return OkStatus();
+  auto in_flight = submitting_of_.find(request.submitter());
+  const int pending = jobs_.PendingOf(request.submitter()) +
+                      (in_flight == submitting_of_.end() ? 0 : in_flight->second);
+  if (pending < max) return OkStatus();
+  const std::string who = request.submitter().empty() ? "(anonymous)" : request.submitter();
+  return ResourceExhaustedError("submitter " + who + " has " + std::to_string(pending) +
+                                " jobs pending, the most the coordinator accepts "
+                                "(--max-pending-per-submitter " +
+                                std::to_string(max) + "); wait for some to start, or cancel some");
+}
+
 StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+  RETURN_IF_ERROR(CheckLength("the submitter", request.submitter(), kMaxSubmitterBytes));
+  RETURN_IF_ERROR(CheckLength("the request id", request.request_id(), kMaxRequestIdBytes));
+  const std::string& request_id = request.request_id();
   // The job is written first and added to memory only once that is durable: a job the
   // store refuses was never listed, scheduled or run.
   JobManager::NewJob job;
   int64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!request_id.empty()) {
+      if (const v1::JobRecord* done = jobs_.FindByRequestId(request_id)) return done->job_id();
+      if (submitting_request_ids_.count(request_id)) {
+        return UnavailableError("a submit with request id " + request_id +
+                                " is being recorded; retry to get its job id");
+      }
+    }
+    RETURN_IF_ERROR(CheckSubmitter(request));
     const int64_t submit_seq = next_submit_seq_;
     ASSIGN_OR_RETURN(job, jobs_.PrepareSubmit(request.spec_yaml(), request.priority(),
                                               MakeJobId(submit_seq, id_salt_), submit_seq));
+    job.record.set_submitter(request.submitter());
+    job.record.set_request_id(request_id);
     // Taken even if the store refuses the job: another submit may be queued behind it.
     ++next_submit_seq_;
     StoreBatch batch;
     batch.jobs.push_back(job.record);
     seq = Propose(std::move(batch));
+    if (!request_id.empty()) submitting_request_ids_.insert(request_id);
+    ++submitting_of_[request.submitter()];
   }
   const std::string job_id = job.record.job_id();
-  if (Status st = writer_->WaitProposal(seq); !st.ok()) {
-    return Refused("job not submitted", st);
-  }
+  const Status written = writer_->WaitProposal(seq);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    submitting_request_ids_.erase(request_id);
+    if (--submitting_of_[request.submitter()] == 0) submitting_of_.erase(request.submitter());
+    if (!written.ok()) return Refused("job not submitted", written);
     jobs_.Add(std::move(job));
     schedule_due_ = true;
   }
@@ -358,6 +421,61 @@ StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
                           " times while being cancelled; try again");
 }
 
+Status Coordinator::DeleteJob(const std::string& job_id) {
+  // Like a cancel: written first, forgotten in memory once durable. A finished job never
+  // changes again, so nothing can move under the write but another delete or its
+  // retention, which forget it the same way.
+  int64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const v1::JobRecord* rec = jobs_.Find(job_id);
+    if (!rec) return NotFoundError("no job " + job_id);
+    if (!IsTerminal(rec->state())) {
+      return FailedPreconditionError("job " + job_id + " is " + v1::JobState_Name(rec->state()) +
+                                     "; only a finished job can be deleted: cancel it first "
+                                     "(drover cancel " +
+                                     job_id + ")");
+    }
+    StoreBatch batch;
+    batch.deleted_jobs.push_back(job_id);
+    seq = Propose(std::move(batch));
+  }
+  if (Status st = writer_->WaitProposal(seq); !st.ok()) {
+    return Refused("job " + job_id + " not deleted", st);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.Remove(job_id);
+    checkpoints_.Forget(job_id);
+  }
+  spdlog::info("job {} deleted", job_id);
+  // Off the state lock: it is disk I/O. A failure leaves files no one lists.
+  if (Status st = logs_.Remove(job_id); !st.ok()) spdlog::warn("{}", st.ToString());
+  return OkStatus();
+}
+
+std::vector<std::string> Coordinator::ExpireJobsLocked() {
+  if (options_.job_retention_ms <= 0 || clock_->NowMs() < next_expiry_check_ms_) return {};
+  std::vector<std::string> expired =
+      jobs_.FinishedBefore(clock_->WallNowMs() - options_.job_retention_ms, kMaxExpiredPerTick);
+  // A full batch may have left more behind: look again at the next tick.
+  next_expiry_check_ms_ =
+      expired.size() < kMaxExpiredPerTick ? clock_->NowMs() + kExpiryCheckMs : 0;
+  if (expired.empty()) return expired;
+  // Forgotten now and deleted by a commit, not a proposal: nothing waits for it, and if the
+  // write fails the coordinator fail-stops; restarted, it expires them again.
+  StoreBatch batch;
+  for (const std::string& id : expired) {
+    jobs_.Remove(id);
+    checkpoints_.Forget(id);
+    batch.deleted_jobs.push_back(id);
+  }
+  Persist(std::move(batch));
+  spdlog::info("deleted {} jobs finished more than {} ago (--job-retention)", expired.size(),
+               options_.job_retention_ms);
+  return expired;
+}
+
 std::vector<int> Coordinator::BusySlots(const std::string& node) const {
   // A slot is busy while a current attempt holds it, and also while its agent still lists
   // a live trainer there (a stopped attempt's survivor keeps its slot until it exits).
@@ -373,13 +491,17 @@ void Coordinator::AppendListedSlots(const std::string& node, std::vector<int>* s
   }
 }
 
-v1::ListWorkersResponse Coordinator::ListWorkers() {
+v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& request) {
   v1::ListWorkersResponse response;
   std::lock_guard<std::mutex> lock(mu_);
   nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) {
     v1::WorkerInfo* w = response.add_workers();
     *w->mutable_node() = rec;
-    for (const auto& t : *nodes_.Trainers(name)) *w->add_trainers() = t;
+    // What a dead node's agent listed last says nothing about what runs there now.
+    const bool dead = rec.state() == v1::NODE_DEAD;
+    for (const auto& t : *nodes_.Trainers(name)) {
+      if (request.include_exited() || (!dead && IsLive(t))) *w->add_trainers() = t;
+    }
     int free = 0;
     if (schedulable) {
       const std::vector<int> busy = BusySlots(name);
@@ -454,7 +576,19 @@ void Coordinator::ScheduleLocked() {
 }
 
 void Coordinator::Tick() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TickLocked();
+    expired = ExpireJobsLocked();
+  }
+  // Off the state lock: deleting files is disk I/O.
+  for (const std::string& id : expired) {
+    if (Status st = logs_.Remove(id); !st.ok()) spdlog::warn("{}", st.ToString());
+  }
+}
+
+void Coordinator::TickLocked() {
   HealthManager::Events events = health_.Tick(clock_->NowMs());
   for (const std::string& node : events.dead_nodes) {
     if (auto rec = nodes_.MarkDead(node)) {

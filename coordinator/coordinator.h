@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "coordinator/checkpoint_registry.h"
 #include "coordinator/health_manager.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/limits.h"
 #include "coordinator/log_store.h"
 #include "coordinator/node_manager.h"
 #include "coordinator/rendezvous.h"
@@ -52,6 +54,12 @@ struct CoordinatorOptions {
   int64_t connection_grace_ms = 500;
   NodeManagerOptions nodes;
   RestartBackoff restart_backoff;
+  // A finished job is deleted from the state (record, attempts, checkpoint records, logs)
+  // this long after it finished; 0 keeps every job until `drover rm`. Wall clock.
+  int64_t job_retention_ms = 0;
+  // Jobs one submitter may have PENDING at once (0: no limit); a submit past it is
+  // refused with RESOURCE_EXHAUSTED.
+  int max_pending_per_submitter = kDefaultMaxPendingPerSubmitter;
 };
 
 // What tests replace; production leaves both empty.
@@ -87,20 +95,28 @@ class Coordinator {
   // serving.
   void SetNudge(std::function<void(const std::string& node)> nudge);
 
-  // JobService. Submit and Cancel answer only once the change is durable; one the store
-  // refuses is refused with its error and changes nothing.
+  // JobService. Submit, Cancel and Delete answer only once the change is durable; one the
+  // store refuses is refused with its error and changes nothing.
+  //
+  // A submit whose request_id names a job already accepted returns that job's id and makes
+  // nothing (a client's retry); one whose first try is still being written is refused
+  // with UNAVAILABLE, so the client retries and then finds it.
   StatusOr<std::string> SubmitJob(const v1::SubmitJobRequest& request);
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   v1::ListJobsResponse ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::JobState> CancelJob(const std::string& job_id);
-  v1::ListWorkersResponse ListWorkers();
+  // Deletes a finished job from the state, its logs included (not its output_dir).
+  // FAILED_PRECONDITION for a job that has not finished: cancel it first.
+  Status DeleteJob(const std::string& job_id);
+  v1::ListWorkersResponse ListWorkers(const v1::ListWorkersRequest& request = {});
   StatusOr<v1::ReadLogsResponse> ReadLogs(const v1::ReadLogsRequest& request);
 
   // RendezvousService: thread-safe on its own.
   RendezvousStore& rendezvous() { return rendezvous_; }
 
-  // Expires heartbeat leases and hangs, ends cordons, places pending jobs. Called by the
-  // server's ticker thread (and by tests, after advancing a FakeClock).
+  // Expires heartbeat leases and hangs, ends cordons, places pending jobs, and deletes
+  // finished jobs past their retention. Called by the server's ticker thread (and by
+  // tests, after advancing a FakeClock).
   void Tick();
 
   // Blocks until every state change so far is in SQLite (for tests and shutdown); the
@@ -123,6 +139,12 @@ class Coordinator {
   // survivor keeps its slot until it exits).                   REQUIRES(mu_)
   void AppendListedSlots(const std::string& node, std::vector<int>* slots) const;
   void ScheduleLocked();  // REQUIRES(mu_)
+  void TickLocked();      // REQUIRES(mu_): everything Tick does but retention
+  // Forgets finished jobs past options_.job_retention_ms and queues their deletion;
+  // returns their ids, whose logs the caller deletes off the lock.   REQUIRES(mu_)
+  std::vector<std::string> ExpireJobsLocked();
+  // Why `request` may not be submitted now (per-submitter limit), or OK.  REQUIRES(mu_)
+  Status CheckSubmitter(const v1::SubmitJobRequest& request) const;
   // Nudges the agents of the job's current placement.          REQUIRES(mu_)
   void NudgeNodesOf(const std::string& job_id);
   // The store writer made every change up to `seq` durable: the attempts started by then
@@ -159,6 +181,15 @@ class Coordinator {
   bool schedule_due_ = true;      // GUARDED_BY(mu_)
   int64_t last_schedule_ms_ = 0;  // GUARDED_BY(mu_)
   static constexpr int64_t kScheduleFallbackMs = 1000;
+  // Submits proposed but not yet durable, by request id and by submitter: a retry of one
+  // must not make a second job, and the pending limit counts them.
+  std::set<std::string> submitting_request_ids_;  // GUARDED_BY(mu_)
+  std::map<std::string, int> submitting_of_;      // GUARDED_BY(mu_)
+  // Retention walks every job: once per kExpiryCheckMs (monotonic), or at once while the
+  // last walk found more than it deletes in one go.
+  int64_t next_expiry_check_ms_ = 0;  // GUARDED_BY(mu_)
+  static constexpr int64_t kExpiryCheckMs = 60'000;
+  static constexpr size_t kMaxExpiredPerTick = 1000;
 };
 
 }  // namespace drover::coordinator

@@ -119,6 +119,7 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
       IndexPlacement(job, true);
     }
     by_seq_[rec.submit_seq()] = rec.job_id();
+    if (!rec.request_id().empty()) by_request_id_[rec.request_id()] = rec.job_id();
     jobs_[rec.job_id()] = std::move(job);
   }
   for (const auto& a : attempts) {
@@ -161,9 +162,31 @@ void JobManager::Add(NewJob added) {
   DROVER_CHECK_MSG(!jobs_.count(id), "JobManager::Add: the job id is taken");
   Job& job = jobs_[id];
   by_seq_[added.record.submit_seq()] = id;
+  if (!added.record.request_id().empty()) by_request_id_[added.record.request_id()] = id;
   job.rec = std::move(added.record);
   job.spec = std::move(added.spec);
   job.feasible = job.spec.FeasibleWorldSizes();
+}
+
+bool JobManager::Remove(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return false;
+  const v1::JobRecord& rec = it->second.rec;
+  DROVER_CHECK_MSG(IsTerminal(rec.state()), "JobManager::Remove: the job has not finished");
+  by_seq_.erase(rec.submit_seq());
+  if (!rec.request_id().empty()) by_request_id_.erase(rec.request_id());
+  jobs_.erase(it);
+  return true;
+}
+
+std::vector<std::string> JobManager::FinishedBefore(int64_t cutoff_ms, size_t max) const {
+  std::vector<std::string> out;
+  for (const auto& [seq, id] : by_seq_) {
+    if (out.size() >= max) break;
+    const v1::JobRecord& rec = Get(id)->rec;
+    if (IsTerminal(rec.state()) && rec.finished_ms() <= cutoff_ms) out.push_back(id);
+  }
+  return out;
 }
 
 JobManager::CancelPlan JobManager::PlanCancel(const std::string& job_id) const {
@@ -565,6 +588,20 @@ std::vector<v1::TrainerStatus> JobManager::CurrentTrainers(const std::string& jo
     }
   }
   return out;
+}
+
+const v1::JobRecord* JobManager::FindByRequestId(const std::string& request_id) const {
+  auto it = by_request_id_.find(request_id);
+  return it == by_request_id_.end() ? nullptr : &Get(it->second)->rec;
+}
+
+int JobManager::PendingOf(const std::string& submitter) const {
+  // A walk over every job, as Pending() does per scheduling pass: a submit is rarer.
+  int n = 0;
+  for (const auto& [id, job] : jobs_) {
+    n += job.rec.state() == v1::PENDING && job.rec.submitter() == submitter;
+  }
+  return n;
 }
 
 v1::ListJobsResponse JobManager::ListPage(const v1::ListJobsRequest& request) const {

@@ -53,15 +53,13 @@
 #include "common/clock.h"
 #include "common/job_spec.h"
 #include "coordinator/backoff.h"
+#include "coordinator/limits.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/store/store.h"
 #include "coordinator/trainer_key.h"
 #include "proto/drover.pb.h"
 
 namespace drover::coordinator {
-
-// The largest job spec a submit may carry, in bytes.
-inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 
 struct JobManagerOptions {
   int64_t stop_grace_ms = 5000;     // in StopTrainersOrder: SIGTERM, then SIGKILL after this
@@ -92,11 +90,18 @@ class JobManager {
     JobSpec spec;
   };
   // Builds the record of a job whose spec parses (INVALID_ARGUMENT with the parser's
-  // message if not). Changes nothing.
+  // message if not, or when it is over kMaxSpecBytes). Changes nothing.
   StatusOr<NewJob> PrepareSubmit(const std::string& spec_yaml, int priority,
                                  const std::string& job_id, int64_t submit_seq) const;
   // Adds a prepared job whose record is durable. Persists nothing.
   void Add(NewJob job);
+
+  // Forgets a finished job whose deletion from the store was queued (drover rm, or its
+  // retention expired). False when it is unknown. REQUIRES: it is not live.
+  bool Remove(const std::string& job_id);
+  // Finished jobs that finished at or before wall time `cutoff_ms`, oldest submitted
+  // first, at most `max` of them.
+  std::vector<std::string> FinishedBefore(int64_t cutoff_ms, size_t max) const;
 
   // A cancel worked out from the job as it is, not made yet: the caller makes `batch`
   // durable, then ApplyCancel()s it.
@@ -158,6 +163,10 @@ class JobManager {
 
   // Queries.
   const v1::JobRecord* Find(const std::string& job_id) const;
+  // The job a submit with this (non-empty) request id made, or nullptr.
+  const v1::JobRecord* FindByRequestId(const std::string& request_id) const;
+  // How many of `submitter`'s jobs are PENDING (queued, never placed yet).
+  int PendingOf(const std::string& submitter) const;
   bool IsCurrent(const TrainerKey& key) const;  // a rank of a RUNNING job's current attempt
   int64_t HangTimeoutMs(const std::string& job_id) const;
   // The slot the trainer was placed on, if its attempt placed it on `node`.
@@ -216,6 +225,7 @@ class JobManager {
   const Hooks hooks_;
   std::unordered_map<std::string, Job> jobs_;
   std::map<int64_t, std::string> by_seq_;  // submit_seq -> job id, for ListPage
+  std::unordered_map<std::string, std::string> by_request_id_;  // request id -> job id
   // node -> RUNNING job -> the ranks of its current attempt placed on that node. Every
   // per-node operation (a heartbeat's listing and orders, a node's death, free slots) walks
   // only this, so its cost does not grow with the size of the jobs or of the cluster.

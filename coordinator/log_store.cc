@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 
@@ -79,6 +80,19 @@ Status LogStore::Append(const std::string& job_id, int64_t attempt, int rank, in
                             static_cast<ssize_t>(record.size())) {
     return ErrnoToStatus(errno, "writing " + next_path);
   }
+  return OkStatus();
+}
+
+Status LogStore::Remove(const std::string& job_id) {
+  if (!ValidJobId(job_id)) return InvalidArgumentError("invalid job id '" + job_id + "'");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = next_offset_.lower_bound({job_id, INT64_MIN, INT_MIN});
+       it != next_offset_.end() && std::get<0>(it->first) == job_id;) {
+    it = next_offset_.erase(it);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(root_ + "/" + job_id, ec);
+  if (ec) return InternalError("cannot delete the logs of job " + job_id + ": " + ec.message());
   return OkStatus();
 }
 

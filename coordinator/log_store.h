@@ -35,6 +35,9 @@ class LogStore {
   // Up to max_bytes from `offset` of the job's rank log. A log not written yet reads empty.
   StatusOr<Chunk> Read(const std::string& job_id, int rank, int64_t offset, int64_t max_bytes);
 
+  // Deletes the job's logs (the job was deleted). A missing log is not an error.
+  Status Remove(const std::string& job_id);
+
   // True when `job_id` may be used as a directory name (no '/', no "..", short).
   static bool ValidJobId(const std::string& job_id);
 

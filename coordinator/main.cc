@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "common/duration.h"
 #include "common/logging.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/server.h"
@@ -50,12 +51,28 @@ int main(int argc, char** argv) {
                  "the longest delay before a failing job's next restart")
       ->check(CLI::Range(0, 3600000))
       ->capture_default_str();
+  std::string retention = "0";
+  app.add_option("--job-retention", retention,
+                 "delete a finished job from the state (record, attempts, logs; not its "
+                 "output_dir) this long after it finished, e.g. 7d, 12h; 0 keeps every job "
+                 "until drover rm")
+      ->capture_default_str();
+  app.add_option("--max-pending-per-submitter", options.max_pending_per_submitter,
+                 "jobs one submitter (user@host) may have pending at once; 0: no limit")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  }
+  if (auto ms = drover::ParseDurationMs(retention, "--job-retention"); ms.ok()) {
+    options.job_retention_ms = *ms;
+  } else {
+    std::cerr << "drover-coordinator: " << ms.status().message() << "\n";
+    return 2;
   }
   if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
     std::cerr << "drover-coordinator: --heartbeat-timeout-ms (" << options.heartbeat_timeout_ms

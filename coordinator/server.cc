@@ -84,9 +84,13 @@ class JobServiceImpl final : public v1::JobService::Service {
     resp->set_state(*r);
     return grpc::Status::OK;
   }
-  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* req,
+                         v1::DeleteJobResponse*) override {
+    return ToGrpcStatus(c_->DeleteJob(req->job_id()));
+  }
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest* req,
                            v1::ListWorkersResponse* resp) override {
-    *resp = c_->ListWorkers();
+    *resp = c_->ListWorkers(*req);
     return grpc::Status::OK;
   }
   grpc::Status ReadLogs(grpc::ServerContext*, const v1::ReadLogsRequest* req,

@@ -47,6 +47,21 @@ Status Upsert(sqlite3* db, const char* sql, const std::string& key, int64_t ikey
   return OkStatus();
 }
 
+// Deletes the job's rows from every table that holds them.
+Status DeleteJob(sqlite3* db, const std::string& job_id) {
+  for (const char* sql :
+       {"DELETE FROM jobs WHERE id = ?1", "DELETE FROM attempts WHERE job_id = ?1",
+        "DELETE FROM checkpoints WHERE job_id = ?1"}) {
+    Stmt st(db, sql);
+    if (st.rc() != SQLITE_OK) return SqliteToStatus(st.rc(), db, "deleting job");
+    sqlite3_bind_text(st.get(), 1, job_id.data(), static_cast<int>(job_id.size()),
+                      SQLITE_TRANSIENT);
+    int rc = sqlite3_step(st.get());
+    if (rc != SQLITE_DONE) return SqliteToStatus(rc, db, "deleting job");
+  }
+  return OkStatus();
+}
+
 template <typename Msg>
 Status LoadTable(sqlite3* db, const char* sql, const char* what, std::vector<Msg>* out) {
   Stmt st(db, sql);
@@ -158,6 +173,7 @@ Status SqliteStore::Apply(const StoreBatch& batch) {
       int rc = sqlite3_step(st.get());
       if (rc != SQLITE_DONE) return SqliteToStatus(rc, db_, "writing counter");
     }
+    for (const auto& id : batch.deleted_jobs) RETURN_IF_ERROR(DeleteJob(db_, id));
     return OkStatus();
   }();
   if (st.ok()) st = Exec("COMMIT;");

@@ -8,6 +8,7 @@ void StoreBatch::Append(StoreBatch other) {
   for (auto& n : other.nodes) nodes.push_back(std::move(n));
   for (auto& c : other.checkpoints) checkpoints.push_back(std::move(c));
   for (auto& [k, v] : other.counters) counters[k] = v;
+  for (auto& id : other.deleted_jobs) deleted_jobs.push_back(std::move(id));
 }
 
 }  // namespace drover::coordinator

@@ -17,17 +17,20 @@
 
 namespace drover::coordinator {
 
-// Upserts applied together in one transaction.
+// Upserts, then deletions, applied together in one transaction.
 struct StoreBatch {
   std::vector<v1::JobRecord> jobs;
   std::vector<v1::AttemptRecord> attempts;
   std::vector<v1::NodeRecord> nodes;
   std::vector<v1::CheckpointRecord> checkpoints;
   std::map<std::string, int64_t> counters;
+  // Jobs to delete with their attempts and checkpoint records. Applied after the upserts,
+  // so a batch merged from an older change of the job and its deletion leaves nothing.
+  std::vector<std::string> deleted_jobs;
 
   bool empty() const {
     return jobs.empty() && attempts.empty() && nodes.empty() && checkpoints.empty() &&
-           counters.empty();
+           counters.empty() && deleted_jobs.empty();
   }
   void Append(StoreBatch other);
 };

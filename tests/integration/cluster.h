@@ -345,4 +345,22 @@ class Cluster {
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 
+// Runs the `drover` CLI; returns its exit code (-1 when it hung) and combined output.
+struct CliResult {
+  int code = -1;
+  std::string out;
+};
+inline CliResult RunCli(const std::filesystem::path& dir, std::vector<std::string> args) {
+  static int n = 0;
+  const std::string log = (dir / ("cli-" + std::to_string(n++) + ".out")).string();
+  CliResult r;
+  {
+    Process p(Cluster::Bin("drover"), std::move(args), log);
+    int ws = 0;
+    if (p.Wait(20000, &ws) && WIFEXITED(ws)) r.code = WEXITSTATUS(ws);
+  }
+  r.out = ReadAll(log);
+  return r;
+}
+
 }  // namespace drover::testing

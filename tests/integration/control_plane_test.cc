@@ -89,24 +89,6 @@ class ControlPlaneTest : public ::testing::Test {
   std::unique_ptr<Cluster> cluster_;
 };
 
-// Runs the `drover` CLI; returns its exit code (-1 when it hung) and combined output.
-struct CliResult {
-  int code = -1;
-  std::string out;
-};
-CliResult RunCli(const std::filesystem::path& dir, std::vector<std::string> args) {
-  static int n = 0;
-  const std::string log = (dir / ("cli-" + std::to_string(n++) + ".out")).string();
-  CliResult r;
-  {
-    Process p(Cluster::Bin("drover"), std::move(args), log);
-    int ws = 0;
-    if (p.Wait(20000, &ws) && WIFEXITED(ws)) r.code = WEXITSTATUS(ws);
-  }
-  r.out = ReadAll(log);
-  return r;
-}
-
 TEST_F(ControlPlaneTest, JobRunsToSuccessThroughTheCli) {
   StartCluster(2);
   const std::string addr = cluster_->address();
@@ -157,7 +139,7 @@ TEST_F(ControlPlaneTest, CliRejectsBadSpecAndReportsUnreachableCoordinator) {
   CliResult bad = RunCli(dir, {"--coordinator", nobody, "submit", (dir / "bad.yaml").string()});
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("stepz"), std::string::npos) << bad.out;
-  CliResult down = RunCli(dir, {"--coordinator", nobody, "jobs"});
+  CliResult down = RunCli(dir, {"--coordinator", nobody, "--retry-for", "0.5", "jobs"});
   EXPECT_EQ(down.code, 1) << down.out;
   EXPECT_NE(down.out.find("cannot reach the coordinator"), std::string::npos) << down.out;
   EXPECT_EQ(std::count(down.out.begin(), down.out.end(), '\n'), 1) << down.out;

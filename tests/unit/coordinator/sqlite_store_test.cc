@@ -79,6 +79,28 @@ TEST(SqliteStoreTest, UpsertsReplaceAndLoadInOrder) {
   EXPECT_EQ(c->counters.at("salt"), 77);
 }
 
+TEST(SqliteStoreTest, DeletedJobLeavesNoRowsAndItsUpsertInTheSameBatchLosesToTheDelete) {
+  auto store = SqliteStore::Open(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Apply(SampleBatch(1)).ok());
+  ASSERT_TRUE((*store)->Apply(SampleBatch(2)).ok());
+  // An older change of j1 merged with its deletion (the writer merges queued batches).
+  StoreBatch merged = SampleBatch(1);
+  StoreBatch deletion;
+  deletion.deleted_jobs.push_back("j1");
+  merged.Append(std::move(deletion));
+  ASSERT_TRUE((*store)->Apply(merged).ok());
+  auto c = (*store)->LoadAll();
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->jobs.size(), 1u);
+  EXPECT_EQ(c->jobs[0].job_id(), "j2");
+  ASSERT_EQ(c->attempts.size(), 1u);
+  EXPECT_EQ(c->attempts[0].job_id(), "j2");
+  ASSERT_EQ(c->checkpoints.size(), 1u);
+  EXPECT_EQ(c->checkpoints[0].job_id(), "j2");
+  EXPECT_EQ(c->nodes.size(), 2u);  // nodes are not the job's
+}
+
 TEST(SqliteStoreTest, ReopenAfterCrashKeepsEveryCommittedTransition) {
   const std::string path = TempDir("crash") + "/state.db";
   pid_t pid = fork();

@@ -1,0 +1,27 @@
+// What one caller may send the coordinator. Everything here ends up in its memory, in its
+// state store, or in messages it sends to others (orders, lists), so each is bounded: no
+// reply or order may grow with what one caller submitted. A request over a limit is
+// refused with an error that names the limit.
+#pragma once
+
+#include <cstddef>
+
+namespace drover::coordinator {
+
+// A job spec, in bytes (comments included): it is stored and sent with every start order.
+inline constexpr size_t kMaxSpecBytes = 256 * 1024;
+// A job's name is bounded where specs are validated (common/job_spec_validate.cc).
+// SubmitJobRequest.submitter and .request_id, in bytes: kept with the job.
+inline constexpr size_t kMaxSubmitterBytes = 256;
+inline constexpr size_t kMaxRequestIdBytes = 128;
+// A node's name, agent id and node uid at registration, in bytes: in every worker listing
+// and every placement.
+inline constexpr size_t kMaxNodeNameBytes = 128;
+inline constexpr size_t kMaxNodeAddressBytes = 256;
+inline constexpr int kMaxSlotsPerNode = 1024;
+// One AppendLogs chunk, in bytes. Agents ship at most 256 KiB at a time (LogShipper).
+inline constexpr size_t kMaxLogChunkBytes = 1024 * 1024;
+// Default of --max-pending-per-submitter: jobs one submitter may have PENDING at once.
+inline constexpr int kDefaultMaxPendingPerSubmitter = 1000;
+
+}  // namespace drover::coordinator

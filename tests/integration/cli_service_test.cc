@@ -1,0 +1,129 @@
+// The CLI against a real coordinator that goes away and comes back: `drover logs -f`
+// follows through a kill -9 and restart, `drover rm` deletes for good, and calls that are
+// safe to repeat wait for a coordinator that is not up yet. Waits are on conditions with
+// deadlines; every process is killed by the Cluster and Process destructors.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <regex>
+
+#include "tests/integration/cluster.h"
+
+namespace drover::testing {
+namespace {
+
+class CliServiceTest : public ::testing::Test {
+ protected:
+  void StartCluster(int agents) {
+    ClusterOptions o;
+    o.agents = agents;
+    o.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    cluster_ = std::make_unique<Cluster>(o);
+    ASSERT_TRUE(cluster_->Start()) << "workers did not register\n" << cluster_->DebugLogs();
+  }
+  std::vector<std::string> Cli(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--coordinator", cluster_->address()});
+    return args;
+  }
+  std::string WriteSpec(const std::string& name, int steps, int step_ms) {
+    const std::string path = (cluster_->root() / (name + ".yaml")).string();
+    std::ofstream(path) << cluster_->JobYaml(name, 1, 1, steps, 10, 3, 30,
+                                             "step_ms=" + std::to_string(step_ms) + "\n");
+    return path;
+  }
+  std::string SubmitByCli(const std::string& spec) {
+    CliResult r = RunCli(cluster_->root(), Cli({"submit", spec}));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.out.substr(0, r.out.find('\n'));
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+};
+
+TEST_F(CliServiceTest, LogsFollowRidesThroughACoordinatorRestartWithoutRepeatingOrLosingLines) {
+  StartCluster(1);
+  constexpr int kSteps = 60;
+  const std::string id = SubmitByCli(WriteSpec("follow", kSteps, 60));
+  ASSERT_FALSE(id.empty());
+  const std::string out = (cluster_->root() / "follow.out").string();
+  // --retry-for 1: it says it lost the coordinator after a second, which the test waits for.
+  Process follow(Cluster::Bin("drover"), Cli({"--retry-for", "1", "logs", id, "-f"}), out);
+  ASSERT_TRUE(
+      WaitUntil([&] { return ReadAll(out).find("step 5 loss") != std::string::npos; }, 15000))
+      << ReadAll(out) << cluster_->DebugLogs();
+  cluster_->coordinator()->Kill(SIGKILL);
+  ASSERT_TRUE(WaitUntil(
+      [&] { return ReadAll(out).find("lost the coordinator") != std::string::npos; }, 15000))
+      << ReadAll(out);
+  cluster_->StartCoordinator();
+  int ws = 0;
+  ASSERT_TRUE(follow.Wait(40000, &ws)) << "logs -f did not end with the job\n"
+                                       << ReadAll(out) << cluster_->DebugLogs();
+  const std::string text = ReadAll(out);
+  ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << text;
+  // Every step exactly once, in order, and the end.
+  std::vector<int> steps;
+  const std::regex step_line(R"(^step (\d+) loss)");
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, step_line)) steps.push_back(std::stoi(m[1]));
+  }
+  ASSERT_EQ(static_cast<int>(steps.size()), kSteps) << text;
+  for (int i = 0; i < kSteps; ++i) ASSERT_EQ(steps[i], i + 1) << text;
+  EXPECT_NE(text.find("fake-trainer: done after step " + std::to_string(kSteps)), std::string::npos)
+      << text;
+}
+
+TEST_F(CliServiceTest, RmRefusesALiveJobAndDeletesAFinishedOneForGood) {
+  StartCluster(1);
+  const std::string id = SubmitByCli(WriteSpec("rm", 10000, 50));
+  ASSERT_FALSE(id.empty());
+  CliResult live = RunCli(cluster_->root(), Cli({"rm", id}));
+  EXPECT_EQ(live.code, 1) << live.out;
+  EXPECT_NE(live.out.find("cancel it first"), std::string::npos) << live.out;
+  ASSERT_EQ(RunCli(cluster_->root(), Cli({"cancel", id})).code, 0);
+  CliResult rm = RunCli(cluster_->root(), Cli({"rm", id}));
+  EXPECT_EQ(rm.code, 0) << rm.out;
+  EXPECT_NE(rm.out.find(id + " deleted"), std::string::npos) << rm.out;
+  CliResult gone = RunCli(cluster_->root(), Cli({"status", id}));
+  EXPECT_EQ(gone.code, 1) << gone.out;
+  EXPECT_NE(gone.out.find("no job " + id), std::string::npos) << gone.out;
+
+  cluster_->coordinator()->Kill(SIGKILL);
+  cluster_->StartCoordinator();
+  // Calls retry until the restarted coordinator answers; it must not know the job.
+  CliResult after = RunCli(cluster_->root(), Cli({"status", id}));
+  EXPECT_EQ(after.code, 1) << after.out;
+  EXPECT_NE(after.out.find("no job " + id), std::string::npos) << after.out;
+  CliResult jobs = RunCli(cluster_->root(), Cli({"jobs", "--all"}));
+  EXPECT_EQ(jobs.code, 0) << jobs.out;
+  EXPECT_EQ(jobs.out.find(id), std::string::npos) << jobs.out;
+}
+
+TEST_F(CliServiceTest, SubmitWaitsForACoordinatorThatIsNotUpYetAndMakesOneJob) {
+  ClusterOptions o;
+  o.agents = 0;
+  o.name = "SubmitWaitsForACoordinatorThatIsNotUpYet";
+  cluster_ = std::make_unique<Cluster>(o);
+  const std::string spec = WriteSpec("early", 5, 10);
+  const std::string out = (cluster_->root() / "submit.out").string();
+  Process submit(Cluster::Bin("drover"), Cli({"--retry-for", "30", "submit", spec}), out);
+  // Whether its first try came before the coordinator or not, the outcome is the same.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  cluster_->StartCoordinator();
+  int ws = 0;
+  ASSERT_TRUE(submit.Wait(30000, &ws)) << ReadAll(out);
+  ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << ReadAll(out);
+  auto listed = cluster_->ListJobs();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->jobs_size(), 1);
+  EXPECT_EQ(ReadAll(out), listed->jobs(0).job_id() + "\n");
+  EXPECT_FALSE(listed->jobs(0).submitter().empty());
+  EXPECT_EQ(listed->jobs(0).request_id().size(), 32u);
+}
+
+}  // namespace
+}  // namespace drover::testing
