@@ -108,6 +108,9 @@ TEST_F(DataPrepareTest, TokenIdsAbove65535AreRejected) {
     std::snprintf(key, sizeof(key), "\\u%04x", cp);
     enc << (b ? "," : "") << "\"" << key << "\": " << 70000 + b;
   }
+  // Ids must stay below the number of tokens: fill 0..69999 with merged tokens no text
+  // here produces.
+  for (int i = 0; i < 70000; ++i) enc << ",\"~~" << i << "\": " << i;
   enc << "}";
   enc.close();
   Write("vocab.bpe", "#version: 0.2\n");
