@@ -151,7 +151,8 @@ TEST_F(CoordinatorLimitsTest, OversizedNamesAndChunksAreRefusedNamingTheLimit) {
   yaml.replace(yaml.find("name: t"), 7, "name: " + std::string(129, 'n'));
   auto long_name = Submit("", "", yaml);
   ASSERT_EQ(long_name.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(long_name.status().message(), HasSubstr("name (line 1): is 129 characters long; must be at most 128"));
+  EXPECT_THAT(long_name.status().message(),
+              HasSubstr("name (line 1): is 129 characters long; must be at most 128"));
   auto long_request_id = Submit("", std::string(200, 'r'));
   EXPECT_EQ(long_request_id.status().code(), StatusCode::kInvalidArgument);
 
