@@ -189,20 +189,4 @@ std::string JobStateName(v1::JobState state) {
   return name.empty() ? "UNKNOWN" : name;
 }
 
-std::string FormatDurationMs(int64_t ms) {
-  if (ms < 0) ms = 0;
-  char buf[32];
-  int64_t s = ms / 1000;
-  if (s < 60) {
-    snprintf(buf, sizeof(buf), "%.1fs", static_cast<double>(ms) / 1000.0);
-  } else if (s < 3600) {
-    snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60),
-             static_cast<long long>(s % 60));
-  } else {
-    snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
-             static_cast<long long>((s % 3600) / 60));
-  }
-  return buf;
-}
-
 }  // namespace drover::cli

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/progress.h"
 #include "cli/retry.h"
 #include "common/status.h"
 #include "proto/drover.grpc.pb.h"
@@ -67,8 +68,7 @@ std::string ToJson(const google::protobuf::Message& message);
 std::string FormatTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);
 
-// "RUNNING" from v1::RUNNING; "3.2s" / "5m10s" / "2h03m" for durations.
+// "RUNNING" from v1::RUNNING. (Durations: FormatDurationMs, cli/progress.h.)
 std::string JobStateName(v1::JobState state);
-std::string FormatDurationMs(int64_t ms);
 
 }  // namespace drover::cli

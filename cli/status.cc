@@ -1,12 +1,32 @@
-// drover status JOB [--json]: one job, its attempts, trainers and checkpoints.
+// drover status JOB [--json]: one job (with a progress line: step / steps, tokens/s, ETA),
+// its attempts, trainers and checkpoints.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 
 #include "cli/command.h"
+#include "cli/progress.h"
 #include "cli/rpc_client.h"
+#include "common/job_spec.h"
 
 namespace drover::cli {
 namespace {
+
+// The job's progress line: its steps from the spec, the slowest live rank's step time.
+std::string Progress(const v1::JobInfo& info) {
+  const v1::JobRecord& j = info.job();
+  auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
+  double step_ms = 0;
+  if (j.state() == v1::RUNNING) {
+    for (const v1::TrainerStatus& t : info.trainers()) {
+      if (t.attempt() == j.attempt() && t.state() == v1::TRAINER_RUNNING) {
+        step_ms = std::max(step_ms, t.progress().step_ms());
+      }
+    }
+  }
+  return FormatProgress(j.last_step(), spec.ok() ? spec->train.steps : 0, step_ms,
+                        j.tokens_per_s());
+}
 
 void PrintJob(const v1::JobInfo& info) {
   const v1::JobRecord& j = info.job();
@@ -15,8 +35,7 @@ void PrintJob(const v1::JobInfo& info) {
             << (j.reason().empty() ? "" : " - " + j.reason()) << "\n"
             << "attempt:     " << j.attempt() << "   restarts: " << j.restarts() << "/"
             << j.max_restarts() << "\n"
-            << "step:        " << j.last_step() << "   loss: " << j.last_loss()
-            << "   tokens/s: " << j.tokens_per_s() << "\n"
+            << "progress:    " << Progress(info) << "   loss: " << j.last_loss() << "\n"
             << "checkpoint:  "
             << (j.latest_checkpoint_step() >= 0 ? std::to_string(j.latest_checkpoint_step())
                                                 : std::string("none"))

@@ -1,0 +1,52 @@
+// How the CLI shows time and a job's progress. Header-only: the CLI is a program, and its
+// unit tests include this directly.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace drover::cli {
+
+// "4.2s", "5m12s", "3h07m".
+inline std::string FormatDurationMs(int64_t ms) {
+  if (ms < 0) ms = 0;
+  char buf[32];
+  const int64_t s = ms / 1000;
+  if (s < 60) {
+    snprintf(buf, sizeof(buf), "%.1fs", static_cast<double>(ms) / 1000.0);
+  } else if (s < 3600) {
+    snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60),
+             static_cast<long long>(s % 60));
+  } else {
+    snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
+             static_cast<long long>((s % 3600) / 60));
+  }
+  return buf;
+}
+
+// "step 340/1000 (34.0%) | 12345 tok/s | ETA 5m12s": the ETA is the steps left at the
+// slowest rank's last step time (step_ms); parts that are unknown (0) are left out.
+inline std::string FormatProgress(int64_t step, int64_t steps, double step_ms,
+                                  double tokens_per_s) {
+  char buf[96];
+  if (steps > 0) {
+    snprintf(buf, sizeof(buf), "step %lld/%lld (%.1f%%)", static_cast<long long>(step),
+             static_cast<long long>(steps), 100.0 * static_cast<double>(step) / steps);
+  } else {
+    snprintf(buf, sizeof(buf), "step %lld", static_cast<long long>(step));
+  }
+  std::string s = buf;
+  if (tokens_per_s > 0) {
+    snprintf(buf, sizeof(buf), " | %.0f tok/s", tokens_per_s);
+    s += buf;
+  }
+  if (steps > 0 && step >= steps) {
+    s += " | done";
+  } else if (steps > 0 && step_ms > 0) {
+    s += " | ETA " + FormatDurationMs(static_cast<int64_t>(step_ms * (steps - step)));
+  }
+  return s;
+}
+
+}  // namespace drover::cli

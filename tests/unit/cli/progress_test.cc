@@ -1,0 +1,27 @@
+// cli/progress.h: durations and the progress line of `drover status`.
+#include "cli/progress.h"
+
+#include <gtest/gtest.h>
+
+namespace drover::cli {
+namespace {
+
+TEST(FormatDurationMsTest, SecondsMinutesHours) {
+  EXPECT_EQ(FormatDurationMs(4200), "4.2s");
+  EXPECT_EQ(FormatDurationMs(312000), "5m12s");
+  EXPECT_EQ(FormatDurationMs(3 * 3600000 + 7 * 60000 + 5000), "3h07m");
+  EXPECT_EQ(FormatDurationMs(-5), "0.0s");
+}
+
+TEST(FormatProgressTest, StepsTokensAndTheTimeLeftAtTheLastStepTime) {
+  // 660 steps left at 250 ms each: 165 s.
+  EXPECT_EQ(FormatProgress(340, 1000, 250.0, 12345.4),
+            "step 340/1000 (34.0%) | 12345 tok/s | ETA 2m45s");
+  EXPECT_EQ(FormatProgress(1000, 1000, 250.0, 0), "step 1000/1000 (100.0%) | done");
+  // Not running (no step time) or no spec: the parts that are known.
+  EXPECT_EQ(FormatProgress(0, 500, 0, 0), "step 0/500 (0.0%)");
+  EXPECT_EQ(FormatProgress(7, 0, 100.0, 0), "step 7");
+}
+
+}  // namespace
+}  // namespace drover::cli
