@@ -17,12 +17,25 @@
 #include <thread>
 #include <vector>
 
+#include "common/tls.h"
+#include "coordinator/authorizer.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/tokens.h"
 
 namespace drover::coordinator {
 
 class AgentWatches;
 class HeartbeatServer;
+
+// How the server lets callers in (coordinator/auth.h). The default is today's loopback
+// set-up: plaintext, no checks.
+struct ServerSecurity {
+  // Enabled: the port speaks TLS only, with the coordinator's certificate, and asks every
+  // client for a certificate signed by tls.ca_pem; agents and trainers must present one.
+  TlsCredentials tls;
+  // Not empty: JobService calls need one of these bearer tokens.
+  std::vector<TokenEntry> tokens;
+};
 
 class CoordinatorServer {
  public:
@@ -30,7 +43,8 @@ class CoordinatorServer {
   // tick_ms. `coordinator` must outlive the server.
   static StatusOr<std::unique_ptr<CoordinatorServer>> Start(Coordinator* coordinator,
                                                             const std::string& listen,
-                                                            int64_t tick_ms = 100);
+                                                            int64_t tick_ms = 100,
+                                                            ServerSecurity security = {});
   ~CoordinatorServer();  // Shutdown()
 
   int port() const { return port_; }
@@ -46,6 +60,8 @@ class CoordinatorServer {
   Coordinator* coordinator_ = nullptr;
   std::string host_;
   int port_ = 0;
+  // Declared before the services that ask it.
+  std::unique_ptr<Authorizer> authorizer_;
   // Declared before server_: the streams it owns call it until the server is gone.
   std::unique_ptr<AgentWatches> watches_;
   std::unique_ptr<grpc::Service> worker_service_;

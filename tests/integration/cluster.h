@@ -138,6 +138,12 @@ struct ClusterOptions {
   std::string name = "cluster";
   // The program agents start per rank: the scripted trainer, or "drover-trainer".
   std::string trainer = "drover-fake-trainer";
+  // Added to the command lines of the coordinator and of every agent (TLS, tokens).
+  std::vector<std::string> coordinator_flags;
+  std::vector<std::string> agent_flags;
+  // How the test's own JobService client dials, and the token it sends.
+  TlsCredentials client_tls;
+  std::string client_token;
 };
 
 class Cluster {
@@ -188,6 +194,7 @@ class Cluster {
                                      std::to_string(options_.heartbeat_timeout_ms),
                                      "--stop-grace-ms",
                                      std::to_string(options_.stop_grace_ms)};
+    args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
     std::string exe = Bin("drover-coordinator");
     if (max_file_kb > 0) {
       args.insert(
@@ -205,14 +212,17 @@ class Cluster {
   std::string AgentName(int i) const { return "w" + std::to_string(i); }
 
   void StartAgent(int i) {
-    agents_[AgentName(i)] = std::make_unique<Process>(
-        Bin("drover-worker"),
-        std::vector<std::string>{"--coordinator", address_, "--name", AgentName(i), "--slots",
-                                 std::to_string(options_.slots_per_agent), "--device", "cpu",
-                                 "--work-dir", (root_ / AgentName(i)).string(), "--trainer",
-                                 Bin(options_.trainer), "--stop-grace-ms",
-                                 std::to_string(options_.agent_stop_grace_ms)},
-        (root_ / (AgentName(i) + ".log")).string());
+    std::vector<std::string> args = {
+        "--coordinator",   address_,
+        "--name",          AgentName(i),
+        "--slots",         std::to_string(options_.slots_per_agent),
+        "--device",        "cpu",
+        "--work-dir",      (root_ / AgentName(i)).string(),
+        "--trainer",       Bin(options_.trainer),
+        "--stop-grace-ms", std::to_string(options_.agent_stop_grace_ms)};
+    args.insert(args.end(), options_.agent_flags.begin(), options_.agent_flags.end());
+    agents_[AgentName(i)] = std::make_unique<Process>(Bin("drover-worker"), std::move(args),
+                                                      (root_ / (AgentName(i) + ".log")).string());
   }
   Process* agent(const std::string& name) {
     auto it = agents_.find(name);
@@ -239,7 +249,7 @@ class Cluster {
   }
 
   v1::JobService::Stub* jobs() {
-    if (!stub_) stub_ = v1::JobService::NewStub(MakeChannel(address_));
+    if (!stub_) stub_ = v1::JobService::NewStub(MakeChannel(address_, options_.client_tls));
     return stub_.get();
   }
 
@@ -249,6 +259,7 @@ class Cluster {
     v1::SubmitJobResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 3000);
+    AddBearerToken(&ctx, options_.client_token);
     RETURN_IF_ERROR(FromGrpcStatus(jobs()->SubmitJob(&ctx, req, &resp), "SubmitJob"));
     return resp.job_id();
   }
@@ -258,6 +269,7 @@ class Cluster {
     v1::JobInfo resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
+    AddBearerToken(&ctx, options_.client_token);
     RETURN_IF_ERROR(FromGrpcStatus(jobs()->GetJob(&ctx, req, &resp), "GetJob"));
     return resp;
   }
@@ -266,6 +278,7 @@ class Cluster {
     v1::ListJobsResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
+    AddBearerToken(&ctx, options_.client_token);
     RETURN_IF_ERROR(FromGrpcStatus(jobs()->ListJobs(&ctx, req, &resp), "ListJobs"));
     return resp;
   }
@@ -274,6 +287,7 @@ class Cluster {
     v1::ListWorkersResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
+    AddBearerToken(&ctx, options_.client_token);
     RETURN_IF_ERROR(FromGrpcStatus(jobs()->ListWorkers(&ctx, req, &resp), "ListWorkers"));
     return resp;
   }
@@ -283,6 +297,7 @@ class Cluster {
     v1::CancelJobResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 3000);
+    AddBearerToken(&ctx, options_.client_token);
     return FromGrpcStatus(jobs()->CancelJob(&ctx, req, &resp), "CancelJob");
   }
 
@@ -350,12 +365,13 @@ struct CliResult {
   int code = -1;
   std::string out;
 };
-inline CliResult RunCli(const std::filesystem::path& dir, std::vector<std::string> args) {
+inline CliResult RunCli(const std::filesystem::path& dir, std::vector<std::string> args,
+                        std::vector<std::pair<std::string, std::string>> env = {}) {
   static int n = 0;
   const std::string log = (dir / ("cli-" + std::to_string(n++) + ".out")).string();
   CliResult r;
   {
-    Process p(Cluster::Bin("drover"), std::move(args), log);
+    Process p(Cluster::Bin("drover"), std::move(args), log, std::move(env));
     int ws = 0;
     if (p.Wait(20000, &ws) && WIFEXITED(ws)) r.code = WEXITSTATUS(ws);
   }
