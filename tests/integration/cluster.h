@@ -253,6 +253,13 @@ class Cluster {
     return stub_.get();
   }
 
+  // After UNAVAILABLE the next call dials afresh, as the agent and the CLI do: a TLS
+  // channel whose first try found the port closed did not recover by itself here.
+  Status Redial(Status st) {
+    if (st.code() == StatusCode::kUnavailable) stub_.reset();
+    return st;
+  }
+
   StatusOr<std::string> Submit(const std::string& yaml) {
     v1::SubmitJobRequest req;
     req.set_spec_yaml(yaml);
@@ -260,7 +267,7 @@ class Cluster {
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 3000);
     AddBearerToken(&ctx, options_.client_token);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->SubmitJob(&ctx, req, &resp), "SubmitJob"));
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->SubmitJob(&ctx, req, &resp), "SubmitJob")));
     return resp.job_id();
   }
   StatusOr<v1::JobInfo> GetJob(const std::string& id) {
@@ -270,7 +277,7 @@ class Cluster {
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
     AddBearerToken(&ctx, options_.client_token);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->GetJob(&ctx, req, &resp), "GetJob"));
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->GetJob(&ctx, req, &resp), "GetJob")));
     return resp;
   }
   StatusOr<v1::ListJobsResponse> ListJobs() {
@@ -279,7 +286,7 @@ class Cluster {
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
     AddBearerToken(&ctx, options_.client_token);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->ListJobs(&ctx, req, &resp), "ListJobs"));
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->ListJobs(&ctx, req, &resp), "ListJobs")));
     return resp;
   }
   StatusOr<v1::ListWorkersResponse> ListWorkers() {
@@ -288,7 +295,7 @@ class Cluster {
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
     AddBearerToken(&ctx, options_.client_token);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->ListWorkers(&ctx, req, &resp), "ListWorkers"));
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->ListWorkers(&ctx, req, &resp), "ListWorkers")));
     return resp;
   }
   Status Cancel(const std::string& id) {
@@ -298,7 +305,7 @@ class Cluster {
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 3000);
     AddBearerToken(&ctx, options_.client_token);
-    return FromGrpcStatus(jobs()->CancelJob(&ctx, req, &resp), "CancelJob");
+    return Redial(FromGrpcStatus(jobs()->CancelJob(&ctx, req, &resp), "CancelJob"));
   }
 
   // Waits for `pred` on the job's info; the last info seen is left in `last`.
