@@ -89,6 +89,15 @@ class CudaOpsImpl final : public Ops {
     // The caller may free or reuse `host` as soon as this returns.
     DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  bool IsDeviceMemory(const void* p) const override {
+    // Pageable host memory is cudaMemoryTypeUnregistered (CUDA >= 11), not an error.
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error state of this thread
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
   void Round(float* x, size_t n, Precision p) override {
     if (p == Precision::kBf16) cuda::Round(x, n, 1, stream_);
     if (p == Precision::kFp16) cuda::Round(x, n, 2, stream_);
@@ -104,8 +113,10 @@ class CudaOpsImpl final : public Ops {
   }
   void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
                              const float* dout, const int32_t* inp, int B, int T, int C) override {
-    cuda::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, Tokens(inp, B * T), B, T, C,
-                                stream_);
+    // Called on the data-parallel communication thread (ops.h): token ids of its own, so
+    // that it never overwrites those the training thread's next kernel reads.
+    cuda::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout,
+                                Tokens(inp, B * T, &window_tokens_), B, T, C, stream_);
   }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C) override {
@@ -169,8 +180,8 @@ class CudaOpsImpl final : public Ops {
 
  private:
   // Host token ids (n) on the device, valid for the kernels enqueued next.
-  const int32_t* Tokens(const int32_t* host, int n) {
-    int32_t* device = tokens_.Get(static_cast<size_t>(n));
+  const int32_t* Tokens(const int32_t* host, int n, Scratch<int32_t>* scratch = nullptr) {
+    int32_t* device = (scratch != nullptr ? scratch : &tokens_)->Get(static_cast<size_t>(n));
     DROVER_CUDA_CHECK(
         cudaMemcpyAsync(device, host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     return device;
@@ -180,6 +191,7 @@ class CudaOpsImpl final : public Ops {
   cublasHandle_t blas_;
   DeviceAllocator allocator_;
   Scratch<int32_t> tokens_;
+  Scratch<int32_t> window_tokens_;  // EncoderBackwardWindow's, on the communication thread
   Scratch<float> dpre_;
   Scratch<double> sum_scratch_;
   Scratch<double> mean_;
