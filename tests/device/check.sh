@@ -129,9 +129,9 @@ checkpoint: {every_steps: 0}
 YAML
   rm -rf "$work/out-dp1" "$work/out-dp2"
   timeout 120 "$bin/drover" train "$work/dp.yaml" --set output_dir="$work/out-dp1" \
-    --set parallel.zero_stage="$1" | tail -2 || return 1
+    --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
   timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/out-dp2" \
-    --set parallel.zero_stage="$1" | tail -2 || return 1
+    --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
   python3 - "$work/out-dp1/metrics.jsonl" "$work/out-dp2/metrics.jsonl" <<'PY'
 import json, sys
 one, two = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
