@@ -15,6 +15,7 @@
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
+#include "worker/engine/parallel/staged_communicator.h"
 
 namespace drover::engine {
 namespace {
@@ -126,19 +127,12 @@ Status Trainer::Init() {
   }
   Ops* ops = CpuOps();
   if (spec.resources.device == "cuda") {
-    if (options_.world_size > 1) {
-      // The kernels run on the GPU, but the process groups are Gloo's, which read host
-      // memory: multi-rank CUDA jobs wait for the NCCL groups.
-      return InvalidArgumentError(
-          "resources.device cuda: a job of " + std::to_string(options_.world_size) +
-          " ranks needs NCCL process groups, which the trainer does not have yet; run it "
-          "with world_size 1 on cuda, or on cpu");
-    }
     ASSIGN_OR_RETURN(ops, CudaOps());
   } else if (spec.resources.device != "cpu") {
     return InvalidArgumentError("resources.device: '" + spec.resources.device +
                                 "' is not a device; use cpu or cuda");
   }
+  if (options_.ops != nullptr) ops = options_.ops;
   B_ = spec.train.micro_batch;
   T_ = spec.train.seq_len;
   output_dir_ = OutputDirOf(spec);
@@ -159,6 +153,13 @@ Status Trainer::Init() {
     auto groups = parallel::ConnectProcessGroups(*mesh_, options_.rank, options_.store, connect);
     if (!groups.ok()) return groups.status().WithContext("connecting the ranks");
     groups_ = std::move(groups).value();
+    // The groups are Gloo's, on host memory: device arenas are staged through the host
+    // (NCCL groups are the faster way on GPUs, still to be wired in; they also refuse two
+    // ranks on one GPU, which staging allows).
+    for (std::unique_ptr<parallel::Communicator>* g :
+         {&groups_.world, &groups_.dp, &groups_.pp, &groups_.tp, &groups_.emb}) {
+      if (*g != nullptr) *g = parallel::StageThroughHost(std::move(*g), ops);
+    }
   }
   parallel::ParallelGptOptions mo;
   mo.config = config_;
