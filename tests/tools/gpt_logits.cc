@@ -10,6 +10,7 @@
 //     prints {"vocab_size": V, "tokens": [...], "logits": [[V floats] per position]} from
 //     Gpt::Forward on one sequence (B = 1), padding columns dropped.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -55,9 +56,11 @@ int Logits(const std::string& path, const std::string& token_list) {
   std::vector<int32_t> tokens;
   std::stringstream ss(token_list);
   for (std::string item; std::getline(ss, item, ',');) {
-    const int t = std::stoi(item);
-    if (t < 0 || t >= c.vocab_size) {
-      std::fprintf(stderr, "drover-gpt-logits: token %d outside [0, %d)\n", t, c.vocab_size);
+    int t = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), t);
+    if (ec != std::errc() || end != item.data() + item.size() || t < 0 || t >= c.vocab_size) {
+      std::fprintf(stderr, "drover-gpt-logits: token '%s' is not an id in [0, %d)\n", item.c_str(),
+                   c.vocab_size);
       return 2;
     }
     tokens.push_back(t);
@@ -75,7 +78,8 @@ int Logits(const std::string& path, const std::string& token_list) {
   for (int t = 0; t < T; ++t) {
     std::printf("%s[", t ? ", " : "");
     for (int v = 0; v < c.vocab_size; ++v) {
-      std::printf("%s%.9g", v ? ", " : "", logits[static_cast<size_t>(t) * c.padded_vocab_size + v]);
+      std::printf("%s%.9g", v ? ", " : "",
+                  logits[static_cast<size_t>(t) * c.padded_vocab_size + v]);
     }
     std::printf("]");
   }

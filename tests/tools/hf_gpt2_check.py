@@ -52,7 +52,7 @@ def torch_gpt2_logits(w, tokens, n_layer, n_head):
     return x @ w["wte.weight"].T
 
 
-def transformers_logits(path_dir, meta, weights, tokens, device):
+def transformers_logits(meta, weights, tokens, device):
     try:
         import transformers
     except ImportError:
@@ -103,7 +103,7 @@ def main():
               (args.device, worst))
         if not worst <= sc.TOLERANCE:
             sc.fail("torch logits differ from drover's by %.3g" % worst)
-        hf = transformers_logits(tmp, meta, weights, sc.TOKENS, args.device)
+        hf = transformers_logits(meta, weights, sc.TOKENS, args.device)
         if hf is None:
             print("hf_gpt2_check: transformers not installed; GPT2LMHeadModel not checked")
         else:

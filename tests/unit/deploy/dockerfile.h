@@ -20,8 +20,8 @@ struct DockerInstruction {
 };
 
 struct DockerStage {
-  std::string image;  // FROM's image
-  std::string name;   // the AS name, or empty
+  std::string image;                            // FROM's image
+  std::string name;                             // the AS name, or empty
   std::vector<DockerInstruction> instructions;  // the FROM line first
 };
 

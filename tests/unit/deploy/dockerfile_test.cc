@@ -2,14 +2,14 @@
 // builds from Debian images and Debian packages only, and the image holds every program
 // that the Kubernetes manifests and the systemd units start. Whether the runtime packages
 // carry every shared library the programs need is image_libraries_test.sh's business.
+#include "tests/unit/deploy/dockerfile.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <regex>
 #include <set>
 #include <string>
-
-#include "tests/unit/deploy/dockerfile.h"
 
 namespace drover::testing {
 namespace {
@@ -39,7 +39,8 @@ TEST(DockerfileTest, InstallsOnlyDebianPackagesThroughAptGet) {
   for (const DockerStage& s : ReadDockerfile(kSource + "/deploy/Dockerfile")) {
     for (const DockerInstruction& ins : s.instructions) {
       if (ins.keyword == "ADD") {
-        EXPECT_EQ(ins.args.find("://"), std::string::npos) << "line " << ins.line << ": ADD of a URL";
+        EXPECT_EQ(ins.args.find("://"), std::string::npos)
+            << "line " << ins.line << ": ADD of a URL";
       }
       if (ins.keyword != "RUN") continue;
       EXPECT_FALSE(std::regex_search(ins.args, foreign))

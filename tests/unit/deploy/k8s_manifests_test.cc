@@ -157,7 +157,8 @@ TEST_F(K8sManifestsTest, CoordinatorPortAgreesAcrossFlagsContainerProbesAndServi
 }
 
 TEST_F(K8sManifestsTest, ServiceSelectsTheCoordinatorPods) {
-  YAML::Node labels = Get("Deployment", "drover-coordinator")["spec"]["template"]["metadata"]["labels"];
+  YAML::Node labels =
+      Get("Deployment", "drover-coordinator")["spec"]["template"]["metadata"]["labels"];
   YAML::Node selector = Get("Service", "drover-coordinator")["spec"]["selector"];
   ASSERT_TRUE(selector.IsMap() && selector.size() > 0);
   for (const auto& kv : selector) {
@@ -168,7 +169,8 @@ TEST_F(K8sManifestsTest, ServiceSelectsTheCoordinatorPods) {
   YAML::Node worker = Get("DaemonSet", "drover-worker")["spec"]["template"]["metadata"]["labels"];
   bool all_match = true;
   for (const auto& kv : selector) {
-    all_match &= worker[kv.first.as<std::string>()].as<std::string>("") == kv.second.as<std::string>();
+    all_match &=
+        worker[kv.first.as<std::string>()].as<std::string>("") == kv.second.as<std::string>();
   }
   EXPECT_FALSE(all_match) << "the coordinator Service would also route to worker pods";
 }
@@ -214,7 +216,8 @@ TEST_F(K8sManifestsTest, WorkerHasAReadinessProbeThroughTheCoordinator) {
   EXPECT_NE(command.find("workers"), std::string::npos) << command;
   EXPECT_NE(command.find("$NODE_NAME"), std::string::npos) << command;
   bool has_env = false;
-  for (const YAML::Node& e : c["env"]) has_env |= e["name"].as<std::string>() == "DROVER_COORDINATOR";
+  for (const YAML::Node& e : c["env"])
+    has_env |= e["name"].as<std::string>() == "DROVER_COORDINATOR";
   EXPECT_TRUE(has_env) << "the probe's drover CLI needs DROVER_COORDINATOR in the env";
 }
 

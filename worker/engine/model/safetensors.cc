@@ -25,7 +25,9 @@ Status CheckTensors(const std::vector<SafetensorsTensor>& tensors) {
     }
     size_t numel = 1;
     for (int64_t d : t.shape) {
-      if (d < 0) return InvalidArgumentError("safetensors: tensor '" + t.name + "' has a negative dimension");
+      if (d < 0)
+        return InvalidArgumentError("safetensors: tensor '" + t.name +
+                                    "' has a negative dimension");
       numel *= static_cast<size_t>(d);
     }
     if (numel != t.data.size()) {
@@ -52,7 +54,8 @@ StatusOr<std::string> SafetensorsHeader(const std::vector<SafetensorsTensor>& te
   uint64_t offset = 0;
   for (const SafetensorsTensor& t : tensors) {
     const uint64_t bytes = t.data.size() * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string json = header.dump();

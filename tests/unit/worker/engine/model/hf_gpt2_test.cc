@@ -35,23 +35,22 @@ TEST(HfGpt2Test, EveryTensorHasItsHfNameAndShapeInStateDictOrder) {
   EXPECT_EQ(tensors[1].name, "wpe.weight");
   EXPECT_EQ(tensors[2].name, "h.0.ln_1.weight");
   EXPECT_EQ(tensors.back().name, "ln_f.bias");
-  const std::map<std::string, std::vector<int64_t>> want = {
-      {"wte.weight", {37, C}},
-      {"wpe.weight", {8, C}},
-      {"h.1.ln_1.weight", {C}},
-      {"h.1.ln_1.bias", {C}},
-      {"h.1.attn.c_attn.weight", {C, 3 * C}},
-      {"h.1.attn.c_attn.bias", {3 * C}},
-      {"h.1.attn.c_proj.weight", {C, C}},
-      {"h.1.attn.c_proj.bias", {C}},
-      {"h.1.ln_2.weight", {C}},
-      {"h.1.ln_2.bias", {C}},
-      {"h.1.mlp.c_fc.weight", {C, 4 * C}},
-      {"h.1.mlp.c_fc.bias", {4 * C}},
-      {"h.1.mlp.c_proj.weight", {4 * C, C}},
-      {"h.1.mlp.c_proj.bias", {C}},
-      {"ln_f.weight", {C}},
-      {"ln_f.bias", {C}}};
+  const std::map<std::string, std::vector<int64_t>> want = {{"wte.weight", {37, C}},
+                                                            {"wpe.weight", {8, C}},
+                                                            {"h.1.ln_1.weight", {C}},
+                                                            {"h.1.ln_1.bias", {C}},
+                                                            {"h.1.attn.c_attn.weight", {C, 3 * C}},
+                                                            {"h.1.attn.c_attn.bias", {3 * C}},
+                                                            {"h.1.attn.c_proj.weight", {C, C}},
+                                                            {"h.1.attn.c_proj.bias", {C}},
+                                                            {"h.1.ln_2.weight", {C}},
+                                                            {"h.1.ln_2.bias", {C}},
+                                                            {"h.1.mlp.c_fc.weight", {C, 4 * C}},
+                                                            {"h.1.mlp.c_fc.bias", {4 * C}},
+                                                            {"h.1.mlp.c_proj.weight", {4 * C, C}},
+                                                            {"h.1.mlp.c_proj.bias", {C}},
+                                                            {"ln_f.weight", {C}},
+                                                            {"ln_f.bias", {C}}};
   const auto by_name = ByName(tensors);
   EXPECT_EQ(by_name.size(), tensors.size()) << "a name appears twice";
   for (const auto& [name, shape] : want) {
