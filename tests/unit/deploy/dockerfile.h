@@ -43,7 +43,8 @@ inline std::vector<DockerStage> ReadDockerfile(const std::string& path) {
     if (first == std::string::npos || line[first] == '#') continue;  // also inside a RUN
     if (pending.empty()) start = n;
     const bool continued = !line.empty() && line.back() == '\\';
-    pending += (pending.empty() ? "" : " ") + line.substr(first, line.size() - first - continued);
+    if (!pending.empty()) pending += ' ';
+    pending.append(line, first, line.size() - first - (continued ? 1 : 0));
     if (continued) continue;
     const std::vector<std::string> words = SplitWords(pending);
     DockerInstruction ins;
