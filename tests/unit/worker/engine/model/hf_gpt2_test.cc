@@ -67,7 +67,8 @@ TEST(HfGpt2Test, EveryTensorHasItsHfNameAndShapeInStateDictOrder) {
 
 TEST(HfGpt2Test, Conv1DWeightsAreTheTransposeOfDroversLinearLayout) {
   auto model = IndexedModel();
-  const auto by_name = ByName(HfGpt2Tensors(*model));
+  const auto tensors = HfGpt2Tensors(*model);  // by_name points into it
+  const auto by_name = ByName(tensors);
   const int C = 16;
   struct Pair {
     const char* drover;
