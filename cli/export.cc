@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "common/files.h"
 #include "worker/engine/model/hf_gpt2.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/model/safetensors.h"
@@ -33,12 +34,22 @@ int RunExport(const ExportFlags& f) {
     return kExitUsage;
   }
   // A missing, short or foreign file is bad input (2), like in `drover eval`.
+  if (IsDirectory(f.model_path)) {
+    std::fprintf(stderr, "drover export: %s is a directory, not a model file\n",
+                 f.model_path.c_str());
+    return kExitUsage;
+  }
   auto model = engine::LoadModelFile(f.model_path);
   if (!model.ok()) {
     std::fprintf(stderr, "drover export: %s\n", model.status().message().c_str());
     return kExitUsage;
   }
   const std::string out = f.out.empty() ? DefaultOutput(f.model_path) : f.out;
+  if (!IsDirectory(Dirname(out))) {
+    std::fprintf(stderr, "drover export: -o %s: directory %s does not exist\n", out.c_str(),
+                 Dirname(out).c_str());
+    return kExitUsage;
+  }
   const auto tensors = engine::HfGpt2Tensors(**model);
   Status st = engine::WriteSafetensors(out, tensors, engine::HfGpt2Metadata((*model)->config()));
   if (!st.ok()) {

@@ -13,8 +13,9 @@ library only (json, struct): no numpy, torch or safetensors package.
    the HF GPT-2 names and Conv1D transposes.
 4. A GPT-2 forward written here in plain Python (double precision) from the safetensors
    tensors gives drover's logits (drover-gpt-logits logits) within 1e-4.
-5. Bad input: a missing file, a file with the wrong magic and an unknown --format exit 2
-   with a message naming the problem.
+5. Bad input: a missing file, a directory, a file with the wrong magic, an unknown
+   --format and an output directory that does not exist exit 2 with a message naming the
+   problem.
 Exit status 0 when every check passes; the first failure is printed and exits 1.
 """
 import json
@@ -290,6 +291,13 @@ def main():
         p = run([drover, "export", model, "--format", "onnx"], expect_rc=2)
         if "onnx" not in p.stderr or "safetensors" not in p.stderr:
             fail("unknown format: message %r" % p.stderr)
+        p = run([drover, "export", tmp], expect_rc=2)
+        if "is a directory" not in p.stderr:
+            fail("directory as model: message %r" % p.stderr)
+        p = run([drover, "export", model, "-o", os.path.join(tmp, "no", "x.safetensors")],
+                expect_rc=2)
+        if "does not exist" not in p.stderr:
+            fail("missing output directory: message %r" % p.stderr)
         if os.path.exists(os.path.join(tmp, "x.safetensors")):
             fail("a refused export left an output file")
         print("safetensors_check: bad input exits 2 with a clear message")
