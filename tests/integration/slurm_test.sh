@@ -10,8 +10,8 @@
 #   tests/integration/slurm_test.sh BUILD/bin SOURCE_DIR
 #
 # No systemd and no system-wide configuration: private ports, a private munge socket and
-# key, SLURM_CONF pointing at the generated file, so it runs in a container as root (Slurm
-# runs jobs as the submitting user; slurmd must be root to do that) beside any real Slurm.
+# key, SLURM_CONF pointing at the generated file, so it runs in a container. The daemons run
+# as the user running the test (tested as root), beside any real Slurm on the machine.
 # Every daemon it starts is stopped on every exit path, and when anything fails the
 # daemons' logs are printed: a Slurm that cannot start here is a failure, never a skip.
 set -euo pipefail
@@ -139,8 +139,8 @@ ClusterName=drovertest
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
+SlurmUser=$(id -un)
+SlurmdUser=$(id -un)
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$root/munge.sock
