@@ -25,9 +25,10 @@ Status CheckTensors(const std::vector<SafetensorsTensor>& tensors) {
     }
     size_t numel = 1;
     for (int64_t d : t.shape) {
-      if (d < 0)
+      if (d < 0) {
         return InvalidArgumentError("safetensors: tensor '" + t.name +
                                     "' has a negative dimension");
+      }
       numel *= static_cast<size_t>(d);
     }
     if (numel != t.data.size()) {
