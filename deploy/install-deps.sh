@@ -8,6 +8,9 @@ pkgs=(cmake g++ make pkg-config
       libgloo-dev libopenblas-dev libsqlite3-dev nlohmann-json3-dev)
 # `make fuzz` also needs clang and its libFuzzer runtime.
 [ "${1:-}" = fuzz ] && pkgs+=(clang libclang-rt-14-dev)
+# `make test` also needs what the deployment tests start or call: a one-node Slurm with
+# munge (tests/integration/slurm_test.sh), systemd-analyze, and python3 for tests/tools/.
+[ "${1:-}" = test ] && pkgs+=(munge slurm-wlm systemd python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
