@@ -15,7 +15,9 @@
 #   4. a one-rank job on cuda trains to success through the coordinator on that GPU;
 #   4b. two ranks sharing the GPU (dp2 with ZeRO-1 and ZeRO-3, process groups staged
 #      through host memory) give the one-process losses of every step;
-#   5. the same build runs a CPU job to success on that machine.
+#   5. the same build runs a CPU job to success on that machine;
+#   6. `drover export --format safetensors` read by PyTorch (and by transformers'
+#      GPT2LMHeadModel) gives drover's logits (tests/tools/hf_gpt2_check.py).
 # Then, as information: GPT-2 124M at T=1024 in bf16, drover against PyTorch eager and
 # torch.compile on the same GPU (drover's CUDA table still computes in fp32 and rounds, so
 # this measures how far it is from the goal, not the goal).
@@ -147,6 +149,8 @@ if [[ $no_gpu != 1 ]]; then
   step "4b two ranks on one gpu, dp2 zero-3, equal one rank" two_ranks_match_one 3
 fi
 step "5 the same build trains a cpu job" cpu_job_succeeds
+step "6 pytorch reads drover's safetensors export" \
+  timeout 120 python3 "$(dirname "$0")/../tools/hf_gpt2_check.py" "$bin"
 
 if [[ $no_gpu != 1 ]]; then
   # GPT-2 124M shapes at T=1024 in bf16: drover, then PyTorch eager and torch.compile on the
