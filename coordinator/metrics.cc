@@ -175,18 +175,20 @@ CoordinatorMetrics::CoordinatorMetrics()
 void CoordinatorMetrics::ObserveRpc(const std::string& method, const std::string& code,
                                     double seconds) {
   prometheus::Counter* counter;
-  prometheus::Histogram* histogram;
+  prometheus::Histogram* histogram = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto& c = rpc_counters_[{method, code}];
     if (c == nullptr) c = &rpc_requests_.Add({{"method", method}, {"code", code}});
-    auto& h = rpc_histograms_[method];
-    if (h == nullptr) h = &rpc_duration_.Add({{"method", method}}, RpcBuckets());
     counter = c;
-    histogram = h;
+    if (seconds >= 0) {  // a stream has no histogram at all, rather than an empty one
+      auto& h = rpc_histograms_[method];
+      if (h == nullptr) h = &rpc_duration_.Add({{"method", method}}, RpcBuckets());
+      histogram = h;
+    }
   }
   counter->Increment();
-  if (seconds >= 0) histogram->Observe(seconds);
+  if (histogram != nullptr) histogram->Observe(seconds);
 }
 
 void CoordinatorMetrics::ObserveRecoveries(const ClusterSnapshot& snapshot) {
