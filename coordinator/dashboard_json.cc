@@ -71,7 +71,11 @@ json Placement(const v1::JobInfo& info) {
   return ranks;
 }
 
-json Attempts(const v1::JobInfo& info) {
+json Attempts(const v1::JobInfo& info, const ProgressHistory::Series& history) {
+  // The first step each attempt reported, as far as the history holds it: a restart is
+  // placed at once, but training again is what a person waits for.
+  std::map<int64_t, int64_t> first_step_ms;
+  for (const ProgressPoint& p : history.points) first_step_ms.emplace(p.attempt, p.time_ms);
   json attempts = json::array();
   for (int i = 0; i < info.attempts_size(); ++i) {
     const v1::AttemptRecord& a = info.attempts(i);
@@ -87,6 +91,10 @@ json Attempts(const v1::JobInfo& info) {
     if (i > 0 && info.attempts(i - 1).ended_ms() > 0 &&
         a.started_ms() >= info.attempts(i - 1).ended_ms()) {
       attempt["recovery_ms"] = a.started_ms() - info.attempts(i - 1).ended_ms();
+      if (auto it = first_step_ms.find(a.attempt());
+          it != first_step_ms.end() && it->second >= info.attempts(i - 1).ended_ms()) {
+        attempt["training_again_ms"] = it->second - info.attempts(i - 1).ended_ms();
+      }
     }
     attempts.push_back(std::move(attempt));
   }
@@ -185,7 +193,7 @@ json JobJson(const v1::JobInfo& info, const ProgressHistory::Series& history, in
   return json{{"now_ms", now_ms},
               {"job", std::move(job)},
               {"placement", Placement(info)},
-              {"attempts", Attempts(info)},
+              {"attempts", Attempts(info, history)},
               {"checkpoints", std::move(checkpoints)},
               {"history", History(history)}};
 }

@@ -4,8 +4,10 @@
 //   /api/cluster  ClusterJson: every node with its state, health and cordon, and each slot
 //                 with the rank that holds it
 //   /api/jobs     JobsJson: one summary per job, newest first
-//   /api/jobs/ID  JobJson: one job's placement, attempts (with recovery times), checkpoints
-//                 and its progress history for the charts
+//   /api/jobs/ID  JobJson: one job's placement, attempts, checkpoints and its progress
+//                 history for the charts. A restarted attempt has recovery_ms (from the
+//                 previous attempt's end to its placement) and, once the history holds a
+//                 step of it, training_again_ms (from that end to its first reported step).
 //
 // Times are wall-clock milliseconds; non-finite numbers are null (JSON has no NaN).
 #pragma once

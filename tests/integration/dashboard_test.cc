@@ -115,7 +115,8 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
   EXPECT_THAT(dom, HasSubstr("data-node=\"w0\""));
   EXPECT_THAT(dom, HasSubstr("data-node=\"w1\""));
   EXPECT_THAT(dom, HasSubstr("live · updated"));  // the poll succeeded
-  EXPECT_THAT(dom, HasSubstr("recovered in"));
+  EXPECT_THAT(dom, HasSubstr("placed "));
+  EXPECT_THAT(dom, HasSubstr("training again after"));
   EXPECT_THAT(dom, HasSubstr("exited with code 3"));
   // Each chart is an SVG whose paths have points: M x,y, then L x,y for every further one.
   for (const char* chart : {"chart-loss", "chart-val", "chart-lr", "chart-tps"}) {

@@ -168,6 +168,16 @@ TEST_F(HttpServerTest, RecoveryTimeIsShownOnTheRestartedAttempt) {
   EXPECT_THAT(j["attempts"][0]["end_reason"].get<std::string>(), HasSubstr("exited with code 3"));
   EXPECT_EQ(j["attempts"][1]["recovery_ms"], 1500);
   EXPECT_FALSE(j["attempts"][0].contains("recovery_ms"));
+  EXPECT_FALSE(j["attempts"][1].contains("training_again_ms"));  // no step of it yet
+
+  clock_.AdvanceMs(2000);
+  v1::HeartbeatRequest hb;
+  hb.set_name("node-a");
+  hb.set_agent_id("agent-1");
+  *hb.add_trainers() = Trainer(job_, 2, 0, v1::TRAINER_RUNNING, 21);
+  c_->Heartbeat(hb);
+  j = GetJson("/api/jobs/" + job_);
+  EXPECT_EQ(j["attempts"][1]["training_again_ms"], 3500);
 }
 
 TEST_F(HttpServerTest, BadRequestsGetClearErrors) {
