@@ -626,4 +626,10 @@ v1::ListJobsResponse JobManager::ListPage(const v1::ListJobsRequest& request) co
   return response;
 }
 
+std::map<v1::JobState, int64_t> JobManager::CountByState() const {
+  std::map<v1::JobState, int64_t> counts;
+  for (const auto& [id, job] : jobs_) ++counts[job.rec.state()];
+  return counts;
+}
+
 }  // namespace drover::coordinator

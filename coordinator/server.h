@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
+#include "coordinator/metrics.h"
 
 namespace drover::coordinator {
 
@@ -27,10 +28,11 @@ class HeartbeatServer;
 class CoordinatorServer {
  public:
   // Binds `listen` (host:port; port 0 picks a free one), starts serving and ticking every
-  // tick_ms. `coordinator` must outlive the server.
-  static StatusOr<std::unique_ptr<CoordinatorServer>> Start(Coordinator* coordinator,
-                                                            const std::string& listen,
-                                                            int64_t tick_ms = 100);
+  // tick_ms. `coordinator` must outlive the server, and so must `rpc_metrics` when given:
+  // every RPC is then counted and timed there (rpc_metrics.h).
+  static StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      Coordinator* coordinator, const std::string& listen, int64_t tick_ms = 100,
+      CoordinatorMetrics* rpc_metrics = nullptr);
   ~CoordinatorServer();  // Shutdown()
 
   int port() const { return port_; }

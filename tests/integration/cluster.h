@@ -138,6 +138,7 @@ struct ClusterOptions {
   std::string name = "cluster";
   // The program agents start per rank: the scripted trainer, or "drover-trainer".
   std::string trainer = "drover-fake-trainer";
+  std::vector<std::string> coordinator_args;  // appended to the coordinator's command line
 };
 
 class Cluster {
@@ -188,6 +189,7 @@ class Cluster {
                                      std::to_string(options_.heartbeat_timeout_ms),
                                      "--stop-grace-ms",
                                      std::to_string(options_.stop_grace_ms)};
+    args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
     std::string exe = Bin("drover-coordinator");
     if (max_file_kb > 0) {
       args.insert(
