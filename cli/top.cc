@@ -40,7 +40,7 @@ StatusOr<TopSnapshot> Fetch(RpcClient* client, const std::string& coordinator) {
   for (const v1::JobRecord& j : listed.jobs()) {
     auto info = client->GetJob(j.job_id());
     if (info.ok()) {
-      s.jobs.push_back(*std::move(info));
+      s.jobs.push_back(std::move(info).value());
     } else if (info.status().code() != StatusCode::kNotFound) {
       return info.status();
     }
