@@ -54,7 +54,10 @@ std::vector<std::string> JobRow(const v1::JobInfo& info, bool* recomputed) {
   const bool again = j.last_step() < j.furthest_step();
   *recomputed = *recomputed || again;
   std::string step = std::to_string(j.last_step());
-  if (steps > 0) step += "/" + std::to_string(steps);
+  if (steps > 0) {
+    step += '/';  // appended apart: GCC 12 warns (-Wrestrict) on "/" + std::string
+    step += std::to_string(steps);
+  }
   if (again) step += "*";
   const bool has_step = j.last_step() > 0;
   std::string eta = "-";

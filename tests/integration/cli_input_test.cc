@@ -142,7 +142,7 @@ TEST_F(CliInputTest, EvalOnAShardWithTheWrongMagicIsBadInput) {
 
 TEST_F(CliInputTest, DataPrepareOfAMissingInputAndCkptOfAnEmptyDirectoryAreBadInput) {
   ExpectBadInput({"data", "prepare", Path("nope.txt"), "--out", Path("data")},
-                 "'" + Path("nope.txt") + "' does not exist");
+                 Path("nope.txt") + "' does not exist");
   ExpectBadInput({"ckpt", "ls", dir_.string()}, "no checkpoint");
   ExpectBadInput({"ckpt", "verify", dir_.string()}, "no checkpoint");
 }

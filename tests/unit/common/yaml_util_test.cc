@@ -136,12 +136,16 @@ TEST(YamlUtilTest, ParseRefusesUnknownTagsNamingTagAndLine) {
 }
 
 TEST(YamlUtilTest, ParseRefusesAliasesThatExpandBeyondAMillionValues) {
-  // Each level names the previous one ten times: 10^7 values from nine short lines.
+  // Each level names the previous one ten times: 10^8 values from eight short lines.
   std::string text = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
   for (int i = 1; i <= 7; ++i) {
-    const std::string prev = "*a" + std::to_string(i - 1);
-    text += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
-    for (int k = 0; k < 10; ++k) text += (k ? ", " : "") + prev;
+    const std::string n = std::to_string(i);
+    const std::string prev = std::string("*a") + std::to_string(i - 1);
+    text += std::string("a") + n + ": &a" + n + " [";
+    for (int k = 0; k < 10; ++k) {
+      if (k > 0) text += ", ";
+      text += prev;
+    }
     text += "]\n";
   }
   YAML::Node node;
