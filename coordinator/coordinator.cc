@@ -529,6 +529,14 @@ StatusOr<v1::ReadLogsResponse> Coordinator::ReadLogs(const v1::ReadLogsRequest& 
     std::lock_guard<std::mutex> lock(mu_);
     const v1::JobRecord* rec = jobs_.Find(request.job_id());
     if (!rec) return NotFoundError("no job " + request.job_id());
+    // No attempt places more ranks than the spec's largest world size: a rank past it has
+    // no log and never will, which an empty answer would hide (a follower would wait on).
+    const int ranks = rec->max_world_size();
+    if (ranks > 0 && request.rank() >= ranks) {
+      return InvalidArgumentError("job " + request.job_id() + " has ranks 0.." +
+                                  std::to_string(ranks - 1) + "; there is no rank " +
+                                  std::to_string(request.rank()));
+    }
     // Agents ship the last lines shortly after a trainer exits: the log is final only a
     // couple of heartbeat periods after the job ended.
     finished = IsTerminal(rec->state()) &&

@@ -250,11 +250,24 @@ StatusOr<std::vector<float>> Trainer::InitialParams() {
   return std::vector<float>(model.params(), model.params() + model.num_params());
 }
 
+namespace {
+
+// A data file that is not a token shard (wrong magic, truncated) is DataLoss to the shard
+// reader, but to the trainer it is the spec's input: another attempt would read the same
+// file, so it exits with the code for input the user must fix (trainer_process.h), not one
+// that the coordinator retries.
+Status AsInputError(const Status& st, const std::string& field) {
+  if (st.code() == StatusCode::kDataLoss) return InvalidArgumentError(field + ": " + st.message());
+  return st.WithContext(field);
+}
+
+}  // namespace
+
 Status Trainer::OpenData() {
   const JobSpec& spec = options_.spec;
   const int V = config_.vocab_size;
   auto train = TokenDataset::Open(spec.data.train, T_);
-  if (!train.ok()) return train.status().WithContext("data.train");
+  if (!train.ok()) return AsInputError(train.status(), "data.train");
   train_data_ = std::shared_ptr<const TokenDataset>(std::move(train).value());
   DataLoaderOptions lo;
   const ParallelMesh::Coord c = mesh_->CoordOf(options_.rank);
@@ -271,7 +284,7 @@ Status Trainer::OpenData() {
 
   if (spec.data.val.empty() || spec.train.eval_every <= 0) return OkStatus();
   auto val = TokenDataset::Open(spec.data.val, T_);
-  if (!val.ok()) return val.status().WithContext("data.val");
+  if (!val.ok()) return AsInputError(val.status(), "data.val");
   val_data_ = std::shared_ptr<const TokenDataset>(std::move(val).value());
   auto eval = EvalLoader::Create(val_data_, B_, T_, V);
   if (!eval.ok()) return eval.status().WithContext("data.val");
