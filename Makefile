@@ -30,6 +30,7 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 test: build
+	@deploy/install-deps.sh test
 	@cd $(BUILD) && ctest --output-on-failure -j 2 $(if $(SANITIZE),-L unit,)
 
 demo: build

@@ -10,15 +10,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/exit_code.h"
+#include "common/files.h"
 #include "common/token_shard.h"
 #include "worker/engine/data/tokenizer.h"
 
@@ -44,11 +44,9 @@ struct Failure {
 StatusOr<std::string> ReadInputs(const std::vector<std::string>& paths) {
   std::string text;
   for (const std::string& path : paths) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return NotFoundError("input file '" + path + "' cannot be opened");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    text += ss.str();
+    StatusOr<std::string> one = ReadFileToString(path);
+    if (!one.ok()) return one.status().WithContext("input file '" + path + "'");
+    text += *one;
   }
   return text;
 }
@@ -103,12 +101,10 @@ std::optional<Failure> Prepare(const PrepareOptions& o) {
   if (auto failure = Validate(o)) return failure;
   auto tokenizer = engine::MakeTokenizer(o.tokenizer, o.encoder, o.merges);
   if (!tokenizer.ok()) {
-    const bool usage = tokenizer.status().code() == StatusCode::kInvalidArgument ||
-                       tokenizer.status().code() == StatusCode::kNotFound;
-    return Failure{usage ? kExitUsage : kExitFailure, tokenizer.status().message()};
+    return Failure{ExitCodeForInput(tokenizer.status()), tokenizer.status().message()};
   }
   auto text = ReadInputs(o.inputs);
-  if (!text.ok()) return Failure{kExitUsage, text.status().message()};
+  if (!text.ok()) return Failure{ExitCodeForInput(text.status()), text.status().message()};
 
   // nanoGPT's split: train = text[:int(n * (1 - F))], val = the rest.
   size_t split = static_cast<size_t>(double(text->size()) * (1.0 - o.val_fraction));

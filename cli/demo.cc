@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/progress.h"
 #include "cli/rpc_client.h"
 #include "common/files.h"
 #include "common/job_spec.h"
@@ -249,10 +250,19 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
     if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED) {
       return job;
     }
-    if (job.last_step() != last_step && job.last_step() > 0) {
-      std::printf("  [%6.1fs] step %5lld/%lld  loss %.4f  %7.0f tok/s  on %s  checkpoint %s\n",
+    // Every new step is shown, also one below the last shown: after a recovery the job's
+    // step restarts at the checkpoint and the steps up to furthest_step are trained again.
+    // The checkpoint's own step is not one: the attempt line above already names it.
+    int64_t resume_step = -1;
+    if (info->attempts_size() > 0 && info->attempts().rbegin()->attempt() == job.attempt()) {
+      resume_step = info->attempts().rbegin()->resume_step();
+    }
+    if (job.last_step() != last_step && job.last_step() > 0 && job.last_step() != resume_step &&
+        job.state() == v1::RUNNING) {
+      std::printf("  [%6.1fs] step %5lld/%lld%s  loss %.4f  %7.0f tok/s  on %s  checkpoint %s\n",
                   Since(t0), static_cast<long long>(job.last_step()), static_cast<long long>(steps),
-                  job.last_loss(), job.tokens_per_s(), NodesOf(job).c_str(),
+                  RecomputedNote(job.last_step(), job.furthest_step()).c_str(), job.last_loss(),
+                  job.tokens_per_s(), NodesOf(job).c_str(),
                   job.latest_checkpoint_step() >= 0
                       ? ("step " + std::to_string(job.latest_checkpoint_step())).c_str()
                       : "none yet");

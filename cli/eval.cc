@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/exit_code.h"
 #include "worker/engine/data/loader.h"
 #include "worker/engine/data/token_dataset.h"
 #include "worker/engine/model/model_file.h"
@@ -30,9 +31,15 @@ int Usage(const std::string& msg) {
   return kExitUsage;
 }
 
+// A file that cannot be used: 2 when it is the file's fault, 1 when the machine's.
+int InputFailure(const std::string& what, const Status& st) {
+  std::fprintf(stderr, "drover eval: %s%s\n", what.c_str(), st.message().c_str());
+  return ExitCodeForInput(st);
+}
+
 int RunEval(const EvalFlags& f, bool json) {
   auto model = engine::LoadModelFile(f.model_path);
-  if (!model.ok()) return Usage(model.status().message());
+  if (!model.ok()) return InputFailure("", model.status());
   if (f.threads > 0) engine::SetNumThreads(f.threads);
   const engine::GptConfig& cfg = (*model)->config();
   const int T = f.seq > 0 ? f.seq : std::min(64, cfg.max_seq_len);
@@ -41,10 +48,10 @@ int RunEval(const EvalFlags& f, bool json) {
                  std::to_string(cfg.max_seq_len));
   }
   auto data = engine::TokenDataset::Open(f.data, T);
-  if (!data.ok()) return Usage("--data: " + data.status().message());
+  if (!data.ok()) return InputFailure("--data: ", data.status());
   std::shared_ptr<const engine::TokenDataset> dataset(std::move(data).value());
   auto loader = engine::EvalLoader::Create(dataset, f.batch, T, cfg.vocab_size);
-  if (!loader.ok()) return Usage("--data: " + loader.status().message());
+  if (!loader.ok()) return InputFailure("--data: ", loader.status());
   if ((*loader)->num_batches() < f.batches) {
     return Usage("--batches " + std::to_string(f.batches) + ": the data holds only " +
                  std::to_string((*loader)->num_batches()) + " batches of " +
@@ -55,7 +62,7 @@ int RunEval(const EvalFlags& f, bool json) {
   double sum = 0;
   for (int i = 0; i < f.batches; ++i) {
     if (Status st = (*loader)->Batch(i, inputs.data(), targets.data()); !st.ok()) {
-      return Usage("--data: " + st.message());
+      return InputFailure("--data: ", st);
     }
     sum += (*model)->Forward(inputs.data(), targets.data(), f.batch, T);
   }

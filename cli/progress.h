@@ -25,10 +25,18 @@ inline std::string FormatDurationMs(int64_t ms) {
   return buf;
 }
 
+// " (recomputed after restart)" while a resumed attempt trains again the steps an earlier
+// attempt had reached (JobRecord.furthest_step), else "". Without it the step seen going
+// back after a recovery looks like lost progress, and hiding the steps looks like a hang.
+inline std::string RecomputedNote(int64_t step, int64_t furthest_step) {
+  return step < furthest_step ? " (recomputed after restart)" : "";
+}
+
 // "step 340/1000 (34.0%) | 12345 tok/s | ETA 5m12s": the ETA is the steps left at the
-// slowest rank's last step time (step_ms); parts that are unknown (0) are left out.
-inline std::string FormatProgress(int64_t step, int64_t steps, double step_ms,
-                                  double tokens_per_s) {
+// slowest rank's last step time (step_ms); parts that are unknown (0) are left out. A
+// step below furthest_step is marked as recomputed (RecomputedNote).
+inline std::string FormatProgress(int64_t step, int64_t steps, double step_ms, double tokens_per_s,
+                                  int64_t furthest_step = 0) {
   char buf[96];
   if (steps > 0) {
     snprintf(buf, sizeof(buf), "step %lld/%lld (%.1f%%)", static_cast<long long>(step),
@@ -36,7 +44,7 @@ inline std::string FormatProgress(int64_t step, int64_t steps, double step_ms,
   } else {
     snprintf(buf, sizeof(buf), "step %lld", static_cast<long long>(step));
   }
-  std::string s = buf;
+  std::string s = buf + RecomputedNote(step, furthest_step);
   if (tokens_per_s > 0) {
     snprintf(buf, sizeof(buf), " | %.0f tok/s", tokens_per_s);
     s += buf;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/exit_code.h"
 #include "worker/engine/data/tokenizer.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/threads.h"
@@ -56,12 +57,12 @@ int RunSample(const SampleFlags& f) {
   auto tok = engine::MakeTokenizer(f.tokenizer, f.encoder, f.merges);
   if (!tok.ok()) {
     std::fprintf(stderr, "drover sample: %s\n", tok.status().message().c_str());
-    return kExitUsage;
+    return ExitCodeForInput(tok.status());
   }
   auto model = engine::LoadModelFile(f.model_path);
   if (!model.ok()) {
     std::fprintf(stderr, "drover sample: %s\n", model.status().message().c_str());
-    return model.status().code() == StatusCode::kNotFound ? kExitUsage : kExitFailure;
+    return ExitCodeForInput(model.status());
   }
   if (f.threads > 0) engine::SetNumThreads(f.threads);
   const int V = (*model)->config().vocab_size;

@@ -24,8 +24,8 @@ std::string Progress(const v1::JobInfo& info) {
       }
     }
   }
-  return FormatProgress(j.last_step(), spec.ok() ? spec->train.steps : 0, step_ms,
-                        j.tokens_per_s());
+  return FormatProgress(j.last_step(), spec.ok() ? spec->train.steps : 0, step_ms, j.tokens_per_s(),
+                        j.furthest_step());
 }
 
 void PrintJob(const v1::JobInfo& info) {

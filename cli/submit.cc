@@ -1,8 +1,6 @@
 // drover submit JOB.yaml [--set k=v]... [--priority P]: validates locally, prints the job id.
 #include <CLI/CLI.hpp>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "cli/command.h"
 #include "cli/rpc_client.h"
@@ -22,13 +20,12 @@ CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
   app->add_option("--set", args->sets, "override section.key=value (repeatable)");
   app->add_option("--priority", args->priority, "higher runs first (default 0)");
   return [args, globals]() -> int {
-    std::ifstream in(args->path);
-    if (!in) return ReportError(InvalidArgumentError("cannot read job spec '" + args->path + "'"));
-    std::stringstream text;
-    text << in.rdbuf();
+    // A spec that cannot be read is bad input (exit 2) whatever the reason.
+    StatusOr<std::string> text = ReadJobSpecFile(args->path);
+    if (!text.ok()) return ReportError(InvalidArgumentError(text.status().message()));
     // The coordinator stores the spec with overrides applied, so every rank of every
     // attempt sees the same thing; validate here so a typo fails before it is queued.
-    StatusOr<std::string> yaml = ApplyOverrides(text.str(), args->sets);
+    StatusOr<std::string> yaml = ApplyOverrides(*text, args->sets);
     if (!yaml.ok()) return ReportError(InvalidArgumentError(yaml.status().message()));
     StatusOr<JobSpec> spec = ParseJobSpec(*yaml, {}, args->path);
     if (!spec.ok()) return ReportError(InvalidArgumentError(spec.status().message()));

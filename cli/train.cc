@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/exit_code.h"
 #include "cli/local_launcher.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
@@ -36,7 +37,7 @@ int RunTrain(const TrainFlags& f) {
   auto spec = LoadJobSpecFile(f.spec_path, overrides);
   if (!spec.ok()) {
     std::fprintf(stderr, "drover train: %s\n", spec.status().message().c_str());
-    return kExitUsage;
+    return ExitCodeForInput(spec.status());
   }
   if (f.nproc > 1) {
     return RunLocalLaunch({.spec = *spec,

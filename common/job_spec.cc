@@ -410,11 +410,22 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
   return spec;
 }
 
+StatusOr<std::string> ReadJobSpecFile(const std::string& path) {
+  // Checked first: reading a directory fails with EISDIR on Linux, but as an empty file
+  // on some systems, which would then be "the job spec is empty".
+  if (IsDirectory(path)) {
+    return InvalidArgumentError("job spec '" + path +
+                                "' is a directory, not a YAML file; give the spec file itself");
+  }
+  StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return text.status().WithContext("cannot read job spec '" + path + "'");
+  return text;
+}
+
 StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
                                   const std::vector<std::string>& overrides) {
-  StatusOr<std::string> text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
-  return ParseJobSpec(*text, overrides, path);
+  ASSIGN_OR_RETURN(std::string text, ReadJobSpecFile(path));
+  return ParseJobSpec(text, overrides, path);
 }
 
 StatusOr<std::string> ApplyOverrides(const std::string& yaml_text,

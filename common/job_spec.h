@@ -133,7 +133,12 @@ StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text,
                                const std::vector<std::string>& overrides = {},
                                const std::string& source_name = "job spec");
 
-// Reads `path` and calls ParseJobSpec. NotFound names the path.
+// The text of the job spec file `path`. Errors say what is wrong with the path:
+// InvalidArgument "job spec 'P' is a directory, not a YAML file", or the reading error
+// with its reason ("cannot read job spec 'P': open P: No such file or directory", NotFound).
+StatusOr<std::string> ReadJobSpecFile(const std::string& path);
+
+// Reads `path` (ReadJobSpecFile) and calls ParseJobSpec.
 StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
                                   const std::vector<std::string>& overrides = {});
 

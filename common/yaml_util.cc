@@ -16,6 +16,32 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
+// yaml-cpp's tag for a plain node is "?", for a quoted scalar "!", and for an explicit
+// standard tag (!!int) its long form.
+bool IsKnownTag(const std::string& tag) {
+  static constexpr std::string_view kStandard = "tag:yaml.org,2002:";
+  if (tag.empty() || tag == "?" || tag == "!") return true;
+  if (tag.rfind(kStandard, 0) != 0) return false;
+  const std::string_view name = std::string_view(tag).substr(kStandard.size());
+  return name == "str" || name == "int" || name == "float" || name == "bool" || name == "null" ||
+         name == "seq" || name == "map";
+}
+
+// "+12", "-3", "007": an integer written in decimal, whatever its size.
+bool IsDecimalIntegerText(std::string_view text) {
+  if (!text.empty() && (text.front() == '+' || text.front() == '-')) text.remove_prefix(1);
+  return !text.empty() &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "'123...' is out of range: allowed -9223372036854775808 to 9223372036854775807".
+template <typename T>
+Status OutOfRange(const YAML::Node& node) {
+  return InvalidArgumentError(Describe(node) + " is out of range for this field: allowed " +
+                              std::to_string(std::numeric_limits<T>::min()) + " to " +
+                              std::to_string(std::numeric_limits<T>::max()));
+}
+
 // Scalars only; anything else gets one uniform message naming what was expected.
 Status RequireScalar(const YAML::Node& node, std::string_view expected) {
   if (node.IsScalar()) return OkStatus();
@@ -25,12 +51,57 @@ Status RequireScalar(const YAML::Node& node, std::string_view expected) {
 }  // namespace
 
 Status Parse(const std::string& text, YAML::Node* out) {
+  std::vector<YAML::Node> docs;
   try {
-    *out = YAML::Load(text);
+    docs = YAML::LoadAll(text);
   } catch (const YAML::Exception& e) {
     // yaml-cpp marks are 0-based; people count from 1.
     return InvalidArgumentError("invalid YAML at line " + std::to_string(e.mark.line + 1) +
                                 ", column " + std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+  // A second document would be dropped without a word by a reader that takes the first:
+  // whatever it was meant to set would silently not be set.
+  if (docs.size() > 1) {
+    const int line = LineOf(docs[1]);
+    return InvalidArgumentError("the text holds " + std::to_string(docs.size()) +
+                                " YAML documents (a second one starts" +
+                                (line > 0 ? " at line " + std::to_string(line) : "") +
+                                " after '---'); put everything in one document");
+  }
+  *out = docs.empty() ? YAML::Node() : docs[0];
+  return CheckTags(*out);
+}
+
+Status CheckTags(const YAML::Node& root) {
+  // Aliases make a tree a graph: a few lines can name billions of nodes ("billion laughs").
+  // The walk gives up well before that, and so should a reader of such a document.
+  constexpr int64_t kMaxNodes = 1'000'000;
+  int64_t visited = 0;
+  std::vector<YAML::Node> stack = {root};
+  while (!stack.empty()) {
+    const YAML::Node node = stack.back();
+    stack.pop_back();
+    if (++visited > kMaxNodes) {
+      return InvalidArgumentError("the YAML expands to more than " + std::to_string(kMaxNodes) +
+                                  " values (through aliases?)");
+    }
+    if (!node.IsDefined() || node.IsNull()) continue;
+    if (!IsKnownTag(node.Tag())) {
+      const int line = LineOf(node);
+      return InvalidArgumentError(
+          "unknown YAML tag '" + node.Tag() + "'" +
+          (line > 0 ? " at line " + std::to_string(line) : "") +
+          "; only the standard !!str, !!int, !!float, !!bool, !!null, !!seq and !!map are "
+          "allowed");
+    }
+    if (node.IsSequence()) {
+      for (const YAML::Node& child : node) stack.push_back(child);
+    } else if (node.IsMap()) {
+      for (const auto& kv : node) {
+        stack.push_back(kv.first);
+        stack.push_back(kv.second);
+      }
+    }
   }
   return OkStatus();
 }
@@ -79,6 +150,7 @@ bool ParseDouble(std::string_view text, double* out) {
 Status DecodeScalar(const YAML::Node& node, int64_t* out) {
   RETURN_IF_ERROR(RequireScalar(node, "an integer"));
   if (!ParseInt64(node.Scalar(), out)) {
+    if (IsDecimalIntegerText(node.Scalar())) return OutOfRange<int64_t>(node);
     return InvalidArgumentError("expected an integer, got " + Describe(node));
   }
   return OkStatus();
@@ -86,10 +158,14 @@ Status DecodeScalar(const YAML::Node& node, int64_t* out) {
 
 Status DecodeScalar(const YAML::Node& node, int* out) {
   int64_t v = 0;
-  RETURN_IF_ERROR(DecodeScalar(node, &v));
-  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
-    return InvalidArgumentError(node.Scalar() + " is too large for a 32-bit integer");
+  const Status st = DecodeScalar(node, &v);
+  // Past int64 or only past int32: either way the range to name is int32's.
+  const bool past_int64 = !st.ok() && node.IsScalar() && IsDecimalIntegerText(node.Scalar());
+  if (past_int64 ||
+      (st.ok() && (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()))) {
+    return OutOfRange<int>(node);
   }
+  RETURN_IF_ERROR(st);
   *out = static_cast<int>(v);
   return OkStatus();
 }
@@ -100,6 +176,7 @@ Status DecodeScalar(const YAML::Node& node, uint64_t* out) {
   if (!text.empty() && text.front() == '+') text.remove_prefix(1);
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, *out);
+  if (ec == std::errc::result_out_of_range && ptr == end) return OutOfRange<uint64_t>(node);
   if (text.empty() || ec != std::errc() || ptr != end) {
     return InvalidArgumentError("expected a non-negative integer, got " + Describe(node));
   }

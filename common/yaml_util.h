@@ -20,7 +20,13 @@ namespace drover::yaml_util {
 
 // Parses `text` into `*out`. A syntax error becomes InvalidArgument "invalid YAML at line L,
 // column C: <parser message>" (1-based), never an exception. An empty document is a Null node.
+// Also InvalidArgument: a second document (after '---'), and any tag CheckTags refuses.
 Status Parse(const std::string& text, YAML::Node* out);
+
+// InvalidArgument naming the tag and its line when a node of `root` carries a tag other
+// than the standard !!str, !!int, !!float, !!bool, !!null, !!seq and !!map: a reader that
+// ignores "!!python/object" or "!secret" would take the value for something it is not.
+Status CheckTags(const YAML::Node& root);
 
 // 1-based line of `node` in the text it was parsed from; 0 when the node was built in code.
 int LineOf(const YAML::Node& node);

@@ -174,6 +174,8 @@ void Coordinator::ObserveTrainers(const std::string& node) {
     const TrainerKey key = TrainerKey::Of(t);
     if (IsLive(t) && jobs_.IsCurrent(key)) {
       health_.OnTrainerProgress(key, t.progress().step(), jobs_.HangTimeoutMs(t.job_id()), now);
+      if (t.rank() == 0)
+        history_.Record(t.job_id(), t.attempt(), t.progress(), clock_->WallNowMs());
     } else {
       health_.ForgetTrainer(key);
     }
@@ -448,6 +450,7 @@ Status Coordinator::DeleteJob(const std::string& job_id) {
     jobs_.Remove(job_id);
     checkpoints_.Forget(job_id);
   }
+  history_.Forget(job_id);
   spdlog::info("job {} deleted", job_id);
   // Off the state lock: it is disk I/O. A failure leaves files no one lists.
   if (Status st = logs_.Remove(job_id); !st.ok()) spdlog::warn("{}", st.ToString());
@@ -468,6 +471,7 @@ std::vector<std::string> Coordinator::ExpireJobsLocked() {
   for (const std::string& id : expired) {
     jobs_.Remove(id);
     checkpoints_.Forget(id);
+    history_.Forget(id);
     batch.deleted_jobs.push_back(id);
   }
   Persist(std::move(batch));
@@ -514,12 +518,25 @@ v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& r
   return response;
 }
 
+std::map<v1::JobState, int64_t> Coordinator::CountJobsByState() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return jobs_.CountByState();
+}
+
 StatusOr<v1::ReadLogsResponse> Coordinator::ReadLogs(const v1::ReadLogsRequest& request) {
   bool finished;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const v1::JobRecord* rec = jobs_.Find(request.job_id());
     if (!rec) return NotFoundError("no job " + request.job_id());
+    // No attempt places more ranks than the spec's largest world size: a rank past it has
+    // no log and never will, which an empty answer would hide (a follower would wait on).
+    const int ranks = rec->max_world_size();
+    if (ranks > 0 && request.rank() >= ranks) {
+      return InvalidArgumentError("job " + request.job_id() + " has ranks 0.." +
+                                  std::to_string(ranks - 1) + "; there is no rank " +
+                                  std::to_string(request.rank()));
+    }
     // Agents ship the last lines shortly after a trainer exits: the log is final only a
     // couple of heartbeat periods after the job ended.
     finished = IsTerminal(rec->state()) &&

@@ -36,6 +36,7 @@
 #include "coordinator/limits.h"
 #include "coordinator/log_store.h"
 #include "coordinator/node_manager.h"
+#include "coordinator/progress_history.h"
 #include "coordinator/rendezvous.h"
 #include "coordinator/store/store.h"
 #include "coordinator/store/store_writer.h"
@@ -111,6 +112,14 @@ class Coordinator {
   v1::ListWorkersResponse ListWorkers(const v1::ListWorkersRequest& request = {});
   StatusOr<v1::ReadLogsResponse> ReadLogs(const v1::ReadLogsRequest& request);
 
+  // For the dashboard and /metrics (coordinator/http_server.h).
+  std::map<v1::JobState, int64_t> CountJobsByState() const;
+  // Rank 0's progress of the job's attempts as heartbeats brought it (progress_history.h).
+  ProgressHistory::Series JobHistory(const std::string& job_id) const {
+    return history_.Get(job_id);
+  }
+  int64_t WallNowMs() const { return clock_->WallNowMs(); }
+
   // RendezvousService: thread-safe on its own.
   RendezvousStore& rendezvous() { return rendezvous_; }
 
@@ -159,6 +168,7 @@ class Coordinator {
   std::unique_ptr<StoreWriter> writer_;
   LogStore logs_;
   RendezvousStore rendezvous_;
+  ProgressHistory history_;  // thread-safe on its own
 
   mutable std::mutex mu_;
   std::function<void(const std::string& node)> nudge_;  // GUARDED_BY(mu_)

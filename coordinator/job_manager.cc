@@ -323,6 +323,10 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   a.mutable_placement()->CopyFrom(r.placement());
   a.set_started_ms(clock_->WallNowMs());
   a.set_resume_step(resume ? resume->step() : -1);
+  // Progress restarts at the checkpoint: the steps up to furthest_step are trained again,
+  // and showing the old attempt's step meanwhile would hide them.
+  r.set_furthest_step(std::max(r.furthest_step(), r.last_step()));
+  r.set_last_step(resume ? resume->step() : 0);
   a.set_resume_checkpoint(resume ? resume->path() : "");
   spdlog::info("job {} attempt {}: world size {}, resume from {}", r.job_id(), attempt,
                placement.world_size, resume ? resume->path() : "scratch");
@@ -409,6 +413,8 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
   rank.acked = true;
   rank.status = t;
   if (t.progress().step() > job.rec.last_step()) job.rec.set_last_step(t.progress().step());
+  // A record written before furthest_step existed counts its last_step as reached.
+  job.rec.set_furthest_step(std::max(job.rec.furthest_step(), job.rec.last_step()));
   if (key.rank == 0 && t.progress().step() > 0) {
     job.rec.set_last_loss(t.progress().loss());
     job.rec.set_tokens_per_s(t.progress().tokens_per_s());
@@ -624,6 +630,12 @@ v1::ListJobsResponse JobManager::ListPage(const v1::ListJobsRequest& request) co
     r->clear_spec_yaml();
   }
   return response;
+}
+
+std::map<v1::JobState, int64_t> JobManager::CountByState() const {
+  std::map<v1::JobState, int64_t> counts;
+  for (const auto& [id, job] : jobs_) ++counts[job.rec.state()];
+  return counts;
 }
 
 }  // namespace drover::coordinator

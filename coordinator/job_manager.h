@@ -178,6 +178,8 @@ class JobManager {
   // One page of the list, newest first (ListJobsRequest), records without spec_yaml. Walks
   // only the jobs it skips or returns, in submit order, not the whole history.
   v1::ListJobsResponse ListPage(const v1::ListJobsRequest& request) const;
+  // How many jobs are in each state (a walk of every job; for /metrics, not per RPC).
+  std::map<v1::JobState, int64_t> CountByState() const;
 
  private:
   struct Rank {

@@ -11,6 +11,7 @@
 #include "common/tls.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/http_server.h"
 #include "coordinator/server.h"
 #include "coordinator/tokens.h"
 
@@ -80,6 +81,10 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure", insecure,
                "serve an address beyond loopback without TLS and tokens (anyone who reaches "
                "the port may run and cancel jobs)");
+  std::string http;
+  app.add_option("--http", http,
+                 "host:port to serve the dashboard (/) and Prometheus metrics (/metrics) on, "
+                 "read-only and unauthenticated (default: off)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error")->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -143,16 +148,33 @@ int main(int argc, char** argv) {
     spdlog::error("{}", coordinator.status().ToString());
     return 1;
   }
+  // Metrics count every RPC from the first, so they exist before the gRPC server; the
+  // HTTP server, which reads the coordinator, starts after it.
+  std::unique_ptr<drover::coordinator::CoordinatorMetrics> metrics;
+  if (!http.empty()) metrics = std::make_unique<drover::coordinator::CoordinatorMetrics>();
   auto server = drover::coordinator::CoordinatorServer::Start(coordinator->get(), listen,
-                                                              /*tick_ms=*/100, std::move(security));
+                                                              /*tick_ms=*/100, metrics.get(),
+                                                              std::move(security));
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return server.status().code() == drover::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::unique_ptr<drover::coordinator::DashboardSource> source;
+  std::unique_ptr<drover::coordinator::HttpServer> http_server;
+  if (!http.empty()) {
+    source = drover::coordinator::DashboardSourceOf(coordinator->get());
+    auto started = drover::coordinator::HttpServer::Start(source.get(), metrics.get(), http);
+    if (!started.ok()) {
+      spdlog::error("{}", started.status().ToString());
+      return started.status().code() == drover::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    http_server = std::move(*started);
   }
   if (!advertise.empty()) (*coordinator)->SetAdvertisedAddress(advertise);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
+  if (http_server) http_server->Shutdown();
   (*server)->Shutdown();
   drover::Status flushed = (*coordinator)->Flush();
   if (!flushed.ok()) {

@@ -6,6 +6,7 @@
 #include "coordinator/agent_watch.h"
 #include "coordinator/grpc_status.h"
 #include "coordinator/rendezvous_service.h"
+#include "coordinator/rpc_metrics.h"
 #include "proto/drover.grpc.pb.h"
 
 namespace drover::coordinator {
@@ -259,10 +260,9 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsCredentials&
 
 }  // namespace
 
-StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinator* coordinator,
-                                                                      const std::string& listen,
-                                                                      int64_t tick_ms,
-                                                                      ServerSecurity security) {
+StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    Coordinator* coordinator, const std::string& listen, int64_t tick_ms,
+    CoordinatorMetrics* rpc_metrics, ServerSecurity security) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0) {
     return InvalidArgumentError("--listen must be host:port, got '" + listen + "'");
@@ -289,6 +289,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(Coordinato
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->rendezvous_service_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
+  if (rpc_metrics != nullptr) {
+    builder.experimental().SetInterceptorCreators(RpcMetricsInterceptors(rpc_metrics));
+  }
   // Bandwidth-delay probing sends a PING with every read that finds no probe in flight:
   // on thousands of connections that each carry one small heartbeat a second, that doubled
   // the coordinator's packets and CPU. Messages here are small; the default window is ample.

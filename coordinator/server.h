@@ -20,6 +20,7 @@
 #include "common/tls.h"
 #include "coordinator/authorizer.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/metrics.h"
 #include "coordinator/tokens.h"
 
 namespace drover::coordinator {
@@ -40,11 +41,12 @@ struct ServerSecurity {
 class CoordinatorServer {
  public:
   // Binds `listen` (host:port; port 0 picks a free one), starts serving and ticking every
-  // tick_ms. `coordinator` must outlive the server.
-  static StatusOr<std::unique_ptr<CoordinatorServer>> Start(Coordinator* coordinator,
-                                                            const std::string& listen,
-                                                            int64_t tick_ms = 100,
-                                                            ServerSecurity security = {});
+  // tick_ms. `coordinator` must outlive the server, and so must `rpc_metrics` when given:
+  // every RPC is then counted and timed there (rpc_metrics.h). `security`: who may call
+  // (ServerSecurity above; the default checks nobody).
+  static StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      Coordinator* coordinator, const std::string& listen, int64_t tick_ms = 100,
+      CoordinatorMetrics* rpc_metrics = nullptr, ServerSecurity security = {});
   ~CoordinatorServer();  // Shutdown()
 
   int port() const { return port_; }

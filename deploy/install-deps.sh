@@ -5,9 +5,17 @@ set -euo pipefail
 pkgs=(cmake g++ make pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libspdlog-dev libcli11-dev libyaml-cpp-dev libgtest-dev libgmock-dev
-      libgloo-dev libopenblas-dev libsqlite3-dev nlohmann-json3-dev)
+      libgloo-dev libopenblas-dev libsqlite3-dev nlohmann-json3-dev
+      libcpp-httplib-dev prometheus-cpp-dev
+      # Tests only: promtool checks /metrics (it comes with the Prometheus server package,
+      # the only Debian package that ships it; on a systemd host that package also enables
+      # a prometheus.service), and headless Chromium renders the dashboard.
+      prometheus chromium)
 # `make fuzz` also needs clang and its libFuzzer runtime.
 [ "${1:-}" = fuzz ] && pkgs+=(clang libclang-rt-14-dev)
+# `make test` also needs what the deployment tests start or call: a one-node Slurm with
+# munge (tests/integration/slurm_test.sh), systemd-analyze, and python3 for tests/tools/.
+[ "${1:-}" = test ] && pkgs+=(munge slurm-wlm systemd python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -23,7 +23,7 @@ TrainerReporter TrainerReporter::FromEnv() {
 }
 
 void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
-                               const std::string& message) {
+                               const StepExtras& extras, const std::string& message) {
   v1::TrainerReport report;
   v1::TrainerProgress* p = report.mutable_progress();
   p->set_step(step);
@@ -34,11 +34,24 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_step_ = step;
-    p->set_last_checkpoint_step(last_checkpoint_step_);
-    p->set_checkpoint_error(checkpoint_error_);
-    p->set_rollbacks(rollbacks_);
+    last_extras_ = extras;
+    if (extras.val_loss.has_value()) {
+      val_loss_ = *extras.val_loss;
+      val_step_ = step;
+    }
+    FillSticky(p);
   }
   Write(report);
+}
+
+void TrainerReporter::FillSticky(v1::TrainerProgress* p) const {
+  p->set_lr(last_extras_.lr);
+  p->set_mfu(last_extras_.mfu);
+  p->set_val_loss(val_loss_);
+  p->set_val_step(val_step_);
+  p->set_last_checkpoint_step(last_checkpoint_step_);
+  p->set_checkpoint_error(checkpoint_error_);
+  p->set_rollbacks(rollbacks_);
 }
 
 void TrainerReporter::Phase(const std::string& message) {
@@ -48,9 +61,7 @@ void TrainerReporter::Phase(const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     p->set_step(last_step_);
-    p->set_last_checkpoint_step(last_checkpoint_step_);
-    p->set_checkpoint_error(checkpoint_error_);
-    p->set_rollbacks(rollbacks_);
+    FillSticky(p);
   }
   Write(report);
 }

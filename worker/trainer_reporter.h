@@ -9,11 +9,19 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "proto/drover.pb.h"
 
 namespace drover {
+
+// What a step reports beyond its loss and speed (the dashboard's charts).
+struct TrainerStepExtras {
+  double lr = 0;
+  std::optional<double> val_loss;  // set on evaluation steps
+  double mfu = 0;                  // 0: unknown
+};
 
 class TrainerReporter {
  public:
@@ -26,10 +34,14 @@ class TrainerReporter {
 
   bool enabled() const { return fd_ >= 0; }
 
+  using StepExtras = TrainerStepExtras;
+
   // Reports the last completed optimizer step. last_checkpoint_step is filled in from the
-  // last Checkpoint() call (-1 before any).
+  // last Checkpoint() call (-1 before any); the newest validation loss is carried by every
+  // report from the step that measured it on (with its step), so that a heartbeat that
+  // misses the eval step still forwards it.
   void Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
-                const std::string& message = "");
+                const StepExtras& extras = {}, const std::string& message = "");
   // Reports a phase without a step change ("loading data", "rendezvous").
   void Phase(const std::string& message);
   // Reports a complete checkpoint directory (rank 0, after the rename); clears the error
@@ -46,6 +58,8 @@ class TrainerReporter {
 
  private:
   void Write(const v1::TrainerReport& report);
+  // Sets what every report carries from earlier calls.  REQUIRES(mu_)
+  void FillSticky(v1::TrainerProgress* p) const;
 
   int fd_;
   std::mutex mu_;
@@ -53,6 +67,9 @@ class TrainerReporter {
   int64_t last_checkpoint_step_ = -1;  // guarded by mu_
   std::string checkpoint_error_;       // guarded by mu_
   int64_t rollbacks_ = 0;              // guarded by mu_
+  StepExtras last_extras_;             // guarded by mu_: the last step's, for Phase()
+  double val_loss_ = 0;                // guarded by mu_
+  int64_t val_step_ = 0;               // guarded by mu_: 0 before the first evaluation
 };
 
 }  // namespace drover

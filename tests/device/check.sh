@@ -13,9 +13,14 @@
 #      joins aborted at the deadline);
 #   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
 #   4. a one-rank job on cuda trains to success through the coordinator on that GPU;
-#   5. the same build runs a CPU job to success on that machine.
-# Then, as information: the step time of a GPT-2-small-shaped job on the GPU (fp32 kernels,
-# not yet the bf16 tensor-core path the speed goal needs).
+#   4b. two ranks sharing the GPU (dp2 with ZeRO-1 and ZeRO-3, process groups staged
+#      through host memory) give the one-process losses of every step;
+#   5. the same build runs a CPU job to success on that machine;
+#   6. `drover export --format safetensors` read by PyTorch (and by transformers'
+#      GPT2LMHeadModel) gives drover's logits (tests/tools/hf_gpt2_check.py).
+# Then, as information: GPT-2 124M at T=1024 in bf16, drover against PyTorch eager and
+# torch.compile on the same GPU (drover's CUDA table still computes in fp32 and rounds, so
+# this measures how far it is from the goal, not the goal).
 # Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
 # DROVER_CHECK_NO_GPU=1 it runs steps 3-5 as a machine without a GPU must see them (a dry
 # run here: step 3 expects the agent's refusal instead). Exit 0 when every step passed.
@@ -115,23 +120,56 @@ cpu_job_succeeds() {
   drover status "$id"
   [[ $rc -eq 0 ]]
 }
+two_ranks_match_one() {  # two_ranks_match_one ZERO_STAGE
+  cat > "$work/dp.yaml" <<YAML
+name: device-check-dp
+model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
+data: {train: "$work/data/train_*.bin"}
+train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 0}
+resources: {device: cuda, world_size: {min: 1, max: 2}}
+checkpoint: {every_steps: 0}
+YAML
+  rm -rf "$work/out-dp1" "$work/out-dp2"
+  timeout 120 "$bin/drover" train "$work/dp.yaml" --set output_dir="$work/out-dp1" \
+    --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
+  timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/out-dp2" \
+    --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
+  python3 - "$work/out-dp1/metrics.jsonl" "$work/out-dp2/metrics.jsonl" <<'PY'
+import json, sys
+one, two = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
+print("1 rank :", ["%.6f" % x for x in one])
+print("2 ranks:", ["%.6f" % x for x in two])
+ok = len(one) == len(two) == 10 and all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(one, two))
+sys.exit(0 if ok else 1)
+PY
+}
 if [[ $no_gpu != 1 ]]; then
   step "4 a cuda job trains on the gpu" cuda_job_succeeds
+  step "4b two ranks on one gpu, dp2 zero-1, equal one rank" two_ranks_match_one 1
+  step "4b two ranks on one gpu, dp2 zero-3, equal one rank" two_ranks_match_one 3
 fi
 step "5 the same build trains a cpu job" cpu_job_succeeds
+step "6 pytorch reads drover's safetensors export" \
+  timeout 120 python3 "$(dirname "$0")/../tools/hf_gpt2_check.py" "$bin"
 
 if [[ $no_gpu != 1 ]]; then
-  echo "==== speed (information): GPT-2 small shapes, fp32 CUDA kernels, 10 steps"
+  # GPT-2 124M shapes at T=1024 in bf16: drover, then PyTorch eager and torch.compile on the
+  # same GPU (tests/device/torch_gpt2_bench.py: tokens/s, step time, MFU against the bf16
+  # GEMM rate it measures, peak memory).
+  echo "==== speed (information): GPT-2 124M, T=1024, bf16"
   cat > "$work/speed.yaml" <<YAML
 name: speed
 output_dir: $work/out-speed
 model: {n_layer: 12, n_head: 12, n_embd: 768, block_size: 1024, vocab_size: 50257}
 data: {train: "$work/data/train_*.bin"}
-train: {steps: 10, global_batch: 4, micro_batch: 4, seq_len: 1024, eval_every: 0}
+train: {steps: 10, global_batch: 8, micro_batch: 8, seq_len: 1024, eval_every: 0, log_every: 1}
+precision: {dtype: bf16}
 resources: {device: cuda}
 checkpoint: {every_steps: 0}
 YAML
   timeout 300 "$bin/drover" train "$work/speed.yaml" 2>&1 | tail -4 || true
+  timeout 420 python3 "$(dirname "$0")/torch_gpt2_bench.py" --model 124m --batches 32,16,8 \
+    --steps 10 2>&1 | tail -8 || true
 fi
 
 echo "==== coordinator log (tail)"

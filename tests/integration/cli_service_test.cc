@@ -125,5 +125,82 @@ TEST_F(CliServiceTest, SubmitWaitsForACoordinatorThatIsNotUpYetAndMakesOneJob) {
   EXPECT_EQ(listed->jobs(0).request_id().size(), 32u);
 }
 
+TEST_F(CliServiceTest, LogsOfARankTheJobDoesNotHaveIsRefusedNamingItsRanks) {
+  StartCluster(1);
+  const std::string id = SubmitByCli(WriteSpec("ranks", 10000, 50));
+  ASSERT_FALSE(id.empty());
+  CliResult r = RunCli(cluster_->root(), Cli({"logs", id, "--rank", "5"}));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("job " + id + " has ranks 0..0; there is no rank 5"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(RunCli(cluster_->root(), Cli({"logs", id, "--rank", "0"})).code, 0);
+}
+
+TEST_F(CliServiceTest, TopOnceShowsTheNodesAndARunningJobWithItsProgress) {
+  StartCluster(2);
+  const std::string id = SubmitByCli(WriteSpec("watched", 10000, 50));
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto info = cluster_->GetJob(id);
+        return info.ok() && info->job().state() == v1::RUNNING && info->job().last_step() >= 3;
+      },
+      20000))
+      << cluster_->DebugLogs();
+  CliResult r = RunCli(cluster_->root(), Cli({"top", "--once"}));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("nodes 2/2 alive, slots 1/2 used - jobs 1 running"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("NODE  STATE  SLOTS  HEARTBEAT"), std::string::npos) << r.out;
+  // One node runs the job's rank, the other is idle; which is which is the scheduler's.
+  EXPECT_NE(r.out.find("ALIVE  1/1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ALIVE  0/1"), std::string::npos) << r.out;
+  const std::regex row(id + R"(\s+watched\s+RUNNING\s+1\s+1\s+(\d+)/10000\s+\d+\.\d%\s+)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, row)) << r.out;
+  EXPECT_GE(std::stoi(m[1]), 3) << r.out;
+  // Frames for scripts: no terminal, so no escape sequences.
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+}
+
+// After a crash the job resumes from its checkpoint at step 20 and trains steps 21..38
+// again; drover status and drover top say so while it does.
+TEST_F(CliServiceTest, StatusAndTopMarkTheStepsAResumedAttemptRecomputes) {
+  StartCluster(1);
+  const std::string path = (cluster_->root() / "resumed.yaml").string();
+  std::ofstream(path) << cluster_->JobYaml("resumed", 1, 1, 60, 20, 3, 30,
+                                           "step_ms=400\ncrash_at_step=39\n");
+  const std::string id = SubmitByCli(path);
+  ASSERT_FALSE(id.empty());
+  v1::JobInfo seen;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto info = cluster_->GetJob(id);
+        if (!info.ok()) return false;
+        seen = *info;
+        return info->job().attempt() == 2 && info->job().last_step() > 20;
+      },
+      40000))
+      << seen.DebugString() << cluster_->DebugLogs();
+  const int64_t furthest = seen.job().furthest_step();
+  ASSERT_GE(furthest, 30) << seen.DebugString();
+  CliResult status = RunCli(cluster_->root(), Cli({"status", id}));
+  CliResult top = RunCli(cluster_->root(), Cli({"top", "--once"}));
+  ASSERT_EQ(status.code, 0) << status.out;
+  ASSERT_EQ(top.code, 0) << top.out;
+  // The window is (38 - 20) steps of 400 ms; a CLI that ran past it would show no mark
+  // rightly, so the step it printed is checked to be inside the window first.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(status.out, m, std::regex(R"(progress:\s+step (\d+)/60)")))
+      << status.out;
+  ASSERT_LT(std::stoll(m[1]), furthest) << "the CLI ran past the window\n" << status.out;
+  EXPECT_NE(status.out.find("(recomputed after restart)"), std::string::npos) << status.out;
+  ASSERT_TRUE(std::regex_search(top.out, m, std::regex(id + R"(.*\s(\d+)/60(\*?)\s)"))) << top.out;
+  if (std::stoll(m[1]) < furthest) {
+    EXPECT_EQ(m[2], "*") << top.out;
+    EXPECT_NE(top.out.find("* recomputed after restart"), std::string::npos) << top.out;
+  }
+}
+
 }  // namespace
 }  // namespace drover::testing

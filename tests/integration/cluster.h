@@ -138,8 +138,8 @@ struct ClusterOptions {
   std::string name = "cluster";
   // The program agents start per rank: the scripted trainer, or "drover-trainer".
   std::string trainer = "drover-fake-trainer";
-  // Added to the command lines of the coordinator and of every agent (TLS, tokens).
-  std::vector<std::string> coordinator_flags;
+  std::vector<std::string> coordinator_args;  // appended to the coordinator's command line
+  // Added to the command line of every agent (TLS).
   std::vector<std::string> agent_flags;
   // How the test's own JobService client dials, and the token it sends.
   TlsCredentials client_tls;
@@ -194,7 +194,7 @@ class Cluster {
                                      std::to_string(options_.heartbeat_timeout_ms),
                                      "--stop-grace-ms",
                                      std::to_string(options_.stop_grace_ms)};
-    args.insert(args.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
+    args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
     std::string exe = Bin("drover-coordinator");
     if (max_file_kb > 0) {
       args.insert(

@@ -58,8 +58,8 @@ class SecurityTest : public ::testing::Test {
     o.agents = agents;
     o.trainer = trainer;
     o.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    o.coordinator_flags = {"--tls-cert", certs_.server_cert, "--tls-key", certs_.server_key,
-                           "--tls-ca",   certs_.ca,          "--tokens",  tokens_};
+    o.coordinator_args = {"--tls-cert", certs_.server_cert, "--tls-key", certs_.server_key,
+                          "--tls-ca",   certs_.ca,          "--tokens",  tokens_};
     o.agent_flags = {"--tls-cert",     certs_.agent_cert, "--tls-key",
                      certs_.agent_key, "--tls-ca",        certs_.ca};
     o.client_tls = ca_only_;

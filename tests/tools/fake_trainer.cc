@@ -14,6 +14,9 @@
 //   DROVER_FAKE_HANG_ATTEMPT    filters as crash; default attempt 1, rank 0)
 //   DROVER_FAKE_HANG_RANK
 //   DROVER_FAKE_IGNORE_SIGTERM  1: ignore SIGTERM (tests the SIGKILL escalation)
+//   DROVER_FAKE_MFU             model FLOPs utilisation to report (default 0: unknown)
+// Each step reports loss 5/step, lr train.lr (default 1e-3) on a cosine over train.steps,
+// and, every train.eval_every steps, a validation loss 1.1x the step's loss.
 // Checkpoints (rank 0, every checkpoint.every_steps): <dir>/step_N.tmp/manifest.json, then
 // renamed to step_N/ and reported. A resume starts after DROVER_RESUME_CHECKPOINT's step.
 #include <signal.h>
@@ -21,6 +24,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -48,9 +52,9 @@ int64_t GetInt(const Config& c, const std::string& key, int64_t def) {
 
 Config LoadConfig(const std::string& output_dir) {
   Config c;
-  const char* keys[] = {"step_ms",      "crash_at_step", "crash_attempt",
-                        "crash_rank",   "crash_mode",    "hang_at_step",
-                        "hang_attempt", "hang_rank",     "ignore_sigterm"};
+  const char* keys[] = {
+      "step_ms",      "crash_at_step", "crash_attempt", "crash_rank",     "crash_mode",
+      "hang_at_step", "hang_attempt",  "hang_rank",     "ignore_sigterm", "mfu"};
   for (const char* k : keys) {
     std::string env = "DROVER_FAKE_" + std::string(k);
     for (char& ch : env) ch = static_cast<char>(toupper(ch));
@@ -108,7 +112,11 @@ int main() {
     }
     if (spec["checkpoint"]["every_steps"]) every = spec["checkpoint"]["every_steps"].as<int64_t>();
   }
+  const double base_lr = spec["train"]["lr"] ? spec["train"]["lr"].as<double>() : 1e-3;
+  const int64_t eval_every =
+      spec["train"]["eval_every"] ? spec["train"]["eval_every"].as<int64_t>() : 0;
   const Config conf = LoadConfig(output_dir);
+  const double mfu = std::stod(Get(conf, "mfu", "0"));
   const int64_t step_ms = GetInt(conf, "step_ms", 50);
   if (GetInt(conf, "ignore_sigterm", 0) != 0) signal(SIGTERM, SIG_IGN);
   const int64_t crash_at = Applies(conf, "crash", env) ? GetInt(conf, "crash_at_step", -1) : -1;
@@ -143,7 +151,11 @@ int main() {
     double loss = 5.0 / static_cast<double>(step);
     std::printf("step %lld loss %.4f\n", static_cast<long long>(step), loss);
     std::fflush(stdout);
-    reporter.Progress(step, static_cast<double>(step_ms), loss, 1000.0);
+    drover::TrainerReporter::StepExtras extras;
+    extras.lr = base_lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(step) / steps));
+    if (eval_every > 0 && step % eval_every == 0) extras.val_loss = 1.1 * loss;
+    extras.mfu = mfu;
+    reporter.Progress(step, static_cast<double>(step_ms), loss, 1000.0, extras);
     if (env.rank == 0 && every > 0 && step % every == 0) {
       namespace fs = std::filesystem;
       const std::string final_dir = ckpt_dir + "/step_" + std::to_string(step);

@@ -15,6 +15,7 @@
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
+#include "worker/engine/parallel/staged_communicator.h"
 
 namespace drover::engine {
 namespace {
@@ -126,19 +127,12 @@ Status Trainer::Init() {
   }
   Ops* ops = CpuOps();
   if (spec.resources.device == "cuda") {
-    if (options_.world_size > 1) {
-      // The kernels run on the GPU, but the process groups are Gloo's, which read host
-      // memory: multi-rank CUDA jobs wait for the NCCL groups.
-      return InvalidArgumentError(
-          "resources.device cuda: a job of " + std::to_string(options_.world_size) +
-          " ranks needs NCCL process groups, which the trainer does not have yet; run it "
-          "with world_size 1 on cuda, or on cpu");
-    }
     ASSIGN_OR_RETURN(ops, CudaOps());
   } else if (spec.resources.device != "cpu") {
     return InvalidArgumentError("resources.device: '" + spec.resources.device +
                                 "' is not a device; use cpu or cuda");
   }
+  if (options_.ops != nullptr) ops = options_.ops;
   B_ = spec.train.micro_batch;
   T_ = spec.train.seq_len;
   output_dir_ = OutputDirOf(spec);
@@ -159,6 +153,13 @@ Status Trainer::Init() {
     auto groups = parallel::ConnectProcessGroups(*mesh_, options_.rank, options_.store, connect);
     if (!groups.ok()) return groups.status().WithContext("connecting the ranks");
     groups_ = std::move(groups).value();
+    // The groups are Gloo's, on host memory: device arenas are staged through the host
+    // (NCCL groups are the faster way on GPUs, still to be wired in; they also refuse two
+    // ranks on one GPU, which staging allows).
+    for (std::unique_ptr<parallel::Communicator>* g :
+         {&groups_.world, &groups_.dp, &groups_.pp, &groups_.tp, &groups_.emb}) {
+      if (*g != nullptr) *g = parallel::StageThroughHost(std::move(*g), ops);
+    }
   }
   parallel::ParallelGptOptions mo;
   mo.config = config_;
@@ -249,11 +250,24 @@ StatusOr<std::vector<float>> Trainer::InitialParams() {
   return std::vector<float>(model.params(), model.params() + model.num_params());
 }
 
+namespace {
+
+// A data file that is not a token shard (wrong magic, truncated) is DataLoss to the shard
+// reader, but to the trainer it is the spec's input: another attempt would read the same
+// file, so it exits with the code for input the user must fix (trainer_process.h), not one
+// that the coordinator retries.
+Status AsInputError(const Status& st, const std::string& field) {
+  if (st.code() == StatusCode::kDataLoss) return InvalidArgumentError(field + ": " + st.message());
+  return st.WithContext(field);
+}
+
+}  // namespace
+
 Status Trainer::OpenData() {
   const JobSpec& spec = options_.spec;
   const int V = config_.vocab_size;
   auto train = TokenDataset::Open(spec.data.train, T_);
-  if (!train.ok()) return train.status().WithContext("data.train");
+  if (!train.ok()) return AsInputError(train.status(), "data.train");
   train_data_ = std::shared_ptr<const TokenDataset>(std::move(train).value());
   DataLoaderOptions lo;
   const ParallelMesh::Coord c = mesh_->CoordOf(options_.rank);
@@ -270,7 +284,7 @@ Status Trainer::OpenData() {
 
   if (spec.data.val.empty() || spec.train.eval_every <= 0) return OkStatus();
   auto val = TokenDataset::Open(spec.data.val, T_);
-  if (!val.ok()) return val.status().WithContext("data.val");
+  if (!val.ok()) return AsInputError(val.status(), "data.val");
   val_data_ = std::shared_ptr<const TokenDataset>(std::move(val).value());
   auto eval = EvalLoader::Create(val_data_, B_, T_, V);
   if (!eval.ok()) return eval.status().WithContext("data.val");

@@ -84,6 +84,9 @@ struct TrainerOptions {
   // Under a coordinator: metrics lines, checkpoint commits and the model file are written
   // only while this attempt's lease is current (publish_fence.h). Not owned; nullptr = always.
   PublishFence* fence = nullptr;
+  // The kernel table, when not the one resources.device names (tests run the engine on an
+  // emulated device memory through it). Not owned; nullptr = by resources.device.
+  Ops* ops = nullptr;
 };
 
 // The checkpoint directory the spec names: checkpoint.dir, else <output_dir>/ckpt.

@@ -23,5 +23,14 @@ TEST(FormatProgressTest, StepsTokensAndTheTimeLeftAtTheLastStepTime) {
   EXPECT_EQ(FormatProgress(7, 0, 100.0, 0), "step 7");
 }
 
+TEST(FormatProgressTest, StepsBelowTheFurthestReachedAreMarkedRecomputed) {
+  EXPECT_EQ(FormatProgress(140, 300, 0, 0, 160), "step 140/300 (46.7%) (recomputed after restart)");
+  EXPECT_EQ(FormatProgress(160, 300, 0, 0, 160), "step 160/300 (53.3%)");
+  EXPECT_EQ(FormatProgress(170, 300, 0, 0, 160), "step 170/300 (56.7%)");
+  EXPECT_EQ(RecomputedNote(41, 55), " (recomputed after restart)");
+  EXPECT_EQ(RecomputedNote(55, 55), "");
+  EXPECT_EQ(RecomputedNote(3, 0), "");  // a record from before furthest_step existed
+}
+
 }  // namespace
 }  // namespace drover::cli

@@ -260,6 +260,25 @@ TEST(JobSpecTest, LoadJobSpecFileNamesAMissingPath) {
   EXPECT_NE(spec.status().message().find("/nonexistent/dir/job.yaml"), std::string::npos);
 }
 
+TEST(JobSpecTest, ReadJobSpecFileSaysADirectoryIsADirectory) {
+  const std::string dir = ::testing::TempDir();
+  StatusOr<std::string> text = ReadJobSpecFile(dir);
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(text.status().message(),
+            "job spec '" + dir + "' is a directory, not a YAML file; give the spec file itself");
+  EXPECT_EQ(LoadJobSpecFile(dir).status(), text.status());
+}
+
+TEST(JobSpecTest, ReadJobSpecFileGivesTheReasonItCannotRead) {
+  StatusOr<std::string> text = ReadJobSpecFile("/nonexistent/dir/job.yaml");
+  ASSERT_FALSE(text.ok());
+  EXPECT_EQ(text.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(text.status().message(),
+            "cannot read job spec '/nonexistent/dir/job.yaml': open /nonexistent/dir/job.yaml: "
+            "No such file or directory");
+}
+
 TEST(JobSpecTest, LoadJobSpecFilePrefixesErrorsWithThePath) {
   const std::string path = ::testing::TempDir() + "/job_spec_test_bad.yaml";
   ASSERT_TRUE(WriteFileAtomic(path, Minimal("train:\n  steps: -1\n")).ok());
@@ -351,7 +370,24 @@ const BadCase kBadCases[] = {
     {"Int32Overflow",
      Minimal("train:\n  global_batch: 99999999999\n"),
      {},
-     "train.global_batch (line 4): 99999999999 is too large for a 32-bit integer"},
+     "train.global_batch (line 4): '99999999999' is out of range for this field: allowed "
+     "-2147483648 to 2147483647"},
+    {"IntegerOf23Digits",
+     Minimal("train:\n  steps: 12345678901234567890123\n"),
+     {},
+     "train.steps (line 4): '12345678901234567890123' is out of range for this field: allowed "},
+    {"SecondDocument",
+     Minimal("train:\n  steps: 5\n---\ntrain:\n  steps: 7\n"),
+     {},
+     "2 YAML documents (a second one starts at line 6"},
+    {"PythonObjectTag",
+     Minimal("train:\n  steps: !!python/object:os.system 5\n"),
+     {},
+     "unknown YAML tag 'tag:yaml.org,2002:python/object:os.system' at line 4"},
+    {"LocalTag",
+     Minimal("output_dir: !secret runs/x\n"),
+     {},
+     "unknown YAML tag '!secret' at line 3"},
     {"NegativeSeed",
      Minimal("train:\n  seed: -1\n"),
      {},

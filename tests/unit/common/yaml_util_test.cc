@@ -82,6 +82,78 @@ TEST(YamlUtilTest, ParseReportsLineAndColumn) {
   EXPECT_EQ(LineOf(YAML::Node(5)), 0);
 }
 
+TEST(YamlUtilTest, IntegersTooLargeAreOutOfRangeWithTheAllowedRange) {
+  int64_t v = 0;
+  Status st = DecodeScalar(Scalar("12345678901234567890123"), &v);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "'12345678901234567890123' is out of range for this field: allowed "
+            "-9223372036854775808 to 9223372036854775807");
+  EXPECT_NE(DecodeScalar(Scalar("-12345678901234567890123"), &v).message().find("out of range"),
+            std::string::npos);
+  int i = 0;
+  EXPECT_EQ(DecodeScalar(Scalar("3000000000"), &i).message(),
+            "'3000000000' is out of range for this field: allowed -2147483648 to 2147483647");
+  EXPECT_EQ(DecodeScalar(Scalar("12345678901234567890123"), &i).message(),
+            "'12345678901234567890123' is out of range for this field: allowed -2147483648 to "
+            "2147483647");
+  uint64_t u = 0;
+  EXPECT_EQ(DecodeScalar(Scalar("18446744073709551616"), &u).message(),
+            "'18446744073709551616' is out of range for this field: allowed 0 to "
+            "18446744073709551615");
+  // Not a number at all is still said so.
+  EXPECT_EQ(DecodeScalar(Scalar("12a"), &v).message(), "expected an integer, got '12a'");
+}
+
+TEST(YamlUtilTest, ParseRefusesASecondDocumentNamingItsLine) {
+  YAML::Node node;
+  Status st = Parse("name: a\n---\nname: b\n", &node);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("2 YAML documents"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("line 3"), std::string::npos) << st.message();
+  // One document, with or without its markers, is fine; so is nothing at all.
+  EXPECT_TRUE(Parse("---\nname: a\n...\n", &node).ok());
+  EXPECT_TRUE(Parse("", &node).ok());
+  EXPECT_TRUE(node.IsNull());
+}
+
+TEST(YamlUtilTest, ParseRefusesUnknownTagsNamingTagAndLine) {
+  YAML::Node node;
+  Status st = Parse("a: 1\nb: !!python/object:os.system echo\n", &node);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("unknown YAML tag 'tag:yaml.org,2002:python/object:os.system'"),
+            std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("line 2"), std::string::npos) << st.message();
+  st = Parse("a:\n  - x\n  - !foo y\n", &node);
+  EXPECT_NE(st.message().find("unknown YAML tag '!foo' at line 3"), std::string::npos)
+      << st.message();
+  st = Parse("!custom {a: 1}\n", &node);
+  EXPECT_NE(st.message().find("'!custom'"), std::string::npos) << st.message();
+  // Standard tags and quoting are plain YAML.
+  EXPECT_TRUE(Parse("a: !!str 12\nb: !!int 3\nc: \"q\"\nd: !!map {e: !!seq [1]}\n", &node).ok());
+  EXPECT_EQ(node["a"].Scalar(), "12");
+}
+
+TEST(YamlUtilTest, ParseRefusesAliasesThatExpandBeyondAMillionValues) {
+  // Each level names the previous one ten times: 10^8 values from eight short lines.
+  std::string text = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 7; ++i) {
+    const std::string n = std::to_string(i);
+    const std::string prev = std::string("*a") + std::to_string(i - 1);
+    text += std::string("a") + n + ": &a" + n + " [";
+    for (int k = 0; k < 10; ++k) {
+      if (k > 0) text += ", ";
+      text += prev;
+    }
+    text += "]\n";
+  }
+  YAML::Node node;
+  Status st = Parse(text, &node);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("more than 1000000 values"), std::string::npos) << st.message();
+}
+
 TEST(YamlUtilTest, SuggestsCloseMatchesOnly) {
   EXPECT_EQ(EditDistance("steps", "stpes"), 2u);
   EXPECT_EQ(EditDistance("", "abc"), 3u);

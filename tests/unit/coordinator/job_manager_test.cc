@@ -138,6 +138,34 @@ TEST_F(JobManagerTest, TrainerExitStopsSurvivorsAndNextAttemptResumes) {
   EXPECT_EQ(jobs_.Attempts(id).back().resume_step(), 40);
 }
 
+// After a recovery the job's step follows the new attempt from its checkpoint, so the CLI
+// can show the recomputed steps; furthest_step keeps how far the job had got.
+TEST_F(JobManagerTest, ResumedAttemptRestartsLastStepAtItsCheckpointAndKeepsFurthestStep) {
+  const std::string id = SubmitAndPlace(1, {Node("n1", 1), Node("n2", 1)});
+  Listing("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 55)});
+  EXPECT_EQ(jobs_.Find(id)->last_step(), 55);
+  EXPECT_EQ(jobs_.Find(id)->furthest_step(), 55);
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 0, 9));
+  ASSERT_EQ(State(id), v1::RECOVERING);
+  v1::CheckpointRecord ckpt;
+  ckpt.set_job_id(id);
+  ckpt.set_step(40);
+  ckpt.set_path("/ckpt/step_40");
+  Place(id, 1, {Node("n2", 1)}, &ckpt);
+  EXPECT_EQ(jobs_.Find(id)->last_step(), 40);
+  EXPECT_EQ(jobs_.Find(id)->furthest_step(), 55);
+  EXPECT_EQ(batches_.back().jobs.back().last_step(), 40);  // persisted with the attempt
+  Listing("n2", {Trainer(id, 2, 0, v1::TRAINER_RUNNING, 43)});
+  EXPECT_EQ(jobs_.Find(id)->last_step(), 43);
+  EXPECT_EQ(jobs_.Find(id)->furthest_step(), 55);
+  // A late report of the old attempt is fenced and moves nothing.
+  Listing("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 56)});
+  EXPECT_EQ(jobs_.Find(id)->last_step(), 43);
+  Listing("n2", {Trainer(id, 2, 0, v1::TRAINER_RUNNING, 60)});
+  EXPECT_EQ(jobs_.Find(id)->last_step(), 60);
+  EXPECT_EQ(jobs_.Find(id)->furthest_step(), 60);
+}
+
 TEST_F(JobManagerTest, OldAttemptReportsAreFenced) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)});
   Listing("n1", {Trainer(id, 1, 0)});

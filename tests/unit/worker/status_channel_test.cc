@@ -113,6 +113,39 @@ TEST(TrainerReporterTest, LinesRoundTripThroughASocket) {
   EXPECT_EQ(ckpts[0].path(), "/x/step_10");
 }
 
+// A heartbeat carries only the latest report: an evaluation step followed by another step
+// before the next heartbeat must not lose its validation loss.
+TEST(TrainerReporterTest, ValidationLossRidesAlongUntilTheNextEvaluation) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  TrainerReporter reporter(sv[1]);
+  reporter.Progress(9, 1.0, 3.0, 100.0, {1e-3, std::nullopt, 0.0});
+  reporter.Progress(10, 1.0, 2.9, 100.0, {9e-4, 3.5, 0.4});
+  reporter.Progress(11, 1.0, 2.8, 100.0, {8e-4, std::nullopt, 0.4});
+  reporter.Phase("saving");
+  std::string data = DrainSocketPair(sv);
+  std::vector<std::string> lines = TakeLines(&data);
+  ASSERT_EQ(lines.size(), 4u);
+  std::vector<v1::TrainerProgress> seen;
+  v1::TrainerStatus st = Starting();
+  std::vector<v1::CheckpointRecord> ckpts;
+  for (const auto& line : lines) {
+    ASSERT_TRUE(ApplyReportLine(line, 50, &st, &ckpts).ok()) << line;
+    seen.push_back(st.progress());
+  }
+  EXPECT_EQ(seen[0].val_step(), 0);  // none yet
+  EXPECT_DOUBLE_EQ(seen[0].lr(), 1e-3);
+  EXPECT_EQ(seen[1].val_step(), 10);
+  EXPECT_DOUBLE_EQ(seen[1].val_loss(), 3.5);
+  EXPECT_EQ(seen[2].val_step(), 10);  // carried by the next step
+  EXPECT_DOUBLE_EQ(seen[2].val_loss(), 3.5);
+  EXPECT_DOUBLE_EQ(seen[2].lr(), 8e-4);
+  EXPECT_DOUBLE_EQ(seen[2].mfu(), 0.4);
+  EXPECT_EQ(seen[3].step(), 11);  // a phase keeps the last step's numbers
+  EXPECT_DOUBLE_EQ(seen[3].lr(), 8e-4);
+  EXPECT_EQ(seen[3].val_step(), 10);
+}
+
 TEST(TrainerReporterTest, ACheckpointFailureIsCarriedUntilASaveSucceeds) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);

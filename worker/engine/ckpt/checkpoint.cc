@@ -331,8 +331,8 @@ Status CheckManifestShape(const std::string& step_dir, CheckpointSnapshot* snap)
     const auto size = std::filesystem::file_size(Join(step_dir, sh.file()), ec);
     if (ec) return DataLossError(step_dir + ": missing shard " + sh.file());
     if (static_cast<int64_t>(size) != sh.bytes()) {
-      return DataLossError(Join(step_dir, sh.file()) + ": " + std::to_string(size) +
-                           " bytes, expected " + std::to_string(sh.bytes()));
+      return DataLossError(Join(step_dir, sh.file()) + ": the file is " + std::to_string(size) +
+                           " bytes, the manifest says " + std::to_string(sh.bytes()));
     }
     arena_bytes[sh.arena()] += static_cast<int64_t>(size);  // real files: cannot overflow
   }
@@ -358,9 +358,15 @@ Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
   if (!bytes.ok()) return DataLossError(step_dir + ": missing shard " + sh.file());
   const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
   const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
-  if (static_cast<int64_t>(bytes->size()) != want || sh.bytes() != want) {
-    return DataLossError(path + ": " + std::to_string(bytes->size()) + " bytes, expected " +
-                         std::to_string(want));
+  // Two different disagreements, each with its own pair of numbers: one message for both
+  // printed the same number twice when the manifest's byte count was the wrong one.
+  if (static_cast<int64_t>(bytes->size()) != want) {
+    return DataLossError(path + ": the file is " + std::to_string(bytes->size()) +
+                         " bytes, the manifest's runs cover " + std::to_string(want));
+  }
+  if (sh.bytes() != want) {
+    return DataLossError(path + ": the manifest says " + std::to_string(sh.bytes()) +
+                         " bytes, but its runs cover " + std::to_string(want));
   }
   const uint32_t crc = crc32c::Value(bytes->data(), bytes->size());
   if (crc != sh.crc32c()) {

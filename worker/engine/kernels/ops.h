@@ -9,7 +9,11 @@
 //
 // Thread-safety: an Ops is stateless apart from its allocator, which is thread-safe; the
 // kernels themselves parallelise inside (OpenMP / OpenBLAS for CpuOps), so call each from
-// one thread at a time.
+// one thread at a time. ToHost, FromHost, IsDeviceMemory and EncoderBackwardWindow may also
+// be called from a second thread (the data-parallel communication thread stages buffers and
+// adds the embedding rows of other ranks with them) while the training thread runs other
+// kernels; a backend with a queue (CUDA's stream) orders them after the work enqueued
+// before.
 #pragma once
 
 #include <cstddef>
@@ -93,6 +97,13 @@ class Ops {
   // Host <-> backend memory (identical to Copy for CpuOps).
   virtual void ToHost(float* host, const float* x, size_t n) = 0;
   virtual void FromHost(float* x, const float* host, size_t n) = 0;
+  // Whether p points into this backend's own memory rather than the host's: always false
+  // for CpuOps, whose memory is the host's. Communicators that move host memory ask it, to
+  // stage device buffers and pass host ones straight through (parallel/staged_communicator.h).
+  virtual bool IsDeviceMemory(const void* p) const {
+    (void)p;
+    return false;
+  }
   // x (n) narrowed in place to precision p, kept as floats (kernels/cpu/round.h): a store
   // of an activation in a mixed-precision run. p == kFp32 leaves x as it is.
   virtual void Round(float* x, size_t n, Precision p) = 0;

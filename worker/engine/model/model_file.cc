@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -147,6 +149,17 @@ StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& path) {
   for (const Segment& s : FileOrder(model->tensors(), config.num_layers)) {
     if (std::fread(model->params() + s.offset, sizeof(float), s.numel, f.get()) != s.numel) {
       return DataLossError(path + ": short read of the parameters");
+    }
+  }
+  // A run that diverged still saves its model. Evaluated, it printed "loss nan" as if that
+  // were a result; sampled, it gave noise. Either way the file is unusable: say so here.
+  for (const TensorInfo& t : model->tensors()) {
+    const float* p = model->params() + t.offset;
+    const float* bad = std::find_if(p, p + t.numel, [](float v) { return !std::isfinite(v); });
+    if (bad != p + t.numel) {
+      return DataLossError(path + ": the model file has non-finite weights in tensor " + t.name +
+                           " (element " + std::to_string(bad - p) + " is " +
+                           (std::isnan(*bad) ? "nan" : "inf") + ")");
     }
   }
   return model;

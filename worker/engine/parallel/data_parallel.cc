@@ -76,7 +76,7 @@ Status DataParallelMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, co
   const int C = layout_->config().channels;
   const int ranks = dp_->size();
   const std::vector<float> packed =
-      PackEmbeddingRows(inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks));
+      PackEmbeddingRows(ops_, inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks));
   const size_t n = packed.size();
   auto gathered = std::make_shared<std::vector<float>>(n * ranks);
   std::copy(packed.begin(), packed.end(), gathered->begin() + n * dp_->rank());
@@ -88,7 +88,8 @@ Status DataParallelMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, co
         dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n), DataType::kFloat32));
     for (int r = 0; r < dp_->size() && hi > lo; ++r) {
       AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
-                       grads_.data() + lo, lo - offset, hi - offset);
+                       grads_.data() + lo, lo - offset, hi - offset,
+                       &rows_scratch_);
     }
     return OkStatus();
   });

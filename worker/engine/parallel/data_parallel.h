@@ -77,6 +77,7 @@ class DataParallelMemory final : public TrainingMemory {
   const int zero_stage_;
   Buffer params_;
   Buffer grads_;
+  Buffer rows_scratch_;  // AddEmbeddingRows' device copy; used on the comm thread only
   FlatStageMemory flat_;
   ShardPartition partition_;
   std::vector<Bucket> buckets_;

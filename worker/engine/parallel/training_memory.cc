@@ -58,21 +58,24 @@ std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_fl
   return buckets;
 }
 
-std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T, int C,
-                                     float scale) {
+std::vector<float> PackEmbeddingRows(Ops* ops, const int32_t* inputs, const float* dout, int B,
+                                     int T, int C, float scale) {
   const size_t bt = static_cast<size_t>(B) * T;
   std::vector<float> packed(bt + bt * C);
   for (size_t i = 0; i < bt; ++i) packed[i] = static_cast<float>(inputs[i]);
-  for (size_t i = 0; i < bt * C; ++i) packed[bt + i] = dout[i] * scale;
+  ops->ToHost(packed.data() + bt, dout, bt * C);
+  for (size_t i = 0; i < bt * C; ++i) packed[bt + i] *= scale;
   return packed;
 }
 
 void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t wpe_offset,
-                      float* dwindow, size_t lo, size_t hi) {
+                      float* dwindow, size_t lo, size_t hi, Buffer* scratch) {
   const size_t bt = static_cast<size_t>(B) * T;
   std::vector<int32_t> ids(bt);
   for (size_t i = 0; i < bt; ++i) ids[i] = static_cast<int32_t>(packed[i]);
-  ops->EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, packed + bt, ids.data(), B, T, C);
+  if (scratch->size() < bt * C) *scratch = ops->Allocate(bt * C);
+  ops->FromHost(scratch->data(), packed + bt, bt * C);
+  ops->EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, scratch->data(), ids.data(), B, T, C);
 }
 
 }  // namespace drover::engine::parallel

@@ -64,13 +64,16 @@ std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_fl
 // The embedding's backward of one micro-batch as data that travels between dp ranks
 // (StageMemory::AddEmbeddingGrads after the unit's reduction started): the B*T token ids as
 // floats (exact below 2^24) followed by dout (B, T, C) times `scale` (1 / dp: the rows are
-// averaged like the rest of the gradient). Host memory.
-std::vector<float> PackEmbeddingRows(const int32_t* inputs, const float* dout, int B, int T, int C,
-                                     float scale);
-// Adds one rank's packed rows into the window [lo, hi) (elements of the embedding unit,
-// wpe at wpe_offset) of a gradient whose element lo is `dwindow`.
+// averaged like the rest of the gradient). `dout` is `ops`' memory (read with ToHost); the
+// result is host memory, which the communicators move as it is.
+std::vector<float> PackEmbeddingRows(Ops* ops, const int32_t* inputs, const float* dout, int B,
+                                     int T, int C, float scale);
+// Adds one rank's packed rows (host memory) into the window [lo, hi) (elements of the
+// embedding unit, wpe at wpe_offset) of a gradient whose element lo is `dwindow`. The rows
+// go to the kernel through `scratch`, `ops`' memory, grown as needed and kept by the caller
+// (so a device backend allocates once, not every step).
 void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t wpe_offset,
-                      float* dwindow, size_t lo, size_t hi);
+                      float* dwindow, size_t lo, size_t hi, Buffer* scratch);
 
 // Floats one rank holds for the model state (activations not counted).
 struct MemoryUsage {

@@ -140,7 +140,7 @@ Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const f
   auto gathered = std::make_shared<std::vector<float>>();
   {
     std::vector<float> packed =
-        PackEmbeddingRows(inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks));
+        PackEmbeddingRows(ops_, inputs, dout, B, T, C, 1.0f / static_cast<float>(ranks));
     gathered->resize(packed.size() * ranks);
     std::copy(packed.begin(), packed.end(), gathered->begin() + packed.size() * dp_->rank());
   }
@@ -152,7 +152,8 @@ Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const f
         dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n), DataType::kFloat32));
     for (int r = 0; r < dp_->size() && hi > lo; ++r) {
       AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
-                       owned_grads_.data() + owned_offset(lo), lo - offset, hi - offset);
+                       owned_grads_.data() + owned_offset(lo), lo - offset, hi - offset,
+                       &rows_scratch_);
     }
     return OkStatus();
   });

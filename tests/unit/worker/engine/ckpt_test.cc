@@ -181,6 +181,25 @@ TEST_F(CkptTest, ShardOfAnUnknownArenaIsDataLossNamingIt) {
   EXPECT_THAT(snap.status().message(), ::testing::HasSubstr("arena 'ema'"));
 }
 
+// A shard whose size disagrees with its manifest names both sizes, each once.
+TEST_F(CkptTest, ShardSizeMismatchNamesTheFileSizeAndTheManifestSize) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(3, 64)).ok());
+  const fs::path step = dir_ / "step_3";
+  auto m = ReadManifest(step.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const int64_t real = m->shards(0).bytes();
+  m->mutable_shards(0)->set_bytes(real + 8);
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
+  { std::ofstream(step / kManifestFile) << json; }
+  auto snap = ReadCheckpoint(step.string());
+  EXPECT_EQ(snap.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(snap.status().message(),
+              ::testing::HasSubstr((step / m->shards(0).file()).string() + ": the file is " +
+                                   std::to_string(real) + " bytes, the manifest says " +
+                                   std::to_string(real + 8)));
+}
+
 // Retention never deletes a checkpoint while someone reads it (a shared flock on its
 // directory, taken by ReadCheckpoint in any process).
 TEST_F(CkptTest, PruningSkipsACheckpointBeingRead) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -124,6 +125,29 @@ TEST_F(ModelFileTest, CorruptFilesAreNamedErrors) {
 // Whatever step of the save fails (a full disk mid-parameters, a short write, EIO on fsync,
 // a failed rename), the error names the file, the old model is untouched and no temporary
 // file is left holding the space.
+TEST_F(ModelFileTest, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  Gpt m(kConfig);
+  m.InitRandom(5);
+  const TensorInfo* fcb = m.FindTensor("h.1.fcb");
+  ASSERT_NE(fcb, nullptr);
+  m.params()[fcb->offset + 3] = std::nanf("");
+  ASSERT_TRUE(SaveModelFile(m, Path("nan.bin")).ok());
+  auto loaded = LoadModelFile(Path("nan.bin"));
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(loaded.status().message(),
+            Path("nan.bin") +
+                ": the model file has non-finite weights in tensor h.1.fcb "
+                "(element 3 is nan)");
+  m.params()[fcb->offset + 3] = 0;
+  m.params()[0] = -INFINITY;
+  ASSERT_TRUE(SaveModelFile(m, Path("inf.bin")).ok());
+  loaded = LoadModelFile(Path("inf.bin"));
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("tensor wte (element 0 is inf)"), std::string::npos)
+      << loaded.status();
+}
+
 TEST_F(ModelFileTest, FailedSaveRemovesItsTemporaryFileAndKeepsTheOldModel) {
   using Op = testing::FaultInjectionFileSystem::Op;
   Gpt old_model(kConfig), new_model(kConfig);

@@ -7,8 +7,11 @@
 // loader's): they are copied to a device buffer on the stream, which orders the copy after
 // every kernel still reading the previous ids.
 //
-// Synchronisation: every call enqueues on the one stream; the calls that return a value to
-// the host (CrossEntropyForward, SumSquares, ToHost) wait for it.
+// Synchronisation: every kernel is enqueued on the one compute stream; the calls that return
+// a value to the host (CrossEntropyForward, SumSquares) wait for it. Copies between host and
+// device run on a second stream, ordered by events after the compute work enqueued before
+// the call (ToHost, FromHost) and before the work enqueued after it (FromHost), so that the
+// data-parallel communication thread's staging overlaps the training thread's backward.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -60,8 +63,8 @@ class Scratch {
 
 class CudaOpsImpl final : public Ops {
  public:
-  CudaOpsImpl(cudaStream_t stream, cublasHandle_t blas)
-      : stream_(stream), blas_(blas), allocator_(stream) {}
+  CudaOpsImpl(cudaStream_t stream, cudaStream_t copy_stream, cublasHandle_t blas)
+      : stream_(stream), copy_stream_(copy_stream), blas_(blas), allocator_(stream) {}
 
   const char* name() const override { return "cuda"; }
   Allocator* allocator() override { return &allocator_; }
@@ -80,14 +83,39 @@ class CudaOpsImpl final : public Ops {
   }
   void ToHost(float* host, const float* x, size_t n) override {
     if (n == 0) return;
-    DROVER_CUDA_CHECK(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    // On the copy stream, after the compute work enqueued so far and not after what comes
+    // later: the communication thread stages a finished gradient bucket while the
+    // training thread's backward goes on.
+    cudaEvent_t computed = Record(stream_);
+    DROVER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, computed, 0));
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, copy_stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    DROVER_CUDA_CHECK(cudaEventDestroy(computed));
   }
   void FromHost(float* x, const float* host, size_t n) override {
     if (n == 0) return;
-    DROVER_CUDA_CHECK(cudaMemcpyAsync(x, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    // After the kernels enqueued so far (they may still read x), and before those enqueued
+    // from now on (they must see the new values).
+    cudaEvent_t computed = Record(stream_);
+    DROVER_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, computed, 0));
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(x, host, n * sizeof(float), cudaMemcpyHostToDevice, copy_stream_));
+    cudaEvent_t copied = Record(copy_stream_);
+    DROVER_CUDA_CHECK(cudaStreamWaitEvent(stream_, copied, 0));
     // The caller may free or reuse `host` as soon as this returns.
-    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+    DROVER_CUDA_CHECK(cudaEventDestroy(computed));
+    DROVER_CUDA_CHECK(cudaEventDestroy(copied));
+  }
+  bool IsDeviceMemory(const void* p) const override {
+    // Pageable host memory is cudaMemoryTypeUnregistered (CUDA >= 11), not an error.
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error state of this thread
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   }
   void Round(float* x, size_t n, Precision p) override {
     if (p == Precision::kBf16) cuda::Round(x, n, 1, stream_);
@@ -104,8 +132,10 @@ class CudaOpsImpl final : public Ops {
   }
   void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
                              const float* dout, const int32_t* inp, int B, int T, int C) override {
-    cuda::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, Tokens(inp, B * T), B, T, C,
-                                stream_);
+    // Called on the data-parallel communication thread (ops.h): token ids of its own, so
+    // that it never overwrites those the training thread's next kernel reads.
+    cuda::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout,
+                                Tokens(inp, B * T, &window_tokens_), B, T, C, stream_);
   }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C) override {
@@ -169,17 +199,28 @@ class CudaOpsImpl final : public Ops {
 
  private:
   // Host token ids (n) on the device, valid for the kernels enqueued next.
-  const int32_t* Tokens(const int32_t* host, int n) {
-    int32_t* device = tokens_.Get(static_cast<size_t>(n));
+  const int32_t* Tokens(const int32_t* host, int n, Scratch<int32_t>* scratch = nullptr) {
+    int32_t* device = (scratch != nullptr ? scratch : &tokens_)->Get(static_cast<size_t>(n));
     DROVER_CUDA_CHECK(
         cudaMemcpyAsync(device, host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
     return device;
   }
 
-  cudaStream_t stream_;
+  // A fresh event recorded on `stream` now (events are cheap; one per call keeps calls from
+  // two threads apart). Destroying it after the waits that use it is safe.
+  static cudaEvent_t Record(cudaStream_t stream) {
+    cudaEvent_t event = nullptr;
+    DROVER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    DROVER_CUDA_CHECK(cudaEventRecord(event, stream));
+    return event;
+  }
+
+  cudaStream_t stream_;       // every kernel
+  cudaStream_t copy_stream_;  // ToHost / FromHost, ordered against stream_ by events
   cublasHandle_t blas_;
   DeviceAllocator allocator_;
   Scratch<int32_t> tokens_;
+  Scratch<int32_t> window_tokens_;  // EncoderBackwardWindow's, on the communication thread
   Scratch<float> dpre_;
   Scratch<double> sum_scratch_;
   Scratch<double> mean_;
@@ -214,8 +255,9 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     SetError(error, error_len, "cudaSetDevice(0)", cudaGetErrorString(err));
     return -1;
   }
-  cudaStream_t stream = nullptr;
-  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+  cudaStream_t stream = nullptr, copy_stream = nullptr;
+  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (err = cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking)) != cudaSuccess) {
     SetError(error, error_len, "cudaStreamCreate", cudaGetErrorString(err));
     return -1;
   }
@@ -228,6 +270,6 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     SetError(error, error_len, "cuBLAS", cublasGetStatusString(st));
     return -1;
   }
-  *ops = new drover::engine::cuda::CudaOpsImpl(stream, blas);  // lives until exit
+  *ops = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas);  // lives until exit
   return 0;
 }

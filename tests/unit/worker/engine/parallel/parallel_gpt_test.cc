@@ -18,6 +18,7 @@
 
 #include "common/job_spec.h"
 #include "common/token_shard.h"
+#include "tests/unit/worker/engine/emulated_device_ops.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
@@ -44,6 +45,9 @@ struct Phase {
   int steps = kSteps;
   bool resume = false;      // from the newest checkpoint in checkpoint.dir
   bool checkpoint = false;  // write one (synchronously) after the steps
+  // Each rank's arenas in emulated device memory (emulated_device_ops.h), its process
+  // groups staging them through the host, as a multi-rank CUDA job's are.
+  bool emulated_device = false;
 };
 
 class ParallelEquivalenceTest : public ::testing::Test {
@@ -100,6 +104,8 @@ class ParallelEquivalenceTest : public ::testing::Test {
       threads.emplace_back([&, rank] {
         SetNumThreads(1);
         RankResult& r = results[rank];
+        std::unique_ptr<testing::EmulatedDeviceOps> device;
+        if (phase.emulated_device) device = std::make_unique<testing::EmulatedDeviceOps>();
         TrainerOptions options;
         options.spec = spec;
         options.rank = rank;
@@ -107,6 +113,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
         options.store = &store;
         options.log_steps = false;
         options.resume = phase.resume;
+        options.ops = device.get();
         // A rank that fails at start-up must not leave the others waiting for minutes.
         options.connect_timeout = std::chrono::seconds(30);
         auto trainer = Trainer::Create(options);
@@ -169,11 +176,13 @@ class ParallelEquivalenceTest : public ::testing::Test {
   // next to a rounding boundary can then land on the neighbouring bf16 value: `rtol` bounds
   // what that may add.
   static void ExpectMatchesOneProcess(int world, const std::vector<std::string>& overrides,
-                                      double rtol = 1e-5) {
+                                      double rtol = 1e-5, bool emulated_device = false) {
     JobSpec spec = Spec(overrides);
     const RankResult& want = Reference(spec.train.micro_batch, spec.precision.dtype);
     ASSERT_TRUE(want.status.ok()) << want.status;
-    const std::vector<RankResult> got = RunWorld(spec, world);
+    Phase phase;
+    phase.emulated_device = emulated_device;
+    const std::vector<RankResult> got = RunWorld(spec, world, phase);
     for (int rank = 0; rank < world; ++rank) {
       const RankResult& r = got[rank];
       ASSERT_TRUE(r.status.ok()) << "rank " << rank << ": " << r.status;
@@ -432,6 +441,66 @@ TEST_F(ParallelEquivalenceTest, Fp16CheckpointCarriesTheLossScale) {
     EXPECT_NEAR(got.losses[s], want.losses[4 + s], 2e-3 * want.losses[4 + s]) << "step " << 5 + s;
   }
   EXPECT_NE(want.loss_scales[4], 16777216.0) << "the scale at the checkpoint is the initial one";
+}
+
+}  // namespace
+}  // namespace drover::engine::parallel
+
+namespace drover::engine::parallel {
+namespace {
+
+// Device memory (emulated): every parallel mode keeps its arenas where a GPU would, moves
+// them only through Ops and the staging communicators, and still equals one CPU process.
+// A host access of device memory kills the test with a SIGSEGV that names it.
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceOneProcessEqualsTheCpuBitForBit) {
+  JobSpec spec = Spec({});
+  const RankResult& want = Reference(spec.train.micro_batch);
+  Phase phase;
+  phase.emulated_device = true;
+  const RankResult got = RunWorld(spec, 1, phase)[0];
+  ASSERT_TRUE(got.status.ok()) << got.status;
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.params, want.params);
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceDataParallelWithZero2) {
+  ExpectMatchesOneProcess(2, {"parallel.zero_stage=2"}, 1e-5, /*emulated_device=*/true);
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceZeroStage3WithAccumulation) {
+  ExpectMatchesOneProcess(2, {"parallel.zero_stage=3", "train.micro_batch=2"}, 1e-5, true);
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceDataParallelWithZero1) {
+  ExpectMatchesOneProcess(2, {"parallel.zero_stage=1"}, 1e-5, true);
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDevicePipelineAndTensorParallel) {
+  ExpectMatchesOneProcess(4, {"parallel.pp=2", "parallel.tp=2", "train.micro_batch=2"}, 1e-5,
+                          true);
+}
+// A checkpoint written from device memory (ZeRO-3 shards, gathered through ToHost) resumes
+// on the CPU, and one written on the CPU resumes on the device, both continuing the
+// uninterrupted run.
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceCheckpointsMoveBetweenDeviceAndCpu) {
+  const RankResult& want = Reference(2);
+  ASSERT_TRUE(want.status.ok()) << want.status;
+  for (const bool save_on_device : {true, false}) {
+    SCOPED_TRACE(save_on_device ? "saved on the device" : "saved on the cpu");
+    const std::string ckpt =
+        "checkpoint.dir=" + (*dir_ / (save_on_device ? "ckpt_dev" : "ckpt_cpu")).string();
+    Phase save{3, false, true, save_on_device};
+    const auto saved =
+        RunWorld(Spec({"train.micro_batch=2", "parallel.zero_stage=3", ckpt}), 2, save);
+    ASSERT_TRUE(saved[0].status.ok()) << saved[0].status;
+    Phase load{2, true, false, !save_on_device};
+    const auto got = RunWorld(Spec({"train.micro_batch=2", "parallel.tp=2", ckpt}), 2, load);
+    ASSERT_TRUE(got[0].status.ok()) << got[0].status;
+    ASSERT_EQ(got[0].losses.size(), 2u);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_NEAR(got[0].losses[s], want.losses[3 + s], 1e-5 * want.losses[3 + s]) << s;
+    }
+  }
+}
+
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceBf16DataParallel) {
+  ExpectMatchesOneProcess(2, {"precision.dtype=bf16"}, 2e-3, true);
 }
 
 }  // namespace

@@ -1,0 +1,201 @@
+#include "coordinator/dashboard_json.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "common/job_spec.h"
+
+namespace drover::coordinator {
+namespace {
+
+using nlohmann::json;
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// JSON has no NaN or infinity: a diverged loss is shown as missing, not as garbage.
+json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+std::string NodeState(const v1::NodeRecord& n, int64_t now_ms) {
+  if (n.state() == v1::NODE_DEAD) return "dead";
+  if (n.state() == v1::NODE_CORDONED || n.cordon_until_ms() > now_ms) return "cordoned";
+  return "alive";
+}
+
+json JobSummary(const v1::JobRecord& j) {
+  return json{{"job_id", j.job_id()},
+              {"name", j.name()},
+              {"state", Lower(v1::JobState_Name(j.state()))},
+              {"attempt", j.attempt()},
+              {"restarts", j.restarts()},
+              {"max_restarts", j.max_restarts()},
+              {"world_size", j.placement_size()},
+              {"device", Lower(v1::DeviceKind_Name(j.device()))},
+              {"step", j.last_step()},
+              {"loss", Number(j.last_loss())},
+              {"tokens_per_s", Number(j.tokens_per_s())},
+              {"latest_checkpoint_step", j.latest_checkpoint_step()},
+              {"submitted_ms", j.submitted_ms()},
+              {"started_ms", j.started_ms()},
+              {"finished_ms", j.finished_ms()},
+              {"reason", j.reason()}};
+}
+
+json Placement(const v1::JobInfo& info) {
+  std::map<int, const v1::TrainerStatus*> by_rank;
+  for (const v1::TrainerStatus& t : info.trainers()) {
+    if (t.attempt() == info.job().attempt()) by_rank[t.rank()] = &t;
+  }
+  json ranks = json::array();
+  for (const v1::RankAssignment& r : info.job().placement()) {
+    json rank{
+        {"rank", r.rank()}, {"node", r.node()}, {"slot", r.slot()}, {"local_rank", r.local_rank()}};
+    if (auto it = by_rank.find(r.rank()); it != by_rank.end()) {
+      const v1::TrainerStatus& t = *it->second;
+      rank["state"] = Lower(v1::TrainerState_Name(t.state()).substr(8));  // "TRAINER_"
+      rank["pid"] = t.pid();
+      rank["step"] = t.progress().step();
+      rank["step_ms"] = Number(t.progress().step_ms());
+      rank["message"] = t.progress().message();
+    } else {
+      rank["state"] = "not started";
+    }
+    ranks.push_back(std::move(rank));
+  }
+  return ranks;
+}
+
+json Attempts(const v1::JobInfo& info, const ProgressHistory::Series& history) {
+  // The first step each attempt reported, as far as the history holds it: a restart is
+  // placed at once, but training again is what a person waits for.
+  std::map<int64_t, int64_t> first_step_ms;
+  for (const ProgressPoint& p : history.points) first_step_ms.emplace(p.attempt, p.time_ms);
+  json attempts = json::array();
+  for (int i = 0; i < info.attempts_size(); ++i) {
+    const v1::AttemptRecord& a = info.attempts(i);
+    json nodes = json::array();
+    for (const v1::RankAssignment& r : a.placement()) {
+      if (std::find(nodes.begin(), nodes.end(), r.node()) == nodes.end()) nodes.push_back(r.node());
+    }
+    json attempt{{"attempt", a.attempt()},       {"world_size", a.world_size()},
+                 {"started_ms", a.started_ms()}, {"ended_ms", a.ended_ms()},
+                 {"end_reason", a.end_reason()}, {"resume_step", a.resume_step()},
+                 {"nodes", std::move(nodes)}};
+    // Recovery: from the previous attempt's end to this one's start.
+    if (i > 0 && info.attempts(i - 1).ended_ms() > 0 &&
+        a.started_ms() >= info.attempts(i - 1).ended_ms()) {
+      attempt["recovery_ms"] = a.started_ms() - info.attempts(i - 1).ended_ms();
+      if (auto it = first_step_ms.find(a.attempt());
+          it != first_step_ms.end() && it->second >= info.attempts(i - 1).ended_ms()) {
+        attempt["training_again_ms"] = it->second - info.attempts(i - 1).ended_ms();
+      }
+    }
+    attempts.push_back(std::move(attempt));
+  }
+  return attempts;
+}
+
+json History(const ProgressHistory::Series& h) {
+  // Arrays, not objects: 2,000 points poll every second or two.
+  json points = json::array();
+  for (const ProgressPoint& p : h.points) {
+    points.push_back(json::array(
+        {p.attempt, p.step, p.time_ms, Number(p.loss), Number(p.lr), Number(p.tokens_per_s)}));
+  }
+  json val = json::array();
+  for (const ValPoint& v : h.val) {
+    val.push_back(json::array({v.attempt, v.step, v.time_ms, Number(v.val_loss)}));
+  }
+  return json{{"memory_only", true},
+              {"stride", h.stride},
+              {"reports", h.reports},
+              {"columns", {"attempt", "step", "time_ms", "loss", "lr", "tokens_per_s"}},
+              {"val_columns", {"attempt", "step", "time_ms", "val_loss"}},
+              {"points", std::move(points)},
+              {"val", std::move(val)}};
+}
+
+}  // namespace
+
+json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsResponse& running,
+                 int64_t now_ms) {
+  // (node, slot) -> the rank of a running job that holds it.
+  std::map<std::pair<std::string, int>, std::pair<const v1::JobRecord*, int>> holder;
+  for (const v1::JobRecord& j : running.jobs()) {
+    if (j.state() != v1::RUNNING) continue;
+    for (const v1::RankAssignment& r : j.placement()) holder[{r.node(), r.slot()}] = {&j, r.rank()};
+  }
+  json nodes = json::array();
+  int64_t slots = 0, free = 0, alive = 0;
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    const v1::NodeRecord& n = w.node();
+    json node_slots = json::array();
+    for (const v1::Slot& s : n.slots()) {
+      json slot{{"index", s.index()},
+                {"device", Lower(v1::DeviceKind_Name(s.device()))},
+                {"description", s.description()}};
+      if (auto it = holder.find({n.name(), s.index()}); it != holder.end()) {
+        slot["job_id"] = it->second.first->job_id();
+        slot["job_name"] = it->second.first->name();
+        slot["rank"] = it->second.second;
+      }
+      node_slots.push_back(std::move(slot));
+    }
+    const std::string state = NodeState(n, now_ms);
+    alive += state == "alive";
+    slots += n.slots_size();
+    free += w.free_slots();
+    nodes.push_back(json{{"name", n.name()},
+                         {"address", n.address()},
+                         {"state", state},
+                         {"failures", n.failures()},
+                         {"cordon_until_ms", n.cordon_until_ms()},
+                         {"heartbeat_age_ms", std::max<int64_t>(0, now_ms - n.last_heartbeat_ms())},
+                         {"free_slots", w.free_slots()},
+                         {"trainers", w.trainers_size()},
+                         {"slots", std::move(node_slots)}});
+  }
+  return json{{"now_ms", now_ms},
+              {"nodes", std::move(nodes)},
+              {"totals",
+               {{"nodes", workers.workers_size()},
+                {"alive", alive},
+                {"slots", slots},
+                {"free_slots", free}}}};
+}
+
+json JobsJson(const v1::ListJobsResponse& jobs) {
+  json list = json::array();
+  for (const v1::JobRecord& j : jobs.jobs()) list.push_back(JobSummary(j));
+  return json{{"jobs", std::move(list)}, {"next_before_seq", jobs.next_before_seq()}};
+}
+
+json JobJson(const v1::JobInfo& info, const ProgressHistory::Series& history, int64_t now_ms) {
+  const v1::JobRecord& j = info.job();
+  json job = JobSummary(j);
+  auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
+  job["steps"] = spec.ok() ? spec->train.steps : 0;
+  job["output_dir"] = j.output_dir();
+  job["checkpoint_error"] = j.checkpoint_error();
+  json checkpoints = json::array();
+  for (const v1::CheckpointRecord& c : info.checkpoints()) {
+    checkpoints.push_back(json{{"step", c.step()},
+                               {"attempt", c.attempt()},
+                               {"created_ms", c.created_ms()},
+                               {"world_size", c.world_size()}});
+  }
+  return json{{"now_ms", now_ms},
+              {"job", std::move(job)},
+              {"placement", Placement(info)},
+              {"attempts", Attempts(info, history)},
+              {"checkpoints", std::move(checkpoints)},
+              {"history", History(history)}};
+}
+
+}  // namespace drover::coordinator

@@ -1,0 +1,225 @@
+#include "coordinator/metrics.h"
+
+#include <prometheus/gauge.h>
+#include <prometheus/text_serializer.h>
+
+#include <algorithm>
+#include <cctype>
+
+namespace drover::coordinator {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::Labels;
+
+// From 100 us (a heartbeat answered from memory) to 10 s (a submit waiting on a slow disk).
+Histogram::BucketBoundaries RpcBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+}
+// From a restart on the same slots (about a second) to a job that waited for nodes.
+Histogram::BucketBoundaries RecoveryBuckets() {
+  return {0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800};
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+double Seconds(int64_t ms) { return static_cast<double>(ms) / 1000.0; }
+
+// The gauges of one scrape, built afresh in their own registry.
+class StateSeries {
+ public:
+  explicit StateSeries(prometheus::Registry* r)
+      : jobs_(Family(r, "drover_jobs", "Jobs in each state")),
+        nodes_(Family(r, "drover_nodes", "Worker nodes: alive, dead or cordoned")),
+        slots_(Family(r, "drover_slots",
+                      "Slots: free, in_use, or unavailable (on dead or cordoned nodes)")),
+        node_slots_(Family(r, "drover_node_slots", "Slots of the node")),
+        node_free_(Family(r, "drover_node_free_slots", "Slots of the node no trainer holds")),
+        node_failures_(Family(r, "drover_node_failures",
+                              "Failures counted against the node (they lead to cordons)")),
+        node_age_(
+            Family(r, "drover_node_heartbeat_age_seconds", "Time since the node's last heartbeat")),
+        attempt_(Family(r, "drover_job_attempt", "Number of the job's current attempt")),
+        restarts_(Family(r, "drover_job_restarts", "Restarts used, against max_restarts")),
+        step_(Family(r, "drover_job_step", "Newest optimizer step any rank reported")),
+        loss_(Family(r, "drover_job_loss", "Training loss of that step")),
+        tokens_(Family(r, "drover_job_tokens_per_second", "Training throughput")),
+        last_recovery_(Family(r, "drover_job_last_recovery_seconds",
+                              "From the previous attempt's end to the current one's start")),
+        lr_(Family(r, "drover_job_learning_rate", "Learning rate rank 0 reported last")),
+        val_loss_(Family(r, "drover_job_val_loss", "Newest validation loss")),
+        mfu_(Family(r, "drover_job_mfu_ratio", "Model FLOPs utilisation, where known")),
+        ckpt_age_(Family(r, "drover_job_checkpoint_age_seconds",
+                         "Time since the job's newest complete checkpoint was created")) {}
+
+  void Add(const ClusterSnapshot& s) {
+    for (int st = v1::PENDING; st <= v1::CANCELLED; ++st) {
+      auto it = s.jobs_by_state.find(static_cast<v1::JobState>(st));
+      jobs_.Add({{"state", Lower(v1::JobState_Name(static_cast<v1::JobState>(st)))}})
+          .Set(static_cast<double>(it == s.jobs_by_state.end() ? 0 : it->second));
+    }
+    AddNodes(s);
+    for (const v1::JobInfo& info : s.live_jobs) AddJob(info, s.now_ms);
+  }
+
+ private:
+  static prometheus::Family<Gauge>& Family(prometheus::Registry* r, const char* name,
+                                           const char* help) {
+    return BuildGauge().Name(name).Help(help).Register(*r);
+  }
+
+  void AddNodes(const ClusterSnapshot& s) {
+    int64_t alive = 0, dead = 0, cordoned = 0, free = 0, in_use = 0, unavailable = 0;
+    for (const v1::WorkerInfo& w : s.workers) {
+      const v1::NodeRecord& n = w.node();
+      const int64_t slots = n.slots_size();
+      const Labels node{{"node", n.name()}};
+      if (n.state() == v1::NODE_DEAD) {
+        ++dead;
+        unavailable += slots;
+      } else if (n.state() == v1::NODE_CORDONED || n.cordon_until_ms() > s.now_ms) {
+        ++cordoned;
+        unavailable += slots;
+      } else {
+        ++alive;
+        free += w.free_slots();
+        in_use += slots - w.free_slots();
+      }
+      node_slots_.Add(node).Set(static_cast<double>(slots));
+      node_free_.Add(node).Set(w.free_slots());
+      node_failures_.Add(node).Set(n.failures());
+      node_age_.Add(node).Set(Seconds(std::max<int64_t>(0, s.now_ms - n.last_heartbeat_ms())));
+    }
+    nodes_.Add({{"state", "alive"}}).Set(static_cast<double>(alive));
+    nodes_.Add({{"state", "dead"}}).Set(static_cast<double>(dead));
+    nodes_.Add({{"state", "cordoned"}}).Set(static_cast<double>(cordoned));
+    slots_.Add({{"state", "free"}}).Set(static_cast<double>(free));
+    slots_.Add({{"state", "in_use"}}).Set(static_cast<double>(in_use));
+    slots_.Add({{"state", "unavailable"}}).Set(static_cast<double>(unavailable));
+  }
+
+  void AddJob(const v1::JobInfo& info, int64_t now_ms) {
+    const v1::JobRecord& j = info.job();
+    const Labels l{{"job_id", j.job_id()}, {"name", j.name()}};
+    attempt_.Add(l).Set(static_cast<double>(j.attempt()));
+    restarts_.Add(l).Set(j.restarts());
+    step_.Add(l).Set(static_cast<double>(j.last_step()));
+    loss_.Add(l).Set(j.last_loss());
+    tokens_.Add(l).Set(j.tokens_per_s());
+    const int n = info.attempts_size();
+    if (n >= 2) {
+      const v1::AttemptRecord& prev = info.attempts(n - 2);
+      const v1::AttemptRecord& cur = info.attempts(n - 1);
+      if (prev.ended_ms() > 0 && cur.started_ms() >= prev.ended_ms()) {
+        last_recovery_.Add(l).Set(Seconds(cur.started_ms() - prev.ended_ms()));
+      }
+    }
+    for (const v1::TrainerStatus& t : info.trainers()) {
+      if (t.rank() != 0 || t.attempt() != j.attempt()) continue;
+      const v1::TrainerProgress& p = t.progress();
+      if (p.step() > 0) lr_.Add(l).Set(p.lr());
+      if (p.val_step() > 0) val_loss_.Add(l).Set(p.val_loss());
+      if (p.mfu() > 0) mfu_.Add(l).Set(p.mfu());
+    }
+    int64_t newest = 0;
+    for (const v1::CheckpointRecord& c : info.checkpoints()) {
+      newest = std::max(newest, c.created_ms());
+    }
+    if (newest > 0) ckpt_age_.Add(l).Set(Seconds(std::max<int64_t>(0, now_ms - newest)));
+  }
+
+  prometheus::Family<Gauge>& jobs_;
+  prometheus::Family<Gauge>& nodes_;
+  prometheus::Family<Gauge>& slots_;
+  prometheus::Family<Gauge>& node_slots_;
+  prometheus::Family<Gauge>& node_free_;
+  prometheus::Family<Gauge>& node_failures_;
+  prometheus::Family<Gauge>& node_age_;
+  prometheus::Family<Gauge>& attempt_;
+  prometheus::Family<Gauge>& restarts_;
+  prometheus::Family<Gauge>& step_;
+  prometheus::Family<Gauge>& loss_;
+  prometheus::Family<Gauge>& tokens_;
+  prometheus::Family<Gauge>& last_recovery_;
+  prometheus::Family<Gauge>& lr_;
+  prometheus::Family<Gauge>& val_loss_;
+  prometheus::Family<Gauge>& mfu_;
+  prometheus::Family<Gauge>& ckpt_age_;
+};
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics()
+    : rpc_requests_(BuildCounter()
+                        .Name("drover_rpc_requests_total")
+                        .Help("RPCs the coordinator answered, by method and gRPC status code")
+                        .Register(events_)),
+      rpc_duration_(BuildHistogram()
+                        .Name("drover_rpc_duration_seconds")
+                        .Help("Time from an RPC's receipt to its answer")
+                        .Register(events_)),
+      recovery_(BuildHistogram()
+                    .Name("drover_job_recovery_seconds")
+                    .Help("From a job's ended attempt to the start of its next one")
+                    .Register(events_)
+                    .Add({}, RecoveryBuckets())) {}
+
+void CoordinatorMetrics::ObserveRpc(const std::string& method, const std::string& code,
+                                    double seconds) {
+  prometheus::Counter* counter;
+  prometheus::Histogram* histogram = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& c = rpc_counters_[{method, code}];
+    if (c == nullptr) c = &rpc_requests_.Add({{"method", method}, {"code", code}});
+    counter = c;
+    if (seconds >= 0) {  // a stream has no histogram at all, rather than an empty one
+      auto& h = rpc_histograms_[method];
+      if (h == nullptr) h = &rpc_duration_.Add({{"method", method}}, RpcBuckets());
+      histogram = h;
+    }
+  }
+  counter->Increment();
+  if (histogram != nullptr) histogram->Observe(seconds);
+}
+
+void CoordinatorMetrics::ObserveRecoveries(const ClusterSnapshot& snapshot) {
+  // Only live jobs are in a snapshot, so only theirs need remembering: a finished job
+  // never shows up again.
+  std::set<std::pair<std::string, int64_t>> seen;
+  for (const v1::JobInfo& info : snapshot.live_jobs) {
+    for (int i = 1; i < info.attempts_size(); ++i) {
+      const v1::AttemptRecord& prev = info.attempts(i - 1);
+      const v1::AttemptRecord& cur = info.attempts(i);
+      if (prev.ended_ms() <= 0 || cur.started_ms() < prev.ended_ms()) continue;
+      const auto key = std::make_pair(info.job().job_id(), cur.attempt());
+      if (!recoveries_seen_.count(key))
+        recovery_.Observe(Seconds(cur.started_ms() - prev.ended_ms()));
+      seen.insert(key);
+    }
+  }
+  recoveries_seen_ = std::move(seen);
+}
+
+std::string CoordinatorMetrics::Render(const ClusterSnapshot& snapshot) {
+  prometheus::Registry state;
+  StateSeries series(&state);
+  series.Add(snapshot);
+  std::vector<prometheus::MetricFamily> families = state.Collect();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ObserveRecoveries(snapshot);
+  }
+  for (auto& f : events_.Collect()) families.push_back(std::move(f));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+}  // namespace drover::coordinator
