@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/tls.h"
+
 namespace CLI {
 class App;
 }
@@ -24,6 +26,13 @@ struct GlobalOptions {
   // --retry-for: how long calls that are safe to repeat keep retrying an unreachable
   // coordinator (cli/retry.h), in seconds.
   double retry_for_s = 15;
+  // --tls-ca (and, when the coordinator should see one, --tls-cert/--tls-key): TLS to the
+  // coordinator. --token-file, else $DROVER_TOKEN: the bearer token JobService calls send.
+  TlsFiles tls_files;
+  std::string token_file;
+  // What those name, filled in by ResolveCredentials (cli/rpc_client.h) before a command runs.
+  TlsCredentials tls;
+  std::string token;
 };
 
 enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };

@@ -145,7 +145,11 @@ std::vector<std::pair<std::string, std::string>> RankEnv(const RankContext& c, i
           {kEnvSpecPath, c.spec_path},
           {kEnvResume, ""},
           {kEnvThreads, std::to_string(c.threads)},
-          {kEnvFresh, c.fresh ? "1" : "0"}};
+          {kEnvFresh, c.fresh ? "1" : "0"},
+          // The local rendezvous server speaks plaintext on loopback.
+          {kEnvTlsCert, ""},
+          {kEnvTlsKey, ""},
+          {kEnvTlsCa, ""}};
 }
 
 // Starts rank `rank` with its stdout and stderr on pipes whose read ends are appended to

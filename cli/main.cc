@@ -6,6 +6,7 @@
 #include <map>
 
 #include "cli/command.h"
+#include "cli/rpc_client.h"
 #include "cli/suggest.h"
 
 namespace drover::cli {
@@ -40,6 +41,15 @@ int main(int argc, char** argv) {
                  "that are safe to repeat (0: fail at once)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--tls-ca", globals.tls_files.ca,
+                 "PEM certificate of the cluster CA: dial the coordinator with TLS and check "
+                 "its certificate against it");
+  app.add_option("--tls-cert", globals.tls_files.cert,
+                 "PEM client certificate to present (optional; with --tls-key)");
+  app.add_option("--tls-key", globals.tls_files.key, "PEM private key of --tls-cert");
+  app.add_option("--token-file", globals.token_file,
+                 "file holding the bearer token sent to the coordinator (default: "
+                 "$DROVER_TOKEN)");
 
   std::vector<CommandDef> commands = RegisteredCommands();
   std::sort(commands.begin(), commands.end(),
@@ -55,7 +65,8 @@ int main(int argc, char** argv) {
   for (const CommandDef& def : commands) names.push_back(def.name);
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--coordinator" || arg == "--retry-for") {
+    if (arg == "--coordinator" || arg == "--retry-for" || arg == "--tls-ca" ||
+        arg == "--tls-cert" || arg == "--tls-key" || arg == "--token-file") {
       ++i;
       continue;
     }
@@ -73,6 +84,7 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitUsage;
   }
+  if (drover::Status st = ResolveCredentials(&globals); !st.ok()) return ReportError(st);
   for (auto& [sub, run] : runs) {
     if (sub->parsed()) return run();
   }

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <random>
 
 #include "cli/command.h"
+#include "common/files.h"
 #include "worker/grpc_util.h"
 
 namespace drover::cli {
@@ -38,23 +40,61 @@ std::string Submitter() {
          (host[0] != '\0' ? host : "unknown");
 }
 
-RpcClient::RpcClient(const std::string& address, int64_t timeout_ms, RetryPolicy retry)
+Status ResolveCredentials(GlobalOptions* globals) {
+  ASSIGN_OR_RETURN(globals->tls, LoadTlsCredentials(globals->tls_files, CertNeed::kOptional));
+  std::string token;
+  std::string source = "$DROVER_TOKEN";
+  if (!globals->token_file.empty()) {
+    source = "--token-file '" + globals->token_file + "'";
+    auto text = ReadFileToString(globals->token_file);
+    if (!text.ok()) return InvalidArgumentError(source + ": " + text.status().message());
+    token = *text;
+  } else if (const char* env = std::getenv("DROVER_TOKEN"); env != nullptr) {
+    token = env;
+  }
+  // A file written by `echo` ends in a newline; that is not part of the token.
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
+    token.pop_back();
+  }
+  if (!globals->token_file.empty() && token.empty()) {
+    return InvalidArgumentError(source + " is empty");
+  }
+  for (char c : token) {
+    if (c <= ' ' || c >= 0x7f) {
+      return InvalidArgumentError(source +
+                                  " holds a blank or a character that is not printable "
+                                  "ASCII: a token is one word");
+    }
+  }
+  globals->token = std::move(token);
+  return OkStatus();
+}
+
+RpcClient::RpcClient(const std::string& address, int64_t timeout_ms, RetryPolicy retry,
+                     TlsCredentials tls, std::string token)
     : address_(address),
+      tls_(std::move(tls)),
+      token_(std::move(token)),
       timeout_ms_(timeout_ms),
       retry_(retry),
       request_id_(RandomRequestId()),
-      stub_(v1::JobService::NewStub(MakeChannel(address))) {}
+      stub_(v1::JobService::NewStub(MakeChannel(address, tls_))) {}
 
 RpcClient::RpcClient(const GlobalOptions& globals)
     : RpcClient(globals.coordinator, 5000,
-                RetryPolicy{static_cast<int64_t>(globals.retry_for_s * 1000)}) {}
+                RetryPolicy{static_cast<int64_t>(globals.retry_for_s * 1000)}, globals.tls,
+                globals.token) {}
 
 Status RpcClient::Check(const grpc::Status& st, const std::string& what) const {
   if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
       (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+    // A TLS mismatch looks the same as a coordinator that is down: say what to check.
     return UnavailableError("cannot reach the coordinator at " + address_ + " (" +
                             st.error_message() + "); is drover-coordinator running? " +
-                            "(--coordinator or $DROVER_COORDINATOR)");
+                            "(--coordinator or $DROVER_COORDINATOR)" +
+                            (tls_.enabled ? "; does its certificate chain to --tls-ca and "
+                                            "name that address?"
+                                          : "; if it serves TLS, give --tls-ca"));
   }
   return FromGrpcStatus(st, what);
 }
@@ -65,10 +105,11 @@ Status RpcClient::Call(
   auto once = [&]() -> Status {
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, timeout_ms_);
+    AddBearerToken(&ctx, token_);
     Status st = Check(rpc(stub_.get(), &ctx), what);
     // The next try dials afresh: this channel would wait out its reconnect back-off.
     if (st.code() == StatusCode::kUnavailable) {
-      stub_ = v1::JobService::NewStub(MakeChannel(address_));
+      stub_ = v1::JobService::NewStub(MakeChannel(address_, tls_));
     }
     return st;
   };

@@ -26,8 +26,10 @@ namespace drover::cli {
 
 class RpcClient {
  public:
-  explicit RpcClient(const std::string& address, int64_t timeout_ms = 5000, RetryPolicy retry = {});
-  // To --coordinator, retrying for --retry-for.
+  // Plaintext without a token unless `tls` and `token` say otherwise.
+  explicit RpcClient(const std::string& address, int64_t timeout_ms = 5000, RetryPolicy retry = {},
+                     TlsCredentials tls = {}, std::string token = "");
+  // To --coordinator, retrying for --retry-for, with the credentials in `globals`.
   explicit RpcClient(const GlobalOptions& globals);
 
   // Fills in the submitter ($USER@hostname) and this client's request id.
@@ -48,11 +50,17 @@ class RpcClient {
   Status Check(const grpc::Status& st, const std::string& what) const;
 
   std::string address_;
+  TlsCredentials tls_;
+  std::string token_;
   int64_t timeout_ms_;
   RetryPolicy retry_;
   std::string request_id_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
+
+// Reads what --tls-* and --token-file (else $DROVER_TOKEN) name into globals->tls and
+// globals->token. InvalidArgument naming the flag when a file is missing or malformed.
+Status ResolveCredentials(GlobalOptions* globals);
 
 // "$USER@hostname", who a submit says it comes from.
 std::string Submitter();

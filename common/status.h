@@ -23,6 +23,7 @@ enum class StatusCode : int {
   kDeadlineExceeded = 4,
   kNotFound = 5,
   kAlreadyExists = 6,
+  kPermissionDenied = 7,
   kResourceExhausted = 8,
   kFailedPrecondition = 9,
   kAborted = 10,
@@ -31,6 +32,7 @@ enum class StatusCode : int {
   kInternal = 13,
   kUnavailable = 14,
   kDataLoss = 15,
+  kUnauthenticated = 16,
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -70,6 +72,12 @@ inline Status InvalidArgumentError(std::string m) {
 inline Status NotFoundError(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
 inline Status AlreadyExistsError(std::string m) {
   return {StatusCode::kAlreadyExists, std::move(m)};
+}
+inline Status PermissionDeniedError(std::string m) {
+  return {StatusCode::kPermissionDenied, std::move(m)};
+}
+inline Status UnauthenticatedError(std::string m) {
+  return {StatusCode::kUnauthenticated, std::move(m)};
 }
 inline Status FailedPreconditionError(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};

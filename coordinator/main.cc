@@ -8,9 +8,12 @@
 
 #include "common/duration.h"
 #include "common/logging.h"
+#include "common/tls.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/http_server.h"
 #include "coordinator/server.h"
+#include "coordinator/tokens.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"drover-coordinator: schedules and supervises drover training jobs"};
@@ -62,6 +65,22 @@ int main(int argc, char** argv) {
                  "jobs one submitter (user@host) may have pending at once; 0: no limit")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  drover::TlsFiles tls_files;
+  app.add_option("--tls-cert", tls_files.cert,
+                 "PEM certificate of this coordinator (its SAN must name the address agents "
+                 "and the CLI dial); with --tls-key and --tls-ca the port speaks TLS only");
+  app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", tls_files.ca,
+                 "PEM certificate of the cluster CA: agents and their trainers must present "
+                 "a certificate it signed (mutual TLS)");
+  std::string tokens_file;
+  app.add_option("--tokens", tokens_file,
+                 "bearer tokens for JobService calls (the CLI), one 'TOKEN ROLE NAME' a line, "
+                 "ROLE admin or read-only (README.md, Security); without it JobService is open");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "serve an address beyond loopback without TLS and tokens (anyone who reaches "
+               "the port may run and cancel jobs)");
   std::string http;
   app.add_option("--http", http,
                  "host:port to serve the dashboard (/) and Prometheus metrics (/metrics) on, "
@@ -89,6 +108,33 @@ int main(int argc, char** argv) {
     std::cerr << "drover-coordinator: " << st.message() << "\n";
     return 2;
   }
+  drover::coordinator::ServerSecurity security;
+  if (auto tls = drover::LoadTlsCredentials(tls_files, drover::CertNeed::kRequired); tls.ok()) {
+    security.tls = std::move(*tls);
+  } else {
+    std::cerr << "drover-coordinator: " << tls.status().message() << "\n";
+    return 2;
+  }
+  if (!tokens_file.empty()) {
+    auto tokens = drover::coordinator::LoadTokenFile(tokens_file);
+    if (!tokens.ok()) {
+      std::cerr << "drover-coordinator: " << tokens.status().message() << "\n";
+      return 2;
+    }
+    security.tokens = std::move(*tokens);
+  }
+  const std::string host = drover::HostOfAddress(listen);
+  if (drover::Status exposed = drover::coordinator::CheckExposure(
+          host, security.tls.enabled, !security.tokens.empty(), insecure);
+      !exposed.ok()) {
+    std::cerr << "drover-coordinator: " << exposed.message() << "\n";
+    return 2;
+  }
+  if (insecure && !drover::IsLoopbackHost(host) &&
+      !(security.tls.enabled && !security.tokens.empty())) {
+    spdlog::warn("--insecure: serving {} without {}", listen,
+                 security.tls.enabled ? "tokens" : "TLS (agents are not authenticated)");
+  }
 
   // Block the stop signals before any thread starts, then wait for one in this thread.
   sigset_t stop_signals;
@@ -107,7 +153,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<drover::coordinator::CoordinatorMetrics> metrics;
   if (!http.empty()) metrics = std::make_unique<drover::coordinator::CoordinatorMetrics>();
   auto server = drover::coordinator::CoordinatorServer::Start(coordinator->get(), listen,
-                                                              /*tick_ms=*/100, metrics.get());
+                                                              /*tick_ms=*/100, metrics.get(),
+                                                              std::move(security));
   if (!server.ok()) {
     spdlog::error("{}", server.status().ToString());
     return server.status().code() == drover::StatusCode::kInvalidArgument ? 2 : 1;

@@ -8,14 +8,20 @@
 
 namespace drover::coordinator {
 
-grpc::Status RendezvousServiceImpl::Set(grpc::ServerContext*, const v1::KvSetRequest* req,
+grpc::Status RendezvousServiceImpl::Set(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
                                         v1::KvSetResponse*) {
+  if (grpc::Status denied = Guard(ctx, "/drover.v1.RendezvousService/Set"); !denied.ok()) {
+    return denied;
+  }
   const auto& k = req->key();
   return ToGrpcStatus(kv_->Set(k.job_id(), k.attempt(), k.key(), req->value()));
 }
 
-grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext*, const v1::KvGetRequest* req,
+grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                                         v1::KvGetResponse* resp) {
+  if (grpc::Status denied = Guard(ctx, "/drover.v1.RendezvousService/Get"); !denied.ok()) {
+    return denied;
+  }
   const auto& k = req->key();
   auto r = kv_->Get(k.job_id(), k.attempt(), k.key());
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -24,14 +30,20 @@ grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext*, const v1::KvGetReq
   return grpc::Status::OK;
 }
 
-grpc::Status RendezvousServiceImpl::Wait(grpc::ServerContext*, const v1::KvWaitRequest* req,
+grpc::Status RendezvousServiceImpl::Wait(grpc::ServerContext* ctx, const v1::KvWaitRequest* req,
                                          v1::KvWaitResponse*) {
+  if (grpc::Status denied = Guard(ctx, "/drover.v1.RendezvousService/Wait"); !denied.ok()) {
+    return denied;
+  }
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   return ToGrpcStatus(kv_->Wait(req->job_id(), req->attempt(), keys, req->timeout_ms()));
 }
 
-grpc::Status RendezvousServiceImpl::Add(grpc::ServerContext*, const v1::KvAddRequest* req,
+grpc::Status RendezvousServiceImpl::Add(grpc::ServerContext* ctx, const v1::KvAddRequest* req,
                                         v1::KvAddResponse* resp) {
+  if (grpc::Status denied = Guard(ctx, "/drover.v1.RendezvousService/Add"); !denied.ok()) {
+    return denied;
+  }
   const auto& k = req->key();
   auto r = kv_->Add(k.job_id(), k.attempt(), k.key(), req->delta());
   if (!r.ok()) return ToGrpcStatus(r.status());

@@ -8,8 +8,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "coordinator/rendezvous.h"
@@ -17,21 +19,34 @@
 
 namespace drover::coordinator {
 
-// Thread-safe (the store is). `kv` is not owned and must outlive the service.
+// Asked first by every handler with the call and its full method name; a status that is
+// not OK is the answer (the coordinator's Authorizer). Must be thread-safe.
+using CallGuard =
+    std::function<grpc::Status(const grpc::ServerContextBase& ctx, std::string_view method)>;
+
+// Thread-safe (the store is). `kv` is not owned and must outlive the service. Without a
+// guard every call is served (`drover train --nproc` serves loopback only).
 class RendezvousServiceImpl final : public v1::RendezvousService::Service {
  public:
-  explicit RendezvousServiceImpl(RendezvousStore* kv) : kv_(kv) {}
+  explicit RendezvousServiceImpl(RendezvousStore* kv, CallGuard guard = nullptr)
+      : kv_(kv), guard_(std::move(guard)) {}
 
-  grpc::Status Set(grpc::ServerContext*, const v1::KvSetRequest* req, v1::KvSetResponse*) override;
-  grpc::Status Get(grpc::ServerContext*, const v1::KvGetRequest* req,
+  grpc::Status Set(grpc::ServerContext* ctx, const v1::KvSetRequest* req,
+                   v1::KvSetResponse*) override;
+  grpc::Status Get(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                    v1::KvGetResponse* resp) override;
-  grpc::Status Wait(grpc::ServerContext*, const v1::KvWaitRequest* req,
+  grpc::Status Wait(grpc::ServerContext* ctx, const v1::KvWaitRequest* req,
                     v1::KvWaitResponse*) override;
-  grpc::Status Add(grpc::ServerContext*, const v1::KvAddRequest* req,
+  grpc::Status Add(grpc::ServerContext* ctx, const v1::KvAddRequest* req,
                    v1::KvAddResponse* resp) override;
 
  private:
+  grpc::Status Guard(const grpc::ServerContext* ctx, std::string_view method) const {
+    return guard_ ? guard_(*ctx, method) : grpc::Status::OK;
+  }
+
   RendezvousStore* kv_;
+  const CallGuard guard_;
 };
 
 // A gRPC server with the RendezvousService alone. `store` is not owned and must outlive

@@ -15,6 +15,31 @@ class HeartbeatServer;
 
 namespace {
 
+// Full method names, as Authorizer::Check wants them (coordinator/auth.cc lists them all).
+constexpr char kRegister[] = "/drover.v1.WorkerService/Register";
+constexpr char kHeartbeat[] = "/drover.v1.WorkerService/Heartbeat";
+constexpr char kReportTrainerExit[] = "/drover.v1.WorkerService/ReportTrainerExit";
+constexpr char kAppendLogs[] = "/drover.v1.WorkerService/AppendLogs";
+constexpr char kWatch[] = "/drover.v1.WorkerService/Watch";
+constexpr char kSubmitJob[] = "/drover.v1.JobService/SubmitJob";
+constexpr char kGetJob[] = "/drover.v1.JobService/GetJob";
+constexpr char kListJobs[] = "/drover.v1.JobService/ListJobs";
+constexpr char kCancelJob[] = "/drover.v1.JobService/CancelJob";
+constexpr char kDeleteJob[] = "/drover.v1.JobService/DeleteJob";
+constexpr char kListWorkers[] = "/drover.v1.JobService/ListWorkers";
+constexpr char kReadLogs[] = "/drover.v1.JobService/ReadLogs";
+
+// Returns the refusal from the enclosing handler when `auth` refuses the call.
+#define DROVER_AUTHORIZE(auth, ctx, method) \
+  if (grpc::Status denied = (auth)->Check(*(ctx), method); !denied.ok()) return denied
+
+// A Watch stream refused before it starts: finishes at once with the refusal.
+class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEvent> {
+ public:
+  explicit RefusedWatch(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 // Heartbeat, the one RPC every node sends every second, is served on the async API by one
 // thread that polls its own completion queue and answers in the thread that read the
 // request (HeartbeatServer below). The sync and callback APIs pass each call between a
@@ -30,72 +55,87 @@ class WorkerServiceImpl final
     : public v1::WorkerService::WithCallbackMethod_Watch<
           v1::WorkerService::WithAsyncMethod_Heartbeat<v1::WorkerService::Service>> {
  public:
-  WorkerServiceImpl(Coordinator* c, AgentWatches* watches) : c_(c), watches_(watches) {}
-  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext*,
+  WorkerServiceImpl(Coordinator* c, AgentWatches* watches, const Authorizer* auth)
+      : c_(c), watches_(watches), auth_(auth) {}
+  grpc::ServerWriteReactor<v1::WatchEvent>* Watch(grpc::CallbackServerContext* ctx,
                                                   const v1::WatchRequest* req) override {
+    if (grpc::Status denied = auth_->Check(*ctx, kWatch); !denied.ok()) {
+      return new RefusedWatch(denied);
+    }
     return watches_->Open(*req);
   }
-  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                         v1::RegisterResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kRegister);
     auto r = c_->Register(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
-  grpc::Status ReportTrainerExit(grpc::ServerContext*, const v1::TrainerExitRequest* req,
+  grpc::Status ReportTrainerExit(grpc::ServerContext* ctx, const v1::TrainerExitRequest* req,
                                  v1::TrainerExitResponse*) override {
+    DROVER_AUTHORIZE(auth_, ctx, kReportTrainerExit);
     return ToGrpcStatus(c_->ReportTrainerExit(*req));
   }
-  grpc::Status AppendLogs(grpc::ServerContext*, const v1::AppendLogsRequest* req,
+  grpc::Status AppendLogs(grpc::ServerContext* ctx, const v1::AppendLogsRequest* req,
                           v1::AppendLogsResponse*) override {
+    DROVER_AUTHORIZE(auth_, ctx, kAppendLogs);
     return ToGrpcStatus(c_->AppendLogs(*req));
   }
 
  private:
   Coordinator* c_;
   AgentWatches* watches_;
+  const Authorizer* auth_;
 };
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* c) : c_(c) {}
-  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+  JobServiceImpl(Coordinator* c, const Authorizer* auth) : c_(c), auth_(auth) {}
+  grpc::Status SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                          v1::SubmitJobResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kSubmitJob);
     auto r = c_->SubmitJob(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
     resp->set_job_id(*r);
     return grpc::Status::OK;
   }
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
+  grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                       v1::JobInfo* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kGetJob);
     auto r = c_->GetJob(req->job_id());
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;
   }
-  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                         v1::ListJobsResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kListJobs);
     *resp = c_->ListJobs(*req);
     return grpc::Status::OK;
   }
-  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req,
+  grpc::Status CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                          v1::CancelJobResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kCancelJob);
     auto r = c_->CancelJob(req->job_id());
     if (!r.ok()) return ToGrpcStatus(r.status());
     resp->set_state(*r);
     return grpc::Status::OK;
   }
-  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* req,
+  grpc::Status DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,
                          v1::DeleteJobResponse*) override {
+    DROVER_AUTHORIZE(auth_, ctx, kDeleteJob);
     return ToGrpcStatus(c_->DeleteJob(req->job_id()));
   }
-  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest* req,
+  grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest* req,
                            v1::ListWorkersResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kListWorkers);
     *resp = c_->ListWorkers(*req);
     return grpc::Status::OK;
   }
-  grpc::Status ReadLogs(grpc::ServerContext*, const v1::ReadLogsRequest* req,
+  grpc::Status ReadLogs(grpc::ServerContext* ctx, const v1::ReadLogsRequest* req,
                         v1::ReadLogsResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kReadLogs);
     auto r = c_->ReadLogs(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
@@ -104,7 +144,10 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Coordinator* c_;
+  const Authorizer* auth_;
 };
+
+#undef DROVER_AUTHORIZE
 
 // One heartbeat call on the async API: it asks gRPC for the next Heartbeat on the queue;
 // when one arrives it answers it and has a fresh HeartbeatCall ask for the next; once the
@@ -112,8 +155,8 @@ class JobServiceImpl final : public v1::JobService::Service {
 class HeartbeatCall {
  public:
   HeartbeatCall(HeartbeatServer* server, WorkerServiceImpl* service,
-                grpc::ServerCompletionQueue* cq, Coordinator* c)
-      : server_(server), service_(service), c_(c), responder_(&ctx_) {
+                grpc::ServerCompletionQueue* cq, Coordinator* c, const Authorizer* auth)
+      : server_(server), service_(service), c_(c), auth_(auth), responder_(&ctx_) {
     service_->RequestHeartbeat(&ctx_, &request_, &responder_, cq, cq, this);
   }
 
@@ -124,6 +167,7 @@ class HeartbeatCall {
   HeartbeatServer* const server_;
   WorkerServiceImpl* const service_;
   Coordinator* const c_;
+  const Authorizer* const auth_;
   grpc::ServerContext ctx_;
   v1::HeartbeatRequest request_;
   v1::HeartbeatResponse response_;
@@ -137,8 +181,8 @@ class HeartbeatCall {
 class HeartbeatServer {
  public:
   HeartbeatServer(std::unique_ptr<grpc::ServerCompletionQueue> cq, WorkerServiceImpl* service,
-                  Coordinator* c)
-      : cq_(std::move(cq)), service_(service), c_(c) {}
+                  Coordinator* c, const Authorizer* auth)
+      : cq_(std::move(cq)), service_(service), c_(c), auth_(auth) {}
 
   // Once the server is built: a few calls waiting, so a burst does not wait for the next
   // to be asked for, and the polling thread.
@@ -154,7 +198,7 @@ class HeartbeatServer {
   void AskForNext() {
     // Never after the queue is shut down (gRPC aborts on that); the lock orders the two.
     std::lock_guard<std::mutex> lock(mu_);
-    if (!stopped_) new HeartbeatCall(this, service_, cq_.get(), c_);
+    if (!stopped_) new HeartbeatCall(this, service_, cq_.get(), c_, auth_);
   }
 
   // After the grpc::Server's Shutdown: the queue then hands back every call still waiting
@@ -180,6 +224,7 @@ class HeartbeatServer {
   const std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   WorkerServiceImpl* const service_;
   Coordinator* const c_;
+  const Authorizer* const auth_;
   std::mutex mu_;
   bool stopped_ = false;  // GUARDED_BY(mu_)
   std::thread thread_;
@@ -193,16 +238,31 @@ void HeartbeatCall::Proceed(bool ok) {
     return;
   }
   server_->AskForNext();
-  response_ = c_->Heartbeat(request_);
   answered_ = true;
+  if (grpc::Status denied = auth_->Check(ctx_, kHeartbeat); !denied.ok()) {
+    responder_.FinishWithError(denied, this);
+    return;
+  }
+  response_ = c_->Heartbeat(request_);
   responder_.Finish(response_, grpc::Status::OK, this);
+}
+
+// Plaintext, or TLS with the coordinator's certificate that asks every client for a
+// certificate and verifies any it gets. Asking, not requiring: the CLI may come with a
+// token and no certificate; agents are held to theirs per call (Authorizer).
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsCredentials& tls) {
+  if (!tls.enabled) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = tls.ca_pem;
+  ssl.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
+  return grpc::SslServerCredentials(ssl);
 }
 
 }  // namespace
 
 StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     Coordinator* coordinator, const std::string& listen, int64_t tick_ms,
-    CoordinatorMetrics* rpc_metrics) {
+    CoordinatorMetrics* rpc_metrics, ServerSecurity security) {
   const size_t colon = listen.rfind(':');
   if (colon == std::string::npos || colon == 0) {
     return InvalidArgumentError("--listen must be host:port, got '" + listen + "'");
@@ -211,13 +271,20 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->coordinator_ = coordinator;
   s->host_ = listen.substr(0, colon);
+  s->authorizer_ = std::make_unique<Authorizer>(AuthPolicy{
+      .require_client_cert = security.tls.enabled, .tokens = std::move(security.tokens)});
+  const Authorizer* auth = s->authorizer_.get();
   s->watches_ = std::make_unique<AgentWatches>(coordinator);
   coordinator->SetNudge([w = s->watches_.get()](const std::string& node) { w->Nudge(node); });
-  s->worker_service_ = std::make_unique<WorkerServiceImpl>(coordinator, s->watches_.get());
-  s->job_service_ = std::make_unique<JobServiceImpl>(coordinator);
-  s->rendezvous_service_ = std::make_unique<RendezvousServiceImpl>(&coordinator->rendezvous());
+  s->worker_service_ = std::make_unique<WorkerServiceImpl>(coordinator, s->watches_.get(), auth);
+  s->job_service_ = std::make_unique<JobServiceImpl>(coordinator, auth);
+  s->rendezvous_service_ = std::make_unique<RendezvousServiceImpl>(
+      &coordinator->rendezvous(),
+      [auth](const grpc::ServerContextBase& ctx, std::string_view method) {
+        return auth->Check(ctx, method);
+      });
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(listen, ServerCredentials(security.tls), &s->port_);
   builder.RegisterService(s->worker_service_.get());
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->rendezvous_service_.get());
@@ -231,10 +298,14 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   auto* service = static_cast<WorkerServiceImpl*>(s->worker_service_.get());
   s->heartbeats_ =
-      std::make_unique<HeartbeatServer>(builder.AddCompletionQueue(), service, coordinator);
+      std::make_unique<HeartbeatServer>(builder.AddCompletionQueue(), service, coordinator, auth);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return UnavailableError("cannot listen on " + listen + " (address in use or invalid)");
+    return UnavailableError("cannot listen on " + listen +
+                            (security.tls.enabled
+                                 ? " (address in use or invalid, or gRPC refused the TLS "
+                                   "certificate, key or CA: see the log above)"
+                                 : " (address in use or invalid)"));
   }
   s->heartbeats_->Start();
   // Trainers dial this for rendezvous. A wildcard bind names no address another node can
@@ -244,7 +315,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   const bool wildcard = s->host_ == "0.0.0.0" || s->host_ == "[::]" || s->host_ == "::";
   coordinator->SetAdvertisedAddress(wildcard ? "" : s->host_ + ":" + std::to_string(s->port_));
   s->ticker_ = std::thread([raw = s.get(), tick_ms] { raw->RunTicker(tick_ms); });
-  spdlog::info("coordinator listening on {}", s->address());
+  spdlog::info("coordinator listening on {}{}{}", s->address(),
+               security.tls.enabled ? " (mutual TLS)" : " (plaintext)",
+               auth->policy().tokens.empty() ? "" : ", JobService needs a token");
   return s;
 }
 

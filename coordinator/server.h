@@ -17,22 +17,36 @@
 #include <thread>
 #include <vector>
 
+#include "common/tls.h"
+#include "coordinator/authorizer.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/metrics.h"
+#include "coordinator/tokens.h"
 
 namespace drover::coordinator {
 
 class AgentWatches;
 class HeartbeatServer;
 
+// How the server lets callers in (coordinator/auth.h). The default is today's loopback
+// set-up: plaintext, no checks.
+struct ServerSecurity {
+  // Enabled: the port speaks TLS only, with the coordinator's certificate, and asks every
+  // client for a certificate signed by tls.ca_pem; agents and trainers must present one.
+  TlsCredentials tls;
+  // Not empty: JobService calls need one of these bearer tokens.
+  std::vector<TokenEntry> tokens;
+};
+
 class CoordinatorServer {
  public:
   // Binds `listen` (host:port; port 0 picks a free one), starts serving and ticking every
   // tick_ms. `coordinator` must outlive the server, and so must `rpc_metrics` when given:
-  // every RPC is then counted and timed there (rpc_metrics.h).
+  // every RPC is then counted and timed there (rpc_metrics.h). `security`: who may call
+  // (ServerSecurity above; the default checks nobody).
   static StatusOr<std::unique_ptr<CoordinatorServer>> Start(
       Coordinator* coordinator, const std::string& listen, int64_t tick_ms = 100,
-      CoordinatorMetrics* rpc_metrics = nullptr);
+      CoordinatorMetrics* rpc_metrics = nullptr, ServerSecurity security = {});
   ~CoordinatorServer();  // Shutdown()
 
   int port() const { return port_; }
@@ -48,6 +62,8 @@ class CoordinatorServer {
   Coordinator* coordinator_ = nullptr;
   std::string host_;
   int port_ = 0;
+  // Declared before the services that ask it.
+  std::unique_ptr<Authorizer> authorizer_;
   // Declared before server_: the streams it owns call it until the server is gone.
   std::unique_ptr<AgentWatches> watches_;
   std::unique_ptr<grpc::Service> worker_service_;

@@ -48,7 +48,7 @@ Agent::Agent(AgentOptions options, const Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
       agent_id_(MakeAgentId(options_.name)),
-      stub_(v1::WorkerService::NewStub(MakeChannel(options_.coordinator))) {
+      stub_(v1::WorkerService::NewStub(MakeChannel(options_.coordinator, options_.tls))) {
   if (options_.heartbeat_interval_ms > 0) heartbeat_interval_ms_ = options_.heartbeat_interval_ms;
   logs_ = std::make_unique<LogShipper>([this](const v1::AppendLogsRequest& req) {
     v1::AppendLogsResponse resp;
@@ -69,7 +69,7 @@ std::shared_ptr<v1::WorkerService::Stub> Agent::stub() {
 
 void Agent::ResetChannel() {
   std::shared_ptr<v1::WorkerService::Stub> fresh =
-      v1::WorkerService::NewStub(MakeChannel(options_.coordinator));
+      v1::WorkerService::NewStub(MakeChannel(options_.coordinator, options_.tls));
   std::lock_guard<std::mutex> lock(mu_);
   stub_ = std::move(fresh);
 }
@@ -209,6 +209,11 @@ void Agent::StartTrainer(const v1::StartTrainerOrder& order) {
     launch.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES",
                                   VisibleDeviceForSlot(order.slot(), visible ? visible : ""));
   }
+  // The trainer dials rendezvous as this agent does: with its cluster certificate. Set
+  // even when empty, so that none is inherited from the agent's own environment.
+  launch.spawn.env.emplace_back(kEnvTlsCert, options_.tls_files.cert);
+  launch.spawn.env.emplace_back(kEnvTlsKey, options_.tls_files.key);
+  launch.spawn.env.emplace_back(kEnvTlsCa, options_.tls_files.ca);
   // An address given to the agent is one its peers can reach: its trainers accept there.
   if (!options_.address.empty()) launch.spawn.env.emplace_back(kEnvBindAddress, options_.address);
   logs_->Add(key, log_path);
@@ -247,6 +252,7 @@ Status Agent::Run() {
   bool registered = false;
   bool warned = false;
   int64_t backoff_ms = 100;
+  Status result;
   while (true) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -280,6 +286,12 @@ Status Agent::Run() {
       registered = false;
       continue;
     }
+    // The coordinator refuses this node's credentials: no retry can change that, and a
+    // node that lingers unregistered looks like a network fault.
+    if (st.code() == StatusCode::kUnauthenticated || st.code() == StatusCode::kPermissionDenied) {
+      result = st;
+      break;
+    }
     // After any outage register again, so a restarted coordinator learns what runs here.
     registered = false;
     if (!warned) spdlog::warn("{}; retrying with back-off (trainers keep running)", st.ToString());
@@ -296,7 +308,7 @@ Status Agent::Run() {
   spdlog::info("shutting down: stopping {} trainer(s)", supervisor_->RunningCount());
   supervisor_->StopAll(options_.shutdown_grace_ms);
   supervisor_->WaitAllExited(options_.shutdown_grace_ms + 2000);
-  return OkStatus();
+  return result;
 }
 
 }  // namespace drover

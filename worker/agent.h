@@ -31,6 +31,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "proto/drover.grpc.pb.h"
 #include "worker/coordinator_watch.h"
 #include "worker/gpu_probe.h"
@@ -54,6 +55,10 @@ struct AgentOptions {
   int max_backoff_ms = 2000;
   int shutdown_grace_ms = 5000;  // SIGTERM -> SIGKILL when the agent itself stops
   int64_t exited_retention_ms = 60000;
+  // TLS to the coordinator (common/tls.h): the files, absolute, which trainers get too
+  // (trainer_env.h), and their contents. Not enabled: plaintext.
+  TlsFiles tls_files;
+  TlsCredentials tls;
 };
 
 class Agent {
@@ -61,8 +66,9 @@ class Agent {
   Agent(AgentOptions options, const Clock* clock = SystemClock::Get());
   ~Agent();
 
-  // Runs until Shutdown(); then stops every trainer (SIGTERM, SIGKILL after the grace
-  // period) and returns OK.
+  // Runs until Shutdown(), or until the coordinator refuses this node's credentials
+  // (Unauthenticated or PermissionDenied, returned); then stops every trainer (SIGTERM,
+  // SIGKILL after the grace period). OK after Shutdown().
   Status Run();
   void Shutdown();
 

@@ -4,7 +4,7 @@
 
 namespace drover {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsCredentials& tls) {
   TuneGrpcRuntime();
   grpc::ChannelArguments args;
   // Reconnect quickly after the coordinator restarts: gRPC's default back-off grows to
@@ -18,7 +18,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // Small messages only (heartbeats, reports, log chunks): no bandwidth-delay probing,
   // whose PINGs cost more than the heartbeats (coordinator/server.cc turns it off too).
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!tls.enabled) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = tls.ca_pem;
+  ssl.pem_private_key = tls.key_pem;
+  ssl.pem_cert_chain = tls.cert_pem;
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
+}
+
+void AddBearerToken(grpc::ClientContext* ctx, const std::string& token) {
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
 }
 
 Status FromGrpcStatus(const grpc::Status& status, std::string_view context) {
@@ -60,6 +71,12 @@ Status FromGrpcStatus(const grpc::Status& status, std::string_view context) {
       break;
     case grpc::StatusCode::DATA_LOSS:
       code = StatusCode::kDataLoss;
+      break;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      code = StatusCode::kUnauthenticated;
       break;
     default:
       code = StatusCode::kInternal;

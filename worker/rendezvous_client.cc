@@ -5,12 +5,13 @@
 namespace drover {
 
 RendezvousClient::RendezvousClient(const std::string& coordinator, std::string job_id,
-                                   int64_t attempt, int64_t rpc_timeout_ms)
+                                   int64_t attempt, int64_t rpc_timeout_ms,
+                                   const TlsCredentials& tls)
     : address_(coordinator),
       job_id_(std::move(job_id)),
       attempt_(attempt),
       rpc_timeout_ms_(rpc_timeout_ms),
-      stub_(v1::RendezvousService::NewStub(MakeChannel(coordinator))) {}
+      stub_(v1::RendezvousService::NewStub(MakeChannel(coordinator, tls))) {}
 
 v1::KvKey RendezvousClient::Key(const std::string& key) const {
   v1::KvKey k;

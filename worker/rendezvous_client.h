@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/tls.h"
 #include "proto/drover.grpc.pb.h"
 
 namespace drover {
@@ -19,8 +20,9 @@ namespace drover {
 class RendezvousClient {
  public:
   // `rpc_timeout_ms` bounds Set/Get/Add; Wait uses its own timeout plus that margin.
+  // `tls`: how to dial (worker/grpc_util.h); plaintext when not enabled.
   RendezvousClient(const std::string& coordinator, std::string job_id, int64_t attempt,
-                   int64_t rpc_timeout_ms = 10000);
+                   int64_t rpc_timeout_ms = 10000, const TlsCredentials& tls = {});
 
   Status Set(const std::string& key, const std::string& value);
   // nullopt when the key does not exist (yet).

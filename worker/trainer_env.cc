@@ -28,19 +28,10 @@ Status ReadNumber(const char* name, T* out) {
   return OkStatus();
 }
 
-// The host part of "host:port" (brackets of an IPv6 literal removed).
-std::string HostOf(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
 // A coordinator on loopback means a one-machine cluster: peers are on loopback too.
 std::string DefaultBindAddress(const std::string& coordinator) {
-  const std::string host = HostOf(coordinator);
-  if (host.empty() || host == "localhost" || host.starts_with("127.") || host == "::1") {
+  const std::string host = HostOfAddress(coordinator);
+  if (host.empty() || IsLoopbackHost(host)) {
     return "127.0.0.1";
   }
   char name[256] = {};
@@ -67,6 +58,7 @@ StatusOr<TrainerEnv> ReadTrainerEnv() {
   RETURN_IF_ERROR(ReadNumber(kEnvFresh, &fresh));
   env.fresh = fresh != 0;
   RETURN_IF_ERROR(ReadNumber(kEnvLeaseMs, &env.lease_ms));
+  env.tls = {GetEnv(kEnvTlsCert), GetEnv(kEnvTlsKey), GetEnv(kEnvTlsCa)};
   env.bind_address = GetEnv(kEnvBindAddress);
   if (env.bind_address.empty()) env.bind_address = DefaultBindAddress(env.coordinator);
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/tls.h"
 
 namespace drover {
 
@@ -31,6 +32,13 @@ inline constexpr char kEnvBindAddress[] = "DROVER_BIND_ADDRESS";
 // coordinator's node timeout (worker/attempt_lease.h). Unset: no lease (`drover train`).
 inline constexpr char kEnvLeaseMs[] = "DROVER_LEASE_MS";
 
+// Set by an agent that dials the coordinator with TLS: the files (absolute paths on this
+// node) of its cluster certificate, key and CA, with which the trainer dials rendezvous.
+// Unset or empty: plaintext.
+inline constexpr char kEnvTlsCert[] = "DROVER_TLS_CERT";
+inline constexpr char kEnvTlsKey[] = "DROVER_TLS_KEY";
+inline constexpr char kEnvTlsCa[] = "DROVER_TLS_CA";
+
 // What a trainer learns from its environment.
 struct TrainerEnv {
   std::string coordinator;
@@ -47,6 +55,7 @@ struct TrainerEnv {
   bool fresh = false;
   std::string bind_address;  // resolved: never empty
   int64_t lease_ms = 0;      // 0: no lease
+  TlsFiles tls;              // all empty: plaintext
 };
 
 // Reads the variables above. Missing optional ones keep their defaults; a malformed number

@@ -84,6 +84,9 @@ int main(int, char**) {
   options.bind_address = env->bind_address;
   // The ranks of a job find each other through the coordinator's rendezvous service (or the
   // one `drover train --nproc` serves), in the keys of this attempt.
+  // The agent's cluster certificate when it dials the coordinator with TLS.
+  auto tls = LoadTlsCredentials(env->tls, CertNeed::kRequired);
+  if (!tls.ok()) return Fail(tls.status(), "trainer environment (DROVER_TLS_*)");
   std::unique_ptr<RendezvousClient> rendezvous;
   std::unique_ptr<RendezvousKvStore> store;
   if (env->world_size > 1) {
@@ -92,7 +95,8 @@ int main(int, char**) {
                                        " is not set; a job of several ranks needs a rendezvous"),
                   "trainer environment");
     }
-    rendezvous = std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt);
+    rendezvous = std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt,
+                                                    /*rpc_timeout_ms=*/10000, *tls);
     store = std::make_unique<RendezvousKvStore>(rendezvous.get());
     options.store = store.get();
   }
@@ -101,8 +105,9 @@ int main(int, char**) {
   std::unique_ptr<RendezvousClient> lease_client;
   std::unique_ptr<AttemptLease> lease;
   if (env->lease_ms > 0 && !env->coordinator.empty()) {
-    lease_client = std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt,
-                                                      std::max<int64_t>(env->lease_ms / 2, 100));
+    lease_client =
+        std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt,
+                                           std::max<int64_t>(env->lease_ms / 2, 100), *tls);
     lease = std::make_unique<AttemptLease>(lease_client.get(), env->rank, env->lease_ms,
                                            [](const Status&) { ::kill(::getpid(), SIGTERM); });
     options.fence = lease.get();

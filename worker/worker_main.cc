@@ -9,6 +9,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/tls.h"
 #include "worker/agent.h"
 #include "worker/gpu_probe.h"
 #include "worker/node_identity.h"
@@ -39,6 +40,17 @@ int main(int argc, char** argv) {
                  "on SIGTERM: grace before trainers are killed")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
+  app.add_option("--tls-cert", options.tls_files.cert,
+                 "PEM certificate of this node, signed by the cluster CA (mutual TLS); its "
+                 "trainers present it too");
+  app.add_option("--tls-key", options.tls_files.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", options.tls_files.ca,
+                 "PEM certificate of the cluster CA, which the coordinator's certificate must "
+                 "be signed by");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "dial a coordinator beyond loopback without TLS (anyone on the path could "
+               "impersonate it and order trainers started here)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -51,6 +63,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.device = *kind;
+  // Absolute: trainers, which run in other directories, read the same files.
+  for (std::string* path :
+       {&options.tls_files.cert, &options.tls_files.key, &options.tls_files.ca}) {
+    if (!path->empty()) *path = std::filesystem::absolute(*path).string();
+  }
+  auto tls = drover::LoadTlsCredentials(options.tls_files, drover::CertNeed::kRequired);
+  if (!tls.ok()) {
+    std::cerr << "drover-worker: " << tls.status().message() << "\n";
+    return 2;
+  }
+  options.tls = std::move(*tls);
+  if (!options.tls.enabled && !insecure &&
+      !drover::IsLoopbackHost(drover::HostOfAddress(options.coordinator))) {
+    std::cerr << "drover-worker: --coordinator " << options.coordinator
+              << " is beyond loopback and no TLS is given: add --tls-cert, --tls-key and "
+                 "--tls-ca, or pass --insecure to dial it in plaintext\n";
+    return 2;
+  }
   if (options.device == drover::v1::CUDA) {
     // A GPU node registers its GPUs: refused here, with the reason, when it has none to use.
     auto gpus = drover::ProbeGpus();

@@ -139,6 +139,11 @@ struct ClusterOptions {
   // The program agents start per rank: the scripted trainer, or "drover-trainer".
   std::string trainer = "drover-fake-trainer";
   std::vector<std::string> coordinator_args;  // appended to the coordinator's command line
+  // Added to the command line of every agent (TLS).
+  std::vector<std::string> agent_flags;
+  // How the test's own JobService client dials, and the token it sends.
+  TlsCredentials client_tls;
+  std::string client_token;
 };
 
 class Cluster {
@@ -207,14 +212,17 @@ class Cluster {
   std::string AgentName(int i) const { return "w" + std::to_string(i); }
 
   void StartAgent(int i) {
-    agents_[AgentName(i)] = std::make_unique<Process>(
-        Bin("drover-worker"),
-        std::vector<std::string>{"--coordinator", address_, "--name", AgentName(i), "--slots",
-                                 std::to_string(options_.slots_per_agent), "--device", "cpu",
-                                 "--work-dir", (root_ / AgentName(i)).string(), "--trainer",
-                                 Bin(options_.trainer), "--stop-grace-ms",
-                                 std::to_string(options_.agent_stop_grace_ms)},
-        (root_ / (AgentName(i) + ".log")).string());
+    std::vector<std::string> args = {
+        "--coordinator",   address_,
+        "--name",          AgentName(i),
+        "--slots",         std::to_string(options_.slots_per_agent),
+        "--device",        "cpu",
+        "--work-dir",      (root_ / AgentName(i)).string(),
+        "--trainer",       Bin(options_.trainer),
+        "--stop-grace-ms", std::to_string(options_.agent_stop_grace_ms)};
+    args.insert(args.end(), options_.agent_flags.begin(), options_.agent_flags.end());
+    agents_[AgentName(i)] = std::make_unique<Process>(Bin("drover-worker"), std::move(args),
+                                                      (root_ / (AgentName(i) + ".log")).string());
   }
   Process* agent(const std::string& name) {
     auto it = agents_.find(name);
@@ -241,8 +249,15 @@ class Cluster {
   }
 
   v1::JobService::Stub* jobs() {
-    if (!stub_) stub_ = v1::JobService::NewStub(MakeChannel(address_));
+    if (!stub_) stub_ = v1::JobService::NewStub(MakeChannel(address_, options_.client_tls));
     return stub_.get();
+  }
+
+  // After UNAVAILABLE the next call dials afresh, as the agent and the CLI do: a TLS
+  // channel whose first try found the port closed did not recover by itself here.
+  Status Redial(Status st) {
+    if (st.code() == StatusCode::kUnavailable) stub_.reset();
+    return st;
   }
 
   StatusOr<std::string> Submit(const std::string& yaml) {
@@ -251,7 +266,8 @@ class Cluster {
     v1::SubmitJobResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 3000);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->SubmitJob(&ctx, req, &resp), "SubmitJob"));
+    AddBearerToken(&ctx, options_.client_token);
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->SubmitJob(&ctx, req, &resp), "SubmitJob")));
     return resp.job_id();
   }
   StatusOr<v1::JobInfo> GetJob(const std::string& id) {
@@ -260,7 +276,8 @@ class Cluster {
     v1::JobInfo resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->GetJob(&ctx, req, &resp), "GetJob"));
+    AddBearerToken(&ctx, options_.client_token);
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->GetJob(&ctx, req, &resp), "GetJob")));
     return resp;
   }
   StatusOr<v1::ListJobsResponse> ListJobs() {
@@ -268,7 +285,8 @@ class Cluster {
     v1::ListJobsResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->ListJobs(&ctx, req, &resp), "ListJobs"));
+    AddBearerToken(&ctx, options_.client_token);
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->ListJobs(&ctx, req, &resp), "ListJobs")));
     return resp;
   }
   StatusOr<v1::ListWorkersResponse> ListWorkers() {
@@ -276,7 +294,8 @@ class Cluster {
     v1::ListWorkersResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 1000);
-    RETURN_IF_ERROR(FromGrpcStatus(jobs()->ListWorkers(&ctx, req, &resp), "ListWorkers"));
+    AddBearerToken(&ctx, options_.client_token);
+    RETURN_IF_ERROR(Redial(FromGrpcStatus(jobs()->ListWorkers(&ctx, req, &resp), "ListWorkers")));
     return resp;
   }
   Status Cancel(const std::string& id) {
@@ -285,7 +304,8 @@ class Cluster {
     v1::CancelJobResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 3000);
-    return FromGrpcStatus(jobs()->CancelJob(&ctx, req, &resp), "CancelJob");
+    AddBearerToken(&ctx, options_.client_token);
+    return Redial(FromGrpcStatus(jobs()->CancelJob(&ctx, req, &resp), "CancelJob"));
   }
 
   // Waits for `pred` on the job's info; the last info seen is left in `last`.
@@ -352,12 +372,13 @@ struct CliResult {
   int code = -1;
   std::string out;
 };
-inline CliResult RunCli(const std::filesystem::path& dir, std::vector<std::string> args) {
+inline CliResult RunCli(const std::filesystem::path& dir, std::vector<std::string> args,
+                        std::vector<std::pair<std::string, std::string>> env = {}) {
   static int n = 0;
   const std::string log = (dir / ("cli-" + std::to_string(n++) + ".out")).string();
   CliResult r;
   {
-    Process p(Cluster::Bin("drover"), std::move(args), log);
+    Process p(Cluster::Bin("drover"), std::move(args), log, std::move(env));
     int ws = 0;
     if (p.Wait(20000, &ws) && WIFEXITED(ws)) r.code = WEXITSTATUS(ws);
   }
