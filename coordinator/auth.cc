@@ -90,4 +90,14 @@ Status CheckExposure(std::string_view listen_host, bool tls, bool tokens, bool i
                               "jobs. Add them, or pass --insecure to serve anyway");
 }
 
+Status CheckDashboardExposure(std::string_view http_host, bool insecure) {
+  if (IsLoopbackHost(http_host) || insecure) return OkStatus();
+  return InvalidArgumentError(
+      "--http " + std::string(http_host) +
+      " is reachable from other machines, and the dashboard and /metrics have no "
+      "authentication: anyone who reaches the port could read every job, node and log "
+      "line it shows. Serve it on loopback (behind an authenticating proxy), or pass "
+      "--insecure to serve anyway");
+}
+
 }  // namespace drover::coordinator

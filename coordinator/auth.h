@@ -56,4 +56,9 @@ Status Authorize(const AuthPolicy& policy, std::string_view method, const CallCr
 // `insecure`; otherwise InvalidArgument saying what to add.
 Status CheckExposure(std::string_view listen_host, bool tls, bool tokens, bool insecure);
 
+// The same rule for --http (the dashboard and /metrics), which has no authentication at
+// all: beyond loopback only with `insecure` (or behind a proxy that authenticates, on
+// loopback); otherwise InvalidArgument saying so.
+Status CheckDashboardExposure(std::string_view http_host, bool insecure);
+
 }  // namespace drover::coordinator

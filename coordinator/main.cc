@@ -130,6 +130,14 @@ int main(int argc, char** argv) {
     std::cerr << "drover-coordinator: " << exposed.message() << "\n";
     return 2;
   }
+  if (!http.empty()) {
+    if (drover::Status exposed = drover::coordinator::CheckDashboardExposure(
+            drover::HostOfAddress(http), insecure);
+        !exposed.ok()) {
+      std::cerr << "drover-coordinator: " << exposed.message() << "\n";
+      return 2;
+    }
+  }
   if (insecure && !drover::IsLoopbackHost(host) &&
       !(security.tls.enabled && !security.tokens.empty())) {
     spdlog::warn("--insecure: serving {} without {}", listen,

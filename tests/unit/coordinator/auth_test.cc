@@ -167,5 +167,16 @@ TEST(CheckExposureTest, BeyondLoopbackNeedsTlsAndTokensOrInsecure) {
   EXPECT_TRUE(CheckExposure("0.0.0.0", false, false, true).ok());
 }
 
+// The dashboard has no authentication, so TLS and tokens on the gRPC port do not open it up.
+TEST(CheckDashboardExposureTest, BeyondLoopbackOnlyWithInsecure) {
+  EXPECT_TRUE(CheckDashboardExposure("127.0.0.1", false).ok());
+  EXPECT_TRUE(CheckDashboardExposure("localhost", false).ok());
+  Status exposed = CheckDashboardExposure("0.0.0.0", false);
+  EXPECT_EQ(exposed.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(exposed.message(), HasSubstr("--http 0.0.0.0"));
+  EXPECT_THAT(exposed.message(), HasSubstr("--insecure"));
+  EXPECT_TRUE(CheckDashboardExposure("0.0.0.0", true).ok());
+}
+
 }  // namespace
 }  // namespace drover::coordinator
