@@ -131,8 +131,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!http.empty()) {
-    if (drover::Status exposed = drover::coordinator::CheckDashboardExposure(
-            drover::HostOfAddress(http), insecure);
+    if (drover::Status exposed =
+            drover::coordinator::CheckDashboardExposure(drover::HostOfAddress(http), insecure);
         !exposed.ok()) {
       std::cerr << "drover-coordinator: " << exposed.message() << "\n";
       return 2;

@@ -49,7 +49,9 @@ class StateSeries {
             Family(r, "drover_node_heartbeat_age_seconds", "Time since the node's last heartbeat")),
         attempt_(Family(r, "drover_job_attempt", "Number of the job's current attempt")),
         restarts_(Family(r, "drover_job_restarts", "Restarts used, against max_restarts")),
-        step_(Family(r, "drover_job_step", "Newest optimizer step any rank reported")),
+        step_(Family(r, "drover_job_step",
+                     "Newest optimizer step of the current attempt (back to the checkpoint's step "
+                     "after a recovery)")),
         loss_(Family(r, "drover_job_loss", "Training loss of that step")),
         tokens_(Family(r, "drover_job_tokens_per_second", "Training throughput")),
         last_recovery_(Family(r, "drover_job_last_recovery_seconds",
