@@ -6,16 +6,15 @@ pkgs=(cmake g++ make pkg-config
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
       libspdlog-dev libcli11-dev libyaml-cpp-dev libgtest-dev libgmock-dev
       libgloo-dev libopenblas-dev libsqlite3-dev nlohmann-json3-dev
-      libcpp-httplib-dev prometheus-cpp-dev
-      # Tests only: promtool checks /metrics (it comes with the Prometheus server package,
-      # the only Debian package that ships it; on a systemd host that package also enables
-      # a prometheus.service), and headless Chromium renders the dashboard.
-      prometheus chromium)
+      libcpp-httplib-dev prometheus-cpp-dev)
 # `make fuzz` also needs clang and its libFuzzer runtime.
 [ "${1:-}" = fuzz ] && pkgs+=(clang libclang-rt-14-dev)
 # `make test` also needs what the deployment tests start or call: a one-node Slurm with
-# munge (tests/integration/slurm_test.sh), systemd-analyze, and python3 for tests/tools/.
-[ "${1:-}" = test ] && pkgs+=(munge slurm-wlm systemd python3)
+# munge (tests/integration/slurm_test.sh), systemd-analyze, and python3 for tests/tools/;
+# promtool to check /metrics (it comes with the Prometheus server package, the only Debian
+# package that ships it; on a systemd host that package also enables a prometheus.service)
+# and headless Chromium to render the dashboard. `make demo` needs none of them.
+[ "${1:-}" = test ] && pkgs+=(munge slurm-wlm systemd python3 prometheus chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
