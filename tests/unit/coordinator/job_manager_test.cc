@@ -535,7 +535,9 @@ TEST_F(JobManagerTest, AFailureWhileAGrowIsPlannedIsAnOrdinaryRestart) {
 
 TEST_F(JobManagerTest, ListPagesGoNewestFirstWithoutSpecsAndFilter) {
   for (int i = 1; i <= 5; ++i) {
-    ASSERT_TRUE(Submit(SpecYaml(1, 1), "j" + std::to_string(i), i).ok());
+    std::string id = "j";  // not "j" + to_string: GCC 12 warns (-Wrestrict) falsely
+    id += std::to_string(i);
+    ASSERT_TRUE(Submit(SpecYaml(1, 1), id, i).ok());
   }
   Place("j2", 1, {Node("n1", 1)});
   v1::ListJobsRequest req;
