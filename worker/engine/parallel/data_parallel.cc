@@ -88,8 +88,7 @@ Status DataParallelMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, co
         dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n), DataType::kFloat32));
     for (int r = 0; r < dp_->size() && hi > lo; ++r) {
       AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
-                       grads_.data() + lo, lo - offset, hi - offset,
-                       &rows_scratch_);
+                       grads_.data() + lo, lo - offset, hi - offset, &rows_scratch_);
     }
     return OkStatus();
   });

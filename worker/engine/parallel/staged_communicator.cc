@@ -75,8 +75,7 @@ class StagedCommunicator final : public Communicator {
     if (!ops_->IsDeviceMemory(data)) return inner_->Isend(data, bytes, peer, tag);
     std::vector<float> host(FloatsIn(bytes));
     ops_->ToHost(host.data(), static_cast<const float*>(data), host.size());
-    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner,
-                     inner_->Isend(host.data(), bytes, peer, tag));
+    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner, inner_->Isend(host.data(), bytes, peer, tag));
     // The vector's heap block does not move with it: the inner send keeps reading it.
     return std::unique_ptr<Request>(
         new StagedRequest(std::move(inner), std::move(host), ops_, nullptr));
@@ -85,10 +84,9 @@ class StagedCommunicator final : public Communicator {
                                            uint64_t tag) override {
     if (!ops_->IsDeviceMemory(data)) return inner_->Irecv(data, bytes, peer, tag);
     std::vector<float> host(FloatsIn(bytes));
-    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner,
-                     inner_->Irecv(host.data(), bytes, peer, tag));
-    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(host), ops_,
-                                                      static_cast<float*>(data)));
+    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner, inner_->Irecv(host.data(), bytes, peer, tag));
+    return std::unique_ptr<Request>(
+        new StagedRequest(std::move(inner), std::move(host), ops_, static_cast<float*>(data)));
   }
 
   Status Barrier() override { return inner_->Barrier(); }

@@ -101,8 +101,8 @@ class ShardedMemory final : public TrainingMemory {
   Communicator* dp_;
   const int zero_stage_;
   ShardPartition partition_;
-  Buffer params_;       // stage 2: the whole arena; stage 3: this rank's shard
-  Buffer owned_grads_;  // this rank's shard of the dp-averaged gradient
+  Buffer params_;        // stage 2: the whole arena; stage 3: this rank's shard
+  Buffer owned_grads_;   // this rank's shard of the dp-averaged gradient
   Buffer rows_scratch_;  // AddEmbeddingRows' device copy; used on the comm thread only
   Pool pool_;
   std::vector<ParamSlot> param_slots_;               // stage 3, per unit

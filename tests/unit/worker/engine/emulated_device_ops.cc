@@ -250,9 +250,9 @@ void EmulatedDeviceOps::LayerNormForward(float* out, float* mean, float* rstd, c
   CpuOps()->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
 }
 void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* dbias,
-                                          const float* dout, const float* inp,
-                                          const float* weight, const float* mean,
-                                          const float* rstd, int N, int C, bool accumulate) {
+                                          const float* dout, const float* inp, const float* weight,
+                                          const float* mean, const float* rstd, int N, int C,
+                                          bool accumulate) {
   DEV(dinp);
   DEV(dweight);
   DEV(dbias);
@@ -276,9 +276,9 @@ void EmulatedDeviceOps::MatmulForward(float* out, const float* inp, const float*
   Open open(this);
   CpuOps()->MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo);
 }
-void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias,
-                                       const float* dout, const float* inp, const float* weight,
-                                       int N, int C, int OC, int ldo, bool accumulate) {
+void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                       const float* inp, const float* weight, int N, int C, int OC,
+                                       int ldo, bool accumulate) {
   DEV(dinp);
   DEV(dweight);
   DEV(dbias);
@@ -336,9 +336,9 @@ void EmulatedDeviceOps::CrossEntropyBackward(float* logits, const float* lse,
   Open open(this);
   CpuOps()->CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp);
 }
-void EmulatedDeviceOps::AdamWUpdate(float* params, const float* grads, float* m, float* v,
-                                    size_t n, float lr, float weight_decay,
-                                    const AdamWConfig& config, int64_t t) {
+void EmulatedDeviceOps::AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
+                                    float lr, float weight_decay, const AdamWConfig& config,
+                                    int64_t t) {
   DEV(params);
   DEV(grads);
   DEV(m);

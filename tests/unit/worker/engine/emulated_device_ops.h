@@ -49,10 +49,9 @@ class EmulatedDeviceOps final : public Ops {
   void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                        int T, int C) override;
   void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
-                             const float* dout, const int32_t* inp, int B, int T,
-                             int C) override;
-  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                        const float* weight, const float* bias, int N, int C) override;
+                             const float* dout, const int32_t* inp, int B, int T, int C) override;
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, int N, int C) override;
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int N, int C, bool accumulate) override;
@@ -63,12 +62,12 @@ class EmulatedDeviceOps final : public Ops {
                       bool accumulate) override;
   void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
                         int NH) override;
-  void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv,
-                         int B, int T, int C, int NH) override;
+  void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
+                         int T, int C, int NH) override;
   void GeluForward(float* out, const float* inp, size_t N) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) override;
-  float CrossEntropyForward(float* losses, float* lse, const float* logits,
-                            const int32_t* targets, int N, int V, int Vp) override;
+  float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
+                            int N, int V, int Vp) override;
   void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
                             int N, int V, int Vp) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
@@ -95,10 +94,10 @@ class EmulatedDeviceOps final : public Ops {
   char* base_ = nullptr;
   size_t capacity_ = 0;
   std::mutex mu_;
-  size_t used_ = 0;          // bytes of the range handed out so far (page multiple)
-  int open_ = 0;             // ops in progress
-  std::map<char*, size_t> sizes_;                  // live allocations: start -> bytes
-  std::multimap<size_t, char*> free_;              // freed blocks by size
+  size_t used_ = 0;                    // bytes of the range handed out so far (page multiple)
+  int open_ = 0;                       // ops in progress
+  std::map<char*, size_t> sizes_;      // live allocations: start -> bytes
+  std::multimap<size_t, char*> free_;  // freed blocks by size
   RangeAllocator allocator_{this};
 };
 

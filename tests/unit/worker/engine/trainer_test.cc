@@ -206,8 +206,10 @@ TEST_F(TrainerTest, CheckpointsThatExistButNoneUsableStopTheStartUnlessFresh) {
   options.log_steps = false;
   auto refused = Trainer::Create(options);
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("step_20/adam_v.r0.bin: the file is 4 bytes"));
-  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("step_10/adam_v.r0.bin: the file is 4 bytes"));
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("step_20/adam_v.r0.bin: the file is 4 bytes"));
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("step_10/adam_v.r0.bin: the file is 4 bytes"));
   options.resume = false;
   auto fresh = Trainer::Create(options);
   ASSERT_TRUE(fresh.ok()) << fresh.status();

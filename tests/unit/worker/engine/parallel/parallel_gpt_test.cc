@@ -472,8 +472,7 @@ TEST_F(ParallelEquivalenceTest, EmulatedDeviceDataParallelWithZero1) {
   ExpectMatchesOneProcess(2, {"parallel.zero_stage=1"}, 1e-5, true);
 }
 TEST_F(ParallelEquivalenceTest, EmulatedDevicePipelineAndTensorParallel) {
-  ExpectMatchesOneProcess(4, {"parallel.pp=2", "parallel.tp=2", "train.micro_batch=2"}, 1e-5,
-                          true);
+  ExpectMatchesOneProcess(4, {"parallel.pp=2", "parallel.tp=2", "train.micro_batch=2"}, 1e-5, true);
 }
 // A checkpoint written from device memory (ZeRO-3 shards, gathered through ToHost) resumes
 // on the CPU, and one written on the CPU resumes on the device, both continuing the
