@@ -62,7 +62,17 @@ const JobManager::Job* JobManager::Get(const std::string& job_id) const {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
+void JobManager::Reindex(const Job& job) {
+  const v1::JobRecord& r = job.rec;
+  if (!IsTerminal(r.state())) {
+    live_[r.submit_seq()] = r.job_id();
+  } else if (live_.erase(r.submit_seq()) > 0) {
+    ++finished_counts_[r.state()];
+  }
+}
+
 void JobManager::Persist(Job& job, const v1::AttemptRecord* attempt) {
+  Reindex(job);
   ++job.version;
   if (!hooks_.persist) return;
   StoreBatch batch;
@@ -119,6 +129,11 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
       IndexPlacement(job, true);
     }
     by_seq_[rec.submit_seq()] = rec.job_id();
+    if (IsTerminal(job.rec.state())) {
+      ++finished_counts_[job.rec.state()];
+    } else {
+      live_[rec.submit_seq()] = rec.job_id();
+    }
     if (!rec.request_id().empty()) by_request_id_[rec.request_id()] = rec.job_id();
     jobs_[rec.job_id()] = std::move(job);
   }
@@ -166,6 +181,7 @@ void JobManager::Add(NewJob added) {
   job.rec = std::move(added.record);
   job.spec = std::move(added.spec);
   job.feasible = job.spec.FeasibleWorldSizes();
+  Reindex(job);
 }
 
 bool JobManager::Remove(const std::string& job_id) {
@@ -174,6 +190,7 @@ bool JobManager::Remove(const std::string& job_id) {
   const v1::JobRecord& rec = it->second.rec;
   DROVER_CHECK_MSG(IsTerminal(rec.state()), "JobManager::Remove: the job has not finished");
   by_seq_.erase(rec.submit_seq());
+  --finished_counts_[rec.state()];
   if (!rec.request_id().empty()) by_request_id_.erase(rec.request_id());
   jobs_.erase(it);
   return true;
@@ -210,6 +227,7 @@ bool JobManager::ApplyCancel(const CancelPlan& plan) {
   if (!job || job->version != plan.version) return false;
   if (job->rec.state() == v1::RUNNING) EndAttempt(*job, "cancelled", plan.at_ms);
   MarkCancelled(&job->rec, plan.at_ms);
+  Reindex(*job);
   ++job->version;  // what the plan wrote is the job's newest durable record
   return true;
 }
@@ -218,7 +236,8 @@ std::vector<PendingJob> JobManager::Pending() {
   std::vector<PendingJob> out;
   const int64_t now = clock_->WallNowMs();
   next_restart_ms_ = INT64_MAX;
-  for (auto& [id, job] : jobs_) {
+  for (const auto& [seq, id] : live_) {
+    Job& job = *Get(id);
     if (job.rec.state() != v1::PENDING && job.rec.state() != v1::RECOVERING) continue;
     // A job in its restart delay holds no place in the queue: the jobs behind it may use
     // the slots meanwhile, as they could if it had failed for good.
@@ -241,7 +260,8 @@ std::vector<PendingJob> JobManager::Pending() {
 
 std::vector<RunningJob> JobManager::Growable() const {
   std::vector<RunningJob> out;
-  for (const auto& [id, job] : jobs_) {
+  for (const auto& [seq, id] : live_) {
+    const Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
     if (job.spec.checkpoint.every_steps <= 0) continue;
     if (job.rec.placement_size() >= job.feasible.back()) continue;
@@ -602,10 +622,10 @@ const v1::JobRecord* JobManager::FindByRequestId(const std::string& request_id) 
 }
 
 int JobManager::PendingOf(const std::string& submitter) const {
-  // A walk over every job, as Pending() does per scheduling pass: a submit is rarer.
   int n = 0;
-  for (const auto& [id, job] : jobs_) {
-    n += job.rec.state() == v1::PENDING && job.rec.submitter() == submitter;
+  for (const auto& [seq, id] : live_) {
+    const v1::JobRecord& rec = Get(id)->rec;
+    n += rec.state() == v1::PENDING && rec.submitter() == submitter;
   }
   return n;
 }
@@ -614,9 +634,14 @@ v1::ListJobsResponse JobManager::ListPage(const v1::ListJobsRequest& request) co
   constexpr int kDefaultLimit = 100, kMaxLimit = 1000;
   const int limit = request.limit() <= 0 ? kDefaultLimit : std::min(request.limit(), kMaxLimit);
   const std::set<int> states(request.states().begin(), request.states().end());
+  // A list of live states only (the dashboard's running jobs) walks the live jobs only.
+  const bool live_only = !states.empty() && std::none_of(states.begin(), states.end(), [](int s) {
+    return IsTerminal(static_cast<v1::JobState>(s));
+  });
+  const std::map<int64_t, std::string>& index = live_only ? live_ : by_seq_;
   v1::ListJobsResponse response;
-  auto it = request.before_seq() > 0 ? by_seq_.lower_bound(request.before_seq()) : by_seq_.end();
-  while (it != by_seq_.begin()) {
+  auto it = request.before_seq() > 0 ? index.lower_bound(request.before_seq()) : index.end();
+  while (it != index.begin()) {
     --it;
     const Job& job = *Get(it->second);
     if (!states.empty() && !states.count(job.rec.state())) continue;
@@ -634,7 +659,10 @@ v1::ListJobsResponse JobManager::ListPage(const v1::ListJobsRequest& request) co
 
 std::map<v1::JobState, int64_t> JobManager::CountByState() const {
   std::map<v1::JobState, int64_t> counts;
-  for (const auto& [id, job] : jobs_) ++counts[job.rec.state()];
+  for (const auto& [state, n] : finished_counts_) {
+    if (n > 0) counts[state] = n;
+  }
+  for (const auto& [seq, id] : live_) ++counts[Get(id)->rec.state()];
   return counts;
 }
 

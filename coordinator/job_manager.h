@@ -220,6 +220,9 @@ class JobManager {
   // Ends the attempt at the complete checkpoint of `step` to restart it at job.grow_to.
   void Resize(Job& job, int64_t step);
   void Persist(Job& job, const v1::AttemptRecord* attempt);
+  // Keeps live_ and finished_counts_ in step with job.rec's state after a change (every
+  // change is persisted, or is a cancel; finished states are final).
+  void Reindex(const Job& job);
   void IndexPlacement(const Job& job, bool add);
 
   const Clock* const clock_;
@@ -227,6 +230,11 @@ class JobManager {
   const Hooks hooks_;
   std::unordered_map<std::string, Job> jobs_;
   std::map<int64_t, std::string> by_seq_;  // submit_seq -> job id, for ListPage
+  // The jobs not finished yet (PENDING, RUNNING, RECOVERING), as by_seq_: what the scheduler,
+  // the submit limit, live-state lists and the dashboard walk, so that their cost does not
+  // grow with the history (100,000 finished jobs took 42 ms a walk).
+  std::map<int64_t, std::string> live_;
+  std::map<v1::JobState, int64_t> finished_counts_;             // SUCCEEDED, FAILED, CANCELLED
   std::unordered_map<std::string, std::string> by_request_id_;  // request id -> job id
   // node -> RUNNING job -> the ranks of its current attempt placed on that node. Every
   // per-node operation (a heartbeat's listing and orders, a node's death, free slots) walks

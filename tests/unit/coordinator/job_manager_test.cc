@@ -567,6 +567,47 @@ TEST_F(JobManagerTest, ListPagesGoNewestFirstWithoutSpecsAndFilter) {
   EXPECT_EQ(jobs_.ListPage(named).jobs_size(), 0);
 }
 
+// The live-job index (what the scheduler, live-state lists and counts walk instead of the
+// whole history) agrees with a walk over every job through submits, placement, cancels,
+// removal and a restore from the persisted records.
+TEST_F(JobManagerTest, LiveJobIndexAgreesWithTheWholeHistory) {
+  for (int i = 1; i <= 6; ++i) {
+    std::string id = "j";
+    id += std::to_string(i);
+    ASSERT_TRUE(Submit(SpecYaml(1, 1), id, i).ok());
+  }
+  Place("j2", 1, {Node("n1", 1)});
+  ASSERT_EQ(*Cancel("j3"), v1::CANCELLED);
+  ASSERT_EQ(*Cancel("j4"), v1::CANCELLED);
+  ASSERT_TRUE(jobs_.Remove("j4"));
+  auto check = [](JobManager& jobs) {
+    std::map<v1::JobState, int64_t> walked;
+    const v1::ListJobsResponse all = jobs.ListPage({});
+    for (const auto& j : all.jobs()) ++walked[j.state()];
+    EXPECT_EQ(jobs.CountByState(), walked);
+    v1::ListJobsRequest live;
+    live.add_states(v1::PENDING);
+    live.add_states(v1::RUNNING);
+    std::vector<std::string> ids;
+    const v1::ListJobsResponse live_page = jobs.ListPage(live);
+    for (const auto& j : live_page.jobs()) ids.push_back(j.job_id());
+    EXPECT_EQ(ids, (std::vector<std::string>{"j6", "j5", "j2", "j1"}));
+    std::vector<std::string> pending;
+    for (const PendingJob& p : jobs.Pending()) pending.push_back(p.job_id);
+    std::sort(pending.begin(), pending.end());
+    EXPECT_EQ(pending, (std::vector<std::string>{"j1", "j5", "j6"}));
+  };
+  check(jobs_);
+  EXPECT_EQ(jobs_.CountByState()[v1::CANCELLED], 1);
+  // A restarted coordinator rebuilds the index from the records.
+  std::vector<v1::JobRecord> records;
+  const v1::ListJobsResponse all = jobs_.ListPage({});
+  for (const auto& j : all.jobs()) records.push_back(*jobs_.Find(j.job_id()));
+  JobManager restored(&clock_, {}, {});
+  restored.Restore(records, {});
+  check(restored);
+}
+
 TEST_F(JobManagerTest, OversizedSpecIsRefusedWithItsSizeAndTheLimit) {
   const std::string padded = SpecYaml(1, 1) + "# " + std::string(300 * 1024, 'x') + "\n";
   auto job = jobs_.PrepareSubmit(padded, 0, "big", 1);
