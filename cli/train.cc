@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "cli/local_launcher.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "worker/engine/kernels/profiled_ops.h"
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
 #include "worker/engine/trainer_process.h"
@@ -26,10 +28,17 @@ struct TrainFlags {
   int nproc = 1;
   int threads = 0;  // 0: resources.threads_per_rank
   bool fresh = false;
+  bool profile_ops = false;
   std::string trainer;  // hidden --trainer: the rank program for --nproc > 1 (tests)
 };
 
 int RunTrain(const TrainFlags& f) {
+  if (f.nproc > 1 && f.profile_ops) {
+    std::fprintf(stderr,
+                 "drover train: --profile-ops profiles the training of one process; run it "
+                 "without --nproc\n");
+    return kExitUsage;
+  }
   std::vector<std::string> overrides = f.overrides;
   // --nproc is the world size; the spec's range is for the coordinator's elastic placement.
   // Set here, the spec validates against it and the ranks read it back.
@@ -52,12 +61,31 @@ int RunTrain(const TrainFlags& f) {
   options.spec = *spec;
   options.resume = !f.fresh;
   options.stop = engine::InstallStopSignalHandlers();
+  std::unique_ptr<engine::ProfiledOps> profiled;
+  if (f.profile_ops) {
+    auto ops = engine::OpsForDevice(spec->resources.device);
+    if (!ops.ok()) {
+      std::fprintf(stderr, "drover train: %s\n", ops.status().ToString().c_str());
+      return engine::ExitCodeFor(ops.status());
+    }
+    profiled = std::make_unique<engine::ProfiledOps>(*ops);
+    options.ops = profiled.get();
+  }
   auto trainer = engine::Trainer::Create(options);
   if (!trainer.ok()) {
     std::fprintf(stderr, "drover train: %s\n", trainer.status().ToString().c_str());
     return engine::ExitCodeFor(trainer.status());
   }
+  const int64_t first_step = (*trainer)->step();
   Status st = (*trainer)->Run();
+  if (profiled != nullptr) {
+    // Start-up (initialisation, a resumed checkpoint's load) is in it too, spread over
+    // the steps; profile a run of enough steps that it does not matter.
+    std::printf("ops profile over %lld steps (%s):\n%s",
+                static_cast<long long>((*trainer)->step() - first_step),
+                spec->resources.device.c_str(),
+                profiled->Report((*trainer)->step() - first_step).c_str());
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "drover train: %s\n", st.ToString().c_str());
     return engine::ExitCodeFor(st) == 0 ? kExitFailure : engine::ExitCodeFor(st);
@@ -80,6 +108,9 @@ DROVER_REGISTER_COMMAND(
           ->check(CLI::NonNegativeNumber);
       app->add_flag("--fresh", flags->fresh,
                     "ignore existing checkpoints in checkpoint.dir (they are overwritten)");
+      app->add_flag("--profile-ops", flags->profile_ops,
+                    "time every kernel-table op (synchronising after each) and print where "
+                    "the steps' time went, op by op");
       app->add_option("--trainer", flags->trainer)->group("");  // tests: a scripted trainer
       return [flags] { return RunTrain(*flags); };
     });

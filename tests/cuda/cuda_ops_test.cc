@@ -118,7 +118,7 @@ TEST_F(CudaOpsTest, EncoderForwardAndBackward) {
 }
 
 TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
-  const int N = 37, C = 200;
+  const int N = 300, C = 200;  // 5 chunks of the column sums, the last one short
   const std::vector<float> x = Random(N * C, 2.0f), w = Random(C), b = Random(C);
   std::vector<float> out(N * C), mean(N), rstd(N);
   float *gout = Dev(out), *gmean = Dev(mean), *grstd = Dev(rstd);
@@ -141,51 +141,76 @@ TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
   }
 }
 
+// The GEMM ops in each precision. The inputs are rounded to it first, as a mixed-precision
+// run stores them; the GPU then multiplies on tensor cores (bf16, fp16) where the CPU
+// multiplies in fp32, and the products agree exactly: only the summation order differs.
 TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
-  // ldo > OC: the LM head writes V of Vp columns.
-  const int N = 45, C = 96, OC = 70, ldo = 80;
-  const std::vector<float> inp = Random(N * C), w = Random(OC * C, 0.1f), bias = Random(OC);
-  const std::vector<float> residual = Random(N * ldo);
-  for (bool with_extras : {false, true}) {
-    std::vector<float> out = Random(N * ldo);  // columns past OC must survive
-    float* gout = Dev(out);
-    const float* gb = with_extras ? Dev(bias) : nullptr;
-    const float* gr = with_extras ? Dev(residual) : nullptr;
-    gpu_->MatmulForward(gout, Dev(inp), Dev(w), gb, gr, N, C, OC, ldo);
-    cpu_->MatmulForward(out.data(), inp.data(), w.data(), with_extras ? bias.data() : nullptr,
-                        with_extras ? residual.data() : nullptr, N, C, OC, ldo);
-    ExpectClose(Host(gout, out.size()), out, with_extras ? "matmul + bias + residual" : "matmul",
-                1e-4, 1e-4);
-  }
-  const std::vector<float> dout = Random(N * ldo);
-  for (bool accumulate : {false, true}) {
-    std::vector<float> dinp(N * C), dw = Random(OC * C), db = Random(OC);
-    float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-    gpu_->MatmulBackward(gdinp, gdw, gdb, Dev(dout), Dev(inp), Dev(w), N, C, OC, ldo, accumulate);
-    cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
-                         OC, ldo, accumulate);
-    const std::string a = accumulate ? " (accumulate)" : "";
-    ExpectClose(Host(gdinp, dinp.size()), dinp, "matmul dinp" + a, 1e-4, 1e-4);
-    ExpectClose(Host(gdw, dw.size()), dw, "matmul dweight" + a, 1e-4, 1e-4);
-    ExpectClose(Host(gdb, OC), db, "matmul dbias" + a, 1e-4, 1e-4);
+  // ldo > OC: the LM head writes V of Vp columns. N spans 4 chunks of the bias gradient's
+  // column sum.
+  const int N = 245, C = 96, OC = 70, ldo = 80;
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    const std::string name = std::string(" ") + PrecisionName(p);
+    std::vector<float> inp = Random(N * C), w = Random(OC * C, 0.1f), dout = Random(N * ldo);
+    cpu_->Round(inp.data(), inp.size(), p);
+    cpu_->Round(w.data(), w.size(), p);
+    cpu_->Round(dout.data(), dout.size(), p);
+    const std::vector<float> bias = Random(OC), residual = Random(N * ldo);
+    for (bool with_extras : {false, true}) {
+      std::vector<float> out = Random(N * ldo);  // columns past OC must survive
+      float* gout = Dev(out);
+      const float* gb = with_extras ? Dev(bias) : nullptr;
+      const float* gr = with_extras ? Dev(residual) : nullptr;
+      gpu_->MatmulForward(gout, Dev(inp), Dev(w), gb, gr, N, C, OC, ldo, p);
+      cpu_->MatmulForward(out.data(), inp.data(), w.data(), with_extras ? bias.data() : nullptr,
+                          with_extras ? residual.data() : nullptr, N, C, OC, ldo, p);
+      ExpectClose(Host(gout, out.size()), out,
+                  (with_extras ? "matmul + bias + residual" : "matmul") + name, 1e-4, 1e-4);
+    }
+    for (bool accumulate : {false, true}) {
+      std::vector<float> dinp(N * C), dw = Random(OC * C), db = Random(OC);
+      float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
+      gpu_->MatmulBackward(gdinp, gdw, gdb, Dev(dout), Dev(inp), Dev(w), N, C, OC, ldo, accumulate,
+                           p);
+      cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
+                           C, OC, ldo, accumulate, p);
+      const std::string a = (accumulate ? " (accumulate)" : "") + name;
+      ExpectClose(Host(gdinp, dinp.size()), dinp, "matmul dinp" + a, 1e-4, 1e-4);
+      ExpectClose(Host(gdw, dw.size()), dw, "matmul dweight" + a, 1e-4, 1e-4);
+      ExpectClose(Host(gdb, OC), db, "matmul dbias" + a, 1e-4, 1e-4);
+    }
   }
 }
 
+// Attention in each precision, at a small shape and at GPT-2's head size with T past a
+// few warps. In bf16 and fp16 the products that read the fp32 probabilities run in TF32
+// (ops.h), which rounds them to 11 significant bits: hence the looser bound there.
 TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
-  const int B = 2, T = 40, C = 48, NH = 3;  // T past one warp's width
-  const std::vector<float> qkv = Random(B * T * 3 * C);
-  std::vector<float> out(B * T * C), att(B * NH * T * T);
-  float *gout = Dev(out), *gatt = Dev(att), *gqkv = Dev(qkv);
-  gpu_->AttentionForward(gout, gatt, gqkv, B, T, C, NH);
-  cpu_->AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  ExpectClose(Host(gout, out.size()), out, "attention out");
-  ExpectClose(Host(gatt, att.size()), att, "attention probabilities");
-  const std::vector<float> dout = Random(B * T * C);
-  std::vector<float> dqkv(qkv.size());
-  float* gdqkv = Dev(dqkv);
-  gpu_->AttentionBackward(gdqkv, Dev(dout), gatt, gqkv, B, T, C, NH);
-  cpu_->AttentionBackward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH);
-  ExpectClose(Host(gdqkv, dqkv.size()), dqkv, "attention dqkv", 1e-4, 1e-4);
+  struct Shape {
+    int B, T, C, NH;
+  };
+  for (const Shape& shape : {Shape{2, 40, 48, 3}, Shape{2, 200, 256, 4}}) {
+    const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH;
+    for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+      const std::string name = std::string(" ") + PrecisionName(p) + " T=" + std::to_string(T);
+      const double rtol = p == Precision::kFp32 ? 1e-4 : 3e-3;
+      const double atol = p == Precision::kFp32 ? 1e-5 : 1e-3;
+      std::vector<float> qkv = Random(B * T * 3 * C), dout = Random(B * T * C);
+      cpu_->Round(qkv.data(), qkv.size(), p);
+      cpu_->Round(dout.data(), dout.size(), p);
+      std::vector<float> out(B * T * C), att(static_cast<size_t>(B) * NH * T * T, NAN);
+      float *gout = Dev(out), *gatt = Dev(att), *gqkv = Dev(qkv);
+      gpu_->AttentionForward(gout, gatt, gqkv, B, T, C, NH, p);
+      cpu_->AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH, p);
+      ExpectClose(Host(gatt, att.size()), att, "attention probabilities" + name);
+      ExpectClose(Host(gout, out.size()), out, "attention out" + name, rtol, atol);
+      std::vector<float> dqkv(qkv.size(), NAN);  // overwritten, every element
+      float* gdqkv = Dev(dqkv);
+      gpu_->AttentionBackward(gdqkv, Dev(dout), gatt, gqkv, B, T, C, NH, p);
+      cpu_->AttentionBackward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH, p);
+      ExpectClose(Host(gdqkv, dqkv.size()), dqkv, "attention dqkv" + name, std::max(rtol, 1e-4),
+                  std::max(atol, 1e-4));
+    }
+  }
 }
 
 TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {

@@ -113,6 +113,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
   return trainer;
 }
 
+StatusOr<Ops*> OpsForDevice(const std::string& device) {
+  if (device == "cpu") return CpuOps();
+  if (device == "cuda") return CudaOps();
+  return InvalidArgumentError("resources.device: '" + device +
+                              "' is not a device; use cpu or cuda");
+}
+
 Status Trainer::Init() {
   const JobSpec& spec = options_.spec;
   RETURN_IF_ERROR(spec.Validate());
@@ -125,14 +132,10 @@ Status Trainer::Init() {
     return InvalidArgumentError("world size " + std::to_string(options_.world_size) +
                                 " needs a rendezvous store to connect the ranks");
   }
-  Ops* ops = CpuOps();
-  if (spec.resources.device == "cuda") {
-    ASSIGN_OR_RETURN(ops, CudaOps());
-  } else if (spec.resources.device != "cpu") {
-    return InvalidArgumentError("resources.device: '" + spec.resources.device +
-                                "' is not a device; use cpu or cuda");
+  Ops* ops = options_.ops;
+  if (ops == nullptr) {
+    ASSIGN_OR_RETURN(ops, OpsForDevice(spec.resources.device));
   }
-  if (options_.ops != nullptr) ops = options_.ops;
   B_ = spec.train.micro_batch;
   T_ = spec.train.seq_len;
   output_dir_ = OutputDirOf(spec);

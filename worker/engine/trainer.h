@@ -89,6 +89,10 @@ struct TrainerOptions {
   Ops* ops = nullptr;
 };
 
+// The kernel table resources.device names: CpuOps for "cpu", the CUDA plugin's for
+// "cuda". InvalidArgument for another name; FailedPrecondition when CUDA cannot load.
+StatusOr<Ops*> OpsForDevice(const std::string& device);
+
 // The checkpoint directory the spec names: checkpoint.dir, else <output_dir>/ckpt.
 std::string CheckpointDirOf(const JobSpec& spec);
 // The output directory: output_dir, else runs/<name>.

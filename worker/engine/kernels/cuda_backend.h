@@ -12,7 +12,7 @@ namespace drover::engine {
 
 // Bumped whenever kernels/ops.h changes: a plugin built from another ops.h is refused
 // rather than called through a vtable that does not match.
-inline constexpr int kCudaOpsAbi = 2;  // 2: Ops::IsDeviceMemory
+inline constexpr int kCudaOpsAbi = 3;  // 2: IsDeviceMemory; 3: GEMM precision, Synchronize
 
 // The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
 // those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a

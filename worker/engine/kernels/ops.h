@@ -104,6 +104,11 @@ class Ops {
     (void)p;
     return false;
   }
+  // Returns once every op enqueued so far has finished. CpuOps runs each op to completion
+  // before it returns, so this returns at once; a backend with a queue (CUDA's streams)
+  // waits for it. Training never needs it (the ops that return values wait themselves);
+  // profiling does (profiled_ops.h), to charge each op its own time.
+  virtual void Synchronize() {}
   // x (n) narrowed in place to precision p, kept as floats (kernels/cpu/round.h): a store
   // of an activation in a mixed-precision run. p == kFp32 leaves x as it is.
   virtual void Round(float* x, size_t n, Precision p) = 0;
@@ -121,17 +126,27 @@ class Ops {
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, const float* mean,
                                  const float* rstd, int N, int C, bool accumulate) = 0;
+  // `operands` is the precision the GEMM inputs are stored in (the run's precision.dtype:
+  // weights, activations and activation gradients all hold values rounded to it). A backend
+  // may form the products in it, on tensor cores with fp32 accumulation (CUDA); since the
+  // inputs hold values of that precision, their products are exact in fp32 and equal those
+  // CpuOps forms in fp32, which ignores it. Only the summation order differs.
+  //
   // bias and residual may be null: a row-parallel GEMM (tensor parallelism) adds them on
   // one rank only, so that the all-reduce that follows adds them once.
   virtual void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                             const float* residual, int N, int C, int OC, int ldo) = 0;
+                             const float* residual, int N, int C, int OC, int ldo,
+                             Precision operands) = 0;
   virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                               const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                              bool accumulate) = 0;
+                              bool accumulate, Precision operands) = 0;
+  // qkv and dout hold values of `operands`; the probabilities att stay fp32, so the products
+  // that read them (att v, and the gradients through the softmax) may use TF32 on CUDA in a
+  // mixed-precision run, which keeps 3 more bits of them than a bf16 fused kernel does.
   virtual void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
-                                int NH) = 0;
+                                int NH, Precision operands) = 0;
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv,
-                                 int B, int T, int C, int NH) = 0;
+                                 int B, int T, int C, int NH, Precision operands) = 0;
   virtual void GeluForward(float* out, const float* inp, size_t N) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) = 0;
   // Returns the mean loss over the N rows.

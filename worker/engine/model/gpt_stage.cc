@@ -83,14 +83,15 @@ GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp
 Status GptStage::RowParallelForward(float* out, const float* inp, const float* w, const float* bias,
                                     const float* residual, int N, int IC, int OC) {
   if (tp_ == nullptr) {
-    ops_->MatmulForward(out, inp, w, bias, residual, N, IC, OC, OC);
+    ops_->MatmulForward(out, inp, w, bias, residual, N, IC, OC, OC, precision_);
     Narrow(out, static_cast<size_t>(N) * OC);
     return OkStatus();
   }
   // Rank 0 folds bias and residual into its partial product; the sum adds them once. The
   // partial sums travel in fp32 and the total is narrowed once, as one GEMM's would be.
   const bool adds = tp_->rank() == 0;
-  ops_->MatmulForward(out, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC, OC, OC);
+  ops_->MatmulForward(out, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC, OC, OC,
+                      precision_);
   RETURN_IF_ERROR(tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
                                  parallel::ReduceOp::kSum));
   Narrow(out, static_cast<size_t>(N) * OC);
@@ -135,15 +136,15 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
                          BT, C);
   Narrow(ln1, btc);
-  ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca);
+  ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca, precision_);
   Narrow(qkv, static_cast<size_t>(BT) * 3 * Ca);
-  ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa);
+  ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa, precision_);
   Narrow(atty, static_cast<size_t>(BT) * Ca);
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
   ops_->LayerNormForward(ln2, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, res2, p + o.ln2w,
                          p + o.ln2b, BT, C);
   Narrow(ln2, btc);
-  ops_->MatmulForward(fch, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4);
+  ops_->MatmulForward(fch, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4, precision_);
   Narrow(fch, static_cast<size_t>(BT) * C4);
   ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4);
   Narrow(fchg, static_cast<size_t>(BT) * C4);
@@ -181,7 +182,7 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   Narrow(a.lnf_, static_cast<size_t>(BT) * C);
   // Tied LM head; only the V live columns are computed. The softmax and the loss read the
   // narrowed logits and compute in fp32.
-  ops_->MatmulForward(a.logits_, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp);
+  ops_->MatmulForward(a.logits_, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp, precision_);
   Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
   if (pass != Pass::kTrain) {
     // Backward would need both again; without it they go now.
@@ -209,7 +210,7 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   ops_->CrossEntropyBackward(a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT, V, Vp);
   // Where fp16 without loss scaling loses small gradients to zero.
   Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
-  ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.logits_, a.lnf_, ph, BT, C, V, Vp, acc);
+  ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.logits_, a.lnf_, ph, BT, C, V, Vp, acc, precision_);
   Narrow(a.dbtc_, static_cast<size_t>(BT) * C);
   if (!acc) {
     // Overwritten rows are the live ones; the padding rows (and, on a single stage, wpe,
@@ -251,24 +252,24 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
   const float* fch = a.fch_ + i * BT * C4;
   ops_->MatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_, a.fch_gelu_ + i * BT * C4,
-                       p + o.fcprojw, BT, C4, C, C, acc);
+                       p + o.fcprojw, BT, C4, C, C, acc, precision_);
   Narrow(a.dfch_, static_cast<size_t>(BT) * C4);
   ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4);
   Narrow(a.dfch_, static_cast<size_t>(BT) * C4);
   ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, a.ln2_ + i * btc, p + o.fcw, BT, C,
-                       C4, C4, acc);
+                       C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + i * btc,
                           p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc);
   Narrow(a.dres_, btc);
   ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
-                       p + o.attprojw, BT, Ca, C, C, acc);
+                       p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Narrow(a.dbtc_, static_cast<size_t>(BT) * Ca);
   ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * B * NHa * T * T, a.qkv_ + i * BT * 3 * Ca,
-                          B, T, Ca, NHa);
+                          B, T, Ca, NHa, precision_);
   Narrow(a.dqkv_, static_cast<size_t>(BT) * 3 * Ca);
   ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,
-                       C, 3 * Ca, 3 * Ca, acc);
+                       C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
                           a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc);

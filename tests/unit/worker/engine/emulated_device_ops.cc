@@ -267,18 +267,18 @@ void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* db
 }
 void EmulatedDeviceOps::MatmulForward(float* out, const float* inp, const float* weight,
                                       const float* bias, const float* residual, int N, int C,
-                                      int OC, int ldo) {
+                                      int OC, int ldo, Precision operands) {
   DEV(out);
   DEV(inp);
   DEV(weight);
   DEV(bias);
   DEV(residual);
   Open open(this);
-  CpuOps()->MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo);
+  CpuOps()->MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo, operands);
 }
 void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                        const float* inp, const float* weight, int N, int C, int OC,
-                                       int ldo, bool accumulate) {
+                                       int ldo, bool accumulate, Precision operands) {
   DEV(dinp);
   DEV(dweight);
   DEV(dbias);
@@ -286,24 +286,26 @@ void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias
   DEV(inp);
   DEV(weight);
   Open open(this);
-  CpuOps()->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate);
+  CpuOps()->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate,
+                           operands);
 }
 void EmulatedDeviceOps::AttentionForward(float* out, float* att, const float* qkv, int B, int T,
-                                         int C, int NH) {
+                                         int C, int NH, Precision operands) {
   DEV(out);
   DEV(att);
   DEV(qkv);
   Open open(this);
-  CpuOps()->AttentionForward(out, att, qkv, B, T, C, NH);
+  CpuOps()->AttentionForward(out, att, qkv, B, T, C, NH, operands);
 }
 void EmulatedDeviceOps::AttentionBackward(float* dqkv, const float* dout, const float* att,
-                                          const float* qkv, int B, int T, int C, int NH) {
+                                          const float* qkv, int B, int T, int C, int NH,
+                                          Precision operands) {
   DEV(dqkv);
   DEV(dout);
   DEV(att);
   DEV(qkv);
   Open open(this);
-  CpuOps()->AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH);
+  CpuOps()->AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH, operands);
 }
 void EmulatedDeviceOps::GeluForward(float* out, const float* inp, size_t N) {
   DEV(out);

@@ -56,14 +56,15 @@ class EmulatedDeviceOps final : public Ops {
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int N, int C, bool accumulate) override;
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                     const float* residual, int N, int C, int OC, int ldo) override;
+                     const float* residual, int N, int C, int OC, int ldo,
+                     Precision operands) override;
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                      bool accumulate) override;
-  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
-                        int NH) override;
+                      bool accumulate, Precision operands) override;
+  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                        Precision operands) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
-                         int T, int C, int NH) override;
+                         int T, int C, int NH, Precision operands) override;
   void GeluForward(float* out, const float* inp, size_t N) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,

@@ -85,20 +85,21 @@ class CpuOpsImpl final : public Ops {
     cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate);
   }
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                     const float* residual, int N, int C, int OC, int ldo) override {
+                     const float* residual, int N, int C, int OC, int ldo,
+                     Precision /*operands: fp32 products of them are exact (ops.h)*/) override {
     cpu::MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo);
   }
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                      bool accumulate) override {
+                      bool accumulate, Precision /*operands*/) override {
     cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate);
   }
-  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
-                        int NH) override {
+  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                        Precision /*operands*/) override {
     cpu::AttentionForward(out, att, qkv, B, T, C, NH);
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
-                         int T, int C, int NH) override {
+                         int T, int C, int NH, Precision /*operands*/) override {
     cpu::AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH);
   }
   void GeluForward(float* out, const float* inp, size_t N) override {

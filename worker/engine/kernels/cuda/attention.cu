@@ -1,9 +1,16 @@
-// Causal multi-head attention over packed qkv (kernels/cpu/attention.h): a simple, correct
-// kernel set first (one warp per query row, the (B, NH, T, T) probabilities materialised as
-// on the CPU); a fused flash-style kernel is the next step. The backward runs in two
-// passes so that no two warps ever add into the same element: pass 1 (per query row t)
-// writes the softmax's input gradient dpre and dq_t; pass 2 (per key row t2) sums dk_t2
-// and dv_t2 over the rows t >= t2 that saw it. Deterministic.
+// Causal multi-head attention over packed qkv (kernels/cpu/attention.h) as cuBLAS GEMMs
+// around two row kernels, the (B, NH, T, T) probabilities materialised as on the CPU.
+// The GEMMs are described in attention_gemms.h (checked on the CPU on every commit):
+//   forward:  scores = scale q k^T (into att) -> masked softmax in place -> out = att v
+//   backward: datt = dout v^T, dv = att^T dout -> dpre = att (datt - <att, datt>) scale in
+//             place, zero above the diagonal -> dq = dpre k, dk = dpre^T q
+// The row kernels use one warp per row and write every element of their row, the masked
+// ones as zeros, so the GEMMs that read att or dpre need no mask. Deterministic: cuBLAS
+// with a fixed configuration, and warp reductions in a fixed order.
+//
+// A fused flash-style kernel would skip the masked half of the products and never write
+// the T x T matrices; this is the simple correct version with tensor-core GEMMs.
+#include "worker/engine/kernels/cuda/attention_gemms.h"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -11,7 +18,7 @@
 namespace drover::engine::cuda {
 namespace {
 
-constexpr unsigned kWarpsPerBlock = 4;
+constexpr unsigned kWarpsPerBlock = 8;
 
 __device__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -25,136 +32,120 @@ __device__ float WarpMax(float v) {
   return v;
 }
 
-// Row `row` of the (B, NH, T) query rows: b, h, t.
-struct RowIndex {
-  int b, h, t;
-};
-__device__ RowIndex Unpack(int row, int NH, int T) {
-  return {row / (NH * T), (row / T) % NH, row % T};
-}
-
-__global__ void AttentionForwardKernel(float* out, float* att, const float* qkv, int B, int T,
-                                       int C, int NH, float scale) {
+// Row `row` of the (B, NH, T) rows of att: scaled scores in, probabilities out, causal
+// (t2 <= t, t = row % T); zeros above the diagonal.
+__global__ void SoftmaxForwardKernel(float* att, int rows, int T) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= B * NH * T) return;
-  const RowIndex r = Unpack(row, NH, T);
-  const int HS = C / NH;
-  const size_t stride = 3 * static_cast<size_t>(C);
-  const float* base = qkv + static_cast<size_t>(r.b) * T * stride + r.h * HS;
-  const float* q = base + static_cast<size_t>(r.t) * stride;
+  if (row >= rows) return;
+  const int t = row % T;
   float* a = att + static_cast<size_t>(row) * T;
   float maxv = -INFINITY;
-  for (int t2 = lane; t2 <= r.t; t2 += 32) {
-    const float* k = base + static_cast<size_t>(t2) * stride + C;
-    float dot = 0;
-    for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
-    dot *= scale;
-    a[t2] = dot;
-    maxv = fmaxf(maxv, dot);
-  }
+  for (int t2 = lane; t2 <= t; t2 += 32) maxv = fmaxf(maxv, a[t2]);
   maxv = WarpMax(maxv);
   float sum = 0;
-  for (int t2 = lane; t2 <= r.t; t2 += 32) {
+  for (int t2 = lane; t2 <= t; t2 += 32) {
     const float e = expf(a[t2] - maxv);
     a[t2] = e;
     sum += e;
   }
   const float inv = 1.0f / WarpSum(sum);
-  for (int t2 = lane; t2 < T; t2 += 32) a[t2] = t2 <= r.t ? a[t2] * inv : 0.0f;
-  __syncwarp();  // every lane's probabilities are read by every lane below
-  float* o = out + (static_cast<size_t>(r.b) * T + r.t) * C + r.h * HS;
-  for (int i = lane; i < HS; i += 32) {
-    float acc = 0;
-    for (int t2 = 0; t2 <= r.t; ++t2)
-      acc += a[t2] * base[static_cast<size_t>(t2) * stride + 2 * C + i];
-    o[i] = acc;
-  }
+  for (int t2 = lane; t2 < T; t2 += 32) a[t2] = t2 <= t ? a[t2] * inv : 0.0f;
 }
 
-// Pass 1, one warp per query row t: dpre[t][t2] = att (datt - sum att datt) scale, and dq_t.
-__global__ void AttentionBackwardRows(float* dqkv, float* dpre, const float* dout, const float* att,
-                                      const float* qkv, int B, int T, int C, int NH, float scale) {
+// Row `row`: datt in, dpre = att (datt - sum att datt) scale out; zeros above the diagonal.
+__global__ void SoftmaxBackwardKernel(float* datt, const float* att, int rows, int T, float scale) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= B * NH * T) return;
-  const RowIndex r = Unpack(row, NH, T);
-  const int HS = C / NH;
-  const size_t stride = 3 * static_cast<size_t>(C);
-  const float* base = qkv + static_cast<size_t>(r.b) * T * stride + r.h * HS;
+  if (row >= rows) return;
+  const int t = row % T;
   const float* a = att + static_cast<size_t>(row) * T;
-  const float* d = dout + (static_cast<size_t>(r.b) * T + r.t) * C + r.h * HS;
-  float* dp = dpre + static_cast<size_t>(row) * T;
+  float* d = datt + static_cast<size_t>(row) * T;
   float weighted = 0;
-  for (int t2 = lane; t2 <= r.t; t2 += 32) {
-    const float* v = base + static_cast<size_t>(t2) * stride + 2 * C;
-    float datt = 0;
-    for (int i = 0; i < HS; ++i) datt += d[i] * v[i];
-    dp[t2] = datt;
-    weighted += a[t2] * datt;
-  }
+  for (int t2 = lane; t2 <= t; t2 += 32) weighted += a[t2] * d[t2];
   weighted = WarpSum(weighted);
-  for (int t2 = lane; t2 < T; t2 += 32)
-    dp[t2] = t2 <= r.t ? a[t2] * (dp[t2] - weighted) * scale : 0.0f;
-  __syncwarp();
-  float* dq = dqkv + (static_cast<size_t>(r.b) * T + r.t) * stride + r.h * HS;
-  for (int i = lane; i < HS; i += 32) {
-    float acc = 0;
-    for (int t2 = 0; t2 <= r.t; ++t2)
-      acc += dp[t2] * base[static_cast<size_t>(t2) * stride + C + i];
-    dq[i] = acc;
+  for (int t2 = lane; t2 < T; t2 += 32) d[t2] = t2 <= t ? a[t2] * (d[t2] - weighted) * scale : 0.0f;
+}
+
+struct Buffers {
+  const float* qkv;
+  float* att;
+  float* out;
+  const float* dout;
+  float* dqkv;
+  float* datt;
+  const float* Get(AttentionBuffer b) const {
+    switch (b) {
+      case AttentionBuffer::kQkv:
+        return qkv;
+      case AttentionBuffer::kAtt:
+        return att;
+      case AttentionBuffer::kOut:
+        return out;
+      case AttentionBuffer::kDout:
+        return dout;
+      case AttentionBuffer::kDqkv:
+        return dqkv;
+      case AttentionBuffer::kDatt:
+        return datt;
+    }
+    return nullptr;
+  }
+};
+
+// One description (attention_gemms.h): a strided-batched call over the NH heads per batch
+// row b. C is written, never read (beta 0).
+void Run(cublasHandle_t blas, const AttentionGemm& g, const Buffers& buffers, int B, int NH,
+         Precision operands) {
+  const float* a = buffers.Get(g.a.buffer);
+  const float* b = buffers.Get(g.b.buffer);
+  float* c = const_cast<float*>(buffers.Get(g.c.buffer));
+  DROVER_CUDA_REQUIRE(a != nullptr && b != nullptr && c != nullptr);
+  const float beta = 0.0f;
+  const cublasComputeType_t compute = GemmComputeType(operands, g.narrow);
+  for (int row = 0; row < B; ++row) {
+    DROVER_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        blas, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m,
+        g.n, g.k, &g.alpha, a + g.a.offset + row * g.a.row_stride, CUDA_R_32F, g.a.ld,
+        static_cast<long long>(g.a.head_stride), b + g.b.offset + row * g.b.row_stride, CUDA_R_32F,
+        g.b.ld, static_cast<long long>(g.b.head_stride), &beta,
+        c + g.c.offset + row * g.c.row_stride, CUDA_R_32F, g.c.ld,
+        static_cast<long long>(g.c.head_stride), NH, compute, CUBLAS_GEMM_DEFAULT));
   }
 }
 
-// Pass 2, one warp per key row t2: dk_t2 = sum_t dpre[t][t2] q_t, dv_t2 = sum_t att[t][t2] dout_t.
-__global__ void AttentionBackwardKeys(float* dqkv, const float* dpre, const float* dout,
-                                      const float* att, const float* qkv, int B, int T, int C,
-                                      int NH) {
-  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= B * NH * T) return;
-  const RowIndex r = Unpack(row, NH, T);  // r.t is the key position t2
-  const int HS = C / NH;
-  const size_t stride = 3 * static_cast<size_t>(C);
-  const float* base = qkv + static_cast<size_t>(r.b) * T * stride + r.h * HS;
-  const size_t head = (static_cast<size_t>(r.b) * NH + r.h) * T * T;
-  float* dk = dqkv + (static_cast<size_t>(r.b) * T + r.t) * stride + r.h * HS + C;
-  float* dv = dk + C;
-  for (int i = lane; i < HS; i += 32) {
-    float acck = 0, accv = 0;
-    for (int t = r.t; t < T; ++t) {
-      const size_t at = head + static_cast<size_t>(t) * T + r.t;
-      acck += dpre[at] * base[static_cast<size_t>(t) * stride + i];
-      accv += att[at] * dout[(static_cast<size_t>(r.b) * T + t) * C + r.h * HS + i];
-    }
-    dk[i] = acck;
-    dv[i] = accv;
-  }
-}
+unsigned RowBlocks(int rows) { return Blocks(static_cast<size_t>(rows), kWarpsPerBlock); }
 
 }  // namespace
 
-void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
-                      cudaStream_t stream) {
+void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* qkv, int B, int T,
+                      int C, int NH, Precision operands, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
   const float scale = 1.0f / sqrtf(static_cast<float>(C / NH));
+  const AttentionForwardGemms plan = PlanAttentionForward(T, C, NH, scale);
+  const Buffers buffers{qkv, att, out, nullptr, nullptr, nullptr};
   const int rows = B * NH * T;
-  AttentionForwardKernel<<<Blocks(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-      out, att, qkv, B, T, C, NH, scale);
+  Run(blas, plan.scores, buffers, B, NH, operands);
+  SoftmaxForwardKernel<<<RowBlocks(rows), kWarpsPerBlock * 32, 0, stream>>>(att, rows, T);
   DROVER_CUDA_LAUNCHED();
+  Run(blas, plan.out, buffers, B, NH, operands);
 }
 
-void AttentionBackward(float* dqkv, float* dpre, const float* dout, const float* att,
-                       const float* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const float* dout,
+                       const float* att, const float* qkv, int B, int T, int C, int NH,
+                       Precision operands, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
   const float scale = 1.0f / sqrtf(static_cast<float>(C / NH));
+  const AttentionBackwardGemms plan = PlanAttentionBackward(T, C, NH);
+  const Buffers buffers{qkv, const_cast<float*>(att), nullptr, dout, dqkv, datt};
   const int rows = B * NH * T;
-  AttentionBackwardRows<<<Blocks(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-      dqkv, dpre, dout, att, qkv, B, T, C, NH, scale);
+  Run(blas, plan.datt, buffers, B, NH, operands);
+  Run(blas, plan.dv, buffers, B, NH, operands);
+  SoftmaxBackwardKernel<<<RowBlocks(rows), kWarpsPerBlock * 32, 0, stream>>>(datt, att, rows, T,
+                                                                             scale);
   DROVER_CUDA_LAUNCHED();
-  AttentionBackwardKeys<<<Blocks(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-      dqkv, dpre, dout, att, qkv, B, T, C, NH);
-  DROVER_CUDA_LAUNCHED();
+  Run(blas, plan.dq, buffers, B, NH, operands);
+  Run(blas, plan.dk, buffers, B, NH, operands);
 }
 
 }  // namespace drover::engine::cuda

@@ -3,9 +3,9 @@
 //
 // Memory: arenas are cudaMalloc'ed once each, at start-up (the engine sizes every arena
 // then), zero-filled; nothing is allocated inside a step except the first time a scratch
-// buffer (token ids, attention's dpre) grows. Token ids arrive in host memory (the data
-// loader's): they are copied to a device buffer on the stream, which orders the copy after
-// every kernel still reading the previous ids.
+// buffer (token ids and their buckets, attention's datt, the column sums') grows. Token ids arrive
+// in host memory (the data loader's): they are copied to a device buffer on the stream, which
+// orders the copy after every kernel still reading the previous ids.
 //
 // Synchronisation: every kernel is enqueued on the one compute stream; the calls that return
 // a value to the host (CrossEntropyForward, SumSquares) wait for it. Copies between host and
@@ -16,8 +16,10 @@
 #include <cstdio>
 #include <cstring>
 
+#include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/token_buckets.h"
 #include "worker/engine/kernels/cuda_backend.h"
 #include "worker/engine/kernels/ops.h"
 
@@ -117,6 +119,10 @@ class CudaOpsImpl final : public Ops {
     }
     return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   }
+  void Synchronize() override {
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  }
   void Round(float* x, size_t n, Precision p) override {
     if (p == Precision::kBf16) cuda::Round(x, n, 1, stream_);
     if (p == Precision::kFp16) cuda::Round(x, n, 2, stream_);
@@ -128,14 +134,16 @@ class CudaOpsImpl final : public Ops {
   }
   void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                        int T, int C) override {
-    cuda::EncoderBackward(dwte, dwpe, dout, Tokens(inp, B * T), B, T, C, stream_);
+    const int32_t* buckets = Buckets(inp, B * T, &buckets_);
+    cuda::EncoderBackward(dwte, dwpe, dout, buckets, buckets_.host.distinct(), B, T, C, stream_);
   }
   void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
                              const float* dout, const int32_t* inp, int B, int T, int C) override {
-    // Called on the data-parallel communication thread (ops.h): token ids of its own, so
+    // Called on the data-parallel communication thread (ops.h): buckets of its own, so
     // that it never overwrites those the training thread's next kernel reads.
-    cuda::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout,
-                                Tokens(inp, B * T, &window_tokens_), B, T, C, stream_);
+    const int32_t* buckets = Buckets(inp, B * T, &window_buckets_);
+    cuda::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, buckets,
+                                window_buckets_.host.distinct(), B, T, C, stream_);
   }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C) override {
@@ -145,26 +153,28 @@ class CudaOpsImpl final : public Ops {
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int N, int C, bool accumulate) override {
     cuda::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
-                            stream_);
+                            column_scratch_.Get(ColumnSumScratch(N, C)), stream_);
   }
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                     const float* residual, int N, int C, int OC, int ldo) override {
-    cuda::MatmulForward(blas_, out, inp, weight, bias, residual, N, C, OC, ldo, stream_);
+                     const float* residual, int N, int C, int OC, int ldo,
+                     Precision operands) override {
+    cuda::MatmulForward(blas_, out, inp, weight, bias, residual, N, C, OC, ldo, operands, stream_);
   }
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                      bool accumulate) override {
+                      bool accumulate, Precision operands) override {
+    float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
     cuda::MatmulBackward(blas_, dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate,
-                         stream_);
+                         operands, scratch, stream_);
   }
-  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
-                        int NH) override {
-    cuda::AttentionForward(out, att, qkv, B, T, C, NH, stream_);
+  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                        Precision operands) override {
+    cuda::AttentionForward(blas_, out, att, qkv, B, T, C, NH, operands, stream_);
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
-                         int T, int C, int NH) override {
-    float* dpre = dpre_.Get(static_cast<size_t>(B) * NH * T * T);
-    cuda::AttentionBackward(dqkv, dpre, dout, att, qkv, B, T, C, NH, stream_);
+                         int T, int C, int NH, Precision operands) override {
+    float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
+    cuda::AttentionBackward(blas_, dqkv, datt, dout, att, qkv, B, T, C, NH, operands, stream_);
   }
   void GeluForward(float* out, const float* inp, size_t N) override {
     cuda::GeluForward(out, inp, N, stream_);
@@ -198,11 +208,30 @@ class CudaOpsImpl final : public Ops {
   }
 
  private:
+  // The token ids grouped on the host and their device copy (token_buckets.h).
+  struct DeviceBuckets {
+    TokenBuckets host;
+    Scratch<int32_t> device;
+  };
+
   // Host token ids (n) on the device, valid for the kernels enqueued next.
-  const int32_t* Tokens(const int32_t* host, int n, Scratch<int32_t>* scratch = nullptr) {
-    int32_t* device = (scratch != nullptr ? scratch : &tokens_)->Get(static_cast<size_t>(n));
+  const int32_t* Tokens(const int32_t* host, int n) {
+    int32_t* device = tokens_.Get(static_cast<size_t>(n));
     DROVER_CUDA_CHECK(
         cudaMemcpyAsync(device, host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    return device;
+  }
+  // The host ids (n) grouped by id, on the device for the kernels enqueued next. The copy
+  // from pageable memory has taken the bytes when it returns, so the next Build may reuse
+  // the host array at once.
+  const int32_t* Buckets(const int32_t* ids, int n, DeviceBuckets* buckets) {
+    buckets->host.Build(ids, n);
+    const std::vector<int32_t>& packed = buckets->host.packed();
+    // Sized for n distinct ids (packed() is at most 3n + 1), so that a batch with more
+    // distinct ids than the last never reallocates inside a step.
+    int32_t* device = buckets->device.Get(3 * static_cast<size_t>(n) + 1);
+    DROVER_CUDA_CHECK(cudaMemcpyAsync(device, packed.data(), packed.size() * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream_));
     return device;
   }
 
@@ -220,8 +249,10 @@ class CudaOpsImpl final : public Ops {
   cublasHandle_t blas_;
   DeviceAllocator allocator_;
   Scratch<int32_t> tokens_;
-  Scratch<int32_t> window_tokens_;  // EncoderBackwardWindow's, on the communication thread
-  Scratch<float> dpre_;
+  DeviceBuckets buckets_;
+  DeviceBuckets window_buckets_;  // EncoderBackwardWindow's, on the communication thread
+  Scratch<float> datt_;
+  Scratch<float> column_scratch_;  // bias and LayerNorm gradients (column_sum.cuh)
   Scratch<double> sum_scratch_;
   Scratch<double> mean_;
 };
@@ -264,8 +295,9 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
   cublasHandle_t blas = nullptr;
   cublasStatus_t st = cublasCreate(&blas);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(blas, stream);
-  // fp32 GEMMs in fp32 (no TF32), the CPU reference's arithmetic.
-  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH);
+  // Each GEMM names its compute type (GemmComputeType): pedantic fp32 for fp32 runs, tensor
+  // cores for mixed precision. The handle's default math mode lets those types apply.
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH);
   if (st != CUBLAS_STATUS_SUCCESS) {
     SetError(error, error_len, "cuBLAS", cublasGetStatusString(st));
     return -1;

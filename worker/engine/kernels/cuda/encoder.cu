@@ -1,6 +1,8 @@
 // Token + position embedding (kernels/cpu/encoder.h). The backward scatters by token id:
-// instead of atomics (whose order varies from run to run), each thread owns one channel
-// and walks every (b, t) in order, so the sums are the same every run.
+// instead of atomics (whose order varies from run to run), the host groups the batch's
+// ids (token_buckets.h) and one thread per (distinct id, channel) adds that id's rows in
+// order, so the sums are the same every run. The position gradient is a sum over b per
+// (t, c).
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -9,6 +11,7 @@ namespace drover::engine::cuda {
 namespace {
 
 constexpr unsigned kThreads = 256;
+constexpr size_t kEverywhere = ~size_t{0};
 
 // out (B, T, C): one thread per element.
 __global__ void EncoderForwardKernel(float* out, const int32_t* inp, const float* wte,
@@ -23,37 +26,50 @@ __global__ void EncoderForwardKernel(float* out, const int32_t* inp, const float
   }
 }
 
-// dwte: thread c walks every (b, t) in order. dwpe: thread (t, c) sums over b.
-__global__ void EncoderBackwardWteKernel(float* dwte, const float* dout, const int32_t* inp, int BT,
-                                         int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+// Block (j, y), thread x: distinct id j of the buckets (token_buckets.h), channel
+// y * blockDim.x + x. Adds the id's dout rows, in order, into element id * C + c of the
+// token table, which `out` holds from element lo to hi (out[e - lo]); elements outside it
+// are left alone.
+__global__ void EncoderBackwardWteKernel(float* out, size_t lo, size_t hi, const float* dout,
+                                         const int32_t* buckets, int distinct, int C) {
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int j = blockIdx.x;
   if (c >= C) return;
-  for (int bt = 0; bt < BT; ++bt) {
-    dwte[static_cast<size_t>(inp[bt]) * C + c] += dout[static_cast<size_t>(bt) * C + c];
-  }
+  const int32_t* start = buckets + distinct;
+  const int32_t* position = start + distinct + 1;
+  const size_t e = static_cast<size_t>(buckets[j]) * C + c;
+  if (e < lo || e >= hi) return;
+  float sum = 0;
+  for (int p = start[j]; p < start[j + 1]; ++p)
+    sum += dout[static_cast<size_t>(position[p]) * C + c];
+  out[e - lo] += sum;
 }
 
-__global__ void EncoderBackwardWpeKernel(float* dwpe, const float* dout, int B, int T, int C) {
+// Thread (t, c): sums dout over b into element wpe_offset + t * C + c of [dwte | dwpe],
+// which `out` holds from lo to hi.
+__global__ void EncoderBackwardWpeKernel(float* out, size_t lo, size_t hi, size_t wpe_offset,
+                                         const float* dout, int B, int T, int C) {
   const size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
   if (i >= size_t{static_cast<unsigned>(T)} * C) return;
+  const size_t e = wpe_offset + i;
+  if (e < lo || e >= hi) return;
   float sum = 0;
   for (int b = 0; b < B; ++b) sum += dout[static_cast<size_t>(b) * T * C + i];
-  dwpe[i] += sum;
+  out[e - lo] += sum;
 }
 
-// The same sums into the window [lo, hi) of [dwte | dwpe]: thread c walks every (b, t).
-__global__ void EncoderBackwardWindowKernel(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
-                                            const float* dout, const int32_t* inp, int B, int T,
-                                            int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  for (int bt = 0; bt < B * T; ++bt) {
-    const float d = dout[static_cast<size_t>(bt) * C + c];
-    const size_t token = static_cast<size_t>(inp[bt]) * C + c;
-    if (token >= lo && token < hi) dwindow[token - lo] += d;
-    const size_t pos = wpe_offset + static_cast<size_t>(bt % T) * C + c;
-    if (pos >= lo && pos < hi) dwindow[pos - lo] += d;
+void LaunchBackward(float* wte_out, float* wpe_out, size_t lo, size_t hi, size_t wpe_offset,
+                    const float* dout, const int32_t* buckets, int distinct, int B, int T, int C,
+                    cudaStream_t stream) {
+  if (distinct > 0) {
+    const dim3 grid(static_cast<unsigned>(distinct), Blocks(C, kThreads));
+    EncoderBackwardWteKernel<<<grid, kThreads, 0, stream>>>(wte_out, lo, hi, dout, buckets,
+                                                            distinct, C);
+    DROVER_CUDA_LAUNCHED();
   }
+  EncoderBackwardWpeKernel<<<Blocks(size_t{static_cast<unsigned>(T)} * C, kThreads), kThreads, 0,
+                             stream>>>(wpe_out, lo, hi, wpe_offset, dout, B, T, C);
+  DROVER_CUDA_LAUNCHED();
 }
 
 }  // namespace
@@ -67,24 +83,19 @@ void EncoderForward(float* out, const int32_t* inp, const float* wte, const floa
   DROVER_CUDA_LAUNCHED();
 }
 
-void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
-                     int C, cudaStream_t stream) {
-  DROVER_CUDA_REQUIRE(B > 0 && T > 0 && C > 0);
-  EncoderBackwardWteKernel<<<Blocks(C, kThreads), kThreads, 0, stream>>>(dwte, dout, inp, B * T, C);
-  DROVER_CUDA_LAUNCHED();
-  EncoderBackwardWpeKernel<<<Blocks(size_t{static_cast<unsigned>(T)} * C, kThreads), kThreads, 0,
-                             stream>>>(dwpe, dout, B, T, C);
-  DROVER_CUDA_LAUNCHED();
+void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* buckets,
+                     int distinct, int B, int T, int C, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(B > 0 && T > 0 && C > 0 && distinct >= 0);
+  // Two tables, each whole: the window of each is everything, and wpe starts at its 0.
+  LaunchBackward(dwte, dwpe, 0, kEverywhere, 0, dout, buckets, distinct, B, T, C, stream);
 }
 
 void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
-                           const float* dout, const int32_t* inp, int B, int T, int C,
-                           cudaStream_t stream) {
-  DROVER_CUDA_REQUIRE(B > 0 && T > 0 && C > 0 && lo <= hi);
+                           const float* dout, const int32_t* buckets, int distinct, int B, int T,
+                           int C, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(B > 0 && T > 0 && C > 0 && lo <= hi && distinct >= 0);
   if (lo == hi) return;
-  EncoderBackwardWindowKernel<<<Blocks(C, kThreads), kThreads, 0, stream>>>(
-      dwindow, lo, hi, wpe_offset, dout, inp, B, T, C);
-  DROVER_CUDA_LAUNCHED();
+  LaunchBackward(dwindow, dwindow, lo, hi, wpe_offset, dout, buckets, distinct, B, T, C, stream);
 }
 
 }  // namespace drover::engine::cuda

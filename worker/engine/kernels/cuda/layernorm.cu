@@ -1,6 +1,7 @@
 // LayerNorm over the last dimension, eps 1e-5 (kernels/cpu/layernorm.h). One warp per row
-// for the row-wise work; the weight and bias gradients are column sums over every row, one
-// thread per column walking the rows in order (deterministic, no atomics).
+// for the row-wise work; the weight and bias gradients are deterministic column sums over
+// every row (column_sum.cuh).
+#include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -10,7 +11,6 @@ namespace {
 
 constexpr float kEps = 1e-5f;
 constexpr unsigned kWarpsPerBlock = 8;
-constexpr unsigned kThreads = 256;
 
 __device__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -65,22 +65,18 @@ __global__ void LayerNormBackwardRows(float* dinp, const float* dout, const floa
   }
 }
 
-// dweight (C), dbias (C): thread c sums over the N rows in order.
-__global__ void LayerNormBackwardColumns(float* dweight, float* dbias, const float* dout,
-                                         const float* inp, const float* mean, const float* rstd,
-                                         int N, int C, bool accumulate) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  float dw = 0, db = 0;
-  for (int n = 0; n < N; ++n) {
+// The weight gradient's term of row n, column c: the normalised input times dout.
+struct NormTimesDout {
+  const float* dout;
+  const float* inp;
+  const float* mean;
+  const float* rstd;
+  int C;
+  __device__ float operator()(int n, int c) const {
     const size_t i = static_cast<size_t>(n) * C + c;
-    const float norm = (inp[i] - mean[n]) * rstd[n];
-    dw += norm * dout[i];
-    db += dout[i];
+    return (inp[i] - mean[n]) * rstd[n] * dout[i];
   }
-  dweight[c] = accumulate ? dweight[c] + dw : dw;
-  dbias[c] = accumulate ? dbias[c] + db : db;
-}
+};
 
 }  // namespace
 
@@ -94,14 +90,15 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, bool accumulate, cudaStream_t stream) {
+                       int N, int C, bool accumulate, float* scratch, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0);
   LayerNormBackwardRows<<<Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
       dinp, dout, inp, weight, mean, rstd, N, C);
   DROVER_CUDA_LAUNCHED();
-  LayerNormBackwardColumns<<<Blocks(C, kThreads), kThreads, 0, stream>>>(
-      dweight, dbias, dout, inp, mean, rstd, N, C, accumulate);
-  DROVER_CUDA_LAUNCHED();
+  // Both sums share the scratch: the stream runs the second's pass 1 after the first's
+  // pass 2 has read it.
+  ColumnSum(dweight, scratch, N, C, NormTimesDout{dout, inp, mean, rstd, C}, accumulate, stream);
+  ColumnSum(dbias, scratch, N, C, RowMajorValue{dout, C}, accumulate, stream);
 }
 
 }  // namespace drover::engine::cuda

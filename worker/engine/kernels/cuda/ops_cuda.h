@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "worker/engine/kernels/precision.h"
+
 namespace drover::engine::cuda {
 
 // ---- elementwise.cu --------------------------------------------------------------------
@@ -27,33 +29,42 @@ double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream
 // ---- encoder.cu ------------------------------------------------------------------------
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                     int T, int C, cudaStream_t stream);
-void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B, int T,
-                     int C, cudaStream_t stream);
+// buckets: the batch's ids grouped on the host (token_buckets.h: TokenBuckets::packed(),
+// copied to the device), with `distinct` ids.
+void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* buckets,
+                     int distinct, int B, int T, int C, cudaStream_t stream);
 void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
-                           const float* dout, const int32_t* inp, int B, int T, int C,
-                           cudaStream_t stream);
+                           const float* dout, const int32_t* buckets, int distinct, int B, int T,
+                           int C, cudaStream_t stream);
 
 // ---- layernorm.cu ----------------------------------------------------------------------
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, cudaStream_t stream);
+// scratch: ColumnSumScratch(N, C) floats (column_sum.cuh).
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, bool accumulate, cudaStream_t stream);
+                       int N, int C, bool accumulate, float* scratch, cudaStream_t stream);
 
-// ---- matmul.cu (cuBLAS, fp32 math: no TF32, so that it matches the CPU reference) ------
+// ---- matmul.cu (cuBLAS; fp32 runs in pedantic fp32, mixed precision on tensor cores) ----
+// The compute type of a GEMM whose operands hold values of `operands`; narrow: both are
+// stored narrowed (false where one is kept in fp32, e.g. attention's probabilities).
+cublasComputeType_t GemmComputeType(Precision operands, bool narrow);
 void MatmulForward(cublasHandle_t blas, float* out, const float* inp, const float* weight,
                    const float* bias, const float* residual, int N, int C, int OC, int ldo,
-                   cudaStream_t stream);
+                   Precision operands, cudaStream_t stream);
+// scratch: ColumnSumScratch(N, OC) floats (column_sum.cuh), for the bias gradient.
 void MatmulBackward(cublasHandle_t blas, float* dinp, float* dweight, float* dbias,
                     const float* dout, const float* inp, const float* weight, int N, int C, int OC,
-                    int ldo, bool accumulate, cudaStream_t stream);
+                    int ldo, bool accumulate, Precision operands, float* scratch,
+                    cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------
-void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
-                      cudaStream_t stream);
-// dpre: scratch of B*NH*T*T floats (the softmax's input gradient).
-void AttentionBackward(float* dqkv, float* dpre, const float* dout, const float* att,
-                       const float* qkv, int B, int T, int C, int NH, cudaStream_t stream);
+void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* qkv, int B, int T,
+                      int C, int NH, Precision operands, cudaStream_t stream);
+// datt: scratch of B*NH*T*T floats (the softmax's gradients).
+void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const float* dout,
+                       const float* att, const float* qkv, int B, int T, int C, int NH,
+                       Precision operands, cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, cudaStream_t stream);

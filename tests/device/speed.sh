@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The device check's speed step (issue 9): drover and PyTorch (eager and torch.compile) train
+# the same GPT-2 shapes at T=1024 in bf16 with the same batch on the same GPU, one after the
+# other. Prints, for each: tokens/s, step time, MFU against the bf16 GEMM rate the PyTorch
+# script measures first on this GPU, and peak GPU memory. Information, not a pass/fail.
+#
+#   tests/device/speed.sh BIN_DIR [MODEL [BATCH [STEPS]]]     MODEL: 124m | 350m | 774m
+#
+# check.sh runs it for 124m; run it again by hand for a larger model when device time is
+# left (350m at batch 8 fits drover's fp32 activation storage easily on an H200).
+set -uo pipefail
+bin=${1:?BIN_DIR}
+model=${2:-124m}
+batch=${3:-16}
+steps=${4:-12}
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+
+case $model in
+  124m) L=12 NH=12 C=768 ;;
+  350m) L=24 NH=16 C=1024 ;;
+  774m) L=36 NH=20 C=1280 ;;
+  *) echo "unknown model $model"; exit 2 ;;
+esac
+echo "==== speed (information): GPT-2 $model, T=1024, bf16, batch $batch"
+
+# PyTorch first: it measures the GEMM rate that both MFUs are against.
+timeout 420 python3 "$here/torch_gpt2_bench.py" --model "$model" --batches "$batch" \
+  --steps "$steps" > "$work/torch.txt" 2>&1
+cat "$work/torch.txt" | tail -8
+peak=$(python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    if "bf16_gemm_tflops_measured" in l: print(json.loads(l)["bf16_gemm_tflops_measured"])' \
+  "$work/torch.txt" 2>/dev/null)
+
+# Random tokens over GPT-2's vocabulary (the data does not change the speed).
+python3 - "$work/train.bin" <<'PY'
+import random, struct, sys
+random.seed(1)
+n = 2_000_000
+with open(sys.argv[1], "wb") as f:  # llm.c's token file: 256 int32 header, uint16 tokens
+    header = [0] * 256
+    header[0], header[1], header[2] = 20240520, 1, n
+    f.write(struct.pack("<256i", *header))
+    f.write(struct.pack("<%dH" % n, *(random.randrange(50257) for _ in range(n))))
+PY
+cat > "$work/speed.yaml" <<YAML
+name: speed-$model
+output_dir: $work/out
+model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: 1024, vocab_size: 50257}
+data: {train: "$work/train.bin"}
+train: {steps: $steps, global_batch: $batch, micro_batch: $batch, seq_len: 1024, eval_every: 0, log_every: 1}
+precision: {dtype: bf16}
+resources: {device: cuda}
+checkpoint: {every_steps: 0}
+YAML
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$work/mem.txt" 2>/dev/null &
+smi=$!
+timeout 300 "$bin/drover" train "$work/speed.yaml" > "$work/drover.txt" 2>&1
+rc=$?
+kill "$smi" 2>/dev/null
+tail -4 "$work/drover.txt"
+[[ $rc -eq 0 ]] || echo "drover train exited $rc"
+# Where drover's step time goes, op by op (each op synchronised, so no overlap).
+timeout 180 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
+  --set output_dir="$work/out-profile" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+python3 - "$work/out/metrics.jsonl" "$work/mem.txt" "$L" "$C" "${peak:-0}" "$model" "$batch" <<'PY'
+import json, statistics, sys
+metrics, mem, L, C, peak, model, batch = sys.argv[1:]
+L, C, peak, T, V = int(L), int(C), float(peak), 1024, 50257
+try:
+    rows = [json.loads(l) for l in open(metrics) if '"tokens_per_s"' in l]
+except OSError:
+    rows = []
+steady = [r["tokens_per_s"] for r in rows[2:]] or [r["tokens_per_s"] for r in rows]
+if not steady:
+    print("drover: no steps recorded"); sys.exit(0)
+tps = statistics.median(steady)
+params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+tflops = (6 * params + 12 * L * C * T) * tps / 1e12
+try:
+    peak_mib = max(int(x) for x in open(mem) if x.strip().isdigit())
+except (OSError, ValueError):
+    peak_mib = 0
+print(json.dumps({"model": model, "mode": "drover", "batch": int(batch),
+                  "tokens_per_s": round(tps), "step_ms": round(int(batch) * T / tps * 1e3, 1),
+                  "tflops": round(tflops, 1), "mfu": round(tflops / peak, 3) if peak else None,
+                  "peak_mem_gib (nvidia-smi, whole gpu)": round(peak_mib / 1024, 2)}))
+PY
