@@ -77,6 +77,10 @@ class Buffer {
   size_t size_ = 0;
 };
 
+// Plain host memory (64-byte aligned, zero-filled): CpuOps's arenas and host buffers.
+// Thread-safe.
+Allocator* HostAllocator();
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -84,6 +88,12 @@ class Ops {
   virtual const char* name() const = 0;  // "cpu", "cuda"
   virtual Allocator* allocator() = 0;
   Buffer Allocate(size_t n) { return Buffer(allocator(), n); }
+  // Host memory for buffers that are kept and copied to and from this backend's memory
+  // often (the staged communicator's staging buffer): page-locked for CUDA, so that the
+  // copies run at the bus's rate and asynchronously, without a bounce through the driver's
+  // own buffers. Allocating it is slow there: allocate once, reuse. Thread-safe. (Pure, not
+  // defaulted to HostAllocator(): the CUDA plugin must not reference the engine's symbols.)
+  virtual Allocator* host_allocator() = 0;
 
   // ---- memory ---------------------------------------------------------------------------
   virtual void Fill(float* x, float value, size_t n) = 0;

@@ -63,6 +63,7 @@ class ProfiledOps final : public Ops {
 
   const char* name() const override { return inner_->name(); }
   Allocator* allocator() override { return inner_->allocator(); }
+  Allocator* host_allocator() override { return inner_->host_allocator(); }
   bool IsDeviceMemory(const void* p) const override { return inner_->IsDeviceMemory(p); }
   void Synchronize() override { inner_->Synchronize(); }
 

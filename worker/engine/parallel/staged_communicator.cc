@@ -103,7 +103,9 @@ class StagedCommunicator final : public Communicator {
   Status Staged(void* data, size_t bytes, Call call) {
     if (bytes == 0 || !ops_->IsDeviceMemory(data)) return call(data);
     const size_t n = FloatsIn(bytes);
-    if (staging_.size() < n) staging_.resize(n);
+    // Page-locked on CUDA (Ops::host_allocator), and slow to allocate there: grown to the
+    // largest bucket once, then reused by every call.
+    if (staging_.size() < n) staging_ = Buffer(ops_->host_allocator(), n);
     float* device = static_cast<float*>(data);
     ops_->ToHost(staging_.data(), device, n);
     Status st = call(staging_.data());
@@ -113,7 +115,7 @@ class StagedCommunicator final : public Communicator {
 
   std::unique_ptr<Communicator> inner_;
   Ops* ops_;
-  std::vector<float> staging_;
+  Buffer staging_;
 };
 
 }  // namespace

@@ -11,9 +11,10 @@
 //
 // Contract and thread-safety: those of communicator.h, unchanged; in addition `ops`'s
 // ToHost / FromHost are called from the thread that uses this communicator (ops.h allows
-// it). The staging buffer of the collectives is kept between calls and grows to the
-// largest buffer seen; each Isend / Irecv stages into a buffer of its own, released when
-// its request is waited for or destroyed.
+// it). The staging buffer of the collectives comes from ops->host_allocator() (page-locked
+// on CUDA), is kept between calls and grows to the largest buffer seen; each Isend / Irecv
+// stages into a pageable buffer of its own (page-locking one per message would cost more
+// than it saves), released when its request is waited for or destroyed.
 #pragma once
 
 #include <memory>

@@ -34,6 +34,8 @@ class EmulatedDeviceOps final : public Ops {
 
   const char* name() const override { return "emulated-device"; }
   Allocator* allocator() override { return &allocator_; }
+  // Staging buffers are plain host memory, outside the emulated device's range.
+  Allocator* host_allocator() override { return HostAllocator(); }
   bool IsDeviceMemory(const void* p) const override;
 
   void Fill(float* x, float value, size_t n) override;

@@ -34,10 +34,20 @@ class CpuAllocator final : public Allocator {
   void Free(float* p) override { std::free(p); }
 };
 
+}  // namespace
+
+Allocator* HostAllocator() {
+  static CpuAllocator allocator;
+  return &allocator;
+}
+
+namespace {
+
 class CpuOpsImpl final : public Ops {
  public:
   const char* name() const override { return "cpu"; }
-  Allocator* allocator() override { return &allocator_; }
+  Allocator* allocator() override { return HostAllocator(); }
+  Allocator* host_allocator() override { return HostAllocator(); }
 
   void Fill(float* x, float value, size_t n) override {
     if (value == 0.0f) {
@@ -123,7 +133,6 @@ class CpuOpsImpl final : public Ops {
   }
 
  private:
-  CpuAllocator allocator_;
 };
 
 }  // namespace

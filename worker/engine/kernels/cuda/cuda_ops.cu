@@ -45,6 +45,21 @@ class DeviceAllocator final : public Allocator {
   cudaStream_t stream_;
 };
 
+// Page-locked host memory (kernels/ops.h: Ops::host_allocator).
+class PinnedAllocator final : public Allocator {
+ public:
+  float* Allocate(size_t n) override {
+    if (n == 0) return nullptr;
+    void* p = nullptr;
+    DROVER_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(float)));
+    std::memset(p, 0, n * sizeof(float));
+    return static_cast<float*>(p);
+  }
+  void Free(float* p) override {
+    if (p != nullptr) DROVER_CUDA_CHECK(cudaFreeHost(p));
+  }
+};
+
 // A device buffer that only grows.
 template <typename T>
 class Scratch {
@@ -70,6 +85,7 @@ class CudaOpsImpl final : public Ops {
 
   const char* name() const override { return "cuda"; }
   Allocator* allocator() override { return &allocator_; }
+  Allocator* host_allocator() override { return &pinned_; }
 
   void Fill(float* x, float value, size_t n) override { cuda::Fill(x, value, n, stream_); }
   void Copy(float* dst, const float* src, size_t n) override {
@@ -248,6 +264,7 @@ class CudaOpsImpl final : public Ops {
   cudaStream_t copy_stream_;  // ToHost / FromHost, ordered against stream_ by events
   cublasHandle_t blas_;
   DeviceAllocator allocator_;
+  PinnedAllocator pinned_;
   Scratch<int32_t> tokens_;
   DeviceBuckets buckets_;
   DeviceBuckets window_buckets_;  // EncoderBackwardWindow's, on the communication thread
