@@ -452,8 +452,14 @@ ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   meta.set_created_ms(WallNowMs());
   meta.set_num_params(static_cast<int64_t>(GptNumParams(config_)));
   meta.set_rollbacks(rollbacks_);
-  // The copy aside: this rank's owned ranges, in host memory, before the next step runs.
-  parallel::ParallelGpt::OwnedState owned = model_->ExportOwned();
+  // The copy aside: this rank's owned ranges, in host memory, before the next step runs,
+  // into the memory of the last written shard where there is one (async_writer.h).
+  ckpt::RankShard recycled = writer_->TakeRecycled();
+  parallel::ParallelGpt::OwnedState buffers;
+  buffers.params = std::move(recycled.params);
+  buffers.m = std::move(recycled.adam_m);
+  buffers.v = std::move(recycled.adam_v);
+  parallel::ParallelGpt::OwnedState owned = model_->ExportOwned(std::move(buffers));
   snap.shard.rank = options_.rank;
   for (const StridedRun& r : owned.runs) {
     v1::CheckpointRun& run = snap.shard.runs.emplace_back();

@@ -29,10 +29,17 @@ Status AsyncCheckpointWriter::Submit(ShardSnapshot snap) {
   return previous;
 }
 
-Status AsyncCheckpointWriter::WriteNow(const ShardSnapshot& snap) {
+Status AsyncCheckpointWriter::WriteNow(ShardSnapshot snap) {
   Status previous = Flush();
   Status st = Save(snap);
+  std::lock_guard<std::mutex> lock(mu_);
+  recycled_ = std::move(snap.shard);
   return st.ok() ? previous : st;
+}
+
+RankShard AsyncCheckpointWriter::TakeRecycled() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(recycled_, RankShard{});
 }
 
 Status AsyncCheckpointWriter::Flush() {
@@ -52,6 +59,7 @@ void AsyncCheckpointWriter::Loop() {
     lock.unlock();
     Status st = Save(snap);
     lock.lock();
+    recycled_ = std::move(snap.shard);
     busy_ = false;
     if (!st.ok()) last_error_ = st;
     cv_.notify_all();

@@ -9,8 +9,13 @@
 // called; training goes on and the next interval tries again.
 //
 // At most one snapshot is in flight per rank: Submit waits for the previous write to finish
-// first, so host memory holds at most one shard copy beside the live state, and checkpoints
-// complete in step order.
+// first, so checkpoints complete in step order.
+//
+// The shard copy of a finished write is kept for the next snapshot (TakeRecycled): a fresh
+// host copy of GPT-2 124M's state (3 x 0.5 GB) spends about 0.7 s of the training thread's
+// time faulting in and zeroing new pages, a reused one only the copy (0.13 s; measured on
+// the 2-core development machine). The cost is one idle shard copy in host memory between
+// checkpoints; host memory holds at most two beside the live state.
 //
 // Thread-safety: Submit, WriteNow, Flush and the destructor are called from one (the
 // training) thread; the callbacks run on the writer thread (or the caller's, for WriteNow).
@@ -78,7 +83,12 @@ class AsyncCheckpointWriter {
 
   // Writes `snap` on the calling thread (after the write in flight), for synchronous
   // checkpoints.
-  Status WriteNow(const ShardSnapshot& snap);
+  Status WriteNow(ShardSnapshot snap);
+
+  // The shard of the newest finished write, to copy the next snapshot into (its vectors
+  // keep their memory); an empty shard when there is none (none finished yet, or it was
+  // taken already). Called from the training thread.
+  RankShard TakeRecycled();
 
   // Waits until nothing is in flight; returns the error of the last write, if any.
   Status Flush();
@@ -96,6 +106,7 @@ class AsyncCheckpointWriter {
   bool busy_ = false;                     // guarded by mu_: a write is running
   bool stop_ = false;                     // guarded by mu_
   Status last_error_;                     // guarded by mu_
+  RankShard recycled_;                    // guarded by mu_
   std::thread thread_;                    // started last
 };
 

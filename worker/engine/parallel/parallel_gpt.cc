@@ -348,7 +348,7 @@ Status ParallelGpt::ExportLocal(std::vector<float>* params, std::vector<float>* 
   return memory_->GatherOwned(v->data());
 }
 
-ParallelGpt::OwnedState ParallelGpt::ExportOwned() {
+ParallelGpt::OwnedState ParallelGpt::ExportOwned(OwnedState reuse) {
   const size_t owned_begin = memory_->owned_begin();
   size_t lo = owned_begin, hi = memory_->owned_end();
   if (memory_->owned_replicated()) {
@@ -357,7 +357,7 @@ ParallelGpt::OwnedState ParallelGpt::ExportOwned() {
     lo = split.begin(coord_.dp);
     hi = split.end(coord_.dp);
   }
-  OwnedState out;
+  OwnedState out = std::move(reuse);
   std::vector<std::pair<size_t, size_t>> pieces;
   out.runs = layout_.GlobalRunsOf(lo, hi, &pieces);
   size_t total = 0;

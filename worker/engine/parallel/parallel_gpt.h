@@ -124,7 +124,9 @@ class ParallelGpt {
     std::vector<StridedRun> runs;
     std::vector<float> params, m, v;  // the runs' elements, in run order
   };
-  OwnedState ExportOwned();
+  // `reuse`'s vectors are filled in place (resized as needed), so that a caller that keeps
+  // them between calls copies into memory that is already there.
+  OwnedState ExportOwned(OwnedState reuse = {});
 
   // Assembles the global parameters (and, when m and v are given, the AdamW moments) on
   // world rank 0; other ranks' vectors are left empty. Collective over the world.

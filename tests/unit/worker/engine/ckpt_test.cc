@@ -277,6 +277,29 @@ TEST_F(CkptTest, AsyncWriterKeepsLastKAndReportsEachCheckpoint) {
   EXPECT_EQ(listed[1].first, 40);
 }
 
+// The shard of a finished write comes back for the next snapshot, its memory and all, once.
+TEST_F(CkptTest, AsyncWriterHandsBackTheLastWrittenShardOnce) {
+  AsyncCheckpointWriter::Options o;
+  o.dir = Dir();
+  AsyncCheckpointWriter writer(o);
+  EXPECT_TRUE(writer.TakeRecycled().params.empty()) << "nothing written yet";
+  ShardSnapshot first = PartOf(MakeSnapshot(10, 256), 0, {MakeRun(0, 256, 256, 1)});
+  const float* params = first.shard.params.data();
+  const float* m = first.shard.adam_m.data();
+  ASSERT_TRUE(writer.Submit(std::move(first)).ok());
+  ASSERT_TRUE(writer.Flush().ok());
+  RankShard recycled = writer.TakeRecycled();
+  EXPECT_EQ(recycled.params.data(), params);
+  EXPECT_EQ(recycled.adam_m.data(), m);
+  EXPECT_EQ(recycled.params.size(), 256u);
+  EXPECT_TRUE(writer.TakeRecycled().params.empty()) << "handed back once";
+
+  ShardSnapshot second = PartOf(MakeSnapshot(20, 256), 0, {MakeRun(0, 256, 256, 1)});
+  const float* v = second.shard.adam_v.data();
+  ASSERT_TRUE(writer.WriteNow(std::move(second)).ok());
+  EXPECT_EQ(writer.TakeRecycled().adam_v.data(), v);
+}
+
 // Ranks as writers of one process sharing a store: each writes its part, rank 0 commits
 // once all are durable, and the checkpoint reads back as the whole arenas.
 class ShardedWriteTest : public CkptTest {
