@@ -84,11 +84,22 @@ TEST(SplitBrainTest, ASupersededAttemptStopsPublishingAndExits) {
       5000, 20))
       << ReadAll(old_log.string()).substr(0, 2000);
 
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 30000, &info))
+      << cluster.DebugLogs();
+
   // metrics.jsonl: attempt 1's lines, then only the newer attempts' (never interleaved).
   std::ifstream in(out / "metrics.jsonl");
   int64_t newest = 0, switches = 0;
   for (std::string l; std::getline(in, l);) {
-    const int64_t attempt = std::stoll(l.substr(l.find("\"attempt\":") + 10));
+    // The last line may still be being written by a trainer on its way out.
+    if (l.empty() || l.back() != '}') continue;
+    const size_t at = l.find("\"attempt\":");
+    if (at == std::string::npos) {
+      ADD_FAILURE() << "a metrics line without its attempt: " << l;
+      continue;
+    }
+    const int64_t attempt = std::stoll(l.substr(at + 10));
     if (attempt < newest)
       ADD_FAILURE() << "an attempt-" << attempt << " line after attempt " << newest << ": " << l;
     if (attempt > newest) ++switches;
