@@ -181,6 +181,46 @@ TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
   }
 }
 
+// GPT-2 124M's MLP shapes in bf16, where cuBLAS picks its large tensor-core kernels (the
+// small shapes above may take others), and the column sums of many chunks.
+TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
+  const int N = 2048, C = 768, OC = 3072;
+  const Precision p = Precision::kBf16;
+  std::vector<float> inp = Random(static_cast<size_t>(N) * C),
+                     w = Random(static_cast<size_t>(OC) * C, 0.02f),
+                     dout = Random(static_cast<size_t>(N) * OC), bias = Random(OC);
+  cpu_->Round(inp.data(), inp.size(), p);
+  cpu_->Round(w.data(), w.size(), p);
+  cpu_->Round(dout.data(), dout.size(), p);
+  std::vector<float> out(static_cast<size_t>(N) * OC);
+  float *gout = Dev(out), *ginp = Dev(inp), *gw = Dev(w);
+  gpu_->MatmulForward(gout, ginp, gw, Dev(bias), nullptr, N, C, OC, OC, p);
+  cpu_->MatmulForward(out.data(), inp.data(), w.data(), bias.data(), nullptr, N, C, OC, OC, p);
+  ExpectClose(Host(gout, out.size()), out, "gpt-2 matmul bf16", 1e-4, 1e-4);
+  std::vector<float> dinp(static_cast<size_t>(N) * C), dw(w.size()), db(OC);
+  float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
+  gpu_->MatmulBackward(gdinp, gdw, gdb, Dev(dout), ginp, gw, N, C, OC, OC, false, p);
+  cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
+                       OC, OC, false, p);
+  ExpectClose(Host(gdinp, dinp.size()), dinp, "gpt-2 matmul dinp bf16", 1e-4, 1e-4);
+  ExpectClose(Host(gdw, dw.size()), dw, "gpt-2 matmul dweight bf16", 1e-4, 1e-3);
+  ExpectClose(Host(gdb, OC), db, "gpt-2 matmul dbias", 1e-4, 1e-3);
+
+  // LayerNorm's parameter gradients over N = 2048 rows: 32 chunks.
+  const std::vector<float> x = Random(static_cast<size_t>(N) * C), g = Random(C), bb = Random(C);
+  const std::vector<float> dy = Random(static_cast<size_t>(N) * C);
+  std::vector<float> y(x.size()), mean(N), rstd(N), dx(x.size()), dg(C), dbb(C);
+  float *gx = Dev(x), *gg = Dev(g), *gmean = Dev(mean), *grstd = Dev(rstd);
+  float *gdx = Dev(dx), *gdg = Dev(dg), *gdbb = Dev(dbb);
+  gpu_->LayerNormForward(Dev(y), gmean, grstd, gx, gg, Dev(bb), N, C);
+  cpu_->LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), g.data(), bb.data(), N, C);
+  gpu_->LayerNormBackward(gdx, gdg, gdbb, Dev(dy), gx, gg, gmean, grstd, N, C, false);
+  cpu_->LayerNormBackward(dx.data(), dg.data(), dbb.data(), dy.data(), x.data(), g.data(),
+                          mean.data(), rstd.data(), N, C, false);
+  ExpectClose(Host(gdg, C), dg, "gpt-2 layernorm dweight", 1e-4, 1e-3);
+  ExpectClose(Host(gdbb, C), dbb, "gpt-2 layernorm dbias", 1e-4, 1e-3);
+}
+
 // Attention in each precision, at a small shape and at GPT-2's head size with T past a
 // few warps. In bf16 and fp16 the products that read the fp32 probabilities run in TF32
 // (ops.h), which rounds them to 11 significant bits: hence the looser bound there.
