@@ -67,29 +67,15 @@ __global__ void SoftmaxBackwardKernel(float* datt, const float* att, int rows, i
   for (int t2 = lane; t2 < T; t2 += 32) d[t2] = t2 <= t ? a[t2] * (d[t2] - weighted) * scale : 0.0f;
 }
 
+// What each AttentionBuffer is in one call: `in` for those the GEMMs read, `out` for those
+// they write (nullptr where the call has no such buffer).
 struct Buffers {
-  const float* qkv;
-  float* att;
-  float* out;
-  const float* dout;
-  float* dqkv;
-  float* datt;
-  const float* Get(AttentionBuffer b) const {
-    switch (b) {
-      case AttentionBuffer::kQkv:
-        return qkv;
-      case AttentionBuffer::kAtt:
-        return att;
-      case AttentionBuffer::kOut:
-        return out;
-      case AttentionBuffer::kDout:
-        return dout;
-      case AttentionBuffer::kDqkv:
-        return dqkv;
-      case AttentionBuffer::kDatt:
-        return datt;
-    }
-    return nullptr;
+  const float* in[kAttentionBufferCount] = {};
+  float* out[kAttentionBufferCount] = {};
+  void Read(AttentionBuffer b, const float* p) { in[static_cast<int>(b)] = p; }
+  void Write(AttentionBuffer b, float* p) {
+    in[static_cast<int>(b)] = p;
+    out[static_cast<int>(b)] = p;
   }
 };
 
@@ -97,9 +83,9 @@ struct Buffers {
 // row b. C is written, never read (beta 0).
 void Run(cublasHandle_t blas, const AttentionGemm& g, const Buffers& buffers, int B, int NH,
          Precision operands) {
-  const float* a = buffers.Get(g.a.buffer);
-  const float* b = buffers.Get(g.b.buffer);
-  float* c = const_cast<float*>(buffers.Get(g.c.buffer));
+  const float* a = buffers.in[static_cast<int>(g.a.buffer)];
+  const float* b = buffers.in[static_cast<int>(g.b.buffer)];
+  float* c = buffers.out[static_cast<int>(g.c.buffer)];
   DROVER_CUDA_REQUIRE(a != nullptr && b != nullptr && c != nullptr);
   const float beta = 0.0f;
   const cublasComputeType_t compute = GemmComputeType(operands, g.narrow);
@@ -123,7 +109,10 @@ void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* 
   DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
   const float scale = 1.0f / sqrtf(static_cast<float>(C / NH));
   const AttentionForwardGemms plan = PlanAttentionForward(T, C, NH, scale);
-  const Buffers buffers{qkv, att, out, nullptr, nullptr, nullptr};
+  Buffers buffers;
+  buffers.Read(AttentionBuffer::kQkv, qkv);
+  buffers.Write(AttentionBuffer::kAtt, att);
+  buffers.Write(AttentionBuffer::kOut, out);
   const int rows = B * NH * T;
   Run(blas, plan.scores, buffers, B, NH, operands);
   SoftmaxForwardKernel<<<RowBlocks(rows), kWarpsPerBlock * 32, 0, stream>>>(att, rows, T);
@@ -137,7 +126,12 @@ void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const floa
   DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
   const float scale = 1.0f / sqrtf(static_cast<float>(C / NH));
   const AttentionBackwardGemms plan = PlanAttentionBackward(T, C, NH);
-  const Buffers buffers{qkv, const_cast<float*>(att), nullptr, dout, dqkv, datt};
+  Buffers buffers;
+  buffers.Read(AttentionBuffer::kQkv, qkv);
+  buffers.Read(AttentionBuffer::kAtt, att);
+  buffers.Read(AttentionBuffer::kDout, dout);
+  buffers.Write(AttentionBuffer::kDqkv, dqkv);
+  buffers.Write(AttentionBuffer::kDatt, datt);
   const int rows = B * NH * T;
   Run(blas, plan.datt, buffers, B, NH, operands);
   Run(blas, plan.dv, buffers, B, NH, operands);

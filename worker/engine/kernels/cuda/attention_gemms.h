@@ -29,6 +29,7 @@ namespace drover::engine::cuda {
 // turns into the probabilities in place. kDatt is the backward's (B, NH, T, T) scratch:
 // datt, which the softmax backward turns into dpre in place.
 enum class AttentionBuffer { kQkv, kAtt, kOut, kDout, kDqkv, kDatt };
+inline constexpr int kAttentionBufferCount = 6;
 
 // A matrix of head (b, h) starts at offset + b * row_stride + h * head_stride floats.
 struct AttentionMatrix {
