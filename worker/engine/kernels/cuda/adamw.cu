@@ -31,8 +31,8 @@ void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n
                  float weight_decay, float beta1, float beta2, float eps, float correction1,
                  float correction2, cudaStream_t stream) {
   if (n == 0) return;
-  AdamWKernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(
-      params, grads, m, v, n, lr, weight_decay, beta1, beta2, eps, correction1, correction2);
+  DROVER_LAUNCH(AdamWKernel, StrideBlocks(n, kThreads), kThreads, 0, stream)
+  (params, grads, m, v, n, lr, weight_decay, beta1, beta2, eps, correction1, correction2);
   DROVER_CUDA_LAUNCHED();
 }
 

@@ -115,7 +115,8 @@ void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* 
   buffers.Write(AttentionBuffer::kOut, out);
   const int rows = B * NH * T;
   Run(blas, plan.scores, buffers, B, NH, operands);
-  SoftmaxForwardKernel<<<RowBlocks(rows), kWarpsPerBlock * 32, 0, stream>>>(att, rows, T);
+  DROVER_LAUNCH(SoftmaxForwardKernel, RowBlocks(rows), kWarpsPerBlock * 32, 0, stream)
+  (att, rows, T);
   DROVER_CUDA_LAUNCHED();
   Run(blas, plan.out, buffers, B, NH, operands);
 }
@@ -135,8 +136,8 @@ void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const floa
   const int rows = B * NH * T;
   Run(blas, plan.datt, buffers, B, NH, operands);
   Run(blas, plan.dv, buffers, B, NH, operands);
-  SoftmaxBackwardKernel<<<RowBlocks(rows), kWarpsPerBlock * 32, 0, stream>>>(datt, att, rows, T,
-                                                                             scale);
+  DROVER_LAUNCH(SoftmaxBackwardKernel, RowBlocks(rows), kWarpsPerBlock * 32, 0, stream)
+  (datt, att, rows, T, scale);
   DROVER_CUDA_LAUNCHED();
   Run(blas, plan.dq, buffers, B, NH, operands);
   Run(blas, plan.dk, buffers, B, NH, operands);

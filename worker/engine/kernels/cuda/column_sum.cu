@@ -19,8 +19,8 @@ __global__ void ColumnSumFinishKernel(float* out, const float* partial, int chun
 void ColumnSumFinish(float* out, const float* partial, int N, int C, bool accumulate,
                      cudaStream_t stream) {
   const int chunks = static_cast<int>(ColumnSumChunks(N));
-  ColumnSumFinishKernel<<<Blocks(C, kColumnThreads), kColumnThreads, 0, stream>>>(
-      out, partial, chunks, C, accumulate);
+  DROVER_LAUNCH(ColumnSumFinishKernel, Blocks(C, kColumnThreads), kColumnThreads, 0, stream)
+  (out, partial, chunks, C, accumulate);
   DROVER_CUDA_LAUNCHED();
 }
 

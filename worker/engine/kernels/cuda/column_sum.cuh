@@ -52,7 +52,7 @@ void ColumnSum(float* out, float* partial, int N, int C, Value value, bool accum
                cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && ColumnSumChunks(N) <= 65535);
   const dim3 grid(Blocks(C, kColumnThreads), static_cast<unsigned>(ColumnSumChunks(N)));
-  ColumnPartialsKernel<<<grid, kColumnThreads, 0, stream>>>(partial, N, C, value);
+  DROVER_LAUNCH(ColumnPartialsKernel<Value>, grid, kColumnThreads, 0, stream)(partial, N, C, value);
   DROVER_CUDA_LAUNCHED();
   ColumnSumFinish(out, partial, N, C, accumulate, stream);
 }

@@ -78,16 +78,18 @@ __global__ void CrossEntropyBackwardKernel(float* logits, const float* lse, cons
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
                          const int32_t* targets, int N, int V, int Vp, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
-  CrossEntropyForwardKernel<<<N, kThreads, 0, stream>>>(losses, lse, logits, targets, V, Vp);
+  DROVER_LAUNCH(CrossEntropyForwardKernel, N, kThreads, 0, stream)
+  (losses, lse, logits, targets, V, Vp);
   DROVER_CUDA_LAUNCHED();
-  MeanKernel<<<1, kThreads, 0, stream>>>(mean_out, losses, N);
+  DROVER_LAUNCH(MeanKernel, 1, kThreads, 0, stream)(mean_out, losses, N);
   DROVER_CUDA_LAUNCHED();
 }
 
 void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
                           int N, int V, int Vp, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
-  CrossEntropyBackwardKernel<<<N, kThreads, 0, stream>>>(logits, lse, targets, dloss, V, Vp);
+  DROVER_LAUNCH(CrossEntropyBackwardKernel, N, kThreads, 0, stream)
+  (logits, lse, targets, dloss, V, Vp);
   DROVER_CUDA_LAUNCHED();
 }
 

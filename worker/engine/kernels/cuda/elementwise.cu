@@ -89,19 +89,19 @@ void Fill(float* x, float value, size_t n, cudaStream_t stream) {
     DROVER_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream));
     return;
   }
-  FillKernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, value, n);
+  DROVER_LAUNCH(FillKernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, value, n);
   DROVER_CUDA_LAUNCHED();
 }
 
 void Add(float* y, const float* x, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  AddKernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(y, x, n);
+  DROVER_LAUNCH(AddKernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(y, x, n);
   DROVER_CUDA_LAUNCHED();
 }
 
 void Scale(float* x, size_t n, float s, cudaStream_t stream) {
   if (n == 0) return;
-  ScaleKernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n, s);
+  DROVER_LAUNCH(ScaleKernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, n, s);
   DROVER_CUDA_LAUNCHED();
 }
 
@@ -109,9 +109,9 @@ void Round(float* x, size_t n, int precision, cudaStream_t stream) {
   if (n == 0) return;
   DROVER_CUDA_REQUIRE(precision == 1 || precision == 2);
   if (precision == 1) {
-    RoundBf16Kernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n);
+    DROVER_LAUNCH(RoundBf16Kernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, n);
   } else {
-    RoundFp16Kernel<<<StrideBlocks(n, kThreads), kThreads, 0, stream>>>(x, n);
+    DROVER_LAUNCH(RoundFp16Kernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, n);
   }
   DROVER_CUDA_LAUNCHED();
 }
@@ -120,9 +120,9 @@ size_t SumSquaresScratch() { return kSumBlocks + 1; }
 
 double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream) {
   if (n == 0) return 0.0;
-  SumSquaresPartial<<<kSumBlocks, kThreads, 0, stream>>>(x, n, scratch);
+  DROVER_LAUNCH(SumSquaresPartial, kSumBlocks, kThreads, 0, stream)(x, n, scratch);
   DROVER_CUDA_LAUNCHED();
-  SumSquaresFinal<<<1, kThreads, 0, stream>>>(scratch, kSumBlocks);
+  DROVER_LAUNCH(SumSquaresFinal, 1, kThreads, 0, stream)(scratch, kSumBlocks);
   DROVER_CUDA_LAUNCHED();
   double total = 0;
   DROVER_CUDA_CHECK(cudaMemcpyAsync(&total, scratch + kSumBlocks, sizeof(double),

@@ -63,12 +63,13 @@ void LaunchBackward(float* wte_out, float* wpe_out, size_t lo, size_t hi, size_t
                     cudaStream_t stream) {
   if (distinct > 0) {
     const dim3 grid(static_cast<unsigned>(distinct), Blocks(C, kThreads));
-    EncoderBackwardWteKernel<<<grid, kThreads, 0, stream>>>(wte_out, lo, hi, dout, buckets,
-                                                            distinct, C);
+    DROVER_LAUNCH(EncoderBackwardWteKernel, grid, kThreads, 0, stream)
+    (wte_out, lo, hi, dout, buckets, distinct, C);
     DROVER_CUDA_LAUNCHED();
   }
-  EncoderBackwardWpeKernel<<<Blocks(size_t{static_cast<unsigned>(T)} * C, kThreads), kThreads, 0,
-                             stream>>>(wpe_out, lo, hi, wpe_offset, dout, B, T, C);
+  DROVER_LAUNCH(EncoderBackwardWpeKernel, Blocks(size_t{static_cast<unsigned>(T)} * C, kThreads),
+                kThreads, 0, stream)
+  (wpe_out, lo, hi, wpe_offset, dout, B, T, C);
   DROVER_CUDA_LAUNCHED();
 }
 
@@ -78,8 +79,8 @@ void EncoderForward(float* out, const int32_t* inp, const float* wte, const floa
                     int T, int C, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(B > 0 && T > 0 && C > 0);
   const size_t total = size_t{static_cast<unsigned>(B)} * T * C;
-  EncoderForwardKernel<<<StrideBlocks(total, kThreads), kThreads, 0, stream>>>(out, inp, wte, wpe,
-                                                                               B, T, C);
+  DROVER_LAUNCH(EncoderForwardKernel, StrideBlocks(total, kThreads), kThreads, 0, stream)
+  (out, inp, wte, wpe, B, T, C);
   DROVER_CUDA_LAUNCHED();
 }
 

@@ -35,13 +35,14 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* d
 
 void GeluForward(float* out, const float* inp, size_t N, cudaStream_t stream) {
   if (N == 0) return;
-  GeluForwardKernel<<<StrideBlocks(N, kThreads), kThreads, 0, stream>>>(out, inp, N);
+  DROVER_LAUNCH(GeluForwardKernel, StrideBlocks(N, kThreads), kThreads, 0, stream)(out, inp, N);
   DROVER_CUDA_LAUNCHED();
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream) {
   if (N == 0) return;
-  GeluBackwardKernel<<<StrideBlocks(N, kThreads), kThreads, 0, stream>>>(dinp, inp, dout, N);
+  DROVER_LAUNCH(GeluBackwardKernel, StrideBlocks(N, kThreads), kThreads, 0, stream)
+  (dinp, inp, dout, N);
   DROVER_CUDA_LAUNCHED();
 }
 

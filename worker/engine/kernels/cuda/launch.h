@@ -8,6 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 
+// Every kernel launch: DROVER_LAUNCH(Kernel, grid, block, shared_bytes, stream)(args...).
+// Under nvcc it is the triple-chevron launch; the kernel emulator (tests/cuda_emu/) compiles
+// these files as plain C++ with its own definition, to run every kernel on the CPU.
+#ifndef DROVER_LAUNCH
+#define DROVER_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  kernel<<<grid, block, shared_bytes, stream>>>
+#endif
+
 namespace drover::engine::cuda {
 
 inline unsigned Blocks(size_t n, unsigned threads) {

@@ -83,8 +83,8 @@ struct NormTimesDout {
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0);
-  LayerNormForwardKernel<<<Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+  DROVER_LAUNCH(LayerNormForwardKernel, Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream)
+  (out, mean, rstd, inp, weight, bias, N, C);
   DROVER_CUDA_LAUNCHED();
 }
 
@@ -92,8 +92,8 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C, bool accumulate, float* scratch, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0);
-  LayerNormBackwardRows<<<Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
-      dinp, dout, inp, weight, mean, rstd, N, C);
+  DROVER_LAUNCH(LayerNormBackwardRows, Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream)
+  (dinp, dout, inp, weight, mean, rstd, N, C);
   DROVER_CUDA_LAUNCHED();
   // Both sums share the scratch: the stream runs the second's pass 1 after the first's
   // pass 2 has read it.

@@ -61,8 +61,8 @@ void MatmulForward(cublasHandle_t blas, float* out, const float* inp, const floa
   float beta = 0.0f;
   if (bias != nullptr || residual != nullptr) {
     const size_t total = size_t{static_cast<unsigned>(N)} * OC;
-    InitOutputKernel<<<StrideBlocks(total, kThreads), kThreads, 0, stream>>>(out, bias, residual, N,
-                                                                             OC, ldo);
+    DROVER_LAUNCH(InitOutputKernel, StrideBlocks(total, kThreads), kThreads, 0, stream)
+    (out, bias, residual, N, OC, ldo);
     DROVER_CUDA_LAUNCHED();
     beta = 1.0f;
   }

@@ -1,0 +1,503 @@
+// The kernel emulator's runtime (tests/cuda_emu/README.md): fibers for the threads of a
+// block, the CUDA runtime calls the kernel table makes (memory, copies, streams and events,
+// all synchronous here), and cuBLAS's GEMMs computed plainly.
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+#include "cuda_runtime_api.h"
+#include "worker/engine/kernels/cpu/round.h"
+
+namespace drover_emu {
+namespace {
+
+[[noreturn]] void Die(const char* what) {
+  std::fprintf(stderr, "cuda emulator: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+constexpr size_t kStackBytes = 64 * 1024;
+
+// Switching fibers: ucontext's swapcontext makes a system call per switch (it saves the
+// signal mask), and a block's barrier switches every one of its threads, which made a
+// 20-step training test take minutes. On x86-64 a switch is saved callee-saved registers and
+// a stack pointer swap instead; elsewhere, ucontext.
+#if defined(__x86_64__)
+extern "C" void drover_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .type drover_emu_switch, @function
+drover_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size drover_emu_switch, .-drover_emu_switch
+)");
+struct Context {
+  void* sp = nullptr;
+};
+void Switch(Context* from, Context* to) { drover_emu_switch(&from->sp, to->sp); }
+// A fresh stack whose first switch-in "returns" into entry(), as if called.
+void Prepare(Context* c, char* stack, size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
+  auto* slot = reinterpret_cast<uint64_t*>(top);
+  *--slot = 0;                                  // entry's own return address (never used)
+  *--slot = reinterpret_cast<uint64_t>(entry);  // popped by the switch's ret
+  for (int i = 0; i < 6; ++i) *--slot = 0;      // rbp rbx r12 r13 r14 r15
+  uint32_t control[2];
+  asm volatile("stmxcsr %0" : "=m"(control[0]));
+  asm volatile("fnstcw %0" : "=m"(control[1]));
+  --slot;
+  std::memcpy(slot, control, 8);
+  c->sp = slot;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+void Switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+void Prepare(Context* c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, entry, 0);
+}
+#endif
+
+struct Fiber {
+  Context context;
+  ThreadIndex index;
+  int warp = 0;
+  bool done = false;
+  // Waiting at a barrier until *generation moves past `waits_for` (nullptr: runnable). The
+  // scheduler resumes a fiber only once it can go on: a switch costs a system call.
+  const uint64_t* generation = nullptr;
+  uint64_t waits_for = 0;
+};
+struct Warp {
+  int live = 0, arrived = 0;
+  uint64_t generation = 0;
+  double slots[32] = {};
+};
+
+// One block in flight on this host thread.
+struct Block {
+  const std::function<void()>* body = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  int live = 0, arrived = 0;
+  uint64_t generation = 0;
+  uint64_t progress =
+      0;  // bumped by every arrival, release and exit: no bump in a round = deadlock
+  bool synchronised = false;  // a barrier or shuffle ran
+  bool direct = false;        // threads run as plain calls: they must not synchronise
+  Fiber* current = nullptr;
+  Context scheduler;
+};
+
+thread_local Block* g_block = nullptr;
+thread_local ThreadIndex g_direct;  // the index of a thread run as a plain call
+thread_local std::vector<std::unique_ptr<char[]>> g_stacks;
+thread_local cudaError_t g_last_error = cudaSuccess;
+
+void Yield() { Switch(&g_block->current->context, &g_block->scheduler); }
+
+void Release(Warp& w) {
+  if (w.live > 0 && w.arrived == w.live) {
+    w.arrived = 0;
+    ++w.generation;
+  }
+}
+void ReleaseBlock(Block& b) {
+  if (b.live > 0 && b.arrived == b.live) {
+    b.arrived = 0;
+    ++b.generation;
+  }
+}
+
+void CheckSynchronisable(const char* what) {
+  if (g_block == nullptr) Die("a barrier outside a kernel");
+  if (g_block->direct) {
+    std::fprintf(stderr,
+                 "cuda emulator: %s in a kernel whose first block never synchronised (its "
+                 "blocks after the first run as plain calls)\n",
+                 what);
+    std::abort();
+  }
+  g_block->synchronised = true;
+}
+
+// Arrives at the barrier whose generation is *generation (already counted by the caller)
+// and waits until it is released.
+void Wait(const uint64_t* generation, uint64_t mine) {
+  Fiber& f = *g_block->current;
+  if (*generation != mine) return;  // this arrival released it
+  f.generation = generation;
+  f.waits_for = mine;
+  Yield();
+  f.generation = nullptr;
+}
+
+void WarpBarrier() {
+  Block& b = *g_block;
+  Warp& w = b.warps[b.current->warp];
+  const uint64_t mine = w.generation;
+  ++w.arrived;
+  ++b.progress;
+  Release(w);
+  Wait(&w.generation, mine);
+}
+
+void Entry() {
+  Block& b = *g_block;
+  (*b.body)();
+  Fiber& f = *b.current;
+  f.done = true;
+  ++b.progress;
+  Warp& w = b.warps[f.warp];
+  --w.live;
+  Release(w);
+  --b.live;
+  ReleaseBlock(b);
+  Yield();  // for good: the scheduler never resumes a finished fiber
+  Die("a finished thread was resumed");
+}
+
+ThreadIndex IndexOf(unsigned t, dim3 block, uint3 block_index, dim3 grid) {
+  ThreadIndex i;
+  i.thread = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+  i.block = block_index;
+  i.block_dim = block;
+  i.grid_dim = grid;
+  return i;
+}
+
+void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index) {
+  const unsigned n = block.x * block.y * block.z;
+  while (g_stacks.size() < n) g_stacks.push_back(std::make_unique<char[]>(kStackBytes));
+  b.fibers.assign(n, Fiber{});
+  b.warps.assign((n + 31) / 32, Warp{});
+  b.live = static_cast<int>(n);
+  b.arrived = 0;
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber& f = b.fibers[t];
+    f.index = IndexOf(t, block, block_index, grid);
+    f.warp = static_cast<int>(t / 32);
+    ++b.warps[f.warp].live;
+    Prepare(&f.context, g_stacks[t].get(), kStackBytes, Entry);
+  }
+  unsigned remaining = n;
+  while (remaining > 0) {
+    const uint64_t before = b.progress;
+    for (Fiber& f : b.fibers) {
+      if (f.done || (f.generation != nullptr && *f.generation == f.waits_for)) continue;
+      b.current = &f;
+      Switch(&b.scheduler, &f.context);
+      if (f.done) --remaining;
+    }
+    if (remaining > 0 && b.progress == before) {
+      Die("deadlock: the threads of a block wait at barriers that not all of them reach");
+    }
+  }
+  b.current = nullptr;
+}
+
+}  // namespace
+
+const ThreadIndex& Current() {
+  if (g_block == nullptr) Die("a thread index read outside a kernel");
+  return g_block->direct ? g_direct : g_block->current->index;
+}
+
+void SyncThreads() {
+  CheckSynchronisable("__syncthreads");
+  Block& b = *g_block;
+  const uint64_t mine = b.generation;
+  ++b.arrived;
+  ++b.progress;
+  ReleaseBlock(b);
+  Wait(&b.generation, mine);
+}
+
+double ShuffleXor(double value, int offset) {
+  CheckSynchronisable("a warp shuffle");
+  Block& b = *g_block;
+  const unsigned lane = static_cast<unsigned>(b.current - b.fibers.data()) % 32;
+  Warp& w = b.warps[b.current->warp];
+  w.slots[lane] = value;
+  WarpBarrier();  // every lane has stored
+  const double got = w.slots[lane ^ static_cast<unsigned>(offset)];
+  WarpBarrier();  // every lane has read, before any stores again
+  return got;
+}
+
+void Run(dim3 grid, dim3 block, const std::function<void()>& body) {
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+    g_last_error = cudaErrorInvalidValue;  // "invalid configuration argument" on a device
+    return;
+  }
+  if (g_block != nullptr) Die("a kernel launched from inside a kernel");
+  Block b;
+  b.body = &body;
+  g_block = &b;
+  bool first = true;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        const uint3 block_index{x, y, z};
+        if (first || b.synchronised) {
+          RunBlockAsFibers(b, grid, block, block_index);
+        } else {
+          // The first block never synchronised: the rest run as plain calls, far faster;
+          // a barrier met there aborts (CheckSynchronisable) rather than misbehave.
+          b.direct = true;
+          for (unsigned t = 0; t < threads; ++t) {
+            g_direct = IndexOf(t, block, block_index, grid);
+            body();
+          }
+        }
+        first = false;
+      }
+    }
+  }
+  g_block = nullptr;
+}
+
+}  // namespace drover_emu
+
+// ---- the CUDA runtime --------------------------------------------------------------------
+namespace {
+
+std::mutex g_memory_mu;
+std::map<const char*, size_t>& Allocations(bool device) {  // start -> bytes
+  static std::map<const char*, size_t> device_memory, pinned_memory;
+  return device ? device_memory : pinned_memory;
+}
+bool Inside(const std::map<const char*, size_t>& m, const void* p) {
+  const char* c = static_cast<const char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return false;
+  --it;
+  return c < it->first + it->second;
+}
+cudaError_t Allocate(void** p, size_t bytes, bool device) {
+  *p = std::calloc(bytes == 0 ? 1 : bytes, 1);
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  Allocations(device)[static_cast<const char*>(*p)] = bytes;
+  return cudaSuccess;
+}
+cudaError_t Release(void* p, bool device) {
+  if (p == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  if (Allocations(device).erase(static_cast<const char*>(p)) == 0) return cudaErrorInvalidValue;
+  std::free(p);
+  return cudaSuccess;
+}
+
+struct Dummy {};
+
+}  // namespace
+
+cudaError_t cudaMalloc(void** p, size_t bytes) { return Allocate(p, bytes, true); }
+cudaError_t cudaFree(void* p) { return Release(p, true); }
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return Allocate(p, bytes, false); }
+cudaError_t cudaFreeHost(void* p) { return Release(p, false); }
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = reinterpret_cast<cudaStream_t>(new Dummy);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = reinterpret_cast<cudaEvent_t>(new Dummy);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete reinterpret_cast<Dummy*>(event);
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetLastError() { return std::exchange(drover_emu::g_last_error, cudaSuccess); }
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation:
+      return "out of memory (emulated)";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device (emulated)";
+  }
+  return "unknown error (emulated)";
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  *attributes = {};
+  if (Inside(Allocations(true), p)) {
+    attributes->type = cudaMemoryTypeDevice;
+  } else if (Inside(Allocations(false), p)) {
+    attributes->type = cudaMemoryTypeHost;
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+  }
+  return cudaSuccess;
+}
+
+__nv_bfloat16 __float2bfloat16_rn(float x) {
+  drover::engine::cpu::RoundToBf16(&x, 1);
+  return {x};
+}
+__half __float2half_rn(float x) {
+  drover::engine::cpu::RoundToFp16(&x, 1);
+  return {x};
+}
+
+// ---- cuBLAS --------------------------------------------------------------------------------
+namespace {
+
+// An operand element as the compute type's tensor cores read it.
+float AsRead(float x, cublasComputeType_t compute) {
+  switch (compute) {
+    case CUBLAS_COMPUTE_32F_FAST_16BF:
+      drover::engine::cpu::RoundToBf16(&x, 1);
+      return x;
+    case CUBLAS_COMPUTE_32F_FAST_16F:
+      drover::engine::cpu::RoundToFp16(&x, 1);
+      return x;
+    case CUBLAS_COMPUTE_32F_FAST_TF32: {  // 10 explicit significand bits, nearest even
+      if (!std::isfinite(x)) return x;
+      uint32_t u;
+      std::memcpy(&u, &x, 4);
+      u += 0xFFFu + ((u >> 13) & 1u);
+      u &= ~0x1FFFu;
+      std::memcpy(&x, &u, 4);
+      return x;
+    }
+    default:
+      return x;
+  }
+}
+
+void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+          cublasComputeType_t compute) {
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      double sum = 0;
+      for (int p = 0; p < k; ++p) {
+        const float a = ta == CUBLAS_OP_T ? A[p + static_cast<size_t>(i) * lda]
+                                          : A[i + static_cast<size_t>(p) * lda];
+        const float b = tb == CUBLAS_OP_T ? B[j + static_cast<size_t>(p) * ldb]
+                                          : B[p + static_cast<size_t>(j) * ldb];
+        sum += double{AsRead(a, compute)} * AsRead(b, compute);
+      }
+      float& c = C[i + static_cast<size_t>(j) * ldc];
+      // beta 0 ignores C, as cuBLAS does (it may hold NaN).
+      c = static_cast<float>(alpha * sum + (beta == 0.0f ? 0.0 : double{beta} * c));
+    }
+  }
+}
+
+bool Valid(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int lda, int ldb,
+           int ldc) {
+  const int rows_a = ta == CUBLAS_OP_N ? m : k, rows_b = tb == CUBLAS_OP_N ? k : n;
+  return m >= 0 && n >= 0 && k >= 0 && lda >= std::max(1, rows_a) && ldb >= std::max(1, rows_b) &&
+         ldc >= std::max(1, m);
+}
+
+}  // namespace
+
+struct cublasContext {};
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+const char* cublasGetStatusString(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS"
+                                         : "CUBLAS_STATUS_INVALID_VALUE (emulated)";
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void* alpha, const void* A, cudaDataType_t a_type,
+                            int lda, const void* B, cudaDataType_t b_type, int ldb,
+                            const void* beta, void* C, cudaDataType_t c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (a_type != CUDA_R_32F || b_type != CUDA_R_32F || c_type != CUDA_R_32F) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (!Valid(ta, tb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
+  Gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), static_cast<const float*>(A), lda,
+       static_cast<const float*>(B), ldb, *static_cast<const float*>(beta), static_cast<float*>(C),
+       ldc, compute);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
+                                          cublasOperation_t tb, int m, int n, int k,
+                                          const void* alpha, const void* A, cudaDataType_t a_type,
+                                          int lda, long long stride_a, const void* B,
+                                          cudaDataType_t b_type, int ldb, long long stride_b,
+                                          const void* beta, void* C, cudaDataType_t c_type, int ldc,
+                                          long long stride_c, int batch,
+                                          cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+  if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  for (int i = 0; i < batch; ++i) {
+    const cublasStatus_t st =
+        cublasGemmEx(handle, ta, tb, m, n, k, alpha, static_cast<const float*>(A) + i * stride_a,
+                     a_type, lda, static_cast<const float*>(B) + i * stride_b, b_type, ldb, beta,
+                     static_cast<float*>(C) + i * stride_c, c_type, ldc, compute, algo);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,78 @@
+// The kernel emulator (tests/cuda_emu/README.md): what nvcc gives CUDA C++ beyond C++ —
+// kernel and memory-space qualifiers, the thread indices, __syncthreads, warp shuffles,
+// device math and the launch — defined so that the CUDA kernel table's .cu files compile as
+// plain C++ and their kernels run on the CPU. Force-included (-include) before each file.
+// Every block runs its threads as fibers on the calling thread; a barrier or a shuffle
+// switches fibers, so the kernels' synchronisation is exercised, deterministically.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+// One block runs at a time on a thread: a static per host thread is the block's shared
+// memory.
+#define __shared__ static thread_local
+
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+namespace drover_emu {
+
+struct ThreadIndex {
+  uint3 thread, block;
+  dim3 block_dim, grid_dim;
+};
+// The running emulated thread's indices (aborts outside a kernel).
+const ThreadIndex& Current();
+void SyncThreads();
+// Every live lane of the warp passes `value`; each gets that of lane ^ offset.
+double ShuffleXor(double value, int offset);
+// Runs `body` as every thread of `grid` x `block`, block after block. An invalid
+// configuration (as the device would refuse it) runs nothing and sets the error
+// cudaGetLastError returns.
+void Run(dim3 grid, dim3 block, const std::function<void()>& body);
+
+template <typename... P>
+struct Launcher {
+  void (*kernel)(P...);
+  dim3 grid, block;
+  template <typename... A>
+  void operator()(const A&... args) const {
+    Run(grid, block, [&] { kernel(args...); });
+  }
+};
+template <typename... P>
+Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block) {
+  return {kernel, grid, block};
+}
+
+}  // namespace drover_emu
+
+#define threadIdx (::drover_emu::Current().thread)
+#define blockIdx (::drover_emu::Current().block)
+#define blockDim (::drover_emu::Current().block_dim)
+#define gridDim (::drover_emu::Current().grid_dim)
+#define DROVER_LAUNCH(kernel, grid, block, shared_bytes, stream) \
+  ::drover_emu::Launch(kernel, grid, block)
+
+inline void __syncthreads() { ::drover_emu::SyncThreads(); }
+inline float __shfl_xor_sync(unsigned, float v, int offset, int = 32) {
+  return static_cast<float>(::drover_emu::ShuffleXor(v, offset));
+}
+inline double __shfl_xor_sync(unsigned, double v, int offset, int = 32) {
+  return ::drover_emu::ShuffleXor(v, offset);
+}
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
