@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Step 4b of the device check (two ranks sharing the GPU give the one-rank losses) run on the
+# kernel emulator (tests/cuda_emu/README.md): drover and drover-trainer are copied next to the
+# emulated libdrover_cuda.so, so that `resources.device: cuda` jobs run the CUDA kernel
+# table's code on the CPU. Two ranks then go through the real multi-rank CUDA path: process
+# groups staged through the table's page-locked host memory, ToHost/FromHost, IsDeviceMemory.
+# dp2 with ZeRO-1 and ZeRO-3, 10 steps each, must give the one-rank losses within 1e-5. (A
+# plugin that failed to load would fail the job: resources.device cuda has no fallback.)
+#
+#   emulated_cuda_ranks_test.sh BIN_DIR EMULATED_PLUGIN
+set -euo pipefail
+bin=$1
+plugin=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/bin"
+cp "$bin/drover" "$bin/drover-trainer" "$plugin" "$work/bin/"
+python3 - "$work/train.bin" <<'PY'
+import random, struct, sys
+random.seed(3)
+n = 50000
+with open(sys.argv[1], "wb") as f:
+    header = [0] * 256
+    header[0], header[1], header[2] = 20240520, 1, n
+    f.write(struct.pack("<256i", *header))
+    f.write(struct.pack("<%dH" % n, *(random.randrange(256) for _ in range(n))))
+PY
+cat > "$work/dp.yaml" <<YAML
+name: emulated-cuda-ranks
+model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
+data: {train: "$work/train.bin"}
+train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 0}
+resources: {device: cuda, world_size: {min: 1, max: 2}}
+checkpoint: {every_steps: 0}
+YAML
+for zero in 1 3; do
+  "$work/bin/drover" train "$work/dp.yaml" --set output_dir="$work/one-$zero" \
+    --set parallel.zero_stage=$zero > "$work/one-$zero.log" 2>&1 ||
+    { cat "$work/one-$zero.log"; exit 1; }
+  "$work/bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/two-$zero" \
+    --set parallel.zero_stage=$zero > "$work/two-$zero.log" 2>&1 ||
+    { cat "$work/two-$zero.log"; exit 1; }
+  python3 - "$work/one-$zero/metrics.jsonl" "$work/two-$zero/metrics.jsonl" "$zero" <<'PY'
+import json, sys
+one, two = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:3])
+print("zero-%s 1 rank :" % sys.argv[3], ["%.6f" % x for x in one])
+print("zero-%s 2 ranks:" % sys.argv[3], ["%.6f" % x for x in two])
+ok = len(one) == len(two) == 10 and all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one, two))
+sys.exit(0 if ok else 1)
+PY
+done
+echo "two emulated-cuda ranks gave the one-rank losses, zero-1 and zero-3"
