@@ -81,10 +81,9 @@ int RunTrain(const TrainFlags& f) {
   if (profiled != nullptr) {
     // Start-up (initialisation, a resumed checkpoint's load) is in it too, spread over
     // the steps; profile a run of enough steps that it does not matter.
-    std::printf("ops profile over %lld steps (%s):\n%s",
-                static_cast<long long>((*trainer)->step() - first_step),
-                spec->resources.device.c_str(),
-                profiled->Report((*trainer)->step() - first_step).c_str());
+    const int64_t steps = (*trainer)->step() - first_step;
+    std::printf("ops profile over %lld steps (%s):\n%s", static_cast<long long>(steps),
+                spec->resources.device.c_str(), profiled->Report(steps).c_str());
   }
   if (!st.ok()) {
     std::fprintf(stderr, "drover train: %s\n", st.ToString().c_str());

@@ -314,6 +314,19 @@ bool Inside(const std::map<const char*, size_t>& m, const void* p) {
   --it;
   return c < it->first + it->second;
 }
+// Whether the column-major matrix (rows, cols, ld) at p lies inside one device allocation:
+// a GEMM that reaches past it would read or write memory it does not own on a GPU.
+bool InOneDeviceAllocation(const float* p, int rows, int cols, int ld) {
+  if (rows == 0 || cols == 0) return true;
+  const size_t bytes = (static_cast<size_t>(cols - 1) * ld + rows) * sizeof(float);
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  const auto& m = Allocations(true);
+  const char* c = reinterpret_cast<const char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return false;
+  --it;
+  return c + bytes <= it->first + it->second;
+}
 cudaError_t Allocate(void** p, size_t bytes, bool device) {
   *p = std::calloc(bytes == 0 ? 1 : bytes, 1);
   if (*p == nullptr) return cudaErrorMemoryAllocation;
@@ -478,6 +491,12 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (!Valid(ta, tb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
+  const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
+  if (!InOneDeviceAllocation(static_cast<const float*>(A), na ? m : k, na ? k : m, lda) ||
+      !InOneDeviceAllocation(static_cast<const float*>(B), nb ? k : n, nb ? n : k, ldb) ||
+      !InOneDeviceAllocation(static_cast<const float*>(C), m, n, ldc)) {
+    drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
+  }
   Gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), static_cast<const float*>(A), lda,
        static_cast<const float*>(B), ldb, *static_cast<const float*>(beta), static_cast<float*>(C),
        ldc, compute);

@@ -136,14 +136,8 @@ YAML
     --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
   timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/out-dp2" \
     --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
-  python3 - "$work/out-dp1/metrics.jsonl" "$work/out-dp2/metrics.jsonl" <<'PY'
-import json, sys
-one, two = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
-print("1 rank :", ["%.6f" % x for x in one])
-print("2 ranks:", ["%.6f" % x for x in two])
-ok = len(one) == len(two) == 10 and all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(one, two))
-sys.exit(0 if ok else 1)
-PY
+  python3 "$(dirname "$0")/../tools/same_losses.py" "$work/out-dp1/metrics.jsonl" \
+    "$work/out-dp2/metrics.jsonl" 10 1e-4
 }
 if [[ $no_gpu != 1 ]]; then
   step "4 a cuda job trains on the gpu" cuda_job_succeeds

@@ -25,17 +25,8 @@ case $model in
 esac
 echo "==== speed (information): GPT-2 $model, T=1024, bf16, batch $batch"
 
-# Random tokens over GPT-2's vocabulary (the data does not change the speed).
-python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(1)
-n = 2_000_000
-with open(sys.argv[1], "wb") as f:  # llm.c's token file: 256 int32 header, uint16 tokens
-    header = [0] * 256
-    header[0], header[1], header[2] = 20240520, 1, n
-    f.write(struct.pack("<256i", *header))
-    f.write(struct.pack("<%dH" % n, *(random.randrange(50257) for _ in range(n))))
-PY
+# Random tokens (the data does not change the speed).
+python3 "$here/../bench/random_shard.py" "$work/train.bin" 2000000
 cat > "$work/speed.yaml" <<YAML
 name: speed-$model
 output_dir: $work/out

@@ -15,16 +15,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/bin"
 cp "$bin/drover" "$bin/drover-trainer" "$plugin" "$work/bin/"
-python3 - "$work/train.bin" <<'PY'
-import random, struct, sys
-random.seed(3)
-n = 50000
-with open(sys.argv[1], "wb") as f:
-    header = [0] * 256
-    header[0], header[1], header[2] = 20240520, 1, n
-    f.write(struct.pack("<256i", *header))
-    f.write(struct.pack("<%dH" % n, *(random.randrange(256) for _ in range(n))))
-PY
+tests=$(cd "$(dirname "$0")/.." && pwd)
+python3 "$tests/bench/random_shard.py" "$work/train.bin" 50000
 cat > "$work/dp.yaml" <<YAML
 name: emulated-cuda-ranks
 model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
@@ -40,13 +32,8 @@ for zero in 1 3; do
   "$work/bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/two-$zero" \
     --set parallel.zero_stage=$zero > "$work/two-$zero.log" 2>&1 ||
     { cat "$work/two-$zero.log"; exit 1; }
-  python3 - "$work/one-$zero/metrics.jsonl" "$work/two-$zero/metrics.jsonl" "$zero" <<'PY'
-import json, sys
-one, two = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:3])
-print("zero-%s 1 rank :" % sys.argv[3], ["%.6f" % x for x in one])
-print("zero-%s 2 ranks:" % sys.argv[3], ["%.6f" % x for x in two])
-ok = len(one) == len(two) == 10 and all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(one, two))
-sys.exit(0 if ok else 1)
-PY
+  echo "zero-$zero: one rank (reference), two ranks"
+  python3 "$tests/tools/same_losses.py" "$work/one-$zero/metrics.jsonl" \
+    "$work/two-$zero/metrics.jsonl" 10 1e-5
 done
 echo "two emulated-cuda ranks gave the one-rank losses, zero-1 and zero-3"
