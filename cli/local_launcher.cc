@@ -9,8 +9,11 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "coordinator/rendezvous_service.h"
+#include "worker/gpu_probe.h"
 #include "worker/line_forwarder.h"
 #include "worker/process.h"
 #include "worker/trainer_env.h"
@@ -130,26 +134,52 @@ struct RankContext {
   int nproc = 0;
   int threads = 1;
   bool fresh = false;
+  // CUDA jobs: the GPUs the ranks are spread over (worker/gpu_probe.h); empty otherwise.
+  std::vector<std::string> gpus;
 };
 
 // The environment contract of worker/trainer_env.h for one rank. Every variable is set,
 // so none leaks in from the launcher's own environment.
 std::vector<std::pair<std::string, std::string>> RankEnv(const RankContext& c, int rank) {
-  return {{kEnvCoordinator, c.rendezvous},
-          {kEnvJobId, c.job_id},
-          {kEnvAttempt, std::to_string(kAttempt)},
-          {kEnvRank, std::to_string(rank)},
-          {kEnvWorldSize, std::to_string(c.nproc)},
-          {kEnvLocalRank, std::to_string(rank)},
-          {kEnvSlot, std::to_string(rank)},
-          {kEnvSpecPath, c.spec_path},
-          {kEnvResume, ""},
-          {kEnvThreads, std::to_string(c.threads)},
-          {kEnvFresh, c.fresh ? "1" : "0"},
-          // The local rendezvous server speaks plaintext on loopback.
-          {kEnvTlsCert, ""},
-          {kEnvTlsKey, ""},
-          {kEnvTlsCa, ""}};
+  std::vector<std::pair<std::string, std::string>> env = {
+      {kEnvCoordinator, c.rendezvous},
+      {kEnvJobId, c.job_id},
+      {kEnvAttempt, std::to_string(kAttempt)},
+      {kEnvRank, std::to_string(rank)},
+      {kEnvWorldSize, std::to_string(c.nproc)},
+      {kEnvLocalRank, std::to_string(rank)},
+      {kEnvSlot, std::to_string(rank)},
+      {kEnvSpecPath, c.spec_path},
+      {kEnvResume, ""},
+      {kEnvThreads, std::to_string(c.threads)},
+      {kEnvFresh, c.fresh ? "1" : "0"},
+      // The local rendezvous server speaks plaintext on loopback.
+      {kEnvTlsCert, ""},
+      {kEnvTlsKey, ""},
+      {kEnvTlsCa, ""}};
+  if (!c.gpus.empty())
+    env.emplace_back("CUDA_VISIBLE_DEVICES", VisibleDeviceForLocalRank(rank, c.gpus));
+  return env;
+}
+
+// The GPUs a CUDA job's local ranks are spread over: this process's CUDA_VISIBLE_DEVICES
+// entries when set, else the driver's ordinals; empty when neither lists any (the ranks then
+// fail at start-up with the driver's reason).
+std::vector<std::string> LocalGpus() {
+  std::vector<std::string> gpus;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible != nullptr && *visible != '\0') {
+    std::stringstream list(visible);
+    for (std::string entry; std::getline(list, entry, ',');) {
+      if (!entry.empty()) gpus.push_back(entry);
+    }
+    return gpus;
+  }
+  StatusOr<std::vector<GpuInfo>> probed = ProbeGpus();
+  if (probed.ok()) {
+    for (const GpuInfo& gpu : *probed) gpus.push_back(std::to_string(gpu.index));
+  }
+  return gpus;
 }
 
 // Starts rank `rank` with its stdout and stderr on pipes whose read ends are appended to
@@ -232,6 +262,7 @@ StatusOr<LaunchEnd> Launch(const LocalLaunchOptions& o, const std::string& train
   c.nproc = o.nproc;
   c.threads = o.threads > 0 ? o.threads : o.spec.resources.threads_per_rank;
   c.fresh = o.fresh;
+  if (o.spec.resources.device == "cuda") c.gpus = LocalGpus();
   RETURN_IF_ERROR(WriteFileAtomic(c.spec_path, JobSpecToYaml(o.spec)));
 
   coordinator::RendezvousStore store;

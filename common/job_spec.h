@@ -67,6 +67,11 @@ struct ParallelSpec {
   double timeout_s = 10;
   // Gradient bucket size for data-parallel reduction (PyTorch DDP's default, 25 MiB).
   double bucket_mb = 25;
+  // What moves the bytes between ranks: gloo (TCP on host memory; a CUDA job's device
+  // buffers are staged through the host), nccl (device memory, one GPU per rank; CUDA
+  // only), or auto (nccl when the job is on CUDA and every rank has a GPU of its own, else
+  // gloo).
+  std::string backend = "auto";  // auto | gloo | nccl
 };
 
 struct WorldSizeSpec {

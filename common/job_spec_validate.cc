@@ -218,6 +218,12 @@ class Rules {
     }
     RETURN_IF_ERROR(Positive("parallel.timeout_s", p.timeout_s));
     RETURN_IF_ERROR(Positive("parallel.bucket_mb", p.bucket_mb));
+    RETURN_IF_ERROR(OneOf("parallel.backend", p.backend, {"auto", "gloo", "nccl"}));
+    if (p.backend == "nccl" && s_.resources.device != "cuda") {
+      return Fail("parallel.backend", "nccl needs resources.device cuda (it is '" +
+                                          s_.resources.device +
+                                          "'): NCCL moves GPU memory only; use auto or gloo");
+    }
     if (s_.model.n_layer % p.pp != 0) {
       return Fail("parallel.pp", Num(int64_t{p.pp}) + " does not divide model.n_layer (" +
                                      Num(int64_t{s_.model.n_layer}) +

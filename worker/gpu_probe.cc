@@ -125,4 +125,9 @@ std::string VisibleDeviceForSlot(int slot, const std::string& agent_visible) {
   return std::to_string(slot);  // more slots than listed devices: refused at start-up
 }
 
+std::string VisibleDeviceForLocalRank(int rank, const std::vector<std::string>& gpus) {
+  if (gpus.empty()) return "";
+  return gpus[static_cast<size_t>(rank) % gpus.size()];
+}
+
 }  // namespace drover

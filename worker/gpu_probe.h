@@ -30,4 +30,10 @@ StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library = "li
 // number. So a trainer sees exactly one GPU, as its device 0.
 std::string VisibleDeviceForSlot(int slot, const std::string& agent_visible);
 
+// What CUDA_VISIBLE_DEVICES local rank `rank` of `drover train --nproc` gets on a machine with
+// `gpus` (the launcher's CUDA_VISIBLE_DEVICES entries, else the probed ordinals): a GPU of
+// its own while there are enough, else the ranks share them round-robin (their groups then
+// stage through the host: NCCL refuses two ranks on one GPU). Empty when `gpus` is.
+std::string VisibleDeviceForLocalRank(int rank, const std::vector<std::string>& gpus);
+
 }  // namespace drover

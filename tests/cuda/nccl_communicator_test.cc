@@ -1,153 +1,268 @@
-// The NCCL communicator on real GPUs, one rank per device, ranks as threads. Skips itself
-// where there is no NCCL build or no GPU; the multi-rank tests need two GPUs.
+// The NCCL communicator through the CUDA plugin (parallel/cuda_groups.h), ranks as processes
+// with a GPU each (CUDA_VISIBLE_DEVICES), meeting in a store on the file system. Runs on a
+// GPU machine (the multi-rank tests need two GPUs) and, on every commit, on the kernel
+// emulator with its NCCL emulator (build/cuda_emu, DROVER_CUDA_EMULATED), where every
+// process is a GPU of its own. Skips itself where the plugin has no GPU or no NCCL.
 #include <gtest/gtest.h>
-
-#ifdef DROVER_HAVE_NCCL
-
-#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
-#include <future>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
-#include "worker/engine/parallel/kv_store.h"
-#include "worker/engine/parallel/nccl_communicator.h"
+#include "worker/engine/kernels/cuda_backend.h"
+#include "worker/engine/parallel/cuda_groups.h"
+#include "worker/engine/parallel/staged_communicator.h"
 
 namespace drover::engine::parallel {
 namespace {
 
+namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-int DeviceCount() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+// GPUs on this machine as the driver lists them; the emulator has as many as wanted.
+int GpusHere() {
+#ifdef DROVER_CUDA_EMULATED
+  return 8;
+#else
+  std::error_code ec;
+  int n = 0;
+  for (auto it = fs::directory_iterator("/proc/driver/nvidia/gpus", ec);
+       !ec && it != fs::directory_iterator(); ++it) {
+    ++n;
+  }
+  return n;
+#endif
 }
 
-// One rank: its device, stream and communicator.
-struct Rank {
-  cudaStream_t stream = nullptr;
-  std::unique_ptr<Communicator> comm;
+// Keys as files of one directory, written whole by rename: the ranks are processes.
+class FileKvStore final : public KvStore {
+ public:
+  explicit FileKvStore(fs::path dir) : dir_(std::move(dir)) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    const fs::path tmp = dir_ / (Name(key) + ".tmp" + std::to_string(getpid()));
+    std::ofstream(tmp, std::ios::binary) << value;
+    fs::rename(tmp, dir_ / Name(key));
+    return OkStatus();
+  }
+  StatusOr<std::string> Get(const std::string& key, milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!fs::exists(dir_ / Name(key))) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return DeadlineExceededError("no key " + key);
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    std::ifstream in(dir_ / Name(key), std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+ private:
+  static std::string Name(std::string key) {
+    for (char& c : key) c = c == '/' ? '_' : c;
+    return key;
+  }
+  fs::path dir_;
 };
 
-void OnEveryRank(int size, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) threads.emplace_back(fn, rank);
-  for (std::thread& t : threads) t.join();
+// Runs `fn(rank)` in one child process per rank, with CUDA_VISIBLE_DEVICES gpus[rank] set
+// before the plugin is loaded; a rank fails by returning a message. The parent never touches
+// CUDA (a CUDA context does not survive fork).
+std::vector<std::string> OnRanks(const std::vector<std::string>& gpus,
+                                 const std::function<std::string(int, KvStore*)>& fn) {
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("drover-nccl-test-" + std::to_string(getpid()) + "-" +
+       std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::create_directories(dir);
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < static_cast<int>(gpus.size()); ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setenv("CUDA_VISIBLE_DEVICES", gpus[rank].c_str(), 1);
+      FileKvStore store(dir);
+      const std::string error = fn(rank, &store);
+      std::ofstream(dir / ("result." + std::to_string(rank))) << error;
+      std::fflush(nullptr);
+      _exit(0);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<std::string> results;
+  for (int rank = 0; rank < static_cast<int>(pids.size()); ++rank) {
+    int status = 0;
+    waitpid(pids[rank], &status, 0);
+    std::ifstream in(dir / ("result." + std::to_string(rank)));
+    std::stringstream s;
+    s << in.rdbuf();
+    results.push_back(WIFEXITED(status) && WEXITSTATUS(status) == 0
+                          ? s.str()
+                          : "rank " + std::to_string(rank) + " died (status " +
+                                std::to_string(status) + ")");
+  }
+  fs::remove_all(dir);
+  return results;
 }
 
-std::vector<Rank> Connect(InMemoryKvStore* store, int size, milliseconds timeout) {
-  std::vector<Rank> ranks(size);
-  OnEveryRank(size, [&](int rank) {
-    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-    ASSERT_EQ(cudaStreamCreate(&ranks[rank].stream), cudaSuccess);
-    auto comm = ConnectNcclGroup(store, "g", rank, size, rank, ranks[rank].stream,
-                                 CommOptions{timeout}, milliseconds(60'000));
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    ranks[rank].comm = std::move(comm).value();
-  });
-  return ranks;
+// Whether this machine can run NCCL groups at all (a GPU, a plugin with NCCL); the reason
+// to skip when not. Asked in a child, for the parent's sake.
+std::string Unusable() {
+  return OnRanks({"0"}, [](int, KvStore*) -> std::string {
+    auto ops = CudaOps();
+    if (!ops.ok()) return ops.status().ToString();
+    auto device = LocalCudaDevice();
+    if (!device.ok()) return device.status().ToString();
+    return device->nccl ? "" : "the CUDA plugin was built without NCCL";
+  })[0];
 }
 
-// Copies host values to a fresh device buffer, runs fn on it, copies the result back.
-std::vector<float> OnDevice(const std::vector<float>& host, const std::function<void(float*)>& fn) {
-  void* allocated = nullptr;
-  EXPECT_EQ(cudaMalloc(&allocated, host.size() * sizeof(float)), cudaSuccess);
-  auto* device = static_cast<float*>(allocated);
-  EXPECT_EQ(cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  fn(device);
+// The rank's vector on the device, `fn` run on it, the result back on the host.
+std::vector<float> OnDevice(Ops* ops, const std::vector<float>& host,
+                            const std::function<void(float*)>& fn) {
+  Buffer device = ops->Allocate(host.size());
+  ops->FromHost(device.data(), host.data(), host.size());
+  fn(device.data());
   std::vector<float> result(host.size());
-  EXPECT_EQ(cudaMemcpy(result.data(), device, host.size() * sizeof(float), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  ops->ToHost(result.data(), device.data(), result.size());
   return result;
 }
 
-TEST(NcclCommunicatorTest, GroupOfOneRunsEveryCollective) {
-  if (DeviceCount() < 1) GTEST_SKIP() << "no GPU";
-  InMemoryKvStore store;
-  std::vector<Rank> ranks = Connect(&store, 1, milliseconds(10'000));
-  ASSERT_NE(ranks[0].comm, nullptr);
-  Communicator& comm = *ranks[0].comm;
-  const std::vector<size_t> counts = {4};
-  auto result = OnDevice({1, 2, 3, 4}, [&](float* d) {
-    EXPECT_TRUE(comm.AllReduce(d, 4, DataType::kFloat32, ReduceOp::kAverage).ok());
-    EXPECT_TRUE(comm.ReduceScatter(d, counts, DataType::kFloat32, ReduceOp::kSum).ok());
-    EXPECT_TRUE(comm.AllGather(d, counts, DataType::kFloat32).ok());
-    EXPECT_TRUE(comm.Broadcast(d, 4, DataType::kFloat32, 0).ok());
-    EXPECT_TRUE(comm.Barrier().ok());
-  });
-  EXPECT_EQ(result, (std::vector<float>{1, 2, 3, 4}));
+std::string Str(const std::vector<float>& v) {
+  std::string s;
+  for (float x : v) s += std::to_string(x) + " ";
+  return s;
 }
 
-TEST(NcclCommunicatorTest, TwoRanksReduceAndGatherUnevenChunks) {
-  if (DeviceCount() < 2) GTEST_SKIP() << "needs two GPUs";
-  InMemoryKvStore store;
-  std::vector<Rank> ranks = Connect(&store, 2, milliseconds(10'000));
-  const std::vector<size_t> uneven = {3, 1};
-  OnEveryRank(2, [&](int rank) {
-    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-    Communicator& comm = *ranks[rank].comm;
+#define RANK_EXPECT(cond, what) \
+  if (!(cond)) return std::string(what) + " (rank " + std::to_string(rank) + ")"
+
+TEST(NcclCommunicatorTest, GroupOfOneRunsEveryCollective) {
+  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  auto results = OnRanks({"0"}, [](int rank, KvStore* store) -> std::string {
+    Ops* ops = *CudaOps();
+    auto comm = ConnectNcclThroughPlugin(ops, store, "g", 0, 1, CommOptions{milliseconds(10'000)},
+                                         milliseconds(10'000));
+    if (!comm.ok()) return comm.status().ToString();
+    Communicator& c = **comm;
+    const std::vector<size_t> counts = {4};
+    Status st;
+    auto result = OnDevice(ops, {1, 2, 3, 4}, [&](float* d) {
+      st = c.AllReduce(d, 4, DataType::kFloat32, ReduceOp::kAverage);
+      if (st.ok()) st = c.ReduceScatter(d, counts, DataType::kFloat32, ReduceOp::kSum);
+      if (st.ok()) st = c.AllGather(d, counts, DataType::kFloat32);
+      if (st.ok()) st = c.Broadcast(d, 4, DataType::kFloat32, 0);
+      if (st.ok()) st = c.Barrier();
+    });
+    RANK_EXPECT(st.ok(), st.ToString());
+    RANK_EXPECT(result == (std::vector<float>{1, 2, 3, 4}), "result " + Str(result));
+    return "";
+  });
+  EXPECT_EQ(results[0], "");
+}
+
+TEST(NcclCommunicatorTest, TwoRanksReduceGatherAndSendOnDeviceAndHostBuffers) {
+  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    Ops* ops = *CudaOps();
+    auto connected = ConnectNcclThroughPlugin(
+        ops, store, "g", rank, 2, CommOptions{milliseconds(20'000)}, milliseconds(20'000));
+    if (!connected.ok()) return connected.status().ToString();
+    // As the trainer uses it: device buffers straight to NCCL, host buffers staged.
+    std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(connected).value(), ops);
     const float r = static_cast<float>(rank);
-    auto summed = OnDevice({1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
-      EXPECT_TRUE(comm.AllReduce(d, 4, DataType::kFloat32, ReduceOp::kSum).ok());
+    Status st;
+    auto summed = OnDevice(ops, {1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
+      st = comm->AllReduce(d, 4, DataType::kFloat32, ReduceOp::kSum);
     });
-    EXPECT_EQ(summed, (std::vector<float>{3, 5, 7, 9}));
-    auto scattered = OnDevice({1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
-      EXPECT_TRUE(comm.ReduceScatter(d, uneven, DataType::kFloat32, ReduceOp::kAverage).ok());
+    RANK_EXPECT(st.ok(), st.ToString());
+    RANK_EXPECT(summed == (std::vector<float>{3, 5, 7, 9}), "all-reduce " + Str(summed));
+    const std::vector<size_t> uneven = {3, 1};
+    auto scattered = OnDevice(ops, {1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
+      st = comm->ReduceScatter(d, uneven, DataType::kFloat32, ReduceOp::kAverage);
     });
+    RANK_EXPECT(st.ok(), st.ToString());
     if (rank == 0) {
-      EXPECT_EQ(std::vector<float>(scattered.begin(), scattered.begin() + 3),
-                (std::vector<float>{1.5f, 2.5f, 3.5f}));
+      RANK_EXPECT(std::vector<float>(scattered.begin(), scattered.begin() + 3) ==
+                      (std::vector<float>{1.5f, 2.5f, 3.5f}),
+                  "reduce-scatter " + Str(scattered));
     } else {
-      EXPECT_EQ(scattered[3], 4.5f);
+      RANK_EXPECT(scattered[3] == 4.5f, "reduce-scatter " + Str(scattered));
     }
-    auto gathered = OnDevice(
-        rank == 0 ? std::vector<float>{7, 8, 9, 0} : std::vector<float>{0, 0, 0, 6},
-        [&](float* d) { EXPECT_TRUE(comm.AllGather(d, uneven, DataType::kFloat32).ok()); });
-    EXPECT_EQ(gathered, (std::vector<float>{7, 8, 9, 6}));
-    auto sent = OnDevice({10 + r, 20 + r}, [&](float* d) {
-      if (rank == 0) {
-        EXPECT_TRUE(comm.Send(d, 2 * sizeof(float), 1, 0).ok());
-      } else {
-        EXPECT_TRUE(comm.Recv(d, 2 * sizeof(float), 0, 0).ok());
+    auto gathered =
+        OnDevice(ops, rank == 0 ? std::vector<float>{7, 8, 9, 0} : std::vector<float>{0, 0, 0, 6},
+                 [&](float* d) { st = comm->AllGather(d, uneven, DataType::kFloat32); });
+    RANK_EXPECT(st.ok(), st.ToString());
+    RANK_EXPECT(gathered == (std::vector<float>{7, 8, 9, 6}), "all-gather " + Str(gathered));
+    // Two messages each way, matched in order; rank 1 receives first (NCCL has no buffering
+    // to let both ranks send first).
+    auto exchanged = OnDevice(ops, {10 + r, 20 + r}, [&](float* d) {
+      for (int round = 0; round < 2 && st.ok(); ++round) {
+        if (rank == 0) {
+          st = comm->Send(d, 2 * sizeof(float), 1, 0);
+          if (st.ok()) st = comm->Recv(d, 2 * sizeof(float), 1, 0);
+        } else {
+          st = comm->Recv(d, 2 * sizeof(float), 0, 0);
+          if (st.ok()) st = comm->Send(d, 2 * sizeof(float), 0, 0);
+        }
       }
     });
-    EXPECT_EQ(sent, (std::vector<float>{10, 20}));
-    EXPECT_TRUE(comm.Barrier().ok());
+    RANK_EXPECT(st.ok(), st.ToString());
+    RANK_EXPECT(exchanged == (std::vector<float>{10, 20}), "send/recv " + Str(exchanged));
+    // Host buffers (the engine's scalars) go through a device copy.
+    double norm = 1.5 + rank;
+    st = comm->AllReduce(&norm, 1, DataType::kFloat64, ReduceOp::kSum);
+    RANK_EXPECT(st.ok(), st.ToString());
+    RANK_EXPECT(norm == 4.0, "host all-reduce " + std::to_string(norm));
+    std::vector<float> host_message = {rank == 0 ? 5.f : 0.f, rank == 0 ? 6.f : 0.f};
+    st = rank == 0 ? comm->Send(host_message.data(), 8, 1, 0)
+                   : comm->Recv(host_message.data(), 8, 0, 0);
+    RANK_EXPECT(st.ok(), st.ToString());
+    RANK_EXPECT(host_message == (std::vector<float>{5, 6}), "host send " + Str(host_message));
+    st = comm->Barrier();
+    RANK_EXPECT(st.ok(), st.ToString());
+    return "";
   });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
 }
 
-TEST(NcclCommunicatorTest, PeerThatNeverJoinsGivesDeadlineExceededAndAborts) {
-  if (DeviceCount() < 2) GTEST_SKIP() << "needs two GPUs";
-  InMemoryKvStore store;
-  std::vector<Rank> ranks = Connect(&store, 2, milliseconds(1'000));
-  std::promise<void> rank0_done;
-  OnEveryRank(2, [&](int rank) {
-    if (rank == 1) {
-      rank0_done.get_future().wait();
-      return;
-    }
-    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-    Communicator& comm = *ranks[0].comm;
-    const auto start = std::chrono::steady_clock::now();
-    Status first;
-    OnDevice({1},
-             [&](float* d) { first = comm.AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum); });
-    rank0_done.set_value();
-    EXPECT_EQ(first.code(), StatusCode::kDeadlineExceeded) << first;
-    EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3'000));
-    EXPECT_EQ(comm.Barrier(), first);
+TEST(NcclCommunicatorTest, TwoRanksOnOneGpuAreRefused) {
+  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  auto results = OnRanks({"0", "0"}, [](int rank, KvStore* store) -> std::string {
+    auto comm = ConnectNcclThroughPlugin(*CudaOps(), store, "g", rank, 2,
+                                         CommOptions{milliseconds(20'000)}, milliseconds(20'000));
+    return comm.ok() ? "connected" : comm.status().ToString();
   });
+  for (const std::string& r : results) EXPECT_NE(r, "connected");
+  for (const std::string& r : results)
+    EXPECT_NE(r.find("nccl group \"g\""), std::string::npos) << r;
+}
+
+TEST(NcclCommunicatorTest, PeerThatNeverJoinsGivesDeadlineExceeded) {
+  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  auto results = OnRanks({"0"}, [](int, KvStore* store) -> std::string {
+    const auto start = std::chrono::steady_clock::now();
+    auto comm = ConnectNcclThroughPlugin(*CudaOps(), store, "g", 0, 2,
+                                         CommOptions{milliseconds(10'000)}, milliseconds(1'000));
+    const auto took = std::chrono::steady_clock::now() - start;
+    if (comm.ok()) return std::string("connected without its peer");
+    if (comm.status().code() != StatusCode::kDeadlineExceeded) return comm.status().ToString();
+    if (took > milliseconds(5'000)) return std::string("took too long");
+    return std::string();
+  });
+  EXPECT_EQ(results[0], "");
 }
 
 }  // namespace
 }  // namespace drover::engine::parallel
-
-#else  // !DROVER_HAVE_NCCL
-
-TEST(NcclCommunicatorTest, NeedsANcclBuild) { GTEST_SKIP() << "built without NCCL"; }
-
-#endif

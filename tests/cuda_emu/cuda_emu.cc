@@ -1,15 +1,21 @@
 // The kernel emulator's runtime (tests/cuda_emu/README.md): fibers for the threads of a
 // block, the CUDA runtime calls the kernel table makes (memory, copies, streams and events,
-// all synchronous here), and cuBLAS's GEMMs computed plainly.
+// synchronous here but for the NCCL emulator's work), and cuBLAS's GEMMs computed plainly.
 #include <ucontext.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -342,36 +348,148 @@ cudaError_t Release(void* p, bool device) {
   return cudaSuccess;
 }
 
-struct Dummy {};
+// A stream. Kernels, copies and cuBLAS run at the call, on the caller's thread (the
+// emulator is synchronous); only work handed to EnqueueOnStream (the NCCL emulator's calls)
+// runs later, in order, on the stream's own thread, so that a collective can wait for its
+// peers while the caller goes on, as on a GPU. A synchronous call on a stream with such
+// work pending first waits for it, which keeps the stream's order.
+class Stream {
+ public:
+  ~Stream() {
+    WaitIdle();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+  uint64_t Enqueue(std::function<void()> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { Run(); });
+    queue_.push_back(std::move(work));
+    changed_.notify_all();
+    return ++enqueued_;
+  }
+  uint64_t last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enqueued_;
+  }
+  bool Done(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_ >= ticket;
+  }
+  void Wait(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return completed_ >= ticket; });
+  }
+  void WaitIdle() { Wait(last()); }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::function<void()> work = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      work();
+      lock.lock();
+      ++completed_;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t enqueued_ = 0, completed_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+struct Event {
+  Stream* stream = nullptr;  // where it was last recorded; null: done
+  uint64_t ticket = 0;
+};
+
+Stream* AsStream(cudaStream_t stream) { return reinterpret_cast<Stream*>(stream); }
+Event* AsEvent(cudaEvent_t event) { return reinterpret_cast<Event*>(event); }
+bool Done(const Event* e) { return e->stream == nullptr || e->stream->Done(e->ticket); }
+// Before work that runs at the call: what the stream holds goes first.
+void Drain(cudaStream_t stream) {
+  if (stream != nullptr) AsStream(stream)->WaitIdle();
+}
 
 }  // namespace
+
+void drover_emu::EnqueueOnStream(cudaStream_t stream, std::function<void()> work) {
+  if (stream == nullptr) {
+    work();
+    return;
+  }
+  AsStream(stream)->Enqueue(std::move(work));
+}
 
 cudaError_t cudaMalloc(void** p, size_t bytes) { return Allocate(p, bytes, true); }
 cudaError_t cudaFree(void* p) { return Release(p, true); }
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return Allocate(p, bytes, false); }
 cudaError_t cudaFreeHost(void* p) { return Release(p, false); }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
-                            cudaStream_t) {
+                            cudaStream_t stream) {
+  Drain(stream);
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  Drain(stream);
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
-  *stream = reinterpret_cast<cudaStream_t>(new Dummy);
+  *stream = reinterpret_cast<cudaStream_t>(new Stream);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  Drain(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (stream == nullptr) return cudaSuccess;
+  Stream* s = AsStream(stream);
+  return s->Done(s->last()) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete AsStream(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return Done(AsEvent(event)) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  Event* e = AsEvent(event);
+  if (Done(e)) return cudaSuccess;
+  if (stream == nullptr) {
+    e->stream->Wait(e->ticket);
+    return cudaSuccess;
+  }
+  const Event copy = *e;  // the wait takes the event's state now, as on a GPU
+  AsStream(stream)->Enqueue([copy] { copy.stream->Wait(copy.ticket); });
+  return cudaSuccess;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = reinterpret_cast<cudaEvent_t>(new Dummy);
+  *event = reinterpret_cast<cudaEvent_t>(new Event);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Event* e = AsEvent(event);
+  e->stream = stream == nullptr ? nullptr : AsStream(stream);
+  e->ticket = e->stream == nullptr ? 0 : e->stream->last();
+  return cudaSuccess;
+}
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  delete reinterpret_cast<Dummy*>(event);
+  delete AsEvent(event);
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* count) {
@@ -390,8 +508,45 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "out of memory (emulated)";
     case cudaErrorNoDevice:
       return "no CUDA-capable device (emulated)";
+    case cudaErrorNotReady:
+      return "device not ready (emulated)";
   }
   return "unknown error (emulated)";
+}
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+  }
+  return "cudaErrorUnknown";
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (device != 0 || len <= 0) return cudaErrorInvalidValue;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::string first = visible != nullptr ? visible : "0";
+  first = first.substr(0, first.find(','));
+  if (first.empty()) return cudaErrorNoDevice;
+  std::snprintf(bus_id, static_cast<size_t>(len), "0000:%02zx:00.0",
+                std::hash<std::string>{}(first) % 251 + 1);
+  return cudaSuccess;
+}
+bool drover_emu::InDeviceMemory(const void* p, size_t bytes) {
+  if (bytes == 0) return true;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  const auto& m = Allocations(true);
+  const char* c = static_cast<const char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return false;
+  --it;
+  return c >= it->first && c + bytes <= it->first + it->second;
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
   std::lock_guard<std::mutex> lock(g_memory_mu);

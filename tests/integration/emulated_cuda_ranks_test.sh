@@ -6,6 +6,8 @@
 # groups staged through the table's page-locked host memory, ToHost/FromHost, IsDeviceMemory.
 # dp2 with ZeRO-1 and ZeRO-3, 10 steps each, must give the one-rank losses within 1e-5. (A
 # plugin that failed to load would fail the job: resources.device cuda has no fallback.)
+# Both ranks are on the one emulated GPU, so parallel.backend auto must pick Gloo (NCCL
+# refuses two ranks on one GPU); emulated_cuda_nccl_test.sh gives each rank its own.
 #
 #   emulated_cuda_ranks_test.sh BIN_DIR EMULATED_PLUGIN
 set -euo pipefail
@@ -29,9 +31,11 @@ for zero in 1 3; do
   "$work/bin/drover" train "$work/dp.yaml" --set output_dir="$work/one-$zero" \
     --set parallel.zero_stage=$zero > "$work/one-$zero.log" 2>&1 ||
     { cat "$work/one-$zero.log"; exit 1; }
-  "$work/bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/two-$zero" \
-    --set parallel.zero_stage=$zero > "$work/two-$zero.log" 2>&1 ||
+  CUDA_VISIBLE_DEVICES=0 "$work/bin/drover" train "$work/dp.yaml" --nproc 2 \
+    --set output_dir="$work/two-$zero" --set parallel.zero_stage=$zero > "$work/two-$zero.log" 2>&1 ||
     { cat "$work/two-$zero.log"; exit 1; }
+  grep -q "ranks connected through Gloo (ranks 0 and 1 share the GPU" "$work/two-$zero.log" ||
+    { cat "$work/two-$zero.log"; echo "FAIL: two ranks on one GPU did not fall back to Gloo"; exit 1; }
   echo "zero-$zero: one rank (reference), two ranks"
   python3 "$tests/tools/same_losses.py" "$work/one-$zero/metrics.jsonl" \
     "$work/two-$zero/metrics.jsonl" 10 1e-5

@@ -15,6 +15,7 @@
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
+#include "worker/engine/parallel/cuda_groups.h"
 #include "worker/engine/parallel/staged_communicator.h"
 
 namespace drover::engine {
@@ -147,23 +148,7 @@ Status Trainer::Init() {
                                 " exceeds the model's block size " +
                                 std::to_string(config_.max_seq_len));
   }
-  if (options_.world_size > 1) {
-    parallel::ConnectOptions connect;
-    connect.bind_address = options_.bind_address;
-    connect.connect_timeout = options_.connect_timeout;
-    connect.comm.timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
-    auto groups = parallel::ConnectProcessGroups(*mesh_, options_.rank, options_.store, connect);
-    if (!groups.ok()) return groups.status().WithContext("connecting the ranks");
-    groups_ = std::move(groups).value();
-    // The groups are Gloo's, on host memory: device arenas are staged through the host
-    // (NCCL groups are the faster way on GPUs, still to be wired in; they also refuse two
-    // ranks on one GPU, which staging allows).
-    for (std::unique_ptr<parallel::Communicator>* g :
-         {&groups_.world, &groups_.dp, &groups_.pp, &groups_.tp, &groups_.emb}) {
-      if (*g != nullptr) *g = parallel::StageThroughHost(std::move(*g), ops);
-    }
-  }
+  if (options_.world_size > 1) RETURN_IF_ERROR(ConnectGroups(ops));
   parallel::ParallelGptOptions mo;
   mo.config = config_;
   mo.rank = options_.rank;
@@ -220,6 +205,54 @@ Status Trainer::Init() {
       DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
       mesh_->Describe(), DescribePrecision(spec), B_, T_, spec.train.steps,
       resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
+  return OkStatus();
+}
+
+Status Trainer::ConnectGroups(Ops* ops) {
+  const JobSpec& spec = options_.spec;
+  parallel::ConnectOptions connect;
+  connect.bind_address = options_.bind_address;
+  connect.connect_timeout = options_.connect_timeout;
+  connect.comm.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
+  parallel::BackendChoice choice{false, "resources.device " + spec.resources.device};
+  if (spec.resources.device == "cuda") {
+    ASSIGN_OR_RETURN(parallel::CudaDevice mine, parallel::LocalCudaDevice());
+    ASSIGN_OR_RETURN(
+        std::vector<parallel::CudaDevice> devices,
+        parallel::ExchangeCudaDevices(options_.store, options_.rank, options_.world_size, mine,
+                                      options_.connect_timeout));
+    ASSIGN_OR_RETURN(choice, parallel::ChooseNccl(spec.parallel.backend, devices));
+  }
+  // NCCL: device buffers go to NCCL as they are, the engine's host scalars are staged.
+  // Gloo moves host memory: device arenas are staged through the host (a no-op on CPU).
+  parallel::GroupConnector connect_one;
+  std::shared_ptr<parallel::GlooTransport> transport;
+  if (choice.nccl) {
+    connect_one = [&](const std::string& name, int rank,
+                      int size) -> StatusOr<std::unique_ptr<parallel::Communicator>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<parallel::Communicator> comm,
+                       parallel::ConnectNcclThroughPlugin(ops, options_.store, name, rank, size,
+                                                          connect.comm, connect.connect_timeout));
+      return parallel::StageThroughDevice(std::move(comm), ops);
+    };
+  } else {
+    ASSIGN_OR_RETURN(transport, parallel::GlooTransport::Create(connect.bind_address));
+    connect_one = [&](const std::string& name, int rank,
+                      int size) -> StatusOr<std::unique_ptr<parallel::Communicator>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<parallel::Communicator> comm,
+                       parallel::ConnectGlooGroup(transport, options_.store, name, rank, size,
+                                                  connect.comm, connect.connect_timeout));
+      return parallel::StageThroughHost(std::move(comm), ops);
+    };
+  }
+  StatusOr<parallel::ProcessGroups> groups =
+      parallel::ConnectProcessGroups(*mesh_, options_.rank, connect_one);
+  if (!groups.ok()) return groups.status().WithContext("connecting the ranks");
+  groups_ = std::move(groups).value();
+  if (is_rank0()) {
+    spdlog::info("ranks connected through {} ({})", choice.nccl ? "NCCL" : "Gloo", choice.reason);
+  }
   return OkStatus();
 }
 

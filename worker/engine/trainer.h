@@ -143,6 +143,9 @@ class Trainer {
  private:
   explicit Trainer(const TrainerOptions& options);
   Status Init();
+  // Connects groups_ (world_size > 1): NCCL or Gloo (parallel/cuda_groups.h), chosen alike on
+  // every rank.
+  Status ConnectGroups(Ops* ops);
   // The global parameters to start from: train.init_from, else the seeded init.
   StatusOr<std::vector<float>> InitialParams();
   Status OpenData();

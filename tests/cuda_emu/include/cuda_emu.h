@@ -57,6 +57,9 @@ Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block) {
   return {kernel, grid, block};
 }
 
+// Whether [p, p + bytes) lies inside one emulated device allocation (cudaMalloc).
+bool InDeviceMemory(const void* p, size_t bytes);
+
 }  // namespace drover_emu
 
 #define threadIdx (::drover_emu::Current().thread)

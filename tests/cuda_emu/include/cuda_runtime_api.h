@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "cuda_emu.h"
 
@@ -11,6 +12,7 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorNoDevice = 100,
+  cudaErrorNotReady = 600,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -36,6 +38,13 @@ struct CUevent_st;
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
 inline constexpr unsigned cudaStreamNonBlocking = 1;
+
+namespace drover_emu {
+// Runs `work` on `stream`'s own thread, after the work enqueued there before; streams and
+// events recorded after it are not done until it has run (cuda_emu.cc: Stream). The NCCL
+// emulator's calls go this way; everything else runs at the call.
+void EnqueueOnStream(cudaStream_t stream, std::function<void()> work);
+}  // namespace drover_emu
 inline constexpr unsigned cudaEventDisableTiming = 2;
 
 cudaError_t cudaMalloc(void** p, size_t bytes);
@@ -47,6 +56,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
@@ -55,4 +67,8 @@ cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t error);
+const char* cudaGetErrorName(cudaError_t error);
+// The emulated GPU is the first entry of CUDA_VISIBLE_DEVICES (0 when unset): processes
+// given different entries are on different GPUs, as the NCCL emulator checks.
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device);
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p);

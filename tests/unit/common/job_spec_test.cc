@@ -223,6 +223,21 @@ TEST(JobSpecTest, ValidateWorksWithoutYaml) {
             "at most global_batch");
 }
 
+TEST(JobSpecTest, NcclBackendNeedsACudaJob) {
+  JobSpec spec;
+  spec.name = std::string("n");
+  spec.data.train = std::string("x");
+  EXPECT_EQ(spec.parallel.backend, "auto");
+  spec.parallel.backend = "nccl";
+  EXPECT_EQ(spec.Validate().message(),
+            "parallel.backend: nccl needs resources.device cuda (it is 'cpu'): NCCL moves GPU "
+            "memory only; use auto or gloo");
+  spec.resources.device = "cuda";
+  EXPECT_TRUE(spec.Validate().ok()) << spec.Validate();
+  spec.parallel.backend = "mpi";
+  EXPECT_NE(spec.Validate().message().find("parallel.backend"), std::string::npos);
+}
+
 TEST(JobSpecTest, ValidateForWorldSizeNamesEachFactor) {
   JobSpec spec;
   spec.model.n_layer = 4;

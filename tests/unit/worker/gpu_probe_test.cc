@@ -39,5 +39,13 @@ TEST(GpuProbeTest, EachSlotSeesItsOwnGpu) {
   EXPECT_EQ(VisibleDeviceForSlot(1, "GPU-1a2b,GPU-3c4d"), "GPU-3c4d");
 }
 
+TEST(GpuProbeTest, LocalRanksTakeAGpuEachThenShareRoundRobin) {
+  const std::vector<std::string> gpus = {"4", "5"};
+  EXPECT_EQ(VisibleDeviceForLocalRank(0, gpus), "4");
+  EXPECT_EQ(VisibleDeviceForLocalRank(1, gpus), "5");
+  EXPECT_EQ(VisibleDeviceForLocalRank(2, gpus), "4");  // more ranks than GPUs: shared
+  EXPECT_EQ(VisibleDeviceForLocalRank(0, {}), "");
+}
+
 }  // namespace
 }  // namespace drover

@@ -17,8 +17,7 @@ std::string ProgramDir() {
   return ec ? std::string() : exe.parent_path().string();
 }
 
-StatusOr<Ops*> Load() {
-  std::vector<std::string> tried;
+StatusOr<void*> Open() {
   void* handle = nullptr;
   std::string errors;
   const std::string dir = ProgramDir();
@@ -33,24 +32,44 @@ StatusOr<Ops*> Load() {
   if (handle == nullptr) {
     return FailedPreconditionError(
         "resources.device cuda: cannot load the CUDA backend (" + std::string(kCudaPluginName) +
-        ", built only where nvcc was found, needs libcudart and libcublas)" +
+        ", built only where nvcc was found, needs libcudart, libcublas and, where built with it, "
+        "libnccl)" +
         (errors.empty() ? std::string(": not found next to the program or on the library path")
                         : ":" + errors));
   }
-  auto create = reinterpret_cast<CreateCudaOpsFn>(dlsym(handle, kCreateCudaOpsSymbol));
-  if (create == nullptr) {
-    return FailedPreconditionError(std::string("resources.device cuda: ") + kCudaPluginName +
-                                   " has no " + kCreateCudaOpsSymbol);
-  }
+  return handle;  // stays open until exit: the table lives that long
+}
+
+// The plugin, opened once per process.
+StatusOr<void*> Handle() {
+  static std::once_flag once;
+  static StatusOr<void*>* opened = nullptr;
+  std::call_once(once, [] { opened = new StatusOr<void*>(Open()); });
+  return *opened;
+}
+
+StatusOr<Ops*> Load() {
+  ASSIGN_OR_RETURN(void* symbol, CudaPluginSymbol(kCreateCudaOpsSymbol));
+  auto create = reinterpret_cast<CreateCudaOpsFn>(symbol);
   Ops* ops = nullptr;
   char error[512] = {0};
   if (create(kCudaOpsAbi, &ops, error, sizeof(error)) != 0 || ops == nullptr) {
     return FailedPreconditionError(std::string("resources.device cuda: ") + error);
   }
-  return ops;  // the handle stays open: the table lives until exit
+  return ops;
 }
 
 }  // namespace
+
+StatusOr<void*> CudaPluginSymbol(const char* symbol) {
+  ASSIGN_OR_RETURN(void* handle, Handle());
+  void* found = dlsym(handle, symbol);
+  if (found == nullptr) {
+    return FailedPreconditionError(std::string("resources.device cuda: ") + kCudaPluginName +
+                                   " has no " + symbol + " (rebuild it with this program)");
+  }
+  return found;
+}
 
 StatusOr<Ops*> CudaOps() {
   static std::once_flag once;

@@ -12,7 +12,9 @@ namespace drover::engine {
 
 // Bumped whenever kernels/ops.h changes: a plugin built from another ops.h is refused
 // rather than called through a vtable that does not match.
-inline constexpr int kCudaOpsAbi = 3;  // 2: IsDeviceMemory; 3: GEMM precision, Synchronize
+// Also covers the plugin's other entry points (parallel/cuda_groups.h) and the interfaces
+// they pass across (Communicator, KvStore, Status).
+inline constexpr int kCudaOpsAbi = 4;  // 3: GEMM precision, Synchronize; 4: NCCL groups
 
 // The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
 // those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a
@@ -25,5 +27,9 @@ inline constexpr char kCudaPluginName[] = "libdrover_cuda.so";
 // process and returns its table. FailedPrecondition with the reason when this build has no
 // CUDA plugin, its libraries cannot be loaded, or no GPU is usable.
 StatusOr<Ops*> CudaOps();
+
+// A symbol of the plugin (opened as for CudaOps), for its entry points beside the table's.
+// FailedPrecondition as CudaOps, or naming the symbol when the plugin lacks it.
+StatusOr<void*> CudaPluginSymbol(const char* symbol);
 
 }  // namespace drover::engine

@@ -57,13 +57,13 @@ void Backoff(int round) {
 // The state a group shares between its communicator and its requests.
 class NcclGroup {
  public:
-  NcclGroup(std::string name, int rank, int size, int device, cudaStream_t stream,
+  NcclGroup(std::string name, int rank, int size, int device, cudaStream_t after,
             std::chrono::milliseconds timeout)
       : name_(std::move(name)),
         rank_(rank),
         size_(size),
         device_(device),
-        stream_(stream),
+        after_(after),
         timeout_(timeout) {}
 
   ~NcclGroup() {
@@ -83,6 +83,12 @@ class NcclGroup {
       Log(CudaNcclStatus(ncclCommAbort(comm_), "ncclCommAbort", Where("Destroy")));
     }
     if (scalar_ != nullptr) Log(CudaNcclStatus(cudaFree(scalar_), "cudaFree", Where("Destroy")));
+    if (ordered_ != nullptr) {
+      Log(CudaNcclStatus(cudaEventDestroy(ordered_), "cudaEventDestroy", Where("Destroy")));
+    }
+    if (stream_ != nullptr) {
+      Log(CudaNcclStatus(cudaStreamDestroy(stream_), "cudaStreamDestroy", Where("Destroy")));
+    }
   }
 
   int rank() const { return rank_; }
@@ -101,10 +107,13 @@ class NcclGroup {
            std::to_string(size_) + ") " + op;
   }
 
-  // Creates the communicator (nonblocking) and the barrier's device scalar.
+  // Creates the stream, the ordering event, the communicator (nonblocking) and the
+  // barrier's device scalar.
   Status Init(const ncclUniqueId& id, NcclClock::time_point deadline) {
     const std::string where = Where("Connect");
     DROVER_CUDA_NCCL(where, cudaSetDevice(device_));
+    DROVER_CUDA_NCCL(where, cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DROVER_CUDA_NCCL(where, cudaEventCreateWithFlags(&ordered_, cudaEventDisableTiming));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     config.commName = name_.c_str();
@@ -120,12 +129,22 @@ class NcclGroup {
     return Check(cudaMemsetAsync(scalar_, 0, sizeof(float), stream_), "cudaMemsetAsync", where);
   }
 
-  // Runs `enqueue` (NCCL calls on the stream), then polls until the stream has drained.
+  // Makes the group's stream wait for the work enqueued on `after` so far.
+  Status OrderAfterCompute(const std::string& where) {
+    if (after_ == nullptr) return OkStatus();
+    // One event serves every call: a wait takes the event's state when it is enqueued.
+    RETURN_IF_ERROR(Check(cudaEventRecord(ordered_, after_), "cudaEventRecord", where));
+    return Check(cudaStreamWaitEvent(stream_, ordered_, 0), "cudaStreamWaitEvent", where);
+  }
+
+  // Runs `enqueue` (NCCL calls on the stream) after the compute stream's work, then polls
+  // until the stream has drained.
   Status Run(const char* op, const std::function<Status()>& enqueue) {
     if (!error_.ok()) return error_;
     const auto deadline = NcclClock::now() + timeout_;
     const std::string where = Where(op);
     RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice", where));
+    RETURN_IF_ERROR(OrderAfterCompute(where));
     // enqueue's own failures (bad arguments, a peer that failed at once) break the group too.
     Status enqueued = enqueue();
     if (!enqueued.ok()) return Break(std::move(enqueued));
@@ -193,10 +212,12 @@ class NcclGroup {
   const int rank_;
   const int size_;
   const int device_;
-  const cudaStream_t stream_;
+  const cudaStream_t after_;  // the compute stream, or null
   const std::chrono::milliseconds timeout_;
-  ncclComm_t comm_ = nullptr;  // null before Init and after an abort
-  float* scalar_ = nullptr;    // device memory: the barrier's all-reduce operand
+  cudaStream_t stream_ = nullptr;  // every NCCL call of the group; owned
+  cudaEvent_t ordered_ = nullptr;  // OrderAfterCompute's
+  ncclComm_t comm_ = nullptr;      // null before Init and after an abort
+  float* scalar_ = nullptr;        // device memory: the barrier's all-reduce operand
   Status error_;
 };
 
@@ -366,6 +387,7 @@ class NcclCommunicator final : public Communicator {
       return std::unique_ptr<Request>(new NcclRequest(group_, op, nullptr, deadline));
     }
     RETURN_IF_ERROR(group_->Check(cudaSetDevice(group_->device()), "cudaSetDevice", where));
+    RETURN_IF_ERROR(group_->OrderAfterCompute(where));
     cudaEvent_t event = nullptr;
     RETURN_IF_ERROR(group_->Check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                                   "cudaEventCreateWithFlags", where));
@@ -390,10 +412,10 @@ class NcclCommunicator final : public Communicator {
 
 StatusOr<std::unique_ptr<Communicator>> ConnectNcclGroup(
     KvStore* store, const std::string& group_name, int rank, int size, int device,
-    cudaStream_t stream, const CommOptions& options, std::chrono::milliseconds connect_timeout) {
+    cudaStream_t after, const CommOptions& options, std::chrono::milliseconds connect_timeout) {
   DROVER_CHECK_MSG(size >= 1 && rank >= 0 && rank < size, "rank out of range");
   const auto deadline = NcclClock::now() + connect_timeout;
-  auto group = std::make_shared<NcclGroup>(group_name, rank, size, device, stream, options.timeout);
+  auto group = std::make_shared<NcclGroup>(group_name, rank, size, device, after, options.timeout);
   const std::string where = group->Where("Connect");
 
   ncclUniqueId id;

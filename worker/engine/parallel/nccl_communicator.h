@@ -1,16 +1,20 @@
 // The NCCL backend of Communicator (communicator.h): device memory, one CUDA stream.
 //
-// Compile-tested; exercised by the GPU issue's device check. Built only with CUDA and NCCL
-// (worker/CMakeLists.txt: target drover_engine_nccl, which defines DROVER_HAVE_NCCL).
+// Built into the CUDA plugin (libdrover_cuda.so, with NCCL where the build found it), never
+// into a program: the engine reaches it through kernels/cuda_backend.h's ConnectNcclGroup,
+// so programs start on machines without NCCL. The kernel emulator runs it on an emulated
+// NCCL (tests/cuda_emu); it has not run on a GPU yet.
 //
-// Every call enqueues its NCCL work on the communication stream given at connect time and
-// returns when that stream has drained (or, for Isend / Irecv, the request's Wait returns
-// when an event recorded after the transfer has fired). Completion is polled, never waited
-// out: cudaStreamQuery / cudaEventQuery and ncclCommGetAsyncError, against the call's
-// deadline (CommOptions::timeout, end to end). On a deadline the communicator calls
-// ncclCommAbort, which is the only way to get a rank out of a collective whose peer hangs,
-// and is broken from then on (communicator.h). The stream may carry other work of the
-// caller; a call then also waits for that work.
+// Every call enqueues its NCCL work on the group's own communication stream, behind an
+// event recorded on `after` (the kernel table's compute stream) at the call, so a transfer
+// starts only once the kernels enqueued before the call have written its buffer, while
+// kernels enqueued later (the rest of backward) run beside it. The call returns when the
+// group's stream has drained (or, for Isend / Irecv, the request's Wait returns when an
+// event recorded after the transfer has fired). Completion is polled, never waited out:
+// cudaStreamQuery / cudaEventQuery and ncclCommGetAsyncError, against the call's deadline
+// (CommOptions::timeout, end to end). On a deadline the communicator calls ncclCommAbort,
+// which is the only way to get a rank out of a collective whose peer hangs, and is broken
+// from then on (communicator.h).
 //
 // Algorithms: AllReduce, Broadcast: NCCL's, in place; kAverage is ncclAvg. ReduceScatter
 // and AllGather with equal counts: ncclReduceScatter / ncclAllGather in place. With uneven
@@ -44,11 +48,12 @@ namespace drover::engine::parallel {
 // Connects rank `rank` of `group_name` (`size` ranks) on CUDA device `device`: rank 0
 // creates the NCCL unique id and publishes it in `store` under "<group_name>/nccl/", the
 // others read it; the communicator is initialised nonblocking and polled until ready or
-// `connect_timeout` (then DeadlineExceeded). `stream` carries every operation and must
-// outlive the communicator; `store` is used only during this call.
+// `connect_timeout` (then DeadlineExceeded). The group creates its communication stream;
+// `after` (may be null: no ordering) must outlive the communicator; `store` is used only
+// during this call. NCCL refuses two ranks of one group on one GPU.
 StatusOr<std::unique_ptr<Communicator>> ConnectNcclGroup(KvStore* store,
                                                          const std::string& group_name, int rank,
-                                                         int size, int device, cudaStream_t stream,
+                                                         int size, int device, cudaStream_t after,
                                                          const CommOptions& options,
                                                          std::chrono::milliseconds connect_timeout);
 

@@ -156,11 +156,16 @@ Status ParallelGpt::WaitSends(int slot) {
   return first;
 }
 
+Communicator* ParallelGpt::PipeFor(uint64_t tag) const {
+  const bool gradient = tag >= kGradientTag && tag < kEvalTag;
+  return gradient && groups_->pp_grad != nullptr ? groups_->pp_grad.get() : groups_->pp.get();
+}
+
 Status ParallelGpt::SendTo(int peer_stage, int slot, const float* data, uint64_t tag) {
   const size_t bytes = sizeof(float) * options_.micro_batch * options_.seq_len *
                        static_cast<size_t>(layout_.config().channels);
   ASSIGN_OR_RETURN(std::unique_ptr<Request> request,
-                   groups_->pp->Isend(data, bytes, peer_stage, tag));
+                   PipeFor(tag)->Isend(data, bytes, peer_stage, tag));
   sends_[slot].push_back(std::move(request));
   return OkStatus();
 }
@@ -169,7 +174,7 @@ Status ParallelGpt::RecvFrom(int peer_stage, float* data, uint64_t tag) {
   const size_t bytes = sizeof(float) * options_.micro_batch * options_.seq_len *
                        static_cast<size_t>(layout_.config().channels);
   const auto t0 = Clock::now();
-  Status st = groups_->pp->Recv(data, bytes, peer_stage, tag);
+  Status st = PipeFor(tag)->Recv(data, bytes, peer_stage, tag);
   pp_wait_s_ += SecondsSince(t0);
   return st;
 }

@@ -140,6 +140,9 @@ class ParallelGpt {
   Status SendTo(int peer_stage, int slot, const float* data, uint64_t tag);
   Status RecvFrom(int peer_stage, float* data, uint64_t tag);
   Status WaitSends(int slot);
+  // The communicator of the pipeline transfer with `tag`: gradients on pp_grad
+  // (process_groups.h says why), the rest on pp.
+  Communicator* PipeFor(uint64_t tag) const;
   Status SyncTiedEmbedding(float* grads);
   double OwnedGradSumSquares();
   // The gradient of the loss each micro-batch's backward starts from, and the factor the

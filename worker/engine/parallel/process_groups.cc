@@ -8,15 +8,12 @@ namespace {
 
 // Connects `rank` to the group of world ranks `members` (ascending, `rank` among them)
 // named `name`; null when the group has one member. Blocks until every member joined.
-StatusOr<std::unique_ptr<Communicator>> Join(const std::shared_ptr<GlooTransport>& transport,
-                                             KvStore* store, const std::string& name,
-                                             const std::vector<int>& members, int rank,
-                                             const ConnectOptions& options) {
+StatusOr<std::unique_ptr<Communicator>> Join(const GroupConnector& connect, const std::string& name,
+                                             const std::vector<int>& members, int rank) {
   if (members.size() <= 1) return std::unique_ptr<Communicator>();
   const auto it = std::find(members.begin(), members.end(), rank);
   DROVER_CHECK_MSG(it != members.end(), "rank not in its own group");
-  return ConnectGlooGroup(transport, store, name, static_cast<int>(it - members.begin()),
-                          static_cast<int>(members.size()), options.comm, options.connect_timeout);
+  return connect(name, static_cast<int>(it - members.begin()), static_cast<int>(members.size()));
 }
 
 std::string Coords(const char* a, int x, const char* b, int y) {
@@ -25,28 +22,40 @@ std::string Coords(const char* a, int x, const char* b, int y) {
 
 }  // namespace
 
-StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank, KvStore* store,
-                                             const ConnectOptions& options) {
+StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
+                                             const GroupConnector& connect) {
   ProcessGroups groups;
   if (mesh.world_size() == 1) return groups;
-  ASSIGN_OR_RETURN(std::shared_ptr<GlooTransport> transport,
-                   GlooTransport::Create(options.bind_address));
   const ParallelMesh::Coord c = mesh.CoordOf(rank);
   std::vector<int> world(mesh.world_size());
   for (int r = 0; r < mesh.world_size(); ++r) world[r] = r;
-  ASSIGN_OR_RETURN(groups.world, Join(transport, store, "world", world, rank, options));
-  ASSIGN_OR_RETURN(groups.dp, Join(transport, store, "dp." + Coords("pp", c.pp, "tp", c.tp),
-                                   mesh.DpGroup(rank), rank, options));
-  ASSIGN_OR_RETURN(groups.pp, Join(transport, store, "pp." + Coords("dp", c.dp, "tp", c.tp),
-                                   mesh.PpGroup(rank), rank, options));
-  ASSIGN_OR_RETURN(groups.tp, Join(transport, store, "tp." + Coords("pp", c.pp, "dp", c.dp),
-                                   mesh.TpGroup(rank), rank, options));
+  ASSIGN_OR_RETURN(groups.world, Join(connect, "world", world, rank));
+  ASSIGN_OR_RETURN(groups.dp,
+                   Join(connect, "dp." + Coords("pp", c.pp, "tp", c.tp), mesh.DpGroup(rank), rank));
+  ASSIGN_OR_RETURN(groups.pp,
+                   Join(connect, "pp." + Coords("dp", c.dp, "tp", c.tp), mesh.PpGroup(rank), rank));
+  ASSIGN_OR_RETURN(groups.pp_grad, Join(connect, "ppgrad." + Coords("dp", c.dp, "tp", c.tp),
+                                        mesh.PpGroup(rank), rank));
+  ASSIGN_OR_RETURN(groups.tp,
+                   Join(connect, "tp." + Coords("pp", c.pp, "dp", c.dp), mesh.TpGroup(rank), rank));
   if (mesh.pp() > 1 && (c.pp == 0 || c.pp == mesh.pp() - 1)) {
     const std::vector<int> stages = mesh.PpGroup(rank);
-    ASSIGN_OR_RETURN(groups.emb, Join(transport, store, "emb." + Coords("dp", c.dp, "tp", c.tp),
-                                      {stages.front(), stages.back()}, rank, options));
+    ASSIGN_OR_RETURN(groups.emb, Join(connect, "emb." + Coords("dp", c.dp, "tp", c.tp),
+                                      {stages.front(), stages.back()}, rank));
   }
   return groups;
+}
+
+StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank, KvStore* store,
+                                             const ConnectOptions& options) {
+  if (mesh.world_size() == 1) return ProcessGroups{};
+  ASSIGN_OR_RETURN(std::shared_ptr<GlooTransport> transport,
+                   GlooTransport::Create(options.bind_address));
+  return ConnectProcessGroups(mesh, rank,
+                              [&](const std::string& name, int rank_in_group, int size) {
+                                return ConnectGlooGroup(transport, store, name, rank_in_group, size,
+                                                        options.comm, options.connect_timeout);
+                              });
 }
 
 }  // namespace drover::engine::parallel

@@ -5,10 +5,11 @@
 //
 // Group names (keys in the bootstrap store) name the fixed coordinates, e.g. "dp.pp1.tp0",
 // so every member derives the same name; every rank connects its groups in the same
-// order (world, dp, pp, tp, emb), which keeps the rendezvous free of cycles.
+// order (world, dp, pp, pp_grad, tp, emb), which keeps the rendezvous free of cycles.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,12 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> world;
   std::unique_ptr<Communicator> dp;
   std::unique_ptr<Communicator> pp;
+  // The pipeline's gradients (to the previous stage), when pp > 1, apart from its activations
+  // (on `pp`, to the next stage): NCCL runs a communicator's sends and receives in call order
+  // on one stream, and a send waits for its receive, so in 1F1B's steady state a stage
+  // sending an activation up while its neighbour sends a gradient down would wait on each
+  // other for good on one communicator. Null: gradients share `pp`.
+  std::unique_ptr<Communicator> pp_grad;
   std::unique_ptr<Communicator> tp;
   std::unique_ptr<Communicator> emb;  // ranks {first stage, last stage}, when pp > 1
 };
@@ -35,8 +42,17 @@ struct ConnectOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
 };
 
-// Connects rank `rank` of `mesh` to its groups through `store` (keys of this attempt only).
-// DeadlineExceeded when a peer does not show up in time; errors name the group.
+// Connects this rank to the group `name` of `size` ranks as its member `rank_in_group`
+// (blocking until every member joined): one backend's way to make a communicator.
+using GroupConnector = std::function<StatusOr<std::unique_ptr<Communicator>>(
+    const std::string& name, int rank_in_group, int size)>;
+
+// Connects rank `rank` of `mesh` to its groups through `connect`. Errors name the group.
+StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
+                                             const GroupConnector& connect);
+
+// The same with Gloo groups through `store` (keys of this attempt only). DeadlineExceeded
+// when a peer does not show up in time.
 StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank, KvStore* store,
                                              const ConnectOptions& options);
 

@@ -9,18 +9,61 @@
 namespace drover::engine::parallel {
 namespace {
 
-// Device buffers move as floats (Ops::ToHost / FromHost): every element type the engine
-// sends is a whole number of floats.
+// Buffers move as floats (Ops::ToHost / FromHost): every element type the engine sends is a
+// whole number of floats.
 size_t FloatsIn(size_t bytes) {
   DROVER_CHECK_MSG(bytes % sizeof(float) == 0, "a staged buffer is not a whole number of floats");
   return bytes / sizeof(float);
 }
 
+// Where the inner communicator's buffers live.
+enum class Side { kHost, kDevice };
+
+// Memory of one side: a pageable vector on the host, or a Buffer of the table's allocator.
+class Staging {
+ public:
+  Staging(Side side, Ops* ops, size_t n) : side_(side) {
+    if (side == Side::kHost) {
+      host_.resize(n);
+    } else {
+      device_ = ops->Allocate(n);
+    }
+  }
+  float* data() { return side_ == Side::kHost ? host_.data() : device_.data(); }
+  size_t size() const { return side_ == Side::kHost ? host_.size() : device_.size(); }
+
+ private:
+  Side side_;
+  std::vector<float> host_;
+  Buffer device_;
+};
+
+// Copies n floats from the caller's buffer into staging memory on `side`, or back.
+void StageIn(Ops* ops, Side side, float* staged, const float* caller, size_t n) {
+  if (side == Side::kHost) {
+    ops->ToHost(staged, caller, n);
+  } else {
+    ops->FromHost(staged, caller, n);
+  }
+}
+void StageOut(Ops* ops, Side side, float* caller, const float* staged, size_t n) {
+  if (side == Side::kHost) {
+    ops->FromHost(caller, staged, n);
+  } else {
+    ops->ToHost(caller, staged, n);
+  }
+}
+
 class StagedRequest final : public Request {
  public:
-  // For a receive, `device` gets the staged bytes once the inner request completes.
-  StagedRequest(std::unique_ptr<Request> inner, std::vector<float> host, Ops* ops, float* device)
-      : inner_(std::move(inner)), host_(std::move(host)), ops_(ops), device_(device) {}
+  // For a receive, `destination` gets the staged bytes once the inner request completes.
+  StagedRequest(std::unique_ptr<Request> inner, Staging staged, Ops* ops, Side side,
+                float* destination)
+      : inner_(std::move(inner)),
+        staged_(std::move(staged)),
+        ops_(ops),
+        side_(side),
+        destination_(destination) {}
   ~StagedRequest() override {
     if (inner_ != nullptr) (void)Wait();
   }
@@ -29,23 +72,26 @@ class StagedRequest final : public Request {
     if (inner_ == nullptr) return status_;
     status_ = inner_->Wait();
     inner_.reset();
-    if (status_.ok() && device_ != nullptr) ops_->FromHost(device_, host_.data(), host_.size());
-    host_ = {};
+    if (status_.ok() && destination_ != nullptr) {
+      StageOut(ops_, side_, destination_, staged_.data(), staged_.size());
+    }
+    staged_ = Staging(side_, ops_, 0);
     return status_;
   }
 
  private:
   std::unique_ptr<Request> inner_;
-  std::vector<float> host_;
+  Staging staged_;
   Ops* ops_;
-  float* device_;
+  Side side_;
+  float* destination_;
   Status status_;
 };
 
 class StagedCommunicator final : public Communicator {
  public:
-  StagedCommunicator(std::unique_ptr<Communicator> inner, Ops* ops)
-      : inner_(std::move(inner)), ops_(ops) {}
+  StagedCommunicator(std::unique_ptr<Communicator> inner, Ops* ops, Side side)
+      : inner_(std::move(inner)), ops_(ops), side_(side) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -54,39 +100,41 @@ class StagedCommunicator final : public Communicator {
 
   Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
     return Staged(data, count * SizeOf(type),
-                  [&](void* host) { return inner_->AllReduce(host, count, type, op); });
+                  [&](void* inner) { return inner_->AllReduce(inner, count, type, op); });
   }
   Status ReduceScatter(void* data, std::span<const size_t> counts, DataType type,
                        ReduceOp op) override {
     return Staged(data, Total(counts) * SizeOf(type),
-                  [&](void* host) { return inner_->ReduceScatter(host, counts, type, op); });
+                  [&](void* inner) { return inner_->ReduceScatter(inner, counts, type, op); });
   }
   Status AllGather(void* data, std::span<const size_t> counts, DataType type) override {
     return Staged(data, Total(counts) * SizeOf(type),
-                  [&](void* host) { return inner_->AllGather(host, counts, type); });
+                  [&](void* inner) { return inner_->AllGather(inner, counts, type); });
   }
   Status Broadcast(void* data, size_t count, DataType type, int root) override {
     return Staged(data, count * SizeOf(type),
-                  [&](void* host) { return inner_->Broadcast(host, count, type, root); });
+                  [&](void* inner) { return inner_->Broadcast(inner, count, type, root); });
   }
 
   StatusOr<std::unique_ptr<Request>> Isend(const void* data, size_t bytes, int peer,
                                            uint64_t tag) override {
-    if (!ops_->IsDeviceMemory(data)) return inner_->Isend(data, bytes, peer, tag);
-    std::vector<float> host(FloatsIn(bytes));
-    ops_->ToHost(host.data(), static_cast<const float*>(data), host.size());
-    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner, inner_->Isend(host.data(), bytes, peer, tag));
-    // The vector's heap block does not move with it: the inner send keeps reading it.
+    if (bytes == 0 || OnInnerSide(data)) return inner_->Isend(data, bytes, peer, tag);
+    Staging staged(side_, ops_, FloatsIn(bytes));
+    StageIn(ops_, side_, staged.data(), static_cast<const float*>(data), staged.size());
+    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner,
+                     inner_->Isend(staged.data(), bytes, peer, tag));
+    // The staged memory does not move with the Staging: the inner send keeps reading it.
     return std::unique_ptr<Request>(
-        new StagedRequest(std::move(inner), std::move(host), ops_, nullptr));
+        new StagedRequest(std::move(inner), std::move(staged), ops_, side_, nullptr));
   }
   StatusOr<std::unique_ptr<Request>> Irecv(void* data, size_t bytes, int peer,
                                            uint64_t tag) override {
-    if (!ops_->IsDeviceMemory(data)) return inner_->Irecv(data, bytes, peer, tag);
-    std::vector<float> host(FloatsIn(bytes));
-    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner, inner_->Irecv(host.data(), bytes, peer, tag));
-    return std::unique_ptr<Request>(
-        new StagedRequest(std::move(inner), std::move(host), ops_, static_cast<float*>(data)));
+    if (bytes == 0 || OnInnerSide(data)) return inner_->Irecv(data, bytes, peer, tag);
+    Staging staged(side_, ops_, FloatsIn(bytes));
+    ASSIGN_OR_RETURN(std::unique_ptr<Request> inner,
+                     inner_->Irecv(staged.data(), bytes, peer, tag));
+    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(staged), ops_,
+                                                      side_, static_cast<float*>(data)));
   }
 
   Status Barrier() override { return inner_->Barrier(); }
@@ -96,32 +144,43 @@ class StagedCommunicator final : public Communicator {
     return std::accumulate(counts.begin(), counts.end(), size_t{0});
   }
 
-  // Runs `call` on `data` itself when it is host memory, else on a host copy of its
-  // `bytes` that is copied back afterwards (also after a failure: the communicator is
-  // broken then, and the buffer's contents do not matter).
+  bool OnInnerSide(const void* data) const {
+    return ops_->IsDeviceMemory(data) == (side_ == Side::kDevice);
+  }
+
+  // Runs `call` on `data` itself when it is memory of the inner's side, else on a staged
+  // copy of its `bytes` that is copied back afterwards (not after a failure: the
+  // communicator is broken then, and the buffer's contents do not matter).
   template <typename Call>
   Status Staged(void* data, size_t bytes, Call call) {
-    if (bytes == 0 || !ops_->IsDeviceMemory(data)) return call(data);
+    if (bytes == 0 || OnInnerSide(data)) return call(data);
     const size_t n = FloatsIn(bytes);
-    // Page-locked on CUDA (Ops::host_allocator), and slow to allocate there: grown to the
-    // largest bucket once, then reused by every call.
-    if (staging_.size() < n) staging_ = Buffer(ops_->host_allocator(), n);
-    float* device = static_cast<float*>(data);
-    ops_->ToHost(staging_.data(), device, n);
+    // Page-locked host memory or device memory, both slow to allocate: grown to the largest
+    // bucket once, then reused by every call.
+    if (staging_.size() < n) {
+      staging_ = Buffer(side_ == Side::kHost ? ops_->host_allocator() : ops_->allocator(), n);
+    }
+    auto* caller = static_cast<float*>(data);
+    StageIn(ops_, side_, staging_.data(), caller, n);
     Status st = call(staging_.data());
-    if (st.ok()) ops_->FromHost(device, staging_.data(), n);
+    if (st.ok()) StageOut(ops_, side_, caller, staging_.data(), n);
     return st;
   }
 
   std::unique_ptr<Communicator> inner_;
   Ops* ops_;
+  const Side side_;
   Buffer staging_;
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> StageThroughHost(std::unique_ptr<Communicator> inner, Ops* ops) {
-  return std::make_unique<StagedCommunicator>(std::move(inner), ops);
+  return std::make_unique<StagedCommunicator>(std::move(inner), ops, Side::kHost);
+}
+
+std::unique_ptr<Communicator> StageThroughDevice(std::unique_ptr<Communicator> inner, Ops* ops) {
+  return std::make_unique<StagedCommunicator>(std::move(inner), ops, Side::kDevice);
 }
 
 }  // namespace drover::engine::parallel

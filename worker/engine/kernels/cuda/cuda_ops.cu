@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
@@ -84,6 +86,7 @@ class CudaOpsImpl final : public Ops {
       : stream_(stream), copy_stream_(copy_stream), blas_(blas), allocator_(stream) {}
 
   const char* name() const override { return "cuda"; }
+  cudaStream_t compute_stream() const { return stream_; }
   Allocator* allocator() override { return &allocator_; }
   Allocator* host_allocator() override { return &pinned_; }
 
@@ -278,7 +281,19 @@ void SetError(char* error, size_t len, const char* what, const char* detail) {
   std::snprintf(error, len, "%s: %s", what, detail);
 }
 
+std::mutex g_tables_mu;
+std::vector<const CudaOpsImpl*> g_tables;  // GUARDED_BY(g_tables_mu); every table, until exit
+
 }  // namespace
+
+cudaStream_t ComputeStreamOf(const Ops* ops) {
+  std::lock_guard<std::mutex> lock(g_tables_mu);
+  for (const CudaOpsImpl* table : g_tables) {
+    if (table == ops) return table->compute_stream();
+  }
+  return nullptr;
+}
+
 }  // namespace drover::engine::cuda
 
 extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
@@ -319,6 +334,36 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     SetError(error, error_len, "cuBLAS", cublasGetStatusString(st));
     return -1;
   }
-  *ops = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas);  // lives until exit
+  auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas);  // until exit
+  {
+    std::lock_guard<std::mutex> lock(drover::engine::cuda::g_tables_mu);
+    drover::engine::cuda::g_tables.push_back(table);
+  }
+  *ops = table;
+  return 0;
+}
+
+// The GPU this process trains on (device 0 of those visible), by PCI bus id, and whether
+// this plugin was built with NCCL (parallel/nccl_plugin.h: CudaDeviceFn).
+extern "C" __attribute__((visibility("default"))) int drover_cuda_device(int abi, char* bus_id,
+                                                                         size_t bus_id_len,
+                                                                         int* has_nccl, char* error,
+                                                                         size_t error_len) {
+  if (abi != drover::engine::kCudaOpsAbi) {
+    std::snprintf(error, error_len, "the CUDA backend was built for ABI %d, this program has %d",
+                  drover::engine::kCudaOpsAbi, abi);
+    return -1;
+  }
+  const cudaError_t err = cudaDeviceGetPCIBusId(bus_id, static_cast<int>(bus_id_len), 0);
+  if (err != cudaSuccess) {
+    drover::engine::cuda::SetError(error, error_len, "cudaDeviceGetPCIBusId",
+                                   cudaGetErrorString(err));
+    return -1;
+  }
+#ifdef DROVER_HAVE_NCCL
+  *has_nccl = 1;
+#else
+  *has_nccl = 0;
+#endif
   return 0;
 }

@@ -14,7 +14,15 @@
 
 #include "worker/engine/kernels/precision.h"
 
+namespace drover::engine {
+class Ops;
+}
+
 namespace drover::engine::cuda {
+
+// ---- cuda_ops.cu -----------------------------------------------------------------------
+// The compute stream of `ops` when it is a table this plugin created, else null.
+cudaStream_t ComputeStreamOf(const Ops* ops);
 
 // ---- elementwise.cu --------------------------------------------------------------------
 void Fill(float* x, float value, size_t n, cudaStream_t stream);
