@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -221,36 +222,65 @@ TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
   ExpectClose(Host(gdbb, C), dbb, "gpt-2 layernorm dbias", 1e-4, 1e-3);
 }
 
-// Attention in each precision, at a small shape and at GPT-2's head size with T past a
-// few warps. In bf16 and fp16 the products that read the fp32 probabilities run in TF32
-// (ops.h), which rounds them to 11 significant bits: hence the looser bound there.
+// Attention in each precision, at a small shape, at GPT-2's head size with T past a few
+// tiles of the fused kernels (64 rows) and not a multiple of them, at a head size of 32 on
+// one whole tile and at 128 on three. In bf16 and fp16 the products that read the fp32
+// probabilities run in TF32 (ops.h), which rounds them to 11 significant bits: hence the
+// looser bound there. Mixed-precision runs take the fused kernels (flash_attention.cu),
+// whose state is not the probabilities, unless DROVER_CUDA_ATTENTION=gemms (the ctest
+// entry ...WithTheGemms runs this test so).
 TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
   struct Shape {
     int B, T, C, NH;
   };
-  for (const Shape& shape : {Shape{2, 40, 48, 3}, Shape{2, 200, 256, 4}}) {
+  for (const Shape& shape :
+       {Shape{2, 40, 48, 3}, Shape{2, 200, 256, 4}, Shape{1, 64, 64, 2}, Shape{1, 130, 256, 2}}) {
     const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH;
     for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
-      const std::string name = std::string(" ") + PrecisionName(p) + " T=" + std::to_string(T);
+      const std::string name = std::string(" ") + PrecisionName(p) + " T=" + std::to_string(T) +
+                               " HS=" + std::to_string(C / NH);
       const double rtol = p == Precision::kFp32 ? 1e-4 : 3e-3;
       const double atol = p == Precision::kFp32 ? 1e-5 : 1e-3;
       std::vector<float> qkv = Random(B * T * 3 * C), dout = Random(B * T * C);
       cpu_->Round(qkv.data(), qkv.size(), p);
       cpu_->Round(dout.data(), dout.size(), p);
-      std::vector<float> out(B * T * C), att(static_cast<size_t>(B) * NH * T * T, NAN);
-      float *gout = Dev(out), *gatt = Dev(att), *gqkv = Dev(qkv);
-      gpu_->AttentionForward(gout, gatt, gqkv, B, T, C, NH, p);
+      const size_t probabilities = static_cast<size_t>(B) * NH * T * T;
+      const size_t state_floats = gpu_->AttentionStateFloats(B, T, C, NH, p);
+      std::vector<float> out(B * T * C), att(probabilities, NAN), state(state_floats, NAN);
+      float *gout = Dev(out), *gstate = Dev(state), *gqkv = Dev(qkv);
+      gpu_->AttentionForward(gout, gstate, gqkv, B, T, C, NH, p);
       cpu_->AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH, p);
-      ExpectClose(Host(gatt, att.size()), att, "attention probabilities" + name);
+      if (state_floats == probabilities) {
+        ExpectClose(Host(gstate, att.size()), att, "attention probabilities" + name);
+      }
       ExpectClose(Host(gout, out.size()), out, "attention out" + name, rtol, atol);
       std::vector<float> dqkv(qkv.size(), NAN);  // overwritten, every element
       float* gdqkv = Dev(dqkv);
-      gpu_->AttentionBackward(gdqkv, Dev(dout), gatt, gqkv, B, T, C, NH, p);
+      gpu_->AttentionBackward(gdqkv, Dev(dout), gstate, gqkv, B, T, C, NH, p);
       cpu_->AttentionBackward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH, p);
       ExpectClose(Host(gdqkv, dqkv.size()), dqkv, "attention dqkv" + name, std::max(rtol, 1e-4),
                   std::max(atol, 1e-4));
     }
   }
+}
+
+// What the fused kernels save: at GPT-2's shape the state is the row statistics and a copy
+// of out, not the (T, T) probabilities (unless the GEMMs were asked for).
+TEST_F(CudaOpsTest, FusedAttentionKeepsNoProbabilities) {
+  const int B = 16, T = 1024, C = 768, NH = 12;
+  const size_t probabilities = static_cast<size_t>(B) * NH * T * T;
+  EXPECT_EQ(gpu_->AttentionStateFloats(B, T, C, NH, Precision::kFp32), probabilities);
+  const char* choice = std::getenv("DROVER_CUDA_ATTENTION");
+  if (choice != nullptr && std::string(choice) == "gemms") {
+    EXPECT_EQ(gpu_->AttentionStateFloats(B, T, C, NH, Precision::kBf16), probabilities);
+    return;
+  }
+  for (Precision p : {Precision::kBf16, Precision::kFp16}) {
+    EXPECT_EQ(gpu_->AttentionStateFloats(B, T, C, NH, p),
+              static_cast<size_t>(B) * NH * T + static_cast<size_t>(B) * T * C);
+  }
+  // A head size the fused kernels do not take (C / NH = 48) keeps the GEMMs.
+  EXPECT_EQ(gpu_->AttentionStateFloats(1, 64, 96, 2, Precision::kBf16), size_t{2} * 64 * 64);
 }
 
 TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {

@@ -116,6 +116,7 @@ struct Warp {
   int live = 0, arrived = 0;
   uint64_t generation = 0;
   double slots[32] = {};
+  float tile[256] = {};  // WarpTile()
 };
 
 // One block in flight on this host thread.
@@ -127,6 +128,10 @@ struct Block {
   uint64_t generation = 0;
   uint64_t progress =
       0;  // bumped by every arrival, release and exit: no bump in a round = deadlock
+  // Dynamic shared memory: `shared_bytes` from `shared`, 128-byte aligned inside the storage.
+  std::vector<unsigned char> shared_storage;
+  unsigned char* shared = nullptr;
+  size_t shared_bytes = 0;
   bool synchronised = false;  // a barrier or shuffle ran
   bool direct = false;        // threads run as plain calls: they must not synchronise
   Fiber* current = nullptr;
@@ -210,8 +215,13 @@ ThreadIndex IndexOf(unsigned t, dim3 block, uint3 block_index, dim3 grid) {
   return i;
 }
 
+// A device leaves shared memory as the last block left it: NaN bytes make a kernel that
+// reads what it never wrote show it.
+void PoisonShared(Block& b) { std::fill(b.shared, b.shared + b.shared_bytes, 0xFF); }
+
 void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index) {
   const unsigned n = block.x * block.y * block.z;
+  PoisonShared(b);
   while (g_stacks.size() < n) g_stacks.push_back(std::make_unique<char[]>(kStackBytes));
   b.fibers.assign(n, Fiber{});
   b.warps.assign((n + 31) / 32, Warp{});
@@ -257,6 +267,27 @@ void SyncThreads() {
   Wait(&b.generation, mine);
 }
 
+void SyncWarp() {
+  CheckSynchronisable("__syncwarp");
+  WarpBarrier();
+}
+
+unsigned Lane() {
+  if (g_block == nullptr || g_block->direct)
+    Die("a warp-wide operation outside a synchronised kernel");
+  return static_cast<unsigned>(g_block->current - g_block->fibers.data()) % 32;
+}
+
+float* WarpTile() {
+  CheckSynchronisable("a warp-wide matrix operation");
+  return g_block->warps[g_block->current->warp].tile;
+}
+
+unsigned char* DynamicShared() {
+  if (g_block == nullptr) Die("dynamic shared memory outside a kernel");
+  return g_block->shared;
+}
+
 double ShuffleXor(double value, int offset) {
   CheckSynchronisable("a warp shuffle");
   Block& b = *g_block;
@@ -269,16 +300,39 @@ double ShuffleXor(double value, int offset) {
   return got;
 }
 
-void Run(dim3 grid, dim3 block, const std::function<void()>& body) {
+std::mutex g_attributes_mu;
+std::map<const void*, int>& MaxDynamicShared() {  // GUARDED_BY(g_attributes_mu)
+  static auto* limits = new std::map<const void*, int>;
+  return *limits;
+}
+constexpr int kDefaultDynamicShared = 48 * 1024;
+constexpr int kOptInDynamicShared = 227 * 1024;  // sm_90
+
+void Run(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
+         const std::function<void()>& body) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
     g_last_error = cudaErrorInvalidValue;  // "invalid configuration argument" on a device
     return;
   }
+  int allowed = kDefaultDynamicShared;
+  {
+    std::lock_guard<std::mutex> lock(g_attributes_mu);
+    auto it = MaxDynamicShared().find(kernel);
+    if (it != MaxDynamicShared().end()) allowed = std::max(allowed, it->second);
+  }
+  if (shared_bytes > static_cast<size_t>(allowed)) {
+    g_last_error = cudaErrorInvalidValue;  // "too many resources requested for launch"
+    return;
+  }
   if (g_block != nullptr) Die("a kernel launched from inside a kernel");
   Block b;
   b.body = &body;
+  b.shared_storage.resize(shared_bytes + 128);
+  const auto at = reinterpret_cast<uintptr_t>(b.shared_storage.data());
+  b.shared = b.shared_storage.data() + (128 - at % 128) % 128;
+  b.shared_bytes = shared_bytes;
   g_block = &b;
   bool first = true;
   for (unsigned z = 0; z < grid.z; ++z) {
@@ -291,6 +345,7 @@ void Run(dim3 grid, dim3 block, const std::function<void()>& body) {
           // The first block never synchronised: the rest run as plain calls, far faster;
           // a barrier met there aborts (CheckSynchronisable) rather than misbehave.
           b.direct = true;
+          PoisonShared(b);
           for (unsigned t = 0; t < threads; ++t) {
             g_direct = IndexOf(t, block, block_index, grid);
             body();
@@ -301,6 +356,13 @@ void Run(dim3 grid, dim3 block, const std::function<void()>& body) {
     }
   }
   g_block = nullptr;
+}
+
+int SetMaxDynamicShared(const void* func, int value) {
+  if (func == nullptr || value < 0 || value > kOptInDynamicShared) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(g_attributes_mu);
+  MaxDynamicShared()[func] = value;
+  return cudaSuccess;
 }
 
 }  // namespace drover_emu
@@ -497,6 +559,10 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+  return static_cast<cudaError_t>(drover_emu::SetMaxDynamicShared(func, value));
+}
 cudaError_t cudaGetLastError() { return std::exchange(drover_emu::g_last_error, cudaSuccess); }
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
@@ -562,12 +628,46 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
 }
 
 __nv_bfloat16 __float2bfloat16_rn(float x) {
-  drover::engine::cpu::RoundToBf16(&x, 1);
-  return {x};
+  drover::engine::cpu::RoundToBf16(&x, 1);  // exact in the top 16 bits now
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return {static_cast<uint16_t>(u >> 16)};
 }
+
+// binary16: 1 sign, 5 exponent (bias 15), 10 significand bits. The value is rounded to fp16
+// first, so its encoding below is exact.
 __half __float2half_rn(float x) {
   drover::engine::cpu::RoundToFp16(&x, 1);
-  return {x};
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const float a = std::fabs(x);
+  if (std::isnan(x)) return {static_cast<uint16_t>(sign | 0x7E00u)};
+  if (std::isinf(x)) return {static_cast<uint16_t>(sign | 0x7C00u)};
+  if (a == 0.0f) return {sign};
+  int exponent = 0;
+  const float m = std::frexp(a, &exponent);  // a = m 2^exponent, m in [0.5, 1)
+  if (exponent - 1 < -14) {                  // subnormal: a = k 2^-24
+    return {static_cast<uint16_t>(sign | static_cast<uint16_t>(std::ldexp(a, 24)))};
+  }
+  const auto biased = static_cast<uint16_t>(exponent - 1 + 15);
+  const auto significand = static_cast<uint16_t>(std::ldexp(m, 11)) & 0x3FFu;
+  return {static_cast<uint16_t>(sign | biased << 10 | significand)};
+}
+
+float __half2float(__half x) {
+  const bool negative = (x.bits & 0x8000u) != 0;
+  const int biased = (x.bits >> 10) & 0x1F;
+  const int significand = x.bits & 0x3FF;
+  float a;
+  if (biased == 0x1F) {
+    a = significand != 0 ? NAN : INFINITY;
+  } else if (biased == 0) {
+    a = std::ldexp(static_cast<float>(significand), -24);
+  } else {
+    a = std::ldexp(static_cast<float>(significand + 1024), biased - 15 - 10);
+  }
+  return negative ? -a : a;
 }
 
 // ---- cuBLAS --------------------------------------------------------------------------------

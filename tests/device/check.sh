@@ -8,9 +8,10 @@
 # What it checks:
 #   1. the GPU and its driver (nvidia-smi);
 #   2. cuda_tests: every op of the CUDA kernel table against the CPU fp32 reference
-#      (forward and backward), 20 training steps on the GPU against the CPU in fp32 and
-#      bf16, and the NCCL communicator (every collective, uneven chunks, a peer that never
-#      joins aborted at the deadline);
+#      (forward and backward; mixed-precision attention through the fused kernels), 20
+#      training steps on the GPU against the CPU in fp32 and bf16, and the NCCL communicator
+#      (every collective, uneven chunks, a peer that never joins aborted at the deadline);
+#   2b. attention through the GEMM version (DROVER_CUDA_ATTENTION=gemms);
 #   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
 #   4. a one-rank job on cuda trains to success through the coordinator on that GPU;
 #   4b. two ranks sharing the GPU (dp2 with ZeRO-1 and ZeRO-3, process groups staged
@@ -20,8 +21,9 @@
 #      GPT2LMHeadModel) gives drover's logits (tests/tools/hf_gpt2_check.py).
 # Then, as information (tests/device/speed.sh): GPT-2 124M at T=1024 in bf16, drover against
 # PyTorch eager and torch.compile on the same GPU. drover's bf16 GEMMs run on tensor cores
-# (operands stored as fp32 holding bf16 values), its attention materialises T x T, and its
-# other ops move fp32: this measures how far it is from the goal.
+# (operands stored as fp32 holding bf16 values), its attention is fused (wmma tiles; the GEMM
+# version, which materialises T x T, is timed too), and its other ops move fp32: this
+# measures how far it is from the goal.
 # Worst-case timeouts add up to more than the device tool's 600 s per call: should the check
 # be cut short, run tests/device/speed.sh as a call of its own. Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
 # DROVER_CHECK_NO_GPU=1 it runs steps 3-5 as a machine without a GPU must see them (a dry
@@ -60,6 +62,9 @@ step() {  # step NAME COMMAND...: runs it, says PASS or FAIL
 if [[ $no_gpu != 1 ]]; then
   step "1 gpu and driver" nvidia-smi -L
   step "2 cuda ops against the cpu, 20 steps, nccl" timeout 240 "$bin/cuda_tests"
+  # Mixed-precision attention takes the fused kernels above; the GEMM version too.
+  step "2b cuda attention through the gemms" env DROVER_CUDA_ATTENTION=gemms \
+    timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*'
 fi
 
 # A coordinator, a GPU agent and a CPU agent on loopback.

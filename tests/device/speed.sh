@@ -44,9 +44,13 @@ rc=$?
 kill "$smi" 2>/dev/null
 tail -4 "$work/drover.txt"
 [[ $rc -eq 0 ]] || echo "drover train exited $rc"
-# Where drover's step time goes, op by op (each op synchronised, so no overlap).
+# Where drover's step time goes, op by op (each op synchronised, so no overlap), with the
+# fused attention and then with the GEMM version (which keeps the T x T probabilities).
 timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
   --set output_dir="$work/out-profile" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+echo "---- the same with DROVER_CUDA_ATTENTION=gemms"
+DROVER_CUDA_ATTENTION=gemms timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
+  --set output_dir="$work/out-profile-gemms" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
 # PyTorch after drover (drover's numbers matter more if time runs out); it measures the
 # GEMM rate that both MFUs are against.
 timeout 300 python3 "$here/torch_gpt2_bench.py" --model "$model" --batches "$batch" \

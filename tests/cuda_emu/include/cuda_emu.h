@@ -15,12 +15,17 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
 // One block runs at a time on a thread: a static per host thread is the block's shared
 // memory.
 #define __shared__ static thread_local
 
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
+};
+struct float4 {
+  float x, y, z, w;
 };
 struct dim3 {
   unsigned x, y, z;
@@ -36,26 +41,42 @@ struct ThreadIndex {
 // The running emulated thread's indices (aborts outside a kernel).
 const ThreadIndex& Current();
 void SyncThreads();
+// __syncwarp: every live lane of the running thread's warp arrives before any goes on.
+void SyncWarp();
+// The running thread's lane (0..31), and 256 floats its warp shares (the emulated tensor
+// cores' output tile: include/mma.h).
+unsigned Lane();
+float* WarpTile();
+// The running block's dynamic shared memory (the launch's shared_bytes, filled with NaN
+// bytes at each block's start: a device leaves it uninitialised).
+unsigned char* DynamicShared();
 // Every live lane of the warp passes `value`; each gets that of lane ^ offset.
 double ShuffleXor(double value, int offset);
 // Runs `body` as every thread of `grid` x `block`, block after block. An invalid
 // configuration (as the device would refuse it) runs nothing and sets the error
 // cudaGetLastError returns.
-void Run(dim3 grid, dim3 block, const std::function<void()>& body);
+// `shared_bytes` of dynamic shared memory, refused past 48 KiB unless the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize allows more (as a device refuses it).
+void Run(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
+         const std::function<void()>& body);
 
 template <typename... P>
 struct Launcher {
   void (*kernel)(P...);
   dim3 grid, block;
+  size_t shared_bytes;
   template <typename... A>
   void operator()(const A&... args) const {
-    Run(grid, block, [&] { kernel(args...); });
+    Run(grid, block, shared_bytes, reinterpret_cast<const void*>(kernel), [&] { kernel(args...); });
   }
 };
 template <typename... P>
-Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block) {
-  return {kernel, grid, block};
+Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes) {
+  return {kernel, grid, block, shared_bytes};
 }
+
+// cudaFuncSetAttribute's cudaFuncAttributeMaxDynamicSharedMemorySize for `func`.
+int SetMaxDynamicShared(const void* func, int value);
 
 // Whether [p, p + bytes) lies inside one emulated device allocation (cudaMalloc).
 bool InDeviceMemory(const void* p, size_t bytes);
@@ -67,9 +88,11 @@ bool InDeviceMemory(const void* p, size_t bytes);
 #define blockDim (::drover_emu::Current().block_dim)
 #define gridDim (::drover_emu::Current().grid_dim)
 #define DROVER_LAUNCH(kernel, grid, block, shared_bytes, stream) \
-  ::drover_emu::Launch(kernel, grid, block)
+  ::drover_emu::Launch(kernel, grid, block, shared_bytes)
+#define DROVER_DYNAMIC_SHARED(name) unsigned char* name = ::drover_emu::DynamicShared()
 
 inline void __syncthreads() { ::drover_emu::SyncThreads(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { ::drover_emu::SyncWarp(); }
 inline float __shfl_xor_sync(unsigned, float v, int offset, int = 32) {
   return static_cast<float>(::drover_emu::ShuffleXor(v, offset));
 }

@@ -1,8 +1,9 @@
-// The kernel emulator's stand-in (tests/cuda_emu/README.md): an fp16 value kept as the float
-// it rounds to (round to nearest even; overflow to inf, subnormals kept).
+// The kernel emulator's stand-in (tests/cuda_emu/README.md): an fp16 value in 2 bytes, IEEE
+// binary16 as on the device (round to nearest even; overflow to inf, subnormals kept).
 #pragma once
+#include <cstdint>
 struct __half {
-  float value;
+  uint16_t bits;
 };
 __half __float2half_rn(float x);
-inline float __half2float(__half x) { return x.value; }
+float __half2float(__half x);

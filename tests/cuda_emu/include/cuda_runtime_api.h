@@ -46,6 +46,12 @@ namespace drover_emu {
 void EnqueueOnStream(cudaStream_t stream, std::function<void()> work);
 }  // namespace drover_emu
 inline constexpr unsigned cudaEventDisableTiming = 2;
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+// Up to the device's opt-in limit (sm_90: 227 KiB); the kernel's launches may then ask for
+// that much dynamic shared memory.
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
 
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);

@@ -14,7 +14,8 @@ namespace drover::engine {
 // rather than called through a vtable that does not match.
 // Also covers the plugin's other entry points (parallel/cuda_groups.h) and the interfaces
 // they pass across (Communicator, KvStore, Status).
-inline constexpr int kCudaOpsAbi = 4;  // 3: GEMM precision, Synchronize; 4: NCCL groups
+// 3: GEMM precision, Synchronize; 4: NCCL groups; 5: AttentionStateFloats.
+inline constexpr int kCudaOpsAbi = 5;
 
 // The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
 // those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a

@@ -150,13 +150,22 @@ class Ops {
   virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                               const float* inp, const float* weight, int N, int C, int OC, int ldo,
                               bool accumulate, Precision operands) = 0;
-  // qkv and dout hold values of `operands`; the probabilities att stay fp32, so the products
+  // qkv and dout hold values of `operands`; the probabilities stay fp32, so the products
   // that read them (att v, and the gradients through the softmax) may use TF32 on CUDA in a
   // mixed-precision run, which keeps 3 more bits of them than a bf16 fused kernel does.
-  virtual void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
+  //
+  // `state` is what forward keeps for backward, AttentionStateFloats(B, T, C, NH, operands)
+  // floats that only this table reads: the (B, NH, T, T) probabilities here and for the GEMM
+  // version on CUDA, each row's log-sum-exp and an fp32 copy of out for CUDA's fused kernel.
+  virtual size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const {
+    (void)C, (void)operands;
+    return static_cast<size_t>(B) * NH * T * T;
+  }
+  virtual void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C,
                                 int NH, Precision operands) = 0;
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv,
-                                 int B, int T, int C, int NH, Precision operands) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* state,
+                                 const float* qkv, int B, int T, int C, int NH,
+                                 Precision operands) = 0;
   virtual void GeluForward(float* out, const float* inp, size_t N) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) = 0;
   // Returns the mean loss over the N rows.

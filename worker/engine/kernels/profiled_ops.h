@@ -92,6 +92,9 @@ class ProfiledOps final : public Ops {
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int N, int C, int OC, int ldo,
                       bool accumulate, Precision operands) override;
+  size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
+    return inner_->AttentionStateFloats(B, T, C, NH, operands);
+  }
   void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                         Precision operands) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,

@@ -27,34 +27,18 @@ void StageActivations::Ensure(int B, int T) {
   // The head's buffers exist on the last stage only.
   const size_t last = layout_->last_stage() ? 1 : 0;
   const size_t Vp = cfg.padded_vocab_size;
+  const size_t att_floats =
+      ops_->AttentionStateFloats(B, T, static_cast<int>(Ca), static_cast<int>(NHa), precision_);
   float** ptrs[] = {&encoded_,  &ln1_,       &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
                     &att_,      &residual2_, &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
                     &fch_gelu_, &residual3_, &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
                     &losses_,   &lse_,       &dres_,     &dbtc_,     &dqkv_,     &dfch_};
-  const size_t sizes[] = {BT * C,
-                          L * BT * C,
-                          L * BT,
-                          L * BT,
-                          L * BT * 3 * Ca,
-                          L * BT * Ca,
-                          L * B * NHa * T * T,
-                          L * BT * C,
-                          L * BT * C,
-                          L * BT,
-                          L * BT,
-                          L * BT * C4,
-                          L * BT * C4,
-                          L * BT * C,
-                          last * BT * C,
-                          last * BT,
-                          last * BT,
-                          last * BT * Vp,
-                          last * BT,
-                          last * BT,
-                          BT * C,
-                          BT * C,
-                          BT * 3 * Ca,
-                          BT * C4};
+  const size_t sizes[] = {
+      BT * C,         L * BT * C, L * BT,        L * BT,    L * BT * 3 * Ca, L * BT * Ca,
+      L * att_floats, L * BT * C, L * BT * C,    L * BT,    L * BT,          L * BT * C4,
+      L * BT * C4,    L * BT * C, last * BT * C, last * BT, last * BT,       last * BT * Vp,
+      last * BT,      last * BT,  BT * C,        BT * C,    BT * 3 * Ca,     BT * C4,
+  };
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
   static_assert(n == sizeof(ptrs) / sizeof(ptrs[0]));
   const size_t need = LayoutBuffers(nullptr, ptrs, n, sizes);
@@ -62,6 +46,7 @@ void StageActivations::Ensure(int B, int T) {
   LayoutBuffers(arena_.data(), ptrs, n, sizes);
   B_ = B;
   T_ = T;
+  att_floats_ = att_floats;
   inputs_.resize(BT);
   targets_.resize(BT);
   backward_ready_ = false;
@@ -127,7 +112,7 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   float* ln1 = a.ln1_ + i * btc;
   float* qkv = a.qkv_ + i * BT * 3 * Ca;
   float* atty = a.atty_ + i * BT * Ca;
-  float* att = a.att_ + i * B * NHa * T * T;
+  float* att = a.att_ + i * a.att_floats_;
   float* res2 = a.residual2_ + i * btc;
   float* ln2 = a.ln2_ + i * btc;
   float* fch = a.fch_ + i * BT * C4;
@@ -157,6 +142,7 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   const int B = a.B_, T = a.T_, BT = B * T;
   const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
   DROVER_CHECK(B >= 1 && T >= 1);
+  DROVER_CHECK_MSG(a.precision_ == precision_, "activations laid out for another precision");
   a.backward_ready_ = false;
   if (layout_->first_stage()) {
     for (int i = 0; i < BT; i++)
@@ -265,8 +251,8 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
                        p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Narrow(a.dbtc_, static_cast<size_t>(BT) * Ca);
-  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * B * NHa * T * T, a.qkv_ + i * BT * 3 * Ca,
-                          B, T, Ca, NHa, precision_);
+  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * a.att_floats_, a.qkv_ + i * BT * 3 * Ca, B,
+                          T, Ca, NHa, precision_);
   Narrow(a.dqkv_, static_cast<size_t>(BT) * 3 * Ca);
   ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,
                        C, 3 * Ca, 3 * Ca, acc, precision_);

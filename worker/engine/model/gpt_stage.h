@@ -48,7 +48,10 @@ namespace drover::engine {
 // written, so they stay defined).
 class StageActivations {
  public:
-  StageActivations(const GptLayout* layout, Ops* ops) : layout_(layout), ops_(ops) {}
+  // `precision` is the stage's (GptStage): it decides how much attention keeps for backward
+  // (Ops::AttentionStateFloats).
+  StageActivations(const GptLayout* layout, Ops* ops, Precision precision = Precision::kFp32)
+      : layout_(layout), ops_(ops), precision_(precision) {}
   StageActivations(const StageActivations&) = delete;
   StageActivations& operator=(const StageActivations&) = delete;
 
@@ -77,8 +80,10 @@ class StageActivations {
 
   const GptLayout* layout_;
   Ops* ops_;
+  const Precision precision_;
   Buffer arena_;
   int B_ = 0, T_ = 0;
+  size_t att_floats_ = 0;        // per layer: attention's state (att_)
   bool backward_ready_ = false;  // a training Forward of the last stage came right before
   std::vector<int32_t> inputs_, targets_;
   // Per-layer buffers hold one slice per local layer; layer l0 + i starts at slice i.

@@ -113,7 +113,7 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
       norm_ranges_(PrimaryRuns(layout_)) {
   const int sets = MaxInFlight(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches());
   for (int i = 0; i < sets; ++i) {
-    acts_.push_back(std::make_unique<StageActivations>(&layout_, ops));
+    acts_.push_back(std::make_unique<StageActivations>(&layout_, ops, options.precision));
     acts_.back()->Ensure(options.micro_batch, options.seq_len);
   }
   sends_.resize(sets);

@@ -3,9 +3,9 @@
 //
 // Memory: arenas are cudaMalloc'ed once each, at start-up (the engine sizes every arena
 // then), zero-filled; nothing is allocated inside a step except the first time a scratch
-// buffer (token ids and their buckets, attention's datt, the column sums') grows. Token ids arrive
-// in host memory (the data loader's): they are copied to a device buffer on the stream, which
-// orders the copy after every kernel still reading the previous ids.
+// buffer (token ids and their buckets, attention's datt or row sums, the column sums')
+// grows. Token ids arrive in host memory (the data loader's): they are copied to a device buffer on
+// the stream, which orders the copy after every kernel still reading the previous ids.
 //
 // Synchronisation: every kernel is enqueued on the one compute stream; the calls that return
 // a value to the host (CrossEntropyForward, SumSquares) wait for it. Copies between host and
@@ -14,6 +14,7 @@
 // data-parallel communication thread's staging overlaps the training thread's backward.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -79,6 +80,17 @@ class Scratch {
   T* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// Whether attention takes the fused kernels (flash_attention.cu) rather than the GEMMs
+// (attention.cu). DROVER_CUDA_ATTENTION=gemms keeps the GEMMs for every run, to compare the
+// two (tests/device/speed.sh); it is read once, so forward and backward always agree.
+bool Fused(int C, int NH, Precision operands) {
+  static const bool gemms_only = [] {
+    const char* choice = std::getenv("DROVER_CUDA_ATTENTION");
+    return choice != nullptr && std::strcmp(choice, "gemms") == 0;
+  }();
+  return !gemms_only && FlashAttentionApplies(C, NH, operands);
+}
 
 class CudaOpsImpl final : public Ops {
  public:
@@ -186,14 +198,27 @@ class CudaOpsImpl final : public Ops {
     cuda::MatmulBackward(blas_, dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate,
                          operands, scratch, stream_);
   }
-  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
-                        Precision operands) override {
-    cuda::AttentionForward(blas_, out, att, qkv, B, T, C, NH, operands, stream_);
+  size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
+    if (Fused(C, NH, operands)) return FlashAttentionStateFloats(B, T, C, NH);
+    return Ops::AttentionStateFloats(B, T, C, NH, operands);
   }
-  void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
-                         int T, int C, int NH, Precision operands) override {
-    float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
-    cuda::AttentionBackward(blas_, dqkv, datt, dout, att, qkv, B, T, C, NH, operands, stream_);
+  void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+                        Precision operands) override {
+    if (Fused(C, NH, operands)) {
+      cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, stream_);
+    } else {
+      cuda::AttentionForward(blas_, out, state, qkv, B, T, C, NH, operands, stream_);
+    }
+  }
+  void AttentionBackward(float* dqkv, const float* dout, const float* state, const float* qkv,
+                         int B, int T, int C, int NH, Precision operands) override {
+    if (Fused(C, NH, operands)) {
+      float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
+      cuda::FlashAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands, stream_);
+    } else {
+      float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
+      cuda::AttentionBackward(blas_, dqkv, datt, dout, state, qkv, B, T, C, NH, operands, stream_);
+    }
   }
   void GeluForward(float* out, const float* inp, size_t N) override {
     cuda::GeluForward(out, inp, N, stream_);

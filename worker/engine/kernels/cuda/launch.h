@@ -16,6 +16,12 @@
   kernel<<<grid, block, shared_bytes, stream>>>
 #endif
 
+// A kernel's dynamic shared memory (the launch's shared_bytes) as `unsigned char* name`,
+// 128-byte aligned; the emulator gives each block its own.
+#ifndef DROVER_DYNAMIC_SHARED
+#define DROVER_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
+
 namespace drover::engine::cuda {
 
 inline unsigned Blocks(size_t n, unsigned threads) {

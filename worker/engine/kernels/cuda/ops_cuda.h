@@ -74,6 +74,20 @@ void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const floa
                        const float* att, const float* qkv, int B, int T, int C, int NH,
                        Precision operands, cudaStream_t stream);
 
+// ---- flash_attention.cu (fused, for mixed-precision runs) -----------------------------
+// Whether the fused kernels take this attention: bf16 / fp16 operands, head size C / NH of
+// 16, 32, 64 or 128.
+bool FlashAttentionApplies(int C, int NH, Precision operands);
+// What forward keeps for backward: each row's log-sum-exp (B, NH, T), then an fp32 copy of
+// out (B, T, C).
+size_t FlashAttentionStateFloats(int B, int T, int C, int NH);
+void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+                           Precision operands, cudaStream_t stream);
+// dot: scratch of B*NH*T floats (each row's sum of dout * out).
+void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
+                            const float* qkv, int B, int T, int C, int NH, Precision operands,
+                            cudaStream_t stream);
+
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, cudaStream_t stream);
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream);

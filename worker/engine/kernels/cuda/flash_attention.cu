@@ -1,0 +1,585 @@
+// Causal multi-head attention over packed qkv (kernels/cpu/attention.h) for mixed-precision
+// runs, fused in the manner of FlashAttention: the (T, T) scores live only as 16 x 64 tiles
+// in shared memory, the masked half is never computed, and what forward keeps for backward
+// is each row's log-sum-exp and an fp32 copy of its output, B*NH*T + B*T*C floats instead of
+// the B*NH*T*T probabilities (FlashAttentionStateFloats).
+//
+// The products run on tensor cores through the warp matrix functions (wmma), in the same
+// formats the GEMM version (attention.cu) gives cuBLAS, so both give the same numbers up to
+// summation order:
+//   scores  S = q k^T        bf16 / fp16 operands (they hold values of the run's precision)
+//   dP = dout v^T            bf16 / fp16
+//   out = P v, dv = P^T dout, dq = dS k, dk = dS^T q     TF32 (P and dS are fp32 values)
+// with fp32 accumulation, and the softmax, its online rescaling and its gradient in fp32.
+//
+// Work: 64-row tiles; a block of 4 warps owns a tile of one (b, h), each warp 16 of its rows.
+//   forward: a block per query tile walks the key tiles up to the diagonal, keeping the row
+//            max m, the row sum l and the unnormalised output in shared memory (the output
+//            is rescaled by exp(m_old - m_new) per row, which wmma's opaque accumulator layout
+//            does not allow in registers), and writes out = o / l and lse = m + log l.
+//   D:       D = rowsum(dout * out) per row, from the fp32 copy (softmax's backward needs
+//            sum_j P_ij dP_ij, which equals it).
+//   dq:      a block per query tile walks the key tiles up to the diagonal, recomputing P
+//            from lse, dS = P (dP - D) scale, and accumulates dq = dS k in registers.
+//   dk, dv:  a block per key tile walks the query tiles from the diagonal on, recomputing
+//            P^T and dS^T, and accumulates dv = P^T dout and dk = dS^T q in registers.
+// Every element of dqkv is written exactly once, with no atomics: the backward is
+// deterministic (at the price of computing S and dP twice, once per backward kernel).
+//
+// Only mixed-precision runs with a head size of 16, 32, 64 or 128 come here
+// (FlashAttentionApplies); fp32 runs keep the GEMM version, whose pedantic fp32 products are
+// the CPU reference's arithmetic.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cstdint>
+
+#include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/launch.h"
+#include "worker/engine/kernels/cuda/ops_cuda.h"
+
+namespace drover::engine::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kTile = 64;  // rows of a query or key tile
+constexpr int kWarps = kTile / 16;
+constexpr int kThreads = kWarps * 32;
+
+template <typename N>
+__device__ __forceinline__ N ToNarrow(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 ToNarrow<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half ToNarrow<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+__device__ __forceinline__ float Tf32(float x) { return wmma::__float_to_tf32(x); }
+
+// The shared-memory layout of each kernel, in bytes from the (128-byte aligned) base; every
+// region starts 128-byte aligned, and row strides are padded against bank conflicts while
+// keeping wmma's rules (16-byte multiples; 32-byte aligned tiles at 8- and 16-row steps).
+constexpr size_t Align(size_t bytes) { return (bytes + 127) / 128 * 128; }
+
+template <typename N, int HS>
+struct Geometry {
+  static constexpr int kLdN = HS + 8;                         // narrowed tiles
+  static constexpr int kLdF = HS + 4;                         // fp32 / tf32 tiles
+  static constexpr int kLdW = (HS > kTile ? HS : kTile) + 4;  // a warp's 16-row tile
+  static constexpr size_t kNarrowTile = Align(sizeof(N) * kTile * kLdN);
+  static constexpr size_t kFloatTile = Align(sizeof(float) * kTile * kLdF);
+  static constexpr size_t kWarpTiles = Align(sizeof(float) * kWarps * 16 * kLdW);
+  static constexpr size_t kRows = Align(sizeof(float) * kTile);
+};
+
+// Forward: q, k (narrowed), v (tf32), the warps' scores, o (fp32), m, l, alpha per row.
+template <typename N, int HS>
+struct ForwardSmem : Geometry<N, HS> {
+  using G = Geometry<N, HS>;
+  static constexpr size_t kQ = 0, kK = kQ + G::kNarrowTile, kV = kK + G::kNarrowTile,
+                          kS = kV + G::kFloatTile, kO = kS + G::kWarpTiles, kM = kO + G::kFloatTile,
+                          kL = kM + G::kRows, kAlpha = kL + G::kRows, kBytes = kAlpha + G::kRows;
+};
+
+// dq: q, dout (narrowed, this block's), k, v (narrowed), k (tf32), the warps' S and dP,
+// lse and D per row.
+template <typename N, int HS>
+struct DqSmem : Geometry<N, HS> {
+  using G = Geometry<N, HS>;
+  static constexpr size_t kQ = 0, kDout = kQ + G::kNarrowTile, kK = kDout + G::kNarrowTile,
+                          kV = kK + G::kNarrowTile, kKf = kV + G::kNarrowTile,
+                          kS = kKf + G::kFloatTile, kDp = kS + G::kWarpTiles,
+                          kLse = kDp + G::kWarpTiles, kD = kLse + G::kRows, kBytes = kD + G::kRows;
+};
+
+// dk, dv: k, v (narrowed, this block's), q, dout (narrowed and tf32), the warps' P^T and
+// dP^T, lse and D of the query tile.
+template <typename N, int HS>
+struct DkvSmem : Geometry<N, HS> {
+  using G = Geometry<N, HS>;
+  static constexpr size_t kK = 0, kV = kK + G::kNarrowTile, kQ = kV + G::kNarrowTile,
+                          kDout = kQ + G::kNarrowTile, kQf = kDout + G::kNarrowTile,
+                          kDoutf = kQf + G::kFloatTile, kP = kDoutf + G::kFloatTile,
+                          kDp = kP + G::kWarpTiles, kLse = kDp + G::kWarpTiles,
+                          kD = kLse + G::kRows, kBytes = kD + G::kRows;
+};
+
+template <typename T>
+__device__ __forceinline__ T* At(unsigned char* smem, size_t offset) {
+  return reinterpret_cast<T*>(smem + offset);
+}
+
+// Rows [t0, t0 + kTile) of one head's (T, HS) slice of a row-major source (row stride ld
+// floats; src at row 0 of the slice) into shared memory: narrowed into `narrow` (ldm
+// kLdN) and/or tf32-rounded into `wide` (ldm kLdF), either may be null. Rows past T are
+// zeros. float4 loads: HS and ld are multiples of 4 and src is 16-byte aligned.
+template <typename N, int HS>
+__device__ void LoadTile(N* narrow, float* wide, const float* src, size_t ld, int t0, int T) {
+  using G = Geometry<N, HS>;
+  constexpr int kVecs = HS / 4;
+  for (int e = threadIdx.x; e < kTile * kVecs; e += kThreads) {
+    const int r = e / kVecs, c = (e % kVecs) * 4;
+    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (t0 + r < T)
+      v = *reinterpret_cast<const float4*>(src + static_cast<size_t>(t0 + r) * ld + c);
+    if (narrow != nullptr) {
+      N* d = narrow + r * G::kLdN + c;
+      d[0] = ToNarrow<N>(v.x);
+      d[1] = ToNarrow<N>(v.y);
+      d[2] = ToNarrow<N>(v.z);
+      d[3] = ToNarrow<N>(v.w);
+    }
+    if (wide != nullptr) {
+      float* d = wide + r * G::kLdF + c;
+      d[0] = Tf32(v.x);
+      d[1] = Tf32(v.y);
+      d[2] = Tf32(v.z);
+      d[3] = Tf32(v.w);
+    }
+  }
+}
+
+// out (16, 16 * blocks; ldm kLdW) = a (16, HS) b^T for the first `blocks` 16-column blocks,
+// b (16 * blocks, HS) row-major: a warp's scores (or dP) against a tile of rows. Narrowed
+// operands, fp32 accumulation. Column blocks from `first` on only.
+template <typename N, int HS>
+__device__ void RowsTimesTileT(float* out, const N* a, const N* b, int first, int blocks) {
+  using G = Geometry<N, HS>;
+  for (int j = first; j < blocks; ++j) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int d = 0; d < HS; d += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, N, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, N, wmma::col_major> fb;
+      wmma::load_matrix_sync(fa, a + d, G::kLdN);
+      wmma::load_matrix_sync(fb, b + j * 16 * G::kLdN + d, G::kLdN);
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + j * 16, acc, G::kLdW, wmma::mem_row_major);
+  }
+}
+
+// acc[n] (16, 16 each: 16 x HS) += a (16, 8 * steps; tf32, ldm kLdW) b (8 * steps, HS; tf32,
+// ldm kLdF), the k steps from `first` on.
+template <int HS, int kLdW, int kLdF>
+__device__ void AccumulateTf32(wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
+                               const float* a, const float* b, int first, int steps) {
+  for (int kk = first; kk < steps; ++kk) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + kk * 8, kLdW);  // already tf32 values
+    for (int n = 0; n < HS / 16; ++n) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb;
+      wmma::load_matrix_sync(fb, b + kk * 8 * kLdF + n * 16, kLdF);
+      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+    }
+  }
+}
+
+// Writes a warp's 16 x HS accumulators through its shared tile `stage` (ldm kLdW) to rows
+// t0.. of dst (row stride ld floats, dst at row 0 of the head's slice), rows < T only.
+template <int HS, int kLdW>
+__device__ void StoreRows(float* dst, size_t ld, int t0, int T,
+                          const wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
+                          float* stage) {
+  const int lane = threadIdx.x % 32;
+  for (int n = 0; n < HS / 16; ++n) {
+    wmma::store_matrix_sync(stage + n * 16, acc[n], kLdW, wmma::mem_row_major);
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * HS; e += 32) {
+    const int r = e / HS, d = e % HS;
+    if (t0 + r < T) dst[static_cast<size_t>(t0 + r) * ld + d] = stage[r * kLdW + d];
+  }
+}
+
+template <typename N, int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashForwardKernel(float* out, float* lse, float* out_copy, const float* qkv, int T, int C,
+                       int NH, float scale) {
+  using S = ForwardSmem<N, HS>;
+  DROVER_DYNAMIC_SHARED(smem);
+  N* q = At<N>(smem, S::kQ);
+  N* k = At<N>(smem, S::kK);
+  float* v = At<float>(smem, S::kV);
+  float* o = At<float>(smem, S::kO);
+  float* row_m = At<float>(smem, S::kM);
+  float* row_l = At<float>(smem, S::kL);
+  float* row_alpha = At<float>(smem, S::kAlpha);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* s = At<float>(smem, S::kS) + warp * 16 * S::kLdW;
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int q0 = qt * kTile;
+  const size_t ld = 3 * static_cast<size_t>(C);
+  const float* base = qkv + static_cast<size_t>(b) * T * ld + h * HS;
+
+  LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
+  for (int e = threadIdx.x; e < kTile * S::kLdF; e += kThreads) o[e] = 0.0f;
+  for (int r = threadIdx.x; r < kTile; r += kThreads) {
+    row_m[r] = -INFINITY;
+    row_l[r] = 0.0f;
+  }
+  // Softmax rows: two lanes per row, 32 columns each.
+  const int r = lane / 2, half = lane % 2;
+  const int row = warp * 16 + r;  // in the tile
+  const int tq = q0 + row;
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous k and v
+    LoadTile<N, HS>(k, nullptr, base + C, ld, k0, T);
+    LoadTile<N, HS>(nullptr, v, base + 2 * static_cast<size_t>(C), ld, k0, T);
+    __syncthreads();
+    const bool diagonal = kt == qt;
+    // On the diagonal, key blocks past the warp's own rows are masked whole: skipped.
+    const int key_blocks = diagonal ? warp + 1 : kWarps;
+    RowsTimesTileT<N, HS>(s, q + warp * 16 * S::kLdN, k, 0, key_blocks);
+    __syncwarp();
+
+    // Online softmax of the row: columns c <= limit are keys the row sees.
+    const int limit = min(tq, T - 1) - k0;
+    float* srow = s + r * S::kLdW + half * 32;
+    float mx = -INFINITY;
+    for (int i = 0; i < 32; ++i) {
+      if (half * 32 + i <= limit) mx = fmaxf(mx, srow[i]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)) * scale;
+    const float m_old = row_m[row];
+    const float m_new = fmaxf(m_old, mx);  // finite: column 0 is seen by every row
+    float sum = 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      const float p = half * 32 + i <= limit ? expf(srow[i] * scale - m_new) : 0.0f;
+      srow[i] = Tf32(p);
+      sum += p;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    __syncwarp();  // both lanes of the row read m_old before it changes
+    if (half == 0) {
+      const float alpha = expf(m_old - m_new);  // 0 at the first tile (m_old = -inf)
+      row_alpha[row] = alpha;
+      row_l[row] = row_l[row] * alpha + sum;
+      row_m[row] = m_new;
+    }
+    __syncwarp();
+
+    // o (the warp's 16 rows) = o alpha + P v.
+    float* ow = o + warp * 16 * S::kLdF;
+    for (int e = lane; e < 16 * HS; e += 32) {
+      ow[(e / HS) * S::kLdF + e % HS] *= row_alpha[warp * 16 + e / HS];
+    }
+    __syncwarp();
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[HS / 16];
+    for (int n = 0; n < HS / 16; ++n) {
+      wmma::load_matrix_sync(acc[n], ow + n * 16, S::kLdF, wmma::mem_row_major);
+    }
+    // On the diagonal, P is zero past the warp's rows: 8-key steps up to them.
+    AccumulateTf32<HS, S::kLdW, S::kLdF>(acc, s, v, 0, diagonal ? 2 * (warp + 1) : kTile / 8);
+    for (int n = 0; n < HS / 16; ++n) {
+      wmma::store_matrix_sync(ow + n * 16, acc[n], S::kLdF, wmma::mem_row_major);
+    }
+  }
+  __syncwarp();
+  const float* ow = o + warp * 16 * S::kLdF;
+  for (int e = lane; e < 16 * HS; e += 32) {
+    const int rr = e / HS, d = e % HS;
+    const int t = q0 + warp * 16 + rr;
+    if (t < T) {
+      const float value = ow[rr * S::kLdF + d] / row_l[warp * 16 + rr];
+      const size_t at = (static_cast<size_t>(b) * T + t) * C + h * HS + d;
+      out[at] = value;
+      out_copy[at] = value;
+    }
+  }
+  if (lane < 16 && q0 + warp * 16 + lane < T) {
+    const int rr = warp * 16 + lane;
+    lse[static_cast<size_t>(blockIdx.y) * T + q0 + rr] = row_m[rr] + logf(row_l[rr]);
+  }
+}
+
+// D (B, NH, T) = sum over the head's channels of dout * out: one warp per (b, t, h).
+template <int HS>
+__global__ void SoftmaxDotKernel(float* D, const float* dout, const float* out, int B, int T, int C,
+                                 int NH) {
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const size_t bt = row / NH;
+  const int h = static_cast<int>(row % NH);
+  const float* a = dout + bt * C + h * HS;
+  const float* o = out + bt * C + h * HS;
+  float sum = 0.0f;
+  for (int d = lane; d < HS; d += 32) sum += a[d] * o[d];
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const size_t b = bt / T, t = bt % T;
+  if (lane == 0) D[(b * NH + h) * T + t] = sum;
+}
+
+// P and dS of 16 x 64 tiles, in place, for the two backward kernels: p = exp(s scale - lse),
+// ds = p (dp - D) scale, both zero where `visible` says the pair is masked; written as tf32.
+// Two lanes per row, 32 columns each; lse and D are per row (dq) or per column (dk, dv).
+template <typename Visible, typename Lse, typename Dot>
+__device__ void SoftmaxGrad(float* s, float* dp, int ld, float scale, Visible visible, Lse lse,
+                            Dot dot) {
+  const int lane = threadIdx.x % 32;
+  const int r = lane / 2, c0 = (lane % 2) * 32;
+  for (int i = 0; i < 32; ++i) {
+    const int c = c0 + i;
+    float p = 0.0f, ds = 0.0f;
+    if (visible(r, c)) {
+      p = expf(s[r * ld + c] * scale - lse(r, c));
+      ds = p * (dp[r * ld + c] - dot(r, c)) * scale;
+    }
+    s[r * ld + c] = Tf32(p);
+    dp[r * ld + c] = Tf32(ds);
+  }
+}
+
+template <typename N, int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashDqKernel(float* dqkv, const float* dout, const float* lse, const float* D,
+                  const float* qkv, int T, int C, int NH, float scale) {
+  using S = DqSmem<N, HS>;
+  DROVER_DYNAMIC_SHARED(smem);
+  N* q = At<N>(smem, S::kQ);
+  N* dn = At<N>(smem, S::kDout);
+  N* k = At<N>(smem, S::kK);
+  N* v = At<N>(smem, S::kV);
+  float* kf = At<float>(smem, S::kKf);
+  float* row_lse = At<float>(smem, S::kLse);
+  float* row_d = At<float>(smem, S::kD);
+  const int warp = threadIdx.x / 32;
+  float* s = At<float>(smem, S::kS) + warp * 16 * S::kLdW;
+  float* dp = At<float>(smem, S::kDp) + warp * 16 * S::kLdW;
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int q0 = qt * kTile;
+  const size_t ld = 3 * static_cast<size_t>(C);
+  const float* base = qkv + static_cast<size_t>(b) * T * ld + h * HS;
+
+  LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
+  LoadTile<N, HS>(dn, nullptr, dout + static_cast<size_t>(b) * T * C + h * HS, C, q0, T);
+  const size_t rows_at = static_cast<size_t>(blockIdx.y) * T + q0;
+  for (int r = threadIdx.x; r < kTile; r += kThreads) {
+    row_lse[r] = q0 + r < T ? lse[rows_at + r] : 0.0f;
+    row_d[r] = q0 + r < T ? D[rows_at + r] : 0.0f;
+  }
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> dq[HS / 16];
+  for (auto& f : dq) wmma::fill_fragment(f, 0.0f);
+  const int first_row = warp * 16;
+  for (int kt = 0; kt <= qt; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();
+    LoadTile<N, HS>(k, kf, base + C, ld, k0, T);
+    LoadTile<N, HS>(v, nullptr, base + 2 * static_cast<size_t>(C), ld, k0, T);
+    __syncthreads();
+    const bool diagonal = kt == qt;
+    const int key_blocks = diagonal ? warp + 1 : kWarps;
+    RowsTimesTileT<N, HS>(s, q + first_row * S::kLdN, k, 0, key_blocks);
+    RowsTimesTileT<N, HS>(dp, dn + first_row * S::kLdN, v, 0, key_blocks);
+    __syncwarp();
+    SoftmaxGrad(
+        s, dp, S::kLdW, scale,
+        [=](int r, int c) {
+          const int t = q0 + first_row + r;
+          return k0 + c <= t && t < T;
+        },
+        [=](int r, int) { return row_lse[first_row + r]; },
+        [=](int r, int) { return row_d[first_row + r]; });
+    __syncwarp();
+    AccumulateTf32<HS, S::kLdW, S::kLdF>(dq, dp, kf, 0, diagonal ? 2 * (warp + 1) : kTile / 8);
+  }
+  __syncwarp();
+  StoreRows<HS, S::kLdW>(dqkv + static_cast<size_t>(b) * T * ld + h * HS, ld, q0 + first_row, T, dq,
+                         s);
+}
+
+template <typename N, int HS>
+__global__ void __launch_bounds__(kThreads)
+    FlashDkvKernel(float* dqkv, const float* dout, const float* lse, const float* D,
+                   const float* qkv, int T, int C, int NH, float scale) {
+  using S = DkvSmem<N, HS>;
+  DROVER_DYNAMIC_SHARED(smem);
+  N* k = At<N>(smem, S::kK);
+  N* v = At<N>(smem, S::kV);
+  N* q = At<N>(smem, S::kQ);
+  N* dn = At<N>(smem, S::kDout);
+  float* qf = At<float>(smem, S::kQf);
+  float* df = At<float>(smem, S::kDoutf);
+  float* col_lse = At<float>(smem, S::kLse);
+  float* col_d = At<float>(smem, S::kD);
+  const int warp = threadIdx.x / 32;
+  float* pt = At<float>(smem, S::kP) + warp * 16 * S::kLdW;
+  float* dpt = At<float>(smem, S::kDp) + warp * 16 * S::kLdW;
+  const int kt = blockIdx.x;  // the first key tiles have the most queries: first
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int k0 = kt * kTile;
+  const int tiles = gridDim.x;
+  const size_t ld = 3 * static_cast<size_t>(C);
+  const float* base = qkv + static_cast<size_t>(b) * T * ld + h * HS;
+  const float* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
+
+  LoadTile<N, HS>(k, nullptr, base + C, ld, k0, T);
+  LoadTile<N, HS>(v, nullptr, base + 2 * static_cast<size_t>(C), ld, k0, T);
+  wmma::fragment<wmma::accumulator, 16, 16, 8, float> dk[HS / 16], dv[HS / 16];
+  for (auto& f : dk) wmma::fill_fragment(f, 0.0f);
+  for (auto& f : dv) wmma::fill_fragment(f, 0.0f);
+  const int first_key = warp * 16;
+  for (int qt = kt; qt < tiles; ++qt) {
+    const int q0 = qt * kTile;
+    __syncthreads();
+    LoadTile<N, HS>(q, qf, base, ld, q0, T);
+    LoadTile<N, HS>(dn, df, dbase, C, q0, T);
+    const size_t rows_at = static_cast<size_t>(blockIdx.y) * T + q0;
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      col_lse[r] = q0 + r < T ? lse[rows_at + r] : 0.0f;
+      col_d[r] = q0 + r < T ? D[rows_at + r] : 0.0f;
+    }
+    __syncthreads();
+    const bool diagonal = qt == kt;
+    // On the diagonal, query blocks before the warp's keys see none of them: skipped.
+    const int first_block = diagonal ? warp : 0;
+    RowsTimesTileT<N, HS>(pt, k + first_key * S::kLdN, q, first_block, kWarps);
+    RowsTimesTileT<N, HS>(dpt, v + first_key * S::kLdN, dn, first_block, kWarps);
+    __syncwarp();
+    SoftmaxGrad(
+        pt, dpt, S::kLdW, scale,
+        [=](int r, int c) {
+          const int t = q0 + c;
+          return t >= k0 + first_key + r && t < T;
+        },
+        [=](int, int c) { return col_lse[c]; }, [=](int, int c) { return col_d[c]; });
+    __syncwarp();
+    const int first_step = diagonal ? 2 * warp : 0;
+    AccumulateTf32<HS, S::kLdW, S::kLdF>(dv, pt, df, first_step, kTile / 8);
+    AccumulateTf32<HS, S::kLdW, S::kLdF>(dk, dpt, qf, first_step, kTile / 8);
+  }
+  __syncwarp();
+  float* dbase_qkv = dqkv + static_cast<size_t>(b) * T * ld + h * HS;
+  StoreRows<HS, S::kLdW>(dbase_qkv + C, ld, k0 + first_key, T, dk, pt);
+  __syncwarp();
+  StoreRows<HS, S::kLdW>(dbase_qkv + 2 * static_cast<size_t>(C), ld, k0 + first_key, T, dv, pt);
+}
+
+// Launches `kernel` with `bytes` of dynamic shared memory, raising its limit past the
+// default 48 KiB first (cheap, and idempotent).
+template <typename... P, typename... A>
+void LaunchWithShared(void (*kernel)(P...), dim3 grid, size_t bytes, cudaStream_t stream,
+                      const A&... args) {
+  DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+  DROVER_LAUNCH(kernel, grid, kThreads, bytes, stream)(args...);
+  DROVER_CUDA_LAUNCHED();
+}
+
+// What the kernels assume of the shapes, and float4 loads of the rows of qkv (and dout).
+void RequireShapes(const float* qkv, const float* dout, int B, int T, int C, int NH) {
+  DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
+  DROVER_CUDA_REQUIRE(static_cast<long long>(B) * NH <= 65535);
+  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(qkv) % 16 == 0);
+  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(dout) % 16 == 0);
+}
+
+dim3 Grid(int B, int T, int NH) {
+  return dim3(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
+}
+
+template <typename N, int HS>
+void Forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+             cudaStream_t stream) {
+  float* lse = state;
+  float* out_copy = state + static_cast<size_t>(B) * NH * T;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+  LaunchWithShared(FlashForwardKernel<N, HS>, Grid(B, T, NH), ForwardSmem<N, HS>::kBytes, stream,
+                   out, lse, out_copy, qkv, T, C, NH, scale);
+}
+
+template <typename N, int HS>
+void Backward(float* dqkv, float* dot, const float* dout, const float* state, const float* qkv,
+              int B, int T, int C, int NH, cudaStream_t stream) {
+  const float* lse = state;
+  const float* out_copy = state + static_cast<size_t>(B) * NH * T;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  constexpr unsigned kDotThreads = 256;
+  DROVER_LAUNCH(SoftmaxDotKernel<HS>, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
+  (dot, dout, out_copy, B, T, C, NH);
+  DROVER_CUDA_LAUNCHED();
+  LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dout,
+                   lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
+  LaunchWithShared(FlashDkvKernel<N, HS>, Grid(B, T, NH), DkvSmem<N, HS>::kBytes, stream, dqkv,
+                   dout, lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
+}
+
+// The instantiation for the run's head size (FlashAttentionApplies checked it).
+template <typename N>
+void ForwardFor(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+                cudaStream_t stream) {
+  switch (C / NH) {
+    case 16:
+      return Forward<N, 16>(out, state, qkv, B, T, C, NH, stream);
+    case 32:
+      return Forward<N, 32>(out, state, qkv, B, T, C, NH, stream);
+    case 64:
+      return Forward<N, 64>(out, state, qkv, B, T, C, NH, stream);
+    default:
+      return Forward<N, 128>(out, state, qkv, B, T, C, NH, stream);
+  }
+}
+
+template <typename N>
+void BackwardFor(float* dqkv, float* dot, const float* dout, const float* state, const float* qkv,
+                 int B, int T, int C, int NH, cudaStream_t stream) {
+  switch (C / NH) {
+    case 16:
+      return Backward<N, 16>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+    case 32:
+      return Backward<N, 32>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+    case 64:
+      return Backward<N, 64>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+    default:
+      return Backward<N, 128>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+  }
+}
+
+}  // namespace
+
+bool FlashAttentionApplies(int C, int NH, Precision operands) {
+  if (operands == Precision::kFp32 || NH <= 0 || C % NH != 0) return false;
+  const int HS = C / NH;
+  return HS == 16 || HS == 32 || HS == 64 || HS == 128;
+}
+
+size_t FlashAttentionStateFloats(int B, int T, int C, int NH) {
+  return static_cast<size_t>(B) * NH * T + static_cast<size_t>(B) * T * C;
+}
+
+void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+                           Precision operands, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
+  RequireShapes(qkv, qkv, B, T, C, NH);
+  if (operands == Precision::kBf16) {
+    ForwardFor<__nv_bfloat16>(out, state, qkv, B, T, C, NH, stream);
+  } else {
+    ForwardFor<__half>(out, state, qkv, B, T, C, NH, stream);
+  }
+}
+
+void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
+                            const float* qkv, int B, int T, int C, int NH, Precision operands,
+                            cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
+  RequireShapes(qkv, dout, B, T, C, NH);
+  if (operands == Precision::kBf16) {
+    BackwardFor<__nv_bfloat16>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+  } else {
+    BackwardFor<__half>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+  }
+}
+
+}  // namespace drover::engine::cuda
