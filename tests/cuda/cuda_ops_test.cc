@@ -323,6 +323,30 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
   ExpectClose(Host(gv, n), v, "adamw v", 1e-5, 1e-9);
 }
 
+// The optimizer's update of every decay segment in one call (one launch on CUDA): segments
+// with their own weight decay, one spanning several of the kernel's chunks, and a gap that
+// no segment covers and that stays as it was; then the same arenas with another table.
+TEST_F(CudaOpsTest, AdamWOverSegmentsInOnePass) {
+  const size_t n = 150000;
+  std::vector<float> p = Random(n), g = Random(n), m = Random(n, 0.1f), v(n);
+  for (float& e : v) e = std::fabs(e) * 0.01f;
+  float *gp = Dev(p), *gg = Dev(g), *gm = Dev(m), *gv = Dev(v);
+  const AdamWConfig config{0.9f, 0.95f, 1e-8f, 0.1f};
+  const std::vector<AdamWSegment> first = {
+      {0, 1000, 0.0f}, {1000, 140000, 0.1f}, {145000, 5000, 0.0f}};  // 141000..145000 untouched
+  const std::vector<AdamWSegment> second = {{0, 150000, 0.05f}};
+  int64_t t = 3;
+  for (const std::vector<AdamWSegment>* table : {&first, &second, &first}) {
+    gpu_->AdamWUpdateSegments(gp, gg, gm, gv, table->data(), table->size(), 1e-3f, config, t);
+    cpu_->AdamWUpdateSegments(p.data(), g.data(), m.data(), v.data(), table->data(), table->size(),
+                              1e-3f, config, t);
+    ++t;
+  }
+  ExpectClose(Host(gp, n), p, "adamw segments params", 1e-5, 1e-6);
+  ExpectClose(Host(gm, n), m, "adamw segments m", 1e-5, 1e-7);
+  ExpectClose(Host(gv, n), v, "adamw segments v", 1e-5, 1e-9);
+}
+
 // 20 steps of a small GPT through the whole trainer, on the GPU and on the CPU, in fp32
 // and in bf16 (both store floats rounded to bf16; a value next to a rounding boundary may
 // land on the other side on one of them, hence the looser bound).

@@ -14,8 +14,9 @@ namespace drover::engine {
 // rather than called through a vtable that does not match.
 // Also covers the plugin's other entry points (parallel/cuda_groups.h) and the interfaces
 // they pass across (Communicator, KvStore, Status).
-// 3: GEMM precision, Synchronize; 4: NCCL groups; 5: AttentionStateFloats.
-inline constexpr int kCudaOpsAbi = 5;
+// 3: GEMM precision, Synchronize; 4: NCCL groups; 5: AttentionStateFloats;
+// 6: AdamWUpdateSegments.
+inline constexpr int kCudaOpsAbi = 6;
 
 // The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
 // those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a

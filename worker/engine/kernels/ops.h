@@ -178,6 +178,18 @@ class Ops {
   // One AdamW update of n elements with one weight-decay value; t is the 1-based step.
   virtual void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
                            float lr, float weight_decay, const AdamWConfig& config, int64_t t) = 0;
+  // The same update of every segment (ascending, disjoint) of the arenas, each with its own
+  // weight decay: one pass over all of them where the backend can (CUDA: one launch, rather
+  // than one per segment, of which GPT-2's decay groups make a hundred).
+  virtual void AdamWUpdateSegments(float* params, const float* grads, float* m, float* v,
+                                   const AdamWSegment* segments, size_t count, float lr,
+                                   const AdamWConfig& config, int64_t t) {
+    for (size_t i = 0; i < count; ++i) {
+      const AdamWSegment& s = segments[i];
+      AdamWUpdate(params + s.offset, grads + s.offset, m + s.offset, v + s.offset, s.numel, lr,
+                  s.weight_decay, config, t);
+    }
+  }
 };
 
 // The CPU table (OpenMP + OpenBLAS), shared by everything in the process.

@@ -209,5 +209,11 @@ void ProfiledOps::AdamWUpdate(float* params, const float* grads, float* m, float
   Timed timed(this, kAdamWUpdate);
   inner_->AdamWUpdate(params, grads, m, v, n, lr, weight_decay, config, t);
 }
+void ProfiledOps::AdamWUpdateSegments(float* params, const float* grads, float* m, float* v,
+                                      const AdamWSegment* segments, size_t count, float lr,
+                                      const AdamWConfig& config, int64_t t) {
+  Timed timed(this, kAdamWUpdate);
+  inner_->AdamWUpdateSegments(params, grads, m, v, segments, count, lr, config, t);
+}
 
 }  // namespace drover::engine

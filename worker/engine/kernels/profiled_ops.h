@@ -107,6 +107,9 @@ class ProfiledOps final : public Ops {
                             int N, int V, int Vp) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                    float weight_decay, const AdamWConfig& config, int64_t t) override;
+  void AdamWUpdateSegments(float* params, const float* grads, float* m, float* v,
+                           const AdamWSegment* segments, size_t count, float lr,
+                           const AdamWConfig& config, int64_t t) override;
 
  private:
   class Timed;  // charges the time from its construction to after Synchronize to one op

@@ -60,11 +60,12 @@ AdamW::AdamW(std::vector<DecayRange> ranges, size_t n, const AdamWConfig& config
     lo = std::max(lo, begin_);
     hi = std::min(hi, end_);
     if (lo >= hi) return;
-    if (!segments_.empty() && segments_.back().decay == decay &&
+    const float wd = decay ? config_.weight_decay : 0.0f;
+    if (!segments_.empty() && segments_.back().weight_decay == wd &&
         segments_.back().offset + segments_.back().numel == lo - begin_) {
       segments_.back().numel += hi - lo;
     } else {
-      segments_.push_back({lo - begin_, hi - lo, decay});
+      segments_.push_back({lo - begin_, hi - lo, wd});
     }
   };
   size_t pos = 0;
@@ -78,11 +79,8 @@ AdamW::AdamW(std::vector<DecayRange> ranges, size_t n, const AdamWConfig& config
 
 void AdamW::Step(float* params, const float* grads, float lr) {
   ++step_count_;
-  for (const Segment& s : segments_) {
-    const float wd = s.decay ? config_.weight_decay : 0.0f;
-    ops_->AdamWUpdate(params + s.offset, grads + s.offset, m_.data() + s.offset,
-                      v_.data() + s.offset, s.numel, lr, wd, config_, step_count_);
-  }
+  ops_->AdamWUpdateSegments(params, grads, m_.data(), v_.data(), segments_.data(), segments_.size(),
+                            lr, config_, step_count_);
 }
 
 }  // namespace drover::engine

@@ -80,18 +80,12 @@ class AdamW {
   const float* v() const { return v_.data(); }
 
  private:
-  // Segments of [begin_, end_) with a constant decay flag, relative to begin_.
-  struct Segment {
-    size_t offset;
-    size_t numel;
-    bool decay;
-  };
-
   AdamWConfig config_;
   Ops* ops_;
   size_t begin_;
   size_t end_;
-  std::vector<Segment> segments_;
+  // [begin_, end_) in runs of one weight decay, relative to begin_.
+  std::vector<AdamWSegment> segments_;
   Buffer m_;
   Buffer v_;
   int64_t step_count_ = 0;

@@ -12,6 +12,7 @@
 // device run on a second stream, ordered by events after the compute work enqueued before
 // the call (ToHost, FromHost) and before the work enqueued after it (FromHost), so that the
 // data-parallel communication thread's staging overlaps the training thread's backward.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -250,6 +251,16 @@ class CudaOpsImpl final : public Ops {
     cuda::AdamWUpdate(params, grads, m, v, n, lr, weight_decay, config.beta1, config.beta2,
                       config.eps, c1, c2, stream_);
   }
+  void AdamWUpdateSegments(float* params, const float* grads, float* m, float* v,
+                           const AdamWSegment* segments, size_t count, float lr,
+                           const AdamWConfig& config, int64_t t) override {
+    DROVER_CUDA_REQUIRE(t >= 1);
+    const float c1 = static_cast<float>(1.0 - std::pow(double{config.beta1}, double(t)));
+    const float c2 = static_cast<float>(1.0 - std::pow(double{config.beta2}, double(t)));
+    const AdamWChunk* chunks = AdamWChunks(segments, count);
+    cuda::AdamWUpdateChunks(params, grads, m, v, chunks, adamw_chunks_.count, lr, config.beta1,
+                            config.beta2, config.eps, c1, c2, stream_);
+  }
 
  private:
   // The token ids grouped on the host and their device copy (token_buckets.h).
@@ -257,6 +268,27 @@ class CudaOpsImpl final : public Ops {
     TokenBuckets host;
     Scratch<int32_t> device;
   };
+
+  // The chunk table of `segments` on the device, made again only when they change (an
+  // optimizer passes the same table every step).
+  const AdamWChunk* AdamWChunks(const AdamWSegment* segments, size_t count) {
+    const bool same = adamw_chunks_.segments.size() == count &&
+                      std::equal(segments, segments + count, adamw_chunks_.segments.begin(),
+                                 [](const AdamWSegment& a, const AdamWSegment& b) {
+                                   return a.offset == b.offset && a.numel == b.numel &&
+                                          a.weight_decay == b.weight_decay;
+                                 });
+    if (!same) {
+      adamw_chunks_.segments.assign(segments, segments + count);
+      const std::vector<AdamWChunk> host = AdamWChunksOf(segments, count);
+      adamw_chunks_.count = host.size();
+      AdamWChunk* device = adamw_chunks_.device.Get(host.size());
+      // Pageable source: the copy has read it by the time the call returns.
+      DROVER_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(AdamWChunk),
+                                        cudaMemcpyHostToDevice, stream_));
+    }
+    return adamw_chunks_.device.Get(adamw_chunks_.count);
+  }
 
   // Host token ids (n) on the device, valid for the kernels enqueued next.
   const int32_t* Tokens(const int32_t* host, int n) {
@@ -297,6 +329,11 @@ class CudaOpsImpl final : public Ops {
   DeviceBuckets buckets_;
   DeviceBuckets window_buckets_;  // EncoderBackwardWindow's, on the communication thread
   Scratch<float> datt_;
+  struct {
+    std::vector<AdamWSegment> segments;  // that the device table was made from
+    Scratch<AdamWChunk> device;
+    size_t count = 0;
+  } adamw_chunks_;
   Scratch<float> column_scratch_;  // bias and LayerNorm gradients (column_sum.cuh)
   Scratch<double> sum_scratch_;
   Scratch<double> mean_;

@@ -11,8 +11,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "worker/engine/kernels/precision.h"
+#include "worker/engine/optim/adamw_config.h"
 
 namespace drover::engine {
 class Ops;
@@ -104,5 +106,18 @@ void CrossEntropyBackward(float* logits, const float* lse, const int32_t* target
 void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                  float weight_decay, float beta1, float beta2, float eps, float correction1,
                  float correction2, cudaStream_t stream);
+// A block's share of AdamWUpdateChunks: at most kAdamWChunkElements of one segment.
+struct AdamWChunk {
+  size_t offset;
+  unsigned numel;
+  float weight_decay;
+};
+inline constexpr size_t kAdamWChunkElements = size_t{1} << 16;
+// The segments (ops.h: Ops::AdamWUpdateSegments) cut into chunks, in order.
+std::vector<AdamWChunk> AdamWChunksOf(const AdamWSegment* segments, size_t count);
+// Every chunk's update in one launch; chunks (count) in device memory.
+void AdamWUpdateChunks(float* params, const float* grads, float* m, float* v,
+                       const AdamWChunk* chunks, size_t count, float lr, float beta1, float beta2,
+                       float eps, float correction1, float correction2, cudaStream_t stream);
 
 }  // namespace drover::engine::cuda
