@@ -155,17 +155,30 @@ TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
     cpu_->Round(inp.data(), inp.size(), p);
     cpu_->Round(w.data(), w.size(), p);
     cpu_->Round(dout.data(), dout.size(), p);
-    const std::vector<float> bias = Random(OC), residual = Random(N * ldo);
-    for (bool with_extras : {false, true}) {
+    // The bias a float past an aligned address too: cuBLASLt's algorithms are chosen for
+    // their operands' alignment (a plan made for an aligned bias must not serve it).
+    std::vector<float> bias = Random(OC + 1);
+    const std::vector<float> residual = Random(N * ldo);
+    float* gbias = Dev(bias);
+    const float* gresidual = Dev(residual);
+    struct Case {
+      const char* what;
+      int bias_at;  // -1: no bias
+      bool residual;
+    };
+    for (const Case& k :
+         {Case{"matmul", -1, false}, Case{"matmul + bias", 0, false},
+          Case{"matmul + residual", -1, true}, Case{"matmul + bias + residual", 0, true},
+          Case{"matmul + unaligned bias + residual", 1, true}}) {
       std::vector<float> out = Random(N * ldo);  // columns past OC must survive
       float* gout = Dev(out);
-      const float* gb = with_extras ? Dev(bias) : nullptr;
-      const float* gr = with_extras ? Dev(residual) : nullptr;
-      gpu_->MatmulForward(gout, Dev(inp), Dev(w), gb, gr, N, C, OC, ldo, p);
-      cpu_->MatmulForward(out.data(), inp.data(), w.data(), with_extras ? bias.data() : nullptr,
-                          with_extras ? residual.data() : nullptr, N, C, OC, ldo, p);
-      ExpectClose(Host(gout, out.size()), out,
-                  (with_extras ? "matmul + bias + residual" : "matmul") + name, 1e-4, 1e-4);
+      const float* gb = k.bias_at >= 0 ? gbias + k.bias_at : nullptr;
+      const float* cb = k.bias_at >= 0 ? bias.data() + k.bias_at : nullptr;
+      gpu_->MatmulForward(gout, Dev(inp), Dev(w), gb, k.residual ? gresidual : nullptr, N, C, OC,
+                          ldo, p);
+      cpu_->MatmulForward(out.data(), inp.data(), w.data(), cb,
+                          k.residual ? residual.data() : nullptr, N, C, OC, ldo, p);
+      ExpectClose(Host(gout, out.size()), out, k.what + name, 1e-4, 1e-4);
     }
     for (bool accumulate : {false, true}) {
       std::vector<float> dinp(N * C), dw = Random(OC * C), db = Random(OC);

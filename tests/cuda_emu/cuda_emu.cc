@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
@@ -395,9 +396,12 @@ bool InOneDeviceAllocation(const float* p, int rows, int cols, int ld) {
   --it;
   return c + bytes <= it->first + it->second;
 }
+// 256-byte aligned and zero-filled, as cudaMalloc's (the zeros are the emulator's).
 cudaError_t Allocate(void** p, size_t bytes, bool device) {
-  *p = std::calloc(bytes == 0 ? 1 : bytes, 1);
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  *p = std::aligned_alloc(256, rounded);
   if (*p == nullptr) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0, rounded);
   std::lock_guard<std::mutex> lock(g_memory_mu);
   Allocations(device)[static_cast<const char*>(*p)] = bytes;
   return cudaSuccess;
@@ -772,6 +776,204 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                      a_type, lda, static_cast<const float*>(B) + i * stride_b, b_type, ldb, beta,
                      static_cast<float*>(C) + i * stride_c, c_type, ldc, compute, algo);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- cuBLASLt ------------------------------------------------------------------------------
+struct cublasLtContext {};
+struct cublasLtMatmulDescOpaque {
+  cublasComputeType_t compute;
+  int32_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const float* bias = nullptr;
+};
+struct cublasLtMatrixLayoutOpaque {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct cublasLtMatmulPreferenceOpaque {
+  uint64_t workspace = 0;
+  uint32_t alignment[4] = {256, 256, 256, 256};  // A, B, C, D: cuBLASLt's defaults
+};
+
+namespace {
+
+// The largest power of two up to 256 that divides p's address.
+uint32_t AlignmentOf(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && at % a != 0) a /= 2;
+  return a;
+}
+
+template <typename T>
+cublasStatus_t SetValue(T* field, const void* buf, size_t bytes) {
+  if (buf == nullptr || bytes != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(field, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// m, n, k of D = op(A) op(B) from the layouts, or false when they do not fit together.
+bool LtShape(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpaque& a,
+             const cublasLtMatrixLayoutOpaque& b, const cublasLtMatrixLayoutOpaque& c,
+             const cublasLtMatrixLayoutOpaque& d, int* m, int* n, int* k) {
+  for (const auto* l : {&a, &b, &c, &d}) {
+    if (l->type != CUDA_R_32F || l->ld < static_cast<int64_t>(std::max<uint64_t>(1, l->rows))) {
+      return false;
+    }
+  }
+  *m = static_cast<int>(d.rows);
+  *n = static_cast<int>(d.cols);
+  const uint64_t a_rows = desc.trans_a == CUBLAS_OP_N ? a.rows : a.cols;
+  const uint64_t a_cols = desc.trans_a == CUBLAS_OP_N ? a.cols : a.rows;
+  const uint64_t b_rows = desc.trans_b == CUBLAS_OP_N ? b.rows : b.cols;
+  const uint64_t b_cols = desc.trans_b == CUBLAS_OP_N ? b.cols : b.rows;
+  *k = static_cast<int>(a_cols);
+  return a_rows == d.rows && b_cols == d.cols && b_rows == a_cols && c.rows == d.rows &&
+         c.cols == d.cols;
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  *handle = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale_type) {
+  if (scale_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *desc = new cublasLtMatmulDescOpaque{compute};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t bytes) {
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      return SetValue(&desc->trans_a, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      return SetValue(&desc->trans_b, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      return SetValue(&desc->epilogue, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      return SetValue(&desc->bias, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
+      int32_t type = -1;
+      const cublasStatus_t st = SetValue(&type, buf, bytes);
+      return st != CUBLAS_STATUS_SUCCESS || type == CUDA_R_32F ? st : CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  *layout = new cublasLtMatrixLayoutOpaque{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  *pref = new cublasLtMatmulPreferenceOpaque;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t bytes) {
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      return SetValue(&pref->workspace, buf, bytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return SetValue(&pref->alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf,
+                      bytes);
+  }
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+// One "algorithm" for any valid problem: it records the alignments it was chosen for (A, B,
+// C, D from the preference; the bias pointer's as set on the descriptor then, up to 16).
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t results[],
+                                              int* returned) {
+  if (requested <= 0) return CUBLAS_STATUS_INVALID_VALUE;
+  int m, n, k;
+  if (!LtShape(*desc, *a, *b, *c, *d, &m, &n, &k)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  cublasLtMatmulHeuristicResult_t r{};
+  for (int i = 0; i < 4; ++i) r.algo.data[i] = pref->alignment[i];
+  r.algo.data[4] =
+      desc->epilogue == CUBLASLT_EPILOGUE_BIAS ? std::min(16u, AlignmentOf(desc->bias)) : 1;
+  r.state = CUBLAS_STATUS_SUCCESS;
+  r.wavesCount = 1.0f;
+  results[0] = r;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t a, const void* B,
+                              cublasLtMatrixLayout_t b, const void* beta, const void* C,
+                              cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t d,
+                              const cublasLtMatmulAlgo_t* algo, void*, size_t,
+                              cudaStream_t stream) {
+  int m, n, k;
+  if (algo == nullptr || !LtShape(*desc, *a, *b, *c, *d, &m, &n, &k)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const void* pointers[4] = {A, B, C, D};
+  for (int i = 0; i < 4; ++i) {
+    if (AlignmentOf(pointers[i]) < algo->data[i]) {
+      drover_emu::Die("cuBLASLt: an operand less aligned than the heuristic's preference");
+    }
+  }
+  const bool bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  if (bias && (desc->bias == nullptr || AlignmentOf(desc->bias) < algo->data[4])) {
+    drover_emu::Die("cuBLASLt: a bias pointer less aligned than at the heuristic");
+  }
+  const float alpha_f = *static_cast<const float*>(alpha),
+              beta_f = *static_cast<const float*>(beta);
+  const bool na = desc->trans_a == CUBLAS_OP_N, nb = desc->trans_b == CUBLAS_OP_N;
+  const int lda = static_cast<int>(a->ld), ldb = static_cast<int>(b->ld);
+  const int ldc = static_cast<int>(c->ld), ldd = static_cast<int>(d->ld);
+  auto* out = static_cast<float*>(D);
+  const auto* in = static_cast<const float*>(C);
+  if (!InOneDeviceAllocation(static_cast<const float*>(A), na ? m : k, na ? k : m, lda) ||
+      !InOneDeviceAllocation(static_cast<const float*>(B), nb ? k : n, nb ? n : k, ldb) ||
+      (beta_f != 0.0f && !InOneDeviceAllocation(in, m, n, ldc)) ||
+      !InOneDeviceAllocation(out, m, n, ldd) ||
+      (bias && !InOneDeviceAllocation(desc->bias, m, 1, m))) {
+    drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
+  }
+  if (in == out && ldc != ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place: one layout
+  Drain(stream);
+  if (beta_f != 0.0f && in != out) {
+    for (int j = 0; j < n; ++j) {
+      std::memcpy(out + static_cast<size_t>(j) * ldd, in + static_cast<size_t>(j) * ldc,
+                  sizeof(float) * m);
+    }
+  }
+  Gemm(desc->trans_a == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
+       desc->trans_b == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, alpha_f,
+       static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta_f, out, ldd,
+       desc->compute);
+  if (bias) {
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) out[i + static_cast<size_t>(j) * ldd] += desc->bias[i];
+    }
   }
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -95,8 +96,14 @@ bool Fused(int C, int NH, Precision operands) {
 
 class CudaOpsImpl final : public Ops {
  public:
-  CudaOpsImpl(cudaStream_t stream, cudaStream_t copy_stream, cublasHandle_t blas)
-      : stream_(stream), copy_stream_(copy_stream), blas_(blas), allocator_(stream) {}
+  // lt may be null: the forward GEMMs then run through cuBLAS only.
+  CudaOpsImpl(cudaStream_t stream, cudaStream_t copy_stream, cublasHandle_t blas,
+              std::unique_ptr<LtMatmul> lt)
+      : stream_(stream),
+        copy_stream_(copy_stream),
+        blas_(blas),
+        lt_(std::move(lt)),
+        allocator_(stream) {}
 
   const char* name() const override { return "cuda"; }
   cudaStream_t compute_stream() const { return stream_; }
@@ -190,7 +197,8 @@ class CudaOpsImpl final : public Ops {
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                      const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override {
-    cuda::MatmulForward(blas_, out, inp, weight, bias, residual, N, C, OC, ldo, operands, stream_);
+    cuda::MatmulForward(blas_, lt_.get(), out, inp, weight, bias, residual, N, C, OC, ldo, operands,
+                        stream_);
   }
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int N, int C, int OC, int ldo,
@@ -323,6 +331,7 @@ class CudaOpsImpl final : public Ops {
   cudaStream_t stream_;       // every kernel
   cudaStream_t copy_stream_;  // ToHost / FromHost, ordered against stream_ by events
   cublasHandle_t blas_;
+  std::unique_ptr<LtMatmul> lt_;
   DeviceAllocator allocator_;
   PinnedAllocator pinned_;
   Scratch<int32_t> tokens_;
@@ -396,7 +405,25 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     SetError(error, error_len, "cuBLAS", cublasGetStatusString(st));
     return -1;
   }
-  auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas);  // until exit
+  std::unique_ptr<drover::engine::cuda::LtMatmul> lt;
+  const char* matmul = std::getenv("DROVER_CUDA_MATMUL");
+  if (matmul == nullptr || std::strcmp(matmul, "cublas") != 0) {
+    // cuBLASLt for the forward GEMMs, with the workspace NVIDIA suggests for Hopper.
+    constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    if ((st = cublasLtCreate(&handle)) != CUBLAS_STATUS_SUCCESS) {
+      SetError(error, error_len, "cuBLASLt", cublasGetStatusString(st));
+      return -1;
+    }
+    if ((err = cudaMalloc(&workspace, kWorkspaceBytes)) != cudaSuccess) {
+      SetError(error, error_len, "cudaMalloc (cuBLASLt's workspace)", cudaGetErrorString(err));
+      return -1;
+    }
+    lt = std::make_unique<drover::engine::cuda::LtMatmul>(handle, workspace, kWorkspaceBytes);
+  }
+  auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas,
+                                                      std::move(lt));  // until exit
   {
     std::lock_guard<std::mutex> lock(drover::engine::cuda::g_tables_mu);
     drover::engine::cuda::g_tables.push_back(table);

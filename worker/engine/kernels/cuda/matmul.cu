@@ -3,14 +3,19 @@
 //   out^T (OC, N)     = W^T' (OC, C) . inp^T (C, N)      -> gemm(T, N), ldc = ldo
 //   dinp^T (C, N)     = W^T (C, OC) . dout^T (OC, N)     -> gemm(N, N)
 //   dweight^T (C, OC) = inp^T (C, N) . dout (N, OC)      -> gemm(N, T)
-// The residual and bias are folded into the C operand (beta = 1), as on the CPU; the bias
-// gradient is a deterministic column sum (column_sum.cuh).
+// Forward runs through cuBLASLt (LtMatmul) with the bias in the epilogue and the residual as
+// the C operand, one pass over out; where cuBLASLt has no algorithm, through cuBLAS with the
+// residual and bias written into out first (beta = 1), as on the CPU. The bias gradient is a
+// deterministic column sum (column_sum.cuh).
 //
 // Precision: every operand is stored as fp32 holding values of the run's precision (ops.h),
 // so a bf16 run multiplies with CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts the operands
 // to bf16, exactly, and runs the tensor cores with fp32 accumulation, which gives the
 // products an fp32 GEMM of the same values would. fp16 likewise; fp32 runs stay in
 // pedantic fp32 (no TF32), the CPU reference's arithmetic.
+#include <cstdint>
+#include <cstdio>
+
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
@@ -54,10 +59,143 @@ cublasComputeType_t GemmComputeType(Precision operands, bool narrow) {
   return operands == Precision::kBf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F;
 }
 
-void MatmulForward(cublasHandle_t blas, float* out, const float* inp, const float* weight,
-                   const float* bias, const float* residual, int N, int C, int OC, int ldo,
-                   Precision operands, cudaStream_t stream) {
+struct LtMatmul::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // c: C and D alike
+  cublasLtMatmulAlgo_t algo{};
+  bool usable = false;
+
+  ~Plan() {
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+    for (cublasLtMatrixLayout_t l : {a, b, c}) {
+      if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+    }
+  }
+};
+
+namespace {
+
+// The largest power of two up to 256 that divides p's address: cuBLASLt's algorithms are
+// chosen for the alignments they will be given, so the plan's key holds them.
+int64_t AlignmentOf(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  int64_t a = 256;
+  while (a > 1 && at % a != 0) a /= 2;
+  return a;
+}
+
+// Set-up calls of a plan: a failure makes the plan unusable (the cuBLAS path takes over)
+// rather than stopping the run.
+bool Ok(cublasStatus_t st) { return st == CUBLAS_STATUS_SUCCESS; }
+
+}  // namespace
+
+LtMatmul::LtMatmul(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes)
+    : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+
+LtMatmul::~LtMatmul() = default;
+
+// In cuBLASLt's column-major terms, as the cuBLAS path: D^T (OC, N) = W^T' (OC, C) inp^T
+// (C, N) + beta C^T, with A = weight stored (C, OC), B = inp stored (C, N), C = residual and
+// D = out stored (OC, N) with leading dimension ldo; the bias is per row of D.
+LtMatmul::Plan* LtMatmul::PlanFor(float* out, const float* inp, const float* weight,
+                                  const float* bias, const float* residual, int N, int C, int OC,
+                                  int ldo, Precision operands) {
+  const std::vector<int64_t> key = {N,
+                                    C,
+                                    OC,
+                                    ldo,
+                                    static_cast<int64_t>(operands),
+                                    bias != nullptr ? AlignmentOf(bias) : 0,
+                                    residual != nullptr ? AlignmentOf(residual) : 0,
+                                    AlignmentOf(weight),
+                                    AlignmentOf(inp),
+                                    AlignmentOf(out)};
+  std::unique_ptr<Plan>& slot = plans_[key];
+  if (slot != nullptr) return slot.get();
+  slot = std::make_unique<Plan>();
+  Plan& p = *slot;
+  const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  const uint32_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  const int32_t bias_type = CUDA_R_32F;
+  bool ok = Ok(cublasLtMatmulDescCreate(&p.desc, GemmComputeType(operands, true), CUDA_R_32F)) &&
+            Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                              sizeof(trans_a))) &&
+            Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                              sizeof(trans_b))) &&
+            Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                              sizeof(epilogue)));
+  if (ok && bias != nullptr) {
+    // The heuristic reads the pointer's alignment; each call sets the pointer again.
+    ok = Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof(bias))) &&
+         Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                           sizeof(bias_type)));
+  }
+  ok = ok && Ok(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, C, OC, C)) &&
+       Ok(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, C, N, C)) &&
+       Ok(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, OC, N, ldo));
+  cublasLtMatmulPreference_t pref = nullptr;
+  ok = ok && Ok(cublasLtMatmulPreferenceCreate(&pref));
+  if (ok) {
+    const uint64_t workspace = workspace_bytes_;
+    // C is out itself when there is no residual (beta 0): D's alignment serves for both.
+    const uint32_t aligns[4] = {
+        static_cast<uint32_t>(AlignmentOf(weight)), static_cast<uint32_t>(AlignmentOf(inp)),
+        static_cast<uint32_t>(AlignmentOf(residual != nullptr ? residual : out)),
+        static_cast<uint32_t>(AlignmentOf(out))};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    ok = Ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &workspace, sizeof(workspace)));
+    for (int i = 0; i < 4 && ok; ++i) {
+      ok = Ok(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &aligns[i], sizeof(aligns[i])));
+    }
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  ok = ok &&
+       Ok(cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result,
+                                         &found)) &&
+       found == 1 && Ok(result.state) && result.workspaceSize <= workspace_bytes_;
+  if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+  p.algo = result.algo;
+  p.usable = ok;
+  if (!ok) {
+    std::fprintf(stderr,
+                 "drover cuda: cuBLASLt has no algorithm for the forward GEMM N=%d C=%d OC=%d "
+                 "ldo=%d%s%s; it runs through cuBLAS\n",
+                 N, C, OC, ldo, bias != nullptr ? " +bias" : "",
+                 residual != nullptr ? " +residual" : "");
+  }
+  return &p;
+}
+
+bool LtMatmul::Forward(float* out, const float* inp, const float* weight, const float* bias,
+                       const float* residual, int N, int C, int OC, int ldo, Precision operands,
+                       cudaStream_t stream) {
+  Plan* p = PlanFor(out, inp, weight, bias, residual, N, C, OC, ldo, operands);
+  if (!p->usable) return false;
+  if (bias != nullptr) {
+    DROVER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bias, sizeof(bias)));
+  }
+  const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
+  const float* c = residual != nullptr ? residual : out;
+  DROVER_CUBLAS_CHECK(cublasLtMatmul(lt_, p->desc, &alpha, weight, p->a, inp, p->b, &beta, c, p->c,
+                                     out, p->c, &p->algo, workspace_, workspace_bytes_, stream));
+  return true;
+}
+
+void MatmulForward(cublasHandle_t blas, LtMatmul* lt, float* out, const float* inp,
+                   const float* weight, const float* bias, const float* residual, int N, int C,
+                   int OC, int ldo, Precision operands, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
+  if (lt != nullptr &&
+      lt->Forward(out, inp, weight, bias, residual, N, C, OC, ldo, operands, stream)) {
+    return;
+  }
   float beta = 0.0f;
   if (bias != nullptr || residual != nullptr) {
     const size_t total = size_t{static_cast<unsigned>(N)} * OC;

@@ -6,11 +6,14 @@
 // repeats bit for bit.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "worker/engine/kernels/precision.h"
@@ -59,9 +62,40 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
 // The compute type of a GEMM whose operands hold values of `operands`; narrow: both are
 // stored narrowed (false where one is kept in fp32, e.g. attention's probabilities).
 cublasComputeType_t GemmComputeType(Precision operands, bool narrow);
-void MatmulForward(cublasHandle_t blas, float* out, const float* inp, const float* weight,
-                   const float* bias, const float* residual, int N, int C, int OC, int ldo,
-                   Precision operands, cudaStream_t stream);
+// The forward GEMM through cuBLASLt, with the bias in its epilogue and the residual as its
+// C operand (D = out): one pass over out instead of an initialising kernel and a GEMM that
+// reads out back. One per table; called from the training thread only. Plans (descriptors
+// and the heuristic's algorithm) are made once per shape and operand alignment.
+class LtMatmul {
+ public:
+  // `workspace` (device, `workspace_bytes`) must outlive this.
+  LtMatmul(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  // out (N, OC; row stride ldo) = inp (N, C) weight^T + [bias] + [residual], enqueued on
+  // `stream`; false, with nothing enqueued, where cuBLASLt has no algorithm for it (the caller
+  // then takes the cuBLAS path).
+  bool Forward(float* out, const float* inp, const float* weight, const float* bias,
+               const float* residual, int N, int C, int OC, int ldo, Precision operands,
+               cudaStream_t stream);
+
+ private:
+  struct Plan;
+  Plan* PlanFor(float* out, const float* inp, const float* weight, const float* bias,
+                const float* residual, int N, int C, int OC, int ldo, Precision operands);
+
+  cublasLtHandle_t lt_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
+};
+
+// lt may be null (the cuBLAS path only).
+void MatmulForward(cublasHandle_t blas, LtMatmul* lt, float* out, const float* inp,
+                   const float* weight, const float* bias, const float* residual, int N, int C,
+                   int OC, int ldo, Precision operands, cudaStream_t stream);
 // scratch: ColumnSumScratch(N, OC) floats (column_sum.cuh), for the bias gradient.
 void MatmulBackward(cublasHandle_t blas, float* dinp, float* dweight, float* dbias,
                     const float* dout, const float* inp, const float* weight, int N, int C, int OC,
