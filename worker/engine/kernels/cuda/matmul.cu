@@ -3,8 +3,8 @@
 //   out^T (OC, N)     = W^T' (OC, C) . inp^T (C, N)      -> gemm(T, N), ldc = ldo
 //   dinp^T (C, N)     = W^T (C, OC) . dout^T (OC, N)     -> gemm(N, N)
 //   dweight^T (C, OC) = inp^T (C, N) . dout (N, OC)      -> gemm(N, T)
-// Forward runs through cuBLASLt (LtMatmul) with the bias in the epilogue and the residual as
-// the C operand, one pass over out; where cuBLASLt has no algorithm, through cuBLAS with the
+// Mixed-precision forward GEMMs run through cuBLASLt (LtMatmul) with the bias in the epilogue
+// and the residual as the C operand, one pass over out; where cuBLASLt has no algorithm, through cuBLAS with the
 // residual and bias written into out first (beta = 1), as on the CPU. The bias gradient is a
 // deterministic column sum (column_sum.cuh).
 //
@@ -192,7 +192,9 @@ void MatmulForward(cublasHandle_t blas, LtMatmul* lt, float* out, const float* i
                    const float* weight, const float* bias, const float* residual, int N, int C,
                    int OC, int ldo, Precision operands, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
-  if (lt != nullptr &&
+  // fp32 runs keep cuBLAS's pedantic fp32, the CPU reference's arithmetic (cuBLASLt is not
+  // documented to take CUBLAS_COMPUTE_32F_PEDANTIC); mixed precision, the fast path, takes Lt.
+  if (lt != nullptr && operands != Precision::kFp32 &&
       lt->Forward(out, inp, weight, bias, residual, N, C, OC, ldo, operands, stream)) {
     return;
   }

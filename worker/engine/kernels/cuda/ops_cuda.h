@@ -92,7 +92,7 @@ class LtMatmul {
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
 };
 
-// lt may be null (the cuBLAS path only).
+// lt may be null (the cuBLAS path only); fp32 runs take cuBLAS always.
 void MatmulForward(cublasHandle_t blas, LtMatmul* lt, float* out, const float* inp,
                    const float* weight, const float* bias, const float* residual, int N, int C,
                    int OC, int ldo, Precision operands, cudaStream_t stream);
