@@ -153,6 +153,7 @@ __device__ void RowsTimesTileT(float* out, const N* a, const N* b, int first, in
   for (int j = first; j < blocks; ++j) {
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
     wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
     for (int d = 0; d < HS; d += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, N, wmma::row_major> fa;
       wmma::fragment<wmma::matrix_b, 16, 16, 16, N, wmma::col_major> fb;
@@ -166,12 +167,15 @@ __device__ void RowsTimesTileT(float* out, const N* a, const N* b, int first, in
 
 // acc[n] (16, 16 each: 16 x HS) += a (16, 8 * steps; tf32, ldm kLdW) b (8 * steps, HS; tf32,
 // ldm kLdF), the k steps from `first` on.
+// The fragment loops are unrolled: acc is indexed by compile-time constants only, so it stays
+// in registers rather than local memory.
 template <int HS, int kLdW, int kLdF>
 __device__ void AccumulateTf32(wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
                                const float* a, const float* b, int first, int steps) {
   for (int kk = first; kk < steps; ++kk) {
     wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
     wmma::load_matrix_sync(fa, a + kk * 8, kLdW);  // already tf32 values
+#pragma unroll
     for (int n = 0; n < HS / 16; ++n) {
       wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb;
       wmma::load_matrix_sync(fb, b + kk * 8 * kLdF + n * 16, kLdF);
@@ -187,6 +191,7 @@ __device__ void StoreRows(float* dst, size_t ld, int t0, int T,
                           const wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
                           float* stage) {
   const int lane = threadIdx.x % 32;
+#pragma unroll
   for (int n = 0; n < HS / 16; ++n) {
     wmma::store_matrix_sync(stage + n * 16, acc[n], kLdW, wmma::mem_row_major);
   }
@@ -198,7 +203,7 @@ __device__ void StoreRows(float* dst, size_t ld, int t0, int T,
 }
 
 template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     FlashForwardKernel(float* out, float* lse, float* out_copy, const float* qkv, int T, int C,
                        int NH, float scale) {
   using S = ForwardSmem<N, HS>;
@@ -273,11 +278,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncwarp();
     wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[HS / 16];
+#pragma unroll
     for (int n = 0; n < HS / 16; ++n) {
       wmma::load_matrix_sync(acc[n], ow + n * 16, S::kLdF, wmma::mem_row_major);
     }
     // On the diagonal, P is zero past the warp's rows: 8-key steps up to them.
     AccumulateTf32<HS, S::kLdW, S::kLdF>(acc, s, v, 0, diagonal ? 2 * (warp + 1) : kTile / 8);
+#pragma unroll
     for (int n = 0; n < HS / 16; ++n) {
       wmma::store_matrix_sync(ow + n * 16, acc[n], S::kLdF, wmma::mem_row_major);
     }
@@ -340,7 +347,7 @@ __device__ void SoftmaxGrad(float* s, float* dp, int ld, float scale, Visible vi
 }
 
 template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     FlashDqKernel(float* dqkv, const float* dout, const float* lse, const float* D,
                   const float* qkv, int T, int C, int NH, float scale) {
   using S = DqSmem<N, HS>;
@@ -369,6 +376,7 @@ __global__ void __launch_bounds__(kThreads)
     row_d[r] = q0 + r < T ? D[rows_at + r] : 0.0f;
   }
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> dq[HS / 16];
+#pragma unroll
   for (auto& f : dq) wmma::fill_fragment(f, 0.0f);
   const int first_row = warp * 16;
   for (int kt = 0; kt <= qt; ++kt) {
@@ -399,7 +407,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     FlashDkvKernel(float* dqkv, const float* dout, const float* lse, const float* D,
                    const float* qkv, int T, int C, int NH, float scale) {
   using S = DkvSmem<N, HS>;
@@ -426,7 +434,9 @@ __global__ void __launch_bounds__(kThreads)
   LoadTile<N, HS>(k, nullptr, base + C, ld, k0, T);
   LoadTile<N, HS>(v, nullptr, base + 2 * static_cast<size_t>(C), ld, k0, T);
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> dk[HS / 16], dv[HS / 16];
+#pragma unroll
   for (auto& f : dk) wmma::fill_fragment(f, 0.0f);
+#pragma unroll
   for (auto& f : dv) wmma::fill_fragment(f, 0.0f);
   const int first_key = warp * 16;
   for (int qt = kt; qt < tiles; ++qt) {
