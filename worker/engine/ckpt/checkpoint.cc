@@ -41,7 +41,8 @@ std::string Join(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
 }
 
-std::string_view BytesOf(const std::vector<float>& v) {
+template <typename Floats>
+std::string_view BytesOf(const Floats& v) {
   return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)};
 }
 
@@ -149,7 +150,7 @@ Status CheckCoverage(const v1::CheckpointManifest& m) {
   return OkStatus();
 }
 
-const std::vector<float>& ShardArena(const RankShard& s, const std::string& name) {
+const HostFloats& ShardArena(const RankShard& s, const std::string& name) {
   if (name == "adam_m") return s.adam_m;
   if (name == "adam_v") return s.adam_v;
   return s.params;
@@ -187,7 +188,7 @@ StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
   }
   std::vector<v1::CheckpointShard> out;
   for (const char* arena : kArenas) {
-    const std::vector<float>& data = ShardArena(shard, arena);
+    const HostFloats& data = ShardArena(shard, arena);
     const std::string file = std::string(arena) + ".r" + std::to_string(shard.rank) + ".bin";
     const size_t bytes = data.size() * sizeof(float);
     // Synced now, named durably by the commit's fsync of the directory.
@@ -275,9 +276,9 @@ StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointSn
   whole.runs[0].set_length(n);
   whole.runs[0].set_stride(n);
   whole.runs[0].set_count(1);
-  whole.params = snap.params;
-  whole.adam_m = snap.adam_m;
-  whole.adam_v = snap.adam_v;
+  whole.params.assign(snap.params.begin(), snap.params.end());
+  whole.adam_m.assign(snap.adam_m.begin(), snap.adam_m.end());
+  whole.adam_v.assign(snap.adam_v.begin(), snap.adam_v.end());
   auto shards = WriteShard(dir, snap.meta, whole, fs);
   if (!shards.ok()) {
     AbandonCheckpoint(dir, snap.meta, fs);

@@ -27,6 +27,7 @@
 #include "common/file_system.h"
 #include "common/status.h"
 #include "proto/drover.pb.h"
+#include "worker/engine/kernels/host_floats.h"
 
 namespace drover::engine::ckpt {
 
@@ -44,11 +45,11 @@ struct CheckpointSnapshot {
 };
 
 // One rank's part of a checkpoint, in host memory: the elements of each global arena at
-// `runs`, in run order.
+// `runs`, in run order. The arrays may be page-locked (kernels/host_floats.h).
 struct RankShard {
   int rank = 0;
   std::vector<v1::CheckpointRun> runs;
-  std::vector<float> params, adam_m, adam_v;  // (sum of length * count over runs,) each
+  HostFloats params, adam_m, adam_v;  // (sum of length * count over runs,) each
 };
 
 // "step_<step>" inside `dir`, and the temporary directory attempt `attempt` writes it in.

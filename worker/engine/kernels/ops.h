@@ -89,7 +89,8 @@ class Ops {
   virtual Allocator* allocator() = 0;
   Buffer Allocate(size_t n) { return Buffer(allocator(), n); }
   // Host memory for buffers that are kept and copied to and from this backend's memory
-  // often (the staged communicator's staging buffer): page-locked for CUDA, so that the
+  // often (the staged communicator's staging buffer, checkpoint snapshots through
+  // kernels/host_floats.h): page-locked for CUDA, so that the
   // copies run at the bus's rate and asynchronously, without a bounce through the driver's
   // own buffers. Allocating it is slow there: allocate once, reuse. Thread-safe. (Pure, not
   // defaulted to HostAllocator(): the CUDA plugin must not reference the engine's symbols.)

@@ -363,6 +363,11 @@ ParallelGpt::OwnedState ParallelGpt::ExportOwned(OwnedState reuse) {
     hi = split.end(coord_.dp);
   }
   OwnedState out = std::move(reuse);
+  // Fresh arrays come from the table's host allocator, page-locked on CUDA: the copies below
+  // then run at the bus's rate, and the arrays are kept for the next snapshot.
+  for (HostFloats* a : {&out.params, &out.m, &out.v}) {
+    if (a->capacity() == 0) *a = HostFloats(HostFloatAllocator(ops_->host_allocator()));
+  }
   std::vector<std::pair<size_t, size_t>> pieces;
   out.runs = layout_.GlobalRunsOf(lo, hi, &pieces);
   size_t total = 0;

@@ -34,6 +34,7 @@
 
 #include "common/parallel_mesh.h"
 #include "common/status.h"
+#include "worker/engine/kernels/host_floats.h"
 #include "worker/engine/kernels/ops.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/model/gpt_stage.h"
@@ -122,10 +123,10 @@ class ParallelGpt {
   // of all ranks tile the global arenas exactly. Local, no communication.
   struct OwnedState {
     std::vector<StridedRun> runs;
-    std::vector<float> params, m, v;  // the runs' elements, in run order
+    HostFloats params, m, v;  // the runs' elements, in run order
   };
-  // `reuse`'s vectors are filled in place (resized as needed), so that a caller that keeps
-  // them between calls copies into memory that is already there.
+  // `reuse`'s vectors are filled in place (resized as needed, from their own allocators), so
+  // that a caller that keeps them between calls copies into memory that is already there.
   OwnedState ExportOwned(OwnedState reuse = {});
 
   // Assembles the global parameters (and, when m and v are given, the AdamW moments) on

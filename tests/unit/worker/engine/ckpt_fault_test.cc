@@ -218,9 +218,9 @@ TEST_F(CkptFaultTest, AsyncWriterReportsAFullDiskAndTheNextSaveSucceeds) {
     s.shard.runs[0].set_length(kParams);
     s.shard.runs[0].set_stride(kParams);
     s.shard.runs[0].set_count(1);
-    s.shard.params = whole.params;
-    s.shard.adam_m = whole.adam_m;
-    s.shard.adam_v = whole.adam_v;
+    s.shard.params.assign(whole.params.begin(), whole.params.end());
+    s.shard.adam_m.assign(whole.adam_m.begin(), whole.adam_m.end());
+    s.shard.adam_v.assign(whole.adam_v.begin(), whole.adam_v.end());
     return s;
   };
   fake_->FailFrom(Op::kAppend, 1, ENOSPC);

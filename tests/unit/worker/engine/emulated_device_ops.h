@@ -15,6 +15,7 @@
 // Thread-safety: that of ops.h; the open/closed state is counted under a mutex.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -34,8 +35,10 @@ class EmulatedDeviceOps final : public Ops {
 
   const char* name() const override { return "emulated-device"; }
   Allocator* allocator() override { return &allocator_; }
-  // Staging buffers are plain host memory, outside the emulated device's range.
-  Allocator* host_allocator() override { return HostAllocator(); }
+  // Staging buffers and checkpoint snapshots are plain host memory, outside the emulated
+  // device's range, counted: host_allocations() is how many arrays were taken from it.
+  Allocator* host_allocator() override { return &host_; }
+  int host_allocations() const { return host_.allocations.load(); }
   bool IsDeviceMemory(const void* p) const override;
 
   void Fill(float* x, float value, size_t n) override;
@@ -86,6 +89,15 @@ class EmulatedDeviceOps final : public Ops {
    private:
     EmulatedDeviceOps* owner_;
   };
+  class CountingHostAllocator final : public Allocator {
+   public:
+    float* Allocate(size_t n) override {
+      if (n > 0) ++allocations;
+      return HostAllocator()->Allocate(n);
+    }
+    void Free(float* p) override { HostAllocator()->Free(p); }
+    std::atomic<int> allocations{0};
+  };
   class Open;  // an op in progress: the range is accessible while one exists
 
   void Enter();
@@ -102,6 +114,7 @@ class EmulatedDeviceOps final : public Ops {
   std::map<char*, size_t> sizes_;      // live allocations: start -> bytes
   std::multimap<size_t, char*> free_;  // freed blocks by size
   RangeAllocator allocator_{this};
+  CountingHostAllocator host_;
 };
 
 }  // namespace drover::engine::testing

@@ -13,6 +13,7 @@
 
 #include "common/job_spec.h"
 #include "common/token_shard.h"
+#include "tests/unit/worker/engine/emulated_device_ops.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/data/sampler.h"
 #include "worker/engine/data/token_dataset.h"
@@ -124,6 +125,22 @@ TEST_F(TrainerTest, LossDecreasesAndWritesMetricsAndModel) {
   auto val = trainer->Evaluate();
   ASSERT_TRUE(val.ok());
   EXPECT_LT(*val, 2.0);
+}
+
+// Checkpoint snapshots are copied into the kernel table's host memory (page-locked on CUDA),
+// three arrays (params, m, v) taken once and reused by every later snapshot.
+TEST_F(TrainerTest, CheckpointSnapshotsReuseTheTablesHostMemory) {
+  testing::EmulatedDeviceOps device;
+  TrainerOptions options;
+  options.spec = Spec({"train.steps=5", "checkpoint.every_steps=1", "checkpoint.async=false",
+                       "checkpoint.dir=" + (dir_ / "ckpt").string()});
+  options.log_steps = false;
+  options.ops = &device;
+  auto trainer = Trainer::Create(options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  EXPECT_EQ(ckpt::ListCheckpoints((dir_ / "ckpt").string()).size(), 3u);  // keep_last
+  EXPECT_EQ(device.host_allocations(), 3);
 }
 
 TEST_F(TrainerTest, GradAccumulationOfTwoMicroBatchesMatchesOneBatch) {
