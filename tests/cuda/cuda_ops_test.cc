@@ -310,20 +310,29 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
   cpu_->GeluBackward(dx.data(), x.data(), dx.data(), n);
   ExpectClose(Host(gdx, n), dx, "gelu backward");
 
-  const int N = 33, V = 50, Vp = 64;
-  std::vector<float> logits = Random(N * Vp, 2.0f);
-  std::vector<int32_t> targets(N);
-  for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
-  std::vector<float> losses(N), lse(N);
-  float *glogits = Dev(logits), *glosses = Dev(losses), *glse = Dev(lse);
-  const float gmean = gpu_->CrossEntropyForward(glosses, glse, glogits, targets.data(), N, V, Vp);
-  const float cmean =
-      cpu_->CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
-  EXPECT_NEAR(gmean, cmean, 1e-5 * cmean);
-  ExpectClose(Host(glosses, N), losses, "cross-entropy losses");
-  gpu_->CrossEntropyBackward(glogits, glse, targets.data(), 0.25f / N, N, V, Vp);
-  cpu_->CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.25f / N, N, V, Vp);
-  ExpectClose(Host(glogits, logits.size()), logits, "dlogits", 1e-4, 1e-7);
+  // A vocabulary smaller than a block, and GPT-2's (each thread's running max then moves).
+  struct Shape {
+    int N, V, Vp;
+    float scale;
+  };
+  for (const Shape& shape : {Shape{33, 50, 64, 2.0f}, Shape{3, 50257, 50304, 8.0f}}) {
+    const int N = shape.N, V = shape.V, Vp = shape.Vp;
+    const std::string name = " V=" + std::to_string(V);
+    std::vector<float> logits = Random(static_cast<size_t>(N) * Vp, shape.scale);
+    std::vector<int32_t> targets(N);
+    for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
+    std::vector<float> losses(N), lse(N);
+    float *glogits = Dev(logits), *glosses = Dev(losses), *glse = Dev(lse);
+    const float gmean = gpu_->CrossEntropyForward(glosses, glse, glogits, targets.data(), N, V, Vp);
+    const float cmean = cpu_->CrossEntropyForward(losses.data(), lse.data(), logits.data(),
+                                                  targets.data(), N, V, Vp);
+    EXPECT_NEAR(gmean, cmean, 1e-5 * cmean) << name;
+    ExpectClose(Host(glosses, N), losses, "cross-entropy losses" + name);
+    ExpectClose(Host(glse, N), lse, "cross-entropy lse" + name);
+    gpu_->CrossEntropyBackward(glogits, glse, targets.data(), 0.25f / N, N, V, Vp);
+    cpu_->CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.25f / N, N, V, Vp);
+    ExpectClose(Host(glogits, logits.size()), logits, "dlogits" + name, 1e-4, 1e-7);
+  }
 
   std::vector<float> p = Random(n), g = Random(n), m = Random(n, 0.1f), v(n);
   for (float& e : v) e = std::fabs(e) * 0.01f;

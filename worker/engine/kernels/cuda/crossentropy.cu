@@ -1,6 +1,7 @@
 // Softmax + cross-entropy over rows padded to Vp columns (kernels/cpu/crossentropy.h): the
 // forward keeps each row's log-sum-exp and never writes probabilities; the backward turns
-// the logits into their gradient in place. One block per row.
+// the logits into their gradient in place. One block per row; the forward reads its row once
+// (an online max and sum, as FlashAttention's softmax).
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -23,9 +24,6 @@ __device__ T BlockReduce(T v, T* shared, Op op) {
   return total;
 }
 
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
 struct Sum {
   template <typename T>
   __device__ T operator()(T a, T b) const {
@@ -33,19 +31,35 @@ struct Sum {
   }
 };
 
+// A running softmax denominator: the largest value seen and the sum of exp(x - max) over
+// what was seen. One read of the row gives both (the row is 200 KB at GPT-2's vocabulary:
+// a second pass for the sum would read it from memory again).
+struct MaxSum {
+  float max;
+  float sum;
+};
+__device__ __forceinline__ MaxSum Seen(MaxSum a, float x) {
+  if (x > a.max) return {x, a.sum * expf(a.max - x) + 1.0f};
+  return {a.max, a.sum + expf(x - a.max)};
+}
+struct Combine {
+  __device__ MaxSum operator()(MaxSum a, MaxSum b) const {
+    const float m = fmaxf(a.max, b.max);
+    if (m == -INFINITY) return {m, 0.0f};  // neither saw anything
+    return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+  }
+};
+
 __global__ void CrossEntropyForwardKernel(float* losses, float* lse, const float* logits,
                                           const int32_t* targets, int V, int Vp) {
-  __shared__ float shared[kThreads];
+  __shared__ MaxSum shared[kThreads];
   const int n = blockIdx.x;
   const float* row = logits + static_cast<size_t>(n) * Vp;
-  float maxv = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) maxv = fmaxf(maxv, row[i]);
-  maxv = BlockReduce(maxv, shared, Max());
-  float sum = 0;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) sum += expf(row[i] - maxv);
-  sum = BlockReduce(sum, shared, Sum());
+  MaxSum mine{-INFINITY, 0.0f};
+  for (int i = threadIdx.x; i < V; i += blockDim.x) mine = Seen(mine, row[i]);
+  const MaxSum all = BlockReduce(mine, shared, Combine());
   if (threadIdx.x == 0) {
-    const float l = maxv + logf(sum);
+    const float l = all.max + logf(all.sum);
     lse[n] = l;
     losses[n] = l - row[targets[n]];
   }
