@@ -87,6 +87,13 @@ TEST(SplitBrainTest, ASupersededAttemptStopsPublishingAndExits) {
   ASSERT_TRUE(cluster.WaitJob(
       *id, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 30000, &info))
       << cluster.DebugLogs();
+  // CANCELLED is recorded when the stop is ordered; a trainer on its way out may still append
+  // a metrics line or commit and prune a checkpoint. Read the files once every trainer the
+  // job had is gone.
+  for (const auto& t : info.trainers()) {
+    EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(t.pid()); }, 10000, 10))
+        << "trainer " << t.pid() << " of attempt " << t.attempt() << " still runs";
+  }
 
   // metrics.jsonl: attempt 1's lines, then only the newer attempts' (never interleaved).
   std::ifstream in(out / "metrics.jsonl");
