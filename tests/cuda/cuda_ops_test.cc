@@ -48,6 +48,20 @@ class CudaOpsTest : public ::testing::Test {
     gpu_->ToHost(v.data(), device, n);
     return v;
   }
+  // One rounding step of `store` relative to the value (fp32: the usual bound).
+  static double StoreTolerance(Precision store) {
+    return store == Precision::kBf16 ? 1.0 / 128 : store == Precision::kFp16 ? 1.0 / 1024 : 1e-5;
+  }
+  // Every element is a value of `store` (rounding it again changes nothing).
+  void ExpectStoredIn(const std::vector<float>& got, Precision store, const std::string& what) {
+    std::vector<float> again = got;
+    cpu_->Round(again.data(), again.size(), store);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(again[i] == got[i] || (std::isnan(got[i]) && std::isnan(again[i])))
+          << what << " element " << i << " is not stored in " << PrecisionName(store) << ": "
+          << got[i];
+    }
+  }
   // |got - want| <= atol + rtol |want| everywhere; names the first element that is not.
   static void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
                           const std::string& what, double rtol = 1e-4, double atol = 1e-5) {
@@ -99,8 +113,9 @@ TEST_F(CudaOpsTest, EncoderForwardAndBackward) {
   const std::vector<float> wte = Random(Vp * C), wpe = Random(maxT * C);
   std::vector<float> out(B * T * C);
   float* dout_gpu = Dev(out);
-  gpu_->EncoderForward(dout_gpu, tokens.data(), Dev(wte), Dev(wpe), B, T, C);
-  cpu_->EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+  gpu_->EncoderForward(dout_gpu, tokens.data(), Dev(wte), Dev(wpe), B, T, C, Precision::kFp32);
+  cpu_->EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
+                       Precision::kFp32);
   ExpectClose(Host(dout_gpu, out.size()), out, "encoder forward", 0, 0);
 
   const std::vector<float> dout = Random(B * T * C);
@@ -118,27 +133,38 @@ TEST_F(CudaOpsTest, EncoderForwardAndBackward) {
   ExpectClose(Host(dwindow, window.size()), window, "encoder backward window");
 }
 
+// With the outputs stored in each precision: bf16 / fp16 outputs must be exactly values of
+// it, and within one of its rounding steps of the CPU's (the fp32 values before rounding
+// differ in their last bits, which may round them apart).
 TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
   const int N = 300, C = 200;  // 5 chunks of the column sums, the last one short
   const std::vector<float> x = Random(N * C, 2.0f), w = Random(C), b = Random(C);
-  std::vector<float> out(N * C), mean(N), rstd(N);
-  float *gout = Dev(out), *gmean = Dev(mean), *grstd = Dev(rstd);
-  float *gx = Dev(x), *gw = Dev(w);
-  gpu_->LayerNormForward(gout, gmean, grstd, gx, gw, Dev(b), N, C);
-  cpu_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-  ExpectClose(Host(gout, out.size()), out, "layernorm out");
-  ExpectClose(Host(grstd, N), rstd, "layernorm rstd");
-  const std::vector<float> dout = Random(N * C);
-  for (bool accumulate : {false, true}) {
-    std::vector<float> dinp = Random(N * C), dw = Random(C), db = Random(C);
-    float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-    gpu_->LayerNormBackward(gdinp, gdw, gdb, Dev(dout), gx, gw, gmean, grstd, N, C, accumulate);
-    cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
-                            mean.data(), rstd.data(), N, C, accumulate);
-    const std::string a = accumulate ? " (accumulate)" : "";
-    ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + a, 1e-4, 1e-4);
-    ExpectClose(Host(gdw, C), dw, "layernorm dweight" + a, 1e-4, 1e-4);
-    ExpectClose(Host(gdb, C), db, "layernorm dbias" + a, 1e-4, 1e-4);
+  for (Precision store : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    const std::string name = std::string(" stored ") + PrecisionName(store);
+    const double rtol = StoreTolerance(store);
+    std::vector<float> out(N * C), mean(N), rstd(N);
+    float *gout = Dev(out), *gmean = Dev(mean), *grstd = Dev(rstd);
+    float *gx = Dev(x), *gw = Dev(w);
+    gpu_->LayerNormForward(gout, gmean, grstd, gx, gw, Dev(b), N, C, store);
+    cpu_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                           store);
+    ExpectStoredIn(Host(gout, out.size()), store, "layernorm out" + name);
+    ExpectClose(Host(gout, out.size()), out, "layernorm out" + name, rtol, 1e-5);
+    ExpectClose(Host(grstd, N), rstd, "layernorm rstd" + name);
+    const std::vector<float> dout = Random(N * C);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> dinp = Random(N * C), dw = Random(C), db = Random(C);
+      float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
+      gpu_->LayerNormBackward(gdinp, gdw, gdb, Dev(dout), gx, gw, gmean, grstd, N, C, accumulate,
+                              store);
+      cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C, accumulate, store);
+      const std::string a = (accumulate ? " (accumulate)" : "") + name;
+      ExpectStoredIn(Host(gdinp, dinp.size()), store, "layernorm dinp" + a);
+      ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + a, std::max(rtol, 1e-4), 1e-4);
+      ExpectClose(Host(gdw, C), dw, "layernorm dweight" + a, 1e-4, 1e-4);
+      ExpectClose(Host(gdb, C), db, "layernorm dbias" + a, 1e-4, 1e-4);
+    }
   }
 }
 
@@ -226,11 +252,13 @@ TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
   std::vector<float> y(x.size()), mean(N), rstd(N), dx(x.size()), dg(C), dbb(C);
   float *gx = Dev(x), *gg = Dev(g), *gmean = Dev(mean), *grstd = Dev(rstd);
   float *gdx = Dev(dx), *gdg = Dev(dg), *gdbb = Dev(dbb);
-  gpu_->LayerNormForward(Dev(y), gmean, grstd, gx, gg, Dev(bb), N, C);
-  cpu_->LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), g.data(), bb.data(), N, C);
-  gpu_->LayerNormBackward(gdx, gdg, gdbb, Dev(dy), gx, gg, gmean, grstd, N, C, false);
+  gpu_->LayerNormForward(Dev(y), gmean, grstd, gx, gg, Dev(bb), N, C, Precision::kFp32);
+  cpu_->LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), g.data(), bb.data(), N, C,
+                         Precision::kFp32);
+  gpu_->LayerNormBackward(gdx, gdg, gdbb, Dev(dy), gx, gg, gmean, grstd, N, C, false,
+                          Precision::kFp32);
   cpu_->LayerNormBackward(dx.data(), dg.data(), dbb.data(), dy.data(), x.data(), g.data(),
-                          mean.data(), rstd.data(), N, C, false);
+                          mean.data(), rstd.data(), N, C, false, Precision::kFp32);
   ExpectClose(Host(gdg, C), dg, "gpt-2 layernorm dweight", 1e-4, 1e-3);
   ExpectClose(Host(gdbb, C), dbb, "gpt-2 layernorm dbias", 1e-4, 1e-3);
 }
@@ -252,7 +280,8 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
     for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
       const std::string name = std::string(" ") + PrecisionName(p) + " T=" + std::to_string(T) +
                                " HS=" + std::to_string(C / NH);
-      const double rtol = p == Precision::kFp32 ? 1e-4 : 3e-3;
+      // out and dqkv are stored in p too: a rounding step of it on top.
+      const double rtol = p == Precision::kFp32 ? 1e-4 : 3e-3 + StoreTolerance(p);
       const double atol = p == Precision::kFp32 ? 1e-5 : 1e-3;
       std::vector<float> qkv = Random(B * T * 3 * C), dout = Random(B * T * C);
       cpu_->Round(qkv.data(), qkv.size(), p);
@@ -266,11 +295,13 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
       if (state_floats == probabilities) {
         ExpectClose(Host(gstate, att.size()), att, "attention probabilities" + name);
       }
+      ExpectStoredIn(Host(gout, out.size()), p, "attention out" + name);
       ExpectClose(Host(gout, out.size()), out, "attention out" + name, rtol, atol);
       std::vector<float> dqkv(qkv.size(), NAN);  // overwritten, every element
       float* gdqkv = Dev(dqkv);
       gpu_->AttentionBackward(gdqkv, Dev(dout), gstate, gqkv, B, T, C, NH, p);
       cpu_->AttentionBackward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH, p);
+      ExpectStoredIn(Host(gdqkv, dqkv.size()), p, "attention dqkv" + name);
       ExpectClose(Host(gdqkv, dqkv.size()), dqkv, "attention dqkv" + name, std::max(rtol, 1e-4),
                   std::max(atol, 1e-4));
     }
@@ -301,14 +332,19 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
   const std::vector<float> x = Random(n, 3.0f), d = Random(n);
   std::vector<float> y(n);
   float* gy = Dev(y);
-  gpu_->GeluForward(gy, Dev(x), n);
-  cpu_->GeluForward(y.data(), x.data(), n);
-  ExpectClose(Host(gy, n), y, "gelu");
-  std::vector<float> dx = d;
-  float* gdx = Dev(dx);
-  gpu_->GeluBackward(gdx, Dev(x), gdx, n);  // in place, as the model calls it
-  cpu_->GeluBackward(dx.data(), x.data(), dx.data(), n);
-  ExpectClose(Host(gdx, n), dx, "gelu backward");
+  for (Precision store : {Precision::kFp32, Precision::kBf16}) {
+    const std::string name = std::string(" stored ") + PrecisionName(store);
+    gpu_->GeluForward(gy, Dev(x), n, store);
+    cpu_->GeluForward(y.data(), x.data(), n, store);
+    ExpectStoredIn(Host(gy, n), store, "gelu" + name);
+    ExpectClose(Host(gy, n), y, "gelu" + name, std::max(StoreTolerance(store), 1e-4));
+    std::vector<float> dx = d;
+    float* gdx = Dev(dx);
+    gpu_->GeluBackward(gdx, Dev(x), gdx, n, store);  // in place, as the model calls it
+    cpu_->GeluBackward(dx.data(), x.data(), dx.data(), n, store);
+    ExpectStoredIn(Host(gdx, n), store, "gelu backward" + name);
+    ExpectClose(Host(gdx, n), dx, "gelu backward" + name, std::max(StoreTolerance(store), 1e-4));
+  }
 
   // A vocabulary smaller than a block, and GPT-2's (each thread's running max then moves).
   struct Shape {
@@ -329,8 +365,10 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
     EXPECT_NEAR(gmean, cmean, 1e-5 * cmean) << name;
     ExpectClose(Host(glosses, N), losses, "cross-entropy losses" + name);
     ExpectClose(Host(glse, N), lse, "cross-entropy lse" + name);
-    gpu_->CrossEntropyBackward(glogits, glse, targets.data(), 0.25f / N, N, V, Vp);
-    cpu_->CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.25f / N, N, V, Vp);
+    gpu_->CrossEntropyBackward(glogits, glse, targets.data(), 0.25f / N, N, V, Vp,
+                               Precision::kFp32);
+    cpu_->CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.25f / N, N, V, Vp,
+                               Precision::kFp32);
     ExpectClose(Host(glogits, logits.size()), logits, "dlogits" + name, 1e-4, 1e-7);
   }
 

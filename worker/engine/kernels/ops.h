@@ -125,18 +125,25 @@ class Ops {
   virtual void Round(float* x, size_t n, Precision p) = 0;
 
   // ---- layers (kernels/cpu/*.h) --------------------------------------------------------
+  // `store` is the precision an activation (or activation gradient) output is stored in:
+  // each element is rounded to it as it is written (kFp32: as computed), which equals Round
+  // after the op without the second pass over memory. Parameter gradients and row
+  // statistics (mean, rstd) stay fp32.
   virtual void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe,
-                              int B, int T, int C) = 0;
+                              int B, int T, int C, Precision store) = 0;
   virtual void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
                                int B, int T, int C) = 0;
   virtual void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
                                      const float* dout, const int32_t* inp, int B, int T,
                                      int C) = 0;
   virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                const float* weight, const float* bias, int N, int C) = 0;
+                                const float* weight, const float* bias, int N, int C,
+                                Precision store) = 0;
+  // dinp (+)= the input gradient, the sum stored in `store`.
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, const float* mean,
-                                 const float* rstd, int N, int C, bool accumulate) = 0;
+                                 const float* rstd, int N, int C, bool accumulate,
+                                 Precision store) = 0;
   // `operands` is the precision the GEMM inputs are stored in (the run's precision.dtype:
   // weights, activations and activation gradients all hold values rounded to it). A backend
   // may form the products in it, on tensor cores with fp32 accumulation (CUDA); since the
@@ -155,6 +162,8 @@ class Ops {
   // that read them (att v, and the gradients through the softmax) may use TF32 on CUDA in a
   // mixed-precision run, which keeps 3 more bits of them than a bf16 fused kernel does.
   //
+  // out (forward) and dqkv (backward) are stored in `operands` too (as `store` above).
+  //
   // `state` is what forward keeps for backward, AttentionStateFloats(B, T, C, NH, operands)
   // floats that only this table reads: the (B, NH, T, T) probabilities here and for the GEMM
   // version on CUDA, each row's log-sum-exp and an fp32 copy of out for CUDA's fused kernel.
@@ -167,13 +176,15 @@ class Ops {
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* state,
                                  const float* qkv, int B, int T, int C, int NH,
                                  Precision operands) = 0;
-  virtual void GeluForward(float* out, const float* inp, size_t N) = 0;
-  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) = 0;
+  virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;
+  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
+                            Precision store) = 0;
   // Returns the mean loss over the N rows.
   virtual float CrossEntropyForward(float* losses, float* lse, const float* logits,
                                     const int32_t* targets, int N, int V, int Vp) = 0;
+  // The gradient of the logits replaces them, stored in `store`.
   virtual void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets,
-                                    float dloss, int N, int V, int Vp) = 0;
+                                    float dloss, int N, int V, int Vp, Precision store) = 0;
 
   // ---- optimizer (optim/adamw.h) -------------------------------------------------------
   // One AdamW update of n elements with one weight-decay value; t is the 1-based step.

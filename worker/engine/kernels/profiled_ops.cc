@@ -132,9 +132,9 @@ void ProfiledOps::Round(float* x, size_t n, Precision p) {
   inner_->Round(x, n, p);
 }
 void ProfiledOps::EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe,
-                                 int B, int T, int C) {
+                                 int B, int T, int C, Precision store) {
   Timed t(this, kEncoderForward);
-  inner_->EncoderForward(out, inp, wte, wpe, B, T, C);
+  inner_->EncoderForward(out, inp, wte, wpe, B, T, C, store);
 }
 void ProfiledOps::EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
                                   int B, int T, int C) {
@@ -148,15 +148,18 @@ void ProfiledOps::EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, si
   inner_->EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, inp, B, T, C);
 }
 void ProfiledOps::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                   const float* weight, const float* bias, int N, int C) {
+                                   const float* weight, const float* bias, int N, int C,
+                                   Precision store) {
   Timed t(this, kLayerNormForward);
-  inner_->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
+  inner_->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store);
 }
 void ProfiledOps::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                     const float* inp, const float* weight, const float* mean,
-                                    const float* rstd, int N, int C, bool accumulate) {
+                                    const float* rstd, int N, int C, bool accumulate,
+                                    Precision store) {
   Timed t(this, kLayerNormBackward);
-  inner_->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate);
+  inner_->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
+                            store);
 }
 void ProfiledOps::MatmulForward(float* out, const float* inp, const float* weight,
                                 const float* bias, const float* residual, int N, int C, int OC,
@@ -186,13 +189,14 @@ void ProfiledOps::AttentionBackward(float* dqkv, const float* dout, const float*
   Timed t(this, kAttentionBackward, 8.0 * B * T * T * C);
   inner_->AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH, operands);
 }
-void ProfiledOps::GeluForward(float* out, const float* inp, size_t N) {
+void ProfiledOps::GeluForward(float* out, const float* inp, size_t N, Precision store) {
   Timed t(this, kGeluForward);
-  inner_->GeluForward(out, inp, N);
+  inner_->GeluForward(out, inp, N, store);
 }
-void ProfiledOps::GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) {
+void ProfiledOps::GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
+                               Precision store) {
   Timed t(this, kGeluBackward);
-  inner_->GeluBackward(dinp, inp, dout, N);
+  inner_->GeluBackward(dinp, inp, dout, N, store);
 }
 float ProfiledOps::CrossEntropyForward(float* losses, float* lse, const float* logits,
                                        const int32_t* targets, int N, int V, int Vp) {
@@ -200,9 +204,9 @@ float ProfiledOps::CrossEntropyForward(float* losses, float* lse, const float* l
   return inner_->CrossEntropyForward(losses, lse, logits, targets, N, V, Vp);
 }
 void ProfiledOps::CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets,
-                                       float dloss, int N, int V, int Vp) {
+                                       float dloss, int N, int V, int Vp, Precision store) {
   Timed t(this, kCrossEntropyBackward);
-  inner_->CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp);
+  inner_->CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp, store);
 }
 void ProfiledOps::AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
                               float lr, float weight_decay, const AdamWConfig& config, int64_t t) {

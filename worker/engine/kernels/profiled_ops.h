@@ -76,16 +76,17 @@ class ProfiledOps final : public Ops {
   void FromHost(float* x, const float* host, size_t n) override;
   void Round(float* x, size_t n, Precision p) override;
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                      int T, int C) override;
+                      int T, int C, Precision store) override;
   void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                        int T, int C) override;
   void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
                              const float* dout, const int32_t* inp, int B, int T, int C) override;
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                        const float* bias, int N, int C) override;
+                        const float* bias, int N, int C, Precision store) override;
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int N, int C, bool accumulate) override;
+                         const float* rstd, int N, int C, bool accumulate,
+                         Precision store) override;
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                      const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override;
@@ -99,12 +100,13 @@ class ProfiledOps final : public Ops {
                         Precision operands) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
                          int T, int C, int NH, Precision operands) override;
-  void GeluForward(float* out, const float* inp, size_t N) override;
-  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) override;
+  void GeluForward(float* out, const float* inp, size_t N, Precision store) override;
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
+                    Precision store) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp) override;
   void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                            int N, int V, int Vp) override;
+                            int N, int V, int Vp, Precision store) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                    float weight_decay, const AdamWConfig& config, int64_t t) override;
   void AdamWUpdateSegments(float* params, const float* grads, float* m, float* v,

@@ -119,20 +119,16 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   float* fchg = a.fch_gelu_ + i * BT * C4;
   float* res3 = a.residual3_ + i * btc;
   ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
-                         BT, C);
-  Narrow(ln1, btc);
+                         BT, C, precision_);
   ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca, precision_);
   Narrow(qkv, static_cast<size_t>(BT) * 3 * Ca);
   ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa, precision_);
-  Narrow(atty, static_cast<size_t>(BT) * Ca);
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
   ops_->LayerNormForward(ln2, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, res2, p + o.ln2w,
-                         p + o.ln2b, BT, C);
-  Narrow(ln2, btc);
+                         p + o.ln2b, BT, C, precision_);
   ops_->MatmulForward(fch, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4, precision_);
   Narrow(fch, static_cast<size_t>(BT) * C4);
-  ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4);
-  Narrow(fchg, static_cast<size_t>(BT) * C4);
+  ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4, precision_);
   RETURN_IF_ERROR(RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C));
   return mem.ReleaseParams(unit);
 }
@@ -152,8 +148,8 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
       mem.PrefetchParams(layout_->layer_unit(layout_->first_layer()));
     }
     ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(e));
-    ops_->EncoderForward(a.encoded_, a.inputs_.data(), p, p + layout_->wpe_offset(), B, T, C);
-    Narrow(a.encoded_, static_cast<size_t>(BT) * C);
+    ops_->EncoderForward(a.encoded_, a.inputs_.data(), p, p + layout_->wpe_offset(), B, T, C,
+                         precision_);
     RETURN_IF_ERROR(mem.ReleaseParams(e));
   }
   for (int l = layout_->first_layer(); l < layout_->end_layer(); ++l) {
@@ -164,8 +160,8 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   const int f = layout_->final_norm_unit(), h = layout_->head_unit();
   ASSIGN_OR_RETURN(const float* pf, mem.AcquireParams(f));
   ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
-  ops_->LayerNormForward(a.lnf_, a.lnf_mean_, a.lnf_rstd_, a.output(), pf, pf + C, BT, C);
-  Narrow(a.lnf_, static_cast<size_t>(BT) * C);
+  ops_->LayerNormForward(a.lnf_, a.lnf_mean_, a.lnf_rstd_, a.output(), pf, pf + C, BT, C,
+                         precision_);
   // Tied LM head; only the V live columns are computed. The softmax and the loss read the
   // narrowed logits and compute in fp32.
   ops_->MatmulForward(a.logits_, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp, precision_);
@@ -193,9 +189,9 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
   bool acc = false;
   ASSIGN_OR_RETURN(float* gh, mem.AcquireGrads(h, &acc));
-  ops_->CrossEntropyBackward(a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT, V, Vp);
-  // Where fp16 without loss scaling loses small gradients to zero.
-  Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
+  // Stored narrowed: where fp16 without loss scaling loses small gradients to zero.
+  ops_->CrossEntropyBackward(a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT, V, Vp,
+                             precision_);
   ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.logits_, a.lnf_, ph, BT, C, V, Vp, acc, precision_);
   Narrow(a.dbtc_, static_cast<size_t>(BT) * C);
   if (!acc) {
@@ -216,8 +212,7 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   ASSIGN_OR_RETURN(float* gf, mem.AcquireGrads(f, &acc));
   ops_->Fill(a.dres_, 0.0f, static_cast<size_t>(BT) * C);
   ops_->LayerNormBackward(a.dres_, gf, gf + C, a.dbtc_, a.output(), pf, a.lnf_mean_, a.lnf_rstd_,
-                          BT, C, acc);
-  Narrow(a.dres_, static_cast<size_t>(BT) * C);
+                          BT, C, acc, precision_);
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   return mem.GradsReady(f);
@@ -240,26 +235,23 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ops_->MatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_, a.fch_gelu_ + i * BT * C4,
                        p + o.fcprojw, BT, C4, C, C, acc, precision_);
   Narrow(a.dfch_, static_cast<size_t>(BT) * C4);
-  ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4);
-  Narrow(a.dfch_, static_cast<size_t>(BT) * C4);
+  ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4, precision_);
   ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, a.ln2_ + i * btc, p + o.fcw, BT, C,
                        C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + i * btc,
-                          p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc);
-  Narrow(a.dres_, btc);
+                          p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc,
+                          precision_);
   ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
                        p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Narrow(a.dbtc_, static_cast<size_t>(BT) * Ca);
   ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * a.att_floats_, a.qkv_ + i * BT * 3 * Ca, B,
                           T, Ca, NHa, precision_);
-  Narrow(a.dqkv_, static_cast<size_t>(BT) * 3 * Ca);
   ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,
                        C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
-                          a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc);
-  Narrow(a.dres_, btc);
+                          a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc, precision_);
   RETURN_IF_ERROR(mem.ReleaseParams(unit));
   return mem.GradsReady(unit);
 }

@@ -212,13 +212,13 @@ void EmulatedDeviceOps::Round(float* x, size_t n, Precision p) {
   CpuOps()->Round(x, n, p);
 }
 void EmulatedDeviceOps::EncoderForward(float* out, const int32_t* inp, const float* wte,
-                                       const float* wpe, int B, int T, int C) {
+                                       const float* wpe, int B, int T, int C, Precision store) {
   DEV(out);
   HOST(inp);
   DEV(wte);
   DEV(wpe);
   Open open(this);
-  CpuOps()->EncoderForward(out, inp, wte, wpe, B, T, C);
+  CpuOps()->EncoderForward(out, inp, wte, wpe, B, T, C, store);
 }
 void EmulatedDeviceOps::EncoderBackward(float* dwte, float* dwpe, const float* dout,
                                         const int32_t* inp, int B, int T, int C) {
@@ -239,7 +239,8 @@ void EmulatedDeviceOps::EncoderBackwardWindow(float* dwindow, size_t lo, size_t 
   CpuOps()->EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, inp, B, T, C);
 }
 void EmulatedDeviceOps::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* weight, const float* bias, int N, int C) {
+                                         const float* weight, const float* bias, int N, int C,
+                                         Precision store) {
   DEV(out);
   DEV(mean);
   DEV(rstd);
@@ -247,12 +248,12 @@ void EmulatedDeviceOps::LayerNormForward(float* out, float* mean, float* rstd, c
   DEV(weight);
   DEV(bias);
   Open open(this);
-  CpuOps()->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
+  CpuOps()->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store);
 }
 void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* dbias,
                                           const float* dout, const float* inp, const float* weight,
                                           const float* mean, const float* rstd, int N, int C,
-                                          bool accumulate) {
+                                          bool accumulate, Precision store) {
   DEV(dinp);
   DEV(dweight);
   DEV(dbias);
@@ -262,8 +263,8 @@ void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* db
   DEV(mean);
   DEV(rstd);
   Open open(this);
-  CpuOps()->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C,
-                              accumulate);
+  CpuOps()->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
+                              store);
 }
 void EmulatedDeviceOps::MatmulForward(float* out, const float* inp, const float* weight,
                                       const float* bias, const float* residual, int N, int C,
@@ -307,18 +308,19 @@ void EmulatedDeviceOps::AttentionBackward(float* dqkv, const float* dout, const 
   Open open(this);
   CpuOps()->AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH, operands);
 }
-void EmulatedDeviceOps::GeluForward(float* out, const float* inp, size_t N) {
+void EmulatedDeviceOps::GeluForward(float* out, const float* inp, size_t N, Precision store) {
   DEV(out);
   DEV(inp);
   Open open(this);
-  CpuOps()->GeluForward(out, inp, N);
+  CpuOps()->GeluForward(out, inp, N, store);
 }
-void EmulatedDeviceOps::GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) {
+void EmulatedDeviceOps::GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
+                                     Precision store) {
   DEV(dinp);
   DEV(inp);
   DEV(dout);
   Open open(this);
-  CpuOps()->GeluBackward(dinp, inp, dout, N);
+  CpuOps()->GeluBackward(dinp, inp, dout, N, store);
 }
 float EmulatedDeviceOps::CrossEntropyForward(float* losses, float* lse, const float* logits,
                                              const int32_t* targets, int N, int V, int Vp) {
@@ -331,12 +333,12 @@ float EmulatedDeviceOps::CrossEntropyForward(float* losses, float* lse, const fl
 }
 void EmulatedDeviceOps::CrossEntropyBackward(float* logits, const float* lse,
                                              const int32_t* targets, float dloss, int N, int V,
-                                             int Vp) {
+                                             int Vp, Precision store) {
   DEV(logits);
   DEV(lse);
   HOST(targets);
   Open open(this);
-  CpuOps()->CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp);
+  CpuOps()->CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp, store);
 }
 void EmulatedDeviceOps::AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
                                     float lr, float weight_decay, const AdamWConfig& config,

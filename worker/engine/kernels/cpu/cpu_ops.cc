@@ -74,8 +74,9 @@ class CpuOpsImpl final : public Ops {
   }
 
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                      int T, int C) override {
+                      int T, int C, Precision store) override {
     cpu::EncoderForward(out, inp, wte, wpe, B, T, C);
+    Round(out, static_cast<size_t>(B) * T * C, store);
   }
   void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                        int T, int C) override {
@@ -86,13 +87,16 @@ class CpuOpsImpl final : public Ops {
     cpu::EncoderBackwardWindow(dwindow, lo, hi, wpe_offset, dout, inp, B, T, C);
   }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                        const float* bias, int N, int C) override {
+                        const float* bias, int N, int C, Precision store) override {
     cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
+    Round(out, static_cast<size_t>(N) * C, store);
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int N, int C, bool accumulate) override {
+                         const float* rstd, int N, int C, bool accumulate,
+                         Precision store) override {
     cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate);
+    Round(dinp, static_cast<size_t>(N) * C, store);
   }
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                      const float* residual, int N, int C, int OC, int ldo,
@@ -105,26 +109,32 @@ class CpuOpsImpl final : public Ops {
     cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate);
   }
   void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
-                        Precision /*operands*/) override {
+                        Precision operands) override {
     cpu::AttentionForward(out, att, qkv, B, T, C, NH);
+    Round(out, static_cast<size_t>(B) * T * C, operands);
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
-                         int T, int C, int NH, Precision /*operands*/) override {
+                         int T, int C, int NH, Precision operands) override {
     cpu::AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH);
+    Round(dqkv, static_cast<size_t>(B) * T * 3 * C, operands);
   }
-  void GeluForward(float* out, const float* inp, size_t N) override {
+  void GeluForward(float* out, const float* inp, size_t N, Precision store) override {
     cpu::GeluForward(out, inp, N);
+    Round(out, N, store);
   }
-  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) override {
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
+                    Precision store) override {
     cpu::GeluBackward(dinp, inp, dout, N);
+    Round(dinp, N, store);
   }
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp) override {
     return cpu::CrossEntropyForward(losses, lse, logits, targets, N, V, Vp);
   }
   void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                            int N, int V, int Vp) override {
+                            int N, int V, int Vp, Precision store) override {
     cpu::CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp);
+    Round(logits, static_cast<size_t>(N) * Vp, store);
   }
 
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,

@@ -5,6 +5,7 @@
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/store.cuh"
 
 namespace drover::engine::cuda {
 namespace {
@@ -75,7 +76,7 @@ __global__ void MeanKernel(double* mean_out, const float* losses, int N) {
 }
 
 __global__ void CrossEntropyBackwardKernel(float* logits, const float* lse, const int32_t* targets,
-                                           float dloss, int V, int Vp) {
+                                           float dloss, int V, int Vp, Precision store) {
   const int n = blockIdx.x;
   float* row = logits + static_cast<size_t>(n) * Vp;
   const float l = lse[n];
@@ -83,7 +84,7 @@ __global__ void CrossEntropyBackwardKernel(float* logits, const float* lse, cons
   for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
     float g = 0.0f;
     if (i < V) g = dloss * expf(row[i] - l) - (i == target ? dloss : 0.0f);
-    row[i] = g;
+    row[i] = Stored(g, store);
   }
 }
 
@@ -100,10 +101,10 @@ void CrossEntropyForward(float* losses, float* lse, double* mean_out, const floa
 }
 
 void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                          int N, int V, int Vp, cudaStream_t stream) {
+                          int N, int V, int Vp, Precision store, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
   DROVER_LAUNCH(CrossEntropyBackwardKernel, N, kThreads, 0, stream)
-  (logits, lse, targets, dloss, V, Vp);
+  (logits, lse, targets, dloss, V, Vp, store);
   DROVER_CUDA_LAUNCHED();
 }
 

@@ -168,8 +168,8 @@ class CudaOpsImpl final : public Ops {
   }
 
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                      int T, int C) override {
-    cuda::EncoderForward(out, Tokens(inp, B * T), wte, wpe, B, T, C, stream_);
+                      int T, int C, Precision store) override {
+    cuda::EncoderForward(out, Tokens(inp, B * T), wte, wpe, B, T, C, store, stream_);
   }
   void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                        int T, int C) override {
@@ -185,14 +185,15 @@ class CudaOpsImpl final : public Ops {
                                 window_buckets_.host.distinct(), B, T, C, stream_);
   }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                        const float* bias, int N, int C) override {
-    cuda::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, stream_);
+                        const float* bias, int N, int C, Precision store) override {
+    cuda::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store, stream_);
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int N, int C, bool accumulate) override {
+                         const float* rstd, int N, int C, bool accumulate,
+                         Precision store) override {
     cuda::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
-                            column_scratch_.Get(ColumnSumScratch(N, C)), stream_);
+                            store, column_scratch_.Get(ColumnSumScratch(N, C)), stream_);
   }
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                      const float* residual, int N, int C, int OC, int ldo,
@@ -217,6 +218,7 @@ class CudaOpsImpl final : public Ops {
       cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, stream_);
     } else {
       cuda::AttentionForward(blas_, out, state, qkv, B, T, C, NH, operands, stream_);
+      Round(out, static_cast<size_t>(B) * T * C, operands);  // cuBLAS wrote it
     }
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* state, const float* qkv,
@@ -227,13 +229,15 @@ class CudaOpsImpl final : public Ops {
     } else {
       float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
       cuda::AttentionBackward(blas_, dqkv, datt, dout, state, qkv, B, T, C, NH, operands, stream_);
+      Round(dqkv, static_cast<size_t>(B) * T * 3 * C, operands);
     }
   }
-  void GeluForward(float* out, const float* inp, size_t N) override {
-    cuda::GeluForward(out, inp, N, stream_);
+  void GeluForward(float* out, const float* inp, size_t N, Precision store) override {
+    cuda::GeluForward(out, inp, N, store, stream_);
   }
-  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N) override {
-    cuda::GeluBackward(dinp, inp, dout, N, stream_);
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
+                    Precision store) override {
+    cuda::GeluBackward(dinp, inp, dout, N, store, stream_);
   }
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp) override {
@@ -246,8 +250,8 @@ class CudaOpsImpl final : public Ops {
     return static_cast<float>(host);
   }
   void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                            int N, int V, int Vp) override {
-    cuda::CrossEntropyBackward(logits, lse, Tokens(targets, N), dloss, N, V, Vp, stream_);
+                            int N, int V, int Vp, Precision store) override {
+    cuda::CrossEntropyBackward(logits, lse, Tokens(targets, N), dloss, N, V, Vp, store, stream_);
   }
 
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,

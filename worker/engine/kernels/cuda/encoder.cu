@@ -6,6 +6,7 @@
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/store.cuh"
 
 namespace drover::engine::cuda {
 namespace {
@@ -15,14 +16,15 @@ constexpr size_t kEverywhere = ~size_t{0};
 
 // out (B, T, C): one thread per element.
 __global__ void EncoderForwardKernel(float* out, const int32_t* inp, const float* wte,
-                                     const float* wpe, int B, int T, int C) {
+                                     const float* wpe, int B, int T, int C, Precision store) {
   const size_t total = size_t{static_cast<unsigned>(B)} * T * C;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < total;
        i += size_t{gridDim.x} * blockDim.x) {
     const size_t bt = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(bt % T);
-    out[i] = wte[static_cast<size_t>(inp[bt]) * C + c] + wpe[static_cast<size_t>(t) * C + c];
+    out[i] = Stored(wte[static_cast<size_t>(inp[bt]) * C + c] + wpe[static_cast<size_t>(t) * C + c],
+                    store);
   }
 }
 
@@ -76,11 +78,11 @@ void LaunchBackward(float* wte_out, float* wpe_out, size_t lo, size_t hi, size_t
 }  // namespace
 
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                    int T, int C, cudaStream_t stream) {
+                    int T, int C, Precision store, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(B > 0 && T > 0 && C > 0);
   const size_t total = size_t{static_cast<unsigned>(B)} * T * C;
   DROVER_LAUNCH(EncoderForwardKernel, StrideBlocks(total, kThreads), kThreads, 0, stream)
-  (out, inp, wte, wpe, B, T, C);
+  (out, inp, wte, wpe, B, T, C, store);
   DROVER_CUDA_LAUNCHED();
 }
 

@@ -59,6 +59,14 @@ __device__ __forceinline__ __half ToNarrow<__half>(float x) {
   return __float2half_rn(x);
 }
 
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+// An output element as the run stores it (ops.h: out and dqkv are stored in `operands`).
+template <typename N>
+__device__ __forceinline__ float Stored(float x) {
+  return ToFloat(ToNarrow<N>(x));
+}
+
 __device__ __forceinline__ float Tf32(float x) { return wmma::__float_to_tf32(x); }
 
 // The shared-memory layout of each kernel, in bytes from the (128-byte aligned) base; every
@@ -185,8 +193,9 @@ __device__ void AccumulateTf32(wmma::fragment<wmma::accumulator, 16, 16, 8, floa
 }
 
 // Writes a warp's 16 x HS accumulators through its shared tile `stage` (ldm kLdW) to rows
-// t0.. of dst (row stride ld floats, dst at row 0 of the head's slice), rows < T only.
-template <int HS, int kLdW>
+// t0.. of dst (row stride ld floats, dst at row 0 of the head's slice), rows < T only, each
+// element stored as N rounds it.
+template <typename N, int HS, int kLdW>
 __device__ void StoreRows(float* dst, size_t ld, int t0, int T,
                           const wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
                           float* stage) {
@@ -198,7 +207,7 @@ __device__ void StoreRows(float* dst, size_t ld, int t0, int T,
   __syncwarp();
   for (int e = lane; e < 16 * HS; e += 32) {
     const int r = e / HS, d = e % HS;
-    if (t0 + r < T) dst[static_cast<size_t>(t0 + r) * ld + d] = stage[r * kLdW + d];
+    if (t0 + r < T) dst[static_cast<size_t>(t0 + r) * ld + d] = Stored<N>(stage[r * kLdW + d]);
   }
 }
 
@@ -297,8 +306,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t < T) {
       const float value = ow[rr * S::kLdF + d] / row_l[warp * 16 + rr];
       const size_t at = (static_cast<size_t>(b) * T + t) * C + h * HS + d;
-      out[at] = value;
-      out_copy[at] = value;
+      out[at] = Stored<N>(value);
+      out_copy[at] = value;  // unrounded: backward's row sums read it
     }
   }
   if (lane < 16 && q0 + warp * 16 + lane < T) {
@@ -402,8 +411,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     AccumulateTf32<HS, S::kLdW, S::kLdF>(dq, dp, kf, 0, diagonal ? 2 * (warp + 1) : kTile / 8);
   }
   __syncwarp();
-  StoreRows<HS, S::kLdW>(dqkv + static_cast<size_t>(b) * T * ld + h * HS, ld, q0 + first_row, T, dq,
-                         s);
+  StoreRows<N, HS, S::kLdW>(dqkv + static_cast<size_t>(b) * T * ld + h * HS, ld, q0 + first_row, T,
+                            dq, s);
 }
 
 template <typename N, int HS>
@@ -470,9 +479,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncwarp();
   float* dbase_qkv = dqkv + static_cast<size_t>(b) * T * ld + h * HS;
-  StoreRows<HS, S::kLdW>(dbase_qkv + C, ld, k0 + first_key, T, dk, pt);
+  StoreRows<N, HS, S::kLdW>(dbase_qkv + C, ld, k0 + first_key, T, dk, pt);
   __syncwarp();
-  StoreRows<HS, S::kLdW>(dbase_qkv + 2 * static_cast<size_t>(C), ld, k0 + first_key, T, dv, pt);
+  StoreRows<N, HS, S::kLdW>(dbase_qkv + 2 * static_cast<size_t>(C), ld, k0 + first_key, T, dv, pt);
 }
 
 // Launches `kernel` with `bytes` of dynamic shared memory, raising its limit past the

@@ -5,6 +5,7 @@
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/store.cuh"
 
 namespace drover::engine::cuda {
 namespace {
@@ -18,7 +19,8 @@ __device__ float WarpSum(float v) {
 }
 
 __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
-                                       const float* weight, const float* bias, int N, int C) {
+                                       const float* weight, const float* bias, int N, int C,
+                                       Precision store) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -33,17 +35,17 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
   }
   const float s = rsqrtf(WarpSum(var) / C + kEps);
   float* o = out + static_cast<size_t>(row) * C;
-  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+  for (int c = lane; c < C; c += 32) o[c] = Stored((x[c] - m) * s * weight[c] + bias[c], store);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = s;
   }
 }
 
-// dinp (N, C) += the row's input gradient.
+// dinp (N, C) += the row's input gradient, the sum stored in `store`.
 __global__ void LayerNormBackwardRows(float* dinp, const float* dout, const float* inp,
                                       const float* weight, const float* mean, const float* rstd,
-                                      int N, int C) {
+                                      int N, int C, Precision store) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -61,7 +63,8 @@ __global__ void LayerNormBackwardRows(float* dinp, const float* dout, const floa
   for (int c = lane; c < C; c += 32) {
     const float norm = (inp[base + c] - m) * s;
     const float dnorm = weight[c] * dout[base + c];
-    dinp[base + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    dinp[base + c] =
+        Stored(dinp[base + c] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s, store);
   }
 }
 
@@ -81,19 +84,20 @@ struct NormTimesDout {
 }  // namespace
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                      const float* bias, int N, int C, cudaStream_t stream) {
+                      const float* bias, int N, int C, Precision store, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0);
   DROVER_LAUNCH(LayerNormForwardKernel, Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream)
-  (out, mean, rstd, inp, weight, bias, N, C);
+  (out, mean, rstd, inp, weight, bias, N, C, store);
   DROVER_CUDA_LAUNCHED();
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, bool accumulate, float* scratch, cudaStream_t stream) {
+                       int N, int C, bool accumulate, Precision store, float* scratch,
+                       cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0);
   DROVER_LAUNCH(LayerNormBackwardRows, Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream)
-  (dinp, dout, inp, weight, mean, rstd, N, C);
+  (dinp, dout, inp, weight, mean, rstd, N, C, store);
   DROVER_CUDA_LAUNCHED();
   // Both sums share the scratch: the stream runs the second's pass 1 after the first's
   // pass 2 has read it.

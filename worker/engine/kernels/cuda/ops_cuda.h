@@ -40,8 +40,9 @@ size_t SumSquaresScratch();
 double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream);
 
 // ---- encoder.cu ------------------------------------------------------------------------
+// Outputs named `store` (ops.h) are rounded to it as they are written.
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                    int T, int C, cudaStream_t stream);
+                    int T, int C, Precision store, cudaStream_t stream);
 // buckets: the batch's ids grouped on the host (token_buckets.h: TokenBuckets::packed(),
 // copied to the device), with `distinct` ids.
 void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* buckets,
@@ -52,11 +53,12 @@ void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offs
 
 // ---- layernorm.cu ----------------------------------------------------------------------
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                      const float* bias, int N, int C, cudaStream_t stream);
+                      const float* bias, int N, int C, Precision store, cudaStream_t stream);
 // scratch: ColumnSumScratch(N, C) floats (column_sum.cuh).
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, bool accumulate, float* scratch, cudaStream_t stream);
+                       int N, int C, bool accumulate, Precision store, float* scratch,
+                       cudaStream_t stream);
 
 // ---- matmul.cu (cuBLAS; fp32 runs in pedantic fp32, mixed precision on tensor cores) ----
 // The compute type of a GEMM whose operands hold values of `operands`; narrow: both are
@@ -125,15 +127,16 @@ void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const fl
                             cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
-void GeluForward(float* out, const float* inp, size_t N, cudaStream_t stream);
-void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, cudaStream_t stream);
+void GeluForward(float* out, const float* inp, size_t N, Precision store, cudaStream_t stream);
+void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, Precision store,
+                  cudaStream_t stream);
 
 // ---- crossentropy.cu -------------------------------------------------------------------
 // Writes losses (N) and lse (N); the mean is summed in double into *mean_out (device).
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
                          const int32_t* targets, int N, int V, int Vp, cudaStream_t stream);
 void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                          int N, int V, int Vp, cudaStream_t stream);
+                          int N, int V, int Vp, Precision store, cudaStream_t stream);
 
 // ---- adamw.cu --------------------------------------------------------------------------
 // correction1/2: 1 - beta^t, computed on the host in double as the CPU path does.
