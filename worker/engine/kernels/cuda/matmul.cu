@@ -4,9 +4,9 @@
 //   dinp^T (C, N)     = W^T (C, OC) . dout^T (OC, N)     -> gemm(N, N)
 //   dweight^T (C, OC) = inp^T (C, N) . dout (N, OC)      -> gemm(N, T)
 // Mixed-precision forward GEMMs run through cuBLASLt (LtMatmul) with the bias in the epilogue
-// and the residual as the C operand, one pass over out; where cuBLASLt has no algorithm, through cuBLAS with the
-// residual and bias written into out first (beta = 1), as on the CPU. The bias gradient is a
-// deterministic column sum (column_sum.cuh).
+// and the residual as the C operand, one pass over out; where cuBLASLt has no algorithm, through
+// cuBLAS with the residual and bias written into out first (beta = 1), as on the CPU. The bias
+// gradient is a deterministic column sum (column_sum.cuh).
 //
 // Precision: every operand is stored as fp32 holding values of the run's precision (ops.h),
 // so a bf16 run multiplies with CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts the operands
