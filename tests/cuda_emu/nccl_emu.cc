@@ -433,6 +433,28 @@ ncclResult_t ncclGroupEnd() {
   return ncclSuccess;
 }
 
+namespace {
+
+// Every rank's `send` (count elements) reduced in rank order into `recv` (null: this rank
+// only contributes), a slot's worth at a time.
+ncclResult_t ReduceInChunks(ncclComm_t c, const void* send, void* recv, size_t count,
+                            ncclDataType_t type, ncclRedOp_t op) {
+  const size_t es = SizeOf(type), per = kSlotBytes / es;
+  for (size_t off = 0; off < count; off += per) {
+    const size_t k = std::min(per, count - off);
+    ncclResult_t r = Exchange(
+        c,
+        [&](char* slot) { std::memcpy(slot, static_cast<const char*>(send) + off * es, k * es); },
+        [&](const std::vector<const char*>& slots) {
+          if (recv != nullptr) Reduce(static_cast<char*>(recv) + off * es, slots, k, type, op);
+        });
+    if (r != ncclSuccess) return r;
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
+
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
   if (ncclResult_t r = Usable(c); r != ncclSuccess) return r;
@@ -442,20 +464,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     return r;
   if (ncclResult_t r = DeviceBuffer(c, "ncclAllReduce", recv, count * es); r != ncclSuccess)
     return r;
-  return Submit(c, stream, [=]() -> ncclResult_t {
-    const size_t per = kSlotBytes / es;
-    for (size_t off = 0; off < count; off += per) {
-      const size_t k = std::min(per, count - off);
-      ncclResult_t r = Exchange(
-          c,
-          [&](char* slot) { std::memcpy(slot, static_cast<const char*>(send) + off * es, k * es); },
-          [&](const std::vector<const char*>& slots) {
-            Reduce(static_cast<char*>(recv) + off * es, slots, k, type, op);
-          });
-      if (r != ncclSuccess) return r;
-    }
-    return ncclSuccess;
-  });
+  return Submit(c, stream, [=] { return ReduceInChunks(c, send, recv, count, type, op); });
 }
 
 ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
@@ -468,20 +477,8 @@ ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType
     if (ncclResult_t r = DeviceBuffer(c, "ncclReduce", recv, count * es); r != ncclSuccess)
       return r;
   }
-  return Submit(c, stream, [=]() -> ncclResult_t {
-    const size_t per = kSlotBytes / es;
-    for (size_t off = 0; off < count; off += per) {
-      const size_t k = std::min(per, count - off);
-      ncclResult_t r = Exchange(
-          c,
-          [&](char* slot) { std::memcpy(slot, static_cast<const char*>(send) + off * es, k * es); },
-          [&](const std::vector<const char*>& slots) {
-            if (c->rank == root) Reduce(static_cast<char*>(recv) + off * es, slots, k, type, op);
-          });
-      if (r != ncclSuccess) return r;
-    }
-    return ncclSuccess;
-  });
+  void* out = c->rank == root ? recv : nullptr;
+  return Submit(c, stream, [=] { return ReduceInChunks(c, send, out, count, type, op); });
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type,

@@ -355,6 +355,17 @@ __device__ void SoftmaxGrad(float* s, float* dp, int ld, float scale, Visible vi
   }
 }
 
+// The log-sum-exp and D of query rows [q0, q0 + kTile) of this block's (b, h) into shared
+// memory; zeros past T (those rows are masked everywhere).
+__device__ void LoadRowStats(float* tile_lse, float* tile_d, const float* lse, const float* D,
+                             int q0, int T) {
+  const size_t at = static_cast<size_t>(blockIdx.y) * T + q0;
+  for (int r = threadIdx.x; r < kTile; r += kThreads) {
+    tile_lse[r] = q0 + r < T ? lse[at + r] : 0.0f;
+    tile_d[r] = q0 + r < T ? D[at + r] : 0.0f;
+  }
+}
+
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
     FlashDqKernel(float* dqkv, const float* dout, const float* lse, const float* D,
@@ -379,11 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
   LoadTile<N, HS>(dn, nullptr, dout + static_cast<size_t>(b) * T * C + h * HS, C, q0, T);
-  const size_t rows_at = static_cast<size_t>(blockIdx.y) * T + q0;
-  for (int r = threadIdx.x; r < kTile; r += kThreads) {
-    row_lse[r] = q0 + r < T ? lse[rows_at + r] : 0.0f;
-    row_d[r] = q0 + r < T ? D[rows_at + r] : 0.0f;
-  }
+  LoadRowStats(row_lse, row_d, lse, D, q0, T);
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> dq[HS / 16];
 #pragma unroll
   for (auto& f : dq) wmma::fill_fragment(f, 0.0f);
@@ -453,11 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     LoadTile<N, HS>(q, qf, base, ld, q0, T);
     LoadTile<N, HS>(dn, df, dbase, C, q0, T);
-    const size_t rows_at = static_cast<size_t>(blockIdx.y) * T + q0;
-    for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      col_lse[r] = q0 + r < T ? lse[rows_at + r] : 0.0f;
-      col_d[r] = q0 + r < T ? D[rows_at + r] : 0.0f;
-    }
+    LoadRowStats(col_lse, col_d, lse, D, q0, T);
     __syncthreads();
     const bool diagonal = qt == kt;
     // On the diagonal, query blocks before the warp's keys see none of them: skipped.
