@@ -385,9 +385,10 @@ bool Inside(const std::map<const char*, size_t>& m, const void* p) {
 }
 // Whether the column-major matrix (rows, cols, ld) at p lies inside one device allocation:
 // a GEMM that reaches past it would read or write memory it does not own on a GPU.
-bool InOneDeviceAllocation(const float* p, int rows, int cols, int ld) {
+bool InOneDeviceAllocation(const void* p, int rows, int cols, int ld,
+                           size_t element_bytes = sizeof(float)) {
   if (rows == 0 || cols == 0) return true;
-  const size_t bytes = (static_cast<size_t>(cols - 1) * ld + rows) * sizeof(float);
+  const size_t bytes = (static_cast<size_t>(cols - 1) * ld + rows) * element_bytes;
   std::lock_guard<std::mutex> lock(g_memory_mu);
   const auto& m = Allocations(true);
   const char* c = reinterpret_cast<const char*>(p);
@@ -700,9 +701,31 @@ float AsRead(float x, cublasComputeType_t compute) {
   }
 }
 
-void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
-          cublasComputeType_t compute) {
+// A GEMM input matrix of one of the types the table passes: fp32, or 16-bit bf16 / fp16
+// (the GEMMs' staged copies), read as floats.
+struct Input {
+  const void* data;
+  cudaDataType_t type;
+
+  size_t ElementBytes() const { return type == CUDA_R_32F ? 4 : 2; }
+  float operator[](size_t i) const {
+    switch (type) {
+      case CUDA_R_16BF:
+        return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]);
+      case CUDA_R_16F:
+        return __half2float(static_cast<const __half*>(data)[i]);
+      default:
+        return static_cast<const float*>(data)[i];
+    }
+  }
+};
+
+bool Supported(cudaDataType_t type) {
+  return type == CUDA_R_32F || type == CUDA_R_16BF || type == CUDA_R_16F;
+}
+
+void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, Input A,
+          int lda, Input B, int ldb, float beta, float* C, int ldc, cublasComputeType_t compute) {
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
       double sum = 0;
@@ -746,19 +769,23 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
                             int lda, const void* B, cudaDataType_t b_type, int ldb,
                             const void* beta, void* C, cudaDataType_t c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
-  if (a_type != CUDA_R_32F || b_type != CUDA_R_32F || c_type != CUDA_R_32F) {
+  // The table's combinations: fp32 inputs, or 16-bit ones of one type (with fp32 compute,
+  // as cuBLAS requires of them); fp32 output always.
+  const bool narrow = a_type != CUDA_R_32F;
+  if (!Supported(a_type) || b_type != a_type || c_type != CUDA_R_32F ||
+      (narrow && compute != CUBLAS_COMPUTE_32F)) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (!Valid(ta, tb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
   const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
-  if (!InOneDeviceAllocation(static_cast<const float*>(A), na ? m : k, na ? k : m, lda) ||
-      !InOneDeviceAllocation(static_cast<const float*>(B), nb ? k : n, nb ? n : k, ldb) ||
-      !InOneDeviceAllocation(static_cast<const float*>(C), m, n, ldc)) {
+  const Input a{A, a_type}, b{B, b_type};
+  if (!InOneDeviceAllocation(A, na ? m : k, na ? k : m, lda, a.ElementBytes()) ||
+      !InOneDeviceAllocation(B, nb ? k : n, nb ? n : k, ldb, b.ElementBytes()) ||
+      !InOneDeviceAllocation(C, m, n, ldc)) {
     drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
   }
-  Gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), static_cast<const float*>(A), lda,
-       static_cast<const float*>(B), ldb, *static_cast<const float*>(beta), static_cast<float*>(C),
-       ldc, compute);
+  Gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), a, lda, b, ldb,
+       *static_cast<const float*>(beta), static_cast<float*>(C), ldc, compute);
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
@@ -770,6 +797,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long stride_c, int batch,
                                           cublasComputeType_t compute, cublasGemmAlgo_t algo) {
   if (batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (a_type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;  // the strides below are fp32's
   for (int i = 0; i < batch; ++i) {
     const cublasStatus_t st =
         cublasGemmEx(handle, ta, tb, m, n, k, alpha, static_cast<const float*>(A) + i * stride_a,
@@ -819,10 +847,13 @@ cublasStatus_t SetValue(T* field, const void* buf, size_t bytes) {
 bool LtShape(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpaque& a,
              const cublasLtMatrixLayoutOpaque& b, const cublasLtMatrixLayoutOpaque& c,
              const cublasLtMatrixLayoutOpaque& d, int* m, int* n, int* k) {
+  // A and B of one type (fp32, or 16-bit with fp32 compute), C and D fp32: the table's.
+  if (!Supported(a.type) || b.type != a.type || c.type != CUDA_R_32F || d.type != CUDA_R_32F ||
+      (a.type != CUDA_R_32F && desc.compute != CUBLAS_COMPUTE_32F)) {
+    return false;
+  }
   for (const auto* l : {&a, &b, &c, &d}) {
-    if (l->type != CUDA_R_32F || l->ld < static_cast<int64_t>(std::max<uint64_t>(1, l->rows))) {
-      return false;
-    }
+    if (l->ld < static_cast<int64_t>(std::max<uint64_t>(1, l->rows))) return false;
   }
   *m = static_cast<int>(d.rows);
   *n = static_cast<int>(d.cols);
@@ -951,8 +982,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const int ldc = static_cast<int>(c->ld), ldd = static_cast<int>(d->ld);
   auto* out = static_cast<float*>(D);
   const auto* in = static_cast<const float*>(C);
-  if (!InOneDeviceAllocation(static_cast<const float*>(A), na ? m : k, na ? k : m, lda) ||
-      !InOneDeviceAllocation(static_cast<const float*>(B), nb ? k : n, nb ? n : k, ldb) ||
+  const Input in_a{A, a->type}, in_b{B, b->type};
+  if (!InOneDeviceAllocation(A, na ? m : k, na ? k : m, lda, in_a.ElementBytes()) ||
+      !InOneDeviceAllocation(B, nb ? k : n, nb ? n : k, ldb, in_b.ElementBytes()) ||
       (beta_f != 0.0f && !InOneDeviceAllocation(in, m, n, ldc)) ||
       !InOneDeviceAllocation(out, m, n, ldd) ||
       (bias && !InOneDeviceAllocation(desc->bias, m, 1, m))) {
@@ -967,9 +999,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     }
   }
   Gemm(desc->trans_a == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
-       desc->trans_b == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, alpha_f,
-       static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta_f, out, ldd,
-       desc->compute);
+       desc->trans_b == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, alpha_f, in_a, lda, in_b,
+       ldb, beta_f, out, ldd, desc->compute);
   if (bias) {
     for (int j = 0; j < n; ++j) {
       for (int i = 0; i < m; ++i) out[i + static_cast<size_t>(j) * ldd] += desc->bias[i];

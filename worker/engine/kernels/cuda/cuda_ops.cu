@@ -3,9 +3,10 @@
 //
 // Memory: arenas are cudaMalloc'ed once each, at start-up (the engine sizes every arena
 // then), zero-filled; nothing is allocated inside a step except the first time a scratch
-// buffer (token ids and their buckets, attention's datt or row sums, the column sums')
-// grows. Token ids arrive in host memory (the data loader's): they are copied to a device buffer on
-// the stream, which orders the copy after every kernel still reading the previous ids.
+// buffer (token ids and their buckets, attention's datt or row sums, the column sums', the
+// GEMMs' 16-bit operand copies) grows. Token ids arrive in host memory (the data loader's):
+// they are copied to a device buffer on the stream, which orders the copy after every kernel
+// still reading the previous ids.
 //
 // Synchronisation: every kernel is enqueued on the one compute stream; the calls that return
 // a value to the host (CrossEntropyForward, SumSquares) wait for it. Copies between host and
@@ -24,6 +25,7 @@
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/scratch.h"
 #include "worker/engine/kernels/cuda/token_buckets.h"
 #include "worker/engine/kernels/cuda_backend.h"
 #include "worker/engine/kernels/ops.h"
@@ -65,24 +67,6 @@ class PinnedAllocator final : public Allocator {
   }
 };
 
-// A device buffer that only grows.
-template <typename T>
-class Scratch {
- public:
-  T* Get(size_t n) {
-    if (n > size_) {
-      if (data_ != nullptr) DROVER_CUDA_CHECK(cudaFree(data_));
-      DROVER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
-      size_ = n;
-    }
-    return data_;
-  }
-
- private:
-  T* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 // Whether attention takes the fused kernels (flash_attention.cu) rather than the GEMMs
 // (attention.cu). DROVER_CUDA_ATTENTION=gemms keeps the GEMMs for every run, to compare the
 // two (tests/device/speed.sh); it is read once, so forward and backward always agree.
@@ -96,13 +80,15 @@ bool Fused(int C, int NH, Precision operands) {
 
 class CudaOpsImpl final : public Ops {
  public:
-  // lt may be null: the forward GEMMs then run through cuBLAS only.
+  // lt may be null: the forward GEMMs then run through cuBLAS only. staging may be null:
+  // mixed-precision GEMMs then read their fp32-stored operands as they are (matmul.cu).
   CudaOpsImpl(cudaStream_t stream, cudaStream_t copy_stream, cublasHandle_t blas,
-              std::unique_ptr<LtMatmul> lt)
+              std::unique_ptr<LtMatmul> lt, std::unique_ptr<GemmStaging> staging)
       : stream_(stream),
         copy_stream_(copy_stream),
         blas_(blas),
         lt_(std::move(lt)),
+        staging_(std::move(staging)),
         allocator_(stream) {}
 
   const char* name() const override { return "cuda"; }
@@ -198,15 +184,15 @@ class CudaOpsImpl final : public Ops {
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                      const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override {
-    cuda::MatmulForward(blas_, lt_.get(), out, inp, weight, bias, residual, N, C, OC, ldo, operands,
-                        stream_);
+    cuda::MatmulForward(blas_, lt_.get(), staging_.get(), out, inp, weight, bias, residual, N, C,
+                        OC, ldo, operands, stream_);
   }
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, int N, int C, int OC, int ldo,
                       bool accumulate, Precision operands) override {
     float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
-    cuda::MatmulBackward(blas_, dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate,
-                         operands, scratch, stream_);
+    cuda::MatmulBackward(blas_, staging_.get(), dinp, dweight, dbias, dout, inp, weight, N, C, OC,
+                         ldo, accumulate, operands, scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
     if (Fused(C, NH, operands)) return FlashAttentionStateFloats(B, T, C, NH);
@@ -336,6 +322,7 @@ class CudaOpsImpl final : public Ops {
   cudaStream_t copy_stream_;  // ToHost / FromHost, ordered against stream_ by events
   cublasHandle_t blas_;
   std::unique_ptr<LtMatmul> lt_;
+  std::unique_ptr<GemmStaging> staging_;
   DeviceAllocator allocator_;
   PinnedAllocator pinned_;
   Scratch<int32_t> tokens_;
@@ -426,8 +413,14 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     }
     lt = std::make_unique<drover::engine::cuda::LtMatmul>(handle, workspace, kWorkspaceBytes);
   }
-  auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas,
-                                                      std::move(lt));  // until exit
+  // 16-bit copies of the GEMM operands unless DROVER_CUDA_GEMM_INPUTS=fp32 (matmul.cu).
+  std::unique_ptr<drover::engine::cuda::GemmStaging> staging;
+  const char* inputs = std::getenv("DROVER_CUDA_GEMM_INPUTS");
+  if (inputs == nullptr || std::strcmp(inputs, "fp32") != 0) {
+    staging = std::make_unique<drover::engine::cuda::GemmStaging>();
+  }
+  auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas, std::move(lt),
+                                                      std::move(staging));  // until exit
   {
     std::lock_guard<std::mutex> lock(drover::engine::cuda::g_tables_mu);
     drover::engine::cuda::g_tables.push_back(table);

@@ -1,10 +1,11 @@
-// Fill, Add, Scale, Round and SumSquares over flat arrays.
+// Fill, Add, Scale, Round, NarrowCopy and SumSquares over flat arrays.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/store.cuh"
 
 namespace drover::engine::cuda {
 namespace {
@@ -45,6 +46,14 @@ __global__ void RoundFp16Kernel(float* x, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     x[i] = __half2float(__float2half_rn(x[i]));
+  }
+}
+
+template <typename N>
+__global__ void NarrowCopyKernel(N* out, const float* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = ToNarrow<N>(x[i]);
   }
 }
 
@@ -112,6 +121,19 @@ void Round(float* x, size_t n, int precision, cudaStream_t stream) {
     DROVER_LAUNCH(RoundBf16Kernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, n);
   } else {
     DROVER_LAUNCH(RoundFp16Kernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, n);
+  }
+  DROVER_CUDA_LAUNCHED();
+}
+
+void NarrowCopy(void* out, const float* x, size_t n, Precision p, cudaStream_t stream) {
+  if (n == 0) return;
+  DROVER_CUDA_REQUIRE(p == Precision::kBf16 || p == Precision::kFp16);
+  if (p == Precision::kBf16) {
+    DROVER_LAUNCH(NarrowCopyKernel<__nv_bfloat16>, StrideBlocks(n, kThreads), kThreads, 0, stream)
+    (static_cast<__nv_bfloat16*>(out), x, n);
+  } else {
+    DROVER_LAUNCH(NarrowCopyKernel<__half>, StrideBlocks(n, kThreads), kThreads, 0, stream)
+    (static_cast<__half*>(out), x, n);
   }
   DROVER_CUDA_LAUNCHED();
 }

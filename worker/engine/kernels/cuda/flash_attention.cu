@@ -38,6 +38,7 @@
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/store.cuh"
 
 namespace drover::engine::cuda {
 namespace {
@@ -48,19 +49,6 @@ constexpr int kTile = 64;  // rows of a query or key tile
 constexpr int kWarps = kTile / 16;
 constexpr int kThreads = kWarps * 32;
 
-template <typename N>
-__device__ __forceinline__ N ToNarrow(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 ToNarrow<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half ToNarrow<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
 // An output element as the run stores it (ops.h: out and dqkv are stored in `operands`).
 template <typename N>
 __device__ __forceinline__ float Stored(float x) {

@@ -8,10 +8,13 @@
 // cuBLAS with the residual and bias written into out first (beta = 1), as on the CPU. The bias
 // gradient is a deterministic column sum (column_sum.cuh).
 //
-// Precision: every operand is stored as fp32 holding values of the run's precision (ops.h),
-// so a bf16 run multiplies with CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS converts the operands
-// to bf16, exactly, and runs the tensor cores with fp32 accumulation, which gives the
-// products an fp32 GEMM of the same values would. fp16 likewise; fp32 runs stay in
+// Precision: every operand is stored as fp32 holding values of the run's precision (ops.h).
+// A bf16 run first copies each operand to a bf16 matrix (GemmStaging: exact, one pass over
+// it) and multiplies those with fp32 accumulation: the tensor cores' native 2-byte inputs,
+// read at half the bytes, in the kernels cuBLAS tunes most. The products equal those of an
+// fp32 GEMM of the same values. Without staging (DROVER_CUDA_GEMM_INPUTS=fp32) cuBLAS reads
+// the fp32 storage with CUBLAS_COMPUTE_32F_FAST_16BF and narrows as it goes, which gives the
+// same products; the device check's speed step times both. fp16 likewise; fp32 runs stay in
 // pedantic fp32 (no TF32), the CPU reference's arithmetic.
 #include <cstdint>
 #include <cstdio>
@@ -42,11 +45,38 @@ __global__ void InitOutputKernel(float* out, const float* bias, const float* res
 }
 
 void Gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+          GemmOperand A, int lda, GemmOperand B, int ldb, float beta, float* C, int ldc,
           cublasComputeType_t compute) {
   const float alpha = 1.0f;
-  DROVER_CUBLAS_CHECK(cublasGemmEx(blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F,
-                                   ldb, &beta, C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+  DROVER_CUBLAS_CHECK(cublasGemmEx(blas, ta, tb, m, n, k, &alpha, A.data, A.type, lda, B.data,
+                                   B.type, ldb, &beta, C, CUDA_R_32F, ldc, compute,
+                                   CUBLAS_GEMM_DEFAULT));
+}
+
+GemmOperand Fp32(const float* x) { return {x, CUDA_R_32F}; }
+
+// The operands of one GEMM as cuBLAS will read them, and its compute type.
+struct GemmInputs {
+  bool staged;  // 16-bit copies (GemmStaging) rather than the fp32 storage
+  cublasComputeType_t compute;
+  Precision precision;
+  GemmStaging* staging;
+  cudaStream_t stream;
+
+  // x (n elements) as an operand: its 16-bit copy in `copy` when staged.
+  GemmOperand Of(Scratch<uint16_t> GemmStaging::*copy, const float* x, size_t n) const {
+    if (!staged) return Fp32(x);
+    uint16_t* out = (staging->*copy).Get(n);
+    NarrowCopy(out, x, n, precision, stream);
+    return {out, precision == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_16F};
+  }
+};
+
+GemmInputs InputsOf(GemmStaging* staging, Precision operands, cudaStream_t stream) {
+  const bool staged = staging != nullptr && operands != Precision::kFp32;
+  // 16-bit inputs with fp32 accumulation take the tensor cores under plain COMPUTE_32F.
+  return {staged, staged ? CUBLAS_COMPUTE_32F : GemmComputeType(operands, true), operands, staging,
+          stream};
 }
 
 }  // namespace
@@ -98,18 +128,20 @@ LtMatmul::~LtMatmul() = default;
 // In cuBLASLt's column-major terms, as the cuBLAS path: D^T (OC, N) = W^T' (OC, C) inp^T
 // (C, N) + beta C^T, with A = weight stored (C, OC), B = inp stored (C, N), C = residual and
 // D = out stored (OC, N) with leading dimension ldo; the bias is per row of D.
-LtMatmul::Plan* LtMatmul::PlanFor(float* out, const float* inp, const float* weight,
+LtMatmul::Plan* LtMatmul::PlanFor(float* out, GemmOperand inp, GemmOperand weight,
                                   const float* bias, const float* residual, int N, int C, int OC,
-                                  int ldo, Precision operands) {
+                                  int ldo, cublasComputeType_t compute) {
   const std::vector<int64_t> key = {N,
                                     C,
                                     OC,
                                     ldo,
-                                    static_cast<int64_t>(operands),
+                                    static_cast<int64_t>(compute),
+                                    static_cast<int64_t>(inp.type),
+                                    static_cast<int64_t>(weight.type),
                                     bias != nullptr ? AlignmentOf(bias) : 0,
                                     residual != nullptr ? AlignmentOf(residual) : 0,
-                                    AlignmentOf(weight),
-                                    AlignmentOf(inp),
+                                    AlignmentOf(weight.data),
+                                    AlignmentOf(inp.data),
                                     AlignmentOf(out)};
   std::unique_ptr<Plan>& slot = plans_[key];
   if (slot != nullptr) return slot.get();
@@ -118,7 +150,7 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, const float* inp, const float* wei
   const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   const uint32_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   const int32_t bias_type = CUDA_R_32F;
-  bool ok = Ok(cublasLtMatmulDescCreate(&p.desc, GemmComputeType(operands, true), CUDA_R_32F)) &&
+  bool ok = Ok(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F)) &&
             Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
                                               sizeof(trans_a))) &&
             Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
@@ -132,8 +164,8 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, const float* inp, const float* wei
          Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                            sizeof(bias_type)));
   }
-  ok = ok && Ok(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, C, OC, C)) &&
-       Ok(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, C, N, C)) &&
+  ok = ok && Ok(cublasLtMatrixLayoutCreate(&p.a, weight.type, C, OC, C)) &&
+       Ok(cublasLtMatrixLayoutCreate(&p.b, inp.type, C, N, C)) &&
        Ok(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, OC, N, ldo));
   cublasLtMatmulPreference_t pref = nullptr;
   ok = ok && Ok(cublasLtMatmulPreferenceCreate(&pref));
@@ -141,7 +173,8 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, const float* inp, const float* wei
     const uint64_t workspace = workspace_bytes_;
     // C is out itself when there is no residual (beta 0): D's alignment serves for both.
     const uint32_t aligns[4] = {
-        static_cast<uint32_t>(AlignmentOf(weight)), static_cast<uint32_t>(AlignmentOf(inp)),
+        static_cast<uint32_t>(AlignmentOf(weight.data)),
+        static_cast<uint32_t>(AlignmentOf(inp.data)),
         static_cast<uint32_t>(AlignmentOf(residual != nullptr ? residual : out)),
         static_cast<uint32_t>(AlignmentOf(out))};
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
@@ -165,17 +198,17 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, const float* inp, const float* wei
   if (!ok) {
     std::fprintf(stderr,
                  "drover cuda: cuBLASLt has no algorithm for the forward GEMM N=%d C=%d OC=%d "
-                 "ldo=%d%s%s; it runs through cuBLAS\n",
-                 N, C, OC, ldo, bias != nullptr ? " +bias" : "",
-                 residual != nullptr ? " +residual" : "");
+                 "ldo=%d%s%s%s; it runs through cuBLAS\n",
+                 N, C, OC, ldo, inp.type == CUDA_R_32F ? "" : " (16-bit inputs)",
+                 bias != nullptr ? " +bias" : "", residual != nullptr ? " +residual" : "");
   }
   return &p;
 }
 
-bool LtMatmul::Forward(float* out, const float* inp, const float* weight, const float* bias,
-                       const float* residual, int N, int C, int OC, int ldo, Precision operands,
-                       cudaStream_t stream) {
-  Plan* p = PlanFor(out, inp, weight, bias, residual, N, C, OC, ldo, operands);
+bool LtMatmul::Forward(float* out, GemmOperand inp, GemmOperand weight, const float* bias,
+                       const float* residual, int N, int C, int OC, int ldo,
+                       cublasComputeType_t compute, cudaStream_t stream) {
+  Plan* p = PlanFor(out, inp, weight, bias, residual, N, C, OC, ldo, compute);
   if (!p->usable) return false;
   if (bias != nullptr) {
     DROVER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -183,19 +216,23 @@ bool LtMatmul::Forward(float* out, const float* inp, const float* weight, const 
   }
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
   const float* c = residual != nullptr ? residual : out;
-  DROVER_CUBLAS_CHECK(cublasLtMatmul(lt_, p->desc, &alpha, weight, p->a, inp, p->b, &beta, c, p->c,
-                                     out, p->c, &p->algo, workspace_, workspace_bytes_, stream));
+  DROVER_CUBLAS_CHECK(cublasLtMatmul(lt_, p->desc, &alpha, weight.data, p->a, inp.data, p->b, &beta,
+                                     c, p->c, out, p->c, &p->algo, workspace_, workspace_bytes_,
+                                     stream));
   return true;
 }
 
-void MatmulForward(cublasHandle_t blas, LtMatmul* lt, float* out, const float* inp,
-                   const float* weight, const float* bias, const float* residual, int N, int C,
-                   int OC, int ldo, Precision operands, cudaStream_t stream) {
+void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
+                   const float* inp, const float* weight, const float* bias, const float* residual,
+                   int N, int C, int OC, int ldo, Precision operands, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
+  const GemmInputs in = InputsOf(staging, operands, stream);
+  const GemmOperand w = in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
+  const GemmOperand x = in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C);
   // fp32 runs keep cuBLAS's pedantic fp32, the CPU reference's arithmetic (cuBLASLt is not
   // documented to take CUBLAS_COMPUTE_32F_PEDANTIC); mixed precision, the fast path, takes Lt.
   if (lt != nullptr && operands != Precision::kFp32 &&
-      lt->Forward(out, inp, weight, bias, residual, N, C, OC, ldo, operands, stream)) {
+      lt->Forward(out, x, w, bias, residual, N, C, OC, ldo, in.compute, stream)) {
     return;
   }
   float beta = 0.0f;
@@ -206,21 +243,26 @@ void MatmulForward(cublasHandle_t blas, LtMatmul* lt, float* out, const float* i
     DROVER_CUDA_LAUNCHED();
     beta = 1.0f;
   }
-  Gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, beta, out, ldo,
-       GemmComputeType(operands, true));
+  Gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, x, C, beta, out, ldo, in.compute);
 }
 
-void MatmulBackward(cublasHandle_t blas, float* dinp, float* dweight, float* dbias,
-                    const float* dout, const float* inp, const float* weight, int N, int C, int OC,
-                    int ldo, bool accumulate, Precision operands, float* scratch,
+void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, float* dweight,
+                    float* dbias, const float* dout, const float* inp, const float* weight, int N,
+                    int C, int OC, int ldo, bool accumulate, Precision operands, float* scratch,
                     cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
-  const cublasComputeType_t compute = GemmComputeType(operands, true);
+  const GemmInputs in = InputsOf(staging, operands, stream);
+  // dout's rows are ldo apart: its copy spans the first row's start to the last's OC columns.
+  const GemmOperand dy =
+      in.Of(&GemmStaging::output_grad, dout, size_t{static_cast<unsigned>(N - 1)} * ldo + OC);
   if (dinp != nullptr) {
-    Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, ldo, 0.0f, dinp, C, compute);
+    const GemmOperand w =
+        in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
+    Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dy, ldo, 0.0f, dinp, C, in.compute);
   }
-  Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, ldo, accumulate ? 1.0f : 0.0f,
-       dweight, C, compute);
+  const GemmOperand x = in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C);
+  Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f, dweight,
+       C, in.compute);
   if (dbias != nullptr) {
     ColumnSum(dbias, scratch, N, OC, RowMajorValue{dout, ldo}, accumulate, stream);
   }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "worker/engine/kernels/cuda/scratch.h"
 #include "worker/engine/kernels/precision.h"
 #include "worker/engine/optim/adamw_config.h"
 
@@ -35,6 +36,9 @@ void Add(float* y, const float* x, size_t n, cudaStream_t stream);
 void Scale(float* x, size_t n, float s, cudaStream_t stream);
 // precision: 1 bf16, 2 fp16 (round to nearest even, as a store would; fp16 overflows to inf).
 void Round(float* x, size_t n, int precision, cudaStream_t stream);
+// out (n, 2 bytes each) = x narrowed to bf16 or fp16 (p, not kFp32), round to nearest even:
+// a GEMM operand's 16-bit copy (matmul.cu).
+void NarrowCopy(void* out, const float* x, size_t n, Precision p, cudaStream_t stream);
 // Sum of x^2 in double; `scratch` holds at least SumSquaresScratch() doubles. Synchronous.
 size_t SumSquaresScratch();
 double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream);
@@ -61,13 +65,29 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
                        cudaStream_t stream);
 
 // ---- matmul.cu (cuBLAS; fp32 runs in pedantic fp32, mixed precision on tensor cores) ----
-// The compute type of a GEMM whose operands hold values of `operands`; narrow: both are
-// stored narrowed (false where one is kept in fp32, e.g. attention's probabilities).
+// The compute type of a GEMM whose operands hold values of `operands`, stored as fp32;
+// narrow: both are stored narrowed (false where one is kept in fp32, e.g. attention's
+// probabilities).
 cublasComputeType_t GemmComputeType(Precision operands, bool narrow);
+
+// A GEMM operand as cuBLAS reads it: fp32, or a bf16 / fp16 copy (GemmStaging).
+struct GemmOperand {
+  const void* data;
+  cudaDataType_t type;
+};
+
+// Where a mixed-precision run's GEMMs put 16-bit copies of their operands, so that cuBLAS
+// reads 2-byte bf16 or fp16 matrices (its native tensor-core kernels) rather than fp32 ones it
+// narrows as it goes. The copies are exact: the operands hold values of the run's precision.
+// One per table, used on the compute stream from the training thread only.
+struct GemmStaging {
+  Scratch<uint16_t> weight, input, output_grad;
+};
+
 // The forward GEMM through cuBLASLt, with the bias in its epilogue and the residual as its
 // C operand (D = out): one pass over out instead of an initialising kernel and a GEMM that
 // reads out back. One per table; called from the training thread only. Plans (descriptors
-// and the heuristic's algorithm) are made once per shape and operand alignment.
+// and the heuristic's algorithm) are made once per shape, operand type and alignment.
 class LtMatmul {
  public:
   // `workspace` (device, `workspace_bytes`) must outlive this.
@@ -77,16 +97,16 @@ class LtMatmul {
   LtMatmul& operator=(const LtMatmul&) = delete;
 
   // out (N, OC; row stride ldo) = inp (N, C) weight^T + [bias] + [residual], enqueued on
-  // `stream`; false, with nothing enqueued, where cuBLASLt has no algorithm for it (the caller
-  // then takes the cuBLAS path).
-  bool Forward(float* out, const float* inp, const float* weight, const float* bias,
-               const float* residual, int N, int C, int OC, int ldo, Precision operands,
+  // `stream`; inp and weight of one type. False, with nothing enqueued, where cuBLASLt has no
+  // algorithm for it (the caller then takes the cuBLAS path).
+  bool Forward(float* out, GemmOperand inp, GemmOperand weight, const float* bias,
+               const float* residual, int N, int C, int OC, int ldo, cublasComputeType_t compute,
                cudaStream_t stream);
 
  private:
   struct Plan;
-  Plan* PlanFor(float* out, const float* inp, const float* weight, const float* bias,
-                const float* residual, int N, int C, int OC, int ldo, Precision operands);
+  Plan* PlanFor(float* out, GemmOperand inp, GemmOperand weight, const float* bias,
+                const float* residual, int N, int C, int OC, int ldo, cublasComputeType_t compute);
 
   cublasLtHandle_t lt_;
   void* workspace_;
@@ -94,14 +114,16 @@ class LtMatmul {
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
 };
 
-// lt may be null (the cuBLAS path only); fp32 runs take cuBLAS always.
-void MatmulForward(cublasHandle_t blas, LtMatmul* lt, float* out, const float* inp,
-                   const float* weight, const float* bias, const float* residual, int N, int C,
-                   int OC, int ldo, Precision operands, cudaStream_t stream);
+// lt may be null (the cuBLAS path only); fp32 runs take cuBLAS always. staging may be null:
+// mixed-precision GEMMs then read the fp32-stored operands with the FAST_16BF / FAST_16F
+// compute types (GemmComputeType).
+void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
+                   const float* inp, const float* weight, const float* bias, const float* residual,
+                   int N, int C, int OC, int ldo, Precision operands, cudaStream_t stream);
 // scratch: ColumnSumScratch(N, OC) floats (column_sum.cuh), for the bias gradient.
-void MatmulBackward(cublasHandle_t blas, float* dinp, float* dweight, float* dbias,
-                    const float* dout, const float* inp, const float* weight, int N, int C, int OC,
-                    int ldo, bool accumulate, Precision operands, float* scratch,
+void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, float* dweight,
+                    float* dbias, const float* dout, const float* inp, const float* weight, int N,
+                    int C, int OC, int ldo, bool accumulate, Precision operands, float* scratch,
                     cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------

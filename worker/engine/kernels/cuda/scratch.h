@@ -1,0 +1,35 @@
+// A device buffer that only grows: the kernel table's scratch (cuda_ops.cu) and the GEMMs'
+// 16-bit operand copies (matmul.cu). Get may cudaMalloc, so a step allocates only the first
+// time a buffer grows; the memory is kept until the process exits. Not thread-safe: each
+// buffer belongs to the thread that enqueues the kernels using it, on one stream, so a
+// kernel still reading the old contents is ordered before any that writes new ones.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "worker/engine/kernels/cuda/cuda_check.h"
+
+namespace drover::engine::cuda {
+
+template <typename T>
+class Scratch {
+ public:
+  // At least n elements (256-byte aligned, as cudaMalloc's). Growing frees the old memory
+  // at once: cudaFree synchronises with the device first, so no kernel still uses it.
+  T* Get(size_t n) {
+    if (n > size_) {
+      if (data_ != nullptr) DROVER_CUDA_CHECK(cudaFree(data_));
+      DROVER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+      size_ = n;
+    }
+    return data_;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace drover::engine::cuda
