@@ -67,7 +67,7 @@ if [[ $no_gpu != 1 ]]; then
   step "2 cuda ops against the cpu, 20 steps, nccl" timeout 240 "$bin/cuda_tests"
   # Mixed-precision attention takes the fused kernels above; the GEMM version too.
   step "2b cuda attention through the gemms" env DROVER_CUDA_ATTENTION=gemms \
-    timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*'
+    timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*:CudaOpsTest.OpsRead*'
   step "2b cuda gemms on fp32 inputs" env DROVER_CUDA_GEMM_INPUTS=fp32 \
     timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Matmul*:CudaOpsTest.Gemm*'
 fi

@@ -123,6 +123,14 @@ class Ops {
   // x (n) narrowed in place to precision p, kept as floats (kernels/cpu/round.h): a store
   // of an activation in a mixed-precision run. p == kFp32 leaves x as it is.
   virtual void Round(float* x, size_t n, Precision p) = 0;
+  // x (n), just written in fp32 by a GEMM (or summed by a collective), becomes an activation
+  // stored in p *as this table's ops read it*: the ops that take it next (attention, GELU,
+  // the cross-entropy, LayerNorm's backward) see values of p. CpuOps rounds x in place
+  // (Round). A table whose ops round every activation as they load it (CUDA's) may leave x
+  // as it is and save a pass over it. So x itself may hold unrounded values afterwards:
+  // what is read as a GEMM's residual, sent to another process or read on the host needs
+  // Round instead. p == kFp32 leaves x as it is.
+  virtual void NarrowWritten(float* x, size_t n, Precision p) { Round(x, n, p); }
 
   // ---- layers (kernels/cpu/*.h) --------------------------------------------------------
   // `store` is the precision an activation (or activation gradient) output is stored in:
@@ -179,10 +187,13 @@ class Ops {
   virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                             Precision store) = 0;
-  // Returns the mean loss over the N rows.
+  // Returns the mean loss over the N rows. The logits hold values of `operands` as this
+  // table reads them (NarrowWritten).
   virtual float CrossEntropyForward(float* losses, float* lse, const float* logits,
-                                    const int32_t* targets, int N, int V, int Vp) = 0;
-  // The gradient of the logits replaces them, stored in `store`.
+                                    const int32_t* targets, int N, int V, int Vp,
+                                    Precision operands) = 0;
+  // The gradient of the logits replaces them, stored in `store` (and read as NarrowWritten
+  // left them).
   virtual void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets,
                                     float dloss, int N, int V, int Vp, Precision store) = 0;
 

@@ -17,6 +17,7 @@ constexpr const char* kNames[ProfiledOps::kOpCount] = {"Fill",
                                                        "ToHost",
                                                        "FromHost",
                                                        "Round",
+                                                       "NarrowWritten",
                                                        "EncoderForward",
                                                        "EncoderBackward",
                                                        "EncoderBackwardWindow",
@@ -131,6 +132,10 @@ void ProfiledOps::Round(float* x, size_t n, Precision p) {
   Timed t(this, kRound);
   inner_->Round(x, n, p);
 }
+void ProfiledOps::NarrowWritten(float* x, size_t n, Precision p) {
+  Timed t(this, kNarrowWritten);
+  inner_->NarrowWritten(x, n, p);
+}
 void ProfiledOps::EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe,
                                  int B, int T, int C, Precision store) {
   Timed t(this, kEncoderForward);
@@ -199,9 +204,10 @@ void ProfiledOps::GeluBackward(float* dinp, const float* inp, const float* dout,
   inner_->GeluBackward(dinp, inp, dout, N, store);
 }
 float ProfiledOps::CrossEntropyForward(float* losses, float* lse, const float* logits,
-                                       const int32_t* targets, int N, int V, int Vp) {
+                                       const int32_t* targets, int N, int V, int Vp,
+                                       Precision operands) {
   Timed t(this, kCrossEntropyForward);
-  return inner_->CrossEntropyForward(losses, lse, logits, targets, N, V, Vp);
+  return inner_->CrossEntropyForward(losses, lse, logits, targets, N, V, Vp, operands);
 }
 void ProfiledOps::CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets,
                                        float dloss, int N, int V, int Vp, Precision store) {

@@ -30,6 +30,7 @@ class ProfiledOps final : public Ops {
     kToHost,
     kFromHost,
     kRound,
+    kNarrowWritten,
     kEncoderForward,
     kEncoderBackward,
     kEncoderBackwardWindow,
@@ -75,6 +76,7 @@ class ProfiledOps final : public Ops {
   void ToHost(float* host, const float* x, size_t n) override;
   void FromHost(float* x, const float* host, size_t n) override;
   void Round(float* x, size_t n, Precision p) override;
+  void NarrowWritten(float* x, size_t n, Precision p) override;
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                       int T, int C, Precision store) override;
   void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
@@ -104,7 +106,7 @@ class ProfiledOps final : public Ops {
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                     Precision store) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                            int N, int V, int Vp) override;
+                            int N, int V, int Vp, Precision operands) override;
   void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
                             int N, int V, int Vp, Precision store) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,

@@ -88,7 +88,7 @@ Status GptStage::ReduceInputGrad(float* dinp, size_t n) {
     RETURN_IF_ERROR(
         tp_->AllReduce(dinp, n, parallel::DataType::kFloat32, parallel::ReduceOp::kSum));
   }
-  Narrow(dinp, n);
+  Written(dinp, n);
   return OkStatus();
 }
 
@@ -121,13 +121,13 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
                          BT, C, precision_);
   ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca, precision_);
-  Narrow(qkv, static_cast<size_t>(BT) * 3 * Ca);
+  Written(qkv, static_cast<size_t>(BT) * 3 * Ca);
   ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa, precision_);
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
   ops_->LayerNormForward(ln2, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, res2, p + o.ln2w,
                          p + o.ln2b, BT, C, precision_);
   ops_->MatmulForward(fch, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4, precision_);
-  Narrow(fch, static_cast<size_t>(BT) * C4);
+  Written(fch, static_cast<size_t>(BT) * C4);
   ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4, precision_);
   RETURN_IF_ERROR(RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C));
   return mem.ReleaseParams(unit);
@@ -163,9 +163,14 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   ops_->LayerNormForward(a.lnf_, a.lnf_mean_, a.lnf_rstd_, a.output(), pf, pf + C, BT, C,
                          precision_);
   // Tied LM head; only the V live columns are computed. The softmax and the loss read the
-  // narrowed logits and compute in fp32.
+  // narrowed logits and compute in fp32. Only a training pass leaves them as the table's ops
+  // read them (Written); the others are for reading on the host too (logits()).
   ops_->MatmulForward(a.logits_, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp, precision_);
-  Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
+  if (pass == Pass::kTrain) {
+    Written(a.logits_, static_cast<size_t>(BT) * Vp);
+  } else {
+    Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
+  }
   if (pass != Pass::kTrain) {
     // Backward would need both again; without it they go now.
     RETURN_IF_ERROR(mem.ReleaseParams(h));
@@ -176,7 +181,8 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
     DROVER_CHECK_MSG(a.targets_[i] >= 0 && a.targets_[i] < V, "target id");
   }
   a.backward_ready_ = pass == Pass::kTrain;
-  return ops_->CrossEntropyForward(a.losses_, a.lse_, a.logits_, a.targets_.data(), BT, V, Vp);
+  return ops_->CrossEntropyForward(a.losses_, a.lse_, a.logits_, a.targets_.data(), BT, V, Vp,
+                                   precision_);
 }
 
 Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_scale) {
@@ -193,7 +199,7 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   ops_->CrossEntropyBackward(a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT, V, Vp,
                              precision_);
   ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.logits_, a.lnf_, ph, BT, C, V, Vp, acc, precision_);
-  Narrow(a.dbtc_, static_cast<size_t>(BT) * C);
+  Written(a.dbtc_, static_cast<size_t>(BT) * C);
   if (!acc) {
     // Overwritten rows are the live ones; the padding rows (and, on a single stage, wpe,
     // which the encoder's backward only adds to) need their zeros written.
@@ -234,7 +240,7 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   const float* fch = a.fch_ + i * BT * C4;
   ops_->MatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_, a.fch_gelu_ + i * BT * C4,
                        p + o.fcprojw, BT, C4, C, C, acc, precision_);
-  Narrow(a.dfch_, static_cast<size_t>(BT) * C4);
+  Written(a.dfch_, static_cast<size_t>(BT) * C4);
   ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4, precision_);
   ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, a.ln2_ + i * btc, p + o.fcw, BT, C,
                        C4, C4, acc, precision_);
@@ -244,7 +250,7 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
                           precision_);
   ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
                        p + o.attprojw, BT, Ca, C, C, acc, precision_);
-  Narrow(a.dbtc_, static_cast<size_t>(BT) * Ca);
+  Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
   ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * a.att_floats_, a.qkv_ + i * BT * 3 * Ca, B,
                           T, Ca, NHa, precision_);
   ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,

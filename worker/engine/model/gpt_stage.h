@@ -23,8 +23,11 @@
 // once. Every tp rank computes the replicated tensors' gradients identically.
 //
 // Mixed precision (precision != kFp32): every activation and every activation gradient the
-// stage stores is narrowed to the precision as it is written (Ops::Round), the weights come
-// narrowed from the memory (NarrowedParams), and the kernels accumulate in fp32. LayerNorm
+// stage stores is narrowed to the precision as it is written (the ops' `store`), the weights
+// come narrowed from the memory (NarrowedParams), and the kernels accumulate in fp32. GEMM
+// outputs are narrowed after the GEMM: the residual stream by Ops::Round, those that only
+// ops read next (qkv, fch, the logits and the input gradients) by Ops::NarrowWritten, which
+// the CUDA table leaves to the reading kernels. LayerNorm
 // statistics, attention probabilities and the per-row losses stay fp32, as fused kernels
 // keep them; the weight gradients are fp32 (StageMemory's arenas).
 //
@@ -72,7 +75,9 @@ class StageActivations {
   float* doutput() { return dres_; }
   // (B, T, C) gradient of input() after Backward (stages > 0).
   const float* dinput() const { return dres_; }
-  // (B, T, Vp) after a Forward of the last stage, until Backward reuses the buffer.
+  // (B, T, Vp) after a Forward of the last stage, until Backward reuses the buffer; after a
+  // kTrain Forward, as the table's ops read them (Ops::NarrowWritten: on CUDA, not yet
+  // rounded to a mixed-precision run's type).
   const float* logits() const { return logits_; }
 
  private:
@@ -126,9 +131,17 @@ class GptStage {
   Precision precision() const { return precision_; }
 
  private:
-  // x (n) stored in the run's precision: an activation or its gradient just written.
+  // x (n) rounded to the run's precision: an activation just written by a GEMM and read as
+  // values in memory (the residual stream, which the next GEMM takes as its C operand and
+  // other stages receive; logits read on the host).
   void Narrow(float* x, size_t n) const {
     if (precision_ != Precision::kFp32) ops_->Round(x, n, precision_);
+  }
+  // x (n), a GEMM's output (or a tp all-reduce's sum) that only the table's ops read next:
+  // stored in the run's precision as they read it (Ops::NarrowWritten), a pass over x saved
+  // on tables that round as they load.
+  void Written(float* x, size_t n) const {
+    if (precision_ != Precision::kFp32) ops_->NarrowWritten(x, n, precision_);
   }
   // out (N, OC) = [residual +] inp (N, IC) @ w^T [+ bias], summed over the tp group.
   Status RowParallelForward(float* out, const float* inp, const float* w, const float* bias,

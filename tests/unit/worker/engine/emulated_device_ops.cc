@@ -323,13 +323,14 @@ void EmulatedDeviceOps::GeluBackward(float* dinp, const float* inp, const float*
   CpuOps()->GeluBackward(dinp, inp, dout, N, store);
 }
 float EmulatedDeviceOps::CrossEntropyForward(float* losses, float* lse, const float* logits,
-                                             const int32_t* targets, int N, int V, int Vp) {
+                                             const int32_t* targets, int N, int V, int Vp,
+                                             Precision operands) {
   DEV(losses);
   DEV(lse);
   DEV(logits);
   HOST(targets);
   Open open(this);
-  return CpuOps()->CrossEntropyForward(losses, lse, logits, targets, N, V, Vp);
+  return CpuOps()->CrossEntropyForward(losses, lse, logits, targets, N, V, Vp, operands);
 }
 void EmulatedDeviceOps::CrossEntropyBackward(float* logits, const float* lse,
                                              const int32_t* targets, float dloss, int N, int V,

@@ -75,7 +75,7 @@ class EmulatedDeviceOps final : public Ops {
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                     Precision store) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                            int N, int V, int Vp) override;
+                            int N, int V, int Vp, Precision operands) override;
   void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
                             int N, int V, int Vp, Precision store) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,

@@ -127,8 +127,9 @@ class CpuOpsImpl final : public Ops {
     cpu::GeluBackward(dinp, inp, dout, N);
     Round(dinp, N, store);
   }
+  // The logits were rounded as they were written (NarrowWritten is Round here).
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                            int N, int V, int Vp) override {
+                            int N, int V, int Vp, Precision /*operands*/) override {
     return cpu::CrossEntropyForward(losses, lse, logits, targets, N, V, Vp);
   }
   void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,

@@ -1,7 +1,9 @@
 // Softmax + cross-entropy over rows padded to Vp columns (kernels/cpu/crossentropy.h): the
 // forward keeps each row's log-sum-exp and never writes probabilities; the backward turns
 // the logits into their gradient in place. One block per row; the forward reads its row once
-// (an online max and sum, as FlashAttention's softmax).
+// (an online max and sum, as FlashAttention's softmax). The logits are read as values of the
+// run's precision (the head GEMM's output, which Ops::NarrowWritten leaves unrounded on this
+// table).
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -52,17 +54,18 @@ struct Combine {
 };
 
 __global__ void CrossEntropyForwardKernel(float* losses, float* lse, const float* logits,
-                                          const int32_t* targets, int V, int Vp) {
+                                          const int32_t* targets, int V, int Vp,
+                                          Precision operands) {
   __shared__ MaxSum shared[kThreads];
   const int n = blockIdx.x;
   const float* row = logits + static_cast<size_t>(n) * Vp;
   MaxSum mine{-INFINITY, 0.0f};
-  for (int i = threadIdx.x; i < V; i += blockDim.x) mine = Seen(mine, row[i]);
+  for (int i = threadIdx.x; i < V; i += blockDim.x) mine = Seen(mine, Stored(row[i], operands));
   const MaxSum all = BlockReduce(mine, shared, Combine());
   if (threadIdx.x == 0) {
     const float l = all.max + logf(all.sum);
     lse[n] = l;
-    losses[n] = l - row[targets[n]];
+    losses[n] = l - Stored(row[targets[n]], operands);
   }
 }
 
@@ -83,7 +86,7 @@ __global__ void CrossEntropyBackwardKernel(float* logits, const float* lse, cons
   const int target = targets[n];
   for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
     float g = 0.0f;
-    if (i < V) g = dloss * expf(row[i] - l) - (i == target ? dloss : 0.0f);
+    if (i < V) g = dloss * expf(Stored(row[i], store) - l) - (i == target ? dloss : 0.0f);
     row[i] = Stored(g, store);
   }
 }
@@ -91,10 +94,11 @@ __global__ void CrossEntropyBackwardKernel(float* logits, const float* lse, cons
 }  // namespace
 
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
-                         const int32_t* targets, int N, int V, int Vp, cudaStream_t stream) {
+                         const int32_t* targets, int N, int V, int Vp, Precision operands,
+                         cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
   DROVER_LAUNCH(CrossEntropyForwardKernel, N, kThreads, 0, stream)
-  (losses, lse, logits, targets, V, Vp);
+  (losses, lse, logits, targets, V, Vp, operands);
   DROVER_CUDA_LAUNCHED();
   DROVER_LAUNCH(MeanKernel, 1, kThreads, 0, stream)(mean_out, losses, N);
   DROVER_CUDA_LAUNCHED();

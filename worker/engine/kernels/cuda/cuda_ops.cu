@@ -152,6 +152,11 @@ class CudaOpsImpl final : public Ops {
     if (p == Precision::kBf16) cuda::Round(x, n, 1, stream_);
     if (p == Precision::kFp16) cuda::Round(x, n, 2, stream_);
   }
+  // Nothing to do: every op of this table that reads a GEMM's output rounds it as it loads it
+  // (the fused attention's tiles, GELU, the cross-entropy, LayerNorm's backward, the GEMMs'
+  // 16-bit copies; the GEMM attention takes a rounded copy first), which saves a pass over
+  // each of them, the logits among them.
+  void NarrowWritten(float*, size_t, Precision) override {}
 
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                       int T, int C, Precision store) override {
@@ -203,7 +208,9 @@ class CudaOpsImpl final : public Ops {
     if (Fused(C, NH, operands)) {
       cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, stream_);
     } else {
-      cuda::AttentionForward(blas_, out, state, qkv, B, T, C, NH, operands, stream_);
+      const float* q =
+          RoundedCopy(&rounded_qkv_, qkv, static_cast<size_t>(B) * T * 3 * C, operands);
+      cuda::AttentionForward(blas_, out, state, q, B, T, C, NH, operands, stream_);
       Round(out, static_cast<size_t>(B) * T * C, operands);  // cuBLAS wrote it
     }
   }
@@ -214,7 +221,10 @@ class CudaOpsImpl final : public Ops {
       cuda::FlashAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands, stream_);
     } else {
       float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
-      cuda::AttentionBackward(blas_, dqkv, datt, dout, state, qkv, B, T, C, NH, operands, stream_);
+      const size_t btc = static_cast<size_t>(B) * T * C;
+      const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands);
+      const float* dy = RoundedCopy(&rounded_dout_, dout, btc, operands);
+      cuda::AttentionBackward(blas_, dqkv, datt, dy, state, q, B, T, C, NH, operands, stream_);
       Round(dqkv, static_cast<size_t>(B) * T * 3 * C, operands);
     }
   }
@@ -226,9 +236,10 @@ class CudaOpsImpl final : public Ops {
     cuda::GeluBackward(dinp, inp, dout, N, store, stream_);
   }
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
-                            int N, int V, int Vp) override {
+                            int N, int V, int Vp, Precision operands) override {
     double* mean = mean_.Get(1);
-    cuda::CrossEntropyForward(losses, lse, mean, logits, Tokens(targets, N), N, V, Vp, stream_);
+    cuda::CrossEntropyForward(losses, lse, mean, logits, Tokens(targets, N), N, V, Vp, operands,
+                              stream_);
     double host = 0;
     DROVER_CUDA_CHECK(
         cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
@@ -288,6 +299,17 @@ class CudaOpsImpl final : public Ops {
     return adamw_chunks_.device.Get(adamw_chunks_.count);
   }
 
+  // x (n) with its values rounded to p, for the GEMM attention, whose TF32 products read its
+  // operands as they are in memory (NarrowWritten left qkv and dout unrounded): x itself
+  // where p is kFp32, else a copy in `copy`.
+  const float* RoundedCopy(Scratch<float>* copy, const float* x, size_t n, Precision p) {
+    if (p == Precision::kFp32) return x;
+    float* out = copy->Get(n);
+    Copy(out, x, n);
+    Round(out, n, p);
+    return out;
+  }
+
   // Host token ids (n) on the device, valid for the kernels enqueued next.
   const int32_t* Tokens(const int32_t* host, int n) {
     int32_t* device = tokens_.Get(static_cast<size_t>(n));
@@ -329,6 +351,7 @@ class CudaOpsImpl final : public Ops {
   DeviceBuckets buckets_;
   DeviceBuckets window_buckets_;  // EncoderBackwardWindow's, on the communication thread
   Scratch<float> datt_;
+  Scratch<float> rounded_qkv_, rounded_dout_;  // the GEMM attention's (RoundedCopy)
   struct {
     std::vector<AdamWSegment> segments;  // that the device table was made from
     Scratch<AdamWChunk> device;

@@ -113,7 +113,9 @@ __device__ __forceinline__ T* At(unsigned char* smem, size_t offset) {
 // Rows [t0, t0 + kTile) of one head's (T, HS) slice of a row-major source (row stride ld
 // floats; src at row 0 of the slice) into shared memory: narrowed into `narrow` (ldm
 // kLdN) and/or tf32-rounded into `wide` (ldm kLdF), either may be null. Rows past T are
-// zeros. float4 loads: HS and ld are multiples of 4 and src is 16-byte aligned.
+// zeros. float4 loads: HS and ld are multiples of 4 and src is 16-byte aligned. Each value is
+// read as N rounds it (qkv and dout are GEMM outputs, which Ops::NarrowWritten leaves
+// unrounded on this table), so the tf32 copy holds it exactly too.
 template <typename N, int HS>
 __device__ void LoadTile(N* narrow, float* wide, const float* src, size_t ld, int t0, int T) {
   using G = Geometry<N, HS>;
@@ -132,10 +134,10 @@ __device__ void LoadTile(N* narrow, float* wide, const float* src, size_t ld, in
     }
     if (wide != nullptr) {
       float* d = wide + r * G::kLdF + c;
-      d[0] = Tf32(v.x);
-      d[1] = Tf32(v.y);
-      d[2] = Tf32(v.z);
-      d[3] = Tf32(v.w);
+      d[0] = Tf32(Stored<N>(v.x));
+      d[1] = Tf32(Stored<N>(v.y));
+      d[2] = Tf32(Stored<N>(v.z));
+      d[3] = Tf32(Stored<N>(v.w));
     }
   }
 }
@@ -304,8 +306,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// D (B, NH, T) = sum over the head's channels of dout * out: one warp per (b, t, h).
-template <int HS>
+// D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out: one warp per
+// (b, t, h).
+template <typename N, int HS>
 __global__ void SoftmaxDotKernel(float* D, const float* dout, const float* out, int B, int T, int C,
                                  int NH) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
@@ -317,7 +320,7 @@ __global__ void SoftmaxDotKernel(float* D, const float* dout, const float* out, 
   const float* a = dout + bt * C + h * HS;
   const float* o = out + bt * C + h * HS;
   float sum = 0.0f;
-  for (int d = lane; d < HS; d += 32) sum += a[d] * o[d];
+  for (int d = lane; d < HS; d += 32) sum += Stored<N>(a[d]) * o[d];
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const size_t b = bt / T, t = bt % T;
   if (lane == 0) D[(b * NH + h) * T + t] = sum;
@@ -517,7 +520,8 @@ void Backward(float* dqkv, float* dot, const float* dout, const float* state, co
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   const size_t rows = static_cast<size_t>(B) * T * NH;
   constexpr unsigned kDotThreads = 256;
-  DROVER_LAUNCH(SoftmaxDotKernel<HS>, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
+  auto* dot_kernel = &SoftmaxDotKernel<N, HS>;
+  DROVER_LAUNCH(dot_kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
   (dot, dout, out_copy, B, T, C, NH);
   DROVER_CUDA_LAUNCHED();
   LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dout,

@@ -1,4 +1,6 @@
-// GELU, tanh approximation (kernels/cpu/gelu.h).
+// GELU, tanh approximation (kernels/cpu/gelu.h). inp and dout are read as values of `store`
+// (the fc GEMM's output and input gradient, which Ops::NarrowWritten leaves unrounded on
+// this table).
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -14,7 +16,7 @@ constexpr float kCube = 0.044715f;
 __global__ void GeluForwardKernel(float* out, const float* inp, size_t n, Precision store) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
-    const float x = inp[i];
+    const float x = Stored(inp[i], store);
     const float u = kSqrt2OverPi * (x + kCube * x * x * x);
     out[i] = Stored(0.5f * x * (1.0f + tanhf(u)), store);
   }
@@ -25,11 +27,12 @@ __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* d
                                    Precision store) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
-    const float x = inp[i];
+    const float x = Stored(inp[i], store);
     const float u = kSqrt2OverPi * (x + kCube * x * x * x);
     const float th = tanhf(u);
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kCube * x * x);
-    dinp[i] = Stored((0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * dout[i], store);
+    dinp[i] = Stored(
+        (0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du) * Stored(dout[i], store), store);
   }
 }
 

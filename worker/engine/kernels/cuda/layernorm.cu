@@ -1,6 +1,7 @@
 // LayerNorm over the last dimension, eps 1e-5 (kernels/cpu/layernorm.h). One warp per row
 // for the row-wise work; the weight and bias gradients are deterministic column sums over
-// every row (column_sum.cuh).
+// every row (column_sum.cuh). The backward reads dout as a value of `store` (a GEMM's input
+// gradient, which Ops::NarrowWritten leaves unrounded on this table).
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
@@ -42,7 +43,7 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
   }
 }
 
-// dinp (N, C) += the row's input gradient, the sum stored in `store`.
+// dinp (N, C) += the row's input gradient, the sum stored in `store`; dout read in it.
 __global__ void LayerNormBackwardRows(float* dinp, const float* dout, const float* inp,
                                       const float* weight, const float* mean, const float* rstd,
                                       int N, int C, Precision store) {
@@ -54,7 +55,7 @@ __global__ void LayerNormBackwardRows(float* dinp, const float* dout, const floa
   float dnorm_mean = 0, dnorm_norm_mean = 0;
   for (int c = lane; c < C; c += 32) {
     const float norm = (inp[base + c] - m) * s;
-    const float dnorm = weight[c] * dout[base + c];
+    const float dnorm = weight[c] * Stored(dout[base + c], store);
     dnorm_mean += dnorm;
     dnorm_norm_mean += dnorm * norm;
   }
@@ -62,7 +63,7 @@ __global__ void LayerNormBackwardRows(float* dinp, const float* dout, const floa
   dnorm_norm_mean = WarpSum(dnorm_norm_mean) / C;
   for (int c = lane; c < C; c += 32) {
     const float norm = (inp[base + c] - m) * s;
-    const float dnorm = weight[c] * dout[base + c];
+    const float dnorm = weight[c] * Stored(dout[base + c], store);
     dinp[base + c] =
         Stored(dinp[base + c] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s, store);
   }
@@ -75,9 +76,20 @@ struct NormTimesDout {
   const float* mean;
   const float* rstd;
   int C;
+  Precision store;
   __device__ float operator()(int n, int c) const {
     const size_t i = static_cast<size_t>(n) * C + c;
-    return (inp[i] - mean[n]) * rstd[n] * dout[i];
+    return (inp[i] - mean[n]) * rstd[n] * Stored(dout[i], store);
+  }
+};
+
+// The bias gradient's term: dout as stored.
+struct StoredDout {
+  const float* dout;
+  int C;
+  Precision store;
+  __device__ float operator()(int n, int c) const {
+    return Stored(dout[static_cast<size_t>(n) * C + c], store);
   }
 };
 
@@ -101,8 +113,9 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
   DROVER_CUDA_LAUNCHED();
   // Both sums share the scratch: the stream runs the second's pass 1 after the first's
   // pass 2 has read it.
-  ColumnSum(dweight, scratch, N, C, NormTimesDout{dout, inp, mean, rstd, C}, accumulate, stream);
-  ColumnSum(dbias, scratch, N, C, RowMajorValue{dout, C}, accumulate, stream);
+  ColumnSum(dweight, scratch, N, C, NormTimesDout{dout, inp, mean, rstd, C, store}, accumulate,
+            stream);
+  ColumnSum(dbias, scratch, N, C, StoredDout{dout, C, store}, accumulate, stream);
 }
 
 }  // namespace drover::engine::cuda

@@ -156,7 +156,8 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, Pr
 // ---- crossentropy.cu -------------------------------------------------------------------
 // Writes losses (N) and lse (N); the mean is summed in double into *mean_out (device).
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
-                         const int32_t* targets, int N, int V, int Vp, cudaStream_t stream);
+                         const int32_t* targets, int N, int V, int Vp, Precision operands,
+                         cudaStream_t stream);
 void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
                           int N, int V, int Vp, Precision store, cudaStream_t stream);
 
