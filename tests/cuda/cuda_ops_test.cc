@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -48,6 +49,61 @@ class CudaOpsTest : public ::testing::Test {
     gpu_->ToHost(v.data(), device, n);
     return v;
   }
+  // Operand buffers (ops.h: Ops::OperandFloats): what only GEMMs read, in the table's format.
+  // A device one holding `host` (values of p), one of n elements filled with NaN, and one's
+  // n elements read back as floats.
+  float* DevOperand(const std::vector<float>& host, Precision p) {
+    const size_t floats = gpu_->OperandFloats(host.size(), p);
+    if (floats == host.size()) return Dev(host);
+    std::vector<uint16_t> bits(2 * floats, 0);
+    for (size_t i = 0; i < host.size(); ++i) bits[i] = Bits16(host[i], p);
+    std::vector<float> packed(floats);
+    std::memcpy(packed.data(), bits.data(), floats * sizeof(float));
+    return Dev(packed);
+  }
+  float* NewOperand(size_t n, Precision p) { return DevOperand(std::vector<float>(n, NAN), p); }
+  std::vector<float> HostOperand(const float* device, size_t n, Precision p) {
+    const size_t floats = gpu_->OperandFloats(n, p);
+    if (floats == n) return Host(device, n);
+    const std::vector<float> packed = Host(device, floats);
+    std::vector<uint16_t> bits(2 * floats);
+    std::memcpy(bits.data(), packed.data(), floats * sizeof(float));
+    std::vector<float> values(n);
+    for (size_t i = 0; i < n; ++i) values[i] = Value16(bits[i], p);
+    return values;
+  }
+  // A value of p (bf16 or fp16, held exactly by x: NaN included) as its 16 bits, and back.
+  static uint16_t Bits16(float x, Precision p) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    if (p == Precision::kBf16) return static_cast<uint16_t>(u >> 16);
+    const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+    const float a = std::fabs(x);
+    if (std::isnan(x)) return 0x7E00;
+    if (std::isinf(x)) return sign | 0x7C00;
+    if (a == 0.0f) return sign;
+    int e = 0;
+    const float m = std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1)
+    if (e - 1 >= -14) {
+      return sign | static_cast<uint16_t>((e - 1 + 15) << 10) |
+             static_cast<uint16_t>(std::lround((2.0f * m - 1.0f) * 1024.0f));
+    }
+    return sign | static_cast<uint16_t>(std::lround(std::ldexp(a, 24)));  // subnormal
+  }
+  static float Value16(uint16_t b, Precision p) {
+    if (p == Precision::kBf16) {
+      const uint32_t u = uint32_t{b} << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+    const float sign = (b & 0x8000u) != 0 ? -1.0f : 1.0f;
+    const int e = (b >> 10) & 0x1F, m = b & 0x3FF;
+    if (e == 0) return sign * std::ldexp(static_cast<float>(m), -24);
+    if (e == 31) return m == 0 ? sign * INFINITY : NAN;
+    return sign * std::ldexp(1.0f + m / 1024.0f, e - 15);
+  }
+
   // One rounding step of `store` relative to the value (fp32: the usual bound).
   static double StoreTolerance(Precision store) {
     return store == Precision::kBf16 ? 1.0 / 128 : store == Precision::kFp16 ? 1.0 / 1024 : 1e-5;
@@ -143,13 +199,13 @@ TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
     const std::string name = std::string(" stored ") + PrecisionName(store);
     const double rtol = StoreTolerance(store);
     std::vector<float> out(N * C), mean(N), rstd(N);
-    float *gout = Dev(out), *gmean = Dev(mean), *grstd = Dev(rstd);
+    float *gout = NewOperand(out.size(), store), *gmean = Dev(mean), *grstd = Dev(rstd);
     float *gx = Dev(x), *gw = Dev(w);
     gpu_->LayerNormForward(gout, gmean, grstd, gx, gw, Dev(b), N, C, store);
     cpu_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
                            store);
-    ExpectStoredIn(Host(gout, out.size()), store, "layernorm out" + name);
-    ExpectClose(Host(gout, out.size()), out, "layernorm out" + name, rtol, 1e-5);
+    ExpectStoredIn(HostOperand(gout, out.size(), store), store, "layernorm out" + name);
+    ExpectClose(HostOperand(gout, out.size(), store), out, "layernorm out" + name, rtol, 1e-5);
     ExpectClose(Host(grstd, N), rstd, "layernorm rstd" + name);
     // dout as a run stores it (the backward reads it so: ops.h, NarrowWritten).
     std::vector<float> dout = Random(N * C);
@@ -202,20 +258,23 @@ TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
       float* gout = Dev(out);
       const float* gb = k.bias_at >= 0 ? gbias + k.bias_at : nullptr;
       const float* cb = k.bias_at >= 0 ? bias.data() + k.bias_at : nullptr;
-      gpu_->MatmulForward(gout, Dev(inp), Dev(w), gb, k.residual ? gresidual : nullptr, N, C, OC,
-                          ldo, p);
+      gpu_->MatmulForward(gout, DevOperand(inp, p), Dev(w), gb, k.residual ? gresidual : nullptr, N,
+                          C, OC, ldo, p);
       cpu_->MatmulForward(out.data(), inp.data(), w.data(), cb,
                           k.residual ? residual.data() : nullptr, N, C, OC, ldo, p);
       ExpectClose(Host(gout, out.size()), out, k.what + name, 1e-4, 1e-4);
     }
-    for (bool accumulate : {false, true}) {
+    // dout as an operand buffer (the fc and qkv GEMMs') and as floats (the projections').
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool accumulate = variant % 2 == 1, dout_operand = variant >= 2;
       std::vector<float> dinp(N * C), dw = Random(OC * C), db = Random(OC);
       float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-      gpu_->MatmulBackward(gdinp, gdw, gdb, Dev(dout), Dev(inp), Dev(w), N, C, OC, ldo, accumulate,
-                           p);
-      cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
-                           C, OC, ldo, accumulate, p);
-      const std::string a = (accumulate ? " (accumulate)" : "") + name;
+      gpu_->MatmulBackward(gdinp, gdw, gdb, dout_operand ? DevOperand(dout, p) : Dev(dout),
+                           dout_operand, DevOperand(inp, p), Dev(w), N, C, OC, ldo, accumulate, p);
+      cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), dout_operand, inp.data(),
+                           w.data(), N, C, OC, ldo, accumulate, p);
+      const std::string a = std::string(accumulate ? " (accumulate)" : "") +
+                            (dout_operand ? " (dout operand)" : "") + name;
       ExpectClose(Host(gdinp, dinp.size()), dinp, "matmul dinp" + a, 1e-4, 1e-4);
       ExpectClose(Host(gdw, dw.size()), dw, "matmul dweight" + a, 1e-4, 1e-4);
       ExpectClose(Host(gdb, OC), db, "matmul dbias" + a, 1e-4, 1e-4);
@@ -235,15 +294,16 @@ TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
   cpu_->Round(w.data(), w.size(), p);
   cpu_->Round(dout.data(), dout.size(), p);
   std::vector<float> out(static_cast<size_t>(N) * OC);
-  float *gout = Dev(out), *ginp = Dev(inp), *gw = Dev(w);
+  float *gout = Dev(out), *ginp = DevOperand(inp, p), *gw = Dev(w);
   gpu_->MatmulForward(gout, ginp, gw, Dev(bias), nullptr, N, C, OC, OC, p);
   cpu_->MatmulForward(out.data(), inp.data(), w.data(), bias.data(), nullptr, N, C, OC, OC, p);
   ExpectClose(Host(gout, out.size()), out, "gpt-2 matmul bf16", 1e-4, 1e-4);
   std::vector<float> dinp(static_cast<size_t>(N) * C), dw(w.size()), db(OC);
   float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-  gpu_->MatmulBackward(gdinp, gdw, gdb, Dev(dout), ginp, gw, N, C, OC, OC, false, p);
-  cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
-                       OC, OC, false, p);
+  gpu_->MatmulBackward(gdinp, gdw, gdb, DevOperand(dout, p), true, ginp, gw, N, C, OC, OC, false,
+                       p);
+  cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), true, inp.data(), w.data(),
+                       N, C, OC, OC, false, p);
   ExpectClose(Host(gdinp, dinp.size()), dinp, "gpt-2 matmul dinp bf16", 1e-4, 1e-4);
   ExpectClose(Host(gdw, dw.size()), dw, "gpt-2 matmul dweight bf16", 1e-4, 1e-3);
   ExpectClose(Host(gdb, OC), db, "gpt-2 matmul dbias", 1e-4, 1e-3);
@@ -291,21 +351,21 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
       const size_t probabilities = static_cast<size_t>(B) * NH * T * T;
       const size_t state_floats = gpu_->AttentionStateFloats(B, T, C, NH, p);
       std::vector<float> out(B * T * C), att(probabilities, NAN), state(state_floats, NAN);
-      float *gout = Dev(out), *gstate = Dev(state), *gqkv = Dev(qkv);
+      float *gout = NewOperand(out.size(), p), *gstate = Dev(state), *gqkv = Dev(qkv);
       gpu_->AttentionForward(gout, gstate, gqkv, B, T, C, NH, p);
       cpu_->AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH, p);
       if (state_floats == probabilities) {
         ExpectClose(Host(gstate, att.size()), att, "attention probabilities" + name);
       }
-      ExpectStoredIn(Host(gout, out.size()), p, "attention out" + name);
-      ExpectClose(Host(gout, out.size()), out, "attention out" + name, rtol, atol);
+      ExpectStoredIn(HostOperand(gout, out.size(), p), p, "attention out" + name);
+      ExpectClose(HostOperand(gout, out.size(), p), out, "attention out" + name, rtol, atol);
       std::vector<float> dqkv(qkv.size(), NAN);  // overwritten, every element
-      float* gdqkv = Dev(dqkv);
+      float* gdqkv = NewOperand(dqkv.size(), p);
       gpu_->AttentionBackward(gdqkv, Dev(dout), gstate, gqkv, B, T, C, NH, p);
       cpu_->AttentionBackward(dqkv.data(), dout.data(), att.data(), qkv.data(), B, T, C, NH, p);
-      ExpectStoredIn(Host(gdqkv, dqkv.size()), p, "attention dqkv" + name);
-      ExpectClose(Host(gdqkv, dqkv.size()), dqkv, "attention dqkv" + name, std::max(rtol, 1e-4),
-                  std::max(atol, 1e-4));
+      ExpectStoredIn(HostOperand(gdqkv, dqkv.size(), p), p, "attention dqkv" + name);
+      ExpectClose(HostOperand(gdqkv, dqkv.size(), p), dqkv, "attention dqkv" + name,
+                  std::max(rtol, 1e-4), std::max(atol, 1e-4));
     }
   }
 }
@@ -332,23 +392,24 @@ TEST_F(CudaOpsTest, FusedAttentionKeepsNoProbabilities) {
 TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
   const size_t n = 5000;
   std::vector<float> y(n);
-  float* gy = Dev(y);
   for (Precision store : {Precision::kFp32, Precision::kBf16}) {
     const std::string name = std::string(" stored ") + PrecisionName(store);
     // Inputs as a run stores them (GELU reads them so: ops.h, NarrowWritten).
     std::vector<float> x = Random(n, 3.0f), d = Random(n);
     cpu_->Round(x.data(), n, store);
     cpu_->Round(d.data(), n, store);
+    float* gy = NewOperand(n, store);
     gpu_->GeluForward(gy, Dev(x), n, store);
     cpu_->GeluForward(y.data(), x.data(), n, store);
-    ExpectStoredIn(Host(gy, n), store, "gelu" + name);
-    ExpectClose(Host(gy, n), y, "gelu" + name, std::max(StoreTolerance(store), 1e-4));
+    ExpectStoredIn(HostOperand(gy, n, store), store, "gelu" + name);
+    ExpectClose(HostOperand(gy, n, store), y, "gelu" + name, std::max(StoreTolerance(store), 1e-4));
     std::vector<float> dx = d;
-    float* gdx = Dev(dx);
-    gpu_->GeluBackward(gdx, Dev(x), gdx, n, store);  // in place, as the model calls it
+    float* gdx = NewOperand(n, store);  // an operand buffer: in place only where it is floats
+    gpu_->GeluBackward(gdx, Dev(x), Dev(d), n, store);
     cpu_->GeluBackward(dx.data(), x.data(), dx.data(), n, store);
-    ExpectStoredIn(Host(gdx, n), store, "gelu backward" + name);
-    ExpectClose(Host(gdx, n), dx, "gelu backward" + name, std::max(StoreTolerance(store), 1e-4));
+    ExpectStoredIn(HostOperand(gdx, n, store), store, "gelu backward" + name);
+    ExpectClose(HostOperand(gdx, n, store), dx, "gelu backward" + name,
+                std::max(StoreTolerance(store), 1e-4));
   }
 
   // A vocabulary smaller than a block, and GPT-2's (each thread's running max then moves).
@@ -371,10 +432,11 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
     EXPECT_NEAR(gmean, cmean, 1e-5 * cmean) << name;
     ExpectClose(Host(glosses, N), losses, "cross-entropy losses" + name);
     ExpectClose(Host(glse, N), lse, "cross-entropy lse" + name);
-    gpu_->CrossEntropyBackward(glogits, glse, targets.data(), 0.25f / N, N, V, Vp,
+    // In place: fp32 operand buffers are floats.
+    gpu_->CrossEntropyBackward(glogits, glogits, glse, targets.data(), 0.25f / N, N, V, Vp,
                                Precision::kFp32);
-    cpu_->CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.25f / N, N, V, Vp,
-                               Precision::kFp32);
+    cpu_->CrossEntropyBackward(logits.data(), logits.data(), lse.data(), targets.data(), 0.25f / N,
+                               N, V, Vp, Precision::kFp32);
     ExpectClose(Host(glogits, logits.size()), logits, "dlogits" + name, 1e-4, 1e-7);
   }
 
@@ -387,6 +449,18 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
   ExpectClose(Host(gp, n), p, "adamw params", 1e-5, 1e-6);
   ExpectClose(Host(gm, n), m, "adamw m", 1e-5, 1e-7);
   ExpectClose(Host(gv, n), v, "adamw v", 1e-5, 1e-9);
+}
+
+// Operand buffers (ops.h) hold bf16 / fp16 themselves in mixed precision, half the memory of
+// floats, unless DROVER_CUDA_GEMM_INPUTS=fp32 (the ...MatmulOnFp32Inputs entry) keeps floats.
+TEST_F(CudaOpsTest, OperandBuffersAreSixteenBitInMixedPrecision) {
+  const char* inputs = std::getenv("DROVER_CUDA_GEMM_INPUTS");
+  const bool fp32_inputs = inputs != nullptr && std::string(inputs) == "fp32";
+  EXPECT_EQ(gpu_->OperandFloats(1001, Precision::kFp32), 1001u);
+  for (Precision p : {Precision::kBf16, Precision::kFp16}) {
+    EXPECT_EQ(gpu_->OperandFloats(1001, p), fp32_inputs ? 1001u : 501u) << PrecisionName(p);
+  }
+  EXPECT_EQ(cpu_->OperandFloats(1001, Precision::kBf16), 1001u);
 }
 
 // A GEMM's output that only ops read next goes through NarrowWritten, which CUDA's table
@@ -410,20 +484,20 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
     float *gx = nullptr, *gd = nullptr;
     const std::vector<float> x = written(Random(n, 3.0f), &gx), d = written(Random(n), &gd);
     std::vector<float> y(n), dx(n);
-    float *gy = Dev(y), *gdx = Dev(dx);
+    float *gy = NewOperand(n, p), *gdx = NewOperand(n, p);
     gpu_->GeluForward(gy, gx, n, p);
     cpu_->GeluForward(y.data(), x.data(), n, p);
-    ExpectClose(Host(gy, n), y, "gelu" + name, rtol);
+    ExpectClose(HostOperand(gy, n, p), y, "gelu" + name, rtol);
     gpu_->GeluBackward(gdx, gx, gd, n, p);
     cpu_->GeluBackward(dx.data(), x.data(), d.data(), n, p);
-    ExpectClose(Host(gdx, n), dx, "gelu backward" + name, rtol);
+    ExpectClose(HostOperand(gdx, n, p), dx, "gelu backward" + name, rtol);
 
     const int N = 70, C = 96;
     std::vector<float> ln_in = Random(N * C), w = Random(C), b = Random(C);
     cpu_->Round(ln_in.data(), ln_in.size(), p);  // the residual stream: rounded in memory
     std::vector<float> ln_out(N * C), mean(N), rstd(N);
     float *gin = Dev(ln_in), *gw = Dev(w), *gmean = Dev(mean), *grstd = Dev(rstd);
-    gpu_->LayerNormForward(Dev(ln_out), gmean, grstd, gin, gw, Dev(b), N, C, p);
+    gpu_->LayerNormForward(NewOperand(ln_out.size(), p), gmean, grstd, gin, gw, Dev(b), N, C, p);
     cpu_->LayerNormForward(ln_out.data(), mean.data(), rstd.data(), ln_in.data(), w.data(),
                            b.data(), N, C, p);
     float* gdout = nullptr;
@@ -450,9 +524,12 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
                                                        targets.data(), N, V, Vp, p);
     EXPECT_NEAR(gmean_loss, cmean_loss, 1e-5 * cmean_loss) << name;
     ExpectClose(Host(glosses, N), losses, "cross-entropy losses" + name);
-    gpu_->CrossEntropyBackward(glogits, glse, targets.data(), 0.5f / N, N, V, Vp, p);
-    cpu_->CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.5f / N, N, V, Vp, p);
-    ExpectClose(Host(glogits, logits.size()), logits, "dlogits" + name, rtol, 1e-7);
+    float* gdlogits = NewOperand(logits.size(), p);
+    gpu_->CrossEntropyBackward(gdlogits, glogits, glse, targets.data(), 0.5f / N, N, V, Vp, p);
+    cpu_->CrossEntropyBackward(logits.data(), logits.data(), lse.data(), targets.data(), 0.5f / N,
+                               N, V, Vp, p);
+    ExpectStoredIn(HostOperand(gdlogits, logits.size(), p), p, "dlogits" + name);
+    ExpectClose(HostOperand(gdlogits, logits.size(), p), logits, "dlogits" + name, rtol, 1e-7);
 
     const int B = 2, T = 200, AC = 256, NH = 4;
     float *gqkv = nullptr, *gady = nullptr;
@@ -461,14 +538,17 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
     const size_t state_floats = gpu_->AttentionStateFloats(B, T, AC, NH, p);
     std::vector<float> out(B * T * AC), att(static_cast<size_t>(B) * NH * T * T);
     std::vector<float> state(state_floats, NAN), dqkv(qkv.size(), NAN);
-    float *gout = Dev(out), *gstate = Dev(state), *gdqkv = Dev(dqkv);
+    float *gout = NewOperand(out.size(), p), *gstate = Dev(state);
+    float* gdqkv = NewOperand(dqkv.size(), p);
     gpu_->AttentionForward(gout, gstate, gqkv, B, T, AC, NH, p);
     cpu_->AttentionForward(out.data(), att.data(), qkv.data(), B, T, AC, NH, p);
     const double attention_rtol = 3e-3 + StoreTolerance(p);
-    ExpectClose(Host(gout, out.size()), out, "attention out" + name, attention_rtol, 1e-3);
+    ExpectClose(HostOperand(gout, out.size(), p), out, "attention out" + name, attention_rtol,
+                1e-3);
     gpu_->AttentionBackward(gdqkv, gady, gstate, gqkv, B, T, AC, NH, p);
     cpu_->AttentionBackward(dqkv.data(), ady.data(), att.data(), qkv.data(), B, T, AC, NH, p);
-    ExpectClose(Host(gdqkv, dqkv.size()), dqkv, "attention dqkv" + name, attention_rtol, 1e-3);
+    ExpectClose(HostOperand(gdqkv, dqkv.size(), p), dqkv, "attention dqkv" + name, attention_rtol,
+                1e-3);
   }
 }
 

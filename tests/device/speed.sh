@@ -51,7 +51,7 @@ timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
 echo "---- the same with DROVER_CUDA_ATTENTION=gemms"
 DROVER_CUDA_ATTENTION=gemms timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
   --set output_dir="$work/out-profile-gemms" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
-echo "---- the same with DROVER_CUDA_GEMM_INPUTS=fp32 (the GEMMs read the fp32 storage)"
+echo "---- the same with DROVER_CUDA_GEMM_INPUTS=fp32 (fp32 operand buffers, GEMMs on fp32 inputs)"
 DROVER_CUDA_GEMM_INPUTS=fp32 timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
   --set output_dir="$work/out-profile-fp32-inputs" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
 # PyTorch after drover (drover's numbers matter more if time runs out); it measures the

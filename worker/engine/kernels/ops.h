@@ -137,6 +137,19 @@ class Ops {
   // each element is rounded to it as it is written (kFp32: as computed), which equals Round
   // after the op without the second pass over memory. Parameter gradients and row
   // statistics (mean, rstd) stay fp32.
+  //
+  // Operand buffers: the activations that only GEMMs read next (the outputs of
+  // LayerNormForward, AttentionForward and GeluForward; the gradients AttentionBackward,
+  // GeluBackward and CrossEntropyBackward hand to a GEMM's backward) are written, and read
+  // by MatmulForward / MatmulBackward, in a format this table chooses for a run of precision
+  // p, which nothing else reads. n elements take OperandFloats(n, p) floats of memory:
+  // n where the format is floats holding values of p (CpuOps), (n + 1) / 2 where it is the
+  // 16-bit type itself (CUDA's mixed precision: the tensor cores' native input, read and
+  // written at half the bytes).
+  virtual size_t OperandFloats(size_t n, Precision p) const {
+    (void)p;
+    return n;
+  }
   virtual void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe,
                               int B, int T, int C, Precision store) = 0;
   virtual void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
@@ -144,6 +157,7 @@ class Ops {
   virtual void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offset,
                                      const float* dout, const int32_t* inp, int B, int T,
                                      int C) = 0;
+  // out: an operand buffer.
   virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                                 const float* weight, const float* bias, int N, int C,
                                 Precision store) = 0;
@@ -160,17 +174,22 @@ class Ops {
   //
   // bias and residual may be null: a row-parallel GEMM (tensor parallelism) adds them on
   // one rank only, so that the all-reduce that follows adds them once.
+  //
+  // inp is an operand buffer; weight, out, residual, dinp and dweight are floats. dout is an
+  // operand buffer where dout_operand says so (the gradients of the fc, qkv and head GEMMs'
+  // outputs), else floats (the residual stream's gradient, for the projections).
   virtual void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                              const float* residual, int N, int C, int OC, int ldo,
                              Precision operands) = 0;
   virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                              const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                              bool accumulate, Precision operands) = 0;
+                              bool dout_operand, const float* inp, const float* weight, int N,
+                              int C, int OC, int ldo, bool accumulate, Precision operands) = 0;
   // qkv and dout hold values of `operands`; the probabilities stay fp32, so the products
   // that read them (att v, and the gradients through the softmax) may use TF32 on CUDA in a
   // mixed-precision run, which keeps 3 more bits of them than a bf16 fused kernel does.
   //
-  // out (forward) and dqkv (backward) are stored in `operands` too (as `store` above).
+  // out (forward) and dqkv (backward) are stored in `operands` too (as `store` above), in
+  // operand buffers.
   //
   // `state` is what forward keeps for backward, AttentionStateFloats(B, T, C, NH, operands)
   // floats that only this table reads: the (B, NH, T, T) probabilities here and for the GEMM
@@ -184,6 +203,8 @@ class Ops {
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* state,
                                  const float* qkv, int B, int T, int C, int NH,
                                  Precision operands) = 0;
+  // out (forward) and dinp (backward) are operand buffers; dinp may be dout itself only
+  // where OperandFloats(N, store) == N.
   virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                             Precision store) = 0;
@@ -192,10 +213,12 @@ class Ops {
   virtual float CrossEntropyForward(float* losses, float* lse, const float* logits,
                                     const int32_t* targets, int N, int V, int Vp,
                                     Precision operands) = 0;
-  // The gradient of the logits replaces them, stored in `store` (and read as NarrowWritten
-  // left them).
-  virtual void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets,
-                                    float dloss, int N, int V, int Vp, Precision store) = 0;
+  // dlogits (N, Vp; an operand buffer, rows Vp apart) = the gradient of the logits, stored
+  // in `store` (the logits read as NarrowWritten left them). dlogits may be logits itself
+  // only where OperandFloats(N * Vp, store) == N * Vp; the padded columns get zeros.
+  virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                                    const int32_t* targets, float dloss, int N, int V, int Vp,
+                                    Precision store) = 0;
 
   // ---- optimizer (optim/adamw.h) -------------------------------------------------------
   // One AdamW update of n elements with one weight-decay value; t is the 1-based step.

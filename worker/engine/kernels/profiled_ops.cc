@@ -173,12 +173,12 @@ void ProfiledOps::MatmulForward(float* out, const float* inp, const float* weigh
   inner_->MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo, operands);
 }
 void ProfiledOps::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, int N, int C, int OC,
-                                 int ldo, bool accumulate, Precision operands) {
+                                 bool dout_operand, const float* inp, const float* weight, int N,
+                                 int C, int OC, int ldo, bool accumulate, Precision operands) {
   // dweight always; dinp unless the caller needs no input gradient.
   Timed t(this, kMatmulBackward, (dinp != nullptr ? 4.0 : 2.0) * N * C * OC);
-  inner_->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate,
-                         operands);
+  inner_->MatmulBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, N, C, OC, ldo,
+                         accumulate, operands);
 }
 // Attention's FLOPs as the usual count has them: the two (T, T) products of the forward,
 // four in the backward, the causal half included (what a kernel that skips it saves shows
@@ -209,10 +209,11 @@ float ProfiledOps::CrossEntropyForward(float* losses, float* lse, const float* l
   Timed t(this, kCrossEntropyForward);
   return inner_->CrossEntropyForward(losses, lse, logits, targets, N, V, Vp, operands);
 }
-void ProfiledOps::CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets,
-                                       float dloss, int N, int V, int Vp, Precision store) {
+void ProfiledOps::CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                                       const int32_t* targets, float dloss, int N, int V, int Vp,
+                                       Precision store) {
   Timed t(this, kCrossEntropyBackward);
-  inner_->CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp, store);
+  inner_->CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, Vp, store);
 }
 void ProfiledOps::AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
                               float lr, float weight_decay, const AdamWConfig& config, int64_t t) {

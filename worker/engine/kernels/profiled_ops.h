@@ -75,6 +75,7 @@ class ProfiledOps final : public Ops {
   double SumSquares(const float* x, size_t n) override;
   void ToHost(float* host, const float* x, size_t n) override;
   void FromHost(float* x, const float* host, size_t n) override;
+  size_t OperandFloats(size_t n, Precision p) const override { return inner_->OperandFloats(n, p); }
   void Round(float* x, size_t n, Precision p) override;
   void NarrowWritten(float* x, size_t n, Precision p) override;
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
@@ -93,8 +94,8 @@ class ProfiledOps final : public Ops {
                      const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override;
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                      bool accumulate, Precision operands) override;
+                      bool dout_operand, const float* inp, const float* weight, int N, int C,
+                      int OC, int ldo, bool accumulate, Precision operands) override;
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
     return inner_->AttentionStateFloats(B, T, C, NH, operands);
   }
@@ -107,8 +108,9 @@ class ProfiledOps final : public Ops {
                     Precision store) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp, Precision operands) override;
-  void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                            int N, int V, int Vp, Precision store) override;
+  void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int N, int V, int Vp,
+                            Precision store) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                    float weight_decay, const AdamWConfig& config, int64_t t) override;
   void AdamWUpdateSegments(float* params, const float* grads, float* m, float* v,

@@ -29,27 +29,65 @@ void StageActivations::Ensure(int B, int T) {
   const size_t Vp = cfg.padded_vocab_size;
   const size_t att_floats =
       ops_->AttentionStateFloats(B, T, static_cast<int>(Ca), static_cast<int>(NHa), precision_);
+  // Operand buffers (ops.h) in the table's format; a slice per layer, 64-byte aligned.
+  op_btc_ = OperandStride(BT * C);
+  op_btca_ = OperandStride(BT * Ca);
+  op_btc4_ = OperandStride(BT * C4);
+  // Where operands are floats, GELU's and the cross-entropy's backward run in place (as the
+  // CPU always has); else their GEMM-output inputs need buffers of their own.
+  const bool in_place = ops_->OperandFloats(BT * C4, precision_) == BT * C4;
+  float* dfch_in = nullptr;
+  float* dlogits = nullptr;
   float** ptrs[] = {&encoded_,  &ln1_,       &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
                     &att_,      &residual2_, &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
                     &fch_gelu_, &residual3_, &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
-                    &losses_,   &lse_,       &dres_,     &dbtc_,     &dqkv_,     &dfch_};
+                    &dlogits,   &losses_,    &lse_,      &dres_,     &dbtc_,     &dqkv_,
+                    &dfch_,     &dfch_in};
   const size_t sizes[] = {
-      BT * C,         L * BT * C, L * BT,        L * BT,    L * BT * 3 * Ca, L * BT * Ca,
-      L * att_floats, L * BT * C, L * BT * C,    L * BT,    L * BT,          L * BT * C4,
-      L * BT * C4,    L * BT * C, last * BT * C, last * BT, last * BT,       last * BT * Vp,
-      last * BT,      last * BT,  BT * C,        BT * C,    BT * 3 * Ca,     BT * C4,
+      BT * C,
+      L * op_btc_,
+      L * BT,
+      L * BT,
+      L * BT * 3 * Ca,
+      L * op_btca_,
+      L * att_floats,
+      L * BT * C,
+      L * op_btc_,
+      L * BT,
+      L * BT,
+      L * BT * C4,
+      L * op_btc4_,
+      L * BT * C,
+      last * op_btc_,
+      last * BT,
+      last * BT,
+      last * BT * Vp,
+      in_place ? 0 : last * OperandStride(BT * Vp),
+      last * BT,
+      last * BT,
+      BT * C,
+      BT * C,
+      OperandStride(BT * 3 * Ca),
+      OperandStride(BT * C4),
+      in_place ? 0 : BT * C4,
   };
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
   static_assert(n == sizeof(ptrs) / sizeof(ptrs[0]));
   const size_t need = LayoutBuffers(nullptr, ptrs, n, sizes);
   if (need > arena_.size()) arena_ = ops_->Allocate(need);
   LayoutBuffers(arena_.data(), ptrs, n, sizes);
+  dfch_in_ = in_place ? dfch_ : dfch_in;
+  dlogits_ = in_place ? logits_ : dlogits;
   B_ = B;
   T_ = T;
   att_floats_ = att_floats;
   inputs_.resize(BT);
   targets_.resize(BT);
   backward_ready_ = false;
+}
+
+size_t StageActivations::OperandStride(size_t n) const {
+  return (ops_->OperandFloats(n, precision_) + 15) / 16 * 16;
 }
 
 const float* StageActivations::output() const {
@@ -109,14 +147,14 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(unit));
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
-  float* ln1 = a.ln1_ + i * btc;
+  float* ln1 = a.ln1_ + i * a.op_btc_;
   float* qkv = a.qkv_ + i * BT * 3 * Ca;
-  float* atty = a.atty_ + i * BT * Ca;
+  float* atty = a.atty_ + i * a.op_btca_;
   float* att = a.att_ + i * a.att_floats_;
   float* res2 = a.residual2_ + i * btc;
-  float* ln2 = a.ln2_ + i * btc;
+  float* ln2 = a.ln2_ + i * a.op_btc_;
   float* fch = a.fch_ + i * BT * C4;
-  float* fchg = a.fch_gelu_ + i * BT * C4;
+  float* fchg = a.fch_gelu_ + i * a.op_btc4_;
   float* res3 = a.residual3_ + i * btc;
   ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
                          BT, C, precision_);
@@ -196,9 +234,10 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   bool acc = false;
   ASSIGN_OR_RETURN(float* gh, mem.AcquireGrads(h, &acc));
   // Stored narrowed: where fp16 without loss scaling loses small gradients to zero.
-  ops_->CrossEntropyBackward(a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT, V, Vp,
-                             precision_);
-  ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.logits_, a.lnf_, ph, BT, C, V, Vp, acc, precision_);
+  ops_->CrossEntropyBackward(a.dlogits_, a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT,
+                             V, Vp, precision_);
+  ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.dlogits_, true, a.lnf_, ph, BT, C, V, Vp, acc,
+                       precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * C);
   if (!acc) {
     // Overwritten rows are the live ones; the padding rows (and, on a single stage, wpe,
@@ -238,23 +277,23 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
   const float* fch = a.fch_ + i * BT * C4;
-  ops_->MatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_, a.fch_gelu_ + i * BT * C4,
-                       p + o.fcprojw, BT, C4, C, C, acc, precision_);
-  Written(a.dfch_, static_cast<size_t>(BT) * C4);
-  ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4, precision_);
-  ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, a.ln2_ + i * btc, p + o.fcw, BT, C,
-                       C4, C4, acc, precision_);
+  ops_->MatmulBackward(a.dfch_in_, g + o.fcprojw, g + o.fcprojb, a.dres_, false,
+                       a.fch_gelu_ + i * a.op_btc4_, p + o.fcprojw, BT, C4, C, C, acc, precision_);
+  Written(a.dfch_in_, static_cast<size_t>(BT) * C4);
+  ops_->GeluBackward(a.dfch_, fch, a.dfch_in_, static_cast<size_t>(BT) * C4, precision_);
+  ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, true, a.ln2_ + i * a.op_btc_,
+                       p + o.fcw, BT, C, C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + i * btc,
                           p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc,
                           precision_);
-  ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, a.atty_ + i * BT * Ca,
-                       p + o.attprojw, BT, Ca, C, C, acc, precision_);
+  ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, false,
+                       a.atty_ + i * a.op_btca_, p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
   ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * a.att_floats_, a.qkv_ + i * BT * 3 * Ca, B,
                           T, Ca, NHa, precision_);
-  ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, a.ln1_ + i * btc, p + o.qkvw, BT,
-                       C, 3 * Ca, 3 * Ca, acc, precision_);
+  ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, true, a.ln1_ + i * a.op_btc_,
+                       p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
                           a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc, precision_);

@@ -27,7 +27,10 @@
 // come narrowed from the memory (NarrowedParams), and the kernels accumulate in fp32. GEMM
 // outputs are narrowed after the GEMM: the residual stream by Ops::Round, those that only
 // ops read next (qkv, fch, the logits and the input gradients) by Ops::NarrowWritten, which
-// the CUDA table leaves to the reading kernels. LayerNorm
+// the CUDA table leaves to the reading kernels. What only GEMMs read (LayerNorm, attention
+// and GELU outputs; the gradients handed to the fc, qkv and head GEMMs' backward) lives in
+// operand buffers in the table's format (Ops::OperandFloats: bf16 / fp16 themselves on
+// CUDA). LayerNorm
 // statistics, attention probabilities and the per-row losses stay fp32, as fused kernels
 // keep them; the weight gradients are fp32 (StageMemory's arenas).
 //
@@ -83,12 +86,19 @@ class StageActivations {
  private:
   friend class GptStage;
 
+  // Floats that n elements of an operand buffer take (Ops::OperandFloats), rounded up to 64
+  // bytes so that each layer's slice starts aligned.
+  size_t OperandStride(size_t n) const;
+
   const GptLayout* layout_;
   Ops* ops_;
   const Precision precision_;
   Buffer arena_;
   int B_ = 0, T_ = 0;
-  size_t att_floats_ = 0;        // per layer: attention's state (att_)
+  size_t att_floats_ = 0;  // per layer: attention's state (att_)
+  // Per-layer strides of the operand buffers ln1_ and ln2_ (B, T, C), atty_ (B, T, Ca) and
+  // fch_gelu_ (B, T, C4).
+  size_t op_btc_ = 0, op_btca_ = 0, op_btc4_ = 0;
   bool backward_ready_ = false;  // a training Forward of the last stage came right before
   std::vector<int32_t> inputs_, targets_;
   // Per-layer buffers hold one slice per local layer; layer l0 + i starts at slice i.
@@ -98,8 +108,12 @@ class StageActivations {
         *residual3_ = nullptr;
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *lse_ = nullptr;
-  // Backward scratch: the residual stream's gradient and working buffers.
-  float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
+  // Backward scratch: the residual stream's gradient and working buffers. Operand buffers
+  // (ops.h): ln1_, atty_, ln2_, fch_gelu_, lnf_, dqkv_, dfch_ and dlogits_. dfch_in_ (the
+  // fcproj GEMM's input gradient, GELU's backward's dout) and dlogits_ are dfch_ and logits_
+  // themselves where the table's operands are floats (in place), else buffers of their own.
+  float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_in_ = nullptr,
+        *dlogits_ = nullptr;
 };
 
 class GptStage {

@@ -278,8 +278,9 @@ void EmulatedDeviceOps::MatmulForward(float* out, const float* inp, const float*
   CpuOps()->MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo, operands);
 }
 void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                       const float* inp, const float* weight, int N, int C, int OC,
-                                       int ldo, bool accumulate, Precision operands) {
+                                       bool dout_operand, const float* inp, const float* weight,
+                                       int N, int C, int OC, int ldo, bool accumulate,
+                                       Precision operands) {
   DEV(dinp);
   DEV(dweight);
   DEV(dbias);
@@ -287,8 +288,8 @@ void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias
   DEV(inp);
   DEV(weight);
   Open open(this);
-  CpuOps()->MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate,
-                           operands);
+  CpuOps()->MatmulBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, N, C, OC, ldo,
+                           accumulate, operands);
 }
 void EmulatedDeviceOps::AttentionForward(float* out, float* att, const float* qkv, int B, int T,
                                          int C, int NH, Precision operands) {
@@ -332,14 +333,15 @@ float EmulatedDeviceOps::CrossEntropyForward(float* losses, float* lse, const fl
   Open open(this);
   return CpuOps()->CrossEntropyForward(losses, lse, logits, targets, N, V, Vp, operands);
 }
-void EmulatedDeviceOps::CrossEntropyBackward(float* logits, const float* lse,
+void EmulatedDeviceOps::CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                                              const int32_t* targets, float dloss, int N, int V,
                                              int Vp, Precision store) {
+  DEV(dlogits);
   DEV(logits);
   DEV(lse);
   HOST(targets);
   Open open(this);
-  CpuOps()->CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp, store);
+  CpuOps()->CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, Vp, store);
 }
 void EmulatedDeviceOps::AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
                                     float lr, float weight_decay, const AdamWConfig& config,

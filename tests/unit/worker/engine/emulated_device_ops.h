@@ -65,8 +65,8 @@ class EmulatedDeviceOps final : public Ops {
                      const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override;
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                      bool accumulate, Precision operands) override;
+                      bool dout_operand, const float* inp, const float* weight, int N, int C,
+                      int OC, int ldo, bool accumulate, Precision operands) override;
   void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                         Precision operands) override;
   void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
@@ -76,8 +76,9 @@ class EmulatedDeviceOps final : public Ops {
                     Precision store) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp, Precision operands) override;
-  void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                            int N, int V, int Vp, Precision store) override;
+  void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int N, int V, int Vp,
+                            Precision store) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                    float weight_decay, const AdamWConfig& config, int64_t t) override;
 

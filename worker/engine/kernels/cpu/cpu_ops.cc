@@ -104,8 +104,9 @@ class CpuOpsImpl final : public Ops {
     cpu::MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo);
   }
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                      bool accumulate, Precision /*operands*/) override {
+                      bool /*dout_operand: floats either way here*/, const float* inp,
+                      const float* weight, int N, int C, int OC, int ldo, bool accumulate,
+                      Precision /*operands*/) override {
     cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate);
   }
   void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
@@ -132,10 +133,13 @@ class CpuOpsImpl final : public Ops {
                             int N, int V, int Vp, Precision /*operands*/) override {
     return cpu::CrossEntropyForward(losses, lse, logits, targets, N, V, Vp);
   }
-  void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                            int N, int V, int Vp, Precision store) override {
-    cpu::CrossEntropyBackward(logits, lse, targets, dloss, N, V, Vp);
-    Round(logits, static_cast<size_t>(N) * Vp, store);
+  // Operand buffers are floats here (OperandFloats): the model passes dlogits == logits.
+  void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int N, int V, int Vp,
+                            Precision store) override {
+    Copy(dlogits, logits, static_cast<size_t>(N) * Vp);
+    cpu::CrossEntropyBackward(dlogits, lse, targets, dloss, N, V, Vp);
+    Round(dlogits, static_cast<size_t>(N) * Vp, store);
   }
 
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,

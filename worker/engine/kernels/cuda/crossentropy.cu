@@ -78,16 +78,21 @@ __global__ void MeanKernel(double* mean_out, const float* losses, int N) {
   if (threadIdx.x == 0) *mean_out = acc / N;
 }
 
-__global__ void CrossEntropyBackwardKernel(float* logits, const float* lse, const int32_t* targets,
-                                           float dloss, int V, int Vp, Precision store) {
+// dlogits: an operand buffer; in place (the logits' memory) only where it holds floats, each
+// element read before it is written.
+__global__ void CrossEntropyBackwardKernel(OperandOut dlogits, const float* logits,
+                                           const float* lse, const int32_t* targets, float dloss,
+                                           int V, int Vp) {
+  const Precision store = dlogits.precision;
   const int n = blockIdx.x;
-  float* row = logits + static_cast<size_t>(n) * Vp;
+  const float* row = logits + static_cast<size_t>(n) * Vp;
+  const OperandOut out = dlogits.At(static_cast<size_t>(n) * Vp);
   const float l = lse[n];
   const int target = targets[n];
   for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
     float g = 0.0f;
     if (i < V) g = dloss * expf(Stored(row[i], store) - l) - (i == target ? dloss : 0.0f);
-    row[i] = Stored(g, store);
+    out.Put(i, g);
   }
 }
 
@@ -104,11 +109,13 @@ void CrossEntropyForward(float* losses, float* lse, double* mean_out, const floa
   DROVER_CUDA_LAUNCHED();
 }
 
-void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                          int N, int V, int Vp, Precision store, cudaStream_t stream) {
+void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                          const int32_t* targets, float dloss, int N, int V, int Vp,
+                          Precision store, bool narrow_out, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
+  DROVER_CUDA_REQUIRE(!narrow_out || (store != Precision::kFp32 && dlogits != logits));
   DROVER_LAUNCH(CrossEntropyBackwardKernel, N, kThreads, 0, stream)
-  (logits, lse, targets, dloss, V, Vp, store);
+  (OperandOut{dlogits, narrow_out, store}, logits, lse, targets, dloss, V, Vp);
   DROVER_CUDA_LAUNCHED();
 }
 

@@ -152,6 +152,9 @@ class CudaOpsImpl final : public Ops {
     if (p == Precision::kBf16) cuda::Round(x, n, 1, stream_);
     if (p == Precision::kFp16) cuda::Round(x, n, 2, stream_);
   }
+  // Operand buffers (ops.h) hold bf16 / fp16 themselves in mixed precision, unless
+  // DROVER_CUDA_GEMM_INPUTS=fp32 asked for the GEMMs to read fp32 (no staging).
+  size_t OperandFloats(size_t n, Precision p) const override { return Narrow(p) ? (n + 1) / 2 : n; }
   // Nothing to do: every op of this table that reads a GEMM's output rounds it as it loads it
   // (the fused attention's tiles, GELU, the cross-entropy, LayerNorm's backward, the GEMMs'
   // 16-bit copies; the GEMM attention takes a rounded copy first), which saves a pass over
@@ -177,7 +180,7 @@ class CudaOpsImpl final : public Ops {
   }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C, Precision store) override {
-    cuda::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store, stream_);
+    cuda::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store, Narrow(store), stream_);
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
@@ -189,14 +192,15 @@ class CudaOpsImpl final : public Ops {
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                      const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override {
-    cuda::MatmulForward(blas_, lt_.get(), staging_.get(), out, inp, weight, bias, residual, N, C,
-                        OC, ldo, operands, stream_);
+    cuda::MatmulForward(blas_, lt_.get(), staging_.get(), out, inp, Narrow(operands), weight, bias,
+                        residual, N, C, OC, ldo, operands, stream_);
   }
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                      bool accumulate, Precision operands) override {
+                      bool dout_operand, const float* inp, const float* weight, int N, int C,
+                      int OC, int ldo, bool accumulate, Precision operands) override {
     float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
-    cuda::MatmulBackward(blas_, staging_.get(), dinp, dweight, dbias, dout, inp, weight, N, C, OC,
+    cuda::MatmulBackward(blas_, staging_.get(), dinp, dweight, dbias, dout,
+                         dout_operand && Narrow(operands), inp, Narrow(operands), weight, N, C, OC,
                          ldo, accumulate, operands, scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
@@ -205,35 +209,40 @@ class CudaOpsImpl final : public Ops {
   }
   void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
                         Precision operands) override {
+    const size_t btc = static_cast<size_t>(B) * T * C;
     if (Fused(C, NH, operands)) {
-      cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, stream_);
+      cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands),
+                                  stream_);
     } else {
-      const float* q =
-          RoundedCopy(&rounded_qkv_, qkv, static_cast<size_t>(B) * T * 3 * C, operands);
-      cuda::AttentionForward(blas_, out, state, q, B, T, C, NH, operands, stream_);
-      Round(out, static_cast<size_t>(B) * T * C, operands);  // cuBLAS wrote it
+      const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands);
+      // cuBLAS writes floats: into out itself, or a scratch that NarrowCopy then stores.
+      float* o = Narrow(operands) ? gemm_out_.Get(btc) : out;
+      cuda::AttentionForward(blas_, o, state, q, B, T, C, NH, operands, stream_);
+      StoreOperand(out, o, btc, operands);
     }
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* state, const float* qkv,
                          int B, int T, int C, int NH, Precision operands) override {
     if (Fused(C, NH, operands)) {
       float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
-      cuda::FlashAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands, stream_);
+      cuda::FlashAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands,
+                                   Narrow(operands), stream_);
     } else {
       float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
       const size_t btc = static_cast<size_t>(B) * T * C;
       const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands);
       const float* dy = RoundedCopy(&rounded_dout_, dout, btc, operands);
-      cuda::AttentionBackward(blas_, dqkv, datt, dy, state, q, B, T, C, NH, operands, stream_);
-      Round(dqkv, static_cast<size_t>(B) * T * 3 * C, operands);
+      float* d = Narrow(operands) ? gemm_out_.Get(3 * btc) : dqkv;
+      cuda::AttentionBackward(blas_, d, datt, dy, state, q, B, T, C, NH, operands, stream_);
+      StoreOperand(dqkv, d, 3 * btc, operands);
     }
   }
   void GeluForward(float* out, const float* inp, size_t N, Precision store) override {
-    cuda::GeluForward(out, inp, N, store, stream_);
+    cuda::GeluForward(out, inp, N, store, Narrow(store), stream_);
   }
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                     Precision store) override {
-    cuda::GeluBackward(dinp, inp, dout, N, store, stream_);
+    cuda::GeluBackward(dinp, inp, dout, N, store, Narrow(store), stream_);
   }
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp, Precision operands) override {
@@ -246,9 +255,11 @@ class CudaOpsImpl final : public Ops {
     DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return static_cast<float>(host);
   }
-  void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                            int N, int V, int Vp, Precision store) override {
-    cuda::CrossEntropyBackward(logits, lse, Tokens(targets, N), dloss, N, V, Vp, store, stream_);
+  void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                            const int32_t* targets, float dloss, int N, int V, int Vp,
+                            Precision store) override {
+    cuda::CrossEntropyBackward(dlogits, logits, lse, Tokens(targets, N), dloss, N, V, Vp, store,
+                               Narrow(store), stream_);
   }
 
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
@@ -297,6 +308,20 @@ class CudaOpsImpl final : public Ops {
                                         cudaMemcpyHostToDevice, stream_));
     }
     return adamw_chunks_.device.Get(adamw_chunks_.count);
+  }
+
+  // Whether operand buffers of a run in p are 16-bit.
+  bool Narrow(Precision p) const { return staging_ != nullptr && p != Precision::kFp32; }
+
+  // The operand buffer `out` (n elements) from the floats cuBLAS wrote to `written`: a
+  // narrowing copy where it is 16-bit (written is then a scratch), else rounding in place
+  // (written is out).
+  void StoreOperand(float* out, float* written, size_t n, Precision p) {
+    if (Narrow(p)) {
+      NarrowCopy(out, written, n, p, stream_);
+    } else {
+      Round(written, n, p);
+    }
   }
 
   // x (n) with its values rounded to p, for the GEMM attention, whose TF32 products read its
@@ -352,6 +377,7 @@ class CudaOpsImpl final : public Ops {
   DeviceBuckets window_buckets_;  // EncoderBackwardWindow's, on the communication thread
   Scratch<float> datt_;
   Scratch<float> rounded_qkv_, rounded_dout_;  // the GEMM attention's (RoundedCopy)
+  Scratch<float> gemm_out_;                    // and its fp32 outputs (StoreOperand)
   struct {
     std::vector<AdamWSegment> segments;  // that the device table was made from
     Scratch<AdamWChunk> device;

@@ -183,10 +183,10 @@ __device__ void AccumulateTf32(wmma::fragment<wmma::accumulator, 16, 16, 8, floa
 }
 
 // Writes a warp's 16 x HS accumulators through its shared tile `stage` (ldm kLdW) to rows
-// t0.. of dst (row stride ld floats, dst at row 0 of the head's slice), rows < T only, each
+// t0.. of dst (row stride ld elements, dst at row 0 of the head's slice), rows < T only, each
 // element stored as N rounds it.
 template <typename N, int HS, int kLdW>
-__device__ void StoreRows(float* dst, size_t ld, int t0, int T,
+__device__ void StoreRows(OperandOut dst, size_t ld, int t0, int T,
                           const wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
                           float* stage) {
   const int lane = threadIdx.x % 32;
@@ -197,13 +197,13 @@ __device__ void StoreRows(float* dst, size_t ld, int t0, int T,
   __syncwarp();
   for (int e = lane; e < 16 * HS; e += 32) {
     const int r = e / HS, d = e % HS;
-    if (t0 + r < T) dst[static_cast<size_t>(t0 + r) * ld + d] = Stored<N>(stage[r * kLdW + d]);
+    if (t0 + r < T) dst.Put(static_cast<size_t>(t0 + r) * ld + d, stage[r * kLdW + d]);
   }
 }
 
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashForwardKernel(float* out, float* lse, float* out_copy, const float* qkv, int T, int C,
+    FlashForwardKernel(OperandOut out, float* lse, float* out_copy, const float* qkv, int T, int C,
                        int NH, float scale) {
   using S = ForwardSmem<N, HS>;
   DROVER_DYNAMIC_SHARED(smem);
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t < T) {
       const float value = ow[rr * S::kLdF + d] / row_l[warp * 16 + rr];
       const size_t at = (static_cast<size_t>(b) * T + t) * C + h * HS + d;
-      out[at] = Stored<N>(value);
+      out.Put(at, value);
       out_copy[at] = value;  // unrounded: backward's row sums read it
     }
   }
@@ -359,7 +359,7 @@ __device__ void LoadRowStats(float* tile_lse, float* tile_d, const float* lse, c
 
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashDqKernel(float* dqkv, const float* dout, const float* lse, const float* D,
+    FlashDqKernel(OperandOut dqkv, const float* dout, const float* lse, const float* D,
                   const float* qkv, int T, int C, int NH, float scale) {
   using S = DqSmem<N, HS>;
   DROVER_DYNAMIC_SHARED(smem);
@@ -409,13 +409,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     AccumulateTf32<HS, S::kLdW, S::kLdF>(dq, dp, kf, 0, diagonal ? 2 * (warp + 1) : kTile / 8);
   }
   __syncwarp();
-  StoreRows<N, HS, S::kLdW>(dqkv + static_cast<size_t>(b) * T * ld + h * HS, ld, q0 + first_row, T,
-                            dq, s);
+  StoreRows<N, HS, S::kLdW>(dqkv.At(static_cast<size_t>(b) * T * ld + h * HS), ld, q0 + first_row,
+                            T, dq, s);
 }
 
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashDkvKernel(float* dqkv, const float* dout, const float* lse, const float* D,
+    FlashDkvKernel(OperandOut dqkv, const float* dout, const float* lse, const float* D,
                    const float* qkv, int T, int C, int NH, float scale) {
   using S = DkvSmem<N, HS>;
   DROVER_DYNAMIC_SHARED(smem);
@@ -472,10 +472,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     AccumulateTf32<HS, S::kLdW, S::kLdF>(dk, dpt, qf, first_step, kTile / 8);
   }
   __syncwarp();
-  float* dbase_qkv = dqkv + static_cast<size_t>(b) * T * ld + h * HS;
-  StoreRows<N, HS, S::kLdW>(dbase_qkv + C, ld, k0 + first_key, T, dk, pt);
+  const OperandOut dbase_qkv = dqkv.At(static_cast<size_t>(b) * T * ld + h * HS);
+  StoreRows<N, HS, S::kLdW>(dbase_qkv.At(C), ld, k0 + first_key, T, dk, pt);
   __syncwarp();
-  StoreRows<N, HS, S::kLdW>(dbase_qkv + 2 * static_cast<size_t>(C), ld, k0 + first_key, T, dv, pt);
+  StoreRows<N, HS, S::kLdW>(dbase_qkv.At(2 * static_cast<size_t>(C)), ld, k0 + first_key, T, dv,
+                            pt);
 }
 
 // Launches `kernel` with `bytes` of dynamic shared memory, raising its limit past the
@@ -503,7 +504,7 @@ dim3 Grid(int B, int T, int NH) {
 }
 
 template <typename N, int HS>
-void Forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+void Forward(OperandOut out, float* state, const float* qkv, int B, int T, int C, int NH,
              cudaStream_t stream) {
   float* lse = state;
   float* out_copy = state + static_cast<size_t>(B) * NH * T;
@@ -513,7 +514,7 @@ void Forward(float* out, float* state, const float* qkv, int B, int T, int C, in
 }
 
 template <typename N, int HS>
-void Backward(float* dqkv, float* dot, const float* dout, const float* state, const float* qkv,
+void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state, const float* qkv,
               int B, int T, int C, int NH, cudaStream_t stream) {
   const float* lse = state;
   const float* out_copy = state + static_cast<size_t>(B) * NH * T;
@@ -532,7 +533,7 @@ void Backward(float* dqkv, float* dot, const float* dout, const float* state, co
 
 // The instantiation for the run's head size (FlashAttentionApplies checked it).
 template <typename N>
-void ForwardFor(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+void ForwardFor(OperandOut out, float* state, const float* qkv, int B, int T, int C, int NH,
                 cudaStream_t stream) {
   switch (C / NH) {
     case 16:
@@ -547,8 +548,8 @@ void ForwardFor(float* out, float* state, const float* qkv, int B, int T, int C,
 }
 
 template <typename N>
-void BackwardFor(float* dqkv, float* dot, const float* dout, const float* state, const float* qkv,
-                 int B, int T, int C, int NH, cudaStream_t stream) {
+void BackwardFor(OperandOut dqkv, float* dot, const float* dout, const float* state,
+                 const float* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   switch (C / NH) {
     case 16:
       return Backward<N, 16>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
@@ -574,25 +575,27 @@ size_t FlashAttentionStateFloats(int B, int T, int C, int NH) {
 }
 
 void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
-                           Precision operands, cudaStream_t stream) {
+                           Precision operands, bool narrow_out, cudaStream_t stream) {
+  const OperandOut o{out, narrow_out, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, qkv, B, T, C, NH);
   if (operands == Precision::kBf16) {
-    ForwardFor<__nv_bfloat16>(out, state, qkv, B, T, C, NH, stream);
+    ForwardFor<__nv_bfloat16>(o, state, qkv, B, T, C, NH, stream);
   } else {
-    ForwardFor<__half>(out, state, qkv, B, T, C, NH, stream);
+    ForwardFor<__half>(o, state, qkv, B, T, C, NH, stream);
   }
 }
 
 void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
                             const float* qkv, int B, int T, int C, int NH, Precision operands,
-                            cudaStream_t stream) {
+                            bool narrow_out, cudaStream_t stream) {
+  const OperandOut d{dqkv, narrow_out, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, dout, B, T, C, NH);
   if (operands == Precision::kBf16) {
-    BackwardFor<__nv_bfloat16>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+    BackwardFor<__nv_bfloat16>(d, dot, dout, state, qkv, B, T, C, NH, stream);
   } else {
-    BackwardFor<__half>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
+    BackwardFor<__half>(d, dot, dout, state, qkv, B, T, C, NH, stream);
   }
 }
 

@@ -19,9 +19,8 @@ __device__ float WarpSum(float v) {
   return v;
 }
 
-__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
-                                       const float* weight, const float* bias, int N, int C,
-                                       Precision store) {
+__global__ void LayerNormForwardKernel(OperandOut out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int N, int C) {
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -35,8 +34,8 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
     var += d * d;
   }
   const float s = rsqrtf(WarpSum(var) / C + kEps);
-  float* o = out + static_cast<size_t>(row) * C;
-  for (int c = lane; c < C; c += 32) o[c] = Stored((x[c] - m) * s * weight[c] + bias[c], store);
+  const OperandOut o = out.At(static_cast<size_t>(row) * C);
+  for (int c = lane; c < C; c += 32) o.Put(c, (x[c] - m) * s * weight[c] + bias[c]);
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = s;
@@ -96,10 +95,11 @@ struct StoredDout {
 }  // namespace
 
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                      const float* bias, int N, int C, Precision store, cudaStream_t stream) {
-  DROVER_CUDA_REQUIRE(N > 0 && C > 0);
+                      const float* bias, int N, int C, Precision store, bool narrow_out,
+                      cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && C > 0 && (!narrow_out || store != Precision::kFp32));
   DROVER_LAUNCH(LayerNormForwardKernel, Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream)
-  (out, mean, rstd, inp, weight, bias, N, C, store);
+  (OperandOut{out, narrow_out, store}, mean, rstd, inp, weight, bias, N, C);
   DROVER_CUDA_LAUNCHED();
 }
 

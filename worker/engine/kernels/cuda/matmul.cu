@@ -8,14 +8,16 @@
 // cuBLAS with the residual and bias written into out first (beta = 1), as on the CPU. The bias
 // gradient is a deterministic column sum (column_sum.cuh).
 //
-// Precision: every operand is stored as fp32 holding values of the run's precision (ops.h).
-// A bf16 run first copies each operand to a bf16 matrix (GemmStaging: exact, one pass over
-// it) and multiplies those with fp32 accumulation: the tensor cores' native 2-byte inputs,
-// read at half the bytes, in the kernels cuBLAS tunes most. The products equal those of an
-// fp32 GEMM of the same values. Without staging (DROVER_CUDA_GEMM_INPUTS=fp32) cuBLAS reads
-// the fp32 storage with CUBLAS_COMPUTE_32F_FAST_16BF and narrows as it goes, which gives the
-// same products; the device check's speed step times both. fp16 likewise; fp32 runs stay in
-// pedantic fp32 (no TF32), the CPU reference's arithmetic.
+// Precision: every operand holds values of the run's precision (ops.h). In a bf16 run the
+// activations arrive as bf16 operand buffers (ops.h: the table's format for what only GEMMs
+// read), and the operands that are floats (the weights, the residual stream's gradient) are
+// first copied to bf16 matrices (GemmStaging: exact, one pass over each); cuBLAS then
+// multiplies bf16 by bf16 with fp32 accumulation, the tensor cores' native inputs at half
+// the bytes, in the kernels it tunes most. The products equal those of an fp32 GEMM of the
+// same values. With DROVER_CUDA_GEMM_INPUTS=fp32 the operand buffers are floats and cuBLAS
+// reads every operand as fp32 with CUBLAS_COMPUTE_32F_FAST_16BF, narrowing as it goes, which
+// gives the same products; the device check's speed step times both. fp16 likewise; fp32
+// runs stay in pedantic fp32 (no TF32), the CPU reference's arithmetic.
 #include <cstdint>
 #include <cstdio>
 
@@ -23,6 +25,7 @@
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
+#include "worker/engine/kernels/cuda/store.cuh"
 
 namespace drover::engine::cuda {
 namespace {
@@ -63,12 +66,27 @@ struct GemmInputs {
   GemmStaging* staging;
   cudaStream_t stream;
 
-  // x (n elements) as an operand: its 16-bit copy in `copy` when staged.
-  GemmOperand Of(Scratch<uint16_t> GemmStaging::*copy, const float* x, size_t n) const {
+  cudaDataType_t NarrowType() const {
+    return precision == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
+  }
+  // x (n elements) as an operand: as it is where it is already 16-bit (`narrow`: an operand
+  // buffer, ops.h), else its 16-bit copy in `copy` when staged, else the fp32 storage.
+  GemmOperand Of(Scratch<uint16_t> GemmStaging::*copy, const float* x, size_t n,
+                 bool narrow = false) const {
+    if (narrow) return {x, NarrowType()};
     if (!staged) return Fp32(x);
     uint16_t* out = (staging->*copy).Get(n);
     NarrowCopy(out, x, n, precision, stream);
-    return {out, precision == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_16F};
+    return {out, NarrowType()};
+  }
+};
+
+// dout (N, OC; rows ld apart) as the bias gradient's column sum reads it.
+struct DoutValue {
+  OperandIn dout;
+  int ld;
+  __device__ float operator()(int n, int c) const {
+    return dout.Get(static_cast<size_t>(n) * ld + c);
   }
 };
 
@@ -223,12 +241,15 @@ bool LtMatmul::Forward(float* out, GemmOperand inp, GemmOperand weight, const fl
 }
 
 void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
-                   const float* inp, const float* weight, const float* bias, const float* residual,
-                   int N, int C, int OC, int ldo, Precision operands, cudaStream_t stream) {
+                   const float* inp, bool inp_narrow, const float* weight, const float* bias,
+                   const float* residual, int N, int C, int OC, int ldo, Precision operands,
+                   cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
   const GemmInputs in = InputsOf(staging, operands, stream);
+  DROVER_CUDA_REQUIRE(!inp_narrow || in.staged);  // both inputs of one type
   const GemmOperand w = in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
-  const GemmOperand x = in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C);
+  const GemmOperand x =
+      in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C, inp_narrow);
   // fp32 runs keep cuBLAS's pedantic fp32, the CPU reference's arithmetic (cuBLASLt is not
   // documented to take CUBLAS_COMPUTE_32F_PEDANTIC); mixed precision, the fast path, takes Lt.
   if (lt != nullptr && operands != Precision::kFp32 &&
@@ -247,24 +268,27 @@ void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, floa
 }
 
 void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, float* dweight,
-                    float* dbias, const float* dout, const float* inp, const float* weight, int N,
-                    int C, int OC, int ldo, bool accumulate, Precision operands, float* scratch,
-                    cudaStream_t stream) {
+                    float* dbias, const float* dout, bool dout_narrow, const float* inp,
+                    bool inp_narrow, const float* weight, int N, int C, int OC, int ldo,
+                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
   const GemmInputs in = InputsOf(staging, operands, stream);
+  DROVER_CUDA_REQUIRE((!dout_narrow && !inp_narrow) || in.staged);
   // dout's rows are ldo apart: its copy spans the first row's start to the last's OC columns.
-  const GemmOperand dy =
-      in.Of(&GemmStaging::output_grad, dout, size_t{static_cast<unsigned>(N - 1)} * ldo + OC);
+  const GemmOperand dy = in.Of(&GemmStaging::output_grad, dout,
+                               size_t{static_cast<unsigned>(N - 1)} * ldo + OC, dout_narrow);
   if (dinp != nullptr) {
     const GemmOperand w =
         in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
     Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dy, ldo, 0.0f, dinp, C, in.compute);
   }
-  const GemmOperand x = in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C);
+  const GemmOperand x =
+      in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C, inp_narrow);
   Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f, dweight,
        C, in.compute);
   if (dbias != nullptr) {
-    ColumnSum(dbias, scratch, N, OC, RowMajorValue{dout, ldo}, accumulate, stream);
+    ColumnSum(dbias, scratch, N, OC, DoutValue{OperandIn{dout, dout_narrow, operands}, ldo},
+              accumulate, stream);
   }
 }
 

@@ -56,8 +56,11 @@ void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offs
                            int C, cudaStream_t stream);
 
 // ---- layernorm.cu ----------------------------------------------------------------------
+// narrow_out: out is a 16-bit operand buffer (ops.h: Ops::OperandFloats), else floats. Likewise
+// for the other ops' operand-buffer outputs below.
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                      const float* bias, int N, int C, Precision store, cudaStream_t stream);
+                      const float* bias, int N, int C, Precision store, bool narrow_out,
+                      cudaStream_t stream);
 // scratch: ColumnSumScratch(N, C) floats (column_sum.cuh).
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
@@ -76,10 +79,12 @@ struct GemmOperand {
   cudaDataType_t type;
 };
 
-// Where a mixed-precision run's GEMMs put 16-bit copies of their operands, so that cuBLAS
-// reads 2-byte bf16 or fp16 matrices (its native tensor-core kernels) rather than fp32 ones it
-// narrows as it goes. The copies are exact: the operands hold values of the run's precision.
-// One per table, used on the compute stream from the training thread only.
+// Where a mixed-precision run's GEMMs put 16-bit copies of their fp32-stored operands (the
+// weights, the residual stream's gradient; the activations come as 16-bit operand buffers),
+// so that cuBLAS reads 2-byte bf16 or fp16 matrices (its native tensor-core kernels) rather
+// than fp32 ones it narrows as it goes. The copies are exact: the operands hold values of
+// the run's precision. One per table, used on the compute stream from the training thread
+// only.
 struct GemmStaging {
   Scratch<uint16_t> weight, input, output_grad;
 };
@@ -117,14 +122,16 @@ class LtMatmul {
 // lt may be null (the cuBLAS path only); fp32 runs take cuBLAS always. staging may be null:
 // mixed-precision GEMMs then read the fp32-stored operands with the FAST_16BF / FAST_16F
 // compute types (GemmComputeType).
+// inp_narrow, dout_narrow: the operand is a 16-bit operand buffer (needs staging), else fp32.
 void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
-                   const float* inp, const float* weight, const float* bias, const float* residual,
-                   int N, int C, int OC, int ldo, Precision operands, cudaStream_t stream);
+                   const float* inp, bool inp_narrow, const float* weight, const float* bias,
+                   const float* residual, int N, int C, int OC, int ldo, Precision operands,
+                   cudaStream_t stream);
 // scratch: ColumnSumScratch(N, OC) floats (column_sum.cuh), for the bias gradient.
 void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, float* dweight,
-                    float* dbias, const float* dout, const float* inp, const float* weight, int N,
-                    int C, int OC, int ldo, bool accumulate, Precision operands, float* scratch,
-                    cudaStream_t stream);
+                    float* dbias, const float* dout, bool dout_narrow, const float* inp,
+                    bool inp_narrow, const float* weight, int N, int C, int OC, int ldo,
+                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------
 void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* qkv, int B, int T,
@@ -142,24 +149,26 @@ bool FlashAttentionApplies(int C, int NH, Precision operands);
 // out (B, T, C).
 size_t FlashAttentionStateFloats(int B, int T, int C, int NH);
 void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
-                           Precision operands, cudaStream_t stream);
+                           Precision operands, bool narrow_out, cudaStream_t stream);
 // dot: scratch of B*NH*T floats (each row's sum of dout * out).
 void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
                             const float* qkv, int B, int T, int C, int NH, Precision operands,
-                            cudaStream_t stream);
+                            bool narrow_out, cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
-void GeluForward(float* out, const float* inp, size_t N, Precision store, cudaStream_t stream);
+void GeluForward(float* out, const float* inp, size_t N, Precision store, bool narrow_out,
+                 cudaStream_t stream);
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, Precision store,
-                  cudaStream_t stream);
+                  bool narrow_out, cudaStream_t stream);
 
 // ---- crossentropy.cu -------------------------------------------------------------------
 // Writes losses (N) and lse (N); the mean is summed in double into *mean_out (device).
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
                          const int32_t* targets, int N, int V, int Vp, Precision operands,
                          cudaStream_t stream);
-void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
-                          int N, int V, int Vp, Precision store, cudaStream_t stream);
+void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                          const int32_t* targets, float dloss, int N, int V, int Vp,
+                          Precision store, bool narrow_out, cudaStream_t stream);
 
 // ---- adamw.cu --------------------------------------------------------------------------
 // correction1/2: 1 - beta^t, computed on the host in double as the CPU path does.

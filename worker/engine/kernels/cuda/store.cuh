@@ -31,4 +31,41 @@ __device__ __forceinline__ float Stored(float x, Precision store) {
   return x;
 }
 
+// An operand buffer (ops.h: Ops::OperandFloats) as a kernel writes it: 16-bit values of the
+// run's precision where `narrow` (CUDA's mixed precision), else floats holding them. Offsets
+// and indices count elements.
+struct OperandOut {
+  void* data;
+  bool narrow;
+  Precision precision;
+
+  __device__ __forceinline__ void Put(size_t i, float x) const {
+    if (!narrow) {
+      static_cast<float*>(data)[i] = Stored(x, precision);
+    } else if (precision == Precision::kBf16) {
+      static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(x);
+    } else {
+      static_cast<__half*>(data)[i] = __float2half_rn(x);
+    }
+  }
+  __device__ __forceinline__ OperandOut At(size_t offset) const {
+    return {static_cast<char*>(data) + offset * (narrow ? 2 : 4), narrow, precision};
+  }
+};
+
+// The same buffer as a kernel reads it.
+struct OperandIn {
+  const void* data;
+  bool narrow;
+  Precision precision;
+
+  __device__ __forceinline__ float Get(size_t i) const {
+    if (!narrow) return static_cast<const float*>(data)[i];
+    if (precision == Precision::kBf16) {
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]);
+    }
+    return __half2float(static_cast<const __half*>(data)[i]);
+  }
+};
+
 }  // namespace drover::engine::cuda
