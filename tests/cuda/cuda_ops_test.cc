@@ -242,6 +242,7 @@ TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
     // The bias a float past an aligned address too: cuBLASLt's algorithms are chosen for
     // their operands' alignment (a plan made for an aligned bias must not serve it).
     std::vector<float> bias = Random(OC + 1);
+    cpu_->Round(bias.data(), bias.size(), p);  // a parameter: narrowed (ops.h)
     const std::vector<float> residual = Random(N * ldo);
     float* gbias = Dev(bias);
     const float* gresidual = Dev(residual);
@@ -249,33 +250,55 @@ TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
       const char* what;
       int bias_at;  // -1: no bias
       bool residual;
+      bool out_operand;  // out an operand buffer (ops.h), with no residual
     };
-    for (const Case& k :
-         {Case{"matmul", -1, false}, Case{"matmul + bias", 0, false},
-          Case{"matmul + residual", -1, true}, Case{"matmul + bias + residual", 0, true},
-          Case{"matmul + unaligned bias + residual", 1, true}}) {
+    for (const Case& k : {Case{"matmul", -1, false, false}, Case{"matmul + bias", 0, false, false},
+                          Case{"matmul + residual", -1, true, false},
+                          Case{"matmul + bias + residual", 0, true, false},
+                          Case{"matmul + unaligned bias + residual", 1, true, false},
+                          Case{"matmul (operand out)", -1, false, true},
+                          Case{"matmul + bias (operand out)", 0, false, true},
+                          Case{"matmul + unaligned bias (operand out)", 1, false, true}}) {
       std::vector<float> out = Random(N * ldo);  // columns past OC must survive
-      float* gout = Dev(out);
+      if (k.out_operand) cpu_->Round(out.data(), out.size(), p);
+      float* gout = k.out_operand ? DevOperand(out, p) : Dev(out);
       const float* gb = k.bias_at >= 0 ? gbias + k.bias_at : nullptr;
       const float* cb = k.bias_at >= 0 ? bias.data() + k.bias_at : nullptr;
-      gpu_->MatmulForward(gout, DevOperand(inp, p), Dev(w), gb, k.residual ? gresidual : nullptr, N,
-                          C, OC, ldo, p);
-      cpu_->MatmulForward(out.data(), inp.data(), w.data(), cb,
+      gpu_->MatmulForward(gout, k.out_operand, DevOperand(inp, p), Dev(w), gb,
+                          k.residual ? gresidual : nullptr, N, C, OC, ldo, p);
+      cpu_->MatmulForward(out.data(), k.out_operand, inp.data(), w.data(), cb,
                           k.residual ? residual.data() : nullptr, N, C, OC, ldo, p);
-      ExpectClose(Host(gout, out.size()), out, k.what + name, 1e-4, 1e-4);
+      if (k.out_operand) {
+        cpu_->NarrowWritten(out.data(), out.size(), p);  // as the model does next
+        ExpectClose(HostOperand(gout, out.size(), p), out, k.what + name,
+                    std::max(StoreTolerance(p), 1e-4), 1e-4);
+      } else {
+        ExpectClose(Host(gout, out.size()), out, k.what + name, 1e-4, 1e-4);
+      }
     }
-    // dout as an operand buffer (the fc and qkv GEMMs') and as floats (the projections').
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool accumulate = variant % 2 == 1, dout_operand = variant >= 2;
+    // dout as an operand buffer (the fc and qkv GEMMs') and as floats (the projections'),
+    // dinp as floats and as an operand buffer (GELU's dout).
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool accumulate = (variant & 1) != 0, dout_operand = (variant & 2) != 0;
+      const bool dinp_operand = (variant & 4) != 0;
       std::vector<float> dinp(N * C), dw = Random(OC * C), db = Random(OC);
-      float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-      gpu_->MatmulBackward(gdinp, gdw, gdb, dout_operand ? DevOperand(dout, p) : Dev(dout),
-                           dout_operand, DevOperand(inp, p), Dev(w), N, C, OC, ldo, accumulate, p);
-      cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), dout_operand, inp.data(),
-                           w.data(), N, C, OC, ldo, accumulate, p);
+      float *gdinp = dinp_operand ? NewOperand(dinp.size(), p) : Dev(dinp), *gdw = Dev(dw),
+            *gdb = Dev(db);
+      gpu_->MatmulBackward(gdinp, dinp_operand, gdw, gdb,
+                           dout_operand ? DevOperand(dout, p) : Dev(dout), dout_operand,
+                           DevOperand(inp, p), Dev(w), N, C, OC, ldo, accumulate, p);
+      cpu_->MatmulBackward(dinp.data(), dinp_operand, dw.data(), db.data(), dout.data(),
+                           dout_operand, inp.data(), w.data(), N, C, OC, ldo, accumulate, p);
       const std::string a = std::string(accumulate ? " (accumulate)" : "") +
-                            (dout_operand ? " (dout operand)" : "") + name;
-      ExpectClose(Host(gdinp, dinp.size()), dinp, "matmul dinp" + a, 1e-4, 1e-4);
+                            (dout_operand ? " (dout operand)" : "") +
+                            (dinp_operand ? " (dinp operand)" : "") + name;
+      if (dinp_operand) {
+        cpu_->NarrowWritten(dinp.data(), dinp.size(), p);
+        ExpectClose(HostOperand(gdinp, dinp.size(), p), dinp, "matmul dinp" + a,
+                    std::max(StoreTolerance(p), 1e-4), 1e-4);
+      } else {
+        ExpectClose(Host(gdinp, dinp.size()), dinp, "matmul dinp" + a, 1e-4, 1e-4);
+      }
       ExpectClose(Host(gdw, dw.size()), dw, "matmul dweight" + a, 1e-4, 1e-4);
       ExpectClose(Host(gdb, OC), db, "matmul dbias" + a, 1e-4, 1e-4);
     }
@@ -295,15 +318,16 @@ TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
   cpu_->Round(dout.data(), dout.size(), p);
   std::vector<float> out(static_cast<size_t>(N) * OC);
   float *gout = Dev(out), *ginp = DevOperand(inp, p), *gw = Dev(w);
-  gpu_->MatmulForward(gout, ginp, gw, Dev(bias), nullptr, N, C, OC, OC, p);
-  cpu_->MatmulForward(out.data(), inp.data(), w.data(), bias.data(), nullptr, N, C, OC, OC, p);
+  gpu_->MatmulForward(gout, false, ginp, gw, Dev(bias), nullptr, N, C, OC, OC, p);
+  cpu_->MatmulForward(out.data(), false, inp.data(), w.data(), bias.data(), nullptr, N, C, OC, OC,
+                      p);
   ExpectClose(Host(gout, out.size()), out, "gpt-2 matmul bf16", 1e-4, 1e-4);
   std::vector<float> dinp(static_cast<size_t>(N) * C), dw(w.size()), db(OC);
   float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-  gpu_->MatmulBackward(gdinp, gdw, gdb, DevOperand(dout, p), true, ginp, gw, N, C, OC, OC, false,
-                       p);
-  cpu_->MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), true, inp.data(), w.data(),
-                       N, C, OC, OC, false, p);
+  gpu_->MatmulBackward(gdinp, false, gdw, gdb, DevOperand(dout, p), true, ginp, gw, N, C, OC, OC,
+                       false, p);
+  cpu_->MatmulBackward(dinp.data(), false, dw.data(), db.data(), dout.data(), true, inp.data(),
+                       w.data(), N, C, OC, OC, false, p);
   ExpectClose(Host(gdinp, dinp.size()), dinp, "gpt-2 matmul dinp bf16", 1e-4, 1e-4);
   ExpectClose(Host(gdw, dw.size()), dw, "gpt-2 matmul dweight bf16", 1e-4, 1e-3);
   ExpectClose(Host(gdb, OC), db, "gpt-2 matmul dbias", 1e-4, 1e-3);
@@ -351,7 +375,7 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
       const size_t probabilities = static_cast<size_t>(B) * NH * T * T;
       const size_t state_floats = gpu_->AttentionStateFloats(B, T, C, NH, p);
       std::vector<float> out(B * T * C), att(probabilities, NAN), state(state_floats, NAN);
-      float *gout = NewOperand(out.size(), p), *gstate = Dev(state), *gqkv = Dev(qkv);
+      float *gout = NewOperand(out.size(), p), *gstate = Dev(state), *gqkv = DevOperand(qkv, p);
       gpu_->AttentionForward(gout, gstate, gqkv, B, T, C, NH, p);
       cpu_->AttentionForward(out.data(), att.data(), qkv.data(), B, T, C, NH, p);
       if (state_floats == probabilities) {
@@ -398,14 +422,14 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
     std::vector<float> x = Random(n, 3.0f), d = Random(n);
     cpu_->Round(x.data(), n, store);
     cpu_->Round(d.data(), n, store);
-    float* gy = NewOperand(n, store);
-    gpu_->GeluForward(gy, Dev(x), n, store);
+    float *gy = NewOperand(n, store), *gx = DevOperand(x, store);
+    gpu_->GeluForward(gy, gx, n, store);
     cpu_->GeluForward(y.data(), x.data(), n, store);
     ExpectStoredIn(HostOperand(gy, n, store), store, "gelu" + name);
     ExpectClose(HostOperand(gy, n, store), y, "gelu" + name, std::max(StoreTolerance(store), 1e-4));
     std::vector<float> dx = d;
     float* gdx = NewOperand(n, store);  // an operand buffer: in place only where it is floats
-    gpu_->GeluBackward(gdx, Dev(x), Dev(d), n, store);
+    gpu_->GeluBackward(gdx, gx, DevOperand(d, store), n, store);
     cpu_->GeluBackward(dx.data(), x.data(), dx.data(), n, store);
     ExpectStoredIn(HostOperand(gdx, n, store), store, "gelu backward" + name);
     ExpectClose(HostOperand(gdx, n, store), dx, "gelu backward" + name,
@@ -464,25 +488,35 @@ TEST_F(CudaOpsTest, OperandBuffersAreSixteenBitInMixedPrecision) {
 }
 
 // A GEMM's output that only ops read next goes through NarrowWritten, which CUDA's table
-// leaves unrounded (ops.h): its readers must round as they load. Each of them, given such
-// unrounded values after NarrowWritten, must compute what the CPU computes from the rounded
-// ones. (Under DROVER_CUDA_ATTENTION=gemms, the ...WithTheGemms entry, attention takes the
-// GEMM version, which rounds a copy.)
+// leaves unrounded where it is floats (ops.h): its readers must round as they load. Each of
+// them, given such values (16-bit ones where operand buffers are: the GEMM wrote them
+// rounded), must compute what the CPU computes from the rounded ones. The
+// ...EveryOpOnFp32Inputs entry runs it with float operand buffers, ...WithTheGemms with the
+// GEMM attention, which rounds a copy.
 TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
   for (Precision p : {Precision::kBf16, Precision::kFp16}) {
     const std::string name = std::string(" ") + PrecisionName(p);
     const double rtol = std::max(StoreTolerance(p), 1e-4);
-    // The GPU's copy after NarrowWritten, and the CPU's (rounded, as CpuOps's NarrowWritten
-    // leaves it).
+    // A GEMM's float output after NarrowWritten on the GPU, and the CPU's (rounded, as
+    // CpuOps's NarrowWritten leaves it).
     auto written = [&](std::vector<float> host, float** device) {
       *device = Dev(host);
       gpu_->NarrowWritten(*device, host.size(), p);
       cpu_->NarrowWritten(host.data(), host.size(), p);
       return host;
     };
+    // The same for an operand buffer: as written where the table keeps them as floats, else
+    // the 16-bit values a GEMM writes (rounded).
+    auto written_operand = [&](std::vector<float> host, float** device) {
+      if (gpu_->OperandFloats(host.size(), p) == host.size()) return written(host, device);
+      cpu_->NarrowWritten(host.data(), host.size(), p);
+      *device = DevOperand(host, p);
+      return host;
+    };
     const size_t n = 3000;
     float *gx = nullptr, *gd = nullptr;
-    const std::vector<float> x = written(Random(n, 3.0f), &gx), d = written(Random(n), &gd);
+    const std::vector<float> x = written_operand(Random(n, 3.0f), &gx);
+    const std::vector<float> d = written_operand(Random(n), &gd);
     std::vector<float> y(n), dx(n);
     float *gy = NewOperand(n, p), *gdx = NewOperand(n, p);
     gpu_->GeluForward(gy, gx, n, p);
@@ -513,7 +547,7 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
 
     const int V = 50, Vp = 64;
     float* glogits = nullptr;
-    std::vector<float> logits = written(Random(N * Vp, 2.0f), &glogits);
+    std::vector<float> logits = written_operand(Random(N * Vp, 2.0f), &glogits);
     std::vector<int32_t> targets(N);
     for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
     std::vector<float> losses(N), lse(N);
@@ -524,7 +558,7 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
                                                        targets.data(), N, V, Vp, p);
     EXPECT_NEAR(gmean_loss, cmean_loss, 1e-5 * cmean_loss) << name;
     ExpectClose(Host(glosses, N), losses, "cross-entropy losses" + name);
-    float* gdlogits = NewOperand(logits.size(), p);
+    float* gdlogits = glogits;  // in place, as the model calls it
     gpu_->CrossEntropyBackward(gdlogits, glogits, glse, targets.data(), 0.5f / N, N, V, Vp, p);
     cpu_->CrossEntropyBackward(logits.data(), logits.data(), lse.data(), targets.data(), 0.5f / N,
                                N, V, Vp, p);
@@ -533,7 +567,7 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
 
     const int B = 2, T = 200, AC = 256, NH = 4;
     float *gqkv = nullptr, *gady = nullptr;
-    const std::vector<float> qkv = written(Random(B * T * 3 * AC), &gqkv);
+    const std::vector<float> qkv = written_operand(Random(B * T * 3 * AC), &gqkv);
     const std::vector<float> ady = written(Random(B * T * AC), &gady);
     const size_t state_floats = gpu_->AttentionStateFloats(B, T, AC, NH, p);
     std::vector<float> out(B * T * AC), att(static_cast<size_t>(B) * NH * T * T);

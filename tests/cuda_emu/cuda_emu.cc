@@ -720,6 +720,28 @@ struct Input {
   }
 };
 
+// A GEMM output matrix: fp32, or 16-bit of the inputs' type (an operand buffer), each element
+// rounded to nearest even as it is stored.
+struct Output {
+  void* data;
+  cudaDataType_t type;
+
+  size_t ElementBytes() const { return type == CUDA_R_32F ? 4 : 2; }
+  float Get(size_t i) const { return Input{data, type}[i]; }
+  void Set(size_t i, float v) const {
+    switch (type) {
+      case CUDA_R_16BF:
+        static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(v);
+        return;
+      case CUDA_R_16F:
+        static_cast<__half*>(data)[i] = __float2half_rn(v);
+        return;
+      default:
+        static_cast<float*>(data)[i] = v;
+    }
+  }
+};
+
 bool Supported(cudaDataType_t type) {
   return type == CUDA_R_32F || type == CUDA_R_16BF || type == CUDA_R_16F;
 }
@@ -770,22 +792,41 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
                             const void* beta, void* C, cudaDataType_t c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   // The table's combinations: fp32 inputs, or 16-bit ones of one type (with fp32 compute,
-  // as cuBLAS requires of them); fp32 output always.
+  // as cuBLAS requires of them); an fp32 output, or one of the 16-bit inputs' type.
   const bool narrow = a_type != CUDA_R_32F;
-  if (!Supported(a_type) || b_type != a_type || c_type != CUDA_R_32F ||
+  if (!Supported(a_type) || b_type != a_type || (c_type != CUDA_R_32F && c_type != a_type) ||
       (narrow && compute != CUBLAS_COMPUTE_32F)) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (!Valid(ta, tb, m, n, k, lda, ldb, ldc)) return CUBLAS_STATUS_INVALID_VALUE;
   const bool na = ta == CUBLAS_OP_N, nb = tb == CUBLAS_OP_N;
   const Input a{A, a_type}, b{B, b_type};
+  const Output c{C, c_type};
   if (!InOneDeviceAllocation(A, na ? m : k, na ? k : m, lda, a.ElementBytes()) ||
       !InOneDeviceAllocation(B, nb ? k : n, nb ? n : k, ldb, b.ElementBytes()) ||
-      !InOneDeviceAllocation(C, m, n, ldc)) {
+      !InOneDeviceAllocation(C, m, n, ldc, c.ElementBytes())) {
     drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
   }
-  Gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), a, lda, b, ldb,
-       *static_cast<const float*>(beta), static_cast<float*>(C), ldc, compute);
+  const float alpha_f = *static_cast<const float*>(alpha),
+              beta_f = *static_cast<const float*>(beta);
+  if (c_type == CUDA_R_32F) {
+    Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, static_cast<float*>(C), ldc, compute);
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  // A 16-bit C: the sums in floats, each rounded once as it is stored.
+  std::vector<float> sums(static_cast<size_t>(m) * n);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      sums[i + static_cast<size_t>(j) * m] =
+          beta_f == 0.0f ? 0.0f : c.Get(i + static_cast<size_t>(j) * ldc);
+    }
+  }
+  Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, sums.data(), m, compute);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      c.Set(i + static_cast<size_t>(j) * ldc, sums[i + static_cast<size_t>(j) * m]);
+    }
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
@@ -814,7 +855,8 @@ struct cublasLtMatmulDescOpaque {
   cublasComputeType_t compute;
   int32_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  const float* bias = nullptr;
+  const void* bias = nullptr;
+  cudaDataType_t bias_type = CUDA_R_32F;  // -1 (D's) is not taken: the table always sets it
 };
 struct cublasLtMatrixLayoutOpaque {
   cudaDataType_t type;
@@ -847,8 +889,11 @@ cublasStatus_t SetValue(T* field, const void* buf, size_t bytes) {
 bool LtShape(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpaque& a,
              const cublasLtMatrixLayoutOpaque& b, const cublasLtMatrixLayoutOpaque& c,
              const cublasLtMatrixLayoutOpaque& d, int* m, int* n, int* k) {
-  // A and B of one type (fp32, or 16-bit with fp32 compute), C and D fp32: the table's.
-  if (!Supported(a.type) || b.type != a.type || c.type != CUDA_R_32F || d.type != CUDA_R_32F ||
+  // A and B of one type (fp32, or 16-bit with fp32 compute); C and D of one type, fp32 or
+  // (16-bit inputs) theirs, with a bias of D's type: the table's combinations.
+  if (!Supported(a.type) || b.type != a.type || c.type != d.type ||
+      (d.type != CUDA_R_32F && d.type != a.type) ||
+      (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && desc.bias_type != d.type) ||
       (a.type != CUDA_R_32F && desc.compute != CUBLAS_COMPUTE_32F)) {
     return false;
   }
@@ -897,7 +942,10 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
       int32_t type = -1;
       const cublasStatus_t st = SetValue(&type, buf, bytes);
-      return st != CUBLAS_STATUS_SUCCESS || type == CUDA_R_32F ? st : CUBLAS_STATUS_NOT_SUPPORTED;
+      if (st != CUBLAS_STATUS_SUCCESS) return st;
+      if (!Supported(static_cast<cudaDataType_t>(type))) return CUBLAS_STATUS_NOT_SUPPORTED;
+      desc->bias_type = static_cast<cudaDataType_t>(type);
+      return CUBLAS_STATUS_SUCCESS;
     }
   }
   return CUBLAS_STATUS_INVALID_VALUE;
@@ -980,30 +1028,34 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const bool na = desc->trans_a == CUBLAS_OP_N, nb = desc->trans_b == CUBLAS_OP_N;
   const int lda = static_cast<int>(a->ld), ldb = static_cast<int>(b->ld);
   const int ldc = static_cast<int>(c->ld), ldd = static_cast<int>(d->ld);
-  auto* out = static_cast<float*>(D);
-  const auto* in = static_cast<const float*>(C);
-  const Input in_a{A, a->type}, in_b{B, b->type};
+  const Input in_a{A, a->type}, in_b{B, b->type}, in_c{C, c->type}, in_bias{desc->bias, d->type};
+  const Output out{D, d->type};
   if (!InOneDeviceAllocation(A, na ? m : k, na ? k : m, lda, in_a.ElementBytes()) ||
       !InOneDeviceAllocation(B, nb ? k : n, nb ? n : k, ldb, in_b.ElementBytes()) ||
-      (beta_f != 0.0f && !InOneDeviceAllocation(in, m, n, ldc)) ||
-      !InOneDeviceAllocation(out, m, n, ldd) ||
-      (bias && !InOneDeviceAllocation(desc->bias, m, 1, m))) {
+      (beta_f != 0.0f && !InOneDeviceAllocation(C, m, n, ldc, in_c.ElementBytes())) ||
+      !InOneDeviceAllocation(D, m, n, ldd, out.ElementBytes()) ||
+      (bias && !InOneDeviceAllocation(desc->bias, m, 1, m, in_bias.ElementBytes()))) {
     drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
   }
-  if (in == out && ldc != ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place: one layout
+  if (C == D && ldc != ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place: one layout
   Drain(stream);
-  if (beta_f != 0.0f && in != out) {
-    for (int j = 0; j < n; ++j) {
-      std::memcpy(out + static_cast<size_t>(j) * ldd, in + static_cast<size_t>(j) * ldc,
-                  sizeof(float) * m);
+  // The sums in floats (C's values under them where beta counts), the bias added, and each
+  // element stored once in D's type.
+  std::vector<float> sums(static_cast<size_t>(m) * n);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      sums[i + static_cast<size_t>(j) * m] =
+          beta_f == 0.0f ? 0.0f : in_c[i + static_cast<size_t>(j) * ldc];
     }
   }
   Gemm(desc->trans_a == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
        desc->trans_b == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, alpha_f, in_a, lda, in_b,
-       ldb, beta_f, out, ldd, desc->compute);
-  if (bias) {
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < m; ++i) out[i + static_cast<size_t>(j) * ldd] += desc->bias[i];
+       ldb, beta_f, sums.data(), m, desc->compute);
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < m; ++i) {
+      float v = sums[i + static_cast<size_t>(j) * m];
+      if (bias) v += in_bias[i];
+      out.Set(i + static_cast<size_t>(j) * ldd, v);
     }
   }
   return CUBLAS_STATUS_SUCCESS;

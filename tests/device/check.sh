@@ -23,11 +23,11 @@
 #      GPT2LMHeadModel) gives drover's logits (tests/tools/hf_gpt2_check.py).
 # Then, as information (tests/device/speed.sh): GPT-2 124M at T=1024 in bf16, drover against
 # PyTorch eager and torch.compile on the same GPU. drover's bf16 GEMMs run on tensor cores
-# with native bf16 inputs (what only GEMMs read is stored in bf16; the weights and the
-# residual stream's gradient are copied to bf16 per GEMM; the old fp32-input GEMMs are timed
-# too), its attention is fused (wmma tiles; the GEMM version, which materialises T x T, is
-# timed too), and the residual stream, qkv, the MLP's pre-activation and the logits stay
-# fp32: this measures how far it is from the goal.
+# with native bf16 inputs and outputs (what passes from op to op is stored in bf16; the
+# weights and the residual stream's gradient are copied to bf16 per GEMM; the old fp32 GEMMs
+# are timed too), its attention is fused (wmma tiles; the GEMM version, which materialises
+# T x T, is timed too), and the residual stream and its gradients stay fp32: this measures
+# how far it is from the goal.
 # Worst-case timeouts add up to more than the device tool's 600 s per call: should the check
 # be cut short, run tests/device/speed.sh as a call of its own. Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
 # DROVER_CHECK_NO_GPU=1 it runs steps 3-5 as a machine without a GPU must see them (a dry

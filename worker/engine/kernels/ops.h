@@ -138,11 +138,14 @@ class Ops {
   // after the op without the second pass over memory. Parameter gradients and row
   // statistics (mean, rstd) stay fp32.
   //
-  // Operand buffers: the activations that only GEMMs read next (the outputs of
-  // LayerNormForward, AttentionForward and GeluForward; the gradients AttentionBackward,
-  // GeluBackward and CrossEntropyBackward hand to a GEMM's backward) are written, and read
-  // by MatmulForward / MatmulBackward, in a format this table chooses for a run of precision
-  // p, which nothing else reads. n elements take OperandFloats(n, p) floats of memory:
+  // Operand buffers: activations that pass from one op to the next and that nothing but
+  // this table's ops reads, written and read in a format the table chooses for a run of
+  // precision p. They are what only GEMMs read (the outputs of LayerNormForward,
+  // AttentionForward and GeluForward; the gradients AttentionBackward, GeluBackward and
+  // CrossEntropyBackward hand to a GEMM's backward), and GEMM outputs that only one op reads
+  // (qkv for attention, the MLP's pre-activation for GELU, the logits for the cross-entropy,
+  // GELU's dout), where the GEMM is told so (out_operand, dinp_operand). n elements take
+  // OperandFloats(n, p) floats of memory:
   // n where the format is floats holding values of p (CpuOps), (n + 1) / 2 where it is the
   // 16-bit type itself (CUDA's mixed precision: the tensor cores' native input, read and
   // written at half the bytes).
@@ -167,7 +170,7 @@ class Ops {
                                  const float* rstd, int N, int C, bool accumulate,
                                  Precision store) = 0;
   // `operands` is the precision the GEMM inputs are stored in (the run's precision.dtype:
-  // weights, activations and activation gradients all hold values rounded to it). A backend
+  // weights, biases, activations and activation gradients all hold values rounded to it). A backend
   // may form the products in it, on tensor cores with fp32 accumulation (CUDA); since the
   // inputs hold values of that precision, their products are exact in fp32 and equal those
   // CpuOps forms in fp32, which ignores it. Only the summation order differs.
@@ -175,18 +178,21 @@ class Ops {
   // bias and residual may be null: a row-parallel GEMM (tensor parallelism) adds them on
   // one rank only, so that the all-reduce that follows adds them once.
   //
-  // inp is an operand buffer; weight, out, residual, dinp and dweight are floats. dout is an
-  // operand buffer where dout_operand says so (the gradients of the fc, qkv and head GEMMs'
-  // outputs), else floats (the residual stream's gradient, for the projections).
-  virtual void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                             const float* residual, int N, int C, int OC, int ldo,
-                             Precision operands) = 0;
-  virtual void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                              bool dout_operand, const float* inp, const float* weight, int N,
-                              int C, int OC, int ldo, bool accumulate, Precision operands) = 0;
-  // qkv and dout hold values of `operands`; the probabilities stay fp32, so the products
-  // that read them (att v, and the gradients through the softmax) may use TF32 on CUDA in a
-  // mixed-precision run, which keeps 3 more bits of them than a bf16 fused kernel does.
+  // inp is an operand buffer; weight, residual and dweight are floats. out, dinp and dout
+  // are operand buffers where out_operand, dinp_operand and dout_operand say so, else floats
+  // (the residual stream and its gradient, and what tensor parallelism sums). An operand
+  // out has no residual (CHECKed). Either kind of out or dinp goes to NarrowWritten next
+  // (a 16-bit one holds values of `operands` already).
+  virtual void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
+                             const float* bias, const float* residual, int N, int C, int OC,
+                             int ldo, Precision operands) = 0;
+  virtual void MatmulBackward(float* dinp, bool dinp_operand, float* dweight, float* dbias,
+                              const float* dout, bool dout_operand, const float* inp,
+                              const float* weight, int N, int C, int OC, int ldo, bool accumulate,
+                              Precision operands) = 0;
+  // qkv (an operand buffer) and dout hold values of `operands`; the probabilities stay fp32, so the
+  // products that read them (att v, and the gradients through the softmax) may use TF32 on CUDA in
+  // a mixed-precision run, which keeps 3 more bits of them than a bf16 fused kernel does.
   //
   // out (forward) and dqkv (backward) are stored in `operands` too (as `store` above), in
   // operand buffers.
@@ -203,13 +209,13 @@ class Ops {
   virtual void AttentionBackward(float* dqkv, const float* dout, const float* state,
                                  const float* qkv, int B, int T, int C, int NH,
                                  Precision operands) = 0;
-  // out (forward) and dinp (backward) are operand buffers; dinp may be dout itself only
-  // where OperandFloats(N, store) == N.
+  // inp, out (forward), dout and dinp (backward) are operand buffers; dinp may be dout itself
+  // only where OperandFloats(N, store) == N.
   virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                             Precision store) = 0;
-  // Returns the mean loss over the N rows. The logits hold values of `operands` as this
-  // table reads them (NarrowWritten).
+  // Returns the mean loss over the N rows. The logits (an operand buffer) hold values of
+  // `operands` as this table reads them.
   virtual float CrossEntropyForward(float* losses, float* lse, const float* logits,
                                     const int32_t* targets, int N, int V, int Vp,
                                     Precision operands) = 0;

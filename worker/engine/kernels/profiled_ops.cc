@@ -166,19 +166,20 @@ void ProfiledOps::LayerNormBackward(float* dinp, float* dweight, float* dbias, c
   inner_->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
                             store);
 }
-void ProfiledOps::MatmulForward(float* out, const float* inp, const float* weight,
+void ProfiledOps::MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                                 const float* bias, const float* residual, int N, int C, int OC,
                                 int ldo, Precision operands) {
   Timed t(this, kMatmulForward, 2.0 * N * C * OC);
-  inner_->MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo, operands);
+  inner_->MatmulForward(out, out_operand, inp, weight, bias, residual, N, C, OC, ldo, operands);
 }
-void ProfiledOps::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 bool dout_operand, const float* inp, const float* weight, int N,
-                                 int C, int OC, int ldo, bool accumulate, Precision operands) {
+void ProfiledOps::MatmulBackward(float* dinp, bool dinp_operand, float* dweight, float* dbias,
+                                 const float* dout, bool dout_operand, const float* inp,
+                                 const float* weight, int N, int C, int OC, int ldo,
+                                 bool accumulate, Precision operands) {
   // dweight always; dinp unless the caller needs no input gradient.
   Timed t(this, kMatmulBackward, (dinp != nullptr ? 4.0 : 2.0) * N * C * OC);
-  inner_->MatmulBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, N, C, OC, ldo,
-                         accumulate, operands);
+  inner_->MatmulBackward(dinp, dinp_operand, dweight, dbias, dout, dout_operand, inp, weight, N, C,
+                         OC, ldo, accumulate, operands);
 }
 // Attention's FLOPs as the usual count has them: the two (T, T) products of the forward,
 // four in the backward, the causal half included (what a kernel that skips it saves shows

@@ -90,12 +90,12 @@ class ProfiledOps final : public Ops {
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int N, int C, bool accumulate,
                          Precision store) override;
-  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                     const float* residual, int N, int C, int OC, int ldo,
+  void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
+                     const float* bias, const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override;
-  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      bool dout_operand, const float* inp, const float* weight, int N, int C,
-                      int OC, int ldo, bool accumulate, Precision operands) override;
+  void MatmulBackward(float* dinp, bool dinp_operand, float* dweight, float* dbias,
+                      const float* dout, bool dout_operand, const float* inp, const float* weight,
+                      int N, int C, int OC, int ldo, bool accumulate, Precision operands) override;
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
     return inner_->AttentionStateFloats(B, T, C, NH, operands);
   }

@@ -32,52 +32,27 @@ void StageActivations::Ensure(int B, int T) {
   // Operand buffers (ops.h) in the table's format; a slice per layer, 64-byte aligned.
   op_btc_ = OperandStride(BT * C);
   op_btca_ = OperandStride(BT * Ca);
+  op_qkv_ = OperandStride(BT * 3 * Ca);
   op_btc4_ = OperandStride(BT * C4);
-  // Where operands are floats, GELU's and the cross-entropy's backward run in place (as the
-  // CPU always has); else their GEMM-output inputs need buffers of their own.
-  const bool in_place = ops_->OperandFloats(BT * C4, precision_) == BT * C4;
-  float* dfch_in = nullptr;
-  float* dlogits = nullptr;
   float** ptrs[] = {&encoded_,  &ln1_,       &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
                     &att_,      &residual2_, &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
                     &fch_gelu_, &residual3_, &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
-                    &dlogits,   &losses_,    &lse_,      &dres_,     &dbtc_,     &dqkv_,
-                    &dfch_,     &dfch_in};
+                    &losses_,   &lse_,       &dres_,     &dbtc_,     &dqkv_,     &dfch_};
   const size_t sizes[] = {
-      BT * C,
-      L * op_btc_,
-      L * BT,
-      L * BT,
-      L * BT * 3 * Ca,
-      L * op_btca_,
-      L * att_floats,
-      L * BT * C,
-      L * op_btc_,
-      L * BT,
-      L * BT,
-      L * BT * C4,
-      L * op_btc4_,
-      L * BT * C,
-      last * op_btc_,
-      last * BT,
-      last * BT,
-      last * BT * Vp,
-      in_place ? 0 : last * OperandStride(BT * Vp),
-      last * BT,
-      last * BT,
-      BT * C,
-      BT * C,
-      OperandStride(BT * 3 * Ca),
-      OperandStride(BT * C4),
-      in_place ? 0 : BT * C4,
+      BT * C,         L * op_btc_, L * BT,
+      L * BT,         L * op_qkv_, L * op_btca_,
+      L * att_floats, L * BT * C,  L * op_btc_,
+      L * BT,         L * BT,      L * op_btc4_,
+      L * op_btc4_,   L * BT * C,  last * op_btc_,
+      last * BT,      last * BT,   last * OperandStride(BT * Vp),
+      last * BT,      last * BT,   BT * C,
+      BT * C,         op_qkv_,     op_btc4_,
   };
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
   static_assert(n == sizeof(ptrs) / sizeof(ptrs[0]));
   const size_t need = LayoutBuffers(nullptr, ptrs, n, sizes);
   if (need > arena_.size()) arena_ = ops_->Allocate(need);
   LayoutBuffers(arena_.data(), ptrs, n, sizes);
-  dfch_in_ = in_place ? dfch_ : dfch_in;
-  dlogits_ = in_place ? logits_ : dlogits;
   B_ = B;
   T_ = T;
   att_floats_ = att_floats;
@@ -106,15 +81,15 @@ GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp
 Status GptStage::RowParallelForward(float* out, const float* inp, const float* w, const float* bias,
                                     const float* residual, int N, int IC, int OC) {
   if (tp_ == nullptr) {
-    ops_->MatmulForward(out, inp, w, bias, residual, N, IC, OC, OC, precision_);
+    ops_->MatmulForward(out, false, inp, w, bias, residual, N, IC, OC, OC, precision_);
     Narrow(out, static_cast<size_t>(N) * OC);
     return OkStatus();
   }
   // Rank 0 folds bias and residual into its partial product; the sum adds them once. The
   // partial sums travel in fp32 and the total is narrowed once, as one GEMM's would be.
   const bool adds = tp_->rank() == 0;
-  ops_->MatmulForward(out, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC, OC, OC,
-                      precision_);
+  ops_->MatmulForward(out, false, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC,
+                      OC, OC, precision_);
   RETURN_IF_ERROR(tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
                                  parallel::ReduceOp::kSum));
   Narrow(out, static_cast<size_t>(N) * OC);
@@ -148,23 +123,24 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
   float* ln1 = a.ln1_ + i * a.op_btc_;
-  float* qkv = a.qkv_ + i * BT * 3 * Ca;
+  float* qkv = a.qkv_ + i * a.op_qkv_;
   float* atty = a.atty_ + i * a.op_btca_;
   float* att = a.att_ + i * a.att_floats_;
   float* res2 = a.residual2_ + i * btc;
   float* ln2 = a.ln2_ + i * a.op_btc_;
-  float* fch = a.fch_ + i * BT * C4;
+  float* fch = a.fch_ + i * a.op_btc4_;
   float* fchg = a.fch_gelu_ + i * a.op_btc4_;
   float* res3 = a.residual3_ + i * btc;
   ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
                          BT, C, precision_);
-  ops_->MatmulForward(qkv, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca, precision_);
+  ops_->MatmulForward(qkv, true, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca,
+                      precision_);
   Written(qkv, static_cast<size_t>(BT) * 3 * Ca);
   ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa, precision_);
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
   ops_->LayerNormForward(ln2, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, res2, p + o.ln2w,
                          p + o.ln2b, BT, C, precision_);
-  ops_->MatmulForward(fch, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4, precision_);
+  ops_->MatmulForward(fch, true, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4, precision_);
   Written(fch, static_cast<size_t>(BT) * C4);
   ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4, precision_);
   RETURN_IF_ERROR(RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C));
@@ -200,15 +176,10 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
   ops_->LayerNormForward(a.lnf_, a.lnf_mean_, a.lnf_rstd_, a.output(), pf, pf + C, BT, C,
                          precision_);
-  // Tied LM head; only the V live columns are computed. The softmax and the loss read the
-  // narrowed logits and compute in fp32. Only a training pass leaves them as the table's ops
-  // read them (Written); the others are for reading on the host too (logits()).
-  ops_->MatmulForward(a.logits_, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp, precision_);
-  if (pass == Pass::kTrain) {
-    Written(a.logits_, static_cast<size_t>(BT) * Vp);
-  } else {
-    Narrow(a.logits_, static_cast<size_t>(BT) * Vp);
-  }
+  // Tied LM head; only the V live columns are computed, into an operand buffer. The softmax
+  // and the loss read the narrowed logits and compute in fp32.
+  ops_->MatmulForward(a.logits_, true, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp, precision_);
+  Written(a.logits_, static_cast<size_t>(BT) * Vp);
   if (pass != Pass::kTrain) {
     // Backward would need both again; without it they go now.
     RETURN_IF_ERROR(mem.ReleaseParams(h));
@@ -234,9 +205,9 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   bool acc = false;
   ASSIGN_OR_RETURN(float* gh, mem.AcquireGrads(h, &acc));
   // Stored narrowed: where fp16 without loss scaling loses small gradients to zero.
-  ops_->CrossEntropyBackward(a.dlogits_, a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT,
+  ops_->CrossEntropyBackward(a.logits_, a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT,
                              V, Vp, precision_);
-  ops_->MatmulBackward(a.dbtc_, gh, nullptr, a.dlogits_, true, a.lnf_, ph, BT, C, V, Vp, acc,
+  ops_->MatmulBackward(a.dbtc_, false, gh, nullptr, a.logits_, true, a.lnf_, ph, BT, C, V, Vp, acc,
                        precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * C);
   if (!acc) {
@@ -276,24 +247,25 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ASSIGN_OR_RETURN(float* g, mem.AcquireGrads(unit, &acc));
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
-  const float* fch = a.fch_ + i * BT * C4;
-  ops_->MatmulBackward(a.dfch_in_, g + o.fcprojw, g + o.fcprojb, a.dres_, false,
+  const float* fch = a.fch_ + i * a.op_btc4_;
+  // Every buffer of the MLP's backward but dres is an operand buffer; GELU's runs in place.
+  ops_->MatmulBackward(a.dfch_, true, g + o.fcprojw, g + o.fcprojb, a.dres_, false,
                        a.fch_gelu_ + i * a.op_btc4_, p + o.fcprojw, BT, C4, C, C, acc, precision_);
-  Written(a.dfch_in_, static_cast<size_t>(BT) * C4);
-  ops_->GeluBackward(a.dfch_, fch, a.dfch_in_, static_cast<size_t>(BT) * C4, precision_);
-  ops_->MatmulBackward(a.dbtc_, g + o.fcw, g + o.fcb, a.dfch_, true, a.ln2_ + i * a.op_btc_,
+  Written(a.dfch_, static_cast<size_t>(BT) * C4);
+  ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4, precision_);
+  ops_->MatmulBackward(a.dbtc_, false, g + o.fcw, g + o.fcb, a.dfch_, true, a.ln2_ + i * a.op_btc_,
                        p + o.fcw, BT, C, C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + i * btc,
                           p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc,
                           precision_);
-  ops_->MatmulBackward(a.dbtc_, g + o.attprojw, g + o.attprojb, a.dres_, false,
+  ops_->MatmulBackward(a.dbtc_, false, g + o.attprojw, g + o.attprojb, a.dres_, false,
                        a.atty_ + i * a.op_btca_, p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
-  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * a.att_floats_, a.qkv_ + i * BT * 3 * Ca, B,
+  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * a.att_floats_, a.qkv_ + i * a.op_qkv_, B,
                           T, Ca, NHa, precision_);
-  ops_->MatmulBackward(a.dbtc_, g + o.qkvw, g + o.qkvb, a.dqkv_, true, a.ln1_ + i * a.op_btc_,
-                       p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
+  ops_->MatmulBackward(a.dbtc_, false, g + o.qkvw, g + o.qkvb, a.dqkv_, true,
+                       a.ln1_ + i * a.op_btc_, p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
                           a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc, precision_);

@@ -24,15 +24,15 @@
 //
 // Mixed precision (precision != kFp32): every activation and every activation gradient the
 // stage stores is narrowed to the precision as it is written (the ops' `store`), the weights
-// come narrowed from the memory (NarrowedParams), and the kernels accumulate in fp32. GEMM
-// outputs are narrowed after the GEMM: the residual stream by Ops::Round, those that only
-// ops read next (qkv, fch, the logits and the input gradients) by Ops::NarrowWritten, which
-// the CUDA table leaves to the reading kernels. What only GEMMs read (LayerNorm, attention
-// and GELU outputs; the gradients handed to the fc, qkv and head GEMMs' backward) lives in
-// operand buffers in the table's format (Ops::OperandFloats: bf16 / fp16 themselves on
-// CUDA). LayerNorm
-// statistics, attention probabilities and the per-row losses stay fp32, as fused kernels
-// keep them; the weight gradients are fp32 (StageMemory's arenas).
+// come narrowed from the memory (NarrowedParams), and the kernels accumulate in fp32. What
+// passes from op to op without anything else reading it (LayerNorm, attention and GELU
+// outputs, qkv, the MLP's pre-activation, the logits, and the gradients of the fc, qkv and
+// head GEMMs' outputs) lives in operand buffers in the table's format (Ops::OperandFloats:
+// bf16 / fp16 themselves on CUDA). GEMM outputs are narrowed after the GEMM: the residual
+// stream by Ops::Round (it is read in memory: as the next GEMM's C operand, by other
+// stages), the rest by Ops::NarrowWritten, which a table may leave to the kernels that read
+// them next. LayerNorm statistics, attention probabilities and the per-row losses stay fp32,
+// as fused kernels keep them; the weight gradients are fp32 (StageMemory's arenas).
 //
 // Thread-safety: a GptStage is immutable; Forward/Backward run on one thread at a time per
 // StageActivations and StageMemory (the kernels parallelise inside).
@@ -78,9 +78,9 @@ class StageActivations {
   float* doutput() { return dres_; }
   // (B, T, C) gradient of input() after Backward (stages > 0).
   const float* dinput() const { return dres_; }
-  // (B, T, Vp) after a Forward of the last stage, until Backward reuses the buffer; after a
-  // kTrain Forward, as the table's ops read them (Ops::NarrowWritten: on CUDA, not yet
-  // rounded to a mixed-precision run's type).
+  // (B, T, Vp) after a Forward of the last stage, until Backward reuses the buffer: an
+  // operand buffer (Ops::OperandFloats), so floats only where the table keeps them so (the
+  // CPU's; not CUDA's in mixed precision).
   const float* logits() const { return logits_; }
 
  private:
@@ -96,9 +96,9 @@ class StageActivations {
   Buffer arena_;
   int B_ = 0, T_ = 0;
   size_t att_floats_ = 0;  // per layer: attention's state (att_)
-  // Per-layer strides of the operand buffers ln1_ and ln2_ (B, T, C), atty_ (B, T, Ca) and
-  // fch_gelu_ (B, T, C4).
-  size_t op_btc_ = 0, op_btca_ = 0, op_btc4_ = 0;
+  // Per-layer strides of the operand buffers ln1_ and ln2_ (B, T, C), atty_ (B, T, Ca),
+  // qkv_ (B, T, 3Ca), and fch_ and fch_gelu_ (B, T, C4).
+  size_t op_btc_ = 0, op_btca_ = 0, op_qkv_ = 0, op_btc4_ = 0;
   bool backward_ready_ = false;  // a training Forward of the last stage came right before
   std::vector<int32_t> inputs_, targets_;
   // Per-layer buffers hold one slice per local layer; layer l0 + i starts at slice i.
@@ -109,11 +109,9 @@ class StageActivations {
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *lse_ = nullptr;
   // Backward scratch: the residual stream's gradient and working buffers. Operand buffers
-  // (ops.h): ln1_, atty_, ln2_, fch_gelu_, lnf_, dqkv_, dfch_ and dlogits_. dfch_in_ (the
-  // fcproj GEMM's input gradient, GELU's backward's dout) and dlogits_ are dfch_ and logits_
-  // themselves where the table's operands are floats (in place), else buffers of their own.
-  float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *dfch_in_ = nullptr,
-        *dlogits_ = nullptr;
+  // (ops.h): ln1_, qkv_, atty_, ln2_, fch_, fch_gelu_, lnf_, logits_ (the dlogits after
+  // Backward), dqkv_ and dfch_; the rest are floats.
+  float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
 };
 
 class GptStage {

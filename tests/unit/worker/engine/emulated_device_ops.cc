@@ -266,21 +266,21 @@ void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* db
   CpuOps()->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
                               store);
 }
-void EmulatedDeviceOps::MatmulForward(float* out, const float* inp, const float* weight,
-                                      const float* bias, const float* residual, int N, int C,
-                                      int OC, int ldo, Precision operands) {
+void EmulatedDeviceOps::MatmulForward(float* out, bool out_operand, const float* inp,
+                                      const float* weight, const float* bias, const float* residual,
+                                      int N, int C, int OC, int ldo, Precision operands) {
   DEV(out);
   DEV(inp);
   DEV(weight);
   DEV(bias);
   DEV(residual);
   Open open(this);
-  CpuOps()->MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo, operands);
+  CpuOps()->MatmulForward(out, out_operand, inp, weight, bias, residual, N, C, OC, ldo, operands);
 }
-void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                       bool dout_operand, const float* inp, const float* weight,
-                                       int N, int C, int OC, int ldo, bool accumulate,
-                                       Precision operands) {
+void EmulatedDeviceOps::MatmulBackward(float* dinp, bool dinp_operand, float* dweight, float* dbias,
+                                       const float* dout, bool dout_operand, const float* inp,
+                                       const float* weight, int N, int C, int OC, int ldo,
+                                       bool accumulate, Precision operands) {
   DEV(dinp);
   DEV(dweight);
   DEV(dbias);
@@ -288,8 +288,8 @@ void EmulatedDeviceOps::MatmulBackward(float* dinp, float* dweight, float* dbias
   DEV(inp);
   DEV(weight);
   Open open(this);
-  CpuOps()->MatmulBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, N, C, OC, ldo,
-                           accumulate, operands);
+  CpuOps()->MatmulBackward(dinp, dinp_operand, dweight, dbias, dout, dout_operand, inp, weight, N,
+                           C, OC, ldo, accumulate, operands);
 }
 void EmulatedDeviceOps::AttentionForward(float* out, float* att, const float* qkv, int B, int T,
                                          int C, int NH, Precision operands) {

@@ -98,13 +98,14 @@ class CpuOpsImpl final : public Ops {
     cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate);
     Round(dinp, static_cast<size_t>(N) * C, store);
   }
-  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                     const float* residual, int N, int C, int OC, int ldo,
+  // Operand buffers are floats here: the flags change nothing.
+  void MatmulForward(float* out, bool /*out_operand*/, const float* inp, const float* weight,
+                     const float* bias, const float* residual, int N, int C, int OC, int ldo,
                      Precision /*operands: fp32 products of them are exact (ops.h)*/) override {
     cpu::MatmulForward(out, inp, weight, bias, residual, N, C, OC, ldo);
   }
-  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      bool /*dout_operand: floats either way here*/, const float* inp,
+  void MatmulBackward(float* dinp, bool /*dinp_operand*/, float* dweight, float* dbias,
+                      const float* dout, bool /*dout_operand*/, const float* inp,
                       const float* weight, int N, int C, int OC, int ldo, bool accumulate,
                       Precision /*operands*/) override {
     cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo, accumulate);

@@ -1,9 +1,9 @@
 // Softmax + cross-entropy over rows padded to Vp columns (kernels/cpu/crossentropy.h): the
 // forward keeps each row's log-sum-exp and never writes probabilities; the backward turns
 // the logits into their gradient in place. One block per row; the forward reads its row once
-// (an online max and sum, as FlashAttention's softmax). The logits are read as values of the
-// run's precision (the head GEMM's output, which Ops::NarrowWritten leaves unrounded on this
-// table).
+// (an online max and sum, as FlashAttention's softmax). The logits are an operand buffer
+// (ops.h): 16-bit in a mixed-precision run, else floats read as values of the run's
+// precision (the head GEMM's output, which Ops::NarrowWritten leaves unrounded).
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -53,19 +53,18 @@ struct Combine {
   }
 };
 
-__global__ void CrossEntropyForwardKernel(float* losses, float* lse, const float* logits,
-                                          const int32_t* targets, int V, int Vp,
-                                          Precision operands) {
+__global__ void CrossEntropyForwardKernel(float* losses, float* lse, OperandIn logits,
+                                          const int32_t* targets, int V, int Vp) {
   __shared__ MaxSum shared[kThreads];
   const int n = blockIdx.x;
-  const float* row = logits + static_cast<size_t>(n) * Vp;
+  const OperandIn row = logits.At(static_cast<size_t>(n) * Vp);
   MaxSum mine{-INFINITY, 0.0f};
-  for (int i = threadIdx.x; i < V; i += blockDim.x) mine = Seen(mine, Stored(row[i], operands));
+  for (int i = threadIdx.x; i < V; i += blockDim.x) mine = Seen(mine, row.Get(i));
   const MaxSum all = BlockReduce(mine, shared, Combine());
   if (threadIdx.x == 0) {
     const float l = all.max + logf(all.sum);
     lse[n] = l;
-    losses[n] = l - Stored(row[targets[n]], operands);
+    losses[n] = l - row.Get(targets[n]);
   }
 }
 
@@ -78,20 +77,18 @@ __global__ void MeanKernel(double* mean_out, const float* losses, int N) {
   if (threadIdx.x == 0) *mean_out = acc / N;
 }
 
-// dlogits: an operand buffer; in place (the logits' memory) only where it holds floats, each
-// element read before it is written.
-__global__ void CrossEntropyBackwardKernel(OperandOut dlogits, const float* logits,
-                                           const float* lse, const int32_t* targets, float dloss,
-                                           int V, int Vp) {
-  const Precision store = dlogits.precision;
+// dlogits and logits: operand buffers; in place allowed (each element is read before it is
+// written).
+__global__ void CrossEntropyBackwardKernel(OperandOut dlogits, OperandIn logits, const float* lse,
+                                           const int32_t* targets, float dloss, int V, int Vp) {
   const int n = blockIdx.x;
-  const float* row = logits + static_cast<size_t>(n) * Vp;
+  const OperandIn row = logits.At(static_cast<size_t>(n) * Vp);
   const OperandOut out = dlogits.At(static_cast<size_t>(n) * Vp);
   const float l = lse[n];
   const int target = targets[n];
   for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
     float g = 0.0f;
-    if (i < V) g = dloss * expf(Stored(row[i], store) - l) - (i == target ? dloss : 0.0f);
+    if (i < V) g = dloss * expf(row.Get(i) - l) - (i == target ? dloss : 0.0f);
     out.Put(i, g);
   }
 }
@@ -100,10 +97,10 @@ __global__ void CrossEntropyBackwardKernel(OperandOut dlogits, const float* logi
 
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
                          const int32_t* targets, int N, int V, int Vp, Precision operands,
-                         cudaStream_t stream) {
+                         bool narrow, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
   DROVER_LAUNCH(CrossEntropyForwardKernel, N, kThreads, 0, stream)
-  (losses, lse, logits, targets, V, Vp, operands);
+  (losses, lse, OperandIn{logits, narrow, operands}, targets, V, Vp);
   DROVER_CUDA_LAUNCHED();
   DROVER_LAUNCH(MeanKernel, 1, kThreads, 0, stream)(mean_out, losses, N);
   DROVER_CUDA_LAUNCHED();
@@ -113,9 +110,10 @@ void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                           const int32_t* targets, float dloss, int N, int V, int Vp,
                           Precision store, bool narrow_out, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
-  DROVER_CUDA_REQUIRE(!narrow_out || (store != Precision::kFp32 && dlogits != logits));
+  DROVER_CUDA_REQUIRE(!narrow_out || store != Precision::kFp32);
   DROVER_LAUNCH(CrossEntropyBackwardKernel, N, kThreads, 0, stream)
-  (OperandOut{dlogits, narrow_out, store}, logits, lse, targets, dloss, V, Vp);
+  (OperandOut{dlogits, narrow_out, store}, OperandIn{logits, narrow_out, store}, lse, targets,
+   dloss, V, Vp);
   DROVER_CUDA_LAUNCHED();
 }
 

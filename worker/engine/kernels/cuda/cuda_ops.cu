@@ -189,19 +189,21 @@ class CudaOpsImpl final : public Ops {
     cuda::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
                             store, column_scratch_.Get(ColumnSumScratch(N, C)), stream_);
   }
-  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
-                     const float* residual, int N, int C, int OC, int ldo,
+  void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
+                     const float* bias, const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override {
-    cuda::MatmulForward(blas_, lt_.get(), staging_.get(), out, inp, Narrow(operands), weight, bias,
-                        residual, N, C, OC, ldo, operands, stream_);
+    const bool narrow = Narrow(operands);
+    cuda::MatmulForward(blas_, lt_.get(), staging_.get(), out, out_operand && narrow, inp, narrow,
+                        weight, bias, residual, N, C, OC, ldo, operands, stream_);
   }
-  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                      bool dout_operand, const float* inp, const float* weight, int N, int C,
-                      int OC, int ldo, bool accumulate, Precision operands) override {
+  void MatmulBackward(float* dinp, bool dinp_operand, float* dweight, float* dbias,
+                      const float* dout, bool dout_operand, const float* inp, const float* weight,
+                      int N, int C, int OC, int ldo, bool accumulate, Precision operands) override {
+    const bool narrow = Narrow(operands);
     float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
-    cuda::MatmulBackward(blas_, staging_.get(), dinp, dweight, dbias, dout,
-                         dout_operand && Narrow(operands), inp, Narrow(operands), weight, N, C, OC,
-                         ldo, accumulate, operands, scratch, stream_);
+    cuda::MatmulBackward(blas_, staging_.get(), dinp, dinp_operand && narrow, dweight, dbias, dout,
+                         dout_operand && narrow, inp, narrow, weight, N, C, OC, ldo, accumulate,
+                         operands, scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
     if (Fused(C, NH, operands)) return FlashAttentionStateFloats(B, T, C, NH);
@@ -214,7 +216,7 @@ class CudaOpsImpl final : public Ops {
       cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands),
                                   stream_);
     } else {
-      const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands);
+      const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands, true);
       // cuBLAS writes floats: into out itself, or a scratch that NarrowCopy then stores.
       float* o = Narrow(operands) ? gemm_out_.Get(btc) : out;
       cuda::AttentionForward(blas_, o, state, q, B, T, C, NH, operands, stream_);
@@ -230,8 +232,8 @@ class CudaOpsImpl final : public Ops {
     } else {
       float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
       const size_t btc = static_cast<size_t>(B) * T * C;
-      const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands);
-      const float* dy = RoundedCopy(&rounded_dout_, dout, btc, operands);
+      const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands, true);
+      const float* dy = RoundedCopy(&rounded_dout_, dout, btc, operands, false);
       float* d = Narrow(operands) ? gemm_out_.Get(3 * btc) : dqkv;
       cuda::AttentionBackward(blas_, d, datt, dy, state, q, B, T, C, NH, operands, stream_);
       StoreOperand(dqkv, d, 3 * btc, operands);
@@ -248,7 +250,7 @@ class CudaOpsImpl final : public Ops {
                             int N, int V, int Vp, Precision operands) override {
     double* mean = mean_.Get(1);
     cuda::CrossEntropyForward(losses, lse, mean, logits, Tokens(targets, N), N, V, Vp, operands,
-                              stream_);
+                              Narrow(operands), stream_);
     double host = 0;
     DROVER_CUDA_CHECK(
         cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
@@ -324,12 +326,18 @@ class CudaOpsImpl final : public Ops {
     }
   }
 
-  // x (n) with its values rounded to p, for the GEMM attention, whose TF32 products read its
-  // operands as they are in memory (NarrowWritten left qkv and dout unrounded): x itself
-  // where p is kFp32, else a copy in `copy`.
-  const float* RoundedCopy(Scratch<float>* copy, const float* x, size_t n, Precision p) {
+  // x (n) as floats holding values of p, for the GEMM attention, whose TF32 products read its
+  // operands as they are in memory: x itself where p is kFp32, else a copy in `copy`, widened
+  // from an operand buffer (`operand`, where those are 16-bit) or rounded (float ones may be
+  // unrounded: NarrowWritten).
+  const float* RoundedCopy(Scratch<float>* copy, const float* x, size_t n, Precision p,
+                           bool operand) {
     if (p == Precision::kFp32) return x;
     float* out = copy->Get(n);
+    if (operand && Narrow(p)) {
+      WidenCopy(out, x, n, p, stream_);
+      return out;
+    }
     Copy(out, x, n);
     Round(out, n, p);
     return out;

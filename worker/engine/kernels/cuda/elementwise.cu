@@ -1,4 +1,4 @@
-// Fill, Add, Scale, Round, NarrowCopy and SumSquares over flat arrays.
+// Fill, Add, Scale, Round, NarrowCopy, WidenCopy and SumSquares over flat arrays.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -54,6 +54,14 @@ __global__ void NarrowCopyKernel(N* out, const float* x, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     out[i] = ToNarrow<N>(x[i]);
+  }
+}
+
+template <typename N>
+__global__ void WidenCopyKernel(float* out, const N* x, size_t n) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    out[i] = ToFloat(x[i]);
   }
 }
 
@@ -134,6 +142,19 @@ void NarrowCopy(void* out, const float* x, size_t n, Precision p, cudaStream_t s
   } else {
     DROVER_LAUNCH(NarrowCopyKernel<__half>, StrideBlocks(n, kThreads), kThreads, 0, stream)
     (static_cast<__half*>(out), x, n);
+  }
+  DROVER_CUDA_LAUNCHED();
+}
+
+void WidenCopy(float* out, const void* x, size_t n, Precision p, cudaStream_t stream) {
+  if (n == 0) return;
+  DROVER_CUDA_REQUIRE(p == Precision::kBf16 || p == Precision::kFp16);
+  if (p == Precision::kBf16) {
+    DROVER_LAUNCH(WidenCopyKernel<__nv_bfloat16>, StrideBlocks(n, kThreads), kThreads, 0, stream)
+    (out, static_cast<const __nv_bfloat16*>(x), n);
+  } else {
+    DROVER_LAUNCH(WidenCopyKernel<__half>, StrideBlocks(n, kThreads), kThreads, 0, stream)
+    (out, static_cast<const __half*>(x), n);
   }
   DROVER_CUDA_LAUNCHED();
 }

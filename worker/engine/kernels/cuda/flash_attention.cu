@@ -111,33 +111,39 @@ __device__ __forceinline__ T* At(unsigned char* smem, size_t offset) {
 }
 
 // Rows [t0, t0 + kTile) of one head's (T, HS) slice of a row-major source (row stride ld
-// floats; src at row 0 of the slice) into shared memory: narrowed into `narrow` (ldm
+// elements; src at row 0 of the slice) into shared memory: narrowed into `narrow` (ldm
 // kLdN) and/or tf32-rounded into `wide` (ldm kLdF), either may be null. Rows past T are
-// zeros. float4 loads: HS and ld are multiples of 4 and src is 16-byte aligned. Each value is
-// read as N rounds it (qkv and dout are GEMM outputs, which Ops::NarrowWritten leaves
-// unrounded on this table), so the tf32 copy holds it exactly too.
+// zeros. The source is an operand buffer (qkv) or floats (dout) as OperandIn reads them:
+// each value as N rounds it (a float one may be a GEMM's unrounded output, which
+// Ops::NarrowWritten leaves so on this table), so the tf32 copy holds it exactly too. Float
+// sources load as float4: HS and ld are multiples of 4 and src is 16-byte aligned.
 template <typename N, int HS>
-__device__ void LoadTile(N* narrow, float* wide, const float* src, size_t ld, int t0, int T) {
+__device__ void LoadTile(N* narrow, float* wide, OperandIn src, size_t ld, int t0, int T) {
   using G = Geometry<N, HS>;
   constexpr int kVecs = HS / 4;
   for (int e = threadIdx.x; e < kTile * kVecs; e += kThreads) {
     const int r = e / kVecs, c = (e % kVecs) * 4;
-    float4 v = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (t0 + r < T)
-      v = *reinterpret_cast<const float4*>(src + static_cast<size_t>(t0 + r) * ld + c);
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (t0 + r < T) {
+      const size_t at = static_cast<size_t>(t0 + r) * ld + c;
+      if (src.narrow) {
+        const N* p = static_cast<const N*>(src.data) + at;
+        for (int k = 0; k < 4; ++k) v[k] = ToFloat(p[k]);
+      } else {
+        const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(src.data) + at);
+        v[0] = Stored<N>(f.x);
+        v[1] = Stored<N>(f.y);
+        v[2] = Stored<N>(f.z);
+        v[3] = Stored<N>(f.w);
+      }
+    }
     if (narrow != nullptr) {
       N* d = narrow + r * G::kLdN + c;
-      d[0] = ToNarrow<N>(v.x);
-      d[1] = ToNarrow<N>(v.y);
-      d[2] = ToNarrow<N>(v.z);
-      d[3] = ToNarrow<N>(v.w);
+      for (int k = 0; k < 4; ++k) d[k] = ToNarrow<N>(v[k]);
     }
     if (wide != nullptr) {
       float* d = wide + r * G::kLdF + c;
-      d[0] = Tf32(Stored<N>(v.x));
-      d[1] = Tf32(Stored<N>(v.y));
-      d[2] = Tf32(Stored<N>(v.z));
-      d[3] = Tf32(Stored<N>(v.w));
+      for (int k = 0; k < 4; ++k) d[k] = Tf32(v[k]);
     }
   }
 }
@@ -203,7 +209,7 @@ __device__ void StoreRows(OperandOut dst, size_t ld, int t0, int T,
 
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashForwardKernel(OperandOut out, float* lse, float* out_copy, const float* qkv, int T, int C,
+    FlashForwardKernel(OperandOut out, float* lse, float* out_copy, OperandIn qkv, int T, int C,
                        int NH, float scale) {
   using S = ForwardSmem<N, HS>;
   DROVER_DYNAMIC_SHARED(smem);
@@ -220,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
   const int q0 = qt * kTile;
   const size_t ld = 3 * static_cast<size_t>(C);
-  const float* base = qkv + static_cast<size_t>(b) * T * ld + h * HS;
+  const OperandIn base = qkv.At(static_cast<size_t>(b) * T * ld + h * HS);
 
   LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
   for (int e = threadIdx.x; e < kTile * S::kLdF; e += kThreads) o[e] = 0.0f;
@@ -235,8 +241,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // every warp is done with the previous k and v
-    LoadTile<N, HS>(k, nullptr, base + C, ld, k0, T);
-    LoadTile<N, HS>(nullptr, v, base + 2 * static_cast<size_t>(C), ld, k0, T);
+    LoadTile<N, HS>(k, nullptr, base.At(C), ld, k0, T);
+    LoadTile<N, HS>(nullptr, v, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
     __syncthreads();
     const bool diagonal = kt == qt;
     // On the diagonal, key blocks past the warp's own rows are masked whole: skipped.
@@ -359,8 +365,8 @@ __device__ void LoadRowStats(float* tile_lse, float* tile_d, const float* lse, c
 
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashDqKernel(OperandOut dqkv, const float* dout, const float* lse, const float* D,
-                  const float* qkv, int T, int C, int NH, float scale) {
+    FlashDqKernel(OperandOut dqkv, OperandIn dout, const float* lse, const float* D, OperandIn qkv,
+                  int T, int C, int NH, float scale) {
   using S = DqSmem<N, HS>;
   DROVER_DYNAMIC_SHARED(smem);
   N* q = At<N>(smem, S::kQ);
@@ -377,10 +383,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
   const int q0 = qt * kTile;
   const size_t ld = 3 * static_cast<size_t>(C);
-  const float* base = qkv + static_cast<size_t>(b) * T * ld + h * HS;
+  const OperandIn base = qkv.At(static_cast<size_t>(b) * T * ld + h * HS);
 
   LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
-  LoadTile<N, HS>(dn, nullptr, dout + static_cast<size_t>(b) * T * C + h * HS, C, q0, T);
+  LoadTile<N, HS>(dn, nullptr, dout.At(static_cast<size_t>(b) * T * C + h * HS), C, q0, T);
   LoadRowStats(row_lse, row_d, lse, D, q0, T);
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> dq[HS / 16];
 #pragma unroll
@@ -389,8 +395,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();
-    LoadTile<N, HS>(k, kf, base + C, ld, k0, T);
-    LoadTile<N, HS>(v, nullptr, base + 2 * static_cast<size_t>(C), ld, k0, T);
+    LoadTile<N, HS>(k, kf, base.At(C), ld, k0, T);
+    LoadTile<N, HS>(v, nullptr, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
     __syncthreads();
     const bool diagonal = kt == qt;
     const int key_blocks = diagonal ? warp + 1 : kWarps;
@@ -415,8 +421,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashDkvKernel(OperandOut dqkv, const float* dout, const float* lse, const float* D,
-                   const float* qkv, int T, int C, int NH, float scale) {
+    FlashDkvKernel(OperandOut dqkv, OperandIn dout, const float* lse, const float* D, OperandIn qkv,
+                   int T, int C, int NH, float scale) {
   using S = DkvSmem<N, HS>;
   DROVER_DYNAMIC_SHARED(smem);
   N* k = At<N>(smem, S::kK);
@@ -435,11 +441,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k0 = kt * kTile;
   const int tiles = gridDim.x;
   const size_t ld = 3 * static_cast<size_t>(C);
-  const float* base = qkv + static_cast<size_t>(b) * T * ld + h * HS;
-  const float* dbase = dout + static_cast<size_t>(b) * T * C + h * HS;
+  const OperandIn base = qkv.At(static_cast<size_t>(b) * T * ld + h * HS);
+  const OperandIn dbase = dout.At(static_cast<size_t>(b) * T * C + h * HS);
 
-  LoadTile<N, HS>(k, nullptr, base + C, ld, k0, T);
-  LoadTile<N, HS>(v, nullptr, base + 2 * static_cast<size_t>(C), ld, k0, T);
+  LoadTile<N, HS>(k, nullptr, base.At(C), ld, k0, T);
+  LoadTile<N, HS>(v, nullptr, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
   wmma::fragment<wmma::accumulator, 16, 16, 8, float> dk[HS / 16], dv[HS / 16];
 #pragma unroll
   for (auto& f : dk) wmma::fill_fragment(f, 0.0f);
@@ -495,7 +501,7 @@ void LaunchWithShared(void (*kernel)(P...), dim3 grid, size_t bytes, cudaStream_
 void RequireShapes(const float* qkv, const float* dout, int B, int T, int C, int NH) {
   DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
   DROVER_CUDA_REQUIRE(static_cast<long long>(B) * NH <= 65535);
-  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(qkv) % 16 == 0);
+  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(qkv) % 16 == 0);  // float4 (or 8-byte) rows
   DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(dout) % 16 == 0);
 }
 
@@ -504,7 +510,7 @@ dim3 Grid(int B, int T, int NH) {
 }
 
 template <typename N, int HS>
-void Forward(OperandOut out, float* state, const float* qkv, int B, int T, int C, int NH,
+void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
              cudaStream_t stream) {
   float* lse = state;
   float* out_copy = state + static_cast<size_t>(B) * NH * T;
@@ -514,8 +520,9 @@ void Forward(OperandOut out, float* state, const float* qkv, int B, int T, int C
 }
 
 template <typename N, int HS>
-void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state, const float* qkv,
+void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state, OperandIn qkv,
               int B, int T, int C, int NH, cudaStream_t stream) {
+  const OperandIn dy{dout, false, qkv.precision};  // floats (attention's input gradient)
   const float* lse = state;
   const float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
@@ -525,15 +532,15 @@ void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state
   DROVER_LAUNCH(dot_kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
   (dot, dout, out_copy, B, T, C, NH);
   DROVER_CUDA_LAUNCHED();
-  LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dout,
+  LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dy,
                    lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
-  LaunchWithShared(FlashDkvKernel<N, HS>, Grid(B, T, NH), DkvSmem<N, HS>::kBytes, stream, dqkv,
-                   dout, lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
+  LaunchWithShared(FlashDkvKernel<N, HS>, Grid(B, T, NH), DkvSmem<N, HS>::kBytes, stream, dqkv, dy,
+                   lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
 }
 
 // The instantiation for the run's head size (FlashAttentionApplies checked it).
 template <typename N>
-void ForwardFor(OperandOut out, float* state, const float* qkv, int B, int T, int C, int NH,
+void ForwardFor(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
                 cudaStream_t stream) {
   switch (C / NH) {
     case 16:
@@ -548,8 +555,8 @@ void ForwardFor(OperandOut out, float* state, const float* qkv, int B, int T, in
 }
 
 template <typename N>
-void BackwardFor(OperandOut dqkv, float* dot, const float* dout, const float* state,
-                 const float* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+void BackwardFor(OperandOut dqkv, float* dot, const float* dout, const float* state, OperandIn qkv,
+                 int B, int T, int C, int NH, cudaStream_t stream) {
   switch (C / NH) {
     case 16:
       return Backward<N, 16>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
@@ -575,27 +582,29 @@ size_t FlashAttentionStateFloats(int B, int T, int C, int NH) {
 }
 
 void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
-                           Precision operands, bool narrow_out, cudaStream_t stream) {
-  const OperandOut o{out, narrow_out, operands};
+                           Precision operands, bool narrow, cudaStream_t stream) {
+  const OperandOut o{out, narrow, operands};
+  const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, qkv, B, T, C, NH);
   if (operands == Precision::kBf16) {
-    ForwardFor<__nv_bfloat16>(o, state, qkv, B, T, C, NH, stream);
+    ForwardFor<__nv_bfloat16>(o, state, q, B, T, C, NH, stream);
   } else {
-    ForwardFor<__half>(o, state, qkv, B, T, C, NH, stream);
+    ForwardFor<__half>(o, state, q, B, T, C, NH, stream);
   }
 }
 
 void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
                             const float* qkv, int B, int T, int C, int NH, Precision operands,
-                            bool narrow_out, cudaStream_t stream) {
-  const OperandOut d{dqkv, narrow_out, operands};
+                            bool narrow, cudaStream_t stream) {
+  const OperandOut d{dqkv, narrow, operands};
+  const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, dout, B, T, C, NH);
   if (operands == Precision::kBf16) {
-    BackwardFor<__nv_bfloat16>(d, dot, dout, state, qkv, B, T, C, NH, stream);
+    BackwardFor<__nv_bfloat16>(d, dot, dout, state, q, B, T, C, NH, stream);
   } else {
-    BackwardFor<__half>(d, dot, dout, state, qkv, B, T, C, NH, stream);
+    BackwardFor<__half>(d, dot, dout, state, q, B, T, C, NH, stream);
   }
 }
 

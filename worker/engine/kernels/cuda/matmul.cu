@@ -47,12 +47,13 @@ __global__ void InitOutputKernel(float* out, const float* bias, const float* res
   }
 }
 
+// C: floats, or (beta 0, 16-bit inputs) an operand buffer of the inputs' type.
 void Gemm(cublasHandle_t blas, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-          GemmOperand A, int lda, GemmOperand B, int ldb, float beta, float* C, int ldc,
+          GemmOperand A, int lda, GemmOperand B, int ldb, float beta, GemmOutput C, int ldc,
           cublasComputeType_t compute) {
   const float alpha = 1.0f;
   DROVER_CUBLAS_CHECK(cublasGemmEx(blas, ta, tb, m, n, k, &alpha, A.data, A.type, lda, B.data,
-                                   B.type, ldb, &beta, C, CUDA_R_32F, ldc, compute,
+                                   B.type, ldb, &beta, C.data, C.type, ldc, compute,
                                    CUBLAS_GEMM_DEFAULT));
 }
 
@@ -146,8 +147,8 @@ LtMatmul::~LtMatmul() = default;
 // In cuBLASLt's column-major terms, as the cuBLAS path: D^T (OC, N) = W^T' (OC, C) inp^T
 // (C, N) + beta C^T, with A = weight stored (C, OC), B = inp stored (C, N), C = residual and
 // D = out stored (OC, N) with leading dimension ldo; the bias is per row of D.
-LtMatmul::Plan* LtMatmul::PlanFor(float* out, GemmOperand inp, GemmOperand weight,
-                                  const float* bias, const float* residual, int N, int C, int OC,
+LtMatmul::Plan* LtMatmul::PlanFor(GemmOutput out, GemmOperand inp, GemmOperand weight,
+                                  GemmOperand bias, const float* residual, int N, int C, int OC,
                                   int ldo, cublasComputeType_t compute) {
   const std::vector<int64_t> key = {N,
                                     C,
@@ -156,18 +157,21 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, GemmOperand inp, GemmOperand weigh
                                     static_cast<int64_t>(compute),
                                     static_cast<int64_t>(inp.type),
                                     static_cast<int64_t>(weight.type),
-                                    bias != nullptr ? AlignmentOf(bias) : 0,
+                                    static_cast<int64_t>(out.type),
+                                    static_cast<int64_t>(bias.type),
+                                    bias.data != nullptr ? AlignmentOf(bias.data) : 0,
                                     residual != nullptr ? AlignmentOf(residual) : 0,
                                     AlignmentOf(weight.data),
                                     AlignmentOf(inp.data),
-                                    AlignmentOf(out)};
+                                    AlignmentOf(out.data)};
   std::unique_ptr<Plan>& slot = plans_[key];
   if (slot != nullptr) return slot.get();
   slot = std::make_unique<Plan>();
   Plan& p = *slot;
   const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  const uint32_t epilogue = bias != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  const int32_t bias_type = CUDA_R_32F;
+  const uint32_t epilogue =
+      bias.data != nullptr ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  const int32_t bias_type = bias.type;
   bool ok = Ok(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F)) &&
             Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
                                               sizeof(trans_a))) &&
@@ -175,16 +179,16 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, GemmOperand inp, GemmOperand weigh
                                               sizeof(trans_b))) &&
             Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                               sizeof(epilogue)));
-  if (ok && bias != nullptr) {
+  if (ok && bias.data != nullptr) {
     // The heuristic reads the pointer's alignment; each call sets the pointer again.
-    ok = Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                           sizeof(bias))) &&
+    ok = Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias.data,
+                                           sizeof(bias.data))) &&
          Ok(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                            sizeof(bias_type)));
   }
   ok = ok && Ok(cublasLtMatrixLayoutCreate(&p.a, weight.type, C, OC, C)) &&
        Ok(cublasLtMatrixLayoutCreate(&p.b, inp.type, C, N, C)) &&
-       Ok(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, OC, N, ldo));
+       Ok(cublasLtMatrixLayoutCreate(&p.c, out.type, OC, N, ldo));
   cublasLtMatmulPreference_t pref = nullptr;
   ok = ok && Ok(cublasLtMatmulPreferenceCreate(&pref));
   if (ok) {
@@ -193,8 +197,8 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, GemmOperand inp, GemmOperand weigh
     const uint32_t aligns[4] = {
         static_cast<uint32_t>(AlignmentOf(weight.data)),
         static_cast<uint32_t>(AlignmentOf(inp.data)),
-        static_cast<uint32_t>(AlignmentOf(residual != nullptr ? residual : out)),
-        static_cast<uint32_t>(AlignmentOf(out))};
+        static_cast<uint32_t>(AlignmentOf(residual != nullptr ? residual : out.data)),
+        static_cast<uint32_t>(AlignmentOf(out.data))};
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -216,76 +220,92 @@ LtMatmul::Plan* LtMatmul::PlanFor(float* out, GemmOperand inp, GemmOperand weigh
   if (!ok) {
     std::fprintf(stderr,
                  "drover cuda: cuBLASLt has no algorithm for the forward GEMM N=%d C=%d OC=%d "
-                 "ldo=%d%s%s%s; it runs through cuBLAS\n",
+                 "ldo=%d%s%s%s%s; it runs through cuBLAS\n",
                  N, C, OC, ldo, inp.type == CUDA_R_32F ? "" : " (16-bit inputs)",
-                 bias != nullptr ? " +bias" : "", residual != nullptr ? " +residual" : "");
+                 out.type == CUDA_R_32F ? "" : " (16-bit output)",
+                 bias.data != nullptr ? " +bias" : "", residual != nullptr ? " +residual" : "");
   }
   return &p;
 }
 
-bool LtMatmul::Forward(float* out, GemmOperand inp, GemmOperand weight, const float* bias,
+bool LtMatmul::Forward(GemmOutput out, GemmOperand inp, GemmOperand weight, GemmOperand bias,
                        const float* residual, int N, int C, int OC, int ldo,
                        cublasComputeType_t compute, cudaStream_t stream) {
   Plan* p = PlanFor(out, inp, weight, bias, residual, N, C, OC, ldo, compute);
   if (!p->usable) return false;
-  if (bias != nullptr) {
+  if (bias.data != nullptr) {
     DROVER_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                       &bias, sizeof(bias)));
+                                                       &bias.data, sizeof(bias.data)));
   }
   const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
-  const float* c = residual != nullptr ? residual : out;
+  const void* c = residual != nullptr ? residual : out.data;
   DROVER_CUBLAS_CHECK(cublasLtMatmul(lt_, p->desc, &alpha, weight.data, p->a, inp.data, p->b, &beta,
-                                     c, p->c, out, p->c, &p->algo, workspace_, workspace_bytes_,
-                                     stream));
+                                     c, p->c, out.data, p->c, &p->algo, workspace_,
+                                     workspace_bytes_, stream));
   return true;
 }
 
 void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
-                   const float* inp, bool inp_narrow, const float* weight, const float* bias,
-                   const float* residual, int N, int C, int OC, int ldo, Precision operands,
-                   cudaStream_t stream) {
+                   bool out_narrow, const float* inp, bool inp_narrow, const float* weight,
+                   const float* bias, const float* residual, int N, int C, int OC, int ldo,
+                   Precision operands, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
   const GemmInputs in = InputsOf(staging, operands, stream);
-  DROVER_CUDA_REQUIRE(!inp_narrow || in.staged);  // both inputs of one type
+  DROVER_CUDA_REQUIRE((!inp_narrow && !out_narrow) || in.staged);  // both inputs of one type
+  DROVER_CUDA_REQUIRE(!out_narrow || residual == nullptr);
   const GemmOperand w = in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
   const GemmOperand x =
       in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C, inp_narrow);
+  // A 16-bit out takes a bias of its type in the epilogue: a copy, exact (the parameters hold
+  // values of the run's precision, NarrowedParams), added in fp32 before out is rounded.
+  GemmOperand b = Fp32(bias);
+  if (out_narrow && bias != nullptr) b = in.Of(&GemmStaging::bias, bias, OC);
+  const GemmOutput o{out, out_narrow ? in.NarrowType() : CUDA_R_32F};
   // fp32 runs keep cuBLAS's pedantic fp32, the CPU reference's arithmetic (cuBLASLt is not
   // documented to take CUBLAS_COMPUTE_32F_PEDANTIC); mixed precision, the fast path, takes Lt.
   if (lt != nullptr && operands != Precision::kFp32 &&
-      lt->Forward(out, x, w, bias, residual, N, C, OC, ldo, in.compute, stream)) {
+      lt->Forward(o, x, w, b, residual, N, C, OC, ldo, in.compute, stream)) {
     return;
   }
+  // cuBLAS: out = [residual + bias] + the product, in floats; a 16-bit out is written so into
+  // a scratch holding its widened values (the columns past OC keep theirs), then narrowed.
+  const size_t span = size_t{static_cast<unsigned>(N - 1)} * ldo + OC;
+  float* f = out_narrow ? staging->output.Get(span) : out;
+  if (out_narrow) WidenCopy(f, out, span, operands, stream);
   float beta = 0.0f;
   if (bias != nullptr || residual != nullptr) {
     const size_t total = size_t{static_cast<unsigned>(N)} * OC;
     DROVER_LAUNCH(InitOutputKernel, StrideBlocks(total, kThreads), kThreads, 0, stream)
-    (out, bias, residual, N, OC, ldo);
+    (f, bias, residual, N, OC, ldo);
     DROVER_CUDA_LAUNCHED();
     beta = 1.0f;
   }
-  Gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, x, C, beta, out, ldo, in.compute);
+  Gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, C, x, C, beta, GemmOutput{f, CUDA_R_32F}, ldo,
+       in.compute);
+  if (out_narrow) NarrowCopy(out, f, span, operands, stream);
 }
 
-void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, float* dweight,
-                    float* dbias, const float* dout, bool dout_narrow, const float* inp,
-                    bool inp_narrow, const float* weight, int N, int C, int OC, int ldo,
-                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream) {
+void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool dinp_narrow,
+                    float* dweight, float* dbias, const float* dout, bool dout_narrow,
+                    const float* inp, bool inp_narrow, const float* weight, int N, int C, int OC,
+                    int ldo, bool accumulate, Precision operands, float* scratch,
+                    cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
   const GemmInputs in = InputsOf(staging, operands, stream);
-  DROVER_CUDA_REQUIRE((!dout_narrow && !inp_narrow) || in.staged);
+  DROVER_CUDA_REQUIRE((!dout_narrow && !inp_narrow && !dinp_narrow) || in.staged);
   // dout's rows are ldo apart: its copy spans the first row's start to the last's OC columns.
   const GemmOperand dy = in.Of(&GemmStaging::output_grad, dout,
                                size_t{static_cast<unsigned>(N - 1)} * ldo + OC, dout_narrow);
   if (dinp != nullptr) {
     const GemmOperand w =
         in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
-    Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dy, ldo, 0.0f, dinp, C, in.compute);
+    const GemmOutput d{dinp, dinp_narrow ? in.NarrowType() : CUDA_R_32F};
+    Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dy, ldo, 0.0f, d, C, in.compute);
   }
   const GemmOperand x =
       in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C, inp_narrow);
-  Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f, dweight,
-       C, in.compute);
+  Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f,
+       GemmOutput{dweight, CUDA_R_32F}, C, in.compute);
   if (dbias != nullptr) {
     ColumnSum(dbias, scratch, N, OC, DoutValue{OperandIn{dout, dout_narrow, operands}, ldo},
               accumulate, stream);

@@ -39,6 +39,8 @@ void Round(float* x, size_t n, int precision, cudaStream_t stream);
 // out (n, 2 bytes each) = x narrowed to bf16 or fp16 (p, not kFp32), round to nearest even:
 // a GEMM operand's 16-bit copy (matmul.cu).
 void NarrowCopy(void* out, const float* x, size_t n, Precision p, cudaStream_t stream);
+// out (n floats) = x (n bf16 or fp16 values, p), exactly: an operand buffer as floats.
+void WidenCopy(float* out, const void* x, size_t n, Precision p, cudaStream_t stream);
 // Sum of x^2 in double; `scratch` holds at least SumSquaresScratch() doubles. Synchronous.
 size_t SumSquaresScratch();
 double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream);
@@ -73,9 +75,14 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
 // probabilities).
 cublasComputeType_t GemmComputeType(Precision operands, bool narrow);
 
-// A GEMM operand as cuBLAS reads it: fp32, or a bf16 / fp16 copy (GemmStaging).
+// A GEMM operand as cuBLAS reads it: fp32, or bf16 / fp16 (an operand buffer, or a copy in
+// GemmStaging). Its output likewise.
 struct GemmOperand {
   const void* data;
+  cudaDataType_t type;
+};
+struct GemmOutput {
+  void* data;
   cudaDataType_t type;
 };
 
@@ -86,7 +93,8 @@ struct GemmOperand {
 // the run's precision. One per table, used on the compute stream from the training thread
 // only.
 struct GemmStaging {
-  Scratch<uint16_t> weight, input, output_grad;
+  Scratch<uint16_t> weight, input, output_grad, bias;
+  Scratch<float> output;  // a 16-bit out's floats where cuBLASLt takes no part
 };
 
 // The forward GEMM through cuBLASLt, with the bias in its epilogue and the residual as its
@@ -104,13 +112,14 @@ class LtMatmul {
   // out (N, OC; row stride ldo) = inp (N, C) weight^T + [bias] + [residual], enqueued on
   // `stream`; inp and weight of one type. False, with nothing enqueued, where cuBLASLt has no
   // algorithm for it (the caller then takes the cuBLAS path).
-  bool Forward(float* out, GemmOperand inp, GemmOperand weight, const float* bias,
+  // out and bias: fp32, or both 16-bit (then no residual).
+  bool Forward(GemmOutput out, GemmOperand inp, GemmOperand weight, GemmOperand bias,
                const float* residual, int N, int C, int OC, int ldo, cublasComputeType_t compute,
                cudaStream_t stream);
 
  private:
   struct Plan;
-  Plan* PlanFor(float* out, GemmOperand inp, GemmOperand weight, const float* bias,
+  Plan* PlanFor(GemmOutput out, GemmOperand inp, GemmOperand weight, GemmOperand bias,
                 const float* residual, int N, int C, int OC, int ldo, cublasComputeType_t compute);
 
   cublasLtHandle_t lt_;
@@ -122,16 +131,18 @@ class LtMatmul {
 // lt may be null (the cuBLAS path only); fp32 runs take cuBLAS always. staging may be null:
 // mixed-precision GEMMs then read the fp32-stored operands with the FAST_16BF / FAST_16F
 // compute types (GemmComputeType).
-// inp_narrow, dout_narrow: the operand is a 16-bit operand buffer (needs staging), else fp32.
+// out_narrow, inp_narrow, dinp_narrow, dout_narrow: that matrix is a 16-bit operand buffer
+// (needs staging), else fp32.
 void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
-                   const float* inp, bool inp_narrow, const float* weight, const float* bias,
-                   const float* residual, int N, int C, int OC, int ldo, Precision operands,
-                   cudaStream_t stream);
+                   bool out_narrow, const float* inp, bool inp_narrow, const float* weight,
+                   const float* bias, const float* residual, int N, int C, int OC, int ldo,
+                   Precision operands, cudaStream_t stream);
 // scratch: ColumnSumScratch(N, OC) floats (column_sum.cuh), for the bias gradient.
-void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, float* dweight,
-                    float* dbias, const float* dout, bool dout_narrow, const float* inp,
-                    bool inp_narrow, const float* weight, int N, int C, int OC, int ldo,
-                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream);
+void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool dinp_narrow,
+                    float* dweight, float* dbias, const float* dout, bool dout_narrow,
+                    const float* inp, bool inp_narrow, const float* weight, int N, int C, int OC,
+                    int ldo, bool accumulate, Precision operands, float* scratch,
+                    cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------
 void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* qkv, int B, int T,
@@ -148,12 +159,13 @@ bool FlashAttentionApplies(int C, int NH, Precision operands);
 // What forward keeps for backward: each row's log-sum-exp (B, NH, T), then an fp32 copy of
 // out (B, T, C).
 size_t FlashAttentionStateFloats(int B, int T, int C, int NH);
+// narrow: qkv and out (dqkv) are 16-bit operand buffers, else floats; dout is floats.
 void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
-                           Precision operands, bool narrow_out, cudaStream_t stream);
+                           Precision operands, bool narrow, cudaStream_t stream);
 // dot: scratch of B*NH*T floats (each row's sum of dout * out).
 void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
                             const float* qkv, int B, int T, int C, int NH, Precision operands,
-                            bool narrow_out, cudaStream_t stream);
+                            bool narrow, cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, Precision store, bool narrow_out,
@@ -165,7 +177,7 @@ void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, Pr
 // Writes losses (N) and lse (N); the mean is summed in double into *mean_out (device).
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
                          const int32_t* targets, int N, int V, int Vp, Precision operands,
-                         cudaStream_t stream);
+                         bool narrow, cudaStream_t stream);
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                           const int32_t* targets, float dloss, int N, int V, int Vp,
                           Precision store, bool narrow_out, cudaStream_t stream);

@@ -53,18 +53,22 @@ struct OperandOut {
   }
 };
 
-// The same buffer as a kernel reads it.
+// The same buffer as a kernel reads it: each element as the run stores it, so a float one is
+// rounded as it is loaded (a GEMM may have written it unrounded: Ops::NarrowWritten).
 struct OperandIn {
   const void* data;
   bool narrow;
   Precision precision;
 
   __device__ __forceinline__ float Get(size_t i) const {
-    if (!narrow) return static_cast<const float*>(data)[i];
+    if (!narrow) return Stored(static_cast<const float*>(data)[i], precision);
     if (precision == Precision::kBf16) {
       return __bfloat162float(static_cast<const __nv_bfloat16*>(data)[i]);
     }
     return __half2float(static_cast<const __half*>(data)[i]);
+  }
+  __device__ __forceinline__ OperandIn At(size_t offset) const {
+    return {static_cast<const char*>(data) + offset * (narrow ? 2 : 4), narrow, precision};
   }
 };
 

@@ -18,11 +18,11 @@ TEST(ProfiledOpsTest, PassesThroughAndCountsCallsAndFlops) {
   std::vector<float> inp(N * C), w(OC * C), want(N * OC), got(N * OC);
   for (float& x : inp) x = dist(rng);
   for (float& x : w) x = dist(rng);
-  CpuOps()->MatmulForward(want.data(), inp.data(), w.data(), nullptr, nullptr, N, C, OC, OC,
+  CpuOps()->MatmulForward(want.data(), false, inp.data(), w.data(), nullptr, nullptr, N, C, OC, OC,
                           Precision::kFp32);
-  ops.MatmulForward(got.data(), inp.data(), w.data(), nullptr, nullptr, N, C, OC, OC,
+  ops.MatmulForward(got.data(), false, inp.data(), w.data(), nullptr, nullptr, N, C, OC, OC,
                     Precision::kFp32);
-  ops.MatmulForward(got.data(), inp.data(), w.data(), nullptr, nullptr, N, C, OC, OC,
+  ops.MatmulForward(got.data(), false, inp.data(), w.data(), nullptr, nullptr, N, C, OC, OC,
                     Precision::kFp32);
   EXPECT_EQ(got, want);
   ops.Fill(got.data(), 0.0f, got.size());
