@@ -210,7 +210,7 @@ class Ops {
                                  const float* qkv, int B, int T, int C, int NH,
                                  Precision operands) = 0;
   // inp, out (forward), dout and dinp (backward) are operand buffers; dinp may be dout itself
-  // only where OperandFloats(N, store) == N.
+  // (in place, as the model runs it).
   virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                             Precision store) = 0;
@@ -219,9 +219,9 @@ class Ops {
   virtual float CrossEntropyForward(float* losses, float* lse, const float* logits,
                                     const int32_t* targets, int N, int V, int Vp,
                                     Precision operands) = 0;
-  // dlogits (N, Vp; an operand buffer, rows Vp apart) = the gradient of the logits, stored
-  // in `store` (the logits read as NarrowWritten left them). dlogits may be logits itself
-  // only where OperandFloats(N * Vp, store) == N * Vp; the padded columns get zeros.
+  // dlogits (N, Vp; an operand buffer, rows Vp apart) = the gradient of the logits (an
+  // operand buffer too), stored in `store`; dlogits may be logits itself (in place, as the
+  // model runs it). The padded columns get zeros.
   virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                                     const int32_t* targets, float dloss, int N, int V, int Vp,
                                     Precision store) = 0;

@@ -23,13 +23,6 @@ inline size_t ColumnSumChunks(int N) { return (N + kColumnChunkRows - 1) / kColu
 // Floats of scratch one column sum of (N, C) needs.
 inline size_t ColumnSumScratch(int N, int C) { return ColumnSumChunks(N) * C; }
 
-// value(n, c) = x[n * ld + c]: the plain column sum of a row-major matrix.
-struct RowMajorValue {
-  const float* x;
-  int ld;
-  __device__ float operator()(int n, int c) const { return x[static_cast<size_t>(n) * ld + c]; }
-};
-
 // Pass 1: partial[chunk * C + c] = the sum of value(n, c) over the chunk's rows n.
 template <typename Value>
 __global__ void ColumnPartialsKernel(float* partial, int N, int C, Value value) {
