@@ -6,12 +6,13 @@
 #
 #   tests/device/speed.sh BIN_DIR [MODEL [BATCH [STEPS]]]     MODEL: 124m | 350m | 774m
 #
-# check.sh runs it for 124m; run it again by hand for a larger model when device time is
-# left (350m at batch 8 fits drover's fp32 activation storage easily on an H200).
+# check.sh runs it for 124m at batch 32; run it again by hand for a larger model when device
+# time is left (350m at batch 16 fits drover's storage, fp32 residual stream and bf16
+# operand buffers, easily on an H200).
 set -uo pipefail
 bin=${1:?BIN_DIR}
 model=${2:-124m}
-batch=${3:-16}
+batch=${3:-32}
 steps=${4:-12}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
