@@ -193,8 +193,8 @@ class CudaOpsImpl final : public Ops {
                      const float* bias, const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override {
     const bool narrow = Narrow(operands);
-    cuda::MatmulForward(blas_, lt_.get(), staging_.get(), out, out_operand && narrow, inp, narrow,
-                        weight, bias, residual, N, C, OC, ldo, operands, stream_);
+    cuda::MatmulForward(blas_, lt_.get(), staging_.get(), out, out_operand && narrow, inp, weight,
+                        bias, residual, N, C, OC, ldo, operands, stream_);
   }
   void MatmulBackward(float* dinp, bool dinp_operand, float* dweight, float* dbias,
                       const float* dout, bool dout_operand, const float* inp, const float* weight,
@@ -202,8 +202,8 @@ class CudaOpsImpl final : public Ops {
     const bool narrow = Narrow(operands);
     float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
     cuda::MatmulBackward(blas_, staging_.get(), dinp, dinp_operand && narrow, dweight, dbias, dout,
-                         dout_operand && narrow, inp, narrow, weight, N, C, OC, ldo, accumulate,
-                         operands, scratch, stream_);
+                         dout_operand && narrow, inp, weight, N, C, OC, ldo, accumulate, operands,
+                         scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
     if (Fused(C, NH, operands)) return FlashAttentionStateFloats(B, T, C, NH);

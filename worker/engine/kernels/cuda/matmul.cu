@@ -70,6 +70,10 @@ struct GemmInputs {
   cudaDataType_t NarrowType() const {
     return precision == Precision::kBf16 ? CUDA_R_16BF : CUDA_R_16F;
   }
+  // An operand buffer (ops.h) as an operand: 16-bit exactly when the GEMM is staged.
+  GemmOperand Buffer(const float* x) const {
+    return staged ? GemmOperand{x, NarrowType()} : Fp32(x);
+  }
   // x (n elements) as an operand: as it is where it is already 16-bit (`narrow`: an operand
   // buffer, ops.h), else its 16-bit copy in `copy` when staged, else the fp32 storage.
   GemmOperand Of(Scratch<uint16_t> GemmStaging::*copy, const float* x, size_t n,
@@ -246,16 +250,15 @@ bool LtMatmul::Forward(GemmOutput out, GemmOperand inp, GemmOperand weight, Gemm
 }
 
 void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
-                   bool out_narrow, const float* inp, bool inp_narrow, const float* weight,
-                   const float* bias, const float* residual, int N, int C, int OC, int ldo,
-                   Precision operands, cudaStream_t stream) {
+                   bool out_narrow, const float* inp, const float* weight, const float* bias,
+                   const float* residual, int N, int C, int OC, int ldo, Precision operands,
+                   cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
   const GemmInputs in = InputsOf(staging, operands, stream);
-  DROVER_CUDA_REQUIRE((!inp_narrow && !out_narrow) || in.staged);  // both inputs of one type
+  DROVER_CUDA_REQUIRE(!out_narrow || in.staged);
   DROVER_CUDA_REQUIRE(!out_narrow || residual == nullptr);
   const GemmOperand w = in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
-  const GemmOperand x =
-      in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C, inp_narrow);
+  const GemmOperand x = in.Buffer(inp);
   // A 16-bit out takes a bias of its type in the epilogue: a copy, exact (the parameters hold
   // values of the run's precision, NarrowedParams), added in fp32 before out is rounded.
   GemmOperand b = Fp32(bias);
@@ -287,12 +290,11 @@ void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, floa
 
 void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool dinp_narrow,
                     float* dweight, float* dbias, const float* dout, bool dout_narrow,
-                    const float* inp, bool inp_narrow, const float* weight, int N, int C, int OC,
-                    int ldo, bool accumulate, Precision operands, float* scratch,
-                    cudaStream_t stream) {
+                    const float* inp, const float* weight, int N, int C, int OC, int ldo,
+                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && OC > 0 && ldo >= OC);
   const GemmInputs in = InputsOf(staging, operands, stream);
-  DROVER_CUDA_REQUIRE((!dout_narrow && !inp_narrow && !dinp_narrow) || in.staged);
+  DROVER_CUDA_REQUIRE((!dout_narrow && !dinp_narrow) || in.staged);
   // dout's rows are ldo apart: its copy spans the first row's start to the last's OC columns.
   const GemmOperand dy = in.Of(&GemmStaging::output_grad, dout,
                                size_t{static_cast<unsigned>(N - 1)} * ldo + OC, dout_narrow);
@@ -302,8 +304,7 @@ void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool
     const GemmOutput d{dinp, dinp_narrow ? in.NarrowType() : CUDA_R_32F};
     Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dy, ldo, 0.0f, d, C, in.compute);
   }
-  const GemmOperand x =
-      in.Of(&GemmStaging::input, inp, size_t{static_cast<unsigned>(N)} * C, inp_narrow);
+  const GemmOperand x = in.Buffer(inp);
   Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f,
        GemmOutput{dweight, CUDA_R_32F}, C, in.compute);
   if (dbias != nullptr) {

@@ -93,7 +93,7 @@ struct GemmOutput {
 // the run's precision. One per table, used on the compute stream from the training thread
 // only.
 struct GemmStaging {
-  Scratch<uint16_t> weight, input, output_grad, bias;
+  Scratch<uint16_t> weight, output_grad, bias;
   Scratch<float> output;  // a 16-bit out's floats where cuBLASLt takes no part
 };
 
@@ -131,18 +131,18 @@ class LtMatmul {
 // lt may be null (the cuBLAS path only); fp32 runs take cuBLAS always. staging may be null:
 // mixed-precision GEMMs then read the fp32-stored operands with the FAST_16BF / FAST_16F
 // compute types (GemmComputeType).
-// out_narrow, inp_narrow, dinp_narrow, dout_narrow: that matrix is a 16-bit operand buffer
-// (needs staging), else fp32.
+// inp is an operand buffer (ops.h): 16-bit where staging applies (a mixed-precision run with
+// staging), else floats. out_narrow, dinp_narrow, dout_narrow: that matrix is a 16-bit
+// operand buffer (needs staging), else fp32.
 void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
-                   bool out_narrow, const float* inp, bool inp_narrow, const float* weight,
-                   const float* bias, const float* residual, int N, int C, int OC, int ldo,
-                   Precision operands, cudaStream_t stream);
+                   bool out_narrow, const float* inp, const float* weight, const float* bias,
+                   const float* residual, int N, int C, int OC, int ldo, Precision operands,
+                   cudaStream_t stream);
 // scratch: ColumnSumScratch(N, OC) floats (column_sum.cuh), for the bias gradient.
 void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool dinp_narrow,
                     float* dweight, float* dbias, const float* dout, bool dout_narrow,
-                    const float* inp, bool inp_narrow, const float* weight, int N, int C, int OC,
-                    int ldo, bool accumulate, Precision operands, float* scratch,
-                    cudaStream_t stream);
+                    const float* inp, const float* weight, int N, int C, int OC, int ldo,
+                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------
 void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* qkv, int B, int T,
