@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <span>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "cli/rpc_client.h"
 #include "common/files.h"
 #include "common/job_spec.h"
+#include "common/job_state.h"
 #include "common/token_shard.h"
 #include "worker/engine/data/tokenizer.h"
 #include "worker/process.h"
@@ -166,11 +166,9 @@ class Cluster {
 
 // Byte-level train.bin / val.bin (last 10% of the text) in `dir`.
 Status PrepareData(const std::string& text_path, const fs::path& dir) {
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) return NotFoundError("cannot read " + text_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::vector<int32_t> ids = engine::MakeByteTokenizer()->Encode(ss.str());
+  StatusOr<std::string> text = ReadFileToString(text_path);
+  if (!text.ok()) return text.status().WithContext("cannot read the demo's text");
+  std::vector<int32_t> ids = engine::MakeByteTokenizer()->Encode(*text);
   std::vector<uint16_t> tokens(ids.begin(), ids.end());
   if (tokens.size() < 10000) return InvalidArgumentError(text_path + " is too short for the demo");
   const size_t split = tokens.size() * 9 / 10;
@@ -247,9 +245,7 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
       last_state = job.state();
       last_attempt = job.attempt();
     }
-    if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED) {
-      return job;
-    }
+    if (IsTerminal(job.state())) return job;
     // Every new step is shown, also one below the last shown: after a recovery the job's
     // step restarts at the checkpoint and the steps up to furthest_step are trained again.
     // The checkpoint's own step is not one: the attempt line above already names it.
@@ -303,10 +299,7 @@ Status WaitForWorkers(RpcClient* client, int want) {
 // Spec text with the demo's paths filled in.
 StatusOr<std::string> DemoSpec(const std::string& spec_path, const fs::path& run,
                                std::vector<std::string> overrides, JobSpec* spec) {
-  std::ifstream in(spec_path);
-  if (!in) return NotFoundError("cannot read " + spec_path);
-  std::stringstream text;
-  text << in.rdbuf();
+  ASSIGN_OR_RETURN(const std::string text, ReadJobSpecFile(spec_path));
   std::vector<std::string> all = {
       "data.train=" + (run / "data" / "train.bin").string(),
       "data.val=" + (run / "data" / "val.bin").string(),
@@ -314,7 +307,7 @@ StatusOr<std::string> DemoSpec(const std::string& spec_path, const fs::path& run
       "checkpoint.dir=" + (run / "job" / "ckpt").string(),
   };
   all.insert(all.end(), overrides.begin(), overrides.end());
-  ASSIGN_OR_RETURN(std::string yaml, ApplyOverrides(text.str(), all));
+  ASSIGN_OR_RETURN(std::string yaml, ApplyOverrides(text, all));
   ASSIGN_OR_RETURN(*spec, ParseJobSpec(yaml, {}, spec_path));
   return yaml;
 }

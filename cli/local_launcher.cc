@@ -7,10 +7,8 @@
 
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -21,6 +19,7 @@
 #include "cli/command.h"
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/mutex.h"
 #include "coordinator/rendezvous_service.h"
 #include "worker/gpu_probe.h"
 #include "worker/line_forwarder.h"
@@ -51,48 +50,48 @@ class LaunchOutcome {
 
   void OnExit(const v1::TrainerStatus& s) {
     if (s.exit_code() == 0 && s.signal() == 0) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (--running_ > 0) return;
       EndLocked({kExitOk, "all " + std::to_string(nproc_) + " ranks finished"});
       return;
     }
     // A rank's exit 2 means input the user must fix; anything else is a runtime failure.
     const int code = s.signal() == 0 && s.exit_code() == kExitUsage ? kExitUsage : kExitFailure;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     EndLocked({code, "rank " + std::to_string(s.rank()) + " failed with " +
                          DescribeWaitStatus(s.exit_code(), s.signal()) +
                          "; the other ranks were stopped"});
   }
 
   void OnSignal(int sig) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     EndLocked({kExitFailure,
                "interrupted by " + DescribeWaitStatus(0, sig) + "; every rank was stopped"});
   }
 
   void Fail(const std::string& why) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     EndLocked({kExitFailure, why});
   }
 
   LaunchEnd Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return end_.has_value(); });
+    MutexLock lock(&mu_);
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return end_.has_value(); });
     return *end_;
   }
 
  private:
-  void EndLocked(LaunchEnd end) {
+  void EndLocked(LaunchEnd end) REQUIRES(mu_) {
     if (end_.has_value()) return;
     end_ = std::move(end);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   const int nproc_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int running_;                   // GUARDED_BY(mu_)
-  std::optional<LaunchEnd> end_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  int running_ GUARDED_BY(mu_);
+  std::optional<LaunchEnd> end_ GUARDED_BY(mu_);
 };
 
 // SIGINT and SIGTERM to the launcher end the launch. They are taken by one thread with

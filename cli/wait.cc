@@ -7,13 +7,10 @@
 
 #include "cli/command.h"
 #include "cli/rpc_client.h"
+#include "common/job_state.h"
 
 namespace drover::cli {
 namespace {
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
-}
 
 CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
   struct Args {

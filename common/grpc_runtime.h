@@ -8,7 +8,7 @@ namespace drover {
 // Debian's Abseil (built without NDEBUG) leaves on. With it on, every lock and every
 // mutex gRPC creates or destroys goes through a global lock-order graph; with thousands of
 // connections that graph cost more CPU than the RPCs (44% of a simulated agent fleet's
-// CPU, tests/bench/heartbeat_bench.cc). drover's own locks are std::mutex.
+// CPU, tests/bench/heartbeat_bench.cc). drover's own locks are drover::Mutex (common/mutex.h).
 void TuneGrpcRuntime();
 
 }  // namespace drover

@@ -1,5 +1,6 @@
 #include "coordinator/agent_watch.h"
 
+#include "common/mutex.h"
 #include "coordinator/grpc_status.h"
 
 namespace drover::coordinator {
@@ -15,14 +16,14 @@ class AgentWatches::Stream : public grpc::ServerWriteReactor<v1::WatchEvent> {
   // (and to heartbeat, which is harmless).
   void Start() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       started_ = true;
     }
     Write();
   }
 
   void Write() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!started_ || finished_) return;
     if (writing_) {
       again_ = true;
@@ -33,7 +34,7 @@ class AgentWatches::Stream : public grpc::ServerWriteReactor<v1::WatchEvent> {
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!ok || finished_ || !again_) {
       writing_ = false;
       return;
@@ -45,7 +46,7 @@ class AgentWatches::Stream : public grpc::ServerWriteReactor<v1::WatchEvent> {
   // The agent cancelled or its connection closed (also on the server's shutdown).
   void OnCancel() override {
     owner_->coordinator_->WatchClosed(request_);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
     Finish(grpc::Status::CANCELLED);
@@ -57,7 +58,7 @@ class AgentWatches::Stream : public grpc::ServerWriteReactor<v1::WatchEvent> {
   }
 
   void Refuse(const grpc::Status& status) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     finished_ = true;
     Finish(status);
   }
@@ -66,11 +67,11 @@ class AgentWatches::Stream : public grpc::ServerWriteReactor<v1::WatchEvent> {
   AgentWatches* const owner_;
   const v1::WatchRequest request_;
   v1::WatchEvent event_;  // the same event each time: written only while !writing_
-  std::mutex mu_;
-  bool started_ = false;   // GUARDED_BY(mu_): accepted; writes may start
-  bool writing_ = false;   // GUARDED_BY(mu_): a StartWrite is in flight
-  bool again_ = false;     // GUARDED_BY(mu_): a nudge came during it
-  bool finished_ = false;  // GUARDED_BY(mu_): Finish was called; no more writes
+  Mutex mu_;
+  bool started_ GUARDED_BY(mu_) = false;   // accepted; writes may start
+  bool writing_ GUARDED_BY(mu_) = false;   // a StartWrite is in flight
+  bool again_ GUARDED_BY(mu_) = false;     // a nudge came during it
+  bool finished_ GUARDED_BY(mu_) = false;  // Finish was called; no more writes
 };
 
 grpc::ServerWriteReactor<v1::WatchEvent>* AgentWatches::Open(const v1::WatchRequest& request) {
@@ -78,7 +79,7 @@ grpc::ServerWriteReactor<v1::WatchEvent>* AgentWatches::Open(const v1::WatchRequ
   // Listed before anything can end it, so that OnDone always finds what it removes. The
   // coordinator is asked with this registry's lock released (it nudges under its own).
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     streams_[request.name()] = stream;
   }
   if (Status st = coordinator_->WatchOpened(request); !st.ok()) {
@@ -90,13 +91,13 @@ grpc::ServerWriteReactor<v1::WatchEvent>* AgentWatches::Open(const v1::WatchRequ
 }
 
 void AgentWatches::Nudge(const std::string& node) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(node);
   if (it != streams_.end()) it->second->Write();
 }
 
 void AgentWatches::Remove(const std::string& node, Stream* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(node);
   if (it != streams_.end() && it->second == stream) streams_.erase(it);
 }

@@ -14,10 +14,10 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "coordinator/coordinator.h"
 #include "proto/drover.grpc.pb.h"
 
@@ -41,8 +41,8 @@ class AgentWatches {
   void Remove(const std::string& node, Stream* stream);
 
   Coordinator* const coordinator_;
-  std::mutex mu_;
-  std::unordered_map<std::string, Stream*> streams_;  // GUARDED_BY(mu_): the newest per node
+  Mutex mu_;
+  std::unordered_map<std::string, Stream*> streams_ GUARDED_BY(mu_);  // the newest per node
 };
 
 }  // namespace drover::coordinator

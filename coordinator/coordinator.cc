@@ -8,6 +8,8 @@
 #include <random>
 #include <set>
 
+#include "common/job_state.h"
+#include "common/mutex.h"
 #include "coordinator/ids.h"
 #include "coordinator/store/sqlite_store.h"
 
@@ -18,10 +20,6 @@ constexpr char kSaltCounter[] = "job_id_salt";
 
 int LiveTrainers(const std::vector<v1::TrainerStatus>& listed) {
   return static_cast<int>(std::count_if(listed.begin(), listed.end(), IsLive));
-}
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
 }
 
 std::string StateDb(const CoordinatorOptions& options) { return options.state_dir + "/state.db"; }
@@ -97,13 +95,14 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
       nodes_(clock, options.nodes),
       health_(options.heartbeat_timeout_ms),
       jobs_(clock, JobManagerOptions{options.stop_grace_ms, "", options.restart_backoff},
-            JobManager::Hooks{[this](StoreBatch b) { Persist(std::move(b)); },
-                              [this](const std::string& job, int64_t attempt) {
+            // The job manager calls its hooks from methods this class calls with mu_ held.
+            JobManager::Hooks{[this](StoreBatch b) REQUIRES(mu_) { Persist(std::move(b)); },
+                              [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
                                 rendezvous_.OpenAttempt(job, attempt);
                                 // Its start orders wait until it is durable (OnDurable).
                                 undurable_attempts_[job] = last_write_seq_;
                               },
-                              [this](const std::string& job, int64_t attempt) {
+                              [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
                                 undurable_attempts_.erase(job);
                                 NudgeNodesOf(job);  // stop orders for the survivors
                                 rendezvous_.CloseAttempt(job, attempt);
@@ -133,7 +132,7 @@ Status Coordinator::Refused(const std::string& what, const Status& error) const 
 }
 
 Status Coordinator::Restore(const StoreContents& contents) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto salt = contents.counters.find(kSaltCounter);
   if (salt != contents.counters.end()) {
     id_salt_ = static_cast<uint32_t>(salt->second);
@@ -161,7 +160,7 @@ Status Coordinator::Restore(const StoreContents& contents) {
 }
 
 void Coordinator::SetAdvertisedAddress(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   jobs_.set_coordinator_address(address);
 }
 
@@ -190,7 +189,7 @@ StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& 
   if (request.slots_size() == 0) return InvalidArgumentError("register: a node needs slots");
   RETURN_IF_ERROR(CheckRegistration(request));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (std::string conflict = nodes_.RegistrationConflict(request); !conflict.empty()) {
       spdlog::warn("refused registration of agent {}: {}", request.agent_id(), conflict);
       return AlreadyExistsError(conflict);
@@ -212,7 +211,7 @@ StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& 
 
 v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse response;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!nodes_.Accepts(request.name(), request.agent_id())) {
     response.set_reregister(true);
     return response;
@@ -240,12 +239,13 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
     }
   }
   jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders(),
-                     [this](const std::string& job) { return !undurable_attempts_.count(job); });
+                     [this](const std::string& job)
+                         REQUIRES(mu_) { return !undurable_attempts_.count(job); });
   return response;
 }
 
 Status Coordinator::ReportTrainerExit(const v1::TrainerExitRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!nodes_.Accepts(request.name(), request.agent_id())) {
     return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
                                    request.name() + "; register first");
@@ -258,7 +258,7 @@ Status Coordinator::ReportTrainerExit(const v1::TrainerExitRequest& request) {
 }
 
 Status Coordinator::WatchOpened(const v1::WatchRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!nodes_.Accepts(request.name(), request.agent_id())) {
     return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
                                    request.name() + "; register first");
@@ -267,7 +267,7 @@ Status Coordinator::WatchOpened(const v1::WatchRequest& request) {
 }
 
 void Coordinator::WatchClosed(const v1::WatchRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // A connection of an agent the node no longer knows (replaced, or already dead) says
   // nothing about the node.
   if (!nodes_.Accepts(request.name(), request.agent_id())) return;
@@ -277,7 +277,7 @@ void Coordinator::WatchClosed(const v1::WatchRequest& request) {
 }
 
 void Coordinator::OnDurable(int64_t seq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = undurable_attempts_.begin(); it != undurable_attempts_.end();) {
     if (it->second > seq) {
       ++it;
@@ -289,7 +289,7 @@ void Coordinator::OnDurable(int64_t seq) {
 }
 
 void Coordinator::SetNudge(std::function<void(const std::string& node)> nudge) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   nudge_ = std::move(nudge);
 }
 
@@ -308,7 +308,7 @@ Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {
                                 std::to_string(kMaxLogChunkBytes) + " are accepted per call");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // The job was deleted (drover rm or its retention) while its agent still shipped the
     // tail of a log: accepted and dropped, so the agent moves on and no log reappears.
     if (!jobs_.Find(request.job_id())) return OkStatus();
@@ -340,7 +340,7 @@ StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request
   JobManager::NewJob job;
   int64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!request_id.empty()) {
       if (const v1::JobRecord* done = jobs_.FindByRequestId(request_id)) return done->job_id();
       if (submitting_request_ids_.count(request_id)) {
@@ -365,7 +365,7 @@ StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request
   const std::string job_id = job.record.job_id();
   const Status written = writer_->WaitProposal(seq);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     submitting_request_ids_.erase(request_id);
     if (--submitting_of_[request.submitter()] == 0) submitting_of_.erase(request.submitter());
     if (!written.ok()) return Refused("job not submitted", written);
@@ -377,7 +377,7 @@ StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request
 }
 
 StatusOr<v1::JobInfo> Coordinator::GetJob(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const v1::JobRecord* rec = jobs_.Find(job_id);
   if (!rec) return NotFoundError("no job " + job_id);
   v1::JobInfo info;
@@ -389,7 +389,7 @@ StatusOr<v1::JobInfo> Coordinator::GetJob(const std::string& job_id) {
 }
 
 v1::ListJobsResponse Coordinator::ListJobs(const v1::ListJobsRequest& request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return jobs_.ListPage(request);
 }
 
@@ -403,7 +403,7 @@ StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
     JobManager::CancelPlan plan;
     int64_t seq;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       const v1::JobRecord* rec = jobs_.Find(job_id);
       if (!rec) return NotFoundError("no job " + job_id);
       if (IsTerminal(rec->state())) return rec->state();
@@ -413,7 +413,7 @@ StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
     if (Status st = writer_->WaitProposal(seq); !st.ok()) {
       return Refused("job " + job_id + " not cancelled", st);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (jobs_.ApplyCancel(plan)) {
       schedule_due_ = true;
       return v1::CANCELLED;
@@ -429,7 +429,7 @@ Status Coordinator::DeleteJob(const std::string& job_id) {
   // retention, which forget it the same way.
   int64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const v1::JobRecord* rec = jobs_.Find(job_id);
     if (!rec) return NotFoundError("no job " + job_id);
     if (!IsTerminal(rec->state())) {
@@ -446,7 +446,7 @@ Status Coordinator::DeleteJob(const std::string& job_id) {
     return Refused("job " + job_id + " not deleted", st);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     jobs_.Remove(job_id);
     checkpoints_.Forget(job_id);
   }
@@ -497,36 +497,37 @@ void Coordinator::AppendListedSlots(const std::string& node, std::vector<int>* s
 
 v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& request) {
   v1::ListWorkersResponse response;
-  std::lock_guard<std::mutex> lock(mu_);
-  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) {
-    v1::WorkerInfo* w = response.add_workers();
-    *w->mutable_node() = rec;
-    // What a dead node's agent listed last says nothing about what runs there now.
-    const bool dead = rec.state() == v1::NODE_DEAD;
-    for (const auto& t : *nodes_.Trainers(name)) {
-      if (request.include_exited() || (!dead && IsLive(t))) *w->add_trainers() = t;
-    }
-    int free = 0;
-    if (schedulable) {
-      const std::vector<int> busy = BusySlots(name);
-      for (const auto& s : rec.slots()) {
-        free += std::find(busy.begin(), busy.end(), s.index()) == busy.end() ? 1 : 0;
-      }
-    }
-    w->set_free_slots(free);
-  });
+  MutexLock lock(&mu_);
+  nodes_.ForEach(
+      [&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) REQUIRES(mu_) {
+        v1::WorkerInfo* w = response.add_workers();
+        *w->mutable_node() = rec;
+        // What a dead node's agent listed last says nothing about what runs there now.
+        const bool dead = rec.state() == v1::NODE_DEAD;
+        for (const auto& t : *nodes_.Trainers(name)) {
+          if (request.include_exited() || (!dead && IsLive(t))) *w->add_trainers() = t;
+        }
+        int free = 0;
+        if (schedulable) {
+          const std::vector<int> busy = BusySlots(name);
+          for (const auto& s : rec.slots()) {
+            free += std::find(busy.begin(), busy.end(), s.index()) == busy.end() ? 1 : 0;
+          }
+        }
+        w->set_free_slots(free);
+      });
   return response;
 }
 
 std::map<v1::JobState, int64_t> Coordinator::CountJobsByState() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return jobs_.CountByState();
 }
 
 StatusOr<v1::ReadLogsResponse> Coordinator::ReadLogs(const v1::ReadLogsRequest& request) {
   bool finished;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const v1::JobRecord* rec = jobs_.Find(request.job_id());
     if (!rec) return NotFoundError("no job " + request.job_id());
     // No attempt places more ranks than the spec's largest world size: a rank past it has
@@ -561,27 +562,29 @@ void Coordinator::ScheduleLocked() {
   std::vector<NodeCapacity> capacity;
   std::map<v1::DeviceKind, int64_t> ever;
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) ever[d] = nodes_.TotalSlotsEver(d);
-  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) {
-    if (!schedulable) return;
-    std::vector<int> busy = jobs_.ReservedSlots(name);
-    // Full nodes are the common case while jobs queue: skip them before the listing walk.
-    if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
-    AppendListedSlots(name, &busy);
-    // A node offers one device kind per slot; group its free slots per kind.
-    NodeCapacity per_device[2];  // CPU, CUDA
-    for (const auto& s : rec.slots()) {
-      if (std::find(busy.begin(), busy.end(), s.index()) != busy.end()) continue;
-      NodeCapacity& c = per_device[s.device() == v1::CUDA ? 1 : 0];
-      c.device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
-      c.free_slots.push_back(s.index());
-    }
-    for (NodeCapacity& c : per_device) {
-      if (c.free_slots.empty()) continue;
-      c.name = name;
-      std::sort(c.free_slots.begin(), c.free_slots.end());
-      capacity.push_back(std::move(c));
-    }
-  });
+  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable)
+                     REQUIRES(mu_) {
+                       if (!schedulable) return;
+                       std::vector<int> busy = jobs_.ReservedSlots(name);
+                       // Full nodes are the common case while jobs queue: skip them before the
+                       // listing walk.
+                       if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
+                       AppendListedSlots(name, &busy);
+                       // A node offers one device kind per slot; group its free slots per kind.
+                       NodeCapacity per_device[2];  // CPU, CUDA
+                       for (const auto& s : rec.slots()) {
+                         if (std::find(busy.begin(), busy.end(), s.index()) != busy.end()) continue;
+                         NodeCapacity& c = per_device[s.device() == v1::CUDA ? 1 : 0];
+                         c.device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
+                         c.free_slots.push_back(s.index());
+                       }
+                       for (NodeCapacity& c : per_device) {
+                         if (c.free_slots.empty()) continue;
+                         c.name = name;
+                         std::sort(c.free_slots.begin(), c.free_slots.end());
+                         capacity.push_back(std::move(c));
+                       }
+                     });
   ScheduleResult result = Schedule(std::move(pending), std::move(capacity), ever);
   for (const Placement& p : result.placements) {
     jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));
@@ -595,7 +598,7 @@ void Coordinator::ScheduleLocked() {
 void Coordinator::Tick() {
   std::vector<std::string> expired;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     TickLocked();
     expired = ExpireJobsLocked();
   }
@@ -635,7 +638,7 @@ void Coordinator::TickLocked() {
 Status Coordinator::Flush() {
   int64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     seq = last_write_seq_;
   }
   return writer_->WaitDurable(seq);

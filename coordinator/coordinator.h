@@ -22,12 +22,12 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "coordinator/backoff.h"
 #include "coordinator/checkpoint_registry.h"
@@ -137,25 +137,25 @@ class Coordinator {
               StoreWriter::FatalFn fatal);
   Status Restore(const StoreContents& contents);
   // Queues a change already made in memory (fail-stop if it cannot be written).
-  void Persist(StoreBatch batch);  // REQUIRES(mu_)
+  void Persist(StoreBatch batch) REQUIRES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
-  int64_t Propose(StoreBatch batch);  // REQUIRES(mu_)
+  int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.
   Status Refused(const std::string& what, const Status& error) const;
-  void ObserveTrainers(const std::string& node);              // REQUIRES(mu_)
-  std::vector<int> BusySlots(const std::string& node) const;  // REQUIRES(mu_)
+  void ObserveTrainers(const std::string& node) REQUIRES(mu_);
+  std::vector<int> BusySlots(const std::string& node) const REQUIRES(mu_);
   // Appends the slots of live trainers the node's agent lists (a stopped attempt's
-  // survivor keeps its slot until it exits).                   REQUIRES(mu_)
-  void AppendListedSlots(const std::string& node, std::vector<int>* slots) const;
-  void ScheduleLocked();  // REQUIRES(mu_)
-  void TickLocked();      // REQUIRES(mu_): everything Tick does but retention
+  // survivor keeps its slot until it exits).
+  void AppendListedSlots(const std::string& node, std::vector<int>* slots) const REQUIRES(mu_);
+  void ScheduleLocked() REQUIRES(mu_);
+  void TickLocked() REQUIRES(mu_);  // everything Tick does but retention
   // Forgets finished jobs past options_.job_retention_ms and queues their deletion;
-  // returns their ids, whose logs the caller deletes off the lock.   REQUIRES(mu_)
-  std::vector<std::string> ExpireJobsLocked();
-  // Why `request` may not be submitted now (per-submitter limit), or OK.  REQUIRES(mu_)
-  Status CheckSubmitter(const v1::SubmitJobRequest& request) const;
-  // Nudges the agents of the job's current placement.          REQUIRES(mu_)
-  void NudgeNodesOf(const std::string& job_id);
+  // returns their ids, whose logs the caller deletes off the lock.
+  std::vector<std::string> ExpireJobsLocked() REQUIRES(mu_);
+  // Why `request` may not be submitted now (per-submitter limit), or OK.
+  Status CheckSubmitter(const v1::SubmitJobRequest& request) const REQUIRES(mu_);
+  // Nudges the agents of the job's current placement.
+  void NudgeNodesOf(const std::string& job_id) REQUIRES(mu_);
   // The store writer made every change up to `seq` durable: the attempts started by then
   // may be started by their agents now.
   void OnDurable(int64_t seq);
@@ -170,34 +170,34 @@ class Coordinator {
   RendezvousStore rendezvous_;
   ProgressHistory history_;  // thread-safe on its own
 
-  mutable std::mutex mu_;
-  std::function<void(const std::string& node)> nudge_;  // GUARDED_BY(mu_)
-  NodeManager nodes_;                                   // GUARDED_BY(mu_)
-  HealthManager health_;                                // GUARDED_BY(mu_)
-  CheckpointRegistry checkpoints_;                      // GUARDED_BY(mu_)
-  JobManager jobs_;                                     // GUARDED_BY(mu_)
-  int64_t next_submit_seq_ = 1;                         // GUARDED_BY(mu_)
-  uint32_t id_salt_ = 0;                                // GUARDED_BY(mu_)
-  int64_t last_write_seq_ = 0;                          // GUARDED_BY(mu_): the newest batch queued
+  mutable Mutex mu_;
+  std::function<void(const std::string& node)> nudge_ GUARDED_BY(mu_);
+  NodeManager nodes_ GUARDED_BY(mu_);
+  HealthManager health_ GUARDED_BY(mu_);
+  CheckpointRegistry checkpoints_ GUARDED_BY(mu_);
+  JobManager jobs_ GUARDED_BY(mu_);
+  int64_t next_submit_seq_ GUARDED_BY(mu_) = 1;
+  uint32_t id_salt_ GUARDED_BY(mu_) = 0;
+  int64_t last_write_seq_ GUARDED_BY(mu_) = 0;  // the newest batch queued
   // Attempts placed but not yet durable (job -> the write that records them): no start
   // order leaves for them before it is on disk, so a coordinator that crashes meanwhile
   // never meets trainers of an attempt it does not know, nor gives its number to another.
-  std::map<std::string, int64_t> undurable_attempts_;  // GUARDED_BY(mu_)
+  std::map<std::string, int64_t> undurable_attempts_ GUARDED_BY(mu_);
   // A scheduling pass walks every node, so Tick runs one only when something that can
   // change its outcome happened (a job submitted, cancelled or ended, a node registered,
   // revived, died or left its cordon, a trainer exited), plus once per
   // kScheduleFallbackMs for changes no event announces (a survivor vanishing from a
   // listing). A 10,000-node cluster with a queue would otherwise pay for a pass per tick.
-  bool schedule_due_ = true;      // GUARDED_BY(mu_)
-  int64_t last_schedule_ms_ = 0;  // GUARDED_BY(mu_)
+  bool schedule_due_ GUARDED_BY(mu_) = true;
+  int64_t last_schedule_ms_ GUARDED_BY(mu_) = 0;
   static constexpr int64_t kScheduleFallbackMs = 1000;
   // Submits proposed but not yet durable, by request id and by submitter: a retry of one
   // must not make a second job, and the pending limit counts them.
-  std::set<std::string> submitting_request_ids_;  // GUARDED_BY(mu_)
-  std::map<std::string, int> submitting_of_;      // GUARDED_BY(mu_)
+  std::set<std::string> submitting_request_ids_ GUARDED_BY(mu_);
+  std::map<std::string, int> submitting_of_ GUARDED_BY(mu_);
   // Retention walks every job: once per kExpiryCheckMs (monotonic), or at once while the
   // last walk found more than it deletes in one go.
-  int64_t next_expiry_check_ms_ = 0;  // GUARDED_BY(mu_)
+  int64_t next_expiry_check_ms_ GUARDED_BY(mu_) = 0;
   static constexpr int64_t kExpiryCheckMs = 60'000;
   static constexpr size_t kMaxExpiredPerTick = 1000;
 };

@@ -4,12 +4,10 @@
 
 #include <algorithm>
 
+#include "common/job_state.h"
+
 namespace drover::coordinator {
 namespace {
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
-}
 
 v1::DeviceKind DeviceOf(const JobSpec& spec) {
   return spec.resources.device == "cuda" ? v1::CUDA : v1::CPU;

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "common/fd.h"
+#include "common/mutex.h"
 
 namespace drover::coordinator {
 namespace {
@@ -54,7 +55,7 @@ Status LogStore::Append(const std::string& job_id, int64_t attempt, int rank, in
                         const std::string& data) {
   if (!ValidJobId(job_id)) return InvalidArgumentError("logs: invalid job id '" + job_id + "'");
   if (rank < 0 || offset < 0) return InvalidArgumentError("logs: negative rank or offset");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, inserted] = next_offset_.try_emplace({job_id, attempt, rank}, 0);
   int64_t& next = it->second;
   if (inserted) next = LoadNext(job_id, attempt, rank);  // e.g. after a coordinator restart
@@ -85,7 +86,7 @@ Status LogStore::Append(const std::string& job_id, int64_t attempt, int rank, in
 
 Status LogStore::Remove(const std::string& job_id) {
   if (!ValidJobId(job_id)) return InvalidArgumentError("invalid job id '" + job_id + "'");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = next_offset_.lower_bound({job_id, INT64_MIN, INT_MIN});
        it != next_offset_.end() && std::get<0>(it->first) == job_id;) {
     it = next_offset_.erase(it);

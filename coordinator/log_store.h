@@ -13,10 +13,10 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <tuple>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace drover::coordinator {
@@ -47,9 +47,9 @@ class LogStore {
   int64_t LoadNext(const std::string& job_id, int64_t attempt, int rank) const;
 
   const std::string root_;
-  std::mutex mu_;
+  Mutex mu_;
   // (job, attempt, rank) -> agent-side offset of the next byte not yet appended.
-  std::map<std::tuple<std::string, int64_t, int>, int64_t> next_offset_;  // GUARDED_BY(mu_)
+  std::map<std::tuple<std::string, int64_t, int>, int64_t> next_offset_ GUARDED_BY(mu_);
 };
 
 }  // namespace drover::coordinator

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "common/mutex.h"
+
 namespace drover::coordinator {
 namespace {
 
@@ -179,7 +181,7 @@ void CoordinatorMetrics::ObserveRpc(const std::string& method, const std::string
   prometheus::Counter* counter;
   prometheus::Histogram* histogram = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto& c = rpc_counters_[{method, code}];
     if (c == nullptr) c = &rpc_requests_.Add({{"method", method}, {"code", code}});
     counter = c;
@@ -217,7 +219,7 @@ std::string CoordinatorMetrics::Render(const ClusterSnapshot& snapshot) {
   series.Add(snapshot);
   std::vector<prometheus::MetricFamily> families = state.Collect();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ObserveRecoveries(snapshot);
   }
   for (auto& f : events_.Collect()) families.push_back(std::move(f));

@@ -32,12 +32,12 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "proto/drover.pb.h"
 
 namespace drover::coordinator {
@@ -65,18 +65,17 @@ class CoordinatorMetrics {
   std::string Render(const ClusterSnapshot& snapshot);
 
  private:
-  void ObserveRecoveries(const ClusterSnapshot& snapshot);  // REQUIRES(mu_)
+  void ObserveRecoveries(const ClusterSnapshot& snapshot) REQUIRES(mu_);
 
   prometheus::Registry events_;
   prometheus::Family<prometheus::Counter>& rpc_requests_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
   prometheus::Histogram& recovery_;
-  std::mutex mu_;
+  Mutex mu_;
   // Series already added, so the hot path does not rebuild bucket boundaries per call.
-  std::map<std::pair<std::string, std::string>, prometheus::Counter*>
-      rpc_counters_;                                              // GUARDED_BY(mu_)
-  std::map<std::string, prometheus::Histogram*> rpc_histograms_;  // GUARDED_BY(mu_)
-  std::set<std::pair<std::string, int64_t>> recoveries_seen_;     // GUARDED_BY(mu_): (job, attempt)
+  std::map<std::pair<std::string, std::string>, prometheus::Counter*> rpc_counters_ GUARDED_BY(mu_);
+  std::map<std::string, prometheus::Histogram*> rpc_histograms_ GUARDED_BY(mu_);
+  std::set<std::pair<std::string, int64_t>> recoveries_seen_ GUARDED_BY(mu_);  // (job, attempt)
 };
 
 }  // namespace drover::coordinator

@@ -8,7 +8,7 @@ ProgressHistory::ProgressHistory(size_t capacity, size_t max_jobs)
 void ProgressHistory::Record(const std::string& job_id, int64_t attempt,
                              const v1::TrainerProgress& progress, int64_t now_ms) {
   if (progress.step() <= 0) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
     if (jobs_.size() >= max_jobs_) {
@@ -36,7 +36,7 @@ void ProgressHistory::Record(const std::string& job_id, int64_t attempt,
 }
 
 void ProgressHistory::Forget(const std::string& job_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
   lru_.erase(it->second.lru);
@@ -45,7 +45,7 @@ void ProgressHistory::Forget(const std::string& job_id) {
 
 ProgressHistory::Series ProgressHistory::Get(const std::string& job_id) const {
   Series s;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return s;
   const Job& job = it->second;

@@ -19,12 +19,12 @@
 
 #include <cstdint>
 #include <list>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "proto/drover.pb.h"
 
 namespace drover::coordinator {
@@ -109,9 +109,9 @@ class ProgressHistory {
 
   const size_t capacity_;
   const size_t max_jobs_;
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, Job> jobs_;  // GUARDED_BY(mu_)
-  std::list<std::string> lru_;                 // GUARDED_BY(mu_): most recently updated first
+  mutable Mutex mu_;
+  std::unordered_map<std::string, Job> jobs_ GUARDED_BY(mu_);
+  std::list<std::string> lru_ GUARDED_BY(mu_);  // most recently updated first
 };
 
 }  // namespace drover::coordinator

@@ -8,25 +8,25 @@ namespace drover::coordinator {
 
 void RendezvousStore::OpenAttempt(const std::string& job_id, int64_t attempt) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Namespace& ns = jobs_[job_id];
     if (ns.attempt > attempt) return;  // never reopen an older attempt
     ns.attempt = attempt;
     ns.open = true;
     ns.kv.clear();
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void RendezvousStore::CloseAttempt(const std::string& job_id, int64_t attempt) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end() || it->second.attempt != attempt) return;
     it->second.open = false;
     it->second.kv.clear();  // free the namespace; the attempt number stays as the fence
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 StatusOr<RendezvousStore::Namespace*> RendezvousStore::Served(const std::string& job_id,
@@ -45,17 +45,17 @@ StatusOr<RendezvousStore::Namespace*> RendezvousStore::Served(const std::string&
 Status RendezvousStore::Set(const std::string& job_id, int64_t attempt, const std::string& key,
                             std::string value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Namespace * ns, Served(job_id, attempt));
     ns->kv[key] = std::move(value);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   return OkStatus();
 }
 
 StatusOr<std::optional<std::string>> RendezvousStore::Get(const std::string& job_id,
                                                           int64_t attempt, const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Namespace * ns, Served(job_id, attempt));
   auto it = ns->kv.find(key);
   if (it == ns->kv.end()) return std::optional<std::string>();
@@ -66,7 +66,7 @@ Status RendezvousStore::Wait(const std::string& job_id, int64_t attempt,
                              const std::vector<std::string>& keys, int64_t timeout_ms) {
   timeout_ms = std::clamp<int64_t>(timeout_ms, 0, kMaxWaitMs);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
     ASSIGN_OR_RETURN(Namespace * ns, Served(job_id, attempt));
     std::string missing;
@@ -74,7 +74,7 @@ Status RendezvousStore::Wait(const std::string& job_id, int64_t attempt,
       if (!ns->kv.count(k)) missing += (missing.empty() ? "" : ", ") + k;
     }
     if (missing.empty()) return OkStatus();
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout) {
+    if (!changed_.WaitUntil(&mu_, deadline)) {
       // One last look: the wake-up and the deadline may have raced.
       ASSIGN_OR_RETURN(Namespace * again, Served(job_id, attempt));
       bool all = std::all_of(keys.begin(), keys.end(),
@@ -90,7 +90,7 @@ StatusOr<int64_t> RendezvousStore::Add(const std::string& job_id, int64_t attemp
                                        const std::string& key, int64_t delta) {
   int64_t value = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Namespace * ns, Served(job_id, attempt));
     std::string& stored = ns->kv[key];
     if (!stored.empty()) {
@@ -102,7 +102,7 @@ StatusOr<int64_t> RendezvousStore::Add(const std::string& job_id, int64_t attemp
     value += delta;
     stored = std::to_string(value);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   return value;
 }
 

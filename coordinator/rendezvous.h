@@ -10,14 +10,13 @@
 // to the timeout, capped at kMaxWaitMs) without holding anything else.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace drover::coordinator {
@@ -50,11 +49,11 @@ class RendezvousStore {
     std::map<std::string, std::string> kv;
   };
   // The job's namespace when `attempt` is its open one; else the error to return.
-  StatusOr<Namespace*> Served(const std::string& job_id, int64_t attempt);
+  StatusOr<Namespace*> Served(const std::string& job_id, int64_t attempt) REQUIRES(mu_);
 
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, Namespace> jobs_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar changed_;
+  std::map<std::string, Namespace> jobs_ GUARDED_BY(mu_);
 };
 
 }  // namespace drover::coordinator

@@ -197,7 +197,7 @@ class HeartbeatServer {
 
   void AskForNext() {
     // Never after the queue is shut down (gRPC aborts on that); the lock orders the two.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!stopped_) new HeartbeatCall(this, service_, cq_.get(), c_, auth_);
   }
 
@@ -205,7 +205,7 @@ class HeartbeatServer {
   // (ok false), and the thread ends once it is drained. Idempotent.
   void Stop() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopped_) return;
       stopped_ = true;
       cq_->Shutdown();
@@ -225,8 +225,8 @@ class HeartbeatServer {
   WorkerServiceImpl* const service_;
   Coordinator* const c_;
   const Authorizer* const auth_;
-  std::mutex mu_;
-  bool stopped_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  bool stopped_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
@@ -324,22 +324,23 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 CoordinatorServer::~CoordinatorServer() { Shutdown(); }
 
 void CoordinatorServer::RunTicker(int64_t tick_ms) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
-    lock.unlock();
+    lock.Unlock();
     coordinator_->Tick();
-    lock.lock();
-    stop_cv_.wait_for(lock, std::chrono::milliseconds(tick_ms), [&] { return stop_; });
+    lock.Lock();
+    stop_cv_.WaitFor(&mu_, std::chrono::milliseconds(tick_ms),
+                     [this]() REQUIRES(mu_) { return stop_; });
   }
 }
 
 void CoordinatorServer::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   if (ticker_.joinable()) ticker_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (heartbeats_) heartbeats_->Stop();

@@ -10,13 +10,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/tls.h"
 #include "coordinator/authorizer.h"
 #include "coordinator/coordinator.h"
@@ -73,9 +72,9 @@ class CoordinatorServer {
   // (server.cc says why one). Declared before server_: its queue must outlive the server.
   std::unique_ptr<HeartbeatServer> heartbeats_;
   std::unique_ptr<grpc::Server> server_;
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar stop_cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread ticker_;
 };
 

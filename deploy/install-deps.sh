@@ -13,8 +13,9 @@ pkgs=(cmake g++ make pkg-config
 # munge (tests/integration/slurm_test.sh), systemd-analyze, and python3 for tests/tools/;
 # promtool to check /metrics (it comes with the Prometheus server package, the only Debian
 # package that ships it; on a systemd host that package also enables a prometheus.service)
-# and headless Chromium to render the dashboard. `make demo` needs none of them.
-[ "${1:-}" = test ] && pkgs+=(munge slurm-wlm systemd python3 prometheus chromium)
+# and headless Chromium to render the dashboard; clang for the thread-safety analysis
+# (tests/tools/thread_safety_check.py). `make demo` needs none of them.
+[ "${1:-}" = test ] && pkgs+=(munge slurm-wlm systemd python3 prometheus chromium clang)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

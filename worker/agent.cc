@@ -63,14 +63,14 @@ Agent::Agent(AgentOptions options, const Clock* clock)
 }
 
 std::shared_ptr<v1::WorkerService::Stub> Agent::stub() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stub_;
 }
 
 void Agent::ResetChannel() {
   std::shared_ptr<v1::WorkerService::Stub> fresh =
       v1::WorkerService::NewStub(MakeChannel(options_.coordinator, options_.tls));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stub_ = std::move(fresh);
 }
 
@@ -82,26 +82,27 @@ Agent::~Agent() {
 
 void Agent::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     shutdown_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool Agent::SleepMs(int64_t ms) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // A trainer exit ends the wait: the loop heartbeats at the fast cadence from then on.
-  cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return shutdown_ || wake_; });
+  cv_.WaitFor(&mu_, std::chrono::milliseconds(ms),
+              [this]() REQUIRES(mu_) { return shutdown_ || wake_; });
   wake_ = false;
   return !shutdown_;
 }
 
 void Agent::Wake() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     wake_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 Status Agent::Register() {
@@ -230,11 +231,11 @@ void Agent::OnTrainerExit(const v1::TrainerStatus& status) {
                status.attempt(), status.rank(), status.pid(),
                DescribeWaitStatus(status.exit_code(), status.signal()));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fast_until_ms_ = clock_->NowMs() + kFastHeartbeatWindowMs;
     wake_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   // Sent once, at once; if the coordinator is away, the exited status stays in heartbeats
   // for exited_retention_ms, so the exit still arrives.
   v1::TrainerExitRequest req;
@@ -255,7 +256,7 @@ Status Agent::Run() {
   Status result;
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (shutdown_) break;
     }
     Status st = registered ? Heartbeat() : Register();
@@ -266,7 +267,7 @@ Status Agent::Run() {
       // Right after registering, heartbeat at once: its reply carries the first orders.
       int64_t wait = registered ? heartbeat_interval_ms_ : 0;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (clock_->NowMs() < fast_until_ms_) wait = std::min<int64_t>(wait, kFastHeartbeatMs);
       }
       registered = true;

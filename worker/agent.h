@@ -22,14 +22,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/tls.h"
 #include "proto/drover.grpc.pb.h"
@@ -93,15 +92,15 @@ class Agent {
   const Clock* clock_;
   const std::string agent_id_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool shutdown_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool shutdown_ GUARDED_BY(mu_) = false;
   // Until then (steady ms) heartbeats come every kFastHeartbeatMs: a trainer exited here, so
   // the coordinator is about to place the job's next attempt and its orders should not wait
   // a whole heartbeat period.
-  int64_t fast_until_ms_ = 0;                      // guarded by mu_
-  bool wake_ = false;                              // guarded by mu_: ends the current SleepMs
-  std::shared_ptr<v1::WorkerService::Stub> stub_;  // guarded by mu_
+  int64_t fast_until_ms_ GUARDED_BY(mu_) = 0;
+  bool wake_ GUARDED_BY(mu_) = false;  // ends the current SleepMs
+  std::shared_ptr<v1::WorkerService::Stub> stub_ GUARDED_BY(mu_);
   int64_t heartbeat_interval_ms_ = 1000;
   int64_t node_timeout_ms_ = 3000;  // the coordinator's, from registration
   int64_t seq_ = 0;

@@ -26,10 +26,10 @@ AttemptLease::AttemptLease(RendezvousClient* client, int rank, int64_t validity_
 
 AttemptLease::~AttemptLease() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
@@ -58,13 +58,13 @@ Status AttemptLease::Confirm() {
 
 void AttemptLease::Loop() {
   const auto period = std::chrono::milliseconds(std::max<int64_t>(validity_ms_ / 4, 1));
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
-    lock.unlock();
+    lock.Unlock();
     Status st = Confirm();
-    lock.lock();
+    lock.Lock();
     if (st.code() == StatusCode::kFailedPrecondition) return;
-    cv_.wait_for(lock, period, [this] { return stop_; });
+    cv_.WaitFor(&mu_, period, [this]() REQUIRES(mu_) { return stop_; });
   }
 }
 

@@ -13,13 +13,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "common/mutex.h"
 #include "worker/engine/publish_fence.h"
 #include "worker/rendezvous_client.h"
 
@@ -47,9 +46,9 @@ class AttemptLease final : public engine::PublishFence {
   const std::function<void(const Status&)> on_superseded_;
   std::atomic<int64_t> confirmed_ms_{-1};  // steady-clock ms of the last confirmation
   std::atomic<bool> superseded_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -23,11 +23,11 @@ void CoordinatorWatch::Start() {
 
 void CoordinatorWatch::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     if (call_ != nullptr) call_->TryCancel();
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -36,7 +36,7 @@ void CoordinatorWatch::Run() {
   while (true) {
     grpc::ClientContext ctx;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
       call_ = &ctx;
     }
@@ -51,7 +51,7 @@ void CoordinatorWatch::Run() {
     }
     const grpc::Status status = reader->Finish();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       call_ = nullptr;
       if (stop_) return;
     }
@@ -60,8 +60,9 @@ void CoordinatorWatch::Run() {
       on_broken_();
       backoff_ms = 100;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::milliseconds(backoff_ms), [this] { return stop_; })) {
+    MutexLock lock(&mu_);
+    if (cv_.WaitFor(&mu_, std::chrono::milliseconds(backoff_ms),
+                    [this]() REQUIRES(mu_) { return stop_; })) {
       return;
     }
     backoff_ms = std::min(backoff_ms * 2, max_backoff_ms_);

@@ -10,13 +10,12 @@
 // called by the destructor.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "proto/drover.grpc.pb.h"
 
 namespace drover {
@@ -39,10 +38,10 @@ class CoordinatorWatch {
   const std::function<void()> on_event_;
   const std::function<void()> on_broken_;
   const int64_t max_backoff_ms_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                    // GUARDED_BY(mu_)
-  grpc::ClientContext* call_ = nullptr;  // GUARDED_BY(mu_): the open call, to cancel it
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  grpc::ClientContext* call_ GUARDED_BY(mu_) = nullptr;  // the open call, to cancel it
   std::thread thread_;
 };
 

@@ -37,14 +37,14 @@ LineForwarder::~LineForwarder() { Finish(0); }
 
 bool LineForwarder::Finish(int64_t timeout_ms) {
   if (!thread_.joinable()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return all_eof_;
   }
   bool all_eof = false;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    all_eof = all_eof_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                                   [this] { return all_eof_; });
+    MutexLock lock(&mu_);
+    all_eof = all_eof_cv_.WaitFor(&mu_, std::chrono::milliseconds(timeout_ms),
+                                  [this]() REQUIRES(mu_) { return all_eof_; });
   }
   stop_ = true;
   thread_.join();
@@ -63,9 +63,9 @@ void LineForwarder::Run() {
       open.push_back(&s);
     }
     if (open.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       all_eof_ = true;
-      all_eof_cv_.notify_all();
+      all_eof_cv_.SignalAll();
       return;
     }
     if (poll(fds.data(), fds.size(), kPollMs) <= 0) continue;  // timeout or EINTR

@@ -14,13 +14,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace drover {
 
@@ -63,9 +63,9 @@ class LineForwarder {
 
   std::vector<Stream> streams_;  // touched only by the forwarding thread until it is joined
   std::atomic<bool> stop_{false};
-  std::mutex mu_;
-  std::condition_variable all_eof_cv_;
-  bool all_eof_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar all_eof_cv_;
+  bool all_eof_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -10,10 +10,10 @@ LogShipper::LogShipper(Sender sender, int64_t poll_ms, size_t max_chunk)
 
 LogShipper::~LogShipper() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -22,30 +22,30 @@ void LogShipper::Start() {
 }
 
 void LogShipper::Add(const TrainerKey& key, const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (files_.count(key) == 0) files_[key] = File{path, 0, false};
 }
 
 void LogShipper::Finish(const TrainerKey& key) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = files_.find(key);
     if (it != files_.end()) it->second.finished = true;
   }
-  cv_.notify_all();  // ship the tail now rather than at the next poll
+  cv_.SignalAll();  // ship the tail now rather than at the next poll
 }
 
 int64_t LogShipper::ShippedOffset(const TrainerKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(key);
   return it == files_.end() ? -1 : it->second.offset;
 }
 
 size_t LogShipper::ShipOnce() {
-  std::lock_guard<std::mutex> pass(ship_mu_);
+  MutexLock pass(&ship_mu_);
   std::map<TrainerKey, File> snapshot;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     snapshot = files_;
   }
   size_t shipped = 0;
@@ -81,7 +81,7 @@ size_t LogShipper::ShipOnce() {
       }
       in.clear();
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = files_.find(key);
     if (it == files_.end()) continue;
     it->second.offset = offset;
@@ -93,12 +93,12 @@ size_t LogShipper::ShipOnce() {
 }
 
 void LogShipper::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_) {
-    lock.unlock();
+    lock.Unlock();
     ShipOnce();
-    lock.lock();
-    cv_.wait_for(lock, std::chrono::milliseconds(poll_ms_));
+    lock.Lock();
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(poll_ms_));
   }
 }
 

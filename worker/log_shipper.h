@@ -9,14 +9,13 @@
 // Thread-safety: Add/Finish/ShipOnce may be called from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "proto/drover.pb.h"
 #include "worker/trainer_supervisor.h"
@@ -55,11 +54,11 @@ class LogShipper {
   Sender sender_;
   const int64_t poll_ms_;
   const size_t max_chunk_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<TrainerKey, File> files_;  // guarded by mu_
-  bool stop_ = false;                 // guarded by mu_
-  std::mutex ship_mu_;                // one pass at a time
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<TrainerKey, File> files_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  Mutex ship_mu_;  // one pass at a time
   std::thread thread_;
 };
 

@@ -32,7 +32,7 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
   p->set_tokens_per_s(tokens_per_s);
   p->set_message(message);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     last_step_ = step;
     last_extras_ = extras;
     if (extras.val_loss.has_value()) {
@@ -59,7 +59,7 @@ void TrainerReporter::Phase(const std::string& message) {
   v1::TrainerProgress* p = report.mutable_progress();
   p->set_message(message);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     p->set_step(last_step_);
     FillSticky(p);
   }
@@ -68,7 +68,7 @@ void TrainerReporter::Phase(const std::string& message) {
 
 void TrainerReporter::RolledBack(int64_t spike_step, int64_t to_step, int64_t rollbacks) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     rollbacks_ = rollbacks;
     last_step_ = to_step;
   }
@@ -78,7 +78,7 @@ void TrainerReporter::RolledBack(int64_t spike_step, int64_t to_step, int64_t ro
 
 void TrainerReporter::CheckpointFailed(const std::string& error) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     checkpoint_error_ = error;
   }
   Phase("checkpoint failed");
@@ -88,7 +88,7 @@ void TrainerReporter::Checkpoint(const v1::CheckpointRecord& record) {
   v1::TrainerReport report;
   *report.mutable_checkpoint() = record;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (record.step() > last_checkpoint_step_) last_checkpoint_step_ = record.step();
     checkpoint_error_.clear();
   }
@@ -106,7 +106,7 @@ void TrainerReporter::Write(const v1::TrainerReport& report) {
   std::string line;
   if (!google::protobuf::util::MessageToJsonString(report, &line).ok()) return;
   line.push_back('\n');
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t done = 0;
   while (done < line.size()) {
     // The agent hands out a socket: MSG_NOSIGNAL turns a vanished reader into EPIPE

@@ -8,10 +8,10 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "common/mutex.h"
 #include "proto/drover.pb.h"
 
 namespace drover {
@@ -58,18 +58,18 @@ class TrainerReporter {
 
  private:
   void Write(const v1::TrainerReport& report);
-  // Sets what every report carries from earlier calls.  REQUIRES(mu_)
-  void FillSticky(v1::TrainerProgress* p) const;
+  // Sets what every report carries from earlier calls.
+  void FillSticky(v1::TrainerProgress* p) const REQUIRES(mu_);
 
   int fd_;
-  std::mutex mu_;
-  int64_t last_step_ = 0;              // guarded by mu_
-  int64_t last_checkpoint_step_ = -1;  // guarded by mu_
-  std::string checkpoint_error_;       // guarded by mu_
-  int64_t rollbacks_ = 0;              // guarded by mu_
-  StepExtras last_extras_;             // guarded by mu_: the last step's, for Phase()
-  double val_loss_ = 0;                // guarded by mu_
-  int64_t val_step_ = 0;               // guarded by mu_: 0 before the first evaluation
+  Mutex mu_;
+  int64_t last_step_ GUARDED_BY(mu_) = 0;
+  int64_t last_checkpoint_step_ GUARDED_BY(mu_) = -1;
+  std::string checkpoint_error_ GUARDED_BY(mu_);
+  int64_t rollbacks_ GUARDED_BY(mu_) = 0;
+  StepExtras last_extras_ GUARDED_BY(mu_);  // the last step's, for Phase()
+  double val_loss_ GUARDED_BY(mu_) = 0;
+  int64_t val_step_ GUARDED_BY(mu_) = 0;  // 0 before the first evaluation
 };
 
 }  // namespace drover

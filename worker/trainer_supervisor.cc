@@ -42,7 +42,7 @@ TrainerSupervisor::TrainerSupervisor(const Clock* clock, ExitCallback on_exit,
 TrainerSupervisor::~TrainerSupervisor() {
   std::vector<std::shared_ptr<Trainer>> all;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     shutting_down_ = true;
     for (auto& [key, t] : trainers_) {
       if (!t->reaped) killpg(t->status.pid(), SIGKILL);
@@ -50,7 +50,7 @@ TrainerSupervisor::~TrainerSupervisor() {
     }
     for (auto& t : retired_) all.push_back(t);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   timer_.join();
   for (auto& t : all) {
     if (t->waiter.joinable()) t->waiter.join();
@@ -58,7 +58,7 @@ TrainerSupervisor::~TrainerSupervisor() {
 }
 
 Status TrainerSupervisor::Start(const TrainerLaunch& launch) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (shutting_down_) return FailedPreconditionError("supervisor is shutting down");
   if (trainers_.count(launch.key) > 0) return OkStatus();
   auto t = std::make_shared<Trainer>();
@@ -78,7 +78,7 @@ Status TrainerSupervisor::Start(const TrainerLaunch& launch) {
   spawn.status_fd_env = kEnvStatusFd;
   StatusOr<SpawnedProcess> proc = SpawnProcess(spawn);
   if (!proc.ok()) {
-    lock.unlock();
+    lock.Unlock();
     RecordExit(t, 127, 0);
     return proc.status();
   }
@@ -89,7 +89,7 @@ Status TrainerSupervisor::Start(const TrainerLaunch& launch) {
 }
 
 bool TrainerSupervisor::Has(const TrainerKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return trainers_.count(key) > 0;
 }
 
@@ -108,25 +108,25 @@ void TrainerSupervisor::StopLocked(Trainer* t, int grace_ms) {
 
 void TrainerSupervisor::Stop(const std::string& job_id, int64_t max_attempt, int grace_ms) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& [key, t] : trainers_) {
       if (key.job_id == job_id && key.attempt <= max_attempt) StopLocked(t.get(), grace_ms);
     }
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void TrainerSupervisor::StopAll(int grace_ms) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto& [key, t] : trainers_) StopLocked(t.get(), grace_ms);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool TrainerSupervisor::WaitAllExited(int64_t timeout_ms) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] {
+  MutexLock lock(&mu_);
+  return cv_.WaitFor(&mu_, std::chrono::milliseconds(timeout_ms), [this]() REQUIRES(mu_) {
     for (auto& [key, t] : trainers_) {
       if (!t->exited) return false;
     }
@@ -135,7 +135,7 @@ bool TrainerSupervisor::WaitAllExited(int64_t timeout_ms) {
 }
 
 std::vector<v1::TrainerStatus> TrainerSupervisor::Snapshot() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<v1::TrainerStatus> out;
   out.reserve(trainers_.size());
   for (auto& [key, t] : trainers_) out.push_back(t->status);
@@ -143,19 +143,19 @@ std::vector<v1::TrainerStatus> TrainerSupervisor::Snapshot() {
 }
 
 int TrainerSupervisor::RunningCount() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   int n = 0;
   for (auto& [key, t] : trainers_) n += t->exited ? 0 : 1;
   return n;
 }
 
 std::vector<v1::CheckpointRecord> TrainerSupervisor::PendingCheckpoints() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return checkpoints_;
 }
 
 void TrainerSupervisor::AckCheckpoints(size_t count) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (count > checkpoints_.size()) count = checkpoints_.size();
   checkpoints_.erase(checkpoints_.begin(), checkpoints_.begin() + count);
 }
@@ -173,7 +173,7 @@ void TrainerSupervisor::WaitForExit(std::shared_ptr<Trainer> t) {
   while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     t->reaped = true;  // tells the reader to stop once the channel is drained
   }
   // Every report the trainer wrote is folded in before its exit is announced, so a final
@@ -194,7 +194,7 @@ void TrainerSupervisor::ReadStatus(std::shared_ptr<Trainer> t) {
     if (r == 0) {
       // Nothing to read: stop once the process is gone (a grandchild that escaped the
       // group could otherwise hold the channel open forever).
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (t->reaped) break;
       continue;
     }
@@ -203,7 +203,7 @@ void TrainerSupervisor::ReadStatus(std::shared_ptr<Trainer> t) {
     if (n <= 0) break;
     buffer.append(chunk, static_cast<size_t>(n));
     std::vector<std::string> lines = TakeLines(&buffer);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const std::string& line : lines) {
       // A malformed line is the trainer's bug, not a reason to lose the rest.
       (void)ApplyReportLine(line, clock_->WallNowMs(), &t->status, &checkpoints_);
@@ -218,7 +218,7 @@ void TrainerSupervisor::RecordExit(const std::shared_ptr<Trainer>& t, int exit_c
       exit_code != 0 || signal != 0 ? LastLogLine(t->log_path) : std::string();
   v1::TrainerStatus copy;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     t->exited = true;
     t->exited_at_ms = clock_->NowMs();
     t->status.set_state(v1::TRAINER_EXITED);
@@ -227,14 +227,14 @@ void TrainerSupervisor::RecordExit(const std::shared_ptr<Trainer>& t, int exit_c
     t->status.set_last_error(last_line);
     copy = t->status;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (on_exit_) on_exit_(copy);
 }
 
 void TrainerSupervisor::TimerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!shutting_down_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(20));
     const int64_t now = clock_->NowMs();
     std::vector<std::shared_ptr<Trainer>> to_join;
     for (auto it = trainers_.begin(); it != trainers_.end();) {
@@ -251,11 +251,11 @@ void TrainerSupervisor::TimerLoop() {
       }
     }
     if (to_join.empty()) continue;
-    lock.unlock();
+    lock.Unlock();
     for (auto& t : to_join) {
       if (t->waiter.joinable()) t->waiter.join();
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 

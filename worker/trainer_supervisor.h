@@ -11,18 +11,17 @@
 // runs on the trainer's waiter thread with no supervisor lock held.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "proto/drover.pb.h"
 #include "worker/process.h"
@@ -95,19 +94,19 @@ class TrainerSupervisor {
   void WaitForExit(std::shared_ptr<Trainer> t);
   void ReadStatus(std::shared_ptr<Trainer> t);
   void TimerLoop();
-  void StopLocked(Trainer* t, int grace_ms);
+  void StopLocked(Trainer* t, int grace_ms) REQUIRES(mu_);
   void RecordExit(const std::shared_ptr<Trainer>& t, int exit_code, int signal);
 
   const Clock* clock_;
   ExitCallback on_exit_;
   const int64_t exited_retention_ms_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<TrainerKey, std::shared_ptr<Trainer>> trainers_;  // guarded by mu_
-  std::vector<v1::CheckpointRecord> checkpoints_;            // guarded by mu_
-  std::vector<std::shared_ptr<Trainer>> retired_;            // guarded by mu_; to join
-  bool shutting_down_ = false;                               // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<TrainerKey, std::shared_ptr<Trainer>> trainers_ GUARDED_BY(mu_);
+  std::vector<v1::CheckpointRecord> checkpoints_ GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Trainer>> retired_ GUARDED_BY(mu_);  // to join
+  bool shutting_down_ GUARDED_BY(mu_) = false;
   std::thread timer_;
 };
 

@@ -23,21 +23,21 @@ StoreWriter::StoreWriter(Store* store, FatalFn fatal, DurableFn durable)
 
 StoreWriter::~StoreWriter() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 int64_t StoreWriter::Queue(StoreBatch batch, bool proposal) {
   int64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     seq = next_seq_++;
     queue_.push_back(Entry{seq, std::move(batch), proposal});
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return seq;
 }
 
@@ -52,8 +52,8 @@ int64_t StoreWriter::Propose(StoreBatch batch) {
 }
 
 Status StoreWriter::WaitProposal(int64_t seq) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return applied_seq_ >= seq; });
+  MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return applied_seq_ >= seq; });
   auto it = proposal_result_.find(seq);
   DROVER_CHECK_MSG(it != proposal_result_.end(), "WaitProposal: not a proposal, or waited twice");
   Status st = std::move(it->second);
@@ -62,8 +62,8 @@ Status StoreWriter::WaitProposal(int64_t seq) {
 }
 
 Status StoreWriter::WaitDurable(int64_t seq) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return applied_seq_ >= seq; });
+  MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return applied_seq_ >= seq; });
   return stopped_;
 }
 
@@ -92,15 +92,15 @@ std::vector<Status> StoreWriter::Write(std::vector<Entry>& entries) {
 }
 
 void StoreWriter::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_ and drained
     std::vector<Entry> entries(std::make_move_iterator(queue_.begin()),
                                std::make_move_iterator(queue_.end()));
     queue_.clear();
     const Status stopped = stopped_;
-    lock.unlock();
+    lock.Unlock();
     std::vector<Status> results;
     if (stopped.ok()) {
       results = Write(entries);
@@ -108,7 +108,7 @@ void StoreWriter::Run() {
       results.assign(entries.size(), NotWritten(stopped));
     }
     Status fatal;
-    lock.lock();
+    lock.Lock();
     for (size_t i = 0; i < entries.size(); ++i) {
       if (entries[i].proposal) {
         proposal_result_[entries[i].seq] = results[i];
@@ -119,18 +119,18 @@ void StoreWriter::Run() {
     // The fatal reaction comes before any waiter learns the outcome: nobody answers a
     // client as if the coordinator carried on.
     if (!fatal.ok() && fatal_) {
-      lock.unlock();
+      lock.Unlock();
       fatal_(fatal);
-      lock.lock();
+      lock.Lock();
     }
     // Before the waiters wake: whoever waited for these writes finds their consequences.
     if (durable_ && stopped_.ok()) {
-      lock.unlock();
+      lock.Unlock();
       durable_(entries.back().seq);
-      lock.lock();
+      lock.Lock();
     }
     applied_seq_ = entries.back().seq;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

@@ -20,15 +20,14 @@
 // transition written with it.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "coordinator/store/store.h"
 
 namespace drover::coordinator {
@@ -76,14 +75,14 @@ class StoreWriter {
   Store* const store_;
   const FatalFn fatal_;
   const DurableFn durable_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Entry> queue_;                    // GUARDED_BY(mu_)
-  int64_t next_seq_ = 1;                       // GUARDED_BY(mu_)
-  int64_t applied_seq_ = 0;                    // GUARDED_BY(mu_)
-  std::map<int64_t, Status> proposal_result_;  // GUARDED_BY(mu_): until WaitProposal takes it
-  Status stopped_;                             // GUARDED_BY(mu_): the commit error, once one
-  bool stop_ = false;                          // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Entry> queue_ GUARDED_BY(mu_);
+  int64_t next_seq_ GUARDED_BY(mu_) = 1;
+  int64_t applied_seq_ GUARDED_BY(mu_) = 0;
+  std::map<int64_t, Status> proposal_result_ GUARDED_BY(mu_);  // until WaitProposal takes it
+  Status stopped_ GUARDED_BY(mu_);                             // the commit error, once one
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

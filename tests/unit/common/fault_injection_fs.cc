@@ -59,7 +59,7 @@ class FaultInjectionFileSystem::File final : public WritableFile {
       : fs_(fs), base_(std::move(base)) {}
 
   Status Append(std::string_view data) override {
-    std::lock_guard<std::mutex> lock(fs_->mu_);
+    MutexLock lock(&fs_->mu_);
     bool short_write = false;
     if (auto fault = fs_->OnOpLocked(Op::kAppend, path(), &short_write)) {
       if (short_write && base_->Append(data.substr(0, data.size() / 2)).ok()) {
@@ -73,7 +73,7 @@ class FaultInjectionFileSystem::File final : public WritableFile {
   }
 
   Status Sync() override {
-    std::lock_guard<std::mutex> lock(fs_->mu_);
+    MutexLock lock(&fs_->mu_);
     if (auto fault = fs_->OnOpLocked(Op::kSync, path(), nullptr)) return *fault;
     RETURN_IF_ERROR(base_->Sync());
     if (auto it = fs_->files_.find(path()); it != fs_->files_.end()) {
@@ -83,7 +83,7 @@ class FaultInjectionFileSystem::File final : public WritableFile {
   }
 
   Status Close() override {
-    std::lock_guard<std::mutex> lock(fs_->mu_);
+    MutexLock lock(&fs_->mu_);
     if (auto fault = fs_->OnOpLocked(Op::kClose, path(), nullptr)) {
       (void)base_->Close();  // a failed close(2) still releases the descriptor
       return *fault;
@@ -94,7 +94,7 @@ class FaultInjectionFileSystem::File final : public WritableFile {
   const std::string& path() const override { return base_->path(); }
 
  private:
-  void Grow(uint64_t n) {
+  void Grow(uint64_t n) REQUIRES(fs_->mu_) {
     if (auto it = fs_->files_.find(path()); it != fs_->files_.end()) it->second.size += n;
   }
 
@@ -103,7 +103,7 @@ class FaultInjectionFileSystem::File final : public WritableFile {
 };
 
 void FaultInjectionFileSystem::AddFault(Fault f) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   faults_.push_back(f);
 }
 
@@ -124,24 +124,24 @@ void FaultInjectionFileSystem::CrashBeforeNth(Op op, int nth) {
 }
 
 void FaultInjectionFileSystem::ClearFaults() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   faults_.clear();
   crashed_ = false;
 }
 
 int FaultInjectionFileSystem::Count(Op op) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = counts_.find(op);
   return it == counts_.end() ? 0 : it->second;
 }
 
 void FaultInjectionFileSystem::ResetCounts() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   counts_.clear();
 }
 
 bool FaultInjectionFileSystem::crashed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return crashed_;
 }
 
@@ -170,7 +170,7 @@ std::optional<Status> FaultInjectionFileSystem::OnOpLocked(Op op, const std::str
 StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFileSystem::NewWritableFile(
     const std::string& raw_path) {
   const std::string path = Normalize(raw_path);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto fault = OnOpLocked(Op::kCreate, path, nullptr)) return *fault;
   const bool existed = base_->Stat(path).ok();
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path));
@@ -195,7 +195,7 @@ StatusOr<std::vector<std::string>> FaultInjectionFileSystem::ListDir(const std::
 
 Status FaultInjectionFileSystem::Rename(const std::string& raw_from, const std::string& raw_to) {
   const std::string from = Normalize(raw_from), to = Normalize(raw_to);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto fault = OnOpLocked(Op::kRename, from + " to " + to, nullptr)) return *fault;
   Change c{Change::kRenamed, to, from, std::nullopt, false, {Dirname(to)}};
   if (Dirname(from) != Dirname(to)) c.unsynced_dirs.push_back(Dirname(from));
@@ -221,7 +221,7 @@ Status FaultInjectionFileSystem::Rename(const std::string& raw_from, const std::
 
 Status FaultInjectionFileSystem::SyncDir(const std::string& raw_dir) {
   const std::string dir = Normalize(raw_dir);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto fault = OnOpLocked(Op::kSyncDir, dir, nullptr)) return *fault;
   RETURN_IF_ERROR(base_->SyncDir(dir));
   for (Change& c : changes_) std::erase(c.unsynced_dirs, dir);
@@ -231,7 +231,7 @@ Status FaultInjectionFileSystem::SyncDir(const std::string& raw_dir) {
 
 Status FaultInjectionFileSystem::RemoveFile(const std::string& raw_path) {
   const std::string path = Normalize(raw_path);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto fault = OnOpLocked(Op::kRemove, path, nullptr)) return *fault;
   RETURN_IF_ERROR(base_->RemoveFile(path));
   ForgetLocked(path);
@@ -240,7 +240,7 @@ Status FaultInjectionFileSystem::RemoveFile(const std::string& raw_path) {
 
 Status FaultInjectionFileSystem::RemoveAll(const std::string& raw_path) {
   const std::string path = Normalize(raw_path);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto fault = OnOpLocked(Op::kRemove, path, nullptr)) return *fault;
   RETURN_IF_ERROR(base_->RemoveAll(path));
   ForgetLocked(path);
@@ -249,7 +249,7 @@ Status FaultInjectionFileSystem::RemoveAll(const std::string& raw_path) {
 
 Status FaultInjectionFileSystem::MakeDirs(const std::string& raw_path) {
   const std::string path = Normalize(raw_path);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (auto fault = OnOpLocked(Op::kMakeDirs, path, nullptr)) return *fault;
   std::vector<std::string> made;  // deepest first
   for (std::string d = path; !base_->Stat(d).ok(); d = Dirname(d)) {
@@ -264,7 +264,7 @@ Status FaultInjectionFileSystem::MakeDirs(const std::string& raw_path) {
 }
 
 void FaultInjectionFileSystem::DropUnsyncedData() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   DropUnsyncedDataLocked();
 }
 

@@ -18,12 +18,12 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/file_system.h"
+#include "common/mutex.h"
 
 namespace drover::testing {
 
@@ -98,20 +98,20 @@ class FaultInjectionFileSystem final : public FileSystem {
   void AddFault(Fault f);
   // Counts a call of `op` on `path`; returns the error it must fail with (a fault it met, or
   // the crash), if any. *short_write (Appends) says whether half the data goes through.
-  std::optional<Status> OnOpLocked(Op op, const std::string& path, bool* short_write);
-  void DropUnsyncedDataLocked();
-  void UndoLocked(const Change& c);
-  void RenameTrackedLocked(const std::string& from, const std::string& to);
-  void ForgetLocked(const std::string& path);
-  Status RewriteLocked(const std::string& path, const std::string& data);
+  std::optional<Status> OnOpLocked(Op op, const std::string& path, bool* short_write) REQUIRES(mu_);
+  void DropUnsyncedDataLocked() REQUIRES(mu_);
+  void UndoLocked(const Change& c) REQUIRES(mu_);
+  void RenameTrackedLocked(const std::string& from, const std::string& to) REQUIRES(mu_);
+  void ForgetLocked(const std::string& path) REQUIRES(mu_);
+  Status RewriteLocked(const std::string& path, const std::string& data) REQUIRES(mu_);
 
   FileSystem* const base_;
-  mutable std::mutex mu_;
-  std::vector<Fault> faults_;               // guarded by mu_
-  std::map<Op, int> counts_;                // guarded by mu_
-  bool crashed_ = false;                    // guarded by mu_
-  std::map<std::string, FileState> files_;  // guarded by mu_: written here, by current name
-  std::vector<Change> changes_;             // guarded by mu_: oldest first
+  mutable Mutex mu_;
+  std::vector<Fault> faults_ GUARDED_BY(mu_);
+  std::map<Op, int> counts_ GUARDED_BY(mu_);
+  bool crashed_ GUARDED_BY(mu_) = false;
+  std::map<std::string, FileState> files_ GUARDED_BY(mu_);  // written here, by current name
+  std::vector<Change> changes_ GUARDED_BY(mu_);             // oldest first
 };
 
 }  // namespace drover::testing

@@ -3,12 +3,11 @@
 // failed write writes nothing, as a real failed transaction.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <utility>
 
+#include "common/mutex.h"
 #include "coordinator/store/store.h"
 
 namespace drover::coordinator::testing {
@@ -19,7 +18,7 @@ class FaultInjectionStore final : public Store {
 
   // Every later write for which `fail(batch)` returns an error fails with that error.
   void FailWrites(std::function<Status(const StoreBatch&)> fail) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fail_ = std::move(fail);
   }
   // Every later write fails with `error`.
@@ -31,25 +30,25 @@ class FaultInjectionStore final : public Store {
   // Writes wait until Resume(): lets a test queue several batches that the writer then
   // takes together.
   void Pause() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     paused_ = true;
   }
   void Resume() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       paused_ = false;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   int failed_writes() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return failed_writes_;
   }
 
   Status Apply(const StoreBatch& batch) override {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !paused_; });
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return !paused_; });
       if (fail_) {
         if (Status st = fail_(batch); !st.ok()) {
           ++failed_writes_;
@@ -63,11 +62,11 @@ class FaultInjectionStore final : public Store {
 
  private:
   const std::unique_ptr<Store> base_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::function<Status(const StoreBatch&)> fail_;  // GUARDED_BY(mu_)
-  bool paused_ = false;                            // GUARDED_BY(mu_)
-  int failed_writes_ = 0;                          // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::function<Status(const StoreBatch&)> fail_ GUARDED_BY(mu_);
+  bool paused_ GUARDED_BY(mu_) = false;
+  int failed_writes_ GUARDED_BY(mu_) = 0;
 };
 
 // The error SQLite gives for a full disk, as SqliteToStatus translates it.

@@ -12,57 +12,57 @@ AsyncCheckpointWriter::AsyncCheckpointWriter(Options options) : options_(std::mo
 
 AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !pending_.has_value() && !busy_; });
+    MutexLock lock(&mu_);
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return !pending_.has_value() && !busy_; });
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 Status AsyncCheckpointWriter::Submit(ShardSnapshot snap) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !pending_.has_value() && !busy_; });
+  MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return !pending_.has_value() && !busy_; });
   Status previous = std::exchange(last_error_, OkStatus());
   pending_ = std::move(snap);
-  cv_.notify_all();
+  cv_.SignalAll();
   return previous;
 }
 
 Status AsyncCheckpointWriter::WriteNow(ShardSnapshot snap) {
   Status previous = Flush();
   Status st = Save(snap);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   recycled_ = std::move(snap.shard);
   return st.ok() ? previous : st;
 }
 
 RankShard AsyncCheckpointWriter::TakeRecycled() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return std::exchange(recycled_, RankShard{});
 }
 
 Status AsyncCheckpointWriter::Flush() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !pending_.has_value() && !busy_; });
+  MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return !pending_.has_value() && !busy_; });
   return std::exchange(last_error_, OkStatus());
 }
 
 void AsyncCheckpointWriter::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || pending_.has_value(); });
+    cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stop_ || pending_.has_value(); });
     if (!pending_.has_value()) return;  // stop_ and nothing left
     ShardSnapshot snap = std::move(*pending_);
     pending_.reset();
     busy_ = true;
-    lock.unlock();
+    lock.Unlock();
     Status st = Save(snap);
-    lock.lock();
+    lock.Lock();
     recycled_ = std::move(snap.shard);
     busy_ = false;
     if (!st.ok()) last_error_ = st;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

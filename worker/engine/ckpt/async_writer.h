@@ -23,13 +23,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/ckpt/shard_exchange.h"
@@ -100,14 +99,14 @@ class AsyncCheckpointWriter {
 
   const Options options_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<ShardSnapshot> pending_;  // guarded by mu_
-  bool busy_ = false;                     // guarded by mu_: a write is running
-  bool stop_ = false;                     // guarded by mu_
-  Status last_error_;                     // guarded by mu_
-  RankShard recycled_;                    // guarded by mu_
-  std::thread thread_;                    // started last
+  Mutex mu_;
+  CondVar cv_;
+  std::optional<ShardSnapshot> pending_ GUARDED_BY(mu_);
+  bool busy_ GUARDED_BY(mu_) = false;  // a write is running
+  bool stop_ GUARDED_BY(mu_) = false;
+  Status last_error_ GUARDED_BY(mu_);
+  RankShard recycled_ GUARDED_BY(mu_);
+  std::thread thread_;  // started last
 };
 
 }  // namespace drover::engine::ckpt

@@ -16,8 +16,11 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::Create(
                                 "; must be in [1, 16]");
   }
   std::unique_ptr<DataLoader> loader(new DataLoader(std::move(dataset), options));
-  RETURN_IF_ERROR(loader->sampler_.Restore(start));
-  loader->handed_out_ = loader->sampler_.state();
+  {
+    MutexLock lock(&loader->mu_);  // no other thread yet; the analysis asks for it all the same
+    RETURN_IF_ERROR(loader->sampler_.Restore(start));
+    loader->handed_out_ = loader->sampler_.state();
+  }
   loader->StartThread();
   return loader;
 }
@@ -32,7 +35,7 @@ DataLoader::~DataLoader() { StopThread(); }
 
 void DataLoader::StartThread() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = false;
   }
   thread_ = std::thread([this] { Run(); });
@@ -40,10 +43,10 @@ void DataLoader::StartThread() {
 
 void DataLoader::StopThread() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -74,9 +77,10 @@ void DataLoader::Run() {
     Batch batch;
     std::vector<uint64_t> windows;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock,
-               [&] { return stop_ || next_ticket_ - next_hand_ < uint64_t(options_.prefetch); });
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [this]() REQUIRES(mu_) {
+        return stop_ || next_ticket_ - next_hand_ < uint64_t(options_.prefetch);
+      });
       if (stop_) return;
       ticket = next_ticket_;
       windows = Reserve(&batch.after);
@@ -87,10 +91,10 @@ void DataLoader::Run() {
     batch.targets.resize(n);
     batch.status = Assemble(windows, batch.inputs.data(), batch.targets.data());
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ready_.emplace(ticket, std::move(batch));
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
@@ -98,7 +102,7 @@ Status DataLoader::Next(int32_t* inputs, int32_t* targets) {
   const auto t0 = std::chrono::steady_clock::now();
   Status status;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (true) {
       auto it = ready_.find(next_hand_);
       if (it != ready_.end()) {
@@ -113,17 +117,17 @@ Status DataLoader::Next(int32_t* inputs, int32_t* targets) {
         // Not even reserved: the prefetch thread is behind. Do it here.
         SamplerState after;
         const std::vector<uint64_t> windows = Reserve(&after);
-        lock.unlock();
+        lock.Unlock();
         status = Assemble(windows, inputs, targets);
-        lock.lock();
+        lock.Lock();
         handed_out_ = after;
         break;
       }
-      cv_.wait(lock);  // reserved by the prefetch thread and being assembled
+      cv_.Wait(&mu_);  // reserved by the prefetch thread and being assembled
     }
     ++next_hand_;
   }
-  cv_.notify_all();  // room in the queue: wake the prefetch thread
+  cv_.SignalAll();  // room in the queue: wake the prefetch thread
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   total_wait_s_ += last_wait_s_;
   ++batches_;
@@ -131,14 +135,14 @@ Status DataLoader::Next(int32_t* inputs, int32_t* targets) {
 }
 
 SamplerState DataLoader::state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return handed_out_;
 }
 
 Status DataLoader::SkipTo(uint64_t consumed_samples) {
   SamplerState s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const uint64_t n = sampler_.num_windows();
     s.epoch = consumed_samples / n;
     s.offset = consumed_samples % n;
@@ -151,7 +155,7 @@ Status DataLoader::Restore(const SamplerState& state) {
   StopThread();
   Status status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ready_.clear();
     next_ticket_ = next_hand_ = 0;
     status = sampler_.Restore(state);

@@ -14,15 +14,14 @@
 // shard when a chunk no longer fits; inputs are the first B*T tokens, targets the last.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "worker/engine/data/sampler.h"
 #include "worker/engine/data/token_dataset.h"
@@ -84,22 +83,22 @@ class DataLoader {
   void StartThread();
   void StopThread();
   void Run();
-  // Takes the next ticket and its windows from the sampler. Requires mu_ held.
-  std::vector<uint64_t> Reserve(SamplerState* after);
+  // Takes the next ticket and its windows from the sampler.
+  std::vector<uint64_t> Reserve(SamplerState* after) REQUIRES(mu_);
   // Checks and copies the windows' tokens into (B, T) inputs and targets. No lock needed.
   Status Assemble(const std::vector<uint64_t>& windows, int32_t* inputs, int32_t* targets) const;
 
   std::shared_ptr<const TokenDataset> dataset_;
   DataLoaderOptions options_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Sampler sampler_;                  // guarded by mu_
-  uint64_t next_ticket_ = 0;         // guarded by mu_: next batch to reserve
-  uint64_t next_hand_ = 0;           // guarded by mu_: next batch Next() returns
-  std::map<uint64_t, Batch> ready_;  // guarded by mu_: assembled batches by ticket
-  bool stop_ = false;                // guarded by mu_
-  SamplerState handed_out_;          // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  Sampler sampler_ GUARDED_BY(mu_);
+  uint64_t next_ticket_ GUARDED_BY(mu_) = 0;         // next batch to reserve
+  uint64_t next_hand_ GUARDED_BY(mu_) = 0;           // next batch Next() returns
+  std::map<uint64_t, Batch> ready_ GUARDED_BY(mu_);  // assembled batches by ticket
+  bool stop_ GUARDED_BY(mu_) = false;
+  SamplerState handed_out_ GUARDED_BY(mu_);
   std::thread thread_;
 
   // Touched only by the caller of Next().

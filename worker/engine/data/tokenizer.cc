@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
+#include "common/files.h"
 #include "worker/engine/data/utf8.h"
 
 namespace drover::engine {
@@ -46,11 +46,10 @@ std::vector<uint32_t> ByteToCodePoint() {
 }
 
 StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(std::string(what) + " '" + path + "' cannot be opened");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok())
+    return text.status().WithContext(std::string("cannot read ") + what + " '" + path + "'");
+  return text;
 }
 
 // encoder.json is one flat object of token string -> id. nlohmann-json throws on malformed

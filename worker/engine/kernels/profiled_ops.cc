@@ -43,7 +43,7 @@ class ProfiledOps::Timed {
     ops_->inner_->Synchronize();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    std::lock_guard<std::mutex> lock(ops_->mu_);
+    MutexLock lock(&ops_->mu_);
     Totals& t = ops_->totals_[op_];
     ++t.calls;
     t.seconds += seconds;
@@ -60,14 +60,14 @@ class ProfiledOps::Timed {
 };
 
 ProfiledOps::Totals ProfiledOps::totals(Op op) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return totals_[op];
 }
 
 std::string ProfiledOps::Report(int64_t steps) const {
   std::array<Totals, kOpCount> totals;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     totals = totals_;
   }
   const double per = static_cast<double>(std::max<int64_t>(steps, 1));

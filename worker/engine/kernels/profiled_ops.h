@@ -12,9 +12,9 @@
 
 #include <array>
 #include <cstdint>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
 #include "worker/engine/kernels/ops.h"
 
 namespace drover::engine {
@@ -121,8 +121,8 @@ class ProfiledOps final : public Ops {
   class Timed;  // charges the time from its construction to after Synchronize to one op
 
   Ops* const inner_;
-  mutable std::mutex mu_;
-  std::array<Totals, kOpCount> totals_;  // under mu_
+  mutable Mutex mu_;
+  std::array<Totals, kOpCount> totals_ GUARDED_BY(mu_);
 };
 
 }  // namespace drover::engine

@@ -5,7 +5,7 @@
 // activations, on the CPU kernel table.
 //
 // Parallel training composes GptStage, StageMemory and the parallel/ techniques instead
-// (worker/engine/parallel/parallelize.h); it never goes through this class.
+// (worker/engine/parallel/parallel_gpt.h); it never goes through this class.
 //
 // Thread-safety: a Gpt is used by one thread at a time; the kernels inside parallelise
 // with OpenMP / OpenBLAS using the count set by engine::SetNumThreads.

@@ -11,14 +11,13 @@
 // single-threaded (OpenMP) so that they do not compete with the training thread's team.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace drover::engine::parallel {
@@ -52,15 +51,15 @@ class CommStream {
   void Loop();
 
   const std::string name_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<Ticket, std::function<Status()>>> queue_;  // guarded by mu_
-  Ticket next_ticket_ = 1;                                        // guarded by mu_
-  Ticket done_ = 0;       // guarded by mu_: every ticket <= done_ has run
-  Ticket failed_at_ = 0;  // guarded by mu_: ticket of the first error, 0 if none
-  Status error_;          // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
-  double busy_s_ = 0;     // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::pair<Ticket, std::function<Status()>>> queue_ GUARDED_BY(mu_);
+  Ticket next_ticket_ GUARDED_BY(mu_) = 1;
+  Ticket done_ GUARDED_BY(mu_) = 0;       // every ticket <= done_ has run
+  Ticket failed_at_ GUARDED_BY(mu_) = 0;  // ticket of the first error, 0 if none
+  Status error_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  double busy_s_ GUARDED_BY(mu_) = 0;
   double blocked_s_ = 0;  // touched by the caller's thread only
   std::thread thread_;    // started last
 };

@@ -6,17 +6,18 @@ namespace drover::engine::parallel {
 
 Status InMemoryKvStore::Set(const std::string& key, const std::string& value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     kv_[key] = value;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   return OkStatus();
 }
 
 StatusOr<std::string> InMemoryKvStore::Get(const std::string& key,
                                            std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const bool found = changed_.wait_for(lock, timeout, [&] { return kv_.count(key) > 0; });
+  MutexLock lock(&mu_);
+  const bool found =
+      changed_.WaitFor(&mu_, timeout, [&]() REQUIRES(mu_) { return kv_.count(key) > 0; });
   if (!found) {
     return DeadlineExceededError("key \"" + key + "\" was not set within " +
                                  std::to_string(timeout.count()) + " ms");

@@ -9,11 +9,10 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace drover::engine::parallel {
@@ -38,9 +37,9 @@ class InMemoryKvStore final : public KvStore {
   StatusOr<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override;
 
  private:
-  std::mutex mu_;
-  std::condition_variable changed_;        // notified on every Set
-  std::map<std::string, std::string> kv_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar changed_;  // notified on every Set
+  std::map<std::string, std::string> kv_ GUARDED_BY(mu_);
 };
 
 // Every key of `base` under "<prefix>/", so that many groups (or attempts) share one store.

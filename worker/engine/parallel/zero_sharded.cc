@@ -5,7 +5,7 @@
 namespace drover::engine::parallel {
 
 std::shared_ptr<Buffer> ShardedMemory::Pool::Take(size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < free_.size(); ++i) {
     if (free_[i]->size() == n) {
       std::shared_ptr<Buffer> b = std::move(free_[i]);
@@ -19,12 +19,12 @@ std::shared_ptr<Buffer> ShardedMemory::Pool::Take(size_t n) {
 }
 
 void ShardedMemory::Pool::Give(std::shared_ptr<Buffer> b) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   free_.push_back(std::move(b));
 }
 
 size_t ShardedMemory::Pool::high_water() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return high_water_;
 }
 

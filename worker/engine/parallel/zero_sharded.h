@@ -21,9 +21,9 @@
 
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "worker/engine/kernels/ops.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/parallel/comm_stream.h"
@@ -80,10 +80,10 @@ class ShardedMemory final : public TrainingMemory {
 
    private:
     Ops* ops_;
-    mutable std::mutex mu_;
-    std::vector<std::shared_ptr<Buffer>> free_;  // guarded by mu_
-    size_t held_ = 0;                            // guarded by mu_: floats allocated
-    size_t high_water_ = 0;                      // guarded by mu_
+    mutable Mutex mu_;
+    std::vector<std::shared_ptr<Buffer>> free_ GUARDED_BY(mu_);
+    size_t held_ GUARDED_BY(mu_) = 0;  // floats allocated
+    size_t high_water_ GUARDED_BY(mu_) = 0;
   };
 
   struct ParamSlot {

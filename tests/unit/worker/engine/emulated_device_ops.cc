@@ -107,12 +107,12 @@ bool EmulatedDeviceOps::IsDeviceMemory(const void* p) const {
 }
 
 void EmulatedDeviceOps::Enter() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (open_++ == 0 && used_ > 0) DROVER_CHECK(mprotect(base_, used_, PROT_READ | PROT_WRITE) == 0);
 }
 
 void EmulatedDeviceOps::Leave() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (--open_ == 0 && used_ > 0) DROVER_CHECK(mprotect(base_, used_, PROT_NONE) == 0);
 }
 
@@ -123,7 +123,7 @@ float* EmulatedDeviceOps::RangeAllocator::Allocate(size_t n) {
   Open open(o);
   char* p = nullptr;
   {
-    std::lock_guard<std::mutex> lock(o->mu_);
+    MutexLock lock(&o->mu_);
     auto it = o->free_.find(bytes);
     if (it != o->free_.end()) {
       p = it->second;
@@ -144,7 +144,7 @@ float* EmulatedDeviceOps::RangeAllocator::Allocate(size_t n) {
 void EmulatedDeviceOps::RangeAllocator::Free(float* p) {
   if (p == nullptr) return;
   EmulatedDeviceOps* o = owner_;
-  std::lock_guard<std::mutex> lock(o->mu_);
+  MutexLock lock(&o->mu_);
   auto it = o->sizes_.find(reinterpret_cast<char*>(p));
   DROVER_CHECK_MSG(it != o->sizes_.end(), "freeing memory the emulated device did not allocate");
   o->free_.emplace(it->second, it->first);

@@ -18,9 +18,9 @@
 #include <atomic>
 #include <cstddef>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "worker/engine/kernels/ops.h"
 
 namespace drover::engine::testing {
@@ -111,11 +111,11 @@ class EmulatedDeviceOps final : public Ops {
 
   char* base_ = nullptr;
   size_t capacity_ = 0;
-  std::mutex mu_;
-  size_t used_ = 0;                    // bytes of the range handed out so far (page multiple)
-  int open_ = 0;                       // ops in progress
-  std::map<char*, size_t> sizes_;      // live allocations: start -> bytes
-  std::multimap<size_t, char*> free_;  // freed blocks by size
+  Mutex mu_;
+  size_t used_ GUARDED_BY(mu_) = 0;  // bytes of the range handed out so far (page multiple)
+  int open_ GUARDED_BY(mu_) = 0;     // ops in progress
+  std::map<char*, size_t> sizes_ GUARDED_BY(mu_);      // live allocations: start -> bytes
+  std::multimap<size_t, char*> free_ GUARDED_BY(mu_);  // freed blocks by size
   RangeAllocator allocator_{this};
   CountingHostAllocator host_;
 };

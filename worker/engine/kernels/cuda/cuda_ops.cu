@@ -19,9 +19,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -400,13 +400,13 @@ void SetError(char* error, size_t len, const char* what, const char* detail) {
   std::snprintf(error, len, "%s: %s", what, detail);
 }
 
-std::mutex g_tables_mu;
-std::vector<const CudaOpsImpl*> g_tables;  // GUARDED_BY(g_tables_mu); every table, until exit
+Mutex g_tables_mu;
+std::vector<const CudaOpsImpl*> g_tables GUARDED_BY(g_tables_mu);  // every table, until exit
 
 }  // namespace
 
 cudaStream_t ComputeStreamOf(const Ops* ops) {
-  std::lock_guard<std::mutex> lock(g_tables_mu);
+  MutexLock lock(&g_tables_mu);
   for (const CudaOpsImpl* table : g_tables) {
     if (table == ops) return table->compute_stream();
   }
@@ -479,7 +479,7 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
   auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas, std::move(lt),
                                                       std::move(staging));  // until exit
   {
-    std::lock_guard<std::mutex> lock(drover::engine::cuda::g_tables_mu);
+    drover::MutexLock lock(&drover::engine::cuda::g_tables_mu);
     drover::engine::cuda::g_tables.push_back(table);
   }
   *ops = table;
