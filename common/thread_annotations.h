@@ -19,10 +19,18 @@
 #define CAPABILITY(x) DROVER_THREAD_ANNOTATION(capability(x))
 // On a class: an RAII object that holds a lock for its lifetime.
 #define SCOPED_CAPABILITY DROVER_THREAD_ANNOTATION(scoped_lockable)
+// GUARDED_BY, PT_GUARDED_BY and NO_THREAD_SAFETY_ANALYSIS may come defined already, with the
+// same meaning, by Abseil's legacy header (absl/base/internal/thread_annotations.h, which
+// gRPC's headers include); that definition is kept.
+//
 // On a member: read or written only with `x` held.
+#ifndef GUARDED_BY
 #define GUARDED_BY(x) DROVER_THREAD_ANNOTATION(guarded_by(x))
+#endif
 // On a pointer member: what it points to is read or written only with `x` held.
+#ifndef PT_GUARDED_BY
 #define PT_GUARDED_BY(x) DROVER_THREAD_ANNOTATION(pt_guarded_by(x))
+#endif
 // On a function: the caller holds these locks.
 #define REQUIRES(...) DROVER_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
 // On a function: the caller must not hold these locks (it takes them itself).
@@ -35,4 +43,6 @@
 // On a function: it returns this lock.
 #define RETURN_CAPABILITY(x) DROVER_THREAD_ANNOTATION(lock_returned(x))
 // On a function the analysis cannot follow; say why beside it.
+#ifndef NO_THREAD_SAFETY_ANALYSIS
 #define NO_THREAD_SAFETY_ANALYSIS DROVER_THREAD_ANNOTATION(no_thread_safety_analysis)
+#endif

@@ -237,6 +237,41 @@ TEST(NcclCommunicatorTest, TwoRanksReduceGatherAndSendOnDeviceAndHostBuffers) {
   EXPECT_EQ(results[1], "");
 }
 
+// NCCL connects to a peer at the first transfer, so a group's first call waits for a late
+// peer up to the connect timeout; a later call only up to the call timeout, and then the
+// communicator is aborted.
+TEST(NcclCommunicatorTest, OnlyTheFirstCallWaitsForALatePeerUpToTheConnectTimeout) {
+  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    Ops* ops = *CudaOps();
+    auto comm = ConnectNcclThroughPlugin(ops, store, "g", rank, 2, CommOptions{milliseconds(300)},
+                                         milliseconds(20'000));
+    if (!comm.ok()) return comm.status().ToString();
+    Status st;
+    if (rank == 1) std::this_thread::sleep_for(milliseconds(1'500));
+    OnDevice(ops, {1}, [&](float* d) {
+      st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum);
+    });
+    RANK_EXPECT(st.ok(), "first all-reduce, the peer 1.5 s late: " + st.ToString());
+    if (rank == 1) std::this_thread::sleep_for(milliseconds(1'500));
+    const auto start = std::chrono::steady_clock::now();
+    OnDevice(ops, {1}, [&](float* d) {
+      st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum);
+    });
+    if (rank == 0) {
+      RANK_EXPECT(st.code() == StatusCode::kDeadlineExceeded,
+                  "second all-reduce, the peer 1.5 s late: " + st.ToString());
+      RANK_EXPECT(std::chrono::steady_clock::now() - start < milliseconds(1'400),
+                  "the second all-reduce outlived its 300 ms timeout");
+      RANK_EXPECT(st.message().find("within 300 ms") != std::string::npos, st.message());
+    }
+    return "";  // rank 1 finds its peer aborted: any error will do
+  });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
+}
+
 TEST(NcclCommunicatorTest, TwoRanksOnOneGpuAreRefused) {
   if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
   auto results = OnRanks({"0", "0"}, [](int rank, KvStore* store) -> std::string {

@@ -307,7 +307,15 @@ std::map<const void*, int>& MaxDynamicShared() {  // GUARDED_BY(g_attributes_mu)
   return *limits;
 }
 constexpr int kDefaultDynamicShared = 48 * 1024;
-constexpr int kOptInDynamicShared = 227 * 1024;  // sm_90
+// The device's opt-in limit: sm_90's 227 KiB, or DROVER_EMU_SHARED_OPTIN bytes to stand in
+// for a GPU with less (sm_86/sm_89: 101376, sm_80: 166912).
+int OptInDynamicShared() {
+  static const int bytes = [] {
+    const char* env = std::getenv("DROVER_EMU_SHARED_OPTIN");
+    return env != nullptr ? std::atoi(env) : 227 * 1024;
+  }();
+  return bytes;
+}
 
 void Run(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
          const std::function<void()>& body) {
@@ -360,7 +368,7 @@ void Run(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
 }
 
 int SetMaxDynamicShared(const void* func, int value) {
-  if (func == nullptr || value < 0 || value > kOptInDynamicShared) return cudaErrorInvalidValue;
+  if (func == nullptr || value < 0 || value > OptInDynamicShared()) return cudaErrorInvalidValue;
   std::lock_guard<std::mutex> lock(g_attributes_mu);
   MaxDynamicShared()[func] = value;
   return cudaSuccess;
@@ -564,6 +572,15 @@ cudaError_t cudaGetDeviceCount(int* count) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
+  *value = drover_emu::OptInDynamicShared();
+  return cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
   return static_cast<cudaError_t>(drover_emu::SetMaxDynamicShared(func, value));

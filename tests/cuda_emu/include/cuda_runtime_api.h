@@ -52,6 +52,12 @@ enum cudaFuncAttribute {
 // Up to the device's opt-in limit (sm_90: 227 KiB); the kernel's launches may then ask for
 // that much dynamic shared memory.
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+enum cudaDeviceAttr {
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+// That limit (DROVER_EMU_SHARED_OPTIN bytes stand in for a smaller GPU's), device 0 only.
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaGetDevice(int* device);
 
 cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);

@@ -221,9 +221,12 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   }
   RETURN_IF_ERROR(mem.ReleaseParams(h));
   RETURN_IF_ERROR(mem.ReleaseParams(h));
-  // Ready now, also when the embedding shares the unit: its rows follow at the very end
-  // (StageMemory::AddEmbeddingGrads), and the dense part can be reduced meanwhile.
-  RETURN_IF_ERROR(mem.GradsReady(h));
+  // Ready now, also when the embedding shares the unit and the memory wants it so: its rows
+  // follow at the very end (StageMemory::AddEmbeddingGrads), and the dense part can be
+  // reduced meanwhile.
+  if (h != layout_->embedding_unit() || mem.TiedUnitReadyAfterHead()) {
+    RETURN_IF_ERROR(mem.GradsReady(h));
+  }
 
   ASSIGN_OR_RETURN(float* gf, mem.AcquireGrads(f, &acc));
   ops_->Fill(a.dres_, 0.0f, static_cast<size_t>(BT) * C);
@@ -286,8 +289,10 @@ Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scal
   if (!layout_->first_stage()) return OkStatus();
   const int e = layout_->embedding_unit();
   if (e == layout_->head_unit()) {
-    // The head wrote (and zero-filled) this unit and made it ready already.
-    return mem.AddEmbeddingGrads(e, a.inputs_.data(), a.dres_, a.B_, a.T_);
+    // The head wrote (and zero-filled) this unit, and made it ready already if the memory
+    // wanted it so.
+    RETURN_IF_ERROR(mem.AddEmbeddingGrads(e, a.inputs_.data(), a.dres_, a.B_, a.T_));
+    return mem.TiedUnitReadyAfterHead() ? OkStatus() : mem.GradsReady(e);
   }
   bool acc = false;
   ASSIGN_OR_RETURN(float* ge, mem.AcquireGrads(e, &acc));

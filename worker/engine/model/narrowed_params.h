@@ -33,6 +33,7 @@ class NarrowedParams final : public StageMemory {
                            int T) override {
     return inner_->AddEmbeddingGrads(unit, inputs, dout, B, T);
   }
+  bool TiedUnitReadyAfterHead() const override { return inner_->TiedUnitReadyAfterHead(); }
 
   // The master weights changed (an optimizer step, a load): narrow them again when next
   // acquired.

@@ -20,13 +20,14 @@
 // the acquisition).
 //
 // The embedding's backward goes through AddEmbeddingGrads. On a single stage the LM head
-// shares the embedding unit, and the stage makes that unit ready right after the head's
-// backward, before the layers': the unit's dense part (the head's gradient of wte, a third
-// of GPT-2 small) can then be reduced while the layers' backward runs, instead of last. The
-// embedding's own contribution arrives after that, as AddEmbeddingGrads; a memory whose
-// reduction of the unit has already started reduces those rows on their own (B*T token rows
-// and T position rows, not the whole table) and adds them after. Elsewhere (the first of
-// several stages) AddEmbeddingGrads comes between AcquireGrads and GradsReady.
+// shares the embedding unit. Where the memory says TiedUnitReadyAfterHead, the stage makes
+// that unit ready right after the head's backward, before the layers': the unit's dense
+// part (the head's gradient of wte, a third of GPT-2 small) can then be reduced while the
+// layers' backward runs, instead of last. The embedding's own contribution arrives after
+// that, as AddEmbeddingGrads; a memory whose reduction of the unit has already started
+// reduces those rows on their own (B*T token rows and T position rows, not the whole table)
+// and adds them after. Otherwise, and elsewhere (the first of several stages),
+// AddEmbeddingGrads comes between AcquireGrads and GradsReady.
 //
 // Thread-safety: called from the training thread only.
 #pragma once
@@ -54,6 +55,9 @@ class StageMemory {
   // wpe rows 0..T-1 (Ops::EncoderBackward). See above for when it comes.
   virtual Status AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
                                    int T) = 0;
+  // Whether a single stage makes the unit the LM head shares with the embedding ready right
+  // after the head's backward (true) or only after the embedding's (false). See above.
+  virtual bool TiedUnitReadyAfterHead() const { return true; }
 };
 
 // Whole parameter and gradient arenas of one layout (not owned). ZeroGrad is lazy: the

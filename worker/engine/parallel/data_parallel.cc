@@ -12,6 +12,7 @@ DataParallelMemory::DataParallelMemory(const GptLayout* layout, Ops* ops, Commun
       ops_(ops),
       dp_(dp),
       zero_stage_(dp == nullptr ? 0 : zero_stage),
+      tied_ready_after_head_(TiedUnitReadyAfterHeadOn(ops)),
       params_(ops->Allocate(layout->num_params())),
       grads_(ops->Allocate(layout->num_params())),
       flat_(layout, ops, params_.data(), grads_.data()),

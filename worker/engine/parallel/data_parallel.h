@@ -9,7 +9,8 @@
 // Stage 1 then all-gathers the updated shards (PublishParams). On a single stage the tied
 // embedding is a bucket of its own, reduced right after the LM head's backward; the
 // embedding's rows of the last micro-batch follow it (AddEmbeddingGrads), gathered from
-// every dp rank and added after the reduction, in stream order.
+// every dp rank and added after the reduction, in stream order (on host memory; on a device
+// the unit is made ready after the embedding's backward instead: TiedUnitReadyAfterHeadOn).
 //
 // With a null dp communicator (dp = 1) nothing is reduced and the memory is exactly
 // FlatStageMemory: single-process training goes through here unchanged.
@@ -43,6 +44,7 @@ class DataParallelMemory final : public TrainingMemory {
   Status GradsReady(int unit) override;
   Status AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
                            int T) override;
+  bool TiedUnitReadyAfterHead() const override { return tied_ready_after_head_; }
 
   void BeginStep() override;
   void SetLastMicroBatch(bool last) override { last_micro_batch_ = last; }
@@ -75,6 +77,7 @@ class DataParallelMemory final : public TrainingMemory {
   Ops* ops_;
   Communicator* dp_;
   const int zero_stage_;
+  const bool tied_ready_after_head_;
   Buffer params_;
   Buffer grads_;
   Buffer rows_scratch_;  // AddEmbeddingRows' device copy; used on the comm thread only

@@ -57,14 +57,18 @@ void Backoff(int round) {
 // The state a group shares between its communicator and its requests.
 class NcclGroup {
  public:
+  // `first_timeout` bounds the group's first collective and first send or receive instead
+  // of `timeout`: NCCL connects lazily, at a transfer's first use of a peer, which across
+  // nodes can take seconds on its own.
   NcclGroup(std::string name, int rank, int size, int device, cudaStream_t after,
-            std::chrono::milliseconds timeout)
+            std::chrono::milliseconds timeout, std::chrono::milliseconds first_timeout)
       : name_(std::move(name)),
         rank_(rank),
         size_(size),
         device_(device),
         after_(after),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        first_timeout_(std::max(timeout, first_timeout)) {}
 
   ~NcclGroup() {
     Log(CudaNcclStatus(cudaSetDevice(device_), "cudaSetDevice", Where("Destroy")));
@@ -139,16 +143,32 @@ class NcclGroup {
 
   // Runs `enqueue` (NCCL calls on the stream) after the compute stream's work, then polls
   // until the stream has drained.
+  //
+  // The call's deadline starts once that compute has finished, not at the call: the GPU
+  // runs behind the host (by up to the rest of a backward pass when the call reduces an
+  // early gradient bucket), and a backlog of our own kernels is no sign of a hung peer.
+  // The backlog has a bound of its own (kComputeBacklogLimit), so a kernel that never ends
+  // still fails the call rather than hang it.
   Status Run(const char* op, const std::function<Status()>& enqueue) {
     if (!error_.ok()) return error_;
-    const auto deadline = NcclClock::now() + timeout_;
     const std::string where = Where(op);
     RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice", where));
     RETURN_IF_ERROR(OrderAfterCompute(where));
     // enqueue's own failures (bad arguments, a peer that failed at once) break the group too.
     Status enqueued = enqueue();
     if (!enqueued.ok()) return Break(std::move(enqueued));
-    return Poll(op, deadline, [&]() -> StatusOr<bool> {
+    if (after_ != nullptr) {
+      RETURN_IF_ERROR(Poll(
+          op, NcclClock::now() + kComputeBacklogLimit,
+          [&]() -> StatusOr<bool> {
+            const cudaError_t state = cudaEventQuery(ordered_);
+            if (state == cudaErrorNotReady) return false;
+            DROVER_CUDA_NCCL(where, state);
+            return true;
+          },
+          "the kernels it follows on the compute stream did not finish"));
+    }
+    return Poll(op, NextDeadline(), [&]() -> StatusOr<bool> {
       const cudaError_t state = cudaStreamQuery(stream_);
       if (state == cudaErrorNotReady) return false;
       DROVER_CUDA_NCCL(where, state);
@@ -156,13 +176,22 @@ class NcclGroup {
     });
   }
 
+  // The deadline of a transfer starting now: first_timeout_ for the group's first one.
+  NcclClock::time_point NextDeadline() {
+    const auto allowed = used_ ? timeout_ : first_timeout_;
+    used_ = true;
+    return NcclClock::now() + allowed;
+  }
+
   // Polls until NCCL has finished enqueueing (it is nonblocking) and then `done` says
   // true; fails (and aborts the communicator) on NCCL's asynchronous error, on an error of
   // `done`, or at `deadline`.
   Status Poll(const char* op, NcclClock::time_point deadline,
-              const std::function<StatusOr<bool>()>& done) {
+              const std::function<StatusOr<bool>()>& done,
+              const char* cause = "a peer hangs or is slow") {
     if (!error_.ok()) return error_;
     const std::string where = Where(op);
+    const auto started = NcclClock::now();
     for (int round = 0;; ++round) {
       ncclResult_t state = ncclSuccess;
       Status polled =
@@ -175,9 +204,11 @@ class NcclGroup {
         if (*finished) return OkStatus();
       }
       if (NcclClock::now() >= deadline) {
+        const auto allowed =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - started);
         return Break(DeadlineExceededError(where + ": not complete within " +
-                                           std::to_string(timeout_.count()) +
-                                           " ms (a peer hangs or is slow); communicator aborted"));
+                                           std::to_string(allowed.count()) + " ms (" + cause +
+                                           "); communicator aborted"));
       }
       Backoff(round);
     }
@@ -214,6 +245,10 @@ class NcclGroup {
   const int device_;
   const cudaStream_t after_;  // the compute stream, or null
   const std::chrono::milliseconds timeout_;
+  const std::chrono::milliseconds first_timeout_;
+  // How long a call waits for the compute it is ordered after (Run).
+  static constexpr std::chrono::minutes kComputeBacklogLimit{5};
+  bool used_ = false;              // a transfer has been enqueued (NextDeadline)
   cudaStream_t stream_ = nullptr;  // every NCCL call of the group; owned
   cudaEvent_t ordered_ = nullptr;  // OrderAfterCompute's
   ncclComm_t comm_ = nullptr;      // null before Init and after an abort
@@ -381,7 +416,7 @@ class NcclCommunicator final : public Communicator {
                                           const std::function<ncclResult_t()>& call) {
     DROVER_CHECK_MSG(peer >= 0 && peer < size() && peer != rank(), "peer out of range");
     if (!group_->error().ok()) return group_->error();
-    const auto deadline = NcclClock::now() + timeout();
+    const auto deadline = group_->NextDeadline();
     const std::string where = group_->Where(op);
     if (bytes == 0) {
       return std::unique_ptr<Request>(new NcclRequest(group_, op, nullptr, deadline));
@@ -415,7 +450,8 @@ StatusOr<std::unique_ptr<Communicator>> ConnectNcclGroup(
     cudaStream_t after, const CommOptions& options, std::chrono::milliseconds connect_timeout) {
   DROVER_CHECK_MSG(size >= 1 && rank >= 0 && rank < size, "rank out of range");
   const auto deadline = NcclClock::now() + connect_timeout;
-  auto group = std::make_shared<NcclGroup>(group_name, rank, size, device, after, options.timeout);
+  auto group = std::make_shared<NcclGroup>(group_name, rank, size, device, after, options.timeout,
+                                           connect_timeout);
   const std::string where = group->Where("Connect");
 
   ncclUniqueId id;

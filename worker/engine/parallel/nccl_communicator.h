@@ -11,8 +11,10 @@
 // kernels enqueued later (the rest of backward) run beside it. The call returns when the
 // group's stream has drained (or, for Isend / Irecv, the request's Wait returns when an
 // event recorded after the transfer has fired). Completion is polled, never waited out:
-// cudaStreamQuery / cudaEventQuery and ncclCommGetAsyncError, against the call's deadline
-// (CommOptions::timeout, end to end). On a deadline the communicator calls ncclCommAbort,
+// cudaStreamQuery / cudaEventQuery and ncclCommGetAsyncError, against the call's deadline:
+// CommOptions::timeout from the moment the compute the call follows has finished (the
+// group's first transfer gets the connect timeout, as NCCL connects to peers lazily).
+// On a deadline the communicator calls ncclCommAbort,
 // which is the only way to get a rank out of a collective whose peer hangs, and is broken
 // from then on (communicator.h).
 //

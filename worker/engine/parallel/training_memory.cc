@@ -68,6 +68,11 @@ std::vector<float> PackEmbeddingRows(Ops* ops, const int32_t* inputs, const floa
   return packed;
 }
 
+bool TiedUnitReadyAfterHeadOn(Ops* ops) {
+  const Buffer probe = ops->Allocate(1);
+  return !ops->IsDeviceMemory(probe.data());
+}
+
 void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t wpe_offset,
                       float* dwindow, size_t lo, size_t hi, Buffer* scratch) {
   const size_t bt = static_cast<size_t>(B) * T;

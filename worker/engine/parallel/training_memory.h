@@ -75,6 +75,14 @@ std::vector<float> PackEmbeddingRows(Ops* ops, const int32_t* inputs, const floa
 void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t wpe_offset,
                       float* dwindow, size_t lo, size_t hi, Buffer* scratch);
 
+// What a dp memory on `ops` answers to StageMemory::TiedUnitReadyAfterHead. On host memory,
+// yes: the reduction of the tied table overlaps the layers' backward, and the embedding's
+// rows follow as a gather of every rank's B*T rows (PackEmbeddingRows), cheap beside it at
+// CPU batch sizes. On a device, no: those rows go through host memory on both sides, and
+// at GPU batch sizes (B*T = 32k tokens of GPT-2's 50k-row table) the gather moves more than
+// the table itself; the unit is reduced whole, on the device, after the embedding's backward.
+bool TiedUnitReadyAfterHeadOn(Ops* ops);
+
 // Floats one rank holds for the model state (activations not counted).
 struct MemoryUsage {
   size_t params = 0;   // whole arena, or the shard under ZeRO-3

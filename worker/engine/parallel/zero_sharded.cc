@@ -33,6 +33,7 @@ ShardedMemory::ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp
       ops_(ops),
       dp_(dp),
       zero_stage_(zero_stage),
+      tied_ready_after_head_(TiedUnitReadyAfterHeadOn(ops)),
       partition_(layout->num_params(), dp->size()),
       params_(ops->Allocate(zero_stage == 3
                                 ? partition_.end(dp->rank()) - partition_.begin(dp->rank())

@@ -47,6 +47,7 @@ class ShardedMemory final : public TrainingMemory {
   Status GradsReady(int unit) override;
   Status AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
                            int T) override;
+  bool TiedUnitReadyAfterHead() const override { return tied_ready_after_head_; }
 
   void BeginStep() override;
   void SetLastMicroBatch(bool) override {}  // every micro-batch is reduced
@@ -100,6 +101,7 @@ class ShardedMemory final : public TrainingMemory {
   Ops* ops_;
   Communicator* dp_;
   const int zero_stage_;
+  const bool tied_ready_after_head_;
   ShardPartition partition_;
   Buffer params_;        // stage 2: the whole arena; stage 3: this rank's shard
   Buffer owned_grads_;   // this rank's shard of the dp-averaged gradient

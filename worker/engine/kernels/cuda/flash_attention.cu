@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "worker/engine/kernels/cuda/cuda_check.h"
@@ -148,11 +149,24 @@ __device__ void LoadTile(N* narrow, float* wide, OperandIn src, size_t ld, int t
   }
 }
 
+// The softmax passes give each row of a warp's 16 x 64 tile two lanes (lane = 2 r + half),
+// each reading 32 of its columns. Rows are kLdW floats apart, 4 banks modulo 32, so the
+// plain split (columns half * 32 + i at step i) puts both lanes of a row, and rows r and
+// r + 8, on one bank: 4-way conflicts on every access. Here the low two bits of the column
+// differ between those four lanes instead (half, and r / 8), and every step's 32 reads hit
+// 32 banks. Over its 32 steps each lane sees two columns of every group of four.
+template <int kLdW>
+__device__ __forceinline__ int SoftmaxColumn(int i, int r, int half) {
+  static_assert(kLdW % 32 == 4, "the column order assumes rows 4 banks apart");
+  return 4 * (i / 2) + (2 * (i % 2) + half + 2 * (r / 8)) % 4;
+}
+
 // out (16, 16 * blocks; ldm kLdW) = a (16, HS) b^T for the first `blocks` 16-column blocks,
 // b (16 * blocks, HS) row-major: a warp's scores (or dP) against a tile of rows. Narrowed
 // operands, fp32 accumulation. Column blocks from `first` on only.
 template <typename N, int HS>
-__device__ void RowsTimesTileT(float* out, const N* a, const N* b, int first, int blocks) {
+__device__ __forceinline__ void RowsTimesTileT(float* out, const N* a, const N* b, int first,
+                                               int blocks) {
   using G = Geometry<N, HS>;
   for (int j = first; j < blocks; ++j) {
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -174,8 +188,9 @@ __device__ void RowsTimesTileT(float* out, const N* a, const N* b, int first, in
 // The fragment loops are unrolled: acc is indexed by compile-time constants only, so it stays
 // in registers rather than local memory.
 template <int HS, int kLdW, int kLdF>
-__device__ void AccumulateTf32(wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
-                               const float* a, const float* b, int first, int steps) {
+__device__ __forceinline__ void AccumulateTf32(
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16], const float* a,
+    const float* b, int first, int steps) {
   for (int kk = first; kk < steps; ++kk) {
     wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
     wmma::load_matrix_sync(fa, a + kk * 8, kLdW);  // already tf32 values
@@ -192,9 +207,9 @@ __device__ void AccumulateTf32(wmma::fragment<wmma::accumulator, 16, 16, 8, floa
 // t0.. of dst (row stride ld elements, dst at row 0 of the head's slice), rows < T only, each
 // element stored as N rounds it.
 template <typename N, int HS, int kLdW>
-__device__ void StoreRows(OperandOut dst, size_t ld, int t0, int T,
-                          const wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16],
-                          float* stage) {
+__device__ __forceinline__ void StoreRows(
+    OperandOut dst, size_t ld, int t0, int T,
+    const wmma::fragment<wmma::accumulator, 16, 16, 8, float> (&acc)[HS / 16], float* stage) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int n = 0; n < HS / 16; ++n) {
@@ -234,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     row_m[r] = -INFINITY;
     row_l[r] = 0.0f;
   }
-  // Softmax rows: two lanes per row, 32 columns each.
+  // Softmax rows: two lanes per row, 32 columns each (SoftmaxColumn).
   const int r = lane / 2, half = lane % 2;
   const int row = warp * 16 + r;  // in the tile
   const int tq = q0 + row;
@@ -252,18 +267,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Online softmax of the row: columns c <= limit are keys the row sees.
     const int limit = min(tq, T - 1) - k0;
-    float* srow = s + r * S::kLdW + half * 32;
+    float* srow = s + r * S::kLdW;
     float mx = -INFINITY;
     for (int i = 0; i < 32; ++i) {
-      if (half * 32 + i <= limit) mx = fmaxf(mx, srow[i]);
+      const int c = SoftmaxColumn<S::kLdW>(i, r, half);
+      if (c <= limit) mx = fmaxf(mx, srow[c]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1)) * scale;
     const float m_old = row_m[row];
     const float m_new = fmaxf(m_old, mx);  // finite: column 0 is seen by every row
     float sum = 0.0f;
     for (int i = 0; i < 32; ++i) {
-      const float p = half * 32 + i <= limit ? expf(srow[i] * scale - m_new) : 0.0f;
-      srow[i] = Tf32(p);
+      const int c = SoftmaxColumn<S::kLdW>(i, r, half);
+      const float p = c <= limit ? expf(srow[c] * scale - m_new) : 0.0f;
+      srow[c] = Tf32(p);
       sum += p;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -334,14 +351,15 @@ __global__ void SoftmaxDotKernel(float* D, const float* dout, const float* out, 
 
 // P and dS of 16 x 64 tiles, in place, for the two backward kernels: p = exp(s scale - lse),
 // ds = p (dp - D) scale, both zero where `visible` says the pair is masked; written as tf32.
-// Two lanes per row, 32 columns each; lse and D are per row (dq) or per column (dk, dv).
-template <typename Visible, typename Lse, typename Dot>
-__device__ void SoftmaxGrad(float* s, float* dp, int ld, float scale, Visible visible, Lse lse,
-                            Dot dot) {
+// Two lanes per row, 32 columns each (SoftmaxColumn); lse and D are per row (dq) or per
+// column (dk, dv).
+template <int ld, typename Visible, typename Lse, typename Dot>
+__device__ __forceinline__ void SoftmaxGrad(float* s, float* dp, float scale, Visible visible,
+                                            Lse lse, Dot dot) {
   const int lane = threadIdx.x % 32;
-  const int r = lane / 2, c0 = (lane % 2) * 32;
+  const int r = lane / 2, half = lane % 2;
   for (int i = 0; i < 32; ++i) {
-    const int c = c0 + i;
+    const int c = SoftmaxColumn<ld>(i, r, half);
     float p = 0.0f, ds = 0.0f;
     if (visible(r, c)) {
       p = expf(s[r * ld + c] * scale - lse(r, c));
@@ -403,8 +421,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     RowsTimesTileT<N, HS>(s, q + first_row * S::kLdN, k, 0, key_blocks);
     RowsTimesTileT<N, HS>(dp, dn + first_row * S::kLdN, v, 0, key_blocks);
     __syncwarp();
-    SoftmaxGrad(
-        s, dp, S::kLdW, scale,
+    SoftmaxGrad<S::kLdW>(
+        s, dp, scale,
         [=](int r, int c) {
           const int t = q0 + first_row + r;
           return k0 + c <= t && t < T;
@@ -465,8 +483,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     RowsTimesTileT<N, HS>(pt, k + first_key * S::kLdN, q, first_block, kWarps);
     RowsTimesTileT<N, HS>(dpt, v + first_key * S::kLdN, dn, first_block, kWarps);
     __syncwarp();
-    SoftmaxGrad(
-        pt, dpt, S::kLdW, scale,
+    SoftmaxGrad<S::kLdW>(
+        pt, dpt, scale,
         [=](int r, int c) {
           const int t = q0 + c;
           return t >= k0 + first_key + r && t < T;
@@ -569,12 +587,50 @@ void BackwardFor(OperandOut dqkv, float* dot, const float* dout, const float* st
   }
 }
 
+// The most dynamic shared memory a kernel of head size HS takes (2-byte N: bf16 and fp16
+// alike).
+template <int HS>
+constexpr size_t SharedBytes() {
+  using N = __nv_bfloat16;
+  static_assert(sizeof(N) == sizeof(__half));
+  return std::max({ForwardSmem<N, HS>::kBytes, DqSmem<N, HS>::kBytes, DkvSmem<N, HS>::kBytes});
+}
+
 }  // namespace
 
 bool FlashAttentionApplies(int C, int NH, Precision operands) {
   if (operands == Precision::kFp32 || NH <= 0 || C % NH != 0) return false;
-  const int HS = C / NH;
-  return HS == 16 || HS == 32 || HS == 64 || HS == 128;
+  size_t bytes = 0;  // the most dynamic shared memory one of the head size's kernels takes
+  switch (C / NH) {
+    case 16:
+      bytes = SharedBytes<16>();
+      break;
+    case 32:
+      bytes = SharedBytes<32>();
+      break;
+    case 64:
+      bytes = SharedBytes<64>();
+      break;
+    case 128:
+      bytes = SharedBytes<128>();
+      break;
+    default:
+      return false;
+  }
+  // sm_90 gives a block 227 KiB, enough for every head size; sm_86/sm_89 give 99 KiB and
+  // sm_80 163 KiB, too little for HS = 64 (104.5 KiB) or 128 (200.5 KiB). Those runs keep the
+  // GEMMs rather than fail at cudaFuncSetAttribute. One device per process: asked once.
+  static const size_t opt_in = [] {
+    int device = 0, value = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; the GEMMs need no such limit
+      return size_t{0};
+    }
+    return static_cast<size_t>(value);
+  }();
+  return bytes <= opt_in;
 }
 
 size_t FlashAttentionStateFloats(int B, int T, int C, int NH) {

@@ -6,6 +6,8 @@
 
 #include <numeric>
 
+#include "tests/unit/worker/engine/emulated_device_ops.h"
+
 namespace drover::engine::parallel {
 namespace {
 
@@ -63,6 +65,16 @@ TEST(PlanBucketsTest, ExcludedUnitsSplitBucketsAndGetNone) {
   EXPECT_EQ(buckets[0].units, (std::vector<int>{3}));
   EXPECT_EQ(buckets[1].units, (std::vector<int>{1, 0}));
   EXPECT_EQ(buckets[1].end, 8u);
+}
+
+// On the CPU the tied table is reduced during the layers' backward and the embedding's rows
+// follow; on a device (where those rows would travel through host memory) the unit waits
+// for the embedding's backward and is reduced whole (the emulated-device equivalence tests
+// in parallel_gpt_test.cc take that path).
+TEST(TiedUnitTest, ReadyAfterTheHeadOnHostMemoryOnlyAfterTheEmbeddingOnADevice) {
+  EXPECT_TRUE(TiedUnitReadyAfterHeadOn(CpuOps()));
+  testing::EmulatedDeviceOps device;
+  EXPECT_FALSE(TiedUnitReadyAfterHeadOn(&device));
 }
 
 TEST(PlanBucketsTest, AloneUnitsGetABucketOfTheirOwn) {
