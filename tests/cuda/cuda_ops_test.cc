@@ -659,6 +659,12 @@ TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
         auto m = (*trainer)->Step();
         ASSERT_TRUE(m.ok()) << device << ": " << m.status();
         losses.back().push_back(m->loss);
+        // The scratch buffers grow in the first steps; then no step allocates device memory
+        // (a cudaMalloc synchronises the whole GPU).
+        EXPECT_EQ(m->device_allocations.has_value(), device == "cuda");
+        if (s >= 2) {
+          EXPECT_EQ(m->device_allocations.value_or(0), 0) << dtype << " step " << s + 1;
+        }
       }
     }
     for (int s = 0; s < 20; ++s) {

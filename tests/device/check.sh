@@ -15,7 +15,8 @@
 #      float operand buffers and GEMMs on fp32 inputs (DROVER_CUDA_GEMM_INPUTS=fp32), where
 #      mixed precision takes 16-bit ones otherwise;
 #   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
-#   4. a one-rank job on cuda trains to success through the coordinator on that GPU;
+#   4. a one-rank job on cuda trains to success through the coordinator on that GPU, and
+#      allocates no device memory inside its steps after the second;
 #   4b. two ranks sharing the GPU (dp2 with ZeRO-1 and ZeRO-3, process groups staged
 #      through host memory) give the one-process losses of every step;
 #   5. the same build runs a CPU job to success on that machine;
@@ -122,7 +123,8 @@ cuda_job_succeeds() {
   local rc=$?
   drover status "$id" | tee "$work/cuda-status.txt"
   drover logs "$id" | tail -5
-  [[ $rc -eq 0 ]]
+  [[ $rc -eq 0 ]] &&
+    python3 "$(dirname "$0")/../tools/no_step_allocations.py" "$work/out-cuda/metrics.jsonl" 3
 }
 cpu_job_succeeds() {
   job_yaml cpu cpu > "$work/cpu.yaml"
@@ -148,7 +150,8 @@ YAML
   timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/out-dp2" \
     --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
   python3 "$(dirname "$0")/../tools/same_losses.py" "$work/out-dp1/metrics.jsonl" \
-    "$work/out-dp2/metrics.jsonl" 10 1e-4
+    "$work/out-dp2/metrics.jsonl" 10 1e-4 &&
+    python3 "$(dirname "$0")/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3
 }
 if [[ $no_gpu != 1 ]]; then
   step "4 a cuda job trains on the gpu" cuda_job_succeeds

@@ -45,6 +45,9 @@ run() {  # name nproc reference rtol overrides...
   echo "$name: one rank (reference), $nproc ranks through NCCL"
   python3 "$tests/tools/same_losses.py" "$work/$reference/metrics.jsonl" \
     "$work/$name/metrics.jsonl" 10 "$rtol"
+  # Rank 0's steps from the third on allocate no device memory (each cudaMalloc would
+  # synchronise the GPU).
+  python3 "$tests/tools/no_step_allocations.py" "$work/$name/metrics.jsonl" 3
 }
 run dp2-zero2 2 one 1e-5 parallel.zero_stage=2
 run dp2-zero3 2 one 1e-5 parallel.zero_stage=3

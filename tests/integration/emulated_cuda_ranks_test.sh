@@ -39,5 +39,8 @@ for zero in 1 3; do
   echo "zero-$zero: one rank (reference), two ranks"
   python3 "$tests/tools/same_losses.py" "$work/one-$zero/metrics.jsonl" \
     "$work/two-$zero/metrics.jsonl" 10 1e-5
+  # No device allocation inside a step after the first two (the scratch buffers' growth).
+  python3 "$tests/tools/no_step_allocations.py" "$work/one-$zero/metrics.jsonl" 3
+  python3 "$tests/tools/no_step_allocations.py" "$work/two-$zero/metrics.jsonl" 3
 done
 echo "two emulated-cuda ranks gave the one-rank losses, zero-1 and zero-3"

@@ -53,6 +53,9 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   if (m.spike) s += ",\"spike\":true";
   if (m.loss_scale.has_value()) AppendNumber(&s, "loss_scale", *m.loss_scale);
   if (m.skipped) s += ",\"skipped\":true";
+  if (m.device_allocations.has_value()) {
+    AppendInt(&s, "device_allocations", *m.device_allocations);
+  }
   s.push_back('}');
   return s;
 }

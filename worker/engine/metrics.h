@@ -41,13 +41,16 @@ struct StepMetrics {
   // so that the optimizer step was skipped.
   std::optional<double> loss_scale;
   bool skipped = false;
+  // Device runs: device allocations (cudaMalloc) made during the step. Each synchronises
+  // the GPU; after the first step there should be none (Ops::device_allocations).
+  std::optional<int64_t> device_allocations;
 };
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
-// and val_loss, rollbacks, spike, loss_scale and skipped when present. Non-finite numbers are
-// written as null (JSON has no NaN).
+// and val_loss, rollbacks, spike, loss_scale, skipped and device_allocations when present.
+// Non-finite numbers are written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

@@ -137,6 +137,7 @@ Status Trainer::Init() {
   if (ops == nullptr) {
     ASSIGN_OR_RETURN(ops, OpsForDevice(spec.resources.device));
   }
+  ops_ = ops;
   B_ = spec.train.micro_batch;
   T_ = spec.train.seq_len;
   output_dir_ = OutputDirOf(spec);
@@ -405,6 +406,7 @@ StatusOr<StepMetrics> Trainer::Step() {
     return st.WithContext("data.train");
   };
   const double lr = LearningRate(options_.spec.train, step_);
+  const uint64_t allocations = ops_->device_allocations();
   ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr));
   ++step_;
 
@@ -435,6 +437,9 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.rollbacks = rollbacks_;
   if (model_->loss_scaler_state() != nullptr) m.loss_scale = r.loss_scale;
   m.skipped = r.skipped;
+  if (options_.spec.resources.device != "cpu") {
+    m.device_allocations = static_cast<int64_t>(ops_->device_allocations() - allocations);
+  }
   if (!std::isfinite(m.loss) && spike_ == nullptr) {
     return InternalError("training loss is not finite at step " + std::to_string(step_));
   }

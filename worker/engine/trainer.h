@@ -170,6 +170,7 @@ class Trainer {
   void OnCheckpointComplete(const v1::CheckpointManifest& meta, const std::string& path);
 
   TrainerOptions options_;
+  Ops* ops_ = nullptr;  // the kernel table of resources.device (or options.ops)
   std::optional<ParallelMesh> mesh_;
   GptConfig config_;
   std::string output_dir_;

@@ -115,6 +115,10 @@ class Ops {
     (void)p;
     return false;
   }
+  // Device allocations (cudaMalloc) this process's tables of the backend have made so far;
+  // 0 on the CPU. Each one synchronises the device, so none should come after a run's first
+  // step: the trainer reports a step's count (metrics.jsonl: device_allocations).
+  virtual uint64_t device_allocations() const { return 0; }
   // Returns once every op enqueued so far has finished. CpuOps runs each op to completion
   // before it returns, so this returns at once; a backend with a queue (CUDA's streams)
   // waits for it. Training never needs it (the ops that return values wait themselves);

@@ -66,6 +66,7 @@ class ProfiledOps final : public Ops {
   Allocator* allocator() override { return inner_->allocator(); }
   Allocator* host_allocator() override { return inner_->host_allocator(); }
   bool IsDeviceMemory(const void* p) const override { return inner_->IsDeviceMemory(p); }
+  uint64_t device_allocations() const override { return inner_->device_allocations(); }
   void Synchronize() override { inner_->Synchronize(); }
 
   void Fill(float* x, float value, size_t n) override;

@@ -204,8 +204,7 @@ class NcclGroup {
         if (*finished) return OkStatus();
       }
       if (NcclClock::now() >= deadline) {
-        const auto allowed =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - started);
+        const auto allowed = std::chrono::ceil<std::chrono::milliseconds>(deadline - started);
         return Break(DeadlineExceededError(where + ": not complete within " +
                                            std::to_string(allowed.count()) + " ms (" + cause +
                                            "); communicator aborted"));

@@ -28,5 +28,13 @@ TEST(StepMetricsToJsonTest, Fp16StepsCarryTheirLossScaleAndSkips) {
   EXPECT_EQ(fp16.back(), '}');
 }
 
+TEST(StepMetricsToJsonTest, DeviceStepsCarryTheirDeviceAllocations) {
+  StepMetrics m;
+  m.step = 3;
+  EXPECT_EQ(StepMetricsToJson(m).find("device_allocations"), std::string::npos);
+  m.device_allocations = 0;  // a device step that allocated nothing says so
+  EXPECT_NE(StepMetricsToJson(m).find("\"device_allocations\":0"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace drover::engine

@@ -14,6 +14,7 @@
 // the call (ToHost, FromHost) and before the work enqueued after it (FromHost), so that the
 // data-parallel communication thread's staging overlaps the training thread's backward.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +32,16 @@
 #include "worker/engine/kernels/ops.h"
 
 namespace drover::engine::cuda {
+
+namespace {
+std::atomic<uint64_t> g_device_allocations{0};
+}  // namespace
+
+cudaError_t CountedMalloc(void** p, size_t bytes) {
+  g_device_allocations.fetch_add(1, std::memory_order_relaxed);
+  return cudaMalloc(p, bytes);
+}
+
 namespace {
 
 class DeviceAllocator final : public Allocator {
@@ -39,7 +50,7 @@ class DeviceAllocator final : public Allocator {
   float* Allocate(size_t n) override {
     if (n == 0) return nullptr;
     void* p = nullptr;
-    DROVER_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
+    DROVER_CUDA_CHECK(CountedMalloc(&p, n * sizeof(float)));
     DROVER_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
     DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return static_cast<float*>(p);
@@ -95,6 +106,9 @@ class CudaOpsImpl final : public Ops {
   cudaStream_t compute_stream() const { return stream_; }
   Allocator* allocator() override { return &allocator_; }
   Allocator* host_allocator() override { return &pinned_; }
+  uint64_t device_allocations() const override {
+    return g_device_allocations.load(std::memory_order_relaxed);
+  }
 
   void Fill(float* x, float value, size_t n) override { cuda::Fill(x, value, n, stream_); }
   void Copy(float* dst, const float* src, size_t n) override {
@@ -464,7 +478,7 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
       SetError(error, error_len, "cuBLASLt", cublasGetStatusString(st));
       return -1;
     }
-    if ((err = cudaMalloc(&workspace, kWorkspaceBytes)) != cudaSuccess) {
+    if ((err = drover::engine::cuda::CountedMalloc(&workspace, kWorkspaceBytes)) != cudaSuccess) {
       SetError(error, error_len, "cudaMalloc (cuBLASLt's workspace)", cudaGetErrorString(err));
       return -1;
     }

@@ -13,6 +13,10 @@
 
 namespace drover::engine::cuda {
 
+// cudaMalloc, counted for Ops::device_allocations (cuda_ops.cu). Every device allocation of
+// the plugin goes through it.
+cudaError_t CountedMalloc(void** p, size_t bytes);
+
 template <typename T>
 class Scratch {
  public:
@@ -21,7 +25,7 @@ class Scratch {
   T* Get(size_t n) {
     if (n > size_) {
       if (data_ != nullptr) DROVER_CUDA_CHECK(cudaFree(data_));
-      DROVER_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+      DROVER_CUDA_CHECK(CountedMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
       size_ = n;
     }
     return data_;

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# compute-sanitizer over the CUDA kernel table's op tests, on the GPU machine, after
+# check.sh (a call of its own, when device time is left):
+#
+#   tests/device/sanitize.sh build/device-pack.tar.xz        (carry build/device-pack.tar.xz)
+#
+# The kernel emulator (tests/cuda_emu) runs every kernel on the CPU with real barriers, but
+# its threads run one after another in a fixed order, so a missing barrier in one direction,
+# a lane reading another's write without __syncwarp, or a read of memory nobody wrote can
+# pass there. These are what the sanitizer's tools look for on the device:
+#   racecheck  shared-memory hazards (flash attention, LayerNorm, the softmax kernels);
+#   synccheck  barriers and warp syncs reached by only some threads;
+#   initcheck  reads of device memory never written;
+#   memcheck   out-of-bounds and misaligned accesses, over every op test.
+# Each prints PASS, FAIL, or SKIP where the machine's runtime refuses the sanitizer (on
+# gVisor it does: /work/.library/device/KINDS.md). The log is $OUT/sanitize.log when $OUT
+# is set. Exit 0 when nothing failed.
+set -uo pipefail
+
+pack=${1:-build/device-pack.tar.xz}
+log=${OUT:-.}/sanitize.log
+exec > >(tee "$log") 2>&1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tar -C "$work" -xJf "$pack" || { echo "FAIL cannot unpack $pack"; exit 1; }
+bin=$work/pack/bin
+nvlibs=$(python3 - <<'PY' 2>/dev/null
+import glob, os, sys
+print(':'.join(sorted({d for p in sys.path for d in glob.glob(os.path.join(p, 'nvidia', '*', 'lib'))})))
+PY
+)
+export LD_LIBRARY_PATH=$work/pack/lib:${nvlibs}:${LD_LIBRARY_PATH:-}
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+[[ -n $sanitizer ]] || { echo "SKIP compute-sanitizer is not installed"; exit 0; }
+
+failed=0
+check() {  # check TOOL SECONDS GTEST_FILTER
+  local tool=$1 seconds=$2 filter=$3
+  echo "==== $tool: $filter"
+  timeout "$seconds" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+    "$bin/cuda_tests" --gtest_filter="$filter" > "$work/$tool.txt" 2>&1
+  local rc=$?
+  tail -15 "$work/$tool.txt"
+  if grep -q "Device not supported\|Unable to find injection library" "$work/$tool.txt"; then
+    echo "SKIP $tool (the runtime refuses the sanitizer)"
+  elif [[ $rc -eq 0 ]]; then
+    echo "PASS $tool"
+  else
+    echo "FAIL $tool (exit $rc$([[ $rc -eq 124 ]] && echo ': timed out'))"
+    failed=1
+  fi
+}
+kernels='CudaOpsTest.AttentionForwardAndBackward:CudaOpsTest.LayerNormForwardAndBackward:CudaOpsTest.GeluCrossEntropyAndAdamW:CudaOpsTest.EncoderForwardAndBackward'
+check racecheck 150 "$kernels"
+check synccheck 90 "$kernels"
+check initcheck 90 "$kernels:CudaOpsTest.ElementwiseAndReductions"
+check memcheck 150 'CudaOpsTest.*:-*Gpt2Shapes*:*TwentyTrainingSteps*'
+[[ $failed -eq 0 ]] && echo "sanitize: nothing failed" || echo "sanitize: FAILED"
+exit $failed
