@@ -4,7 +4,7 @@
 
 namespace drover::engine::parallel {
 
-std::shared_ptr<Buffer> ShardedMemory::Pool::Take(size_t n) {
+std::shared_ptr<Buffer> ShardedMemory::Pool::TakeFree(size_t n) {
   MutexLock lock(&mu_);
   for (size_t i = 0; i < free_.size(); ++i) {
     if (free_[i]->size() == n) {
@@ -13,8 +13,15 @@ std::shared_ptr<Buffer> ShardedMemory::Pool::Take(size_t n) {
       return b;
     }
   }
-  held_ += n;
-  high_water_ = std::max(high_water_, held_);
+  return nullptr;
+}
+
+std::shared_ptr<Buffer> ShardedMemory::Pool::Allocate(size_t n) {
+  {
+    MutexLock lock(&mu_);
+    held_ += n;
+    high_water_ = std::max(high_water_, held_);
+  }
   return std::make_shared<Buffer>(ops_->Allocate(n));
 }
 
@@ -52,11 +59,21 @@ float* ShardedMemory::owned_params() {
   return zero_stage_ == 3 ? params_.data() : params_.data() + owned_begin();
 }
 
-void ShardedMemory::StartGather(int unit) {
+StatusOr<std::shared_ptr<Buffer>> ShardedMemory::TakeBuffer(size_t n) {
+  while (true) {
+    if (std::shared_ptr<Buffer> b = pool_.TakeFree(n)) return b;
+    if (!warm_ || grads_in_flight_.empty()) return pool_.Allocate(n);
+    // Its buffer is back in the pool once the work is done (GradsReady's Give).
+    RETURN_IF_ERROR(stream_.Wait(grads_in_flight_.front()));
+    grads_in_flight_.pop_front();
+  }
+}
+
+Status ShardedMemory::StartGather(int unit) {
   ParamSlot& slot = param_slots_[unit];
-  if (slot.buffer != nullptr) return;  // resident, or its gather is queued
+  if (slot.buffer != nullptr) return OkStatus();  // resident, or its gather is queued
   const Unit& u = layout_->units()[unit];
-  slot.buffer = pool_.Take(u.numel);
+  ASSIGN_OR_RETURN(slot.buffer, TakeBuffer(u.numel));
   float* data = slot.buffer->data();
   const size_t lo = std::max(u.offset, owned_begin());
   const size_t hi = std::min(u.offset + u.numel, owned_end());
@@ -67,13 +84,14 @@ void ShardedMemory::StartGather(int unit) {
         if (n > 0) ops_->Copy(data + dst, own, n);
         return dp_->AllGather(data, counts, DataType::kFloat32);
       });
+  return OkStatus();
 }
 
 StatusOr<const float*> ShardedMemory::AcquireParams(int unit) {
   if (zero_stage_ == 2) {
     return static_cast<const float*>(params_.data() + layout_->units()[unit].offset);
   }
-  StartGather(unit);
+  RETURN_IF_ERROR(StartGather(unit));
   ParamSlot& slot = param_slots_[unit];
   if (slot.refs == 0) RETURN_IF_ERROR(stream_.Wait(slot.ready));
   ++slot.refs;
@@ -89,7 +107,8 @@ Status ShardedMemory::ReleaseParams(int unit) {
 }
 
 void ShardedMemory::PrefetchParams(int unit) {
-  if (zero_stage_ == 3) StartGather(unit);
+  // A hint: a failure shows again at the unit's acquisition (the stream's errors stick).
+  if (zero_stage_ == 3) (void)StartGather(unit);
 }
 
 StatusOr<float*> ShardedMemory::AcquireGrads(int unit, bool* accumulate) {
@@ -103,7 +122,7 @@ StatusOr<float*> ShardedMemory::AcquireGrads(int unit, bool* accumulate) {
     RETURN_IF_ERROR(stream_.Wait(grads_in_flight_.front()));
     grads_in_flight_.pop_front();
   }
-  slot = pool_.Take(layout_->units()[unit].numel);
+  ASSIGN_OR_RETURN(slot, TakeBuffer(layout_->units()[unit].numel));
   *accumulate = false;
   return slot->data();
 }
@@ -170,6 +189,7 @@ Status ShardedMemory::FinishGradients(const std::function<Status(float* grads)>&
   DROVER_CHECK_MSG(!sync_deferred, "ZeRO-2/3 has no deferred units (no pipelines)");
   grads_in_flight_.clear();
   RETURN_IF_ERROR(stream_.WaitAll());
+  warm_ = true;
   for (size_t u = 0; u < param_slots_.size(); ++u) {
     DROVER_CHECK_MSG(param_slots_[u].refs == 0, "a unit's parameters outlived the step");
     DROVER_CHECK_MSG(grad_slots_[u] == nullptr, "a unit's gradient was never made ready");

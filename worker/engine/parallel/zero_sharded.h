@@ -75,7 +75,10 @@ class ShardedMemory final : public TrainingMemory {
   class Pool {
    public:
     explicit Pool(Ops* ops) : ops_(ops) {}
-    std::shared_ptr<Buffer> Take(size_t n);
+    // A free buffer of exactly n floats, or null.
+    std::shared_ptr<Buffer> TakeFree(size_t n);
+    // A new one (counted in high_water).
+    std::shared_ptr<Buffer> Allocate(size_t n);
     void Give(std::shared_ptr<Buffer> b);
     size_t high_water() const;
 
@@ -93,8 +96,15 @@ class ShardedMemory final : public TrainingMemory {
     CommStream::Ticket ready = 0;
   };
 
+  // A transient buffer of n floats for the training thread. After the first step the pool
+  // holds as many of each size as the training thread ever holds at once (the same call
+  // sequence every step), so a miss means the buffer is still on its way back from a
+  // reduction: it waits for the oldest one rather than allocate (a device allocation
+  // synchronises the GPU: Ops::device_allocations). It allocates during the first step, and
+  // when no reduction is in flight.
+  StatusOr<std::shared_ptr<Buffer>> TakeBuffer(size_t n);
   // Starts gathering unit u's parameters unless they are resident or on their way.
-  void StartGather(int unit);
+  Status StartGather(int unit);
   size_t owned_offset(size_t arena_offset) const { return arena_offset - owned_begin(); }
 
   const GptLayout* layout_;
@@ -110,6 +120,7 @@ class ShardedMemory final : public TrainingMemory {
   std::vector<ParamSlot> param_slots_;               // stage 3, per unit
   std::vector<std::shared_ptr<Buffer>> grad_slots_;  // per unit, while acquired
   std::deque<CommStream::Ticket> grads_in_flight_;
+  bool warm_ = false;  // a step has finished (TakeBuffer)
   CommStream stream_;  // last: its thread stops before the buffers go
 };
 
