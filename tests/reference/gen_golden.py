@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerates tests/reference/golden/: a small llm.c model file and the golden values that
-tests/unit/worker/engine/golden_test.cc compares drover against.
+tests/unit/worker/engine/model/golden_test.cc compares drover against.
 
     /usr/bin/python3 tests/reference/gen_golden.py   # needs Debian's python3-torch
 

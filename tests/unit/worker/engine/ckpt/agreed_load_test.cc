@@ -7,7 +7,7 @@
 #include <fstream>
 #include <thread>
 
-#include "tests/unit/worker/engine/ckpt_test_util.h"
+#include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 
 namespace drover::engine::ckpt {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "common/job_spec.h"
 #include "common/token_shard.h"
-#include "tests/unit/worker/engine/ckpt_test_util.h"
+#include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 #include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/ckpt/shard_exchange.h"

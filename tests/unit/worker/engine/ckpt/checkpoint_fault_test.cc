@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tests/unit/common/fault_injection_fs.h"
-#include "tests/unit/worker/engine/ckpt_test_util.h"
+#include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 #include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/ckpt/checkpoint.h"
 
