@@ -5,12 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <thread>
 #include <utility>
 
 #include "common/yaml_util.h"
-#include "worker/engine/ckpt/agreed_load.h"
 #include "worker/engine/kernels/cuda_backend.h"
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/model_file.h"
@@ -28,40 +26,6 @@ constexpr std::chrono::milliseconds kConfirmTimeout{5000};
 
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-int64_t WallNowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-v1::CheckpointModelConfig ToProto(const GptConfig& c) {
-  v1::CheckpointModelConfig p;
-  p.set_max_seq_len(c.max_seq_len);
-  p.set_vocab_size(c.vocab_size);
-  p.set_padded_vocab_size(c.padded_vocab_size);
-  p.set_num_layers(c.num_layers);
-  p.set_num_heads(c.num_heads);
-  p.set_channels(c.channels);
-  return p;
-}
-
-GptConfig FromProto(const v1::CheckpointModelConfig& p) {
-  GptConfig c;
-  c.max_seq_len = p.max_seq_len();
-  c.vocab_size = p.vocab_size();
-  c.padded_vocab_size = p.padded_vocab_size();
-  c.num_layers = p.num_layers();
-  c.num_heads = p.num_heads();
-  c.channels = p.channels();
-  return c;
-}
-
-std::string DescribeConfig(const GptConfig& c) {
-  return "L=" + std::to_string(c.num_layers) + " NH=" + std::to_string(c.num_heads) +
-         " C=" + std::to_string(c.channels) + " maxT=" + std::to_string(c.max_seq_len) +
-         " V=" + std::to_string(c.vocab_size);
 }
 
 // precision.loss_scale: "dynamic" (the scaler's defaults), or a fixed scale that still
@@ -329,58 +293,6 @@ Status Trainer::OpenData() {
   return OkStatus();
 }
 
-Status Trainer::RestoreLatest(const std::string& choice_key) {
-  // Every rank loads the one checkpoint rank 0 chose, reading it at the same time as the
-  // others; a checkpoint some rank finds broken is skipped by all (agreed_load.h).
-  std::string path;
-  ckpt::AgreedLoadOptions load;
-  load.dir = ckpt_dir_;
-  load.rank = options_.rank;
-  load.world_size = options_.world_size;
-  load.store = options_.store;
-  load.key = choice_key;
-  load.timeout = options_.connect_timeout;
-  StatusOr<ckpt::CheckpointSnapshot> snap = ckpt::LoadAgreedCheckpoint(load, &path);
-  if (!snap.ok()) return snap.status();
-  const v1::CheckpointManifest& m = snap->meta;
-  const GptConfig saved = FromProto(m.model());
-  if (!(saved == config_)) {
-    return InvalidArgumentError("checkpoint " + path + " holds a model " + DescribeConfig(saved) +
-                                ", the job spec asks for " + DescribeConfig(config_) +
-                                "; use another checkpoint.dir (or `drover train --fresh`)");
-  }
-  const size_t n = GptNumParams(config_);
-  if (snap->params.size() != n) {
-    return DataLossError("checkpoint " + path + " has " + std::to_string(snap->params.size()) +
-                         " parameters, the model has " + std::to_string(n));
-  }
-  model_->LoadGlobalParams(snap->params.data());
-  model_->LoadGlobalOptimizer(snap->adam_m.data(), snap->adam_v.data(), m.optimizer_step());
-  // The loss scale carries over between fp16 runs only; from any other checkpoint an fp16
-  // run starts at the initial scale (it finds its level within a few steps).
-  if (m.precision() == "fp16") {
-    LossScalerState scaler;
-    scaler.scale = static_cast<float>(m.loss_scaler().scale());
-    scaler.good_steps = m.loss_scaler().good_steps();
-    scaler.skipped_steps = m.loss_scaler().skipped_steps();
-    Status st = model_->RestoreLossScaler(scaler);
-    if (!st.ok()) return DataLossError("checkpoint " + path + ": " + st.message());
-  }
-  SamplerState s;
-  s.epoch = static_cast<uint64_t>(m.train_sampler().epoch());
-  s.offset = static_cast<uint64_t>(m.train_sampler().offset());
-  s.consumed_samples = static_cast<uint64_t>(m.train_sampler().consumed_samples());
-  Status st = loader_->Restore(s);
-  if (!st.ok()) return st.WithContext("checkpoint " + path + " sampler position");
-  step_ = m.step();
-  resumed_from_ = m.step();
-  rollbacks_ = std::max(rollbacks_, m.rollbacks());
-  last_checkpoint_step_ = m.step();
-  spdlog::info("resumed from checkpoint {} (step {}, {} samples consumed)", path, m.step(),
-               m.consumed_samples());
-  return OkStatus();
-}
-
 Status Trainer::StoreBarrier(const std::string& name) {
   if (options_.world_size == 1) return OkStatus();
   const std::string prefix = "barrier/" + name + "/";
@@ -455,63 +367,6 @@ StatusOr<double> Trainer::Evaluate() {
   });
 }
 
-ckpt::ShardSnapshot Trainer::MakeSnapshot() {
-  const JobSpec& spec = options_.spec;
-  ckpt::ShardSnapshot snap;
-  v1::CheckpointManifest& meta = snap.meta;
-  meta.set_job_id(options_.job_id);
-  meta.set_attempt(options_.attempt);
-  meta.set_step(step_);
-  const SamplerState s = loader_->state();
-  meta.set_consumed_samples(static_cast<int64_t>(s.consumed_samples));
-  meta.mutable_train_sampler()->set_epoch(static_cast<int64_t>(s.epoch));
-  meta.mutable_train_sampler()->set_offset(static_cast<int64_t>(s.offset));
-  meta.mutable_train_sampler()->set_consumed_samples(static_cast<int64_t>(s.consumed_samples));
-  *meta.mutable_model() = ToProto(config_);
-  for (const TensorInfo& t : GptTensorTable(config_)) {
-    v1::CheckpointTensor* pt = meta.add_tensors();
-    pt->set_name(t.name);
-    pt->set_offset(static_cast<int64_t>(t.offset));
-    pt->set_numel(static_cast<int64_t>(t.numel));
-    for (int64_t d : t.shape) pt->add_shape(d);
-    pt->set_decay(t.decay);
-  }
-  // The engine has no stochastic op (no dropout), so the seed is the whole RNG state.
-  meta.set_rng_state(spec.train.seed);
-  meta.set_precision(spec.precision.dtype);
-  meta.mutable_loss_scaler()->set_scale(1.0);  // no loss scaling but in fp16
-  if (const LossScalerState* scaler = model_->loss_scaler_state(); scaler != nullptr) {
-    meta.mutable_loss_scaler()->set_scale(scaler->scale);
-    meta.mutable_loss_scaler()->set_good_steps(scaler->good_steps);
-    meta.mutable_loss_scaler()->set_skipped_steps(scaler->skipped_steps);
-  }
-  meta.set_world_size(options_.world_size);
-  meta.set_optimizer_step(model_->optimizer_steps());
-  meta.set_created_ms(WallNowMs());
-  meta.set_num_params(static_cast<int64_t>(GptNumParams(config_)));
-  meta.set_rollbacks(rollbacks_);
-  // The copy aside: this rank's owned ranges, in host memory, before the next step runs,
-  // into the memory of the last written shard where there is one (async_writer.h).
-  ckpt::RankShard recycled = writer_->TakeRecycled();
-  parallel::ParallelGpt::OwnedState buffers;
-  buffers.params = std::move(recycled.params);
-  buffers.m = std::move(recycled.adam_m);
-  buffers.v = std::move(recycled.adam_v);
-  parallel::ParallelGpt::OwnedState owned = model_->ExportOwned(std::move(buffers));
-  snap.shard.rank = options_.rank;
-  for (const StridedRun& r : owned.runs) {
-    v1::CheckpointRun& run = snap.shard.runs.emplace_back();
-    run.set_begin(static_cast<int64_t>(r.begin));
-    run.set_length(static_cast<int64_t>(r.length));
-    run.set_stride(static_cast<int64_t>(r.stride));
-    run.set_count(static_cast<int64_t>(r.count));
-  }
-  snap.shard.params = std::move(owned.params);
-  snap.shard.adam_m = std::move(owned.m);
-  snap.shard.adam_v = std::move(owned.v);
-  return snap;
-}
-
 Status Trainer::PublishMetrics(const StepMetrics* m, bool wait) {
   if (!metrics_.is_open()) return OkStatus();
   if (m != nullptr) held_metrics_.push_back(*m);
@@ -542,63 +397,6 @@ Status Trainer::PublishMetrics(const StepMetrics* m, bool wait) {
   return OkStatus();
 }
 
-Status Trainer::RollBack(const StepMetrics& m) {
-  const SpikeRollbackSpec& spec = options_.spec.fault_tolerance.spike_rollback;
-  const int64_t spike_step = step_;
-  const uint64_t spike_consumed = loader_->state().consumed_samples;
-  const std::string why = std::isfinite(m.loss) ? fmt::format(
-                                                      "loss {:.4f} is over {} x the recent "
-                                                      "mean {:.4f}",
-                                                      m.loss, spec.factor, spike_->mean())
-                                                : std::string("loss is not finite");
-  // A run that spikes again after every rollback is not cured by more of them.
-  constexpr int64_t kMaxRollbacks = 10;
-  if (++rollbacks_ > kMaxRollbacks) {
-    return InternalError("loss spike at step " + std::to_string(spike_step) + " (" + why +
-                         ") after " + std::to_string(kMaxRollbacks) +
-                         " rollbacks already: giving up (fault_tolerance.spike_rollback)");
-  }
-  // The newest checkpoint must be on disk (a write in flight is finished first).
-  (void)FlushCheckpoints();
-  Status restored = RestoreLatest("rollback-" + std::to_string(rollbacks_));
-  if (!restored.ok()) {
-    if (restored.code() != StatusCode::kNotFound || !std::isfinite(m.loss)) {
-      return restored.WithContext("rolling back the loss spike at step " +
-                                  std::to_string(spike_step) + " (" + why + ")");
-    }
-    // Nothing to go back to yet: the spike stays in the run, counted.
-    spdlog::warn("loss spike at step {} ({}); no checkpoint to roll back to, going on", spike_step,
-                 why);
-    spike_->Reset();
-    return OkStatus();
-  }
-  // Skip the data seen from the checkpoint through the spike, and skip_steps batches more
-  // (PaLM's remedy: the batches around a spike are what set it off).
-  const uint64_t skip_to =
-      spike_consumed + static_cast<uint64_t>(spec.skip_steps) *
-                           static_cast<uint64_t>(options_.spec.train.global_batch);
-  RETURN_IF_ERROR(loader_->SkipTo(skip_to).WithContext("skipping the data of the spike"));
-  spike_->Reset();
-  spdlog::warn(
-      "loss spike at step {} ({}): rolled back to step {} and skipped the data through step {} "
-      "(rollback {})",
-      spike_step, why, step_, spike_step + spec.skip_steps, rollbacks_);
-  if (options_.listener != nullptr) options_.listener->OnRollback(spike_step, step_, rollbacks_);
-  return OkStatus();
-}
-
-Status Trainer::SaveCheckpoint(bool async) {
-  last_checkpoint_step_ = step_;
-  // A failed write is the disk's trouble, not the job's: it was reported (the listener) and
-  // the next interval tries again. Only the barrier's errors (a peer gone) are returned.
-  Status written = async ? writer_->Submit(MakeSnapshot()) : writer_->WriteNow(MakeSnapshot());
-  if (!written.ok()) spdlog::warn("a checkpoint failed: {}", written.ToString());
-  // A synchronous save keeps every rank away from the collectives until all shards are in.
-  return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));
-}
-
-Status Trainer::FlushCheckpoints() { return writer_ != nullptr ? writer_->Flush() : OkStatus(); }
-
 StatusOr<std::vector<float>> Trainer::GlobalParams() {
   std::vector<float> params;
   RETURN_IF_ERROR(model_->GatherGlobal(&params, nullptr, nullptr));
@@ -609,20 +407,6 @@ Status Trainer::SaveModel(const std::string& path) {
   ASSIGN_OR_RETURN(std::vector<float> params, GlobalParams());
   if (!is_rank0()) return OkStatus();
   return SaveModelFile(config_, params.data(), path);
-}
-
-void Trainer::OnCheckpointComplete(const v1::CheckpointManifest& meta, const std::string& path) {
-  spdlog::info("checkpoint step {} complete: {}", meta.step(), path);
-  if (options_.listener == nullptr) return;
-  v1::CheckpointRecord record;
-  record.set_job_id(meta.job_id());
-  record.set_attempt(meta.attempt());
-  record.set_step(meta.step());
-  record.set_path(std::filesystem::absolute(path).string());
-  record.set_consumed_samples(meta.consumed_samples());
-  record.set_created_ms(meta.created_ms());
-  record.set_world_size(meta.world_size());
-  options_.listener->OnCheckpoint(record);
 }
 
 void Trainer::LogStep(const StepMetrics& m) const {

@@ -31,6 +31,12 @@ std::string Num(int v) { return std::to_string(v); }
 
 }  // namespace
 
+std::string DescribeConfig(const GptConfig& c) {
+  return "L=" + std::to_string(c.num_layers) + " NH=" + std::to_string(c.num_heads) +
+         " C=" + std::to_string(c.channels) + " maxT=" + std::to_string(c.max_seq_len) +
+         " V=" + std::to_string(c.vocab_size);
+}
+
 int PaddedVocabSize(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
 
 GptConfig GptConfig::FromSpec(const ModelSpec& spec) {

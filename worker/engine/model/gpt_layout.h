@@ -60,6 +60,9 @@ struct GptConfig {
 // V rounded up to a multiple of 128.
 int PaddedVocabSize(int vocab_size);
 
+// "L=12 NH=12 C=768 maxT=1024 V=50257", for messages that compare two models.
+std::string DescribeConfig(const GptConfig& c);
+
 // An entry of the global tensor table.
 struct TensorInfo {
   std::string name;
