@@ -30,7 +30,8 @@
 # T x T, is timed too), and the residual stream and its gradients stay fp32: this measures
 # how far it is from the goal.
 # Worst-case timeouts add up to more than the device tool's 600 s per call: should the check
-# be cut short, run tests/device/speed.sh as a call of its own. Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
+# be cut short, run tests/device/speed.sh as a call of its own. tests/device/sanitize.sh
+# (compute-sanitizer over the op tests) is a call of its own too, when time is left. Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
 # DROVER_CHECK_NO_GPU=1 it runs steps 3-5 as a machine without a GPU must see them (a dry
 # run here: step 3 expects the agent's refusal instead). Exit 0 when every step passed.
 set -uo pipefail
