@@ -250,15 +250,13 @@ TEST(NcclCommunicatorTest, OnlyTheFirstCallWaitsForALatePeerUpToTheConnectTimeou
     if (!comm.ok()) return comm.status().ToString();
     Status st;
     if (rank == 1) std::this_thread::sleep_for(milliseconds(1'500));
-    OnDevice(ops, {1}, [&](float* d) {
-      st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum);
-    });
+    OnDevice(ops, {1},
+             [&](float* d) { st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum); });
     RANK_EXPECT(st.ok(), "first all-reduce, the peer 1.5 s late: " + st.ToString());
     if (rank == 1) std::this_thread::sleep_for(milliseconds(1'500));
     const auto start = std::chrono::steady_clock::now();
-    OnDevice(ops, {1}, [&](float* d) {
-      st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum);
-    });
+    OnDevice(ops, {1},
+             [&](float* d) { st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum); });
     if (rank == 0) {
       RANK_EXPECT(st.code() == StatusCode::kDeadlineExceeded,
                   "second all-reduce, the peer 1.5 s late: " + st.ToString());

@@ -1,8 +1,6 @@
 // The trainer's checkpoints (trainer.h): the snapshot of a step, the asynchronous or
 // synchronous save, the restore of the newest usable checkpoint on every rank, and the
 // rollback of a loss spike to it. The rest of the trainer is in trainer.cc.
-#include "worker/engine/trainer.h"
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <utility>
 
 #include "worker/engine/ckpt/agreed_load.h"
+#include "worker/engine/trainer.h"
 
 namespace drover::engine {
 namespace {

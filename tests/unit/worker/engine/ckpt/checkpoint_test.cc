@@ -1,5 +1,7 @@
 // Checkpoint directories: format round trip, corruption handling, pruning, and a resumed
 // run that continues the exact loss curve of an uninterrupted one.
+#include "worker/engine/ckpt/checkpoint.h"
+
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <google/protobuf/util/json_util.h>
@@ -19,7 +21,6 @@
 #include "common/token_shard.h"
 #include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 #include "worker/engine/ckpt/async_writer.h"
-#include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/ckpt/shard_exchange.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"

@@ -1,3 +1,5 @@
+#include "worker/engine/data/token_dataset.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -6,7 +8,6 @@
 #include <vector>
 
 #include "common/token_shard.h"
-#include "worker/engine/data/token_dataset.h"
 
 namespace drover::engine {
 namespace {

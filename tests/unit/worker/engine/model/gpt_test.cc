@@ -1,12 +1,12 @@
 // GptConfig, the tensor table and arena layout, GPT-2 init, and Forward's bookkeeping.
+#include "worker/engine/model/gpt.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
-
-#include "worker/engine/model/gpt.h"
 
 namespace drover::engine {
 namespace {
