@@ -1,9 +1,10 @@
 // The kernel emulator's runtime (tests/cuda_emu/README.md): fibers for the threads of a
 // block, the CUDA runtime calls the kernel table makes (memory, copies, streams and events,
-// synchronous here but for the NCCL emulator's work), and cuBLAS's GEMMs computed plainly.
+// the work running behind the host as on a GPU), and cuBLAS's GEMMs computed plainly.
 #include <ucontext.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -317,13 +319,12 @@ int OptInDynamicShared() {
   return bytes;
 }
 
-void Run(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
-         const std::function<void()>& body) {
+bool LaunchAccepted(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
     g_last_error = cudaErrorInvalidValue;  // "invalid configuration argument" on a device
-    return;
+    return false;
   }
   int allowed = kDefaultDynamicShared;
   {
@@ -333,8 +334,13 @@ void Run(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
   }
   if (shared_bytes > static_cast<size_t>(allowed)) {
     g_last_error = cudaErrorInvalidValue;  // "too many resources requested for launch"
-    return;
+    return false;
   }
+  return true;
+}
+
+void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+  const unsigned threads = block.x * block.y * block.z;
   if (g_block != nullptr) Die("a kernel launched from inside a kernel");
   Block b;
   b.body = &body;
@@ -423,14 +429,61 @@ cudaError_t Release(void* p, bool device) {
   return cudaSuccess;
 }
 
-// A stream. Kernels, copies and cuBLAS run at the call, on the caller's thread (the
-// emulator is synchronous); only work handed to EnqueueOnStream (the NCCL emulator's calls)
-// runs later, in order, on the stream's own thread, so that a collective can wait for its
-// peers while the caller goes on, as on a GPU. A synchronous call on a stream with such
-// work pending first waits for it, which keeps the stream's order.
+// How streams run their work (DROVER_EMU_STREAMS):
+//  - "deferred" (the default): as a GPU runs it, behind the host. Work waits in its stream
+//    until something needs it done: a synchronisation, a query, a wait on an event behind it,
+//    another stream's wait that reaches it, or DeferralLimit() passing (a GPU gets to its work
+//    by itself; without that limit two processes could each wait for the other's stream).
+//    So a host read without a synchronisation, a stream that should have waited for an event
+//    and memory reused while a kernel still reads it all see stale or changed data, and the
+//    tests' comparisons fail, as they would on a GPU.
+//  - "sync": device work runs at the call, after what its stream holds (the NCCL emulator's
+//    collectives still run on the stream's thread). A test that passes so and fails deferred
+//    is missing a stream ordering.
+enum class StreamMode { kDeferred, kSync };
+StreamMode Mode() {
+  static const StreamMode mode = [] {
+    const char* env = std::getenv("DROVER_EMU_STREAMS");
+    if (env == nullptr || std::strcmp(env, "deferred") == 0) return StreamMode::kDeferred;
+    if (std::strcmp(env, "sync") == 0) return StreamMode::kSync;
+    drover_emu::Die("DROVER_EMU_STREAMS must be deferred or sync");
+  }();
+  return mode;
+}
+// How long work waits to be needed before its stream runs it anyway: 50 ms, or
+// DROVER_EMU_DEFER_MS (the emulator's own tests wait for ever, to be deterministic).
+std::chrono::milliseconds DeferralLimit() {
+  static const std::chrono::milliseconds limit = [] {
+    const char* env = std::getenv("DROVER_EMU_DEFER_MS");
+    return std::chrono::milliseconds(env != nullptr ? std::atoll(env) : 50);
+  }();
+  return limit;
+}
+
+class Stream;
+std::mutex g_streams_mu;
+std::set<Stream*>& Streams() {  // GUARDED_BY(g_streams_mu): every live stream
+  static auto* streams = new std::set<Stream*>;
+  return *streams;
+}
+
+// A stream: its work runs in order on a thread of its own, once it is due (StreamMode).
+// Tickets count the work enqueued: ticket t is done once the t-th piece has run.
 class Stream {
  public:
-  ~Stream() {
+  using Clock = std::chrono::steady_clock;
+
+  Stream() {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    Streams().insert(this);
+  }
+  // cudaStreamDestroy: the work enqueued runs first, and the stream is kept (a few bytes), so
+  // that a wait enqueued elsewhere on an event recorded here may still ask it.
+  void Retire() {
+    {
+      std::lock_guard<std::mutex> lock(g_streams_mu);
+      Streams().erase(this);
+    }
     WaitIdle();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -439,10 +492,11 @@ class Stream {
     changed_.notify_all();
     if (worker_.joinable()) worker_.join();
   }
+  // Returns the work's ticket.
   uint64_t Enqueue(std::function<void()> work) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!worker_.joinable()) worker_ = std::thread([this] { Run(); });
-    queue_.push_back(std::move(work));
+    queue_.push_back({std::move(work), Clock::now()});
     changed_.notify_all();
     return ++enqueued_;
   }
@@ -454,19 +508,41 @@ class Stream {
     std::lock_guard<std::mutex> lock(mu_);
     return completed_ >= ticket;
   }
+  // Has the work up to `ticket` run as soon as it can, without waiting for it.
+  void Force(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ticket <= forced_) return;
+    forced_ = ticket;
+    changed_.notify_all();
+  }
   void Wait(uint64_t ticket) {
+    Force(ticket);
     std::unique_lock<std::mutex> lock(mu_);
     changed_.wait(lock, [&] { return completed_ >= ticket; });
   }
   void WaitIdle() { Wait(last()); }
 
  private:
+  struct Work {
+    std::function<void()> run;
+    Clock::time_point enqueued;
+  };
+
   void Run() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      std::function<void()> work = std::move(queue_.front());
+      if (queue_.empty()) {
+        if (stop_) return;
+        changed_.wait(lock);
+        continue;
+      }
+      const bool forced = completed_ + 1 <= forced_ || stop_ || Mode() == StreamMode::kSync;
+      const Clock::time_point due = queue_.front().enqueued + DeferralLimit();
+      if (!forced && Clock::now() < due) {
+        changed_.wait_until(lock, due);
+        continue;
+      }
+      std::function<void()> work = std::move(queue_.front().run);
       queue_.pop_front();
       lock.unlock();
       work();
@@ -478,8 +554,9 @@ class Stream {
 
   std::mutex mu_;
   std::condition_variable changed_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Work> queue_;
   uint64_t enqueued_ = 0, completed_ = 0;
+  uint64_t forced_ = 0;  // the work up to this ticket runs without waiting to be due
   bool stop_ = false;
   std::thread worker_;
 };
@@ -492,9 +569,23 @@ struct Event {
 Stream* AsStream(cudaStream_t stream) { return reinterpret_cast<Stream*>(stream); }
 Event* AsEvent(cudaEvent_t event) { return reinterpret_cast<Event*>(event); }
 bool Done(const Event* e) { return e->stream == nullptr || e->stream->Done(e->ticket); }
-// Before work that runs at the call: what the stream holds goes first.
 void Drain(cudaStream_t stream) {
   if (stream != nullptr) AsStream(stream)->WaitIdle();
+}
+// What cudaDeviceSynchronize does: every stream's work so far has run.
+void DrainAll() {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  for (Stream* s : Streams()) s->WaitIdle();
+}
+
+// Where a pointer points: a copy to or from pageable host memory is staged by the driver,
+// with host-side synchronisation that a copy between device and pinned memory has not.
+enum class Memory { kDevice, kPinned, kPageable };
+Memory KindOf(const void* p) {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  if (Inside(Allocations(true), p)) return Memory::kDevice;
+  if (Inside(Allocations(false), p)) return Memory::kPinned;
+  return Memory::kPageable;
 }
 
 }  // namespace
@@ -507,19 +598,60 @@ void drover_emu::EnqueueOnStream(cudaStream_t stream, std::function<void()> work
   AsStream(stream)->Enqueue(std::move(work));
 }
 
+void drover_emu::EnqueueWork(cudaStream_t stream, std::function<void()> work) {
+  if (stream == nullptr || Mode() == StreamMode::kSync) {
+    Drain(stream);
+    work();
+    return;
+  }
+  AsStream(stream)->Enqueue(std::move(work));
+}
+
 cudaError_t cudaMalloc(void** p, size_t bytes) { return Allocate(p, bytes, true); }
-cudaError_t cudaFree(void* p) { return Release(p, true); }
+// cudaFree and cudaFreeHost synchronise the device first, so no kernel still uses the memory.
+cudaError_t cudaFree(void* p) {
+  DrainAll();
+  return Release(p, true);
+}
 cudaError_t cudaMallocHost(void** p, size_t bytes) { return Allocate(p, bytes, false); }
-cudaError_t cudaFreeHost(void* p) { return Release(p, false); }
+cudaError_t cudaFreeHost(void* p) {
+  DrainAll();
+  return Release(p, false);
+}
+// The runtime's documented behaviour, no more: a copy into pageable memory returns once it is
+// done (after the stream's earlier work); one from pageable memory has read the source when
+// it returns (the driver stages it) and writes the device memory in the stream's order; one
+// between device and pinned memory is fully asynchronous.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t stream) {
-  Drain(stream);
-  if (bytes > 0) std::memmove(dst, src, bytes);
+  if (bytes == 0) return cudaSuccess;
+  const Memory to = KindOf(dst), from = KindOf(src);
+  if (stream == nullptr || (to == Memory::kPageable && from == Memory::kPageable)) {
+    Drain(stream);
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  if (to == Memory::kPageable) {
+    if (Mode() == StreamMode::kSync) {
+      Drain(stream);
+      std::memmove(dst, src, bytes);
+      return cudaSuccess;
+    }
+    Stream* s = AsStream(stream);
+    s->Wait(s->Enqueue([=] { std::memmove(dst, src, bytes); }));
+    return cudaSuccess;
+  }
+  if (from == Memory::kPageable) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    drover_emu::EnqueueWork(stream, [=] { std::memcpy(dst, staged->data(), bytes); });
+    return cudaSuccess;
+  }
+  drover_emu::EnqueueWork(stream, [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
-  Drain(stream);
-  std::memset(p, value, bytes);
+  drover_emu::EnqueueWork(stream, [=] { std::memset(p, value, bytes); });
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
@@ -530,17 +662,24 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Drain(stream);
   return cudaSuccess;
 }
+// A query that finds work pending has it run (the host is waiting for it); it does not wait.
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (stream == nullptr) return cudaSuccess;
   Stream* s = AsStream(stream);
-  return s->Done(s->last()) ? cudaSuccess : cudaErrorNotReady;
+  const uint64_t last = s->last();
+  if (s->Done(last)) return cudaSuccess;
+  s->Force(last);
+  return cudaErrorNotReady;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-  delete AsStream(stream);
+  AsStream(stream)->Retire();
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-  return Done(AsEvent(event)) ? cudaSuccess : cudaErrorNotReady;
+  const Event* e = AsEvent(event);
+  if (Done(e)) return cudaSuccess;
+  e->stream->Force(e->ticket);
+  return cudaErrorNotReady;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   Event* e = AsEvent(event);
@@ -791,22 +930,27 @@ bool Valid(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int 
 
 }  // namespace
 
-struct cublasContext {};
+struct cublasContext {
+  cudaStream_t stream = nullptr;  // cublasSetStream's: where its GEMMs are enqueued
+};
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
   *handle = new cublasContext;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 const char* cublasGetStatusString(cublasStatus_t status) {
   return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS"
                                          : "CUBLAS_STATUS_INVALID_VALUE (emulated)";
 }
-cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
-                            int n, int k, const void* alpha, const void* A, cudaDataType_t a_type,
-                            int lda, const void* B, cudaDataType_t b_type, int ldb,
-                            const void* beta, void* C, cudaDataType_t c_type, int ldc,
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb,
+                            int m, int n, int k, const void* alpha, const void* A,
+                            cudaDataType_t a_type, int lda, const void* B, cudaDataType_t b_type,
+                            int ldb, const void* beta, void* C, cudaDataType_t c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   // The table's combinations: fp32 inputs, or 16-bit ones of one type (with fp32 compute,
   // as cuBLAS requires of them); an fp32 output, or one of the 16-bit inputs' type.
@@ -824,26 +968,29 @@ cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperatio
       !InOneDeviceAllocation(C, m, n, ldc, c.ElementBytes())) {
     drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
   }
+  // alpha and beta are read at the call (host pointer mode); the product on the stream.
   const float alpha_f = *static_cast<const float*>(alpha),
               beta_f = *static_cast<const float*>(beta);
-  if (c_type == CUDA_R_32F) {
-    Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, static_cast<float*>(C), ldc, compute);
-    return CUBLAS_STATUS_SUCCESS;
-  }
-  // A 16-bit C: the sums in floats, each rounded once as it is stored.
-  std::vector<float> sums(static_cast<size_t>(m) * n);
-  for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < m; ++i) {
-      sums[i + static_cast<size_t>(j) * m] =
-          beta_f == 0.0f ? 0.0f : c.Get(i + static_cast<size_t>(j) * ldc);
+  drover_emu::EnqueueWork(handle->stream, [=] {
+    if (c_type == CUDA_R_32F) {
+      Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, static_cast<float*>(C), ldc, compute);
+      return;
     }
-  }
-  Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, sums.data(), m, compute);
-  for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < m; ++i) {
-      c.Set(i + static_cast<size_t>(j) * ldc, sums[i + static_cast<size_t>(j) * m]);
+    // A 16-bit C: the sums in floats, each rounded once as it is stored.
+    std::vector<float> sums(static_cast<size_t>(m) * n);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        sums[i + static_cast<size_t>(j) * m] =
+            beta_f == 0.0f ? 0.0f : c.Get(i + static_cast<size_t>(j) * ldc);
+      }
     }
-  }
+    Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, sums.data(), m, compute);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        c.Set(i + static_cast<size_t>(j) * ldc, sums[i + static_cast<size_t>(j) * m]);
+      }
+    }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
@@ -1055,25 +1202,28 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
   }
   if (C == D && ldc != ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place: one layout
-  Drain(stream);
-  // The sums in floats (C's values under them where beta counts), the bias added, and each
-  // element stored once in D's type.
-  std::vector<float> sums(static_cast<size_t>(m) * n);
-  for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < m; ++i) {
-      sums[i + static_cast<size_t>(j) * m] =
-          beta_f == 0.0f ? 0.0f : in_c[i + static_cast<size_t>(j) * ldc];
+  // The descriptor's state is taken now (the caller may change or destroy it); the product
+  // runs on the stream: the sums in floats (C's values under them where beta counts), the
+  // bias added, and each element stored once in D's type.
+  const cublasComputeType_t compute = desc->compute;
+  const cublasOperation_t ta = desc->trans_a == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = desc->trans_b == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
+  drover_emu::EnqueueWork(stream, [=] {
+    std::vector<float> sums(static_cast<size_t>(m) * n);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        sums[i + static_cast<size_t>(j) * m] =
+            beta_f == 0.0f ? 0.0f : in_c[i + static_cast<size_t>(j) * ldc];
+      }
     }
-  }
-  Gemm(desc->trans_a == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N,
-       desc->trans_b == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, alpha_f, in_a, lda, in_b,
-       ldb, beta_f, sums.data(), m, desc->compute);
-  for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < m; ++i) {
-      float v = sums[i + static_cast<size_t>(j) * m];
-      if (bias) v += in_bias[i];
-      out.Set(i + static_cast<size_t>(j) * ldd, v);
+    Gemm(ta, tb, m, n, k, alpha_f, in_a, lda, in_b, ldb, beta_f, sums.data(), m, compute);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        float v = sums[i + static_cast<size_t>(j) * m];
+        if (bias) v += in_bias[i];
+        out.Set(i + static_cast<size_t>(j) * ldd, v);
+      }
     }
-  }
+  });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -8,6 +8,7 @@
 # plugin that failed to load would fail the job: resources.device cuda has no fallback.)
 # Both ranks are on the one emulated GPU, so parallel.backend auto must pick Gloo (NCCL
 # refuses two ranks on one GPU); emulated_cuda_nccl_test.sh gives each rank its own.
+# Then a stop and resume from a checkpoint saved from the device, against a run without one.
 #
 #   emulated_cuda_ranks_test.sh BIN_DIR EMULATED_PLUGIN
 set -euo pipefail
@@ -44,3 +45,25 @@ for zero in 1 3; do
   python3 "$tests/tools/no_step_allocations.py" "$work/two-$zero/metrics.jsonl" 3
 done
 echo "two emulated-cuda ranks gave the one-rank losses, zero-1 and zero-3"
+
+# A resume on the emulated device, where device work runs behind the host: two ranks with
+# ZeRO-3 train 5 steps and save a checkpoint (each rank's shard copied from the device into
+# page-locked memory), then resume from it for 5 more. The 10 losses must be those of 10
+# steps without the stop (a constant learning rate, so that train.steps does not change the
+# schedule).
+resume() {  # resume OUT STEPS
+  CUDA_VISIBLE_DEVICES=0 "$work/bin/drover" train "$work/dp.yaml" --nproc 2 \
+    --set output_dir="$work/$1" --set parallel.zero_stage=3 --set train.steps=$2 \
+    --set train.schedule=constant --set train.warmup_steps=0 \
+    --set checkpoint.every_steps=5 > "$work/$1-$2.log" 2>&1 ||
+    { cat "$work/$1-$2.log"; exit 1; }
+}
+resume straight 10
+resume stopped 5
+resume stopped 10
+grep -q "resumed from checkpoint" "$work/stopped-10.log" ||
+  { cat "$work/stopped-10.log"; echo "FAIL: the second run did not resume"; exit 1; }
+echo "zero-3 over two ranks: 10 steps (reference), 5 steps then 5 resumed"
+python3 "$tests/tools/same_losses.py" "$work/straight/metrics.jsonl" \
+  "$work/stopped/metrics.jsonl" 10 1e-6
+echo "a resume on the emulated device gave the losses of the run without a stop"

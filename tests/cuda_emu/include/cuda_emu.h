@@ -2,14 +2,17 @@
 // kernel and memory-space qualifiers, the thread indices, __syncthreads, warp shuffles,
 // device math and the launch — defined so that the CUDA kernel table's .cu files compile as
 // plain C++ and their kernels run on the CPU. Force-included (-include) before each file.
-// Every block runs its threads as fibers on the calling thread; a barrier or a shuffle
-// switches fibers, so the kernels' synchronisation is exercised, deterministically.
+// Every block runs its threads as fibers on one host thread; a barrier or a shuffle switches
+// fibers, so the kernels' synchronisation is exercised, deterministically. A launch runs
+// later, on its stream's thread, as a GPU runs it behind the host.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <tuple>
+#include <type_traits>
 
 #define __global__
 #define __device__
@@ -27,6 +30,7 @@ struct uint3 {
 struct float4 {
   float x, y, z, w;
 };
+struct CUstream_st;  // cudaStream_t (cuda_runtime_api.h)
 struct dim3 {
   unsigned x, y, z;
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -52,27 +56,40 @@ float* WarpTile();
 unsigned char* DynamicShared();
 // Every live lane of the warp passes `value`; each gets that of lane ^ offset.
 double ShuffleXor(double value, int offset);
-// Runs `body` as every thread of `grid` x `block`, block after block. An invalid
-// configuration (as the device would refuse it) runs nothing and sets the error
-// cudaGetLastError returns.
-// `shared_bytes` of dynamic shared memory, refused past 48 KiB unless the kernel's
-// cudaFuncAttributeMaxDynamicSharedMemorySize allows more (as a device refuses it).
-void Run(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel,
-         const std::function<void()>& body);
+// Whether the device takes a launch of `kernel` in this configuration: false (with the error
+// cudaGetLastError returns set) for one it would refuse: an invalid configuration, or more
+// than 48 KiB of dynamic shared memory unless the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize allows it. Checked at the launch, on the
+// launching thread, as the device reports it.
+bool LaunchAccepted(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel);
+// Runs `body` as every thread of `grid` x `block`, block after block, with `shared_bytes`
+// of dynamic shared memory.
+void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// Device work (a kernel, a copy, a GEMM) enqueued on `stream` (cuda_emu.cc: Stream): it runs
+// later, in the stream's order, on the stream's thread; the null stream runs it at the call.
+void EnqueueWork(CUstream_st* stream, std::function<void()> work);
 
+// A launch: the arguments are copied when it is made, as the device takes them, and the
+// kernel runs when its stream gets to it.
 template <typename... P>
 struct Launcher {
   void (*kernel)(P...);
   dim3 grid, block;
   size_t shared_bytes;
+  CUstream_st* stream;
   template <typename... A>
   void operator()(const A&... args) const {
-    Run(grid, block, shared_bytes, reinterpret_cast<const void*>(kernel), [&] { kernel(args...); });
+    if (!LaunchAccepted(grid, block, shared_bytes, reinterpret_cast<const void*>(kernel))) return;
+    EnqueueWork(stream, [kernel = kernel, grid = grid, block = block, shared = shared_bytes,
+                         params = std::tuple<std::decay_t<P>...>(args...)] {
+      Run(grid, block, shared, [&] { std::apply(kernel, params); });
+    });
   }
 };
 template <typename... P>
-Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes) {
-  return {kernel, grid, block, shared_bytes};
+Launcher<P...> Launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes,
+                      CUstream_st* stream) {
+  return {kernel, grid, block, shared_bytes, stream};
 }
 
 // cudaFuncSetAttribute's cudaFuncAttributeMaxDynamicSharedMemorySize for `func`.
@@ -88,7 +105,7 @@ bool InDeviceMemory(const void* p, size_t bytes);
 #define blockDim (::drover_emu::Current().block_dim)
 #define gridDim (::drover_emu::Current().grid_dim)
 #define DROVER_LAUNCH(kernel, grid, block, shared_bytes, stream) \
-  ::drover_emu::Launch(kernel, grid, block, shared_bytes)
+  ::drover_emu::Launch(kernel, grid, block, shared_bytes, stream)
 #define DROVER_DYNAMIC_SHARED(name) unsigned char* name = ::drover_emu::DynamicShared()
 
 inline void __syncthreads() { ::drover_emu::SyncThreads(); }

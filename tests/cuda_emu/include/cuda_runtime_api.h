@@ -42,7 +42,8 @@ inline constexpr unsigned cudaStreamNonBlocking = 1;
 namespace drover_emu {
 // Runs `work` on `stream`'s own thread, after the work enqueued there before; streams and
 // events recorded after it are not done until it has run (cuda_emu.cc: Stream). The NCCL
-// emulator's calls go this way; everything else runs at the call.
+// emulator's calls go this way, in either DROVER_EMU_STREAMS mode (EnqueueWork, cuda_emu.h,
+// is the kernels', copies' and GEMMs').
 void EnqueueOnStream(cudaStream_t stream, std::function<void()> work);
 }  // namespace drover_emu
 inline constexpr unsigned cudaEventDisableTiming = 2;

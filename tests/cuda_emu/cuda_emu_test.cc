@@ -1,0 +1,168 @@
+// The kernel emulator's own contract (README.md): device work runs behind the host, in its
+// stream's order, and copies give exactly the guarantees the CUDA runtime documents. The CUDA
+// op tests rely on it to show a missing synchronisation as wrong numbers; these tests pin that
+// it does. Run with DROVER_EMU_DEFER_MS set far beyond a test's length, so that work runs
+// only when something needs it and every outcome below is certain.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace {
+
+__global__ void FillKernel(float* x, float value, int n) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) x[i] = value;
+}
+
+constexpr int kN = 64;
+
+class CudaEmulatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&a_, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&b_, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_), kN * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned_), kN * sizeof(float)), cudaSuccess);
+    std::memset(pinned_, 0, kN * sizeof(float));
+  }
+  void TearDown() override {
+    EXPECT_EQ(cudaStreamDestroy(a_), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(b_), cudaSuccess);
+    EXPECT_EQ(cudaFree(device_), cudaSuccess);
+    EXPECT_EQ(cudaFreeHost(pinned_), cudaSuccess);
+  }
+  void Fill(float value, cudaStream_t stream) {
+    DROVER_LAUNCH(FillKernel, dim3(2), dim3(32), 0, stream)(device_, value, kN);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+  // The device buffer into pinned memory on `stream`: fully asynchronous.
+  void CopyToPinned(cudaStream_t stream) {
+    ASSERT_EQ(cudaMemcpyAsync(pinned_, device_, kN * sizeof(float), cudaMemcpyDeviceToHost, stream),
+              cudaSuccess);
+  }
+  // Whether every element of the pinned buffer is `value`.
+  bool PinnedHolds(float value) const {
+    for (int i = 0; i < kN; ++i) {
+      if (pinned_[i] != value) return false;
+    }
+    return true;
+  }
+
+  cudaStream_t a_ = nullptr, b_ = nullptr;
+  float* device_ = nullptr;
+  float* pinned_ = nullptr;
+};
+
+TEST_F(CudaEmulatorTest, WorkRunsBehindTheHostUntilItsStreamIsSynchronised) {
+  Fill(1.0f, a_);
+  CopyToPinned(a_);
+  EXPECT_TRUE(PinnedHolds(0.0f)) << "a host read without a synchronisation saw finished work";
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(1.0f));
+}
+
+TEST_F(CudaEmulatorTest, AWaitOnAnEventOrdersAnotherStreamAfterTheWorkBeforeIt) {
+  cudaEvent_t filled = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&filled, cudaEventDisableTiming), cudaSuccess);
+  Fill(2.0f, a_);
+  ASSERT_EQ(cudaEventRecord(filled, a_), cudaSuccess);
+  Fill(3.0f, a_);  // after the event: not waited for
+  ASSERT_EQ(cudaStreamWaitEvent(b_, filled, 0), cudaSuccess);
+  ASSERT_EQ(cudaEventDestroy(filled), cudaSuccess);  // a wait keeps what it needs
+  CopyToPinned(b_);
+  ASSERT_EQ(cudaStreamSynchronize(b_), cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(2.0f));
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+}
+
+TEST_F(CudaEmulatorTest, WithoutAWaitAnotherStreamReadsWhatWasThereBefore) {
+  Fill(4.0f, a_);
+  CopyToPinned(b_);  // the ordering bug the CUDA op tests must catch
+  ASSERT_EQ(cudaStreamSynchronize(b_), cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(0.0f));
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+}
+
+TEST_F(CudaEmulatorTest, ACopyFromPageableMemoryHasReadItsSourceWhenItReturns) {
+  std::vector<float> source(kN, 5.0f);
+  ASSERT_EQ(cudaMemcpyAsync(device_, source.data(), kN * sizeof(float), cudaMemcpyHostToDevice, a_),
+            cudaSuccess);
+  std::fill(source.begin(), source.end(), 6.0f);  // the caller may reuse it at once
+  CopyToPinned(a_);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(5.0f));
+}
+
+TEST_F(CudaEmulatorTest, ACopyIntoPageableMemoryIsDoneWhenItReturns) {
+  Fill(7.0f, a_);
+  std::vector<float> pageable(kN, 0.0f);
+  ASSERT_EQ(
+      cudaMemcpyAsync(pageable.data(), device_, kN * sizeof(float), cudaMemcpyDeviceToHost, a_),
+      cudaSuccess);
+  EXPECT_EQ(pageable, std::vector<float>(kN, 7.0f));
+}
+
+TEST_F(CudaEmulatorTest, CudaFreeWaitsForTheWorkOfEveryStream) {
+  float* other = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&other), sizeof(float)), cudaSuccess);
+  Fill(8.0f, a_);
+  CopyToPinned(a_);
+  ASSERT_EQ(cudaFree(other), cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(8.0f));
+}
+
+TEST_F(CudaEmulatorTest, PollingAnEventHasTheWorkBeforeItRun) {
+  cudaEvent_t copied = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), cudaSuccess);
+  Fill(9.0f, a_);
+  CopyToPinned(a_);
+  ASSERT_EQ(cudaEventRecord(copied, a_), cudaSuccess);
+  cudaError_t state = cudaErrorNotReady;
+  while ((state = cudaEventQuery(copied)) == cudaErrorNotReady) {
+  }
+  EXPECT_EQ(state, cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(9.0f));
+  ASSERT_EQ(cudaEventDestroy(copied), cudaSuccess);
+}
+
+TEST_F(CudaEmulatorTest, KernelArgumentsAreTakenAtTheLaunch) {
+  float value = 10.0f;
+  DROVER_LAUNCH(FillKernel, dim3(2), dim3(32), 0, a_)(device_, value, kN);
+  value = 11.0f;
+  CopyToPinned(a_);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(10.0f));
+}
+
+TEST_F(CudaEmulatorTest, ALaunchTheDeviceRefusesFailsAtTheCallAndRunsNothing) {
+  DROVER_LAUNCH(FillKernel, dim3(1), dim3(2048), 0, a_)(device_, 12.0f, kN);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // read once
+  CopyToPinned(a_);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_TRUE(PinnedHolds(0.0f));
+}
+
+TEST_F(CudaEmulatorTest, AGemmRunsOnItsHandlesStreamWithTheScalarsOfTheCall) {
+  cublasHandle_t blas = nullptr;
+  ASSERT_EQ(cublasCreate(&blas), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(blas, a_), CUBLAS_STATUS_SUCCESS);
+  Fill(1.0f, a_);
+  // C (8 x 4, the buffer's second half) = alpha * A (8 x 4) B (4 x 4), A and B all ones.
+  float alpha = 2.0f, beta = 0.0f;
+  ASSERT_EQ(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, 8, 4, 4, &alpha, device_, CUDA_R_32F, 8,
+                         device_, CUDA_R_32F, 4, &beta, device_ + 32, CUDA_R_32F, 8,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  alpha = 100.0f;
+  CopyToPinned(a_);
+  EXPECT_TRUE(PinnedHolds(0.0f));
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(pinned_[i], 1.0f) << i;
+  for (int i = 32; i < kN; ++i) EXPECT_EQ(pinned_[i], 8.0f) << i;  // 2 * (4 ones)
+}
+
+}  // namespace
