@@ -411,12 +411,14 @@ bool InOneDeviceAllocation(const void* p, int rows, int cols, int ld,
   --it;
   return c + bytes <= it->first + it->second;
 }
-// 256-byte aligned and zero-filled, as cudaMalloc's (the zeros are the emulator's).
+// 256-byte aligned, as cudaMalloc's, and filled with NaN bytes: neither call promises
+// initialised memory (a device's is often zero when fresh and holds old data when reused),
+// so code that reads what it never wrote shows it, as compute-sanitizer's initcheck would.
 cudaError_t Allocate(void** p, size_t bytes, bool device) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   *p = std::aligned_alloc(256, rounded);
   if (*p == nullptr) return cudaErrorMemoryAllocation;
-  std::memset(*p, 0, rounded);
+  std::memset(*p, 0xFF, rounded);
   std::lock_guard<std::mutex> lock(g_memory_mu);
   Allocations(device)[static_cast<const char*>(*p)] = bytes;
   return cudaSuccess;

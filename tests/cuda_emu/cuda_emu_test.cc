@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -27,6 +28,8 @@ class CudaEmulatorTest : public ::testing::Test {
     ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device_), kN * sizeof(float)), cudaSuccess);
     ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned_), kN * sizeof(float)), cudaSuccess);
     std::memset(pinned_, 0, kN * sizeof(float));
+    ASSERT_EQ(cudaMemsetAsync(device_, 0, kN * sizeof(float), a_), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
   }
   void TearDown() override {
     EXPECT_EQ(cudaStreamDestroy(a_), cudaSuccess);
@@ -62,6 +65,16 @@ TEST_F(CudaEmulatorTest, WorkRunsBehindTheHostUntilItsStreamIsSynchronised) {
   EXPECT_TRUE(PinnedHolds(0.0f)) << "a host read without a synchronisation saw finished work";
   ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
   EXPECT_TRUE(PinnedHolds(1.0f));
+}
+
+TEST_F(CudaEmulatorTest, FreshDeviceMemoryIsNotZeroed) {
+  float* fresh = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&fresh), kN * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, fresh, kN * sizeof(float), cudaMemcpyDeviceToHost, a_),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  for (int i = 0; i < kN; ++i) EXPECT_TRUE(std::isnan(pinned_[i])) << i;
+  ASSERT_EQ(cudaFree(fresh), cudaSuccess);
 }
 
 TEST_F(CudaEmulatorTest, AWaitOnAnEventOrdersAnotherStreamAfterTheWorkBeforeIt) {
