@@ -145,6 +145,7 @@ thread_local Block* g_block = nullptr;
 thread_local ThreadIndex g_direct;  // the index of a thread run as a plain call
 thread_local std::vector<std::unique_ptr<char[]>> g_stacks;
 thread_local cudaError_t g_last_error = cudaSuccess;
+thread_local uint64_t g_launches = 0;  // kernels run on this thread (Run's thread orders)
 
 void Yield() { Switch(&g_block->current->context, &g_block->scheduler); }
 
@@ -222,7 +223,8 @@ ThreadIndex IndexOf(unsigned t, dim3 block, uint3 block_index, dim3 grid) {
 // reads what it never wrote show it.
 void PoisonShared(Block& b) { std::fill(b.shared, b.shared + b.shared_bytes, 0xFF); }
 
-void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index) {
+// Runs the block's threads as fibers; `reverse`: the scheduler resumes them last to first.
+void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool reverse) {
   const unsigned n = block.x * block.y * block.z;
   PoisonShared(b);
   while (g_stacks.size() < n) g_stacks.push_back(std::make_unique<char[]>(kStackBytes));
@@ -240,7 +242,8 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index) {
   unsigned remaining = n;
   while (remaining > 0) {
     const uint64_t before = b.progress;
-    for (Fiber& f : b.fibers) {
+    for (unsigned i = 0; i < n; ++i) {
+      Fiber& f = b.fibers[reverse ? n - 1 - i : i];
       if (f.done || (f.generation != nullptr && *f.generation == f.waits_for)) continue;
       b.current = &f;
       Switch(&b.scheduler, &f.context);
@@ -349,20 +352,26 @@ void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
   b.shared = b.shared_storage.data() + (128 - at % 128) % 128;
   b.shared_bytes = shared_bytes;
   g_block = &b;
+  // A GPU promises no order among a block's threads between barriers (warps interleave,
+  // and since Volta a warp's lanes may too): the threads run first to last in every other
+  // block and last to first in the rest, so a thread that reads what another writes without
+  // a barrier between them reads it too early in one order or the other.
+  const uint64_t launch = g_launches++;
   bool first = true;
   for (unsigned z = 0; z < grid.z; ++z) {
     for (unsigned y = 0; y < grid.y; ++y) {
       for (unsigned x = 0; x < grid.x; ++x) {
         const uint3 block_index{x, y, z};
+        const bool reverse = (launch + x + y + z) % 2 == 1;
         if (first || b.synchronised) {
-          RunBlockAsFibers(b, grid, block, block_index);
+          RunBlockAsFibers(b, grid, block, block_index, reverse);
         } else {
           // The first block never synchronised: the rest run as plain calls, far faster;
           // a barrier met there aborts (CheckSynchronisable) rather than misbehave.
           b.direct = true;
           PoisonShared(b);
-          for (unsigned t = 0; t < threads; ++t) {
-            g_direct = IndexOf(t, block, block_index, grid);
+          for (unsigned i = 0; i < threads; ++i) {
+            g_direct = IndexOf(reverse ? threads - 1 - i : i, block, block_index, grid);
             body();
           }
         }

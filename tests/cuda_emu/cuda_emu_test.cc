@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -16,6 +17,11 @@ namespace {
 __global__ void FillKernel(float* x, float value, int n) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i < n) x[i] = value;
+}
+
+// Records, per block, the thread that got to it first: a race on purpose.
+__global__ void FirstThreadKernel(int* first) {
+  if (first[blockIdx.x] < 0) first[blockIdx.x] = static_cast<int>(threadIdx.x);
 }
 
 constexpr int kN = 64;
@@ -176,6 +182,19 @@ TEST_F(CudaEmulatorTest, AGemmRunsOnItsHandlesStreamWithTheScalarsOfTheCall) {
   ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(pinned_[i], 1.0f) << i;
   for (int i = 32; i < kN; ++i) EXPECT_EQ(pinned_[i], 8.0f) << i;  // 2 * (4 ones)
+}
+
+// A kernel that needs a barrier it lacks must fail in one order or the other: the emulator
+// runs every other block's threads last to first.
+TEST_F(CudaEmulatorTest, ThreadsOfABlockRunFirstToLastInOneBlockAndLastToFirstInTheNext) {
+  int* first = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&first), 2 * sizeof(int)), cudaSuccess);
+  first[0] = first[1] = -1;
+  DROVER_LAUNCH(FirstThreadKernel, dim3(2), dim3(32), 0, a_)(first);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_EQ(std::min(first[0], first[1]), 0);
+  EXPECT_EQ(std::max(first[0], first[1]), 31);
+  ASSERT_EQ(cudaFreeHost(first), cudaSuccess);
 }
 
 }  // namespace
