@@ -420,23 +420,75 @@ bool InOneDeviceAllocation(const void* p, int rows, int cols, int ld,
   --it;
   return c + bytes <= it->first + it->second;
 }
+// Guard bytes around every allocation, from its last byte asked for to 256 bytes past its
+// rounded end and 256 bytes before it: a kernel or copy that writes past its buffer changes
+// them, which a GPU would let pass silently (or fault on, far from the cause). Checked when
+// the memory is freed and at every stream synchronisation (CheckGuards).
+constexpr size_t kGuardBytes = 256;
+constexpr unsigned char kGuard = 0xA5;
+
+size_t Rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + 255) / 256 * 256; }
+
+// The first guard byte of the allocation (p, bytes) that was overwritten, or null.
+const unsigned char* BrokenGuard(const char* p, size_t bytes) {
+  const auto* base = reinterpret_cast<const unsigned char*>(p) - kGuardBytes;
+  const auto* after = reinterpret_cast<const unsigned char*>(p) + bytes;
+  const auto* end = reinterpret_cast<const unsigned char*>(p) + Rounded(bytes) + kGuardBytes;
+  for (const auto* g = base; g < base + kGuardBytes; ++g) {
+    if (*g != kGuard) return g;
+  }
+  for (const auto* g = after; g < end; ++g) {
+    if (*g != kGuard) return g;
+  }
+  return nullptr;
+}
+
+void DieOfBrokenGuard(const char* p, size_t bytes, bool device, const unsigned char* g) {
+  const auto at = reinterpret_cast<const char*>(g) - p;
+  std::fprintf(stderr,
+               "cuda emulator: a write outside the %s allocation of %zu bytes at %p: byte %td "
+               "(%s)\n",
+               device ? "device" : "pinned", bytes, static_cast<const void*>(p), at,
+               at < 0 ? "before its start" : "past its end");
+  std::fflush(stderr);
+  std::abort();
+}
+
+// Every live allocation's guards are whole (the caller holds no lock).
+void CheckGuards() {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  for (const bool device : {true, false}) {
+    for (const auto& [p, bytes] : Allocations(device)) {
+      if (const unsigned char* g = BrokenGuard(p, bytes)) DieOfBrokenGuard(p, bytes, device, g);
+    }
+  }
+}
+
 // 256-byte aligned, as cudaMalloc's, and filled with NaN bytes: neither call promises
 // initialised memory (a device's is often zero when fresh and holds old data when reused),
 // so code that reads what it never wrote shows it, as compute-sanitizer's initcheck would.
 cudaError_t Allocate(void** p, size_t bytes, bool device) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  *p = std::aligned_alloc(256, rounded);
-  if (*p == nullptr) return cudaErrorMemoryAllocation;
-  std::memset(*p, 0xFF, rounded);
+  const size_t rounded = Rounded(bytes);
+  auto* base = static_cast<unsigned char*>(std::aligned_alloc(256, rounded + 2 * kGuardBytes));
+  if (base == nullptr) return cudaErrorMemoryAllocation;
+  unsigned char* start = base + kGuardBytes;
+  std::memset(base, kGuard, rounded + 2 * kGuardBytes);
+  std::memset(start, 0xFF, bytes);
+  *p = start;
   std::lock_guard<std::mutex> lock(g_memory_mu);
-  Allocations(device)[static_cast<const char*>(*p)] = bytes;
+  Allocations(device)[reinterpret_cast<const char*>(start)] = bytes;
   return cudaSuccess;
 }
 cudaError_t Release(void* p, bool device) {
   if (p == nullptr) return cudaSuccess;
   std::lock_guard<std::mutex> lock(g_memory_mu);
-  if (Allocations(device).erase(static_cast<const char*>(p)) == 0) return cudaErrorInvalidValue;
-  std::free(p);
+  const char* c = static_cast<const char*>(p);
+  auto it = Allocations(device).find(c);
+  if (it == Allocations(device).end()) return cudaErrorInvalidValue;
+  if (const unsigned char* g = BrokenGuard(c, it->second))
+    DieOfBrokenGuard(c, it->second, device, g);
+  Allocations(device).erase(it);
+  std::free(static_cast<char*>(p) - kGuardBytes);
   return cudaSuccess;
 }
 
@@ -671,6 +723,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Drain(stream);
+  CheckGuards();
   return cudaSuccess;
 }
 // A query that finds work pending has it run (the host is waiting for it); it does not wait.

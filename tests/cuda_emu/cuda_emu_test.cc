@@ -197,4 +197,29 @@ TEST_F(CudaEmulatorTest, ThreadsOfABlockRunFirstToLastInOneBlockAndLastToFirstIn
   ASSERT_EQ(cudaFreeHost(first), cudaSuccess);
 }
 
+using CudaEmulatorDeathTest = CudaEmulatorTest;
+
+TEST_F(CudaEmulatorDeathTest, AKernelWritingPastItsBufferDiesAtTheNextSynchronisation) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        DROVER_LAUNCH(FillKernel, dim3(3), dim3(32), 0, a_)(device_, 13.0f, kN + 1);
+        (void)cudaStreamSynchronize(a_);
+      },
+      "a write outside the device allocation of 256 bytes at 0x[0-9a-f]+: byte 256 \\(past "
+      "its end\\)");
+}
+
+TEST_F(CudaEmulatorDeathTest, ACopyWritingBeforeItsBufferDiesWhenTheBufferIsFreed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        (void)cudaMemcpyAsync(reinterpret_cast<char*>(pinned_) - 4, device_, 8,
+                              cudaMemcpyDeviceToHost, a_);
+        (void)cudaFreeHost(pinned_);
+      },
+      "a write outside the pinned allocation of 256 bytes at 0x[0-9a-f]+: byte -4 \\(before "
+      "its start\\)");
+}
+
 }  // namespace
