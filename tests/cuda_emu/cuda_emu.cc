@@ -424,8 +424,15 @@ bool InOneDeviceAllocation(const void* p, int rows, int cols, int ld,
 // rounded end and 256 bytes before it: a kernel or copy that writes past its buffer changes
 // them, which a GPU would let pass silently (or fault on, far from the cause). Checked when
 // the memory is freed and at every stream synchronisation (CheckGuards).
+// The guard bytes read as NaN in every type a kernel loads (0x7FFF: bf16 and fp16 NaN;
+// 0x7FFF7FFF: fp32's), so a read past a buffer poisons what it computes.
 constexpr size_t kGuardBytes = 256;
-constexpr unsigned char kGuard = 0xA5;
+unsigned char GuardByte(const unsigned char* at) {
+  return reinterpret_cast<uintptr_t>(at) % 2 == 0 ? 0xFF : 0x7F;
+}
+void FillGuard(unsigned char* from, unsigned char* to) {
+  for (unsigned char* g = from; g < to; ++g) *g = GuardByte(g);
+}
 
 size_t Rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + 255) / 256 * 256; }
 
@@ -435,10 +442,10 @@ const unsigned char* BrokenGuard(const char* p, size_t bytes) {
   const auto* after = reinterpret_cast<const unsigned char*>(p) + bytes;
   const auto* end = reinterpret_cast<const unsigned char*>(p) + Rounded(bytes) + kGuardBytes;
   for (const auto* g = base; g < base + kGuardBytes; ++g) {
-    if (*g != kGuard) return g;
+    if (*g != GuardByte(g)) return g;
   }
   for (const auto* g = after; g < end; ++g) {
-    if (*g != kGuard) return g;
+    if (*g != GuardByte(g)) return g;
   }
   return nullptr;
 }
@@ -472,8 +479,9 @@ cudaError_t Allocate(void** p, size_t bytes, bool device) {
   auto* base = static_cast<unsigned char*>(std::aligned_alloc(256, rounded + 2 * kGuardBytes));
   if (base == nullptr) return cudaErrorMemoryAllocation;
   unsigned char* start = base + kGuardBytes;
-  std::memset(base, kGuard, rounded + 2 * kGuardBytes);
+  FillGuard(base, start);
   std::memset(start, 0xFF, bytes);
+  FillGuard(start + bytes, start + rounded + kGuardBytes);
   *p = start;
   std::lock_guard<std::mutex> lock(g_memory_mu);
   Allocations(device)[reinterpret_cast<const char*>(start)] = bytes;

@@ -24,6 +24,8 @@ __global__ void FirstThreadKernel(int* first) {
   if (first[blockIdx.x] < 0) first[blockIdx.x] = static_cast<int>(threadIdx.x);
 }
 
+__global__ void ReadKernel(const float* x, int i, float* out) { *out = x[i]; }
+
 constexpr int kN = 64;
 
 class CudaEmulatorTest : public ::testing::Test {
@@ -195,6 +197,15 @@ TEST_F(CudaEmulatorTest, ThreadsOfABlockRunFirstToLastInOneBlockAndLastToFirstIn
   EXPECT_EQ(std::min(first[0], first[1]), 0);
   EXPECT_EQ(std::max(first[0], first[1]), 31);
   ASSERT_EQ(cudaFreeHost(first), cudaSuccess);
+}
+
+TEST_F(CudaEmulatorTest, AReadJustOutsideABufferReadsNaN) {
+  for (const int i : {-64, -1, kN, kN + 63}) {  // the guards: 256 bytes each side
+    pinned_[0] = 0.0f;
+    DROVER_LAUNCH(ReadKernel, dim3(1), dim3(1), 0, a_)(device_, i, pinned_);
+    ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+    EXPECT_TRUE(std::isnan(pinned_[0])) << i;
+  }
 }
 
 using CudaEmulatorDeathTest = CudaEmulatorTest;
