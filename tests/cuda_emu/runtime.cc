@@ -1,0 +1,495 @@
+// The kernel emulator's CUDA runtime (tests/cuda_emu/README.md): device and pinned memory
+// (NaN-filled, guarded), streams whose work runs behind the host on a thread each, events,
+// copies with the runtime's documented guarantees, and the device queries the table makes.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cuda_runtime_api.h"
+#include "emu_internal.h"
+
+namespace {
+
+std::mutex g_memory_mu;
+std::map<const char*, size_t>& Allocations(bool device) {  // start -> bytes
+  static std::map<const char*, size_t> device_memory, pinned_memory;
+  return device ? device_memory : pinned_memory;
+}
+bool Inside(const std::map<const char*, size_t>& m, const void* p) {
+  const char* c = static_cast<const char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return false;
+  --it;
+  return c < it->first + it->second;
+}
+
+}  // namespace
+
+bool drover_emu::InOneDeviceAllocation(const void* p, int rows, int cols, int ld,
+                                       size_t element_bytes) {
+  if (rows == 0 || cols == 0) return true;
+  const size_t bytes = (static_cast<size_t>(cols - 1) * ld + rows) * element_bytes;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  const auto& m = Allocations(true);
+  const char* c = reinterpret_cast<const char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return false;
+  --it;
+  return c + bytes <= it->first + it->second;
+}
+
+namespace {
+
+// Guard bytes around every allocation, from its last byte asked for to 256 bytes past its
+// rounded end and 256 bytes before it: a kernel or copy that writes past its buffer changes
+// them, which a GPU would let pass silently (or fault on, far from the cause). Checked when
+// the memory is freed and at every stream synchronisation (CheckGuards).
+// The guard bytes read as NaN in every type a kernel loads (0x7FFF: bf16 and fp16 NaN;
+// 0x7FFF7FFF: fp32's), so a read past a buffer poisons what it computes.
+constexpr size_t kGuardBytes = 256;
+unsigned char GuardByte(const unsigned char* at) {
+  return reinterpret_cast<uintptr_t>(at) % 2 == 0 ? 0xFF : 0x7F;
+}
+void FillGuard(unsigned char* from, unsigned char* to) {
+  for (unsigned char* g = from; g < to; ++g) *g = GuardByte(g);
+}
+
+size_t Rounded(size_t bytes) { return (std::max<size_t>(bytes, 1) + 255) / 256 * 256; }
+
+// The first guard byte of the allocation (p, bytes) that was overwritten, or null.
+const unsigned char* BrokenGuard(const char* p, size_t bytes) {
+  const auto* base = reinterpret_cast<const unsigned char*>(p) - kGuardBytes;
+  const auto* after = reinterpret_cast<const unsigned char*>(p) + bytes;
+  const auto* end = reinterpret_cast<const unsigned char*>(p) + Rounded(bytes) + kGuardBytes;
+  for (const auto* g = base; g < base + kGuardBytes; ++g) {
+    if (*g != GuardByte(g)) return g;
+  }
+  for (const auto* g = after; g < end; ++g) {
+    if (*g != GuardByte(g)) return g;
+  }
+  return nullptr;
+}
+
+void DieOfBrokenGuard(const char* p, size_t bytes, bool device, const unsigned char* g) {
+  const auto at = reinterpret_cast<const char*>(g) - p;
+  std::fprintf(stderr,
+               "cuda emulator: a write outside the %s allocation of %zu bytes at %p: byte %td "
+               "(%s)\n",
+               device ? "device" : "pinned", bytes, static_cast<const void*>(p), at,
+               at < 0 ? "before its start" : "past its end");
+  std::fflush(stderr);
+  std::abort();
+}
+
+// Every live allocation's guards are whole (the caller holds no lock).
+void CheckGuards() {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  for (const bool device : {true, false}) {
+    for (const auto& [p, bytes] : Allocations(device)) {
+      if (const unsigned char* g = BrokenGuard(p, bytes)) DieOfBrokenGuard(p, bytes, device, g);
+    }
+  }
+}
+
+// 256-byte aligned, as cudaMalloc's, and filled with NaN bytes: neither call promises
+// initialised memory (a device's is often zero when fresh and holds old data when reused),
+// so code that reads what it never wrote shows it, as compute-sanitizer's initcheck would.
+cudaError_t Allocate(void** p, size_t bytes, bool device) {
+  const size_t rounded = Rounded(bytes);
+  auto* base = static_cast<unsigned char*>(std::aligned_alloc(256, rounded + 2 * kGuardBytes));
+  if (base == nullptr) return cudaErrorMemoryAllocation;
+  unsigned char* start = base + kGuardBytes;
+  FillGuard(base, start);
+  std::memset(start, 0xFF, bytes);
+  FillGuard(start + bytes, start + rounded + kGuardBytes);
+  *p = start;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  Allocations(device)[reinterpret_cast<const char*>(start)] = bytes;
+  return cudaSuccess;
+}
+cudaError_t Release(void* p, bool device) {
+  if (p == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  const char* c = static_cast<const char*>(p);
+  auto it = Allocations(device).find(c);
+  if (it == Allocations(device).end()) return cudaErrorInvalidValue;
+  if (const unsigned char* g = BrokenGuard(c, it->second))
+    DieOfBrokenGuard(c, it->second, device, g);
+  Allocations(device).erase(it);
+  std::free(static_cast<char*>(p) - kGuardBytes);
+  return cudaSuccess;
+}
+
+// How streams run their work (DROVER_EMU_STREAMS):
+//  - "deferred" (the default): as a GPU runs it, behind the host. Work waits in its stream
+//    until something needs it done: a synchronisation, a query, a wait on an event behind it,
+//    another stream's wait that reaches it, or DeferralLimit() passing (a GPU gets to its work
+//    by itself; without that limit two processes could each wait for the other's stream).
+//    So a host read without a synchronisation, a stream that should have waited for an event
+//    and memory reused while a kernel still reads it all see stale or changed data, and the
+//    tests' comparisons fail, as they would on a GPU.
+//  - "sync": device work runs at the call, after what its stream holds (the NCCL emulator's
+//    collectives still run on the stream's thread). A test that passes so and fails deferred
+//    is missing a stream ordering.
+enum class StreamMode { kDeferred, kSync };
+StreamMode Mode() {
+  static const StreamMode mode = [] {
+    const char* env = std::getenv("DROVER_EMU_STREAMS");
+    if (env == nullptr || std::strcmp(env, "deferred") == 0) return StreamMode::kDeferred;
+    if (std::strcmp(env, "sync") == 0) return StreamMode::kSync;
+    drover_emu::Die("DROVER_EMU_STREAMS must be deferred or sync");
+  }();
+  return mode;
+}
+// How long work waits to be needed before its stream runs it anyway: 50 ms, or
+// DROVER_EMU_DEFER_MS (the emulator's own tests wait for ever, to be deterministic).
+std::chrono::milliseconds DeferralLimit() {
+  static const std::chrono::milliseconds limit = [] {
+    const char* env = std::getenv("DROVER_EMU_DEFER_MS");
+    return std::chrono::milliseconds(env != nullptr ? std::atoll(env) : 50);
+  }();
+  return limit;
+}
+
+class Stream;
+std::mutex g_streams_mu;
+std::set<Stream*>& Streams() {  // GUARDED_BY(g_streams_mu): every live stream
+  static auto* streams = new std::set<Stream*>;
+  return *streams;
+}
+
+// A stream: its work runs in order on a thread of its own, once it is due (StreamMode).
+// Tickets count the work enqueued: ticket t is done once the t-th piece has run.
+class Stream {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Stream() {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    Streams().insert(this);
+  }
+  // cudaStreamDestroy: the work enqueued runs first, and the stream is kept (a few bytes), so
+  // that a wait enqueued elsewhere on an event recorded here may still ask it.
+  void Retire() {
+    {
+      std::lock_guard<std::mutex> lock(g_streams_mu);
+      Streams().erase(this);
+    }
+    WaitIdle();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+  // Returns the work's ticket.
+  uint64_t Enqueue(std::function<void()> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { Run(); });
+    queue_.push_back({std::move(work), Clock::now()});
+    changed_.notify_all();
+    return ++enqueued_;
+  }
+  uint64_t last() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return enqueued_;
+  }
+  bool Done(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_ >= ticket;
+  }
+  // Has the work up to `ticket` run as soon as it can, without waiting for it.
+  void Force(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ticket <= forced_) return;
+    forced_ = ticket;
+    changed_.notify_all();
+  }
+  void Wait(uint64_t ticket) {
+    Force(ticket);
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [&] { return completed_ >= ticket; });
+  }
+  void WaitIdle() { Wait(last()); }
+
+ private:
+  struct Work {
+    std::function<void()> run;
+    Clock::time_point enqueued;
+  };
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      if (queue_.empty()) {
+        if (stop_) return;
+        changed_.wait(lock);
+        continue;
+      }
+      const bool forced = completed_ + 1 <= forced_ || stop_ || Mode() == StreamMode::kSync;
+      const Clock::time_point due = queue_.front().enqueued + DeferralLimit();
+      if (!forced && Clock::now() < due) {
+        changed_.wait_until(lock, due);
+        continue;
+      }
+      std::function<void()> work = std::move(queue_.front().run);
+      queue_.pop_front();
+      lock.unlock();
+      work();
+      lock.lock();
+      ++completed_;
+      changed_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<Work> queue_;
+  uint64_t enqueued_ = 0, completed_ = 0;
+  uint64_t forced_ = 0;  // the work up to this ticket runs without waiting to be due
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+struct Event {
+  Stream* stream = nullptr;  // where it was last recorded; null: done
+  uint64_t ticket = 0;
+};
+
+Stream* AsStream(cudaStream_t stream) { return reinterpret_cast<Stream*>(stream); }
+Event* AsEvent(cudaEvent_t event) { return reinterpret_cast<Event*>(event); }
+bool Done(const Event* e) { return e->stream == nullptr || e->stream->Done(e->ticket); }
+void Drain(cudaStream_t stream) {
+  if (stream != nullptr) AsStream(stream)->WaitIdle();
+}
+// What cudaDeviceSynchronize does: every stream's work so far has run.
+void DrainAll() {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  for (Stream* s : Streams()) s->WaitIdle();
+}
+
+// Where a pointer points: a copy to or from pageable host memory is staged by the driver,
+// with host-side synchronisation that a copy between device and pinned memory has not.
+enum class Memory { kDevice, kPinned, kPageable };
+Memory KindOf(const void* p) {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  if (Inside(Allocations(true), p)) return Memory::kDevice;
+  if (Inside(Allocations(false), p)) return Memory::kPinned;
+  return Memory::kPageable;
+}
+
+}  // namespace
+
+void drover_emu::EnqueueOnStream(cudaStream_t stream, std::function<void()> work) {
+  if (stream == nullptr) {
+    work();
+    return;
+  }
+  AsStream(stream)->Enqueue(std::move(work));
+}
+
+void drover_emu::EnqueueWork(cudaStream_t stream, std::function<void()> work) {
+  if (stream == nullptr || Mode() == StreamMode::kSync) {
+    Drain(stream);
+    work();
+    return;
+  }
+  AsStream(stream)->Enqueue(std::move(work));
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) { return Allocate(p, bytes, true); }
+// cudaFree and cudaFreeHost synchronise the device first, so no kernel still uses the memory.
+cudaError_t cudaFree(void* p) {
+  DrainAll();
+  return Release(p, true);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) { return Allocate(p, bytes, false); }
+cudaError_t cudaFreeHost(void* p) {
+  DrainAll();
+  return Release(p, false);
+}
+// The runtime's documented behaviour, no more: a copy into pageable memory returns once it is
+// done (after the stream's earlier work); one from pageable memory has read the source when
+// it returns (the driver stages it) and writes the device memory in the stream's order; one
+// between device and pinned memory is fully asynchronous.
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  const Memory to = KindOf(dst), from = KindOf(src);
+  if (stream == nullptr || (to == Memory::kPageable && from == Memory::kPageable)) {
+    Drain(stream);
+    std::memmove(dst, src, bytes);
+    return cudaSuccess;
+  }
+  if (to == Memory::kPageable) {
+    if (Mode() == StreamMode::kSync) {
+      Drain(stream);
+      std::memmove(dst, src, bytes);
+      return cudaSuccess;
+    }
+    Stream* s = AsStream(stream);
+    s->Wait(s->Enqueue([=] { std::memmove(dst, src, bytes); }));
+    return cudaSuccess;
+  }
+  if (from == Memory::kPageable) {
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + bytes);
+    drover_emu::EnqueueWork(stream, [=] { std::memcpy(dst, staged->data(), bytes); });
+    return cudaSuccess;
+  }
+  drover_emu::EnqueueWork(stream, [=] { std::memmove(dst, src, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  drover_emu::EnqueueWork(stream, [=] { std::memset(p, value, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = reinterpret_cast<cudaStream_t>(new Stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  Drain(stream);
+  CheckGuards();
+  return cudaSuccess;
+}
+// A query that finds work pending has it run (the host is waiting for it); it does not wait.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (stream == nullptr) return cudaSuccess;
+  Stream* s = AsStream(stream);
+  const uint64_t last = s->last();
+  if (s->Done(last)) return cudaSuccess;
+  s->Force(last);
+  return cudaErrorNotReady;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  AsStream(stream)->Retire();
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  const Event* e = AsEvent(event);
+  if (Done(e)) return cudaSuccess;
+  e->stream->Force(e->ticket);
+  return cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  Event* e = AsEvent(event);
+  if (Done(e)) return cudaSuccess;
+  if (stream == nullptr) {
+    e->stream->Wait(e->ticket);
+    return cudaSuccess;
+  }
+  const Event copy = *e;  // the wait takes the event's state now, as on a GPU
+  AsStream(stream)->Enqueue([copy] { copy.stream->Wait(copy.ticket); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = reinterpret_cast<cudaEvent_t>(new Event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Event* e = AsEvent(event);
+  e->stream = stream == nullptr ? nullptr : AsStream(stream);
+  e->ticket = e->stream == nullptr ? 0 : e->stream->last();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete AsEvent(event);
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
+  *value = drover_emu::OptInDynamicShared();
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+  return static_cast<cudaError_t>(drover_emu::SetMaxDynamicShared(func, value));
+}
+cudaError_t cudaGetLastError() { return std::exchange(drover_emu::LastError(), cudaSuccess); }
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument (emulated)";
+    case cudaErrorMemoryAllocation:
+      return "out of memory (emulated)";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device (emulated)";
+    case cudaErrorNotReady:
+      return "device not ready (emulated)";
+  }
+  return "unknown error (emulated)";
+}
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+  }
+  return "cudaErrorUnknown";
+}
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+  if (device != 0 || len <= 0) return cudaErrorInvalidValue;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::string first = visible != nullptr ? visible : "0";
+  first = first.substr(0, first.find(','));
+  if (first.empty()) return cudaErrorNoDevice;
+  std::snprintf(bus_id, static_cast<size_t>(len), "0000:%02zx:00.0",
+                std::hash<std::string>{}(first) % 251 + 1);
+  return cudaSuccess;
+}
+bool drover_emu::InDeviceMemory(const void* p, size_t bytes) {
+  if (bytes == 0) return true;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  const auto& m = Allocations(true);
+  const char* c = static_cast<const char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return false;
+  --it;
+  return c >= it->first && c + bytes <= it->first + it->second;
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  *attributes = {};
+  if (Inside(Allocations(true), p)) {
+    attributes->type = cudaMemoryTypeDevice;
+  } else if (Inside(Allocations(false), p)) {
+    attributes->type = cudaMemoryTypeHost;
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+  }
+  return cudaSuccess;
+}
