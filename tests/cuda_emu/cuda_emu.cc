@@ -351,31 +351,34 @@ void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
   b.shared_bytes = shared_bytes;
   g_block = &b;
   // A GPU promises no order among a block's threads between barriers (warps interleave,
-  // and since Volta a warp's lanes may too): the threads run first to last in every other
-  // block and last to first in the rest, so a thread that reads what another writes without
-  // a barrier between them reads it too early in one order or the other.
+  // and since Volta a warp's lanes may too), nor among a launch's blocks: the threads run
+  // first to last in every other block and last to first in the rest, and every other
+  // launch runs its blocks last to first. So a thread that reads what another writes
+  // without a barrier between them, or a block that reads what another block of the same
+  // launch writes, reads it too early in one order or the other.
   const uint64_t launch = g_launches++;
+  const bool blocks_reversed = launch % 2 == 1;
+  const uint64_t count = uint64_t{grid.x} * grid.y * grid.z;
   bool first = true;
-  for (unsigned z = 0; z < grid.z; ++z) {
-    for (unsigned y = 0; y < grid.y; ++y) {
-      for (unsigned x = 0; x < grid.x; ++x) {
-        const uint3 block_index{x, y, z};
-        const bool reverse = (launch + x + y + z) % 2 == 1;
-        if (first || b.synchronised) {
-          RunBlockAsFibers(b, grid, block, block_index, reverse);
-        } else {
-          // The first block never synchronised: the rest run as plain calls, far faster;
-          // a barrier met there aborts (CheckSynchronisable) rather than misbehave.
-          b.direct = true;
-          PoisonShared(b);
-          for (unsigned i = 0; i < threads; ++i) {
-            g_direct = IndexOf(reverse ? threads - 1 - i : i, block, block_index, grid);
-            body();
-          }
-        }
-        first = false;
+  for (uint64_t n = 0; n < count; ++n) {
+    const uint64_t linear = blocks_reversed ? count - 1 - n : n;
+    const uint3 block_index{static_cast<unsigned>(linear % grid.x),
+                            static_cast<unsigned>(linear / grid.x % grid.y),
+                            static_cast<unsigned>(linear / (uint64_t{grid.x} * grid.y))};
+    const bool reverse = (launch + block_index.x + block_index.y + block_index.z) % 2 == 1;
+    if (first || b.synchronised) {
+      RunBlockAsFibers(b, grid, block, block_index, reverse);
+    } else {
+      // The first block never synchronised: the rest run as plain calls, far faster; a
+      // barrier met there aborts (CheckSynchronisable) rather than misbehave.
+      b.direct = true;
+      PoisonShared(b);
+      for (unsigned i = 0; i < threads; ++i) {
+        g_direct = IndexOf(reverse ? threads - 1 - i : i, block, block_index, grid);
+        body();
       }
     }
+    first = false;
   }
   g_block = nullptr;
 }

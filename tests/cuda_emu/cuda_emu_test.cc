@@ -24,6 +24,11 @@ __global__ void FirstThreadKernel(int* first) {
   if (first[blockIdx.x] < 0) first[blockIdx.x] = static_cast<int>(threadIdx.x);
 }
 
+// Records the order in which the blocks ran: a race on purpose.
+__global__ void BlockOrderKernel(int* order, int* counter) {
+  if (threadIdx.x == 0) order[blockIdx.x] = (*counter)++;
+}
+
 __global__ void ReadKernel(const float* x, int i, float* out) { *out = x[i]; }
 
 constexpr int kN = 64;
@@ -206,6 +211,25 @@ TEST_F(CudaEmulatorTest, AReadJustOutsideABufferReadsNaN) {
     ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
     EXPECT_TRUE(std::isnan(pinned_[0])) << i;
   }
+}
+
+// A block that reads what another block of its launch writes must fail in one order or the
+// other: every other launch runs its blocks last to first.
+TEST_F(CudaEmulatorTest, OneLaunchRunsItsBlocksFirstToLastAndTheNextLastToFirst) {
+  int* order = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&order), 2 * 3 * sizeof(int) + sizeof(int)),
+            cudaSuccess);
+  int* counter = order + 6;
+  for (int launch = 0; launch < 2; ++launch) {
+    *counter = 0;
+    DROVER_LAUNCH(BlockOrderKernel, dim3(3), dim3(32), 0, a_)(order + 3 * launch, counter);
+    ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  }
+  const std::vector<int> first(order, order + 3), second(order + 3, order + 6);
+  const std::vector<int> up = {0, 1, 2}, down = {2, 1, 0};
+  EXPECT_TRUE((first == up && second == down) || (first == down && second == up))
+      << first[0] << first[1] << first[2] << " then " << second[0] << second[1] << second[2];
+  ASSERT_EQ(cudaFreeHost(order), cudaSuccess);
 }
 
 using CudaEmulatorDeathTest = CudaEmulatorTest;
