@@ -42,14 +42,7 @@ bool Inside(const std::map<const char*, size_t>& m, const void* p) {
 bool drover_emu::InOneDeviceAllocation(const void* p, int rows, int cols, int ld,
                                        size_t element_bytes) {
   if (rows == 0 || cols == 0) return true;
-  const size_t bytes = (static_cast<size_t>(cols - 1) * ld + rows) * element_bytes;
-  std::lock_guard<std::mutex> lock(g_memory_mu);
-  const auto& m = Allocations(true);
-  const char* c = reinterpret_cast<const char*>(p);
-  auto it = m.upper_bound(c);
-  if (it == m.begin()) return false;
-  --it;
-  return c + bytes <= it->first + it->second;
+  return InDeviceMemory(p, (static_cast<size_t>(cols - 1) * ld + rows) * element_bytes);
 }
 
 namespace {
@@ -476,10 +469,10 @@ bool drover_emu::InDeviceMemory(const void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_memory_mu);
   const auto& m = Allocations(true);
   const char* c = static_cast<const char*>(p);
-  auto it = m.upper_bound(c);
+  auto it = m.upper_bound(c);  // the first allocation starting after c
   if (it == m.begin()) return false;
   --it;
-  return c >= it->first && c + bytes <= it->first + it->second;
+  return c + bytes <= it->first + it->second;
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
   std::lock_guard<std::mutex> lock(g_memory_mu);
