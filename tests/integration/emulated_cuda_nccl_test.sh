@@ -3,11 +3,12 @@
 # (tests/cuda_emu/README.md): `drover train --nproc N` with CUDA_VISIBLE_DEVICES=0,1,2,3 gives
 # each rank a GPU of its own, so parallel.backend auto connects every group through the NCCL
 # communicator in the CUDA plugin (device buffers straight to NCCL, host scalars staged).
-# Every layout must give the one-rank losses within 1e-5 over 10 steps: dp2 with ZeRO-2
-# (reduce-scatter) and ZeRO-3 (gathers), pp2 with 1F1B (point to point both ways at once:
-# a deadlock on one communicator) and GPipe, pp2 x tp2; and in bf16 dp2 with ZeRO-1
-# and tp2 (1e-4). Then parallel.backend nccl with two ranks on
-# one GPU must be refused at start-up, naming the ranks.
+# Every layout must give the one-rank losses within 1e-5 over 10 steps, and its validation
+# losses at steps 5 and 10 (an evaluation on every rank, the loss on the last stage): dp2
+# with ZeRO-2 (reduce-scatter) and ZeRO-3 (gathers), pp2 with 1F1B (point to point both ways
+# at once: a deadlock on one communicator) and GPipe, pp2 x tp2; and in bf16 dp2 with
+# ZeRO-1 and tp2 (1e-4). Then parallel.backend nccl with two ranks on one GPU must be
+# refused at start-up, naming the ranks.
 #
 #   emulated_cuda_nccl_test.sh BIN_DIR EMULATED_PLUGIN
 set -euo pipefail
@@ -19,11 +20,12 @@ mkdir "$work/bin"
 cp "$bin/drover" "$bin/drover-trainer" "$plugin" "$work/bin/"
 tests=$(cd "$(dirname "$0")/.." && pwd)
 python3 "$tests/bench/random_shard.py" "$work/train.bin" 50000
+python3 "$tests/bench/random_shard.py" "$work/val.bin" 5000
 cat > "$work/job.yaml" <<YAML
 name: emulated-cuda-nccl
 model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
-data: {train: "$work/train.bin"}
-train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 0}
+data: {train: "$work/train.bin", val: "$work/val.bin"}
+train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 5, eval_batches: 2}
 parallel: {timeout_s: 30}
 resources: {device: cuda, world_size: {min: 1, max: 4}}
 checkpoint: {every_steps: 0}

@@ -4,7 +4,8 @@
 # emulated libdrover_cuda.so, so that `resources.device: cuda` jobs run the CUDA kernel
 # table's code on the CPU. Two ranks then go through the real multi-rank CUDA path: process
 # groups staged through the table's page-locked host memory, ToHost/FromHost, IsDeviceMemory.
-# dp2 with ZeRO-1 and ZeRO-3, 10 steps each, must give the one-rank losses within 1e-5. (A
+# dp2 with ZeRO-1 and ZeRO-3, 10 steps each, must give the one-rank losses within 1e-5, and
+# its validation losses at steps 5 and 10. (A
 # plugin that failed to load would fail the job: resources.device cuda has no fallback.)
 # Both ranks are on the one emulated GPU, so parallel.backend auto must pick Gloo (NCCL
 # refuses two ranks on one GPU); emulated_cuda_nccl_test.sh gives each rank its own.
@@ -20,11 +21,12 @@ mkdir "$work/bin"
 cp "$bin/drover" "$bin/drover-trainer" "$plugin" "$work/bin/"
 tests=$(cd "$(dirname "$0")/.." && pwd)
 python3 "$tests/bench/random_shard.py" "$work/train.bin" 50000
+python3 "$tests/bench/random_shard.py" "$work/val.bin" 5000
 cat > "$work/dp.yaml" <<YAML
 name: emulated-cuda-ranks
 model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
-data: {train: "$work/train.bin"}
-train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 0}
+data: {train: "$work/train.bin", val: "$work/val.bin"}
+train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 5, eval_batches: 2}
 resources: {device: cuda, world_size: {min: 1, max: 2}}
 checkpoint: {every_steps: 0}
 YAML

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Whether two runs' metrics.jsonl files hold the same losses: STEPS lines each, every loss
-within RTOL (relative) of the other's. Prints both series; exits 0 when they agree.
+within RTOL (relative) of the other's, and the same evaluations (val_loss, where the runs
+evaluated) within RTOL too. Prints both series; exits 0 when they agree.
 
     same_losses.py REFERENCE.jsonl OTHER.jsonl STEPS RTOL
 """
@@ -8,10 +9,26 @@ import json
 import sys
 
 ref_path, other_path, steps, rtol = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-ref, other = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
-              for p in (ref_path, other_path))
-print("reference:", ["%.6f" % x for x in ref])
-print("other    :", ["%.6f" % x for x in other])
-ok = len(ref) == len(other) == steps and all(
-    abs(a - b) <= rtol * abs(a) for a, b in zip(ref, other))
+
+
+def series(path, key):
+    lines = [json.loads(l) for l in open(path) if '"loss"' in l]
+    return [(l["step"], l[key]) for l in lines if key in l]
+
+
+def close(a, b):
+    return abs(a - b) <= rtol * abs(a)
+
+
+ok = True
+for key in ("loss", "val_loss"):
+    ref, other = series(ref_path, key), series(other_path, key)
+    if key == "val_loss" and not ref and not other:
+        continue
+    print("%-9s reference:" % key, ["%.6f" % v for _, v in ref])
+    print("%-9s other    :" % key, ["%.6f" % v for _, v in other])
+    if key == "loss" and len(ref) != steps:
+        ok = False
+    ok = ok and len(ref) == len(other) and all(
+        s == t and close(a, b) for (s, a), (t, b) in zip(ref, other))
 sys.exit(0 if ok else 1)
