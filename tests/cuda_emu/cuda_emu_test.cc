@@ -257,4 +257,19 @@ TEST_F(CudaEmulatorDeathTest, ACopyWritingBeforeItsBufferDiesWhenTheBufferIsFree
       "its start\\)");
 }
 
+TEST_F(CudaEmulatorDeathTest, AKernelGivenPageableHostMemoryDiesAtTheLaunch) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<float> host(kN);
+  EXPECT_DEATH(DROVER_LAUNCH(FillKernel, dim3(2), dim3(32), 0, a_)(host.data(), 1.0f, kN),
+               "kernel argument 0 \\(0x[0-9a-f]+\\) is not device or page-locked memory");
+}
+
+TEST_F(CudaEmulatorTest, AKernelTakesNullAndTheEndOfAnAllocation) {
+  DROVER_LAUNCH(FillKernel, dim3(1), dim3(32), 0, a_)(device_ + kN, 1.0f, 0);
+  DROVER_LAUNCH(ReadKernel, dim3(1), dim3(1), 0, a_)(device_, 0, pinned_);
+  DROVER_LAUNCH(FillKernel, dim3(1), dim3(32), 0, a_)(nullptr, 1.0f, 0);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_EQ(pinned_[0], 0.0f);
+}
+
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -473,6 +474,22 @@ bool drover_emu::InDeviceMemory(const void* p, size_t bytes) {
   if (it == m.begin()) return false;
   --it;
   return c + bytes <= it->first + it->second;
+}
+void drover_emu::CheckKernelPointer(const void* p, int index) {
+  if (p == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  const char* c = static_cast<const char*>(p);
+  for (const bool device : {true, false}) {
+    const auto& m = Allocations(device);
+    auto it = m.upper_bound(c);  // the first allocation starting after c
+    if (it != m.begin() && c <= std::prev(it)->first + std::prev(it)->second) return;
+  }
+  std::fprintf(stderr,
+               "cuda emulator: kernel argument %d (%p) is not device or page-locked memory: an "
+               "illegal address on a GPU\n",
+               index, p);
+  std::fflush(stderr);
+  std::abort();
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
   std::lock_guard<std::mutex> lock(g_memory_mu);

@@ -69,6 +69,11 @@ void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
 // later, in the stream's order, on the stream's thread; the null stream runs it at the call.
 void EnqueueWork(CUstream_st* stream, std::function<void()> work);
 
+// Aborts, as the device faults, when kernel argument `index` (from 0) points to memory the
+// device cannot reach: pageable host memory, or memory already freed. Null is taken (an
+// argument a kernel does not use), and so is the end of an allocation (an empty range's).
+void CheckKernelPointer(const void* p, int index);
+
 // A launch: the arguments are copied when it is made, as the device takes them, and the
 // kernel runs when its stream gets to it.
 template <typename... P>
@@ -80,10 +85,23 @@ struct Launcher {
   template <typename... A>
   void operator()(const A&... args) const {
     if (!LaunchAccepted(grid, block, shared_bytes, reinterpret_cast<const void*>(kernel))) return;
+    std::tuple<std::decay_t<P>...> params(args...);
+    std::apply(
+        [](const auto&... p) {
+          int index = 0;
+          (CheckIfPointer(p, index++), ...);
+        },
+        params);
     EnqueueWork(stream, [kernel = kernel, grid = grid, block = block, shared = shared_bytes,
-                         params = std::tuple<std::decay_t<P>...>(args...)] {
+                         params = std::move(params)] {
       Run(grid, block, shared, [&] { std::apply(kernel, params); });
     });
+  }
+
+ private:
+  template <typename T>
+  static void CheckIfPointer(const T& value, int index) {
+    if constexpr (std::is_pointer_v<T>) CheckKernelPointer(value, index);
   }
 };
 template <typename... P>
