@@ -4,6 +4,7 @@
 // or no GPU is usable (it says why). Tolerances: the GPU sums in other orders and uses its
 // own exp/tanh, so results agree to float rounding, not bit for bit.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -625,7 +626,10 @@ TEST_F(CudaOpsTest, AdamWOverSegmentsInOnePass) {
 // land on the other side on one of them, hence the looser bound).
 TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(::testing::TempDir()) / "cuda_ops_test_train";
+  // One directory per process: ctest runs this test in two binaries' runs at once
+  // (Emulated.CudaOpsTest.EveryOpOnFp32Inputs takes every CudaOpsTest too).
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("cuda_ops_test_train." + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::vector<uint16_t> tokens(20000);
@@ -672,6 +676,7 @@ TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
     }
     EXPECT_LT(losses[1].back(), losses[1].front()) << dtype;
   }
+  fs::remove_all(dir);
 }
 
 }  // namespace

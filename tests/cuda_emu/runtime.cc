@@ -26,9 +26,11 @@
 namespace {
 
 std::mutex g_memory_mu;
+// Never destroyed: a stream's thread may still run deferred work while the process exits.
 std::map<const char*, size_t>& Allocations(bool device) {  // start -> bytes
-  static std::map<const char*, size_t> device_memory, pinned_memory;
-  return device ? device_memory : pinned_memory;
+  static auto* device_memory = new std::map<const char*, size_t>;
+  static auto* pinned_memory = new std::map<const char*, size_t>;
+  return device ? *device_memory : *pinned_memory;
 }
 bool Inside(const std::map<const char*, size_t>& m, const void* p) {
   const char* c = static_cast<const char*>(p);
