@@ -15,9 +15,15 @@
 #include "emu_internal.h"
 #include "worker/engine/kernels/cpu/round.h"
 
-using drover_emu::InOneDeviceAllocation;
-
 namespace {
+
+// Whether the column-major matrix (rows, cols, ld) of element_bytes elements at p lies
+// inside one device allocation: a GEMM that reaches past it would read or write memory it
+// does not own on a GPU.
+bool InOneDeviceAllocation(const void* p, int rows, int cols, int ld, size_t element_bytes) {
+  if (rows == 0 || cols == 0) return true;
+  return drover_emu::InDeviceMemory(p, (static_cast<size_t>(cols - 1) * ld + rows) * element_bytes);
+}
 
 // An operand element as the compute type's tensor cores read it.
 float AsRead(float x, cublasComputeType_t compute) {
@@ -87,8 +93,12 @@ bool Supported(cudaDataType_t type) {
   return type == CUDA_R_32F || type == CUDA_R_16BF || type == CUDA_R_16F;
 }
 
+// D = alpha op(A) op(B) + beta C, plus bias[i] on row i where there is a bias (bias.data
+// set): each element summed in double, then stored once in D's type. beta 0 ignores C, as
+// cuBLAS does (it may hold NaN). C may be D: each element is read before it is written.
 void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, Input A,
-          int lda, Input B, int ldb, float beta, float* C, int ldc, cublasComputeType_t compute) {
+          int lda, Input B, int ldb, float beta, Input C, int ldc, Input bias, Output D, int ldd,
+          cublasComputeType_t compute) {
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
       double sum = 0;
@@ -99,9 +109,10 @@ void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float
                                           : B[p + static_cast<size_t>(j) * ldb];
         sum += double{AsRead(a, compute)} * AsRead(b, compute);
       }
-      float& c = C[i + static_cast<size_t>(j) * ldc];
-      // beta 0 ignores C, as cuBLAS does (it may hold NaN).
-      c = static_cast<float>(alpha * sum + (beta == 0.0f ? 0.0 : double{beta} * c));
+      const double c = beta == 0.0f ? 0.0 : double{beta} * C[i + static_cast<size_t>(j) * ldc];
+      float v = static_cast<float>(alpha * sum + c);
+      if (bias.data != nullptr) v += bias[i];
+      D.Set(i + static_cast<size_t>(j) * ldd, v);
     }
   }
 }
@@ -157,24 +168,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasO
   const float alpha_f = *static_cast<const float*>(alpha),
               beta_f = *static_cast<const float*>(beta);
   drover_emu::EnqueueWork(handle->stream, [=] {
-    if (c_type == CUDA_R_32F) {
-      Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, static_cast<float*>(C), ldc, compute);
-      return;
-    }
-    // A 16-bit C: the sums in floats, each rounded once as it is stored.
-    std::vector<float> sums(static_cast<size_t>(m) * n);
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < m; ++i) {
-        sums[i + static_cast<size_t>(j) * m] =
-            beta_f == 0.0f ? 0.0f : c.Get(i + static_cast<size_t>(j) * ldc);
-      }
-    }
-    Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, sums.data(), m, compute);
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < m; ++i) {
-        c.Set(i + static_cast<size_t>(j) * ldc, sums[i + static_cast<size_t>(j) * m]);
-      }
-    }
+    Gemm(ta, tb, m, n, k, alpha_f, a, lda, b, ldb, beta_f, Input{C, c_type}, ldc,
+         Input{nullptr, c_type}, c, ldc, compute);
   });
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -388,27 +383,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   }
   if (C == D && ldc != ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place: one layout
   // The descriptor's state is taken now (the caller may change or destroy it); the product
-  // runs on the stream: the sums in floats (C's values under them where beta counts), the
-  // bias added, and each element stored once in D's type.
+  // runs on the stream.
   const cublasComputeType_t compute = desc->compute;
-  const cublasOperation_t ta = desc->trans_a == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t tb = desc->trans_b == CUBLAS_OP_T ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t ta = na ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasOperation_t tb = nb ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const Input epilogue_bias{bias ? desc->bias : nullptr, d->type};
   drover_emu::EnqueueWork(stream, [=] {
-    std::vector<float> sums(static_cast<size_t>(m) * n);
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < m; ++i) {
-        sums[i + static_cast<size_t>(j) * m] =
-            beta_f == 0.0f ? 0.0f : in_c[i + static_cast<size_t>(j) * ldc];
-      }
-    }
-    Gemm(ta, tb, m, n, k, alpha_f, in_a, lda, in_b, ldb, beta_f, sums.data(), m, compute);
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < m; ++i) {
-        float v = sums[i + static_cast<size_t>(j) * m];
-        if (bias) v += in_bias[i];
-        out.Set(i + static_cast<size_t>(j) * ldd, v);
-      }
-    }
+    Gemm(ta, tb, m, n, k, alpha_f, in_a, lda, in_b, ldb, beta_f, in_c, ldc, epilogue_bias, out, ldd,
+         compute);
   });
   return CUBLAS_STATUS_SUCCESS;
 }

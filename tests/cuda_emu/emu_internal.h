@@ -14,9 +14,5 @@ namespace drover_emu {
 cudaError_t& LastError();
 // The dynamic shared memory a kernel may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 int OptInDynamicShared();
-// Whether the column-major matrix (rows, cols, ld) of element_bytes elements at p lies
-// inside one device allocation: a GEMM that reaches past it would read or write memory it
-// does not own on a GPU.
-bool InOneDeviceAllocation(const void* p, int rows, int cols, int ld, size_t element_bytes);
 
 }  // namespace drover_emu

@@ -1,7 +1,7 @@
 // The NCCL emulator (tests/cuda_emu/README.md): NCCL's calls as the NCCL communicator uses
 // them, between processes (or threads) on one machine, through a shared-memory file named in
 // the unique id. As on a GPU, a call only enqueues its work on the stream it is given (the
-// stream's own thread runs it: cuda_emu.cc's Stream), so the caller learns of completion
+// stream's own thread runs it: runtime.cc's Stream), so the caller learns of completion
 // from cudaStreamQuery / cudaEventQuery and of failure from ncclCommGetAsyncError.
 //
 // What it holds the caller to, as NCCL would:

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,23 +31,22 @@ std::map<const char*, size_t>& Allocations(bool device) {  // start -> bytes
   static auto* pinned_memory = new std::map<const char*, size_t>;
   return device ? *device_memory : *pinned_memory;
 }
-bool Inside(const std::map<const char*, size_t>& m, const void* p) {
+// How far p lies into the allocation of `m` that starts at or before it: its offset there
+// and the allocation's size, or false when every allocation starts after p. (p may be past
+// that allocation's end: the callers decide what counts as inside.)
+bool Locate(const std::map<const char*, size_t>& m, const void* p, size_t* offset, size_t* size) {
   const char* c = static_cast<const char*>(p);
-  auto it = m.upper_bound(c);
+  auto it = m.upper_bound(c);  // the first allocation starting after c
   if (it == m.begin()) return false;
   --it;
-  return c < it->first + it->second;
+  *offset = static_cast<size_t>(c - it->first);
+  *size = it->second;
+  return true;
 }
-
-}  // namespace
-
-bool drover_emu::InOneDeviceAllocation(const void* p, int rows, int cols, int ld,
-                                       size_t element_bytes) {
-  if (rows == 0 || cols == 0) return true;
-  return InDeviceMemory(p, (static_cast<size_t>(cols - 1) * ld + rows) * element_bytes);
+bool Inside(const std::map<const char*, size_t>& m, const void* p) {
+  size_t offset, size;
+  return Locate(m, p, &offset, &size) && offset < size;
 }
-
-namespace {
 
 // Guard bytes around every allocation, from its last byte asked for to 256 bytes past its
 // rounded end and 256 bytes before it: a kernel or copy that writes past its buffer changes
@@ -80,15 +78,15 @@ const unsigned char* BrokenGuard(const char* p, size_t bytes) {
   return nullptr;
 }
 
-void DieOfBrokenGuard(const char* p, size_t bytes, bool device, const unsigned char* g) {
+[[noreturn]] void DieOfBrokenGuard(const char* p, size_t bytes, bool device,
+                                   const unsigned char* g) {
   const auto at = reinterpret_cast<const char*>(g) - p;
-  std::fprintf(stderr,
-               "cuda emulator: a write outside the %s allocation of %zu bytes at %p: byte %td "
-               "(%s)\n",
-               device ? "device" : "pinned", bytes, static_cast<const void*>(p), at,
-               at < 0 ? "before its start" : "past its end");
-  std::fflush(stderr);
-  std::abort();
+  char what[200];
+  std::snprintf(what, sizeof(what),
+                "a write outside the %s allocation of %zu bytes at %p: byte %td (%s)",
+                device ? "device" : "pinned", bytes, static_cast<const void*>(p), at,
+                at < 0 ? "before its start" : "past its end");
+  drover_emu::Die(what);
 }
 
 // Every live allocation's guards are whole (the caller holds no lock).
@@ -333,11 +331,6 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     return cudaSuccess;
   }
   if (to == Memory::kPageable) {
-    if (Mode() == StreamMode::kSync) {
-      Drain(stream);
-      std::memmove(dst, src, bytes);
-      return cudaSuccess;
-    }
     Stream* s = AsStream(stream);
     s->Wait(s->Enqueue([=] { std::memmove(dst, src, bytes); }));
     return cudaSuccess;
@@ -470,38 +463,37 @@ cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
 bool drover_emu::InDeviceMemory(const void* p, size_t bytes) {
   if (bytes == 0) return true;
   std::lock_guard<std::mutex> lock(g_memory_mu);
-  const auto& m = Allocations(true);
-  const char* c = static_cast<const char*>(p);
-  auto it = m.upper_bound(c);  // the first allocation starting after c
-  if (it == m.begin()) return false;
-  --it;
-  return c + bytes <= it->first + it->second;
+  size_t offset, size;
+  return Locate(Allocations(true), p, &offset, &size) && offset + bytes <= size;
 }
 void drover_emu::CheckKernelPointer(const void* p, int index) {
   if (p == nullptr) return;
-  std::lock_guard<std::mutex> lock(g_memory_mu);
-  const char* c = static_cast<const char*>(p);
-  for (const bool device : {true, false}) {
-    const auto& m = Allocations(device);
-    auto it = m.upper_bound(c);  // the first allocation starting after c
-    if (it != m.begin() && c <= std::prev(it)->first + std::prev(it)->second) return;
+  {
+    std::lock_guard<std::mutex> lock(g_memory_mu);
+    for (const bool device : {true, false}) {
+      size_t offset, size;
+      if (Locate(Allocations(device), p, &offset, &size) && offset <= size) return;
+    }
   }
-  std::fprintf(stderr,
-               "cuda emulator: kernel argument %d (%p) is not device or page-locked memory: an "
-               "illegal address on a GPU\n",
-               index, p);
-  std::fflush(stderr);
-  std::abort();
+  char what[160];
+  std::snprintf(what, sizeof(what),
+                "kernel argument %d (%p) is not device or page-locked memory: an illegal "
+                "address on a GPU",
+                index, p);
+  Die(what);
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* p) {
-  std::lock_guard<std::mutex> lock(g_memory_mu);
   *attributes = {};
-  if (Inside(Allocations(true), p)) {
-    attributes->type = cudaMemoryTypeDevice;
-  } else if (Inside(Allocations(false), p)) {
-    attributes->type = cudaMemoryTypeHost;
-  } else {
-    attributes->type = cudaMemoryTypeUnregistered;
+  switch (KindOf(p)) {
+    case Memory::kDevice:
+      attributes->type = cudaMemoryTypeDevice;
+      break;
+    case Memory::kPinned:
+      attributes->type = cudaMemoryTypeHost;
+      break;
+    case Memory::kPageable:
+      attributes->type = cudaMemoryTypeUnregistered;
+      break;
   }
   return cudaSuccess;
 }

@@ -5,8 +5,8 @@
 # table's code on the CPU. Two ranks then go through the real multi-rank CUDA path: process
 # groups staged through the table's page-locked host memory, ToHost/FromHost, IsDeviceMemory.
 # dp2 with ZeRO-1 and ZeRO-3, 10 steps each, must give the one-rank losses within 1e-5, and
-# its validation losses at steps 5 and 10. (A
-# plugin that failed to load would fail the job: resources.device cuda has no fallback.)
+# its validation losses at steps 5 and 10. (A plugin that failed to load would fail the job:
+# resources.device cuda has no fallback.)
 # Both ranks are on the one emulated GPU, so parallel.backend auto must pick Gloo (NCCL
 # refuses two ranks on one GPU); emulated_cuda_nccl_test.sh gives each rank its own.
 # Then a stop and resume from a checkpoint saved from the device, against a run without one.

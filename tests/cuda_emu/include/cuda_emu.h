@@ -65,7 +65,7 @@ bool LaunchAccepted(dim3 grid, dim3 block, size_t shared_bytes, const void* kern
 // Runs `body` as every thread of `grid` x `block`, block after block, with `shared_bytes`
 // of dynamic shared memory.
 void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
-// Device work (a kernel, a copy, a GEMM) enqueued on `stream` (cuda_emu.cc: Stream): it runs
+// Device work (a kernel, a copy, a GEMM) enqueued on `stream` (runtime.cc: Stream): it runs
 // later, in the stream's order, on the stream's thread; the null stream runs it at the call.
 void EnqueueWork(CUstream_st* stream, std::function<void()> work);
 

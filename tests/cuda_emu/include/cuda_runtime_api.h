@@ -1,5 +1,5 @@
 // The kernel emulator's stand-in for the CUDA runtime's header (tests/cuda_emu/README.md):
-// the types and the calls the CUDA kernel table uses, run on the CPU by cuda_emu.cc.
+// the types and the calls the CUDA kernel table uses, run on the CPU by runtime.cc.
 #pragma once
 
 #include <cstddef>
@@ -41,7 +41,7 @@ inline constexpr unsigned cudaStreamNonBlocking = 1;
 
 namespace drover_emu {
 // Runs `work` on `stream`'s own thread, after the work enqueued there before; streams and
-// events recorded after it are not done until it has run (cuda_emu.cc: Stream). The NCCL
+// events recorded after it are not done until it has run (runtime.cc: Stream). The NCCL
 // emulator's calls go this way, in either DROVER_EMU_STREAMS mode (EnqueueWork, cuda_emu.h,
 // is the kernels', copies' and GEMMs').
 void EnqueueOnStream(cudaStream_t stream, std::function<void()> work);
