@@ -47,8 +47,8 @@ GptConfig FromProto(const v1::CheckpointModelConfig& p) {
 }  // namespace
 
 Status Trainer::RestoreLatest(const std::string& choice_key) {
-  // Every rank loads the one checkpoint rank 0 chose, reading it at the same time as the
-  // others; a checkpoint some rank finds broken is skipped by all (agreed_load.h).
+  // Every rank loads the one checkpoint rank 0 chose, reading its part of it at the same time
+  // as the others; a checkpoint some rank finds broken is skipped by all (agreed_load.h).
   std::string path;
   ckpt::AgreedLoadOptions load;
   load.dir = ckpt_dir_;
@@ -57,22 +57,27 @@ Status Trainer::RestoreLatest(const std::string& choice_key) {
   load.store = options_.store;
   load.key = choice_key;
   load.timeout = options_.connect_timeout;
-  StatusOr<ckpt::CheckpointSnapshot> snap = ckpt::LoadAgreedCheckpoint(load, &path);
-  if (!snap.ok()) return snap.status();
-  const v1::CheckpointManifest& m = snap->meta;
-  const GptConfig saved = FromProto(m.model());
-  if (!(saved == config_)) {
-    return InvalidArgumentError("checkpoint " + path + " holds a model " + DescribeConfig(saved) +
-                                ", the job spec asks for " + DescribeConfig(config_) +
-                                "; use another checkpoint.dir (or `drover train --fresh`)");
-  }
-  const size_t n = GptNumParams(config_);
-  if (snap->params.size() != n) {
-    return DataLossError("checkpoint " + path + " has " + std::to_string(snap->params.size()) +
-                         " parameters, the model has " + std::to_string(n));
-  }
-  model_->LoadGlobalParams(snap->params.data());
-  model_->LoadGlobalOptimizer(snap->adam_m.data(), snap->adam_v.data(), m.optimizer_step());
+  auto want = [&](const std::string& step_dir,
+                  const v1::CheckpointManifest& m) -> StatusOr<ckpt::PartRequest> {
+    const GptConfig saved = FromProto(m.model());
+    if (!(saved == config_)) {
+      return InvalidArgumentError("checkpoint " + step_dir + " holds a model " +
+                                  DescribeConfig(saved) + ", the job spec asks for " +
+                                  DescribeConfig(config_) +
+                                  "; use another checkpoint.dir (or `drover train --fresh`)");
+    }
+    const size_t n = GptNumParams(config_);
+    if (m.num_params() != static_cast<int64_t>(n)) {
+      return DataLossError("checkpoint " + step_dir + " has " + std::to_string(m.num_params()) +
+                           " parameters, its model has " + std::to_string(n));
+    }
+    return ckpt::PartRequest{model_->ParamRanges(), model_->OptimizerRanges()};
+  };
+  StatusOr<ckpt::CheckpointPart> part = ckpt::LoadAgreedCheckpoint(load, want, &path);
+  if (!part.ok()) return part.status();
+  const v1::CheckpointManifest& m = part->meta;
+  model_->LoadParams(part->params);
+  model_->LoadOptimizer(part->adam_m, part->adam_v, m.optimizer_step());
   // The loss scale carries over between fp16 runs only; from any other checkpoint an fp16
   // run starts at the initial scale (it finds its level within a few steps).
   if (m.precision() == "fp16") {
@@ -93,8 +98,11 @@ Status Trainer::RestoreLatest(const std::string& choice_key) {
   resumed_from_ = m.step();
   rollbacks_ = std::max(rollbacks_, m.rollbacks());
   last_checkpoint_step_ = m.step();
-  spdlog::info("resumed from checkpoint {} (step {}, {} samples consumed)", path, m.step(),
-               m.consumed_samples());
+  int64_t total_bytes = 0;
+  for (const v1::CheckpointShard& sh : m.shards()) total_bytes += sh.bytes();
+  spdlog::info(
+      "resumed from checkpoint {} (step {}, {} samples consumed; read {:.1f} of its {:.1f} MB)",
+      path, m.step(), m.consumed_samples(), part->bytes_read / 1e6, total_bytes / 1e6);
   return OkStatus();
 }
 

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <string>
+#include <vector>
 
 namespace drover::engine::ckpt {
 namespace {
@@ -26,18 +28,21 @@ int64_t Choose(const std::string& dir, std::map<int64_t, std::string>* rejected)
 }
 
 Status Unusable(const std::string& dir, const std::map<int64_t, std::string>& rejected) {
-  std::string why;
-  for (auto it = rejected.rbegin(); it != rejected.rend(); ++it) why += "\n  " + it->second;
-  return FailedPreconditionError(
-      "checkpoints exist in " + dir + " but none is usable:" + why +
-      "\nmove them away (or use another checkpoint.dir) to start from scratch, or pass "
-      "`drover train --fresh`");
+  std::vector<std::string> reasons;
+  for (auto it = rejected.rbegin(); it != rejected.rend(); ++it) reasons.push_back(it->second);
+  return NoneUsableError(dir, reasons);
 }
+
+// A rank's report and rank 0's verdict: empty when the checkpoint is good, else one of these
+// tags and the message.
+constexpr char kBroken = 'B';   // drop it and try the next one
+constexpr char kRefused = 'R';  // every rank returns the message as InvalidArgument
 
 }  // namespace
 
-StatusOr<CheckpointSnapshot> LoadAgreedCheckpoint(const AgreedLoadOptions& o, std::string* path) {
-  if (o.world_size <= 1) return LoadLatestCheckpoint(o.dir, path);
+StatusOr<CheckpointPart> LoadAgreedCheckpoint(const AgreedLoadOptions& o, const PartRequestFn& want,
+                                              std::string* path) {
+  if (o.world_size <= 1) return LoadLatestCheckpointPart(o.dir, want, path);
   DROVER_CHECK(o.store != nullptr);
   const bool rank0 = o.rank == 0;
   std::map<int64_t, std::string> rejected;  // rank 0's
@@ -58,17 +63,24 @@ StatusOr<CheckpointSnapshot> LoadAgreedCheckpoint(const AgreedLoadOptions& o, st
       return FailedPreconditionError("rank 0 found no usable checkpoint in " + o.dir);
     }
     const std::string step_dir = o.dir + "/" + StepDirName(chosen);
-    StatusOr<CheckpointSnapshot> snap = VerifyCheckpoint(step_dir, chosen);
-    RETURN_IF_ERROR(o.store->Set(base + "/r" + std::to_string(o.rank),
-                                 snap.ok() ? "" : std::string(snap.status().message())));
+    StatusOr<CheckpointPart> part = ReadCheckpointPart(step_dir, chosen, want);
+    std::string report;
+    if (!part.ok()) {
+      const bool broken = part.status().code() == StatusCode::kDataLoss;
+      report = std::string(1, broken ? kBroken : kRefused) + std::string(part.status().message());
+    }
+    RETURN_IF_ERROR(o.store->Set(base + "/r" + std::to_string(o.rank), report));
     std::string verdict;
     if (rank0) {
       for (int r = 0; r < o.world_size && verdict.empty(); ++r) {
-        auto report = o.store->Get(base + "/r" + std::to_string(r), o.timeout);
-        if (!report.ok())
-          return report.status().WithContext("waiting for rank " + std::to_string(r) +
-                                             "'s checkpoint read");
-        if (!report->empty()) verdict = "rank " + std::to_string(r) + ": " + *report;
+        auto got = o.store->Get(base + "/r" + std::to_string(r), o.timeout);
+        if (!got.ok())
+          return got.status().WithContext("waiting for rank " + std::to_string(r) +
+                                          "'s checkpoint read");
+        if (got->empty()) continue;
+        // A refusal is every rank's (they share the spec): no rank to name.
+        const std::string who = got->front() == kBroken ? "rank " + std::to_string(r) + ": " : "";
+        verdict = got->front() + who + got->substr(1);
       }
       RETURN_IF_ERROR(o.store->Set(base + "/verdict", verdict));
     } else {
@@ -78,11 +90,12 @@ StatusOr<CheckpointSnapshot> LoadAgreedCheckpoint(const AgreedLoadOptions& o, st
     }
     if (verdict.empty()) {
       if (path != nullptr) *path = step_dir;
-      return snap;
+      return part;
     }
+    if (verdict.front() == kRefused) return InvalidArgumentError(verdict.substr(1));
     if (rank0) {
-      spdlog::warn("checkpoint skipped: {}", verdict);
-      rejected[chosen] = verdict;
+      spdlog::warn("checkpoint skipped: {}", verdict.substr(1));
+      rejected[chosen] = verdict.substr(1);
     }
   }
 }

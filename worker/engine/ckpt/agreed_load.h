@@ -1,13 +1,15 @@
 // LoadAgreedCheckpoint: the ranks of a job resume from one checkpoint, read by all of them
-// at once.
+// at once, each only its part of it.
 //
 // Rank 0 picks the newest checkpoint whose shape is sound without reading any shard
 // (CheckCheckpointShape) and announces it through the attempt's store; every rank then
-// reads and verifies it (ReadCheckpoint: sizes and CRC32C, files in parallel) and reports;
-// rank 0 collects the reports and announces the verdict. If some rank found the checkpoint
-// broken, every rank drops it and rank 0 picks the next one, so a corrupt checkpoint costs a
-// round, never a crash or ranks that disagree. Start-up thus reads the checkpoint once, on
-// every rank in parallel, instead of once on rank 0 and then again on the others.
+// reads and verifies the shard files that hold what it needs (ReadCheckpointPart: sizes and
+// CRC32C, files in parallel) and reports; rank 0 collects the reports and announces the
+// verdict. If some rank found the checkpoint broken, every rank drops it and rank 0 picks
+// the next one, so a corrupt checkpoint costs a round, never a crash or ranks that disagree.
+// If some rank refused it (a checkpoint of another model), every rank returns that refusal.
+// Start-up thus reads the checkpoint once, spread over the ranks, instead of once on rank 0
+// and then again on the others, or whole on every rank.
 //
 // Store keys, under `key`: <key>/<round> (rank 0's choice), <key>/<round>/r<rank> (each
 // rank's report), <key>/<round>/verdict. 3 x world_size operations per round.
@@ -30,11 +32,11 @@ struct AgreedLoadOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // for each wait on the store
 };
 
-// What LoadLatestCheckpoint returns for one process, on every rank: the snapshot (and its
-// directory in `path`), NotFound when `dir` holds no checkpoint, FailedPrecondition when
-// checkpoints exist and none is usable (rank 0's message names each and why), or the
-// store's error.
-StatusOr<CheckpointSnapshot> LoadAgreedCheckpoint(const AgreedLoadOptions& options,
-                                                  std::string* path);
+// What LoadLatestCheckpointPart returns for one process, on every rank: this rank's part of
+// the checkpoint (and its directory in `path`), NotFound when `dir` holds no checkpoint,
+// FailedPrecondition when checkpoints exist and none is usable (rank 0's message names each
+// and why), want's refusal (InvalidArgument), or the store's error.
+StatusOr<CheckpointPart> LoadAgreedCheckpoint(const AgreedLoadOptions& options,
+                                              const PartRequestFn& want, std::string* path);
 
 }  // namespace drover::engine::ckpt

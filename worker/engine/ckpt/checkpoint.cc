@@ -30,10 +30,11 @@ const std::vector<float>& ArenaOf(const CheckpointSnapshot& s, const std::string
   return s.params;
 }
 
-std::vector<float>* MutableArenaOf(CheckpointSnapshot* s, const std::string& name) {
-  if (name == "params") return &s->params;
-  if (name == "adam_m") return &s->adam_m;
-  if (name == "adam_v") return &s->adam_v;
+// The part holding arena `name`; null for a name this build does not know.
+GlobalPart* PartOf(CheckpointPart* p, const std::string& name) {
+  if (name == "params") return &p->params;
+  if (name == "adam_m") return &p->adam_m;
+  if (name == "adam_v") return &p->adam_v;
   return nullptr;
 }
 
@@ -313,12 +314,11 @@ namespace {
 // and the reader allocate by num_params: a manifest is believed about num_params only as
 // far as the shard files on disk hold that many elements of each arena (a fuzzed manifest
 // claiming 10^12 parameters made ReadCheckpoint allocate terabytes).
-Status CheckManifestShape(const std::string& step_dir, CheckpointSnapshot* snap) {
-  const v1::CheckpointManifest& m = snap->meta;
+Status CheckManifestShape(const std::string& step_dir, const v1::CheckpointManifest& m) {
   if (m.num_params() <= 0) return DataLossError(step_dir + ": manifest has no parameters");
   std::map<std::string, int64_t> arena_bytes;
   for (const auto& sh : m.shards()) {
-    if (MutableArenaOf(snap, sh.arena()) == nullptr) {
+    if (std::find(std::begin(kArenas), std::end(kArenas), sh.arena()) == std::end(kArenas)) {
       return DataLossError(step_dir + ": shard " + sh.file() + " is of arena '" + sh.arena() +
                            "', which this build does not know (it reads params, adam_m, adam_v)");
     }
@@ -350,10 +350,32 @@ Status CheckManifestShape(const std::string& step_dir, CheckpointSnapshot* snap)
   return cov.ok() ? cov : cov.WithContext(step_dir);
 }
 
-// Reads one shard file, verifies its size and CRC32C, and copies its runs into the arena.
-// Shards of one checkpoint cover disjoint elements, so they may be read concurrently.
-Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
-                     CheckpointSnapshot* snap) {
+// Calls fn(global_begin, global_end) for each contiguous piece of a shard's runs, in file
+// order (the order of its elements in the file).
+template <typename Fn>
+void ForEachPiece(const std::vector<v1::CheckpointRun>& runs, Fn&& fn) {
+  for (const auto& r : runs) {
+    for (int64_t i = 0; i < r.count(); ++i) {
+      const auto b = static_cast<size_t>(r.begin() + i * r.stride());
+      fn(b, b + static_cast<size_t>(r.length()));
+    }
+  }
+}
+
+// Whether the shard holds an element of `part`.
+bool HoldsSomeOf(const std::vector<v1::CheckpointRun>& runs, const GlobalPart& part) {
+  bool some = false;
+  ForEachPiece(runs, [&](size_t b, size_t e) {
+    if (!some) part.ForEachHeld(b, e, [&](size_t, size_t) { some = true; });
+  });
+  return some;
+}
+
+// Reads one shard file, verifies its size and CRC32C, and copies the elements of its runs
+// that `part` holds into it, adding their number to *copied. Shards of one checkpoint cover
+// disjoint elements, so they may be read into one part concurrently.
+Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh, GlobalPart* part,
+                     std::atomic<size_t>* copied) {
   const std::string path = Join(step_dir, sh.file());
   auto bytes = ReadFileToString(path);
   if (!bytes.ok()) return DataLossError(step_dir + ": missing shard " + sh.file());
@@ -374,53 +396,136 @@ Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
     return DataLossError(path + ": CRC32C mismatch (file " + std::to_string(crc) + ", manifest " +
                          std::to_string(sh.crc32c()) + ")");
   }
-  std::vector<float>* arena = MutableArenaOf(snap, sh.arena());
-  const char* from = bytes->data();
-  for (const auto& r : runs) {
-    for (int64_t i = 0; i < r.count(); ++i) {
-      const size_t n = static_cast<size_t>(r.length()) * sizeof(float);
-      std::memcpy(arena->data() + r.begin() + i * r.stride(), from, n);
-      from += n;
+  const char* file = bytes->data();
+  size_t at = 0, n = 0;  // at: the file's element that global element b of this piece is
+  ForEachPiece(runs, [&](size_t b, size_t e) {
+    part->ForEachHeld(b, e, [&](size_t hb, size_t he) {
+      std::memcpy(part->MutableAt(hb, he - hb), file + (at + hb - b) * sizeof(float),
+                  (he - hb) * sizeof(float));
+      n += he - hb;
+    });
+    at += e - b;
+  });
+  copied->fetch_add(n);
+  return OkStatus();
+}
+
+// ReadCheckpointPart, with the request made from the manifest by `want`.
+StatusOr<CheckpointPart> ReadPart(const std::string& step_dir, int64_t step,
+                                  const PartRequestFn& want) {
+  ReadLock lock(step_dir);
+  CheckpointPart part;
+  ASSIGN_OR_RETURN(part.meta, ReadManifest(step_dir));
+  const v1::CheckpointManifest& m = part.meta;
+  if (step >= 0 && m.step() != step) {
+    return DataLossError(step_dir + ": manifest says step " + std::to_string(m.step()));
+  }
+  RETURN_IF_ERROR(CheckManifestShape(step_dir, m));
+  ASSIGN_OR_RETURN(PartRequest request, want(step_dir, m));
+  part.params = GlobalPart(std::move(request.params));
+  part.adam_m = GlobalPart(request.optimizer);
+  part.adam_v = GlobalPart(std::move(request.optimizer));
+  const auto n = static_cast<size_t>(m.num_params());
+  for (const GlobalPart* p : {&part.params, &part.adam_m}) {
+    if (p->end() > n) {
+      return InvalidArgumentError(step_dir + " holds " + std::to_string(n) +
+                                  " parameters; element " + std::to_string(p->end() - 1) +
+                                  " was asked for");
     }
   }
-  return OkStatus();
+  // The shard files that hold something asked for, read in parallel: a sharded checkpoint
+  // has one file per rank and arena, and reading plus CRC32C of each is independent. The
+  // first error (in file order) wins.
+  std::vector<int> files;
+  for (int i = 0; i < m.shards_size(); ++i) {
+    if (!HoldsSomeOf(RunsOf(m.shards(i)), *PartOf(&part, m.shards(i).arena()))) continue;
+    files.push_back(i);
+    part.bytes_read += m.shards(i).bytes();
+  }
+  const int count = static_cast<int>(files.size());
+  const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  std::vector<Status> results(files.size());
+  std::atomic<size_t> copied{0};
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int i = next++; i < count; i = next++) {
+      const v1::CheckpointShard& sh = m.shards(files[static_cast<size_t>(i)]);
+      results[static_cast<size_t>(i)] =
+          ReadShardInto(step_dir, sh, PartOf(&part, sh.arena()), &copied);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min(threads, count); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const Status& st : results) RETURN_IF_ERROR(st);
+  // CheckManifestShape found that the shards tile every arena: each element asked for was
+  // copied exactly once.
+  const size_t asked = part.params.size() + part.adam_m.size() + part.adam_v.size();
+  DROVER_CHECK_MSG(copied.load() == asked, step_dir);
+  return part;
+}
+
+// Every element of every arena.
+StatusOr<PartRequest> Everything(const std::string&, const v1::CheckpointManifest& m) {
+  const auto n = static_cast<size_t>(m.num_params());
+  return PartRequest{{{0, n}}, {{0, n}}};
+}
+
+// The newest checkpoint in `dir` that `read` accepts, skipping (and logging) each broken one;
+// a refusal (any error but DataLoss) ends the search.
+template <typename T>
+StatusOr<T> LoadNewest(const std::string& dir,
+                       const std::function<StatusOr<T>(const std::string&, int64_t)>& read,
+                       std::string* path) {
+  const auto all = ListCheckpoints(dir);
+  if (all.empty()) return NotFoundError("no checkpoint in " + dir);
+  std::vector<std::string> reasons;
+  for (const auto& [step, step_dir] : all) {
+    StatusOr<T> got = read(step_dir, step);
+    if (got.ok()) {
+      if (path != nullptr) *path = step_dir;
+      return got;
+    }
+    if (got.status().code() != StatusCode::kDataLoss) return got.status();
+    spdlog::warn("checkpoint skipped: {}", got.status().message());
+    reasons.emplace_back(got.status().message());
+  }
+  return NoneUsableError(dir, reasons);
 }
 
 }  // namespace
 
 StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
-  ReadLock lock(step_dir);
+  ASSIGN_OR_RETURN(CheckpointPart part, ReadPart(step_dir, -1, Everything));
   CheckpointSnapshot snap;
-  ASSIGN_OR_RETURN(snap.meta, ReadManifest(step_dir));
-  RETURN_IF_ERROR(CheckManifestShape(step_dir, &snap));
-  const v1::CheckpointManifest& m = snap.meta;
-  for (const char* arena : kArenas) MutableArenaOf(&snap, arena)->resize(m.num_params());
-  // Shard files in parallel: a sharded checkpoint has one file per rank and arena, and
-  // reading plus CRC32C of each is independent. The first error (in file order) wins.
-  const int n = m.shards_size();
-  const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
-  std::vector<Status> results(static_cast<size_t>(n));
-  std::atomic<int> next{0};
-  auto work = [&] {
-    for (int i = next++; i < n; i = next++) {
-      results[static_cast<size_t>(i)] = ReadShardInto(step_dir, m.shards(i), &snap);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  for (const Status& st : results) RETURN_IF_ERROR(st);
+  snap.meta = std::move(part.meta);
+  snap.params = std::move(part.params).TakeValues();
+  snap.adam_m = std::move(part.adam_m).TakeValues();
+  snap.adam_v = std::move(part.adam_v).TakeValues();
   return snap;
 }
 
+StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
+                                            const PartRequestFn& want) {
+  return ReadPart(step_dir, step, want);
+}
+
+Status NoneUsableError(const std::string& dir, const std::vector<std::string>& reasons) {
+  std::string why;
+  for (const std::string& r : reasons) why += "\n  " + r;
+  return FailedPreconditionError(
+      "checkpoints exist in " + dir + " but none is usable:" + why +
+      "\nmove them away (or use another checkpoint.dir) to start from scratch, or pass "
+      "`drover train --fresh`");
+}
+
 Status CheckCheckpointShape(const std::string& step_dir, int64_t step) {
-  CheckpointSnapshot snap;
-  ASSIGN_OR_RETURN(snap.meta, ReadManifest(step_dir));
-  if (snap.meta.step() != step) {
-    return DataLossError(step_dir + ": manifest says step " + std::to_string(snap.meta.step()));
+  ASSIGN_OR_RETURN(v1::CheckpointManifest m, ReadManifest(step_dir));
+  if (m.step() != step) {
+    return DataLossError(step_dir + ": manifest says step " + std::to_string(m.step()));
   }
-  return CheckManifestShape(step_dir, &snap);  // it checks every shard's file size
+  return CheckManifestShape(step_dir, m);  // it checks every shard's file size
 }
 
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir,
@@ -448,24 +553,15 @@ StatusOr<CheckpointSnapshot> VerifyCheckpoint(const std::string& step_dir, int64
 }
 
 StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir, std::string* path) {
-  const auto all = ListCheckpoints(dir);
-  if (all.empty()) return NotFoundError("no checkpoint in " + dir);
-  std::string why;
-  for (const auto& [step, step_dir] : all) {
-    auto snap = VerifyCheckpoint(step_dir, step);
-    if (snap.ok()) {
-      if (path != nullptr) *path = step_dir;
-      return snap;
-    }
-    spdlog::warn("checkpoint skipped: {}", snap.status().message());
-    why += "\n  " + std::string(snap.status().message());
-  }
-  // Starting from scratch here would overwrite what may be days of training: that must be
-  // a person's explicit choice.
-  return FailedPreconditionError(
-      "checkpoints exist in " + dir + " but none is usable:" + why +
-      "\nmove them away (or use another checkpoint.dir) to start from scratch, or pass "
-      "`drover train --fresh`");
+  return LoadNewest<CheckpointSnapshot>(dir, VerifyCheckpoint, path);
+}
+
+StatusOr<CheckpointPart> LoadLatestCheckpointPart(const std::string& dir, const PartRequestFn& want,
+                                                  std::string* path) {
+  return LoadNewest<CheckpointPart>(
+      dir,
+      [&](const std::string& step_dir, int64_t step) { return ReadPart(step_dir, step, want); },
+      path);
 }
 
 Status PruneCheckpoints(const std::string& dir, int keep_last, FileSystem* fs) {

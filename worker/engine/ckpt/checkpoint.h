@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "common/status.h"
 #include "proto/drover.pb.h"
 #include "worker/engine/kernels/host_floats.h"
+#include "worker/engine/model/global_part.h"
 
 namespace drover::engine::ckpt {
 
@@ -43,6 +45,27 @@ struct CheckpointSnapshot {
   std::vector<float> adam_m;  // (num_params,)
   std::vector<float> adam_v;  // (num_params,)
 };
+
+// What one rank of a resuming job holds of a checkpoint (ReadCheckpointPart): the manifest,
+// and the elements of each global arena it asked for.
+struct CheckpointPart {
+  v1::CheckpointManifest meta;
+  GlobalPart params, adam_m, adam_v;
+  int64_t bytes_read = 0;  // the sizes of the shard files read
+};
+
+// The elements of the global arenas a rank asks a checkpoint for: `params` of the
+// parameters, `optimizer` of both AdamW moments.
+struct PartRequest {
+  std::vector<ElementRange> params, optimizer;
+};
+
+// Decides from a checkpoint's directory and manifest what to read of it: a PartRequest, or
+// InvalidArgument to refuse the checkpoint (one of another model), which the readers below
+// return as it is instead of passing on to an older checkpoint. A DataLoss from it counts as
+// the checkpoint being broken.
+using PartRequestFn = std::function<StatusOr<PartRequest>(const std::string& step_dir,
+                                                          const v1::CheckpointManifest&)>;
 
 // One rank's part of a checkpoint, in host memory: the elements of each global arena at
 // `runs`, in run order. The arrays may be page-locked (kernels/host_floats.h).
@@ -92,6 +115,21 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
 // by up to 8 threads.
 StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
 
+// ReadCheckpoint for one rank: the same checks of the manifest (and that it says `step`),
+// then only the shard files that hold an element `want` asks for, each read whole and
+// verified (size and CRC32C); the other files are neither read nor verified, and only the
+// requested elements are kept. A rank of a mesh of n ranks reads and holds about 1/n of the
+// checkpoint where its parallelism shards the state (pipeline and tensor parallelism, ZeRO),
+// and the ranks of a mesh together read every file. DataLoss names the first problem;
+// want's InvalidArgument is returned as it is, and so is a request past the arena's end.
+StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
+                                            const PartRequestFn& want);
+
+// The error for a directory whose checkpoints are all unusable, each reason on its line:
+// starting from scratch over them would overwrite what may be days of training, which
+// must be a person's explicit choice.
+Status NoneUsableError(const std::string& dir, const std::vector<std::string>& reasons);
+
 // What can be checked of step_N/ without reading its shards: the manifest parses, says
 // `step`, names only known arenas, its shards tile every arena, and every shard file has
 // its recorded size. A multi-rank restore picks by this, then every rank reads (and
@@ -111,6 +149,9 @@ StatusOr<CheckpointSnapshot> VerifyCheckpoint(const std::string& step_dir, int64
 // FailedPrecondition naming each one and why when some exist and none is usable (the caller
 // must not start from scratch over them). `path` (optional) receives the chosen directory.
 StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir,
+                                                  std::string* path = nullptr);
+// The same with ReadCheckpointPart; want's refusal ends the search with its error.
+StatusOr<CheckpointPart> LoadLatestCheckpointPart(const std::string& dir, const PartRequestFn& want,
                                                   std::string* path = nullptr);
 
 // Deletes all but the newest `keep_last` complete checkpoints (keep_last <= 0 keeps all),

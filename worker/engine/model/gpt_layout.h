@@ -183,6 +183,10 @@ class GptLayout {
   // order: the strided mapping that GlobalToLocal and LocalToGlobal use.
   template <typename Fn>
   void ForEachRun(const LocalTensor& t, Fn&& fn) const;
+  // The same for local elements [lo, hi) of every tensor, primary or not, tensor by tensor:
+  // where GlobalToLocal fills them from.
+  template <typename Fn>
+  void ForEachRunIn(size_t lo, size_t hi, Fn&& fn) const;
 
  private:
   GptLayout() = default;
@@ -227,6 +231,17 @@ void GptLayout::ForEachRun(const LocalTensor& t, Fn&& fn) const {
       }
       return;
     }
+  }
+}
+
+template <typename Fn>
+void GptLayout::ForEachRunIn(size_t lo, size_t hi, Fn&& fn) const {
+  for (const LocalTensor& t : tensors_) {
+    if (t.offset >= hi || t.offset + t.numel <= lo) continue;
+    ForEachRun(t, [&](size_t g, size_t l, size_t n) {
+      const size_t b = l > lo ? l : lo, e = l + n < hi ? l + n : hi;
+      if (b < e) fn(g + (b - l), b, e - b);
+    });
   }
 }
 

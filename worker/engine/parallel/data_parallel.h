@@ -55,6 +55,7 @@ class DataParallelMemory final : public TrainingMemory {
   float* owned_params() override { return params_.data() + owned_begin(); }
   float* owned_grads() override { return grads_.data() + owned_begin(); }
   bool owned_replicated() const override { return zero_stage_ == 0; }
+  bool params_sharded() const override { return false; }
   Status PublishParams() override;
 
   Status ExportParams(float* local) override;

@@ -136,13 +136,56 @@ Status ParallelGpt::RestoreLossScaler(const LossScalerState& state) {
   return scaler_->Restore(state);
 }
 
-void ParallelGpt::LoadGlobalOptimizer(const float* m, const float* v, int64_t step_count) {
+namespace {
+
+// The global elements behind local elements [lo, hi) of `layout`.
+std::vector<ElementRange> GlobalRangesOf(const GptLayout& layout, size_t lo, size_t hi) {
+  std::vector<ElementRange> out;
+  layout.ForEachRunIn(lo, hi, [&](size_t g, size_t, size_t n) { out.push_back({g, g + n}); });
+  return out;
+}
+
+// Local elements [lo, hi) of `layout` from `part`, into local[0, hi - lo).
+void PartToLocal(const GptLayout& layout, const GlobalPart& part, size_t lo, size_t hi,
+                 float* local) {
+  layout.ForEachRunIn(lo, hi, [&](size_t g, size_t l, size_t n) {
+    const float* from = part.At(g, n);
+    std::copy(from, from + n, local + (l - lo));
+  });
+}
+
+}  // namespace
+
+std::vector<ElementRange> ParallelGpt::ParamRanges() const {
+  if (memory_->params_sharded()) {
+    return GlobalRangesOf(layout_, memory_->owned_begin(), memory_->owned_end());
+  }
+  return GlobalRangesOf(layout_, 0, layout_.num_params());
+}
+
+std::vector<ElementRange> ParallelGpt::OptimizerRanges() const {
+  return GlobalRangesOf(layout_, memory_->owned_begin(), memory_->owned_end());
+}
+
+void ParallelGpt::LoadParams(const GlobalPart& params) {
+  // The whole local arena, of which only the owned range is read where parameters are
+  // sharded (and only that was asked for: ParamRanges).
   std::vector<float> local(layout_.num_params());
-  const size_t begin = memory_->owned_begin(), n = memory_->owned_end() - begin;
-  layout_.GlobalToLocal(m, local.data());
-  ops_->FromHost(optimizer_->m(), local.data() + begin, n);
-  layout_.GlobalToLocal(v, local.data());
-  ops_->FromHost(optimizer_->v(), local.data() + begin, n);
+  const bool sharded = memory_->params_sharded();
+  const size_t lo = sharded ? memory_->owned_begin() : 0;
+  const size_t hi = sharded ? memory_->owned_end() : local.size();
+  PartToLocal(layout_, params, lo, hi, local.data() + lo);
+  memory_->ImportParams(local.data());
+  if (narrowed_ != nullptr) narrowed_->Invalidate();
+}
+
+void ParallelGpt::LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int64_t step_count) {
+  const size_t begin = memory_->owned_begin(), end = memory_->owned_end();
+  std::vector<float> local(end - begin);
+  PartToLocal(layout_, m, begin, end, local.data());
+  ops_->FromHost(optimizer_->m(), local.data(), local.size());
+  PartToLocal(layout_, v, begin, end, local.data());
+  ops_->FromHost(optimizer_->v(), local.data(), local.size());
   optimizer_->set_step_count(step_count);
 }
 

@@ -36,6 +36,7 @@
 #include "common/status.h"
 #include "worker/engine/kernels/host_floats.h"
 #include "worker/engine/kernels/ops.h"
+#include "worker/engine/model/global_part.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/model/gpt_stage.h"
 #include "worker/engine/model/narrowed_params.h"
@@ -99,8 +100,17 @@ class ParallelGpt {
 
   // Takes this rank's part of a global parameter arena (every rank passes the same one).
   void LoadGlobalParams(const float* params);
-  // Takes this rank's part of global AdamW moments, and the optimizer's step count.
-  void LoadGlobalOptimizer(const float* m, const float* v, int64_t step_count);
+
+  // What this rank holds of the global arenas, and so needs from a checkpoint to resume:
+  // every element of its local arena (params; under ZeRO-3 only its owned slice), and those
+  // of the slice whose optimizer state it keeps (the AdamW moments; under ZeRO a dp-th of
+  // the local arena).
+  std::vector<ElementRange> ParamRanges() const;
+  std::vector<ElementRange> OptimizerRanges() const;
+  // Take this rank's elements from parts holding at least ParamRanges() / OptimizerRanges()
+  // (CHECKed), and the optimizer's step count.
+  void LoadParams(const GlobalPart& params);
+  void LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int64_t step_count);
   int64_t optimizer_steps() const { return optimizer_->step_count(); }
 
   // The fp16 loss scaler's state (null in other precisions), and its restore from a

@@ -118,6 +118,9 @@ class TrainingMemory : public StageMemory {
   virtual Status ExportParams(float* local) = 0;
   // Takes this rank's part of `local` (the whole local arena, host memory).
   virtual void ImportParams(const float* local) = 0;
+  // Whether that part is the owned range only (stage 3, which keeps no other parameters);
+  // else it is the whole local arena.
+  virtual bool params_sharded() const = 0;
   // `whole` (num_params floats, host memory) holds this rank's owned slice; afterwards it
   // holds every rank's (an all-gather over dp; nothing to do when owned_replicated()).
   // For optimizer state, which is sharded like the owned range. Collective over dp.

@@ -58,6 +58,7 @@ class ShardedMemory final : public TrainingMemory {
   float* owned_params() override;
   float* owned_grads() override { return owned_grads_.data(); }
   bool owned_replicated() const override { return false; }
+  bool params_sharded() const override { return zero_stage_ == 3; }
   Status PublishParams() override;
 
   Status ExportParams(float* local) override;

@@ -217,43 +217,6 @@ TEST_F(CkptTest, PruningSkipsACheckpointBeingRead) {
   EXPECT_FALSE(fs::exists(dir_ / "step_1"));
 }
 
-v1::CheckpointRun MakeRun(int64_t begin, int64_t length, int64_t stride, int64_t count) {
-  v1::CheckpointRun r;
-  r.set_begin(begin);
-  r.set_length(length);
-  r.set_stride(stride);
-  r.set_count(count);
-  return r;
-}
-
-// The part of a whole snapshot at `runs`, as rank `rank` would hold it.
-ShardSnapshot PartOf(const CheckpointSnapshot& whole, int rank,
-                     const std::vector<v1::CheckpointRun>& runs) {
-  ShardSnapshot part;
-  part.meta = whole.meta;
-  part.shard.rank = rank;
-  part.shard.runs = runs;
-  for (const auto& r : runs) {
-    for (int64_t i = 0; i < r.count(); ++i) {
-      const int64_t b = r.begin() + i * r.stride();
-      for (auto [from, to] : {std::pair{&whole.params, &part.shard.params},
-                              std::pair{&whole.adam_m, &part.shard.adam_m},
-                              std::pair{&whole.adam_v, &part.shard.adam_v}}) {
-        to->insert(to->end(), from->begin() + b, from->begin() + b + r.length());
-      }
-    }
-  }
-  return part;
-}
-
-// Three ranks' parts of a 120-element model: interleaved strided runs (as tensor-parallel
-// column blocks lie) plus plain ranges.
-std::vector<std::vector<v1::CheckpointRun>> ThreeRankRuns() {
-  return {{MakeRun(0, 10, 30, 3), MakeRun(90, 10, 10, 1)},    // 0-9, 30-39, 60-69, 90-99
-          {MakeRun(10, 10, 30, 3), MakeRun(100, 10, 10, 1)},  // 10-19, 40-49, 70-79, 100-109
-          {MakeRun(20, 10, 30, 3), MakeRun(110, 10, 10, 1)}};
-}
-
 TEST_F(CkptTest, AsyncWriterKeepsLastKAndReportsEachCheckpoint) {
   std::vector<int64_t> completed;
   {
@@ -493,6 +456,29 @@ class ResumeTest : public CkptTest {
     return out;
   }
 };
+
+// A checkpoint of another model is refused with both models named, not skipped for an
+// older one (which is of that model too) and not loaded.
+TEST_F(ResumeTest, ACheckpointOfAnotherModelIsRefusedNamingBothModels) {
+  const JobSpec spec = Spec("other_model", /*async=*/false);
+  {
+    auto first = Make(spec);
+    ASSERT_NE(first, nullptr);
+    ASSERT_TRUE(first->Step().ok());
+    ASSERT_TRUE(first->SaveCheckpoint(/*async=*/false).ok());
+  }
+  JobSpec wider = spec;
+  wider.model.n_embd = 32;
+  TrainerOptions options;
+  options.spec = wider;
+  options.log_steps = false;
+  auto refused = Trainer::Create(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              ::testing::HasSubstr("step_1 holds a model L=1 NH=2 C=16 maxT=8 V=16, the job "
+                                   "spec asks for L=1 NH=2 C=32 maxT=8 V=16"));
+}
 
 TEST_F(ResumeTest, ResumedRunContinuesTheExactLossCurve) {
   // Uninterrupted: 8 steps, async checkpoints at 4 and 8.

@@ -4,7 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <utility>
+#include <vector>
 
+#include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/ckpt/checkpoint.h"
 
 namespace drover::engine::ckpt {
@@ -32,6 +35,43 @@ inline CheckpointSnapshot MakeSnapshot(int64_t step, size_t n) {
     for (float& x : *arena) x = dist(rng);
   }
   return s;
+}
+
+inline v1::CheckpointRun MakeRun(int64_t begin, int64_t length, int64_t stride, int64_t count) {
+  v1::CheckpointRun r;
+  r.set_begin(begin);
+  r.set_length(length);
+  r.set_stride(stride);
+  r.set_count(count);
+  return r;
+}
+
+// The part of a whole snapshot at `runs`, as rank `rank` would hold it.
+inline ShardSnapshot PartOf(const CheckpointSnapshot& whole, int rank,
+                            const std::vector<v1::CheckpointRun>& runs) {
+  ShardSnapshot part;
+  part.meta = whole.meta;
+  part.shard.rank = rank;
+  part.shard.runs = runs;
+  for (const auto& r : runs) {
+    for (int64_t i = 0; i < r.count(); ++i) {
+      const int64_t b = r.begin() + i * r.stride();
+      for (auto [from, to] : {std::pair{&whole.params, &part.shard.params},
+                              std::pair{&whole.adam_m, &part.shard.adam_m},
+                              std::pair{&whole.adam_v, &part.shard.adam_v}}) {
+        to->insert(to->end(), from->begin() + b, from->begin() + b + r.length());
+      }
+    }
+  }
+  return part;
+}
+
+// Three ranks' parts of a 120-element model: interleaved strided runs (as tensor-parallel
+// column blocks lie) plus plain ranges.
+inline std::vector<std::vector<v1::CheckpointRun>> ThreeRankRuns() {
+  return {{MakeRun(0, 10, 30, 3), MakeRun(90, 10, 10, 1)},    // 0-9, 30-39, 60-69, 90-99
+          {MakeRun(10, 10, 30, 3), MakeRun(100, 10, 10, 1)},  // 10-19, 40-49, 70-79, 100-109
+          {MakeRun(20, 10, 30, 3), MakeRun(110, 10, 10, 1)}};
 }
 
 }  // namespace drover::engine::ckpt

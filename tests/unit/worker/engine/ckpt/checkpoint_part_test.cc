@@ -1,0 +1,187 @@
+// ReadCheckpointPart and LoadLatestCheckpointPart: a rank reads only the shard files that
+// hold what it needs, verifies each, and keeps only what it asked for.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
+#include "worker/engine/ckpt/agreed_load.h"
+#include "worker/engine/ckpt/checkpoint.h"
+
+namespace drover::engine::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CheckpointPartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) /
+           ("ckpt_part_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // ThreeRankRuns' shards of MakeSnapshot(step, 120), written and committed as three ranks
+  // would.
+  CheckpointSnapshot SaveThreeRanks(int64_t step) {
+    CheckpointSnapshot whole = MakeSnapshot(step, 120);
+    std::vector<v1::CheckpointShard> shards;
+    const auto runs = ThreeRankRuns();
+    for (int r = 0; r < 3; ++r) {
+      const ShardSnapshot part = PartOf(whole, r, runs[static_cast<size_t>(r)]);
+      auto written = WriteShard(dir_.string(), part.meta, part.shard);
+      EXPECT_TRUE(written.ok()) << written.status();
+      if (written.ok()) shards.insert(shards.end(), written->begin(), written->end());
+    }
+    auto committed = CommitCheckpoint(dir_.string(), whole.meta, shards);
+    EXPECT_TRUE(committed.ok()) << committed.status();
+    return whole;
+  }
+  std::string StepDir(int64_t step) const { return (dir_ / StepDirName(step)).string(); }
+  // Flips one byte of a shard file: same size, wrong CRC32C.
+  void Corrupt(int64_t step, const std::string& file) {
+    std::fstream f(fs::path(StepDir(step)) / file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4);
+    f.put('\x5a');
+  }
+
+  static PartRequestFn Asking(PartRequest request) {
+    return [request](const std::string&, const v1::CheckpointManifest&) -> StatusOr<PartRequest> {
+      return request;
+    };
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointPartTest, APartHoldsExactlyTheElementsAskedForWithTheirValues) {
+  const CheckpointSnapshot whole = SaveThreeRanks(4);
+  // Params [5, 25) cross the files of ranks 0, 1 and 2 (their runs interleave every 10);
+  // the moments [95, 105) those of ranks 0 and 1.
+  auto part = ReadCheckpointPart(StepDir(4), 4, Asking({{{5, 25}}, {{95, 105}}}));
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->meta.step(), 4);
+  EXPECT_EQ(part->params.size(), 20u);
+  EXPECT_EQ(part->adam_m.size(), 10u);
+  EXPECT_EQ(part->adam_v.size(), 10u);
+  for (size_t i = 5; i < 25; ++i) EXPECT_EQ(part->params.At(i, 1)[0], whole.params[i]) << i;
+  for (size_t i = 95; i < 105; ++i) {
+    EXPECT_EQ(part->adam_m.At(i, 1)[0], whole.adam_m[i]) << i;
+    EXPECT_EQ(part->adam_v.At(i, 1)[0], whole.adam_v[i]) << i;
+  }
+}
+
+// What a rank does not need it does not read: a corrupt file of another rank's elements
+// does not stop it, and one it needs does, naming the file.
+TEST_F(CheckpointPartTest, OnlyTheFilesHoldingWhatIsAskedForAreReadAndVerified) {
+  SaveThreeRanks(4);
+  Corrupt(4, "params.r2.bin");  // elements 20-29, 50-59, 80-89, 110-119
+  auto clean = ReadCheckpointPart(StepDir(4), 4, Asking({{{0, 20}, {30, 50}}, {{0, 120}}}));
+  EXPECT_TRUE(clean.ok()) << clean.status();
+  ASSERT_TRUE(clean.ok());
+  // params.r0.bin and r1 (40 floats each), and every moment file.
+  EXPECT_EQ(clean->bytes_read, 2 * 160 + 6 * 160);
+  auto hit = ReadCheckpointPart(StepDir(4), 4, Asking({{{0, 20}, {110, 111}}, {}}));
+  EXPECT_EQ(hit.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(hit.status().message().find("params.r2.bin: CRC32C mismatch"), std::string::npos)
+      << hit.status();
+  // The whole read finds it too.
+  EXPECT_EQ(ReadCheckpoint(StepDir(4)).status().code(), StatusCode::kDataLoss);
+}
+
+TEST_F(CheckpointPartTest, ElementsPastTheArenaAreRefusedNamingBoth) {
+  SaveThreeRanks(4);
+  auto past = ReadCheckpointPart(StepDir(4), 4, Asking({{{100, 130}}, {}}));
+  EXPECT_EQ(past.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(past.status().message().find("holds 120 parameters; element 129 was asked for"),
+            std::string::npos)
+      << past.status();
+}
+
+TEST_F(CheckpointPartTest, TheManifestMustSayTheStepOfItsDirectory) {
+  SaveThreeRanks(4);
+  fs::rename(StepDir(4), StepDir(5));
+  auto moved = ReadCheckpointPart(StepDir(5), 5, Asking({{{0, 1}}, {}}));
+  EXPECT_EQ(moved.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(moved.status().message().find("manifest says step 4"), std::string::npos);
+}
+
+// A broken newest checkpoint gives way to the one before; a refused one (another model)
+// ends the search with the refusal: an older checkpoint of the same run is no better.
+TEST_F(CheckpointPartTest, LoadLatestSkipsABrokenCheckpointButStopsAtARefusal) {
+  const CheckpointSnapshot older = SaveThreeRanks(4);
+  SaveThreeRanks(8);
+  Corrupt(8, "adam_v.r1.bin");
+  std::string path;
+  auto got = LoadLatestCheckpointPart(dir_.string(), Asking({{{0, 120}}, {{0, 120}}}), &path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->meta.step(), 4);
+  EXPECT_EQ(path, StepDir(4));
+  EXPECT_EQ(std::vector<float>(got->adam_v.At(0, 120), got->adam_v.At(0, 120) + 120), older.adam_v);
+
+  int asked = 0;
+  auto refuse = [&](const std::string& step_dir,
+                    const v1::CheckpointManifest&) -> StatusOr<PartRequest> {
+    ++asked;
+    return InvalidArgumentError(step_dir + " is of another model");
+  };
+  auto refused = LoadLatestCheckpointPart(dir_.string(), refuse);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("step_8 is of another model"), std::string::npos);
+  EXPECT_EQ(asked, 1);
+}
+
+// Two ranks of a mesh, each asking for its half: each gets its half, and a refusal reaches
+// both at once (no rank waits out the store's timeout for a report that never comes).
+TEST_F(CheckpointPartTest, AgreedLoadGivesEachRankItsOwnPartAndSharesARefusal) {
+  const CheckpointSnapshot whole = SaveThreeRanks(4);
+  parallel::InMemoryKvStore store;
+  auto load = [&](const std::string& key, bool refuse) {
+    std::vector<StatusOr<CheckpointPart>> out(2, NotFoundError("not run"));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        AgreedLoadOptions o;
+        o.dir = dir_.string();
+        o.rank = r;
+        o.world_size = 2;
+        o.store = &store;
+        o.key = key;
+        o.timeout = std::chrono::seconds(60);
+        const size_t lo = r == 0 ? 0 : 60, hi = r == 0 ? 60 : 120;
+        PartRequestFn want = [&, lo, hi](const std::string&,
+                                         const v1::CheckpointManifest&) -> StatusOr<PartRequest> {
+          if (refuse) return InvalidArgumentError("another model");
+          return PartRequest{{{lo, hi}}, {{lo, hi}}};
+        };
+        std::string path;
+        out[static_cast<size_t>(r)] = LoadAgreedCheckpoint(o, want, &path);
+      });
+    }
+    for (auto& t : ranks) t.join();
+    return out;
+  };
+  auto got = load("halves", false);
+  for (int r = 0; r < 2; ++r) {
+    const StatusOr<CheckpointPart>& p = got[static_cast<size_t>(r)];
+    ASSERT_TRUE(p.ok()) << p.status();
+    const size_t lo = r == 0 ? 0 : 60;
+    EXPECT_EQ(p->params.ranges(), (std::vector<ElementRange>{{lo, lo + 60}}));
+    EXPECT_EQ(std::vector<float>(p->adam_m.At(lo, 60), p->adam_m.At(lo, 60) + 60),
+              std::vector<float>(whole.adam_m.begin() + lo, whole.adam_m.begin() + lo + 60));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto refused = load("refused", true);
+  for (const auto& p : refused) {
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << p.status();
+    EXPECT_EQ(p.status().message(), "another model");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+}  // namespace
+}  // namespace drover::engine::ckpt
