@@ -8,8 +8,8 @@
 // verdict. If some rank found the checkpoint broken, every rank drops it and rank 0 picks
 // the next one, so a corrupt checkpoint costs a round, never a crash or ranks that disagree.
 // If some rank refused it (a checkpoint of another model), every rank returns that refusal.
-// Start-up thus reads the checkpoint once, spread over the ranks, instead of once on rank 0
-// and then again on the others, or whole on every rank.
+// Start-up thus reads the checkpoint in parallel on every rank, each rank only the files
+// that hold its part, instead of once on rank 0 and then again on the others.
 //
 // Store keys, under `key`: <key>/<round> (rank 0's choice), <key>/<round>/r<rank> (each
 // rank's report), <key>/<round>/verdict. 3 x world_size operations per round.
