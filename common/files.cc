@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <system_error>
+#include <vector>
 
 #include "common/fd.h"
 #include "common/file_system.h"
@@ -39,6 +40,36 @@ std::string Dirname(const std::string& path) {
 
 StatusOr<std::string> ReadFileToString(const std::string& path) {
   return ReadFileTail(path, std::numeric_limits<size_t>::max());
+}
+
+StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
+                                  const std::function<Status(const char* data, size_t n)>& fn) {
+  DROVER_CHECK(chunk > 0);
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
+  std::vector<char> buf(chunk);
+  size_t total = 0;
+  for (bool end = false; !end;) {
+    // Fill the buffer (read may return less than asked), so that every piece but the last
+    // is whole: a reader of fixed-size records never sees one split between two pieces.
+    size_t filled = 0;
+    while (filled < chunk) {
+      const ssize_t n = ::read(fd.get(), buf.data() + filled, chunk - filled);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoToStatus(errno, "read " + path);
+      }
+      if (n == 0) {
+        end = true;
+        break;
+      }
+      filled += static_cast<size_t>(n);
+    }
+    if (filled == 0) break;
+    RETURN_IF_ERROR(fn(buf.data(), filled));
+    total += filled;
+  }
+  return total;
 }
 
 StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {

@@ -10,6 +10,7 @@
 // last rename wins and readers never see a torn file).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,13 @@ namespace drover {
 
 // The whole file. NotFound when it does not exist.
 StatusOr<std::string> ReadFileToString(const std::string& path);
+
+// Reads the file from its start in pieces of `chunk` bytes (the last may be shorter),
+// calling fn on each in order, and returns how many bytes it read: a file too large to hold
+// at once can be checksummed and scattered as it is read. An error from fn stops the read
+// and is returned. NotFound when the file does not exist.
+StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
+                                  const std::function<Status(const char* data, size_t n)>& fn);
 
 // The last `max_bytes` of the file (all of it when shorter): a log's tail without reading
 // the log. NotFound when it does not exist.

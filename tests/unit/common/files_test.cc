@@ -36,6 +36,35 @@ TEST_F(FilesTest, WriteThenReadBack) {
   EXPECT_EQ(*read, data);
 }
 
+TEST_F(FilesTest, ReadInChunksGivesWholeChunksInOrderThenTheRest) {
+  const std::string path = dir_ + "/chunks.bin";
+  std::string data;
+  for (int i = 0; i < 1000; ++i) data.push_back(static_cast<char>(i * 7));
+  ASSERT_TRUE(WriteFileAtomic(path, data).ok());
+  std::vector<size_t> sizes;
+  std::string back;
+  auto got = ReadFileInChunks(path, 256, [&](const char* p, size_t n) {
+    sizes.push_back(n);
+    back.append(p, n);
+    return OkStatus();
+  });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 1000u);
+  EXPECT_EQ(sizes, (std::vector<size_t>{256, 256, 256, 232}));
+  EXPECT_EQ(back, data);
+
+  int calls = 0;
+  auto stopped = ReadFileInChunks(path, 256, [&](const char*, size_t) {
+    return ++calls == 2 ? DataLossError("enough") : OkStatus();
+  });
+  EXPECT_EQ(stopped.status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(ReadFileInChunks(dir_ + "/none", 256, [](const char*, size_t) { return OkStatus(); })
+                .status()
+                .code(),
+            StatusCode::kNotFound);
+}
+
 TEST_F(FilesTest, WriteReplacesAndLeavesNoTemporaryFile) {
   const std::string path = dir_ + "/state.json";
   ASSERT_TRUE(WriteFileAtomic(path, "old").ok());

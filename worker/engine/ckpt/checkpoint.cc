@@ -371,42 +371,74 @@ bool HoldsSomeOf(const std::vector<v1::CheckpointRun>& runs, const GlobalPart& p
   return some;
 }
 
+// Shard files are read this much at a time: a reader holds one such buffer per thread, not
+// the file (a shard of a large model is hundreds of megabytes, read by up to 8 threads).
+constexpr size_t kReadChunkBytes = size_t{1} << 20;
+
+// A contiguous piece of a shard file: file elements [at, at + n) are global elements
+// [global, global + n).
+struct FilePiece {
+  size_t global, at, n;
+};
+
 // Reads one shard file, verifies its size and CRC32C, and copies the elements of its runs
-// that `part` holds into it, adding their number to *copied. Shards of one checkpoint cover
-// disjoint elements, so they may be read into one part concurrently.
+// that `part` holds into it as they stream past, adding their number to *copied (a file
+// that fails its CRC fails the whole read, so what it copied is never used). Shards of one
+// checkpoint cover disjoint elements, so they may be read into one part concurrently.
 Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh, GlobalPart* part,
                      std::atomic<size_t>* copied) {
   const std::string path = Join(step_dir, sh.file());
-  auto bytes = ReadFileToString(path);
-  if (!bytes.ok()) return DataLossError(step_dir + ": missing shard " + sh.file());
   const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
   const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
   // Two different disagreements, each with its own pair of numbers: one message for both
   // printed the same number twice when the manifest's byte count was the wrong one.
-  if (static_cast<int64_t>(bytes->size()) != want) {
-    return DataLossError(path + ": the file is " + std::to_string(bytes->size()) +
+  std::error_code ec;
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  if (ec) return DataLossError(step_dir + ": missing shard " + sh.file());
+  if (size != want) {
+    return DataLossError(path + ": the file is " + std::to_string(size) +
                          " bytes, the manifest's runs cover " + std::to_string(want));
   }
   if (sh.bytes() != want) {
     return DataLossError(path + ": the manifest says " + std::to_string(sh.bytes()) +
                          " bytes, but its runs cover " + std::to_string(want));
   }
-  const uint32_t crc = crc32c::Value(bytes->data(), bytes->size());
+  std::vector<FilePiece> pieces;
+  size_t at = 0;
+  ForEachPiece(runs, [&](size_t b, size_t e) {
+    pieces.push_back({b, at, e - b});
+    at += e - b;
+  });
+  uint32_t crc = 0;
+  size_t done = 0, next = 0, n_copied = 0;  // done: elements read; next: first piece not done
+  auto scatter = [&](const char* data, size_t bytes) {
+    crc = crc32c::Extend(crc, data, bytes);
+    // Every chunk but the last is whole (a multiple of 4 bytes): elements [e0, e1) are here.
+    const size_t e0 = done, e1 = done + bytes / sizeof(float);
+    while (next < pieces.size() && pieces[next].at + pieces[next].n <= e0) ++next;
+    for (size_t i = next; i < pieces.size() && pieces[i].at < e1; ++i) {
+      const FilePiece& p = pieces[i];
+      const size_t a0 = std::max(p.at, e0), a1 = std::min(p.at + p.n, e1);
+      const size_t g0 = p.global + (a0 - p.at);
+      part->ForEachHeld(g0, g0 + (a1 - a0), [&](size_t hb, size_t he) {
+        std::memcpy(part->MutableAt(hb, he - hb), data + (a0 - e0 + hb - g0) * sizeof(float),
+                    (he - hb) * sizeof(float));
+        n_copied += he - hb;
+      });
+    }
+    done = e1;
+    return OkStatus();
+  };
+  StatusOr<size_t> read = ReadFileInChunks(path, kReadChunkBytes, scatter);
+  if (!read.ok()) return DataLossError(path + ": " + std::string(read.status().message()));
+  if (static_cast<int64_t>(*read) != want) {
+    return DataLossError(path + ": the file changed size while it was read");
+  }
   if (crc != sh.crc32c()) {
     return DataLossError(path + ": CRC32C mismatch (file " + std::to_string(crc) + ", manifest " +
                          std::to_string(sh.crc32c()) + ")");
   }
-  const char* file = bytes->data();
-  size_t at = 0, n = 0;  // at: the file's element that global element b of this piece is
-  ForEachPiece(runs, [&](size_t b, size_t e) {
-    part->ForEachHeld(b, e, [&](size_t hb, size_t he) {
-      std::memcpy(part->MutableAt(hb, he - hb), file + (at + hb - b) * sizeof(float),
-                  (he - hb) * sizeof(float));
-      n += he - hb;
-    });
-    at += e - b;
-  });
-  copied->fetch_add(n);
+  copied->fetch_add(n_copied);
   return OkStatus();
 }
 

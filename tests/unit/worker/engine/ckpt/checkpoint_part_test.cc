@@ -75,6 +75,39 @@ TEST_F(CheckpointPartTest, APartHoldsExactlyTheElementsAskedForWithTheirValues) 
   }
 }
 
+// Shard files are streamed in chunks of 1 MiB: pieces of runs that cross a chunk's end, in
+// files of several chunks, land where they belong.
+TEST_F(CheckpointPartTest, PiecesThatCrossTheReadersChunksLandInPlace) {
+  constexpr size_t n = 3 * 333'331;  // 1.3 MB per rank and arena: two chunks a file
+  CheckpointSnapshot whole = MakeSnapshot(2, n);
+  // Three ranks, interleaved every 333'331 / 331 elements: runs of an odd length whose
+  // pieces straddle chunk boundaries.
+  std::vector<v1::CheckpointShard> shards;
+  for (int r = 0; r < 3; ++r) {
+    const int64_t len = 331, count = n / (3 * len), tail = n - 3 * len * count;
+    std::vector<v1::CheckpointRun> runs = {MakeRun(r * len, len, 3 * len, count)};
+    if (tail > 0 && r == 0) runs.push_back(MakeRun(3 * len * count, tail, tail, 1));
+    const ShardSnapshot part = PartOf(whole, r, runs);
+    auto written = WriteShard(dir_.string(), part.meta, part.shard);
+    ASSERT_TRUE(written.ok()) << written.status();
+    shards.insert(shards.end(), written->begin(), written->end());
+  }
+  ASSERT_TRUE(CommitCheckpoint(dir_.string(), whole.meta, shards).ok());
+  const std::vector<ElementRange> asked = {{1, 262'150}, {262'140, 262'147}, {700'001, n}};
+  auto part = ReadCheckpointPart(StepDir(2), 2, Asking({asked, asked}));
+  ASSERT_TRUE(part.ok()) << part.status();
+  for (const ElementRange& r : part->params.ranges()) {
+    for (size_t i = r.begin; i < r.end; ++i) {
+      ASSERT_EQ(part->params.At(i, 1)[0], whole.params[i]) << i;
+      ASSERT_EQ(part->adam_v.At(i, 1)[0], whole.adam_v[i]) << i;
+    }
+  }
+  EXPECT_EQ(part->params.size(), 262'149u + (n - 700'001));
+  auto all = ReadCheckpoint(StepDir(2));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->adam_m, whole.adam_m);
+}
+
 // What a rank does not need it does not read: a corrupt file of another rank's elements
 // does not stop it, and one it needs does, naming the file.
 TEST_F(CheckpointPartTest, OnlyTheFilesHoldingWhatIsAskedForAreReadAndVerified) {
