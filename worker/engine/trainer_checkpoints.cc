@@ -76,8 +76,9 @@ Status Trainer::RestoreLatest(const std::string& choice_key) {
   StatusOr<ckpt::CheckpointPart> part = ckpt::LoadAgreedCheckpoint(load, want, &path);
   if (!part.ok()) return part.status();
   const v1::CheckpointManifest& m = part->meta;
-  model_->LoadParams(part->params);
-  model_->LoadOptimizer(part->adam_m, part->adam_v, m.optimizer_step());
+  Status loaded = model_->LoadParams(part->params);
+  if (loaded.ok()) loaded = model_->LoadOptimizer(part->adam_m, part->adam_v, m.optimizer_step());
+  if (!loaded.ok()) return loaded.WithContext("restoring checkpoint " + path);
   // The loss scale carries over between fp16 runs only; from any other checkpoint an fp16
   // run starts at the initial scale (it finds its level within a few steps).
   if (m.precision() == "fp16") {

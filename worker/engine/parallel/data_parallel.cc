@@ -141,6 +141,19 @@ void DataParallelMemory::ImportParams(const float* local) {
 
 Status DataParallelMemory::GatherOwned(float* whole) {
   if (zero_stage_ == 0) return OkStatus();
+  return GatherShares(whole);
+}
+
+size_t DataParallelMemory::share_begin() const {
+  return partition_.begin(dp_ != nullptr ? dp_->rank() : 0);
+}
+
+size_t DataParallelMemory::share_end() const {
+  return partition_.end(dp_ != nullptr ? dp_->rank() : 0);
+}
+
+Status DataParallelMemory::GatherShares(float* whole) {
+  if (dp_ == nullptr || dp_->size() == 1) return OkStatus();
   stream_->Submit([this, whole, counts = partition_.Counts(0, partition_.n)] {
     return dp_->AllGather(whole, counts, DataType::kFloat32);
   });

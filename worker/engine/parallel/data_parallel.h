@@ -56,6 +56,9 @@ class DataParallelMemory final : public TrainingMemory {
   float* owned_grads() override { return grads_.data() + owned_begin(); }
   bool owned_replicated() const override { return zero_stage_ == 0; }
   bool params_sharded() const override { return false; }
+  size_t share_begin() const override;
+  size_t share_end() const override;
+  Status GatherShares(float* whole) override;
   Status PublishParams() override;
 
   Status ExportParams(float* local) override;

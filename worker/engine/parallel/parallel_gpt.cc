@@ -156,37 +156,40 @@ void PartToLocal(const GptLayout& layout, const GlobalPart& part, size_t lo, siz
 
 }  // namespace
 
+// A restore reads this rank's dp share of its local arena, of the parameters and the
+// moments alike, and gathers the rest from the other dp ranks (TrainingMemory::GatherShares):
+// the replicas of a stage read the checkpoint once between them, not once each.
 std::vector<ElementRange> ParallelGpt::ParamRanges() const {
-  if (memory_->params_sharded()) {
-    return GlobalRangesOf(layout_, memory_->owned_begin(), memory_->owned_end());
-  }
-  return GlobalRangesOf(layout_, 0, layout_.num_params());
+  return GlobalRangesOf(layout_, memory_->share_begin(), memory_->share_end());
 }
 
-std::vector<ElementRange> ParallelGpt::OptimizerRanges() const {
-  return GlobalRangesOf(layout_, memory_->owned_begin(), memory_->owned_end());
-}
+std::vector<ElementRange> ParallelGpt::OptimizerRanges() const { return ParamRanges(); }
 
-void ParallelGpt::LoadParams(const GlobalPart& params) {
-  // The whole local arena, of which only the owned range is read where parameters are
-  // sharded (and only that was asked for: ParamRanges).
+Status ParallelGpt::LoadParams(const GlobalPart& params) {
   std::vector<float> local(layout_.num_params());
-  const bool sharded = memory_->params_sharded();
-  const size_t lo = sharded ? memory_->owned_begin() : 0;
-  const size_t hi = sharded ? memory_->owned_end() : local.size();
+  const size_t lo = memory_->share_begin(), hi = memory_->share_end();
   PartToLocal(layout_, params, lo, hi, local.data() + lo);
+  // Under ZeRO-3 the share is all this rank keeps (ImportParams reads only it).
+  if (!memory_->params_sharded()) RETURN_IF_ERROR(memory_->GatherShares(local.data()));
   memory_->ImportParams(local.data());
   if (narrowed_ != nullptr) narrowed_->Invalidate();
+  return OkStatus();
 }
 
-void ParallelGpt::LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int64_t step_count) {
+Status ParallelGpt::LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int64_t step_count) {
   const size_t begin = memory_->owned_begin(), end = memory_->owned_end();
+  const size_t lo = memory_->share_begin(), hi = memory_->share_end();
+  // The owned range is the share (ZeRO), or the whole local arena (stage 0), gathered.
+  const bool gather = memory_->owned_replicated();
+  DROVER_CHECK(gather || (begin == lo && end == hi));
   std::vector<float> local(end - begin);
-  PartToLocal(layout_, m, begin, end, local.data());
-  ops_->FromHost(optimizer_->m(), local.data(), local.size());
-  PartToLocal(layout_, v, begin, end, local.data());
-  ops_->FromHost(optimizer_->v(), local.data(), local.size());
+  for (auto [part, moments] : {std::pair{&m, optimizer_->m()}, std::pair{&v, optimizer_->v()}}) {
+    PartToLocal(layout_, *part, lo, hi, local.data() + (lo - begin));
+    if (gather) RETURN_IF_ERROR(memory_->GatherShares(local.data()));
+    ops_->FromHost(moments, local.data(), local.size());
+  }
   optimizer_->set_step_count(step_count);
+  return OkStatus();
 }
 
 Status ParallelGpt::WaitSends(int slot) {

@@ -101,16 +101,16 @@ class ParallelGpt {
   // Takes this rank's part of a global parameter arena (every rank passes the same one).
   void LoadGlobalParams(const float* params);
 
-  // What this rank holds of the global arenas, and so needs from a checkpoint to resume:
-  // every element of its local arena (params; under ZeRO-3 only its owned slice), and those
-  // of the slice whose optimizer state it keeps (the AdamW moments; under ZeRO a dp-th of
-  // the local arena).
+  // What this rank reads of a checkpoint's global arenas to resume: its dp share of its
+  // local arena (under ZeRO the slice it owns), of the parameters and of the AdamW moments.
   std::vector<ElementRange> ParamRanges() const;
   std::vector<ElementRange> OptimizerRanges() const;
-  // Take this rank's elements from parts holding at least ParamRanges() / OptimizerRanges()
-  // (CHECKed), and the optimizer's step count.
-  void LoadParams(const GlobalPart& params);
-  void LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int64_t step_count);
+  // Take this rank's parameters / moments (and the optimizer's step count) from parts
+  // holding at least ParamRanges() / OptimizerRanges() (CHECKed), gathering what other dp
+  // ranks read. Collective over dp: every rank of the mesh calls them together. Errors are
+  // communication failures.
+  Status LoadParams(const GlobalPart& params);
+  Status LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int64_t step_count);
   int64_t optimizer_steps() const { return optimizer_->step_count(); }
 
   // The fp16 loss scaler's state (null in other precisions), and its restore from a

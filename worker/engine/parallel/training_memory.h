@@ -121,6 +121,13 @@ class TrainingMemory : public StageMemory {
   // Whether that part is the owned range only (stage 3, which keeps no other parameters);
   // else it is the whole local arena.
   virtual bool params_sharded() const = 0;
+  // This rank's even share of the local arena over dp (the owned range under ZeRO), and the
+  // all-gather that completes `whole` (num_params floats, host memory) from every dp rank's
+  // share, at any stage. A checkpoint restore reads only the share and gathers the rest
+  // (the replicas of stage 0 and the parameters of stages 1 and 2). Collective over dp.
+  virtual size_t share_begin() const = 0;
+  virtual size_t share_end() const = 0;
+  virtual Status GatherShares(float* whole) = 0;
   // `whole` (num_params floats, host memory) holds this rank's owned slice; afterwards it
   // holds every rank's (an all-gather over dp; nothing to do when owned_replicated()).
   // For optimizer state, which is sharded like the owned range. Collective over dp.

@@ -59,6 +59,9 @@ class ShardedMemory final : public TrainingMemory {
   float* owned_grads() override { return owned_grads_.data(); }
   bool owned_replicated() const override { return false; }
   bool params_sharded() const override { return zero_stage_ == 3; }
+  size_t share_begin() const override { return owned_begin(); }
+  size_t share_end() const override { return owned_end(); }
+  Status GatherShares(float* whole) override { return GatherOwned(whole); }
   Status PublishParams() override;
 
   Status ExportParams(float* local) override;

@@ -277,7 +277,8 @@ TEST_F(ParallelEquivalenceTest, DataPipelineAndTensorParallelWithZero1) {
 
 // Checkpoints are sharded (every rank writes the ranges of the global arenas it owns) and
 // universal: one written by any mesh after 3 steps resumes at any other (and in one
-// process), and the next steps are the uninterrupted run's.
+// process), and the next steps are the uninterrupted run's. Each resuming rank reads its dp
+// share and gathers the rest (ParallelGpt::LoadParams), at every ZeRO stage.
 TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
   const RankResult& want = Reference(2);
   ASSERT_TRUE(want.status.ok()) << want.status;
@@ -291,7 +292,7 @@ TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
       {{4, {"parallel.zero_stage=2"}}, {one, dp2, pp2, tp2}},
       {{4, {"parallel.pp=2", "parallel.tp=2"}},
        {one, zero3, {4, {"parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"}}}},
-      {{4, {"parallel.tp=2", "parallel.zero_stage=3"}}, {one, pp2}},
+      {{4, {"parallel.tp=2", "parallel.zero_stage=3"}}, {one, pp2, {2, {"parallel.zero_stage=2"}}}},
       {{4, {"parallel.pp=4"}}, {tp2}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
