@@ -116,12 +116,12 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
 StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
 
 // ReadCheckpoint for one rank: the same checks of the manifest (and that it says `step`),
-// then only the shard files that hold an element `want` asks for, each read whole and
-// verified (size and CRC32C); the other files are neither read nor verified, and only the
-// requested elements are kept. A rank of a mesh of n ranks reads and holds about 1/n of the
-// checkpoint where its parallelism shards the state (pipeline and tensor parallelism, ZeRO),
-// and the ranks of a mesh together read every file. DataLoss names the first problem;
-// want's InvalidArgument is returned as it is, and so is a request past the arena's end.
+// then only the shard files that hold an element `want` asks for, each streamed through and
+// verified in full (size and CRC32C); the other files are neither read nor verified, and
+// only the requested elements are kept. (A trainer rank asks for its data-parallel share of
+// its stage, ParallelGpt::ParamRanges, so the ranks of a mesh read each file about once
+// between them.) DataLoss names the first problem; want's InvalidArgument is returned as it
+// is, and so is a request past the arena's end.
 StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
                                             const PartRequestFn& want);
 
