@@ -7,8 +7,9 @@
 # losses at steps 5 and 10 (an evaluation on every rank, the loss on the last stage): dp2
 # with ZeRO-2 (reduce-scatter) and ZeRO-3 (gathers), pp2 with 1F1B (point to point both ways
 # at once: a deadlock on one communicator) and GPipe, pp2 x tp2; and in bf16 dp2 with
-# ZeRO-1 and tp2 (1e-4). Then parallel.backend nccl with two ranks on one GPU must be
-# refused at start-up, naming the ranks.
+# ZeRO-1 and tp2 (1e-4). Then a stop and resume of dp2 with ZeRO-1, against a run without
+# one. Then parallel.backend nccl with two ranks on one GPU must be refused at start-up,
+# naming the ranks.
 #
 #   emulated_cuda_nccl_test.sh BIN_DIR EMULATED_PLUGIN
 set -euo pipefail
@@ -63,6 +64,34 @@ run pp2-tp2 4 one 1e-5 parallel.pp=2 parallel.tp=2
   --set precision.dtype=bf16 > "$work/one-bf16.log" 2>&1 || { cat "$work/one-bf16.log"; exit 1; }
 run dp2-zero1-bf16 2 one-bf16 1e-4 parallel.zero_stage=1 precision.dtype=bf16
 run tp2-bf16 2 one-bf16 1e-4 parallel.tp=2 precision.dtype=bf16
+
+# A resume through NCCL: dp2 at ZeRO-1 saves after 3 steps and resumes from it. Each rank
+# reads only its half of the checkpoint and gathers the other half of the parameters from
+# its peer (ParallelGpt::LoadParams: an all-gather of host buffers, staged through the
+# device). The 6 losses and the evaluations at steps 3 and 6 must be those of 6 steps
+# without the stop (a constant learning rate, so that train.steps does not change the
+# schedule; a run evaluates at its last step, so every 3 steps).
+resume() {  # resume OUT STEPS
+  CUDA_VISIBLE_DEVICES=0,1 "$work/bin/drover" train "$work/job.yaml" --nproc 2 \
+    --set output_dir="$work/$1" --set parallel.zero_stage=1 --set train.steps=$2 \
+    --set train.schedule=constant --set train.warmup_steps=0 \
+    --set checkpoint.every_steps=3 --set train.eval_every=3 > "$work/$1-$2.log" 2>&1 ||
+    { cat "$work/$1-$2.log"; echo "FAIL: resume $1 $2"; exit 1; }
+}
+resume straight 6
+resume stopped 3
+resume stopped 6
+python3 - "$work/stopped-6.log" <<'PY' || { cat "$work/stopped-6.log"; exit 1; }
+import re, sys
+reads = re.findall(r"read ([0-9.]+) of its ([0-9.]+) MB", open(sys.argv[1]).read())
+assert len(reads) == 2, f"FAIL: {len(reads)} ranks said what they read, not 2"
+for got, whole in reads:
+    assert abs(2 * float(got) - float(whole)) <= 0.1, f"FAIL: a rank read {got} of {whole} MB"
+print(f"each rank read {reads[0][0]} of the checkpoint's {reads[0][1]} MB")
+PY
+python3 "$tests/tools/same_losses.py" "$work/straight/metrics.jsonl" \
+  "$work/stopped/metrics.jsonl" 6 1e-6
+echo "dp2 zero-1 through NCCL: 3 steps then 3 resumed gave the losses of 6 without a stop"
 
 set +e
 CUDA_VISIBLE_DEVICES=0 "$work/bin/drover" train "$work/job.yaml" --nproc 2 \
