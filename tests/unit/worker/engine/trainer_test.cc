@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/job_spec.h"
@@ -18,6 +19,7 @@
 #include "worker/engine/data/sampler.h"
 #include "worker/engine/data/token_dataset.h"
 #include "worker/engine/model/model_file.h"
+#include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
 
 namespace drover::engine {
@@ -236,36 +238,47 @@ TEST_F(TrainerTest, CheckpointsThatExistButNoneUsableStopTheStartUnlessFresh) {
 // A loss spike (a batch of tokens the model never saw, once the phrase is learned) rolls the
 // run back to its newest checkpoint and skips the data through the spike: the run goes on
 // to its last step, the spike is counted, and the lines of metrics.jsonl say so.
-TEST_F(TrainerTest, LossSpikeRollsBackToTheCheckpointAndSkipsItsData) {
+// A repeating phrase in train.bin, except that the window sampled first in step 31 (global
+// samples 120..123 of the sampler's global order, whatever the layout) is all id 15: a
+// loss spike at step 31.
+void WriteSpikyShard(const fs::path& path) {
   std::vector<uint16_t> tokens(4000);
   const std::vector<uint16_t> phrase = {1, 5, 9, 2, 7, 7, 3, 11, 4, 8, 6, 10, 12};
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = phrase[i % phrase.size()];
-  // The window sampled first in step 31 (global samples 120..123) gets id 15.
-  {
-    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens).ok());
-    auto data = TokenDataset::Open((dir_ / "train.bin").string(), 16);
-    ASSERT_TRUE(data.ok());
-    Sampler sampler((*data)->num_windows(), 7, true, BatchLayout{4, 4, 0, 1});
-    size_t shard = 0;
-    uint64_t start = 0;
-    (*data)->WindowStart(sampler.WindowOf(120), &shard, &start);
-    for (uint64_t i = start; i < start + 17; ++i) tokens[i] = 15;
+  ASSERT_TRUE(WriteTokenShard(path.string(), tokens).ok());
+  auto data = TokenDataset::Open(path.string(), 16);
+  ASSERT_TRUE(data.ok());
+  Sampler sampler((*data)->num_windows(), 7, true, BatchLayout{4, 4, 0, 1});
+  size_t shard = 0;
+  uint64_t start = 0;
+  (*data)->WindowStart(sampler.WindowOf(120), &shard, &start);
+  for (uint64_t i = start; i < start + 17; ++i) tokens[i] = 15;
+  ASSERT_TRUE(WriteTokenShard(path.string(), tokens).ok());
+}
+
+struct RollbackListener : TrainerListener {
+  void OnStep(const StepMetrics&) override {}
+  void OnCheckpoint(const v1::CheckpointRecord&) override {}
+  void OnRollback(int64_t spike, int64_t to, int64_t n) override {
+    rollbacks.push_back({spike, to, n});
   }
-  ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), tokens).ok());
-  struct Listener : TrainerListener {
-    void OnStep(const StepMetrics&) override {}
-    void OnCheckpoint(const v1::CheckpointRecord&) override {}
-    void OnRollback(int64_t spike, int64_t to, int64_t n) override {
-      rollbacks.push_back({spike, to, n});
-    }
-    void OnDone() override {}
-    std::vector<std::vector<int64_t>> rollbacks;
-  } listener;
+  void OnDone() override {}
+  std::vector<std::vector<int64_t>> rollbacks;
+};
+
+const std::vector<std::string> kSpikeRollback = {"train.steps=40",
+                                                 "train.lr=0.02",
+                                                 "train.eval_every=0",
+                                                 "checkpoint.every_steps=10",
+                                                 "fault_tolerance.spike_rollback.enabled=true",
+                                                 "fault_tolerance.spike_rollback.window=5",
+                                                 "fault_tolerance.spike_rollback.skip_steps=4"};
+
+TEST_F(TrainerTest, LossSpikeRollsBackToTheCheckpointAndSkipsItsData) {
+  WriteSpikyShard(dir_ / "train.bin");
+  RollbackListener listener;
   TrainerOptions options;
-  options.spec = Spec({"train.steps=40", "train.lr=0.02", "train.eval_every=0",
-                       "checkpoint.every_steps=10", "fault_tolerance.spike_rollback.enabled=true",
-                       "fault_tolerance.spike_rollback.window=5",
-                       "fault_tolerance.spike_rollback.skip_steps=4"});
+  options.spec = Spec(kSpikeRollback);
   options.listener = &listener;
   options.log_steps = false;
   auto trainer = Trainer::Create(options);
@@ -288,6 +301,67 @@ TEST_F(TrainerTest, LossSpikeRollsBackToTheCheckpointAndSkipsItsData) {
   // Data consumed: 40 steps of 4 samples, plus the 4 steps skipped past the spike (the 1
   // step from the checkpoint to the spike was replayed from new data).
   EXPECT_EQ(latest->meta.consumed_samples(), (40 + 1 + 4) * 4);
+}
+
+// Two data-parallel ranks see the one spike (the loss is the world's), roll back together,
+// and restore together: each reads its half of the checkpoint and gathers the rest from the
+// other (ParallelGpt::LoadParams). Every step's loss, the spike's and the replayed ones
+// included, is the one-process run's. (Not the parameters to 1e-5: after 40 AdamW steps at
+// this rate an element whose gradient is all rounding noise has drifted by the noise's
+// sign, up to the learning rate per step.)
+TEST_F(TrainerTest, LossSpikeRollsBackEveryDataParallelRankTogether) {
+  WriteSpikyShard(dir_ / "train.bin");
+  {
+    TrainerOptions options;
+    options.spec = Spec(kSpikeRollback);
+    options.spec.output_dir = (dir_ / "one").string();
+    options.spec.checkpoint.dir = (dir_ / "one" / "ckpt").string();
+    options.log_steps = false;
+    auto trainer = Trainer::Create(options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Run().ok());
+  }
+  JobSpec spec = Spec(kSpikeRollback);
+  spec.output_dir = (dir_ / "two").string();
+  spec.checkpoint.dir = (dir_ / "two" / "ckpt").string();
+  spec.train.micro_batch = 2;
+  spec.parallel.zero_stage = 1;
+  parallel::InMemoryKvStore store;
+  RollbackListener listeners[2];
+  Status results[2];
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      TrainerOptions options;
+      options.spec = spec;
+      options.rank = rank;
+      options.world_size = 2;
+      options.store = &store;
+      options.listener = &listeners[rank];
+      options.log_steps = false;
+      options.connect_timeout = std::chrono::seconds(30);
+      auto trainer = Trainer::Create(options);
+      results[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank];
+    ASSERT_EQ(listeners[rank].rollbacks.size(), 1u) << "rank " << rank;
+    EXPECT_EQ(listeners[rank].rollbacks[0], (std::vector<int64_t>{31, 30, 1})) << rank;
+  }
+  auto loss_of = [](const std::string& line) {
+    const size_t at = line.find("\"loss\":") + 7;
+    return std::stod(line.substr(at, line.find(',', at) - at));
+  };
+  const auto want = ReadLines(dir_ / "one" / "metrics.jsonl");
+  const auto got = ReadLines(dir_ / "two" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 41u);  // steps 1..31, then 31..40 again
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(loss_of(got[i]), loss_of(want[i]), 1e-5 * loss_of(want[i])) << "line " << i;
+  }
+  EXPECT_THAT(got[30], ::testing::HasSubstr("\"spike\":true"));
 }
 
 // The checkpoint directory removed while the job runs (an operator's mistake, a cleanup
