@@ -51,5 +51,5 @@ for stage in ${STAGES:-0 1 3}; do
   resumed=$(peak "$stage" 2)
   read=$(grep -o 'read [0-9.]* of its [0-9.]* MB' "$out/log" | head -1 | sed 's/^read //')
   awk -v s="$stage" -v r="${read:-?}" -v f="$fresh" -v p="$resumed" 'BEGIN {
-    printf "ZeRO-%-2s %-22s %11.1f MB %11.1f MB %11.1f MB\n", s, r, f / 1024, p / 1024, (p - f) / 1024 }'
+    printf "ZeRO-%-2s %-22s %10.1f MiB %10.1f MiB %10.1f MiB\n", s, r, f / 1024, p / 1024, (p - f) / 1024 }'
 done
