@@ -42,11 +42,13 @@ StatusOr<std::string> ReadFileToString(const std::string& path) {
   return ReadFileTail(path, std::numeric_limits<size_t>::max());
 }
 
-StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
-                                  const std::function<Status(const char* data, size_t n)>& fn) {
+namespace {
+
+// Reads `fd` from where it stands to its end for ReadFileInChunks and ReadFileTail (`path`
+// names it in errors).
+StatusOr<size_t> ReadChunks(int fd, const std::string& path, size_t chunk,
+                            const std::function<Status(const char* data, size_t n)>& fn) {
   DROVER_CHECK(chunk > 0);
-  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
   std::vector<char> buf(chunk);
   size_t total = 0;
   for (bool end = false; !end;) {
@@ -54,7 +56,7 @@ StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
     // is whole: a reader of fixed-size records never sees one split between two pieces.
     size_t filled = 0;
     while (filled < chunk) {
-      const ssize_t n = ::read(fd.get(), buf.data() + filled, chunk - filled);
+      const ssize_t n = ::read(fd, buf.data() + filled, chunk - filled);
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoToStatus(errno, "read " + path);
@@ -72,6 +74,15 @@ StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
   return total;
 }
 
+}  // namespace
+
+StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
+                                  const std::function<Status(const char* data, size_t n)>& fn) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
+  return ReadChunks(fd.get(), path, chunk, fn);
+}
+
 StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
@@ -84,16 +95,11 @@ StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {
   }
   std::string out;
   out.reserve(std::min(size, max_bytes));
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, "read " + path);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
+  auto append = [&](const char* data, size_t n) {
+    out.append(data, n);
+    return OkStatus();
+  };
+  RETURN_IF_ERROR(ReadChunks(fd.get(), path, size_t{1} << 16, append).status());
   return out;
 }
 

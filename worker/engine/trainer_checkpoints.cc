@@ -71,7 +71,8 @@ Status Trainer::RestoreLatest(const std::string& choice_key) {
       return DataLossError("checkpoint " + step_dir + " has " + std::to_string(m.num_params()) +
                            " parameters, its model has " + std::to_string(n));
     }
-    return ckpt::PartRequest{model_->ParamRanges(), model_->OptimizerRanges()};
+    std::vector<ElementRange> share = model_->ShareRanges();
+    return ckpt::PartRequest{share, share};
   };
   StatusOr<ckpt::CheckpointPart> part = ckpt::LoadAgreedCheckpoint(load, want, &path);
   if (!part.ok()) return part.status();

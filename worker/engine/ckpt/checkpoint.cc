@@ -442,9 +442,10 @@ Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
   return OkStatus();
 }
 
-// ReadCheckpointPart, with the request made from the manifest by `want`.
-StatusOr<CheckpointPart> ReadPart(const std::string& step_dir, int64_t step,
-                                  const PartRequestFn& want) {
+}  // namespace
+
+StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
+                                            const PartRequestFn& want) {
   ReadLock lock(step_dir);
   CheckpointPart part;
   ASSIGN_OR_RETURN(part.meta, ReadManifest(step_dir));
@@ -498,6 +499,8 @@ StatusOr<CheckpointPart> ReadPart(const std::string& step_dir, int64_t step,
   return part;
 }
 
+namespace {
+
 // Every element of every arena.
 StatusOr<PartRequest> Everything(const std::string&, const v1::CheckpointManifest& m) {
   const auto n = static_cast<size_t>(m.num_params());
@@ -526,10 +529,9 @@ StatusOr<T> LoadNewest(const std::string& dir,
   return NoneUsableError(dir, reasons);
 }
 
-}  // namespace
-
-StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
-  ASSIGN_OR_RETURN(CheckpointPart part, ReadPart(step_dir, -1, Everything));
+// The whole checkpoint at step_dir (whose manifest must say `step`, unless it is -1).
+StatusOr<CheckpointSnapshot> ReadWhole(const std::string& step_dir, int64_t step) {
+  ASSIGN_OR_RETURN(CheckpointPart part, ReadCheckpointPart(step_dir, step, Everything));
   CheckpointSnapshot snap;
   snap.meta = std::move(part.meta);
   snap.params = std::move(part.params).TakeValues();
@@ -538,9 +540,10 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
   return snap;
 }
 
-StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
-                                            const PartRequestFn& want) {
-  return ReadPart(step_dir, step, want);
+}  // namespace
+
+StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir) {
+  return ReadWhole(step_dir, -1);
 }
 
 Status NoneUsableError(const std::string& dir, const std::vector<std::string>& reasons) {
@@ -577,11 +580,7 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
 }
 
 StatusOr<CheckpointSnapshot> VerifyCheckpoint(const std::string& step_dir, int64_t step) {
-  auto snap = ReadCheckpoint(step_dir);
-  if (snap.ok() && snap->meta.step() != step) {
-    return DataLossError(step_dir + ": manifest says step " + std::to_string(snap->meta.step()));
-  }
-  return snap;
+  return ReadWhole(step_dir, step);
 }
 
 StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir, std::string* path) {
@@ -592,7 +591,9 @@ StatusOr<CheckpointPart> LoadLatestCheckpointPart(const std::string& dir, const 
                                                   std::string* path) {
   return LoadNewest<CheckpointPart>(
       dir,
-      [&](const std::string& step_dir, int64_t step) { return ReadPart(step_dir, step, want); },
+      [&](const std::string& step_dir, int64_t step) {
+        return ReadCheckpointPart(step_dir, step, want);
+      },
       path);
 }
 

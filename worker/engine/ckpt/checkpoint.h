@@ -119,7 +119,7 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
 // then only the shard files that hold an element `want` asks for, each streamed through and
 // verified in full (size and CRC32C); the other files are neither read nor verified, and
 // only the requested elements are kept. (A trainer rank asks for its data-parallel share of
-// its stage, ParallelGpt::ParamRanges, so that replicas do not read the same files; tensor-
+// its stage, ParallelGpt::ShareRanges, so that replicas do not read the same files; tensor-
 // parallel ranks, whose slices run through every matrix, each read most files.) DataLoss
 // names the first problem; want's InvalidArgument is returned as it is, and so is a request
 // past the arena's end.

@@ -39,9 +39,10 @@ bool GlobalPart::Holds(size_t begin, size_t end) const {
 }
 
 size_t GlobalPart::Index(size_t begin, size_t n) const {
-  DROVER_CHECK_MSG(Holds(begin, begin + n), "elements outside the part");
   if (n == 0) return 0;
   const size_t i = RangeAtOrAfter(begin);
+  DROVER_CHECK_MSG(i < ranges_.size() && ranges_[i].begin <= begin && begin + n <= ranges_[i].end,
+                   "elements outside the part");
   return starts_[i] + (begin - ranges_[i].begin);
 }
 

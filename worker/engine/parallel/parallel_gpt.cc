@@ -159,11 +159,9 @@ void PartToLocal(const GptLayout& layout, const GlobalPart& part, size_t lo, siz
 // A restore reads this rank's dp share of its local arena, of the parameters and the
 // moments alike, and gathers the rest from the other dp ranks (TrainingMemory::GatherShares):
 // the replicas of a stage read the checkpoint once between them, not once each.
-std::vector<ElementRange> ParallelGpt::ParamRanges() const {
+std::vector<ElementRange> ParallelGpt::ShareRanges() const {
   return GlobalRangesOf(layout_, memory_->share_begin(), memory_->share_end());
 }
-
-std::vector<ElementRange> ParallelGpt::OptimizerRanges() const { return ParamRanges(); }
 
 Status ParallelGpt::LoadParams(const GlobalPart& params) {
   std::vector<float> local(layout_.num_params());

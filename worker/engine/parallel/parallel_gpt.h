@@ -101,12 +101,12 @@ class ParallelGpt {
   // Takes this rank's part of a global parameter arena (every rank passes the same one).
   void LoadGlobalParams(const float* params);
 
-  // What this rank reads of a checkpoint's global arenas to resume: its dp share of its
-  // local arena (under ZeRO the slice it owns), of the parameters and of the AdamW moments.
-  std::vector<ElementRange> ParamRanges() const;
-  std::vector<ElementRange> OptimizerRanges() const;
+  // What this rank reads of a checkpoint's global arenas to resume, of the parameters and
+  // of the AdamW moments alike: its dp share of its local arena (under ZeRO the slice it
+  // owns).
+  std::vector<ElementRange> ShareRanges() const;
   // Take this rank's parameters / moments (and the optimizer's step count) from parts
-  // holding at least ParamRanges() / OptimizerRanges() (CHECKed), gathering what other dp
+  // holding at least ShareRanges() (CHECKed), gathering what other dp
   // ranks read. Collective over dp: every rank of the mesh calls them together. Errors are
   // communication failures.
   Status LoadParams(const GlobalPart& params);
