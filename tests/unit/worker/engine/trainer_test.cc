@@ -358,9 +358,18 @@ TEST_F(TrainerTest, LossSpikeRollsBackEveryDataParallelRankTogether) {
   const auto got = ReadLines(dir_ / "two" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 41u);  // steps 1..31, then 31..40 again
   ASSERT_EQ(got.size(), want.size());
+  // Relative 1e-4: late in the run the drift above reaches the loss too, by how much
+  // depends on the summation orders of the CPU's BLAS kernels (1.04e-5 at step 29 on an
+  // AVX-512 machine, under 1e-5 on an AVX2 one). A rank that missed the rollback or
+  // restored other parameters is off by far more: the spike's loss is 7x the others'.
+  double worst = 0;
+  size_t worst_line = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_NEAR(loss_of(got[i]), loss_of(want[i]), 1e-5 * loss_of(want[i])) << "line " << i;
+    const double rel = std::abs(loss_of(got[i]) - loss_of(want[i])) / loss_of(want[i]);
+    if (rel > worst) worst = rel, worst_line = i;
   }
+  EXPECT_LT(worst, 1e-4) << "line " << worst_line << ": " << got[worst_line] << " vs "
+                         << want[worst_line];
   EXPECT_THAT(got[30], ::testing::HasSubstr("\"spike\":true"));
 }
 
