@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/exit_code.h"
 #include "worker/engine/data/tokenizer.h"
+#include "worker/engine/model/gpt_decoder.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/threads.h"
 
@@ -84,9 +85,12 @@ int RunSample(const SampleFlags& f) {
   }
   std::mt19937_64 rng(f.seed);
   std::fputs(f.prompt.c_str(), stdout);
+  // Each token extends the last window by one: the decoder runs that one token through the
+  // layers against its key/value cache (until the context outgrows block_size).
+  engine::GptDecoder decoder(**model);
   for (int i = 0; i < f.tokens; ++i) {
     std::vector<float> logits =
-        (*model)->NextTokenLogits(context.data(), static_cast<int>(context.size()));
+        decoder.NextTokenLogits(context.data(), static_cast<int>(context.size()));
     int32_t next = SampleToken(std::move(logits), f.temperature, f.top_k, &rng);
     context.push_back(next);
     const int32_t one[1] = {next};
