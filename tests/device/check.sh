@@ -47,15 +47,9 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-tar -C "$work" -xJf "$pack" || { echo "FAIL cannot unpack $pack"; exit 1; }
-bin=$work/pack/bin
-# cudart and NCCL come from the machine's PyTorch environment (pack.sh leaves them out).
-nvlibs=$(python3 - <<'PY' 2>/dev/null
-import glob, os, sys
-print(':'.join(sorted({d for p in sys.path for d in glob.glob(os.path.join(p, 'nvidia', '*', 'lib'))})))
-PY
-)
-export LD_LIBRARY_PATH=$work/pack/lib:${nvlibs}:${LD_LIBRARY_PATH:-}
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/pack_env.sh"
+unpack_device_pack "$pack" "$work" || exit 1
 
 failed=0
 step() {  # step NAME COMMAND...: runs it, says PASS or FAIL
@@ -125,7 +119,7 @@ cuda_job_succeeds() {
   drover status "$id" | tee "$work/cuda-status.txt"
   drover logs "$id" | tail -5
   [[ $rc -eq 0 ]] &&
-    python3 "$(dirname "$0")/../tools/no_step_allocations.py" "$work/out-cuda/metrics.jsonl" 3
+    python3 "$here/../tools/no_step_allocations.py" "$work/out-cuda/metrics.jsonl" 3
 }
 cpu_job_succeeds() {
   job_yaml cpu cpu > "$work/cpu.yaml"
@@ -150,9 +144,9 @@ YAML
     --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
   timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/out-dp2" \
     --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
-  python3 "$(dirname "$0")/../tools/same_losses.py" "$work/out-dp1/metrics.jsonl" \
+  python3 "$here/../tools/same_losses.py" "$work/out-dp1/metrics.jsonl" \
     "$work/out-dp2/metrics.jsonl" 10 1e-4 &&
-    python3 "$(dirname "$0")/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3
+    python3 "$here/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3
 }
 if [[ $no_gpu != 1 ]]; then
   step "4 a cuda job trains on the gpu" cuda_job_succeeds
@@ -161,14 +155,14 @@ if [[ $no_gpu != 1 ]]; then
 fi
 step "5 the same build trains a cpu job" cpu_job_succeeds
 step "6 pytorch reads drover's safetensors export" \
-  timeout 120 python3 "$(dirname "$0")/../tools/hf_gpt2_check.py" "$bin"
+  without_pack_libs timeout 120 python3 "$here/../tools/hf_gpt2_check.py" "$bin"
 
 if [[ $no_gpu != 1 ]]; then
   # GPT-2 124M at T=1024 in bf16, batch 32 (both fit an H200 with room to spare; the issue
   # asks for the largest batch that fits, and a larger one raises both MFUs): drover, PyTorch
   # eager and torch.compile (tests/device/speed.sh; run it by hand for 350m when device time
   # is left, or at batch 64).
-  timeout 480 "$(dirname "$0")/speed.sh" "$bin" 124m 32 12 || true
+  timeout 480 "$here/speed.sh" "$bin" 124m 32 12 || true
 fi
 
 echo "==== coordinator log (tail)"

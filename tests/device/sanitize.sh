@@ -22,14 +22,8 @@ log=${OUT:-.}/sanitize.log
 exec > >(tee "$log") 2>&1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-tar -C "$work" -xJf "$pack" || { echo "FAIL cannot unpack $pack"; exit 1; }
-bin=$work/pack/bin
-nvlibs=$(python3 - <<'PY' 2>/dev/null
-import glob, os, sys
-print(':'.join(sorted({d for p in sys.path for d in glob.glob(os.path.join(p, 'nvidia', '*', 'lib'))})))
-PY
-)
-export LD_LIBRARY_PATH=$work/pack/lib:${nvlibs}:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/pack_env.sh"
+unpack_device_pack "$pack" "$work" || exit 1
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 [[ -n $sanitizer ]] || { echo "SKIP compute-sanitizer is not installed"; exit 0; }
 

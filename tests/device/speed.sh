@@ -4,38 +4,56 @@
 # other. Prints, for each: tokens/s, step time, MFU against the bf16 GEMM rate the PyTorch
 # script measures first on this GPU, and peak GPU memory. Information, not a pass/fail.
 #
-#   tests/device/speed.sh BIN_DIR [MODEL [BATCH [STEPS]]]     MODEL: 124m | 350m | 774m
+#   tests/device/speed.sh PACK|BIN_DIR [MODEL [BATCH [STEPS]]]     MODEL: 124m | 350m | 774m
 #
-# check.sh runs it for 124m at batch 32; run it again by hand for a larger model when device
-# time is left (350m at batch 16 fits drover's storage, fp32 residual stream and bf16
-# operand buffers, easily on an H200).
+# check.sh runs it for 124m at batch 32 with the programs it unpacked (BIN_DIR, environment
+# set); as a device call of its own, for a larger model when device time is left, give it
+# the pack (carry build/device-pack.tar.xz):
+#   tests/device/speed.sh build/device-pack.tar.xz 350m 16
+# (350m at batch 16 fits drover's storage, fp32 residual stream and bf16 operand buffers,
+# easily on an H200).
 set -uo pipefail
-bin=${1:?BIN_DIR}
+bin=${1:?PACK or BIN_DIR}
 model=${2:-124m}
 batch=${3:-32}
 steps=${4:-12}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+source "$here/pack_env.sh"
+if [[ -f $bin ]]; then
+  unpack_device_pack "$bin" "$work" || exit 1
+fi
 
+# DROVER_SPEED_DEVICE=cpu is a dry run of this script on a machine without a GPU (at T=64;
+# e.g. `DROVER_SPEED_DEVICE=cpu tests/device/speed.sh build/bin tiny 4 3`): its numbers
+# mean nothing, but every command and parser in it runs.
+device=${DROVER_SPEED_DEVICE:-cuda}
+T=1024
+torch_args=()
+if [[ $device == cpu ]]; then
+  T=64
+  torch_args=(--device cpu --T 64 --peak-tflops 1)
+fi
 case $model in
+  tiny) L=2 NH=2 C=64 ;;
   124m) L=12 NH=12 C=768 ;;
   350m) L=24 NH=16 C=1024 ;;
   774m) L=36 NH=20 C=1280 ;;
   *) echo "unknown model $model"; exit 2 ;;
 esac
-echo "==== speed (information): GPT-2 $model, T=1024, bf16, batch $batch"
+echo "==== speed (information): GPT-2 $model, T=$T, bf16, batch $batch, on $device"
 
 # Random tokens (the data does not change the speed).
 python3 "$here/../bench/random_shard.py" "$work/train.bin" 2000000
 cat > "$work/speed.yaml" <<YAML
 name: speed-$model
 output_dir: $work/out
-model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: 1024, vocab_size: 50257}
+model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: $T, vocab_size: 50257}
 data: {train: "$work/train.bin"}
-train: {steps: $steps, global_batch: $batch, micro_batch: $batch, seq_len: 1024, eval_every: 0, log_every: 1}
+train: {steps: $steps, global_batch: $batch, micro_batch: $batch, seq_len: $T, eval_every: 0, log_every: 1}
 precision: {dtype: bf16}
-resources: {device: cuda}
+resources: {device: $device}
 checkpoint: {every_steps: 0}
 YAML
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$work/mem.txt" 2>/dev/null &
@@ -57,18 +75,18 @@ DROVER_CUDA_GEMM_INPUTS=fp32 timeout 90 "$bin/drover" train "$work/speed.yaml" -
   --set output_dir="$work/out-profile-fp32-inputs" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
 # PyTorch after drover (drover's numbers matter more if time runs out); it measures the
 # GEMM rate that both MFUs are against.
-timeout 300 python3 "$here/torch_gpt2_bench.py" --model "$model" --batches "$batch" \
-  --steps "$steps" > "$work/torch.txt" 2>&1
+without_pack_libs timeout 300 python3 "$here/torch_gpt2_bench.py" --model "$model" --batches "$batch" \
+  --steps "$steps" "${torch_args[@]}" > "$work/torch.txt" 2>&1
 tail -8 "$work/torch.txt"
 peak=$(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     if "bf16_gemm_tflops_measured" in l: print(json.loads(l)["bf16_gemm_tflops_measured"])' \
   "$work/torch.txt" 2>/dev/null)
 
-python3 - "$work/out/metrics.jsonl" "$work/mem.txt" "$L" "$C" "${peak:-0}" "$model" "$batch" <<'PY'
+python3 - "$work/out/metrics.jsonl" "$work/mem.txt" "$L" "$C" "${peak:-0}" "$model" "$batch" "$T" <<'PY'
 import json, statistics, sys
-metrics, mem, L, C, peak, model, batch = sys.argv[1:]
-L, C, peak, T, V = int(L), int(C), float(peak), 1024, 50257
+metrics, mem, L, C, peak, model, batch, T = sys.argv[1:]
+L, C, peak, T, V = int(L), int(C), float(peak), int(T), 50257
 try:
     rows = [json.loads(l) for l in open(metrics) if '"tokens_per_s"' in l]
 except OSError:

@@ -11,6 +11,9 @@ two T x T products) against the chip's bf16 matrix rate measured here first, on 
 data, so the ratio is against this GPU as it runs today and not a datasheet.
 
     python3 tests/device/torch_gpt2_bench.py --model 124m --batches 32,16,8 --steps 20
+
+`--device cpu --model tiny --T 64 --peak-tflops 1` is a dry run of the script itself on a
+machine without a GPU (its numbers mean nothing there).
 """
 import argparse
 import json
@@ -25,6 +28,7 @@ SIZES = {  # n_layer, n_head, n_embd
     "124m": (12, 12, 768),
     "350m": (24, 16, 1024),
     "774m": (36, 20, 1280),
+    "tiny": (2, 2, 64),  # a dry run of this script on the CPU
 }
 
 
@@ -71,15 +75,21 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
 
 
-def median_ms(fn, repeats):
+def median_ms(fn, repeats, device):
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        if device == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
     times.sort()
     return times[len(times) // 2]
 
@@ -99,36 +109,44 @@ def bf16_gemm_tflops():
 
     for _ in range(5):
         one()
-    ms = median_ms(one, 30)
+    ms = median_ms(one, 30, "cuda")
     return 2 * n ** 3 / (ms * 1e-3) / 1e12
 
 
-def run(model_name, mode, batch, T, steps, vocab, peak_tflops):
+def run(model_name, mode, batch, T, steps, vocab, peak_tflops, device):
     n_layer, n_head, C = SIZES[model_name]
     torch.manual_seed(0)
-    model = GPT(n_layer, n_head, C, vocab, T).cuda()
+    model = GPT(n_layer, n_head, C, vocab, T).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
     step_model = torch.compile(model) if mode == "compile" else model
-    data = [torch.randint(0, vocab, (batch, T + 1), device="cuda") for _ in range(4)]
+    # Inputs and targets as contiguous tensors of their own, as a data loader hands them over
+    # (a slice of one (B, T + 1) tensor is strided, and .view(-1) refuses it).
+    data = []
+    for _ in range(4):
+        d = torch.randint(0, vocab, (batch, T + 1), device=device)
+        data.append((d[:, :-1].contiguous(), d[:, 1:].contiguous()))
 
     def step(i):
-        d = data[i % len(data)]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = step_model(d[:, :-1], d[:, 1:])
+        x, y = data[i % len(data)]
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = step_model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
-    torch.cuda.reset_peak_memory_stats()
+    on_gpu = device == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     warm = time.time()
     for i in range(3):  # compilation and autotuning stay out of the timing
         step(i)
-    torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize()
     warm_s = time.time() - warm
-    ms = median_ms(lambda: step(0), steps)
+    ms = median_ms(lambda: step(0), steps, device)
     tokens = batch * T
     flops_per_token = 6 * n_params + 12 * n_layer * C * T
     tflops = flops_per_token * tokens / (ms * 1e-3) / 1e12
@@ -136,7 +154,7 @@ def run(model_name, mode, batch, T, steps, vocab, peak_tflops):
         "framework": "pytorch-" + mode, "model": model_name, "params": n_params, "batch": batch,
         "T": T, "step_ms": round(ms, 2), "tokens_per_s": round(tokens / (ms * 1e-3)),
         "tflops": round(tflops, 1), "mfu": round(tflops / peak_tflops, 3),
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if on_gpu else 0.0,
         "warmup_s": round(warm_s, 1),
     }
 
@@ -150,6 +168,7 @@ def main():
     ap.add_argument("--modes", default="eager,compile")
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--peak-tflops", type=float, default=0, help="skip the GEMM measurement")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     peak = args.peak_tflops or bf16_gemm_tflops()
@@ -158,7 +177,8 @@ def main():
     for mode in args.modes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             try:
-                row = run(args.model, mode, batch, args.T, args.steps, args.vocab, peak)
+                row = run(args.model, mode, batch, args.T, args.steps, args.vocab, peak,
+                          args.device)
             except torch.cuda.OutOfMemoryError:
                 print(json.dumps({"framework": "pytorch-" + mode, "batch": batch, "oom": True}))
                 torch.cuda.empty_cache()

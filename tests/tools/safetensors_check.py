@@ -37,7 +37,12 @@ def fail(msg):
 
 
 def run(args, expect_rc=0):
-    p = subprocess.run(args, capture_output=True, text=True)
+    # On the GPU machine this Python runs without the device pack's libraries on its path
+    # (tests/device/pack_env.sh); drover's programs get them back here.
+    env = dict(os.environ)
+    if env.get("DROVER_PACK_LIB"):
+        env["LD_LIBRARY_PATH"] = env["DROVER_PACK_LIB"] + ":" + env.get("LD_LIBRARY_PATH", "")
+    p = subprocess.run(args, capture_output=True, text=True, env=env)
     if p.returncode != expect_rc:
         fail("%s exited %d (expected %d)\nstdout: %s\nstderr: %s" %
              (" ".join(args), p.returncode, expect_rc, p.stdout, p.stderr))

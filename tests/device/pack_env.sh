@@ -1,0 +1,34 @@
+# Sourced by check.sh, speed.sh and sanitize.sh on the GPU machine:
+#
+#   unpack_device_pack PACK.tar.xz DIR    unpacks the pack of pack.sh into DIR and sets
+#       bin        DIR/pack/bin, drover's programs, the CUDA plugin and cuda_tests;
+#       pack_lib   DIR/pack/lib, the Debian libraries they need;
+#     and exports LD_LIBRARY_PATH = pack_lib, then the CUDA libraries of the machine's
+#     PyTorch environment (cudart, cuBLAS, NCCL: pack.sh leaves them out), then what it was.
+#   without_pack_libs COMMAND...          runs COMMAND (python3 with PyTorch) without pack_lib on
+#                                         its library path.
+#
+# Why without_pack_libs: the pack's libraries are Debian 12's (zlib, OpenSSL, SQLite, libgomp,
+# ...), and the device image's Python and its extension modules were built against their
+# own, possibly newer ones; loading ours into PyTorch's process is a failure nobody could
+# debug in a 15-minute lease. The drover programs a Python script starts get the pack back
+# through DROVER_PACK_LIB (tests/tools/safetensors_check.py's run()).
+
+unpack_device_pack() {
+  local pack=$1 dir=$2
+  tar -C "$dir" -xJf "$pack" || { echo "FAIL cannot unpack $pack"; return 1; }
+  bin=$dir/pack/bin
+  pack_lib=$dir/pack/lib
+  local nvlibs
+  nvlibs=$(python3 - <<'PY' 2>/dev/null
+import glob, os, sys
+print(':'.join(sorted({d for p in sys.path for d in glob.glob(os.path.join(p, 'nvidia', '*', 'lib'))})))
+PY
+)
+  export LD_LIBRARY_PATH=$pack_lib:${nvlibs}:${LD_LIBRARY_PATH:-}
+  export DROVER_PACK_LIB=$pack_lib
+}
+
+without_pack_libs() {
+  LD_LIBRARY_PATH=${LD_LIBRARY_PATH#"${DROVER_PACK_LIB:-}:"} "$@"
+}
