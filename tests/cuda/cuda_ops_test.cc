@@ -188,6 +188,22 @@ TEST_F(CudaOpsTest, EncoderForwardAndBackward) {
   gpu_->EncoderBackwardWindow(dwindow, lo, hi, Vp * C, Dev(dout), tokens.data(), B, T, C);
   cpu_->EncoderBackwardWindow(window.data(), lo, hi, Vp * C, dout.data(), tokens.data(), B, T, C);
   ExpectClose(Host(dwindow, window.size()), window, "encoder backward window");
+
+  // Under a vocabulary split some ids are -1 (ops.h): zero rows, no dwte row, their
+  // positions' gradients all the same.
+  for (size_t i = 0; i < tokens.size(); i += 3) tokens[i] = -1;
+  gpu_->EncoderForward(dout_gpu, tokens.data(), Dev(wte), Dev(wpe), B, T, C, Precision::kFp32);
+  cpu_->EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
+                       Precision::kFp32);
+  ExpectClose(Host(dout_gpu, out.size()), out, "encoder forward with -1 ids", 0, 0);
+  dgrad = Dev(grad);
+  gpu_->EncoderBackward(dgrad, dgrad + Vp * C, Dev(dout), tokens.data(), B, T, C);
+  cpu_->EncoderBackward(grad.data(), grad.data() + Vp * C, dout.data(), tokens.data(), B, T, C);
+  ExpectClose(Host(dgrad, grad.size()), grad, "encoder backward with -1 ids");
+  dwindow = Dev(window);
+  gpu_->EncoderBackwardWindow(dwindow, lo, hi, Vp * C, Dev(dout), tokens.data(), B, T, C);
+  cpu_->EncoderBackwardWindow(window.data(), lo, hi, Vp * C, dout.data(), tokens.data(), B, T, C);
+  ExpectClose(Host(dwindow, window.size()), window, "encoder backward window with -1 ids");
 }
 
 // With the outputs stored in each precision: bf16 / fp16 outputs must be exactly values of
@@ -484,6 +500,60 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
   ExpectClose(Host(gp, n), p, "adamw params", 1e-5, 1e-6);
   ExpectClose(Host(gm, n), m, "adamw m", 1e-5, 1e-7);
   ExpectClose(Host(gv, n), v, "adamw v", 1e-5, 1e-9);
+}
+
+// The halves of the vocabulary-split cross-entropy (ops.h) on one slice of the logits: its
+// targets partly -1 (other slices'), fully live and with a padding tail, in fp32 and with
+// bf16 operand buffers; the combine of three slices' parts; the backward with -1 targets.
+TEST_F(CudaOpsTest, CrossEntropyOverVocabularySlices) {
+  const int N = 37, Vl = 96;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    for (int live : {96, 41, 0}) {
+      const std::string name =
+          std::string(" ") + PrecisionName(p) + " live " + std::to_string(live);
+      std::vector<float> logits = Random(static_cast<size_t>(N) * Vl, 4.0f);
+      cpu_->Round(logits.data(), logits.size(), p);
+      std::vector<int32_t> targets(N);
+      for (int32_t& t : targets) {
+        t = live > 0 && rng_() % 2 == 0 ? static_cast<int32_t>(rng_() % live) : -1;
+      }
+      std::vector<float> lse(N), tl(N);
+      float *glogits = DevOperand(logits, p), *glse = Dev(lse), *gtl = Dev(tl);
+      gpu_->CrossEntropyPartForward(glse, gtl, glogits, targets.data(), N, live, Vl, p);
+      cpu_->CrossEntropyPartForward(lse.data(), tl.data(), logits.data(), targets.data(), N, live,
+                                    Vl, p);
+      ExpectClose(Host(gtl, N), tl, "target logits" + name, 0, 0);
+      const std::vector<float> got_lse = Host(glse, N);
+      if (live == 0) {
+        for (int n = 0; n < N; ++n) EXPECT_EQ(got_lse[n], -INFINITY) << name;
+      } else {
+        ExpectClose(got_lse, lse, "slice lse" + name);
+      }
+      // A combined lse a little above the slice's, as when other slices add to it.
+      std::vector<float> combined(N);
+      for (int n = 0; n < N; ++n) combined[n] = (live > 0 ? lse[n] : 0.0f) + 0.5f;
+      std::vector<float> dlogits(logits.size());
+      float* gd = NewOperand(logits.size(), p);
+      gpu_->CrossEntropyBackward(gd, glogits, Dev(combined), targets.data(), 0.5f / N, N, live, Vl,
+                                 p);
+      cpu_->CrossEntropyBackward(dlogits.data(), logits.data(), combined.data(), targets.data(),
+                                 0.5f / N, N, live, Vl, p);
+      ExpectClose(HostOperand(gd, logits.size(), p), dlogits, "slice dlogits" + name,
+                  std::max(StoreTolerance(p), 1e-4), 1e-7);
+    }
+  }
+  const int parts = 3;
+  std::vector<float> lse_parts = Random(static_cast<size_t>(parts) * N, 6.0f);
+  for (int n = 0; n < N; n += 4) lse_parts[2 * N + n] = -INFINITY;  // a slice of padding only
+  const std::vector<float> tl = Random(N, 3.0f);
+  std::vector<float> losses(N), lse(N);
+  float *glosses = Dev(losses), *glse = Dev(lse);
+  const float gmean = gpu_->CrossEntropyCombine(glosses, glse, Dev(lse_parts), Dev(tl), parts, N);
+  const float cmean =
+      cpu_->CrossEntropyCombine(losses.data(), lse.data(), lse_parts.data(), tl.data(), parts, N);
+  EXPECT_NEAR(gmean, cmean, 1e-5 * std::fabs(cmean));
+  ExpectClose(Host(glse, N), lse, "combined lse");
+  ExpectClose(Host(glosses, N), losses, "combined losses");
 }
 
 // Operand buffers (ops.h) hold bf16 / fp16 themselves in mixed precision, half the memory of

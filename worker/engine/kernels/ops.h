@@ -157,6 +157,11 @@ class Ops {
     (void)p;
     return n;
   }
+  // out (B, T, C) = wte[inp] + wpe[t]. Under a vocabulary split (tensor parallelism, the
+  // model's wte holding some rows), an id of -1 stands for a token whose row another rank
+  // holds: its row of out is zero, position included, so the sum over the ranks adds the
+  // token's and the position's rows once. The backwards give a -1 no wte row and its
+  // position its gradient as any other (wpe is whole on every rank).
   virtual void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe,
                               int B, int T, int C, Precision store) = 0;
   virtual void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
@@ -225,10 +230,26 @@ class Ops {
                                     Precision operands) = 0;
   // dlogits (N, Vp; an operand buffer, rows Vp apart) = the gradient of the logits (an
   // operand buffer too), stored in `store`; dlogits may be logits itself (in place, as the
-  // model runs it). The padded columns get zeros.
+  // model runs it). The padded columns get zeros. A target of -1 (its column is another
+  // rank's, under a vocabulary split) subtracts no one-hot.
   virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                                     const int32_t* targets, float dloss, int N, int V, int Vp,
                                     Precision store) = 0;
+
+  // The cross-entropy over logits split by vocabulary among ranks (tensor parallelism:
+  // each holds columns of the LM head), in two halves around the caller's collectives.
+  // Part: over this rank's columns [0, V) of rows Vp apart, lse (N) = their log-sum-exp
+  // (-inf when V is 0) and target_logits (N) = logits[n, targets[n]], 0 where the target is
+  // -1 (another rank's column). The caller all-gathers lse over the ranks into lse_parts
+  // (parts, N) and sums target_logits.
+  virtual void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                                       const int32_t* targets, int N, int V, int Vp,
+                                       Precision operands) = 0;
+  // Combine: lse (N) = the log-sum-exp of the parts' lse_parts, losses (N) = lse -
+  // target_logits; returns the mean loss, as CrossEntropyForward. lse is the one that
+  // CrossEntropyBackward of every part then takes.
+  virtual float CrossEntropyCombine(float* losses, float* lse, const float* lse_parts,
+                                    const float* target_logits, int parts, int N) = 0;
 
   // ---- optimizer (optim/adamw.h) -------------------------------------------------------
   // One AdamW update of n elements with one weight-decay value; t is the 1-based step.

@@ -31,6 +31,8 @@ constexpr const char* kNames[ProfiledOps::kOpCount] = {"Fill",
                                                        "GeluBackward",
                                                        "CrossEntropyForward",
                                                        "CrossEntropyBackward",
+                                                       "CrossEntropyPartForward",
+                                                       "CrossEntropyCombine",
                                                        "AdamWUpdate"};
 
 }  // namespace
@@ -215,6 +217,17 @@ void ProfiledOps::CrossEntropyBackward(float* dlogits, const float* logits, cons
                                        Precision store) {
   Timed t(this, kCrossEntropyBackward);
   inner_->CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, Vp, store);
+}
+void ProfiledOps::CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                                          const int32_t* targets, int N, int V, int Vp,
+                                          Precision operands) {
+  Timed t(this, kCrossEntropyPartForward);
+  inner_->CrossEntropyPartForward(lse, target_logits, logits, targets, N, V, Vp, operands);
+}
+float ProfiledOps::CrossEntropyCombine(float* losses, float* lse, const float* lse_parts,
+                                       const float* target_logits, int parts, int N) {
+  Timed t(this, kCrossEntropyCombine);
+  return inner_->CrossEntropyCombine(losses, lse, lse_parts, target_logits, parts, N);
 }
 void ProfiledOps::AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
                               float lr, float weight_decay, const AdamWConfig& config, int64_t t) {

@@ -44,6 +44,8 @@ class ProfiledOps final : public Ops {
     kGeluBackward,
     kCrossEntropyForward,
     kCrossEntropyBackward,
+    kCrossEntropyPartForward,
+    kCrossEntropyCombine,
     kAdamWUpdate,
     kOpCount
   };
@@ -112,6 +114,11 @@ class ProfiledOps final : public Ops {
   void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int N, int V, int Vp,
                             Precision store) override;
+  void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                               const int32_t* targets, int N, int V, int Vp,
+                               Precision operands) override;
+  float CrossEntropyCombine(float* losses, float* lse, const float* lse_parts,
+                            const float* target_logits, int parts, int N) override;
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                    float weight_decay, const AdamWConfig& config, int64_t t) override;
   void AdamWUpdateSegments(float* params, const float* grads, float* m, float* v,

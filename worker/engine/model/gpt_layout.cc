@@ -152,6 +152,11 @@ void GptLayout::Build() {
   first_layer_ = stage_ * per_stage;
   end_layer_ = first_layer_ + per_stage;
   const size_t tp = static_cast<size_t>(tp_size_);
+  const int Vp = config_.padded_vocab_size;
+  vocab_split_ = tp_size_ > 1 && Vp % tp_size_ == 0;
+  local_vocab_ = vocab_split_ ? Vp / tp_size_ : Vp;
+  vocab_begin_ = vocab_split_ ? tp_rank_ * local_vocab_ : 0;
+  const TpSplit wte_split = vocab_split_ ? TpSplit::kColumn : TpSplit::kReplicated;
 
   size_t offset = 0;
   auto add_tensor = [&](int global, TpSplit split, int parts, bool primary) {
@@ -181,13 +186,13 @@ void GptLayout::Build() {
   const int lnf = kFirstLayerTensor + config_.num_layers * kLayerTensors;
   if (first_stage()) {
     embedding_unit_ = begin_unit(UnitKind::kEmbedding, -1);
-    add_tensor(wte, TpSplit::kReplicated, 1, true);
+    add_tensor(wte, wte_split, 1, true);
     add_tensor(wpe, TpSplit::kReplicated, 1, true);
     end_unit(embedding_unit_);
     head_unit_ = last_stage() ? embedding_unit_ : -1;
   } else if (last_stage()) {
     head_unit_ = begin_unit(UnitKind::kHead, -1);
-    add_tensor(wte, TpSplit::kReplicated, 1, /*primary=*/false);  // the first stage's counts
+    add_tensor(wte, wte_split, 1, /*primary=*/false);  // the first stage's counts
     end_unit(head_unit_);
   }
   for (int l = first_layer_; l < end_layer_; ++l) {
@@ -227,7 +232,11 @@ int GptLayout::layer_unit(int layer) const {
 }
 
 size_t GptLayout::wpe_offset() const {
-  return static_cast<size_t>(config_.padded_vocab_size) * config_.channels;
+  return static_cast<size_t>(local_vocab_) * config_.channels;
+}
+
+int GptLayout::live_vocab() const {
+  return std::clamp(config_.vocab_size - vocab_begin_, 0, local_vocab_);
 }
 
 const LocalTensor* GptLayout::Find(std::string_view name) const {

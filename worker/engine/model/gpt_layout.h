@@ -15,7 +15,12 @@
 //   - column-parallel (qkvw, qkvb, fcw, fcb): output rows; for qkv, heads [h0, h1) of each
 //     of q, k and v, so the local qkv is again "q | k | v" for NH / tp heads;
 //   - row-parallel (attprojw, fcprojw): input columns of the same heads / MLP units;
-//   - replicated: embeddings, LayerNorms and the row-parallel GEMMs' biases (added once).
+//   - vocabulary-parallel (wte, when tp divides Vp): rows [r * Vp / tp, (r + 1) * Vp / tp)
+//     on tp rank r, as Megatron splits the embedding and the LM head: each rank computes
+//     the logits of its vocabulary slice only (the head's GEMMs and the logits' memory
+//     shrink by tp), the embedding sums the ranks' rows, and the loss combines the slices'
+//     log-sum-exps (GptStage). When tp does not divide Vp, wte is replicated;
+//   - replicated: wpe, LayerNorms and the row-parallel GEMMs' biases (added once).
 // The local arena is ordered in UNITS, the tensors used together:
 //   first stage: [wte, wpe] embedding unit, then its layers, then [lnfw, lnfb] if also last;
 //   later stages: their layers; the last of several stages starts with its own copy of wte
@@ -140,6 +145,13 @@ class GptLayout {
   int attn_channels() const { return config_.channels / tp_size_; }
   int local_heads() const { return config_.num_heads / tp_size_; }
   int mlp_channels() const { return 4 * config_.channels / tp_size_; }
+  // Whether wte (and so the LM head's logits) is split by vocabulary over the tp ranks, the
+  // rows of it this rank holds, [vocab_begin, vocab_begin + local_vocab) of the global Vp,
+  // and how many of those are live (below V; 0 for a rank holding only padding).
+  bool vocab_split() const { return vocab_split_; }
+  int vocab_begin() const { return vocab_begin_; }
+  int local_vocab() const { return local_vocab_; }
+  int live_vocab() const;
 
   size_t num_params() const { return num_params_; }  // floats in the local arena
   const std::vector<LocalTensor>& tensors() const { return tensors_; }
@@ -154,8 +166,8 @@ class GptLayout {
   int final_norm_unit() const { return final_norm_unit_; }
   int layer_unit(int layer) const;  // CHECKs first_layer() <= layer < end_layer()
   const LayerOffsets& layer_offsets() const { return layer_offsets_; }
-  // Inside the embedding unit wte is at 0 and wpe at Vp * C; inside the head unit wte is at
-  // 0; inside the final-norm unit lnfw is at 0 and lnfb at C.
+  // Inside the embedding unit wte is at 0 and wpe at local_vocab * C; inside the head unit wte is
+  // at 0; inside the final-norm unit lnfw is at 0 and lnfb at C.
   size_t wpe_offset() const;
 
   // The local tensor of global name `name`, or nullptr when this rank holds none.
@@ -194,6 +206,8 @@ class GptLayout {
 
   GptConfig config_;
   int stage_ = 0, stages_ = 1, tp_rank_ = 0, tp_size_ = 1;
+  bool vocab_split_ = false;
+  int vocab_begin_ = 0, local_vocab_ = 0;
   int first_layer_ = 0, end_layer_ = 0;
   std::vector<TensorInfo> global_;
   std::vector<LocalTensor> tensors_;

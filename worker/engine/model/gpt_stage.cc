@@ -15,6 +15,18 @@ size_t LayoutBuffers(float* base, float** ptrs[], int nptrs, const size_t sizes[
   return off;
 }
 
+// Under a vocabulary split, `ids` as rows of this rank's slice of wte, -1 for a token
+// another tp rank holds (ops.h), written into `local`; else `ids` themselves.
+const int32_t* LocalIds(const GptLayout& layout, const std::vector<int32_t>& ids,
+                        std::vector<int32_t>& local) {
+  if (!layout.vocab_split()) return ids.data();
+  const int begin = layout.vocab_begin(), end = begin + layout.local_vocab();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    local[i] = ids[i] >= begin && ids[i] < end ? ids[i] - begin : -1;
+  }
+  return local.data();
+}
+
 }  // namespace
 
 void StageActivations::Ensure(int B, int T) {
@@ -26,7 +38,10 @@ void StageActivations::Ensure(int B, int T) {
   const size_t BT = static_cast<size_t>(B) * T;
   // The head's buffers exist on the last stage only.
   const size_t last = layout_->last_stage() ? 1 : 0;
-  const size_t Vp = cfg.padded_vocab_size;
+  const size_t Vl = layout_->local_vocab();
+  // The vocabulary split's loss buffers, on the last stage.
+  const size_t split = last * (layout_->vocab_split() ? 1 : 0);
+  const size_t tp = layout_->tp_size();
   const size_t att_floats =
       ops_->AttentionStateFloats(B, T, static_cast<int>(Ca), static_cast<int>(NHa), precision_);
   // Operand buffers (ops.h) in the table's format; a slice per layer, 64-byte aligned.
@@ -34,19 +49,21 @@ void StageActivations::Ensure(int B, int T) {
   op_btca_ = OperandStride(BT * Ca);
   op_qkv_ = OperandStride(BT * 3 * Ca);
   op_btc4_ = OperandStride(BT * C4);
-  float** ptrs[] = {&encoded_,  &ln1_,       &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
-                    &att_,      &residual2_, &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
-                    &fch_gelu_, &residual3_, &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
-                    &losses_,   &lse_,       &dres_,     &dbtc_,     &dqkv_,     &dfch_};
+  float** ptrs[] = {&encoded_,   &ln1_,          &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
+                    &att_,       &residual2_,    &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
+                    &fch_gelu_,  &residual3_,    &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
+                    &losses_,    &lse_,          &dres_,     &dbtc_,     &dqkv_,     &dfch_,
+                    &lse_parts_, &target_logits_};
   const size_t sizes[] = {
-      BT * C,         L * op_btc_, L * BT,
-      L * BT,         L * op_qkv_, L * op_btca_,
-      L * att_floats, L * BT * C,  L * op_btc_,
-      L * BT,         L * BT,      L * op_btc4_,
-      L * op_btc4_,   L * BT * C,  last * op_btc_,
-      last * BT,      last * BT,   last * OperandStride(BT * Vp),
-      last * BT,      last * BT,   BT * C,
-      BT * C,         op_qkv_,     op_btc4_,
+      BT * C,          L * op_btc_, L * BT,
+      L * BT,          L * op_qkv_, L * op_btca_,
+      L * att_floats,  L * BT * C,  L * op_btc_,
+      L * BT,          L * BT,      L * op_btc4_,
+      L * op_btc4_,    L * BT * C,  last * op_btc_,
+      last * BT,       last * BT,   last * OperandStride(BT * Vl),
+      last * BT,       last * BT,   BT * C,
+      BT * C,          op_qkv_,     op_btc4_,
+      split * tp * BT, split * BT,
   };
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
   static_assert(n == sizeof(ptrs) / sizeof(ptrs[0]));
@@ -58,6 +75,10 @@ void StageActivations::Ensure(int B, int T) {
   att_floats_ = att_floats;
   inputs_.resize(BT);
   targets_.resize(BT);
+  if (layout_->vocab_split()) {
+    local_inputs_.resize(BT);
+    local_targets_.resize(BT);
+  }
   backward_ready_ = false;
 }
 
@@ -150,7 +171,7 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
 StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pass) {
   const GptConfig& cfg = layout_->config();
   const int B = a.B_, T = a.T_, BT = B * T;
-  const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+  const int C = cfg.channels, V = cfg.vocab_size;
   DROVER_CHECK(B >= 1 && T >= 1);
   DROVER_CHECK_MSG(a.precision_ == precision_, "activations laid out for another precision");
   a.backward_ready_ = false;
@@ -162,9 +183,15 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
       mem.PrefetchParams(layout_->layer_unit(layout_->first_layer()));
     }
     ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(e));
-    ops_->EncoderForward(a.encoded_, a.inputs_.data(), p, p + layout_->wpe_offset(), B, T, C,
-                         precision_);
+    ops_->EncoderForward(a.encoded_, LocalIds(*layout_, a.inputs_, a.local_inputs_), p,
+                         p + layout_->wpe_offset(), B, T, C, precision_);
     RETURN_IF_ERROR(mem.ReleaseParams(e));
+    if (layout_->vocab_split()) {
+      // Each token's row came from the one rank holding it, zeros from the others: the sum
+      // is exact, the single-process embedding.
+      RETURN_IF_ERROR(tp_->AllReduce(a.encoded_, static_cast<size_t>(BT) * C,
+                                     parallel::DataType::kFloat32, parallel::ReduceOp::kSum));
+    }
   }
   for (int l = layout_->first_layer(); l < layout_->end_layer(); ++l) {
     RETURN_IF_ERROR(LayerForward(a, mem, l));
@@ -176,10 +203,14 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
   ops_->LayerNormForward(a.lnf_, a.lnf_mean_, a.lnf_rstd_, a.output(), pf, pf + C, BT, C,
                          precision_);
-  // Tied LM head; only the V live columns are computed, into an operand buffer. The softmax
-  // and the loss read the narrowed logits and compute in fp32.
-  ops_->MatmulForward(a.logits_, true, a.lnf_, ph, nullptr, nullptr, BT, C, V, Vp, precision_);
-  Written(a.logits_, static_cast<size_t>(BT) * Vp);
+  // Tied LM head, into an operand buffer; the softmax and the loss read the narrowed logits
+  // and compute in fp32. Whole, only the V live columns are computed; split, every column of
+  // the slice (a rank may hold only padding rows, whose logits are zeros the loss skips).
+  const int Vl = layout_->local_vocab();
+  const int head_columns = layout_->vocab_split() ? Vl : V;
+  ops_->MatmulForward(a.logits_, true, a.lnf_, ph, nullptr, nullptr, BT, C, head_columns, Vl,
+                      precision_);
+  Written(a.logits_, static_cast<size_t>(BT) * Vl);
   if (pass != Pass::kTrain) {
     // Backward would need both again; without it they go now.
     RETURN_IF_ERROR(mem.ReleaseParams(h));
@@ -190,31 +221,55 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
     DROVER_CHECK_MSG(a.targets_[i] >= 0 && a.targets_[i] < V, "target id");
   }
   a.backward_ready_ = pass == Pass::kTrain;
-  return ops_->CrossEntropyForward(a.losses_, a.lse_, a.logits_, a.targets_.data(), BT, V, Vp,
-                                   precision_);
+  if (!layout_->vocab_split()) {
+    return ops_->CrossEntropyForward(a.losses_, a.lse_, a.logits_, a.targets_.data(), BT, V, Vl,
+                                     precision_);
+  }
+  // The loss over the split vocabulary (Megatron's): each rank's log-sum-exp of its slice,
+  // gathered and combined, and the target's logit from the rank that holds it.
+  const int32_t* targets = LocalIds(*layout_, a.targets_, a.local_targets_);
+  const size_t n = static_cast<size_t>(BT);
+  ops_->CrossEntropyPartForward(a.lse_parts_ + layout_->tp_rank() * n, a.target_logits_, a.logits_,
+                                targets, BT, layout_->live_vocab(), Vl, precision_);
+  RETURN_IF_ERROR(tp_->AllGather(a.lse_parts_, std::vector<size_t>(layout_->tp_size(), n),
+                                 parallel::DataType::kFloat32));
+  RETURN_IF_ERROR(
+      tp_->AllReduce(a.target_logits_, n, parallel::DataType::kFloat32, parallel::ReduceOp::kSum));
+  return ops_->CrossEntropyCombine(a.losses_, a.lse_, a.lse_parts_, a.target_logits_,
+                                   layout_->tp_size(), BT);
 }
 
 Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_scale) {
   const GptConfig& cfg = layout_->config();
   const int BT = a.B_ * a.T_;
-  const int C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+  const int C = cfg.channels, V = cfg.vocab_size;
   const int f = layout_->final_norm_unit(), h = layout_->head_unit();
   // The Forward (kTrain) left both acquired; these acquisitions only fetch the pointers.
   ASSIGN_OR_RETURN(const float* pf, mem.AcquireParams(f));
   ASSIGN_OR_RETURN(const float* ph, mem.AcquireParams(h));
   bool acc = false;
   ASSIGN_OR_RETURN(float* gh, mem.AcquireGrads(h, &acc));
-  // Stored narrowed: where fp16 without loss scaling loses small gradients to zero.
-  ops_->CrossEntropyBackward(a.logits_, a.logits_, a.lse_, a.targets_.data(), grad_scale / BT, BT,
-                             V, Vp, precision_);
-  ops_->MatmulBackward(a.dbtc_, false, gh, nullptr, a.logits_, true, a.lnf_, ph, BT, C, V, Vp, acc,
-                       precision_);
-  Written(a.dbtc_, static_cast<size_t>(BT) * C);
+  // Stored narrowed: where fp16 without loss scaling loses small gradients to zero. Split,
+  // the lse is the combined one and the targets are rows of the slice (ops.h).
+  const bool split = layout_->vocab_split();
+  const int Vl = layout_->local_vocab();
+  const int head_columns = split ? Vl : V;
+  ops_->CrossEntropyBackward(a.logits_, a.logits_, a.lse_,
+                             split ? a.local_targets_.data() : a.targets_.data(), grad_scale / BT,
+                             BT, split ? layout_->live_vocab() : V, Vl, precision_);
+  ops_->MatmulBackward(a.dbtc_, false, gh, nullptr, a.logits_, true, a.lnf_, ph, BT, C,
+                       head_columns, Vl, acc, precision_);
+  if (split) {
+    // Each rank's slice gives part of the final LayerNorm's output gradient.
+    RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, static_cast<size_t>(BT) * C));
+  } else {
+    Written(a.dbtc_, static_cast<size_t>(BT) * C);
+  }
   if (!acc) {
-    // Overwritten rows are the live ones; the padding rows (and, on a single stage, wpe,
+    // Overwritten rows are the computed ones; the padding rows (and, on a single stage, wpe,
     // which the encoder's backward only adds to) need their zeros written.
-    const size_t live = static_cast<size_t>(V) * C;
-    ops_->Fill(gh + live, 0.0f, static_cast<size_t>(Vp) * C - live);
+    const size_t live = static_cast<size_t>(head_columns) * C;
+    ops_->Fill(gh + live, 0.0f, static_cast<size_t>(Vl) * C - live);
     if (h == layout_->embedding_unit()) {
       ops_->Fill(gh + layout_->wpe_offset(), 0.0f, static_cast<size_t>(cfg.max_seq_len) * C);
     }
@@ -291,7 +346,7 @@ Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scal
   if (e == layout_->head_unit()) {
     // The head wrote (and zero-filled) this unit, and made it ready already if the memory
     // wanted it so.
-    RETURN_IF_ERROR(mem.AddEmbeddingGrads(e, a.inputs_.data(), a.dres_, a.B_, a.T_));
+    RETURN_IF_ERROR(mem.AddEmbeddingGrads(e, EmbeddedIds(a), a.dres_, a.B_, a.T_));
     return mem.TiedUnitReadyAfterHead() ? OkStatus() : mem.GradsReady(e);
   }
   bool acc = false;
@@ -299,7 +354,7 @@ Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scal
   // The embedding's backward scatter-adds: zeros underneath when nothing else wrote this
   // unit in this micro-batch.
   if (!acc) ops_->Fill(ge, 0.0f, layout_->units()[e].numel);
-  RETURN_IF_ERROR(mem.AddEmbeddingGrads(e, a.inputs_.data(), a.dres_, a.B_, a.T_));
+  RETURN_IF_ERROR(mem.AddEmbeddingGrads(e, EmbeddedIds(a), a.dres_, a.B_, a.T_));
   return mem.GradsReady(e);
 }
 

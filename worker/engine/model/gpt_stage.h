@@ -78,9 +78,10 @@ class StageActivations {
   float* doutput() { return dres_; }
   // (B, T, C) gradient of input() after Backward (stages > 0).
   const float* dinput() const { return dres_; }
-  // (B, T, Vp) after a Forward of the last stage, until Backward reuses the buffer: an
+  // (B, T, Vl) after a Forward of the last stage, until Backward reuses the buffer: an
   // operand buffer (Ops::OperandFloats), so floats only where the table keeps them so (the
-  // CPU's; not CUDA's in mixed precision).
+  // CPU's; not CUDA's in mixed precision). Vl = GptLayout::local_vocab(): Vp, or this tp
+  // rank's slice of the vocabulary when it is split.
   const float* logits() const { return logits_; }
 
  private:
@@ -101,6 +102,9 @@ class StageActivations {
   size_t op_btc_ = 0, op_btca_ = 0, op_qkv_ = 0, op_btc4_ = 0;
   bool backward_ready_ = false;  // a training Forward of the last stage came right before
   std::vector<int32_t> inputs_, targets_;
+  // Under a vocabulary split: inputs_ and targets_ as rows of this rank's wte slice, -1 for
+  // the tokens another tp rank holds (ops.h); what the embedding and the loss read.
+  std::vector<int32_t> local_inputs_, local_targets_;
   // Per-layer buffers hold one slice per local layer; layer l0 + i starts at slice i.
   float *encoded_ = nullptr, *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr,
         *qkv_ = nullptr, *atty_ = nullptr, *att_ = nullptr, *residual2_ = nullptr, *ln2_ = nullptr,
@@ -108,6 +112,9 @@ class StageActivations {
         *residual3_ = nullptr;
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *lse_ = nullptr;
+  // Under a vocabulary split: every tp rank's log-sum-exps (tp, B*T), this rank's at its
+  // index, and the targets' logits (B*T), summed over the ranks.
+  float *lse_parts_ = nullptr, *target_logits_ = nullptr;
   // Backward scratch: the residual stream's gradient and working buffers. Operand buffers
   // (ops.h): ln1_, qkv_, atty_, ln2_, fch_, fch_gelu_, lnf_, logits_ (the dlogits after
   // Backward), dqkv_ and dfch_; the rest are floats.
@@ -158,6 +165,11 @@ class GptStage {
   // out (N, OC) = [residual +] inp (N, IC) @ w^T [+ bias], summed over the tp group.
   Status RowParallelForward(float* out, const float* inp, const float* w, const float* bias,
                             const float* residual, int N, int IC, int OC);
+  // The ids the embedding read in the last Forward: rows of this rank's wte slice under a
+  // vocabulary split (StageActivations::local_inputs_), else the inputs.
+  const int32_t* EmbeddedIds(const StageActivations& a) const {
+    return layout_->vocab_split() ? a.local_inputs_.data() : a.inputs_.data();
+  }
   // Sums a column-parallel GEMM's partial input gradient (N, C) over the tp group.
   Status ReduceInputGrad(float* dinp, size_t n);
   Status LayerForward(StageActivations& a, StageMemory& mem, int l);

@@ -259,8 +259,8 @@ Status ParallelGpt::RunBackward(int micro_batch) {
 Status ParallelGpt::SyncTiedEmbedding(float* grads) {
   if (groups_->emb == nullptr) return OkStatus();
   const int unit = layout_.first_stage() ? layout_.embedding_unit() : layout_.head_unit();
-  const GptConfig& cfg = layout_.config();
-  const size_t wte = static_cast<size_t>(cfg.padded_vocab_size) * cfg.channels;
+  // This tp rank's rows of wte (its vocabulary slice, or all of them), on both ends.
+  const size_t wte = static_cast<size_t>(layout_.local_vocab()) * layout_.config().channels;
   return groups_->emb->AllReduce(grads + layout_.units()[unit].offset, wte, DataType::kFloat32,
                                  ReduceOp::kSum);
 }

@@ -343,6 +343,25 @@ void EmulatedDeviceOps::CrossEntropyBackward(float* dlogits, const float* logits
   Open open(this);
   CpuOps()->CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, Vp, store);
 }
+void EmulatedDeviceOps::CrossEntropyPartForward(float* lse, float* target_logits,
+                                                const float* logits, const int32_t* targets, int N,
+                                                int V, int Vp, Precision operands) {
+  DEV(lse);
+  DEV(target_logits);
+  DEV(logits);
+  HOST(targets);
+  Open open(this);
+  CpuOps()->CrossEntropyPartForward(lse, target_logits, logits, targets, N, V, Vp, operands);
+}
+float EmulatedDeviceOps::CrossEntropyCombine(float* losses, float* lse, const float* lse_parts,
+                                             const float* target_logits, int parts, int N) {
+  DEV(losses);
+  DEV(lse);
+  DEV(lse_parts);
+  DEV(target_logits);
+  Open open(this);
+  return CpuOps()->CrossEntropyCombine(losses, lse, lse_parts, target_logits, parts, N);
+}
 void EmulatedDeviceOps::AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n,
                                     float lr, float weight_decay, const AdamWConfig& config,
                                     int64_t t) {

@@ -142,6 +142,15 @@ class CpuOpsImpl final : public Ops {
     cpu::CrossEntropyBackward(dlogits, lse, targets, dloss, N, V, Vp);
     Round(dlogits, static_cast<size_t>(N) * Vp, store);
   }
+  void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                               const int32_t* targets, int N, int V, int Vp,
+                               Precision /*operands*/) override {
+    cpu::CrossEntropyPartForward(lse, target_logits, logits, targets, N, V, Vp);
+  }
+  float CrossEntropyCombine(float* losses, float* lse, const float* lse_parts,
+                            const float* target_logits, int parts, int N) override {
+    return cpu::CrossEntropyCombine(losses, lse, lse_parts, target_logits, parts, N);
+  }
 
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                    float weight_decay, const AdamWConfig& config, int64_t t) override {

@@ -17,8 +17,19 @@ float CrossEntropyForward(float* losses, float* lse, const float* logits, const 
 
 // In place: logits (N, Vp) becomes dlogits = dloss * (softmax - onehot(target)) in
 // columns [0, V) and 0 in [V, Vp). dloss is the gradient of each row's loss (for a mean
-// over N rows scaled by s: s / N).
+// over N rows scaled by s: s / N). A target of -1 has no one-hot (its column is another
+// rank's).
 void CrossEntropyBackward(float* logits, const float* lse, const int32_t* targets, float dloss,
                           int N, int V, int Vp);
+
+// Over a vocabulary split (ops.h): lse (N) of columns [0, V) (-inf when V is 0) and
+// target_logits (N) = logits[n, targets[n]], 0 for a target of -1.
+void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                             const int32_t* targets, int N, int V, int Vp);
+
+// lse (N) = log-sum-exp over the parts of lse_parts (parts, N); losses = lse -
+// target_logits. Returns the mean loss (summed in double).
+float CrossEntropyCombine(float* losses, float* lse, const float* lse_parts,
+                          const float* target_logits, int parts, int N);
 
 }  // namespace drover::engine::cpu

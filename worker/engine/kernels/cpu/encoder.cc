@@ -10,7 +10,12 @@ void EncoderForward(float* out, const int32_t* inp, const float* wte, const floa
   for (int b = 0; b < B; b++) {
     for (int t = 0; t < T; t++) {
       float* __restrict o = out + (static_cast<size_t>(b) * T + t) * C;
-      const float* __restrict we = wte + static_cast<size_t>(inp[b * T + t]) * C;
+      const int32_t id = inp[b * T + t];
+      if (id < 0) {  // another rank's row (a vocabulary split)
+        for (int c = 0; c < C; c++) o[c] = 0.0f;
+        continue;
+      }
+      const float* __restrict we = wte + static_cast<size_t>(id) * C;
       const float* __restrict pe = wpe + static_cast<size_t>(t) * C;
       for (int c = 0; c < C; c++) o[c] = we[c] + pe[c];
     }
@@ -31,12 +36,12 @@ void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t*
     for (int b = 0; b < B; b++) {
       for (int t = 0; t < T; t++) {
         const float* __restrict d = dout + (static_cast<size_t>(b) * T + t) * C;
-        float* __restrict we = dwte + static_cast<size_t>(inp[b * T + t]) * C;
         float* __restrict pe = dwpe + static_cast<size_t>(t) * C;
-        for (int c = c0; c < c1; c++) {
-          we[c] += d[c];
-          pe[c] += d[c];
-        }
+        for (int c = c0; c < c1; c++) pe[c] += d[c];
+        const int32_t id = inp[b * T + t];
+        if (id < 0) continue;  // another rank's row
+        float* __restrict we = dwte + static_cast<size_t>(id) * C;
+        for (int c = c0; c < c1; c++) we[c] += d[c];
       }
     }
   }
@@ -59,7 +64,8 @@ void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offs
     for (int b = 0; b < B; b++) {
       for (int t = 0; t < T; t++) {
         const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
-        add_row(static_cast<size_t>(inp[b * T + t]) * C, d, c0, c1);
+        const int32_t id = inp[b * T + t];
+        if (id >= 0) add_row(static_cast<size_t>(id) * C, d, c0, c1);
         add_row(wpe_offset + static_cast<size_t>(t) * C, d, c0, c1);
       }
     }

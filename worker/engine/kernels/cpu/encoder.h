@@ -6,7 +6,9 @@
 
 namespace drover::engine::cpu {
 
-// out (B, T, C) = wte[inp[b, t]] (Vp, C) + wpe[t] (maxT, C).
+// out (B, T, C) = wte[inp[b, t]] (Vp, C) + wpe[t] (maxT, C). An id of -1 (a token another
+// rank holds, ops.h) gives a zero row; in the backwards it adds no dwte row, but its
+// position gets its gradient.
 void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                     int T, int C);
 

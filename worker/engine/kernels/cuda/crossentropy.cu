@@ -68,6 +68,36 @@ __global__ void CrossEntropyForwardKernel(float* losses, float* lse, OperandIn l
   }
 }
 
+// The same over a vocabulary split (ops.h): this rank's columns [0, V) give lse (-inf when
+// V is 0) and the target's logit, 0 where the target is another rank's (-1).
+__global__ void CrossEntropyPartKernel(float* lse, float* target_logits, OperandIn logits,
+                                       const int32_t* targets, int V, int Vp) {
+  __shared__ MaxSum shared[kThreads];
+  const int n = blockIdx.x;
+  const OperandIn row = logits.At(static_cast<size_t>(n) * Vp);
+  MaxSum mine{-INFINITY, 0.0f};
+  for (int i = threadIdx.x; i < V; i += blockDim.x) mine = Seen(mine, row.Get(i));
+  const MaxSum all = BlockReduce(mine, shared, Combine());
+  if (threadIdx.x == 0) {
+    lse[n] = all.sum > 0.0f ? all.max + logf(all.sum) : -INFINITY;
+    target_logits[n] = targets[n] >= 0 ? row.Get(targets[n]) : 0.0f;
+  }
+}
+
+// One thread per row: the parts' log-sum-exps combined, and the loss.
+__global__ void CrossEntropyCombineKernel(float* losses, float* lse, const float* lse_parts,
+                                          const float* target_logits, int parts, int N) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  float m = -INFINITY;
+  for (int p = 0; p < parts; ++p) m = fmaxf(m, lse_parts[static_cast<size_t>(p) * N + n]);
+  float sum = 0.0f;
+  for (int p = 0; p < parts; ++p) sum += expf(lse_parts[static_cast<size_t>(p) * N + n] - m);
+  const float l = m + logf(sum);
+  lse[n] = l;
+  losses[n] = l - target_logits[n];
+}
+
 // One block: the mean of the N losses, summed in double.
 __global__ void MeanKernel(double* mean_out, const float* losses, int N) {
   __shared__ double shared[kThreads];
@@ -106,10 +136,31 @@ void CrossEntropyForward(float* losses, float* lse, double* mean_out, const floa
   DROVER_CUDA_LAUNCHED();
 }
 
+void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                             const int32_t* targets, int N, int V, int Vp, Precision operands,
+                             bool narrow, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && V >= 0 && Vp >= V && Vp > 0);
+  DROVER_LAUNCH(CrossEntropyPartKernel, N, kThreads, 0, stream)
+  (lse, target_logits, OperandIn{logits, narrow, operands}, targets, V, Vp);
+  DROVER_CUDA_LAUNCHED();
+}
+
+void CrossEntropyCombine(float* losses, float* lse, double* mean_out, const float* lse_parts,
+                         const float* target_logits, int parts, int N, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && parts > 0);
+  DROVER_LAUNCH(CrossEntropyCombineKernel, (static_cast<unsigned>(N) + kThreads - 1) / kThreads,
+                kThreads, 0, stream)
+  (losses, lse, lse_parts, target_logits, parts, N);
+  DROVER_CUDA_LAUNCHED();
+  DROVER_LAUNCH(MeanKernel, 1, kThreads, 0, stream)(mean_out, losses, N);
+  DROVER_CUDA_LAUNCHED();
+}
+
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                           const int32_t* targets, float dloss, int N, int V, int Vp,
                           Precision store, bool narrow_out, cudaStream_t stream) {
-  DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
+  // V may be 0: a vocabulary slice of padding only, whose gradient is zeros.
+  DROVER_CUDA_REQUIRE(N > 0 && V >= 0 && Vp >= V && Vp > 0);
   DROVER_CUDA_REQUIRE(!narrow_out || store != Precision::kFp32);
   DROVER_LAUNCH(CrossEntropyBackwardKernel, N, kThreads, 0, stream)
   (OperandOut{dlogits, narrow_out, store}, OperandIn{logits, narrow_out, store}, lse, targets,

@@ -277,6 +277,22 @@ class CudaOpsImpl final : public Ops {
     cuda::CrossEntropyBackward(dlogits, logits, lse, Tokens(targets, N), dloss, N, V, Vp, store,
                                Narrow(store), stream_);
   }
+  void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                               const int32_t* targets, int N, int V, int Vp,
+                               Precision operands) override {
+    cuda::CrossEntropyPartForward(lse, target_logits, logits, Tokens(targets, N), N, V, Vp,
+                                  operands, Narrow(operands), stream_);
+  }
+  float CrossEntropyCombine(float* losses, float* lse, const float* lse_parts,
+                            const float* target_logits, int parts, int N) override {
+    double* mean = mean_.Get(1);
+    cuda::CrossEntropyCombine(losses, lse, mean, lse_parts, target_logits, parts, N, stream_);
+    double host = 0;
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return static_cast<float>(host);
+  }
 
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
                    float weight_decay, const AdamWConfig& config, int64_t t) override {

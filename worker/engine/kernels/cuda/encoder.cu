@@ -23,8 +23,12 @@ __global__ void EncoderForwardKernel(float* out, const int32_t* inp, const float
     const size_t bt = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(bt % T);
-    out[i] = Stored(wte[static_cast<size_t>(inp[bt]) * C + c] + wpe[static_cast<size_t>(t) * C + c],
-                    store);
+    const int32_t id = inp[bt];
+    // -1: another tensor-parallel rank's row (ops.h): zero, position included.
+    out[i] =
+        id < 0 ? 0.0f
+               : Stored(wte[static_cast<size_t>(id) * C + c] + wpe[static_cast<size_t>(t) * C + c],
+                        store);
   }
 }
 
@@ -36,7 +40,7 @@ __global__ void EncoderBackwardWteKernel(float* out, size_t lo, size_t hi, const
                                          const int32_t* buckets, int distinct, int C) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const int j = blockIdx.x;
-  if (c >= C) return;
+  if (c >= C) return;  // (the buckets hold no -1: TokenBuckets leaves them out)
   const int32_t* start = buckets + distinct;
   const int32_t* position = start + distinct + 1;
   const size_t e = static_cast<size_t>(buckets[j]) * C + c;

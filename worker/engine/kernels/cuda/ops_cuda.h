@@ -181,6 +181,13 @@ void CrossEntropyForward(float* losses, float* lse, double* mean_out, const floa
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                           const int32_t* targets, float dloss, int N, int V, int Vp,
                           Precision store, bool narrow_out, cudaStream_t stream);
+// The halves of a vocabulary-split cross-entropy (ops.h); the combine's mean is summed in
+// double into *mean_out (device).
+void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
+                             const int32_t* targets, int N, int V, int Vp, Precision operands,
+                             bool narrow, cudaStream_t stream);
+void CrossEntropyCombine(float* losses, float* lse, double* mean_out, const float* lse_parts,
+                         const float* target_logits, int parts, int N, cudaStream_t stream);
 
 // ---- adamw.cu --------------------------------------------------------------------------
 // correction1/2: 1 - beta^t, computed on the host in double as the CPU path does.

@@ -107,6 +107,39 @@ TEST(GptLayoutTest, TensorParallelSplitsHeadsOfQKVAndColumnsOfProjections) {
   EXPECT_TRUE(layout->Find("h.0.fcw")->primary);
 }
 
+TEST(GptLayoutTest, TensorParallelSplitsTheVocabularyWhenTpDividesIt) {
+  const GptConfig cfg = Config();  // V = 50, Vp = 128, C = 16
+  std::vector<float> global(GptNumParams(cfg));
+  std::iota(global.begin(), global.end(), 0.0f);
+  const int begins[] = {0, 32, 64, 96}, live[] = {32, 18, 0, 0};
+  for (int r = 0; r < 4; ++r) {
+    auto layout = GptLayout::Create(cfg, 0, 1, r, 4);
+    ASSERT_TRUE(layout.ok());
+    EXPECT_TRUE(layout->vocab_split());
+    EXPECT_EQ(layout->local_vocab(), 32);
+    EXPECT_EQ(layout->vocab_begin(), begins[r]);
+    EXPECT_EQ(layout->live_vocab(), live[r]);  // ranks 2 and 3 hold padding rows only
+    const LocalTensor* wte = layout->Find("wte");
+    EXPECT_EQ(wte->shape, (std::vector<int64_t>{32, 16}));
+    EXPECT_TRUE(wte->primary);  // each rank's rows are its own
+    EXPECT_EQ(layout->wpe_offset(), 32u * 16);
+    EXPECT_EQ(layout->Find("wpe")->offset, layout->wpe_offset());
+    std::vector<float> local(layout->num_params());
+    layout->GlobalToLocal(global.data(), local.data());
+    EXPECT_EQ(local[wte->offset + 5 * 16 + 3], global[(begins[r] + 5) * 16 + 3]);
+  }
+  // tp 3 divides the heads of this config but not Vp = 128: wte stays whole on every rank.
+  GptConfig three = cfg;
+  three.num_heads = 3;
+  three.channels = 12;
+  auto replicated = GptLayout::Create(three, 0, 1, 1, 3);
+  ASSERT_TRUE(replicated.ok());
+  EXPECT_FALSE(replicated->vocab_split());
+  EXPECT_EQ(replicated->local_vocab(), 128);
+  EXPECT_EQ(replicated->live_vocab(), 50);
+  EXPECT_FALSE(replicated->Find("wte")->primary);
+}
+
 TEST(GptLayoutTest, LastOfSeveralStagesHoldsACopyOfTheTiedEmbedding) {
   auto last = GptLayout::Create(Config(), 1, 2, 0, 1);
   ASSERT_TRUE(last.ok());

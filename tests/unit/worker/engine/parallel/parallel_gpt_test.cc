@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/job_spec.h"
@@ -158,13 +159,17 @@ class ParallelEquivalenceTest : public ::testing::Test {
   }
 
   // The single-process run with the same global batch, micro-batch size and precision.
-  static const RankResult& Reference(int micro_batch, const std::string& dtype = "fp32") {
-    static auto* cache = new std::map<std::pair<int, std::string>, RankResult>();
-    auto it = cache->find({micro_batch, dtype});
+  static const RankResult& Reference(int micro_batch, const std::string& dtype = "fp32",
+                                     int vocab = 64) {
+    using Key = std::tuple<int, std::string, int>;
+    static auto* cache = new std::map<Key, RankResult>();
+    const Key key{micro_batch, dtype, vocab};
+    auto it = cache->find(key);
     if (it == cache->end()) {
       JobSpec spec =
-          Spec({"train.micro_batch=" + std::to_string(micro_batch), "precision.dtype=" + dtype});
-      it = cache->emplace(std::pair{micro_batch, dtype}, RunWorld(spec, 1)[0]).first;
+          Spec({"train.micro_batch=" + std::to_string(micro_batch), "precision.dtype=" + dtype,
+                "model.vocab_size=" + std::to_string(vocab)});
+      it = cache->emplace(key, RunWorld(spec, 1)[0]).first;
     }
     return it->second;
   }
@@ -178,7 +183,8 @@ class ParallelEquivalenceTest : public ::testing::Test {
   static void ExpectMatchesOneProcess(int world, const std::vector<std::string>& overrides,
                                       double rtol = 1e-5, bool emulated_device = false) {
     JobSpec spec = Spec(overrides);
-    const RankResult& want = Reference(spec.train.micro_batch, spec.precision.dtype);
+    const RankResult& want =
+        Reference(spec.train.micro_batch, spec.precision.dtype, spec.model.vocab_size);
     ASSERT_TRUE(want.status.ok()) << want.status;
     Phase phase;
     phase.emulated_device = emulated_device;
@@ -256,7 +262,18 @@ TEST_F(ParallelEquivalenceTest, FourStagePipeline) {
   ExpectMatchesOneProcess(4, {"train.micro_batch=1", "parallel.pp=4"});
 }
 
+// The vocabulary (64, padded to 128) splits in two: rank 0 holds the 64 live rows of wte,
+// rank 1 only padding rows, whose logits the loss skips.
 TEST_F(ParallelEquivalenceTest, TensorParallel) { ExpectMatchesOneProcess(2, {"parallel.tp=2"}); }
+
+// 100 tokens: both halves of the split vocabulary are live (64 + 36), so the loss combines
+// two real log-sum-exps and the embedding sums rows from both ranks; with a pipeline, the
+// last stage's copy of wte is split the same way and summed with the first stage's.
+TEST_F(ParallelEquivalenceTest, TensorParallelOverAVocabularyBothRanksHold) {
+  ExpectMatchesOneProcess(2, {"parallel.tp=2", "model.vocab_size=100"});
+  ExpectMatchesOneProcess(8, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2",
+                              "parallel.zero_stage=1", "model.vocab_size=100"});
+}
 
 TEST_F(ParallelEquivalenceTest, DataAndPipelineParallelWithZero1) {
   ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.pp=2", "parallel.zero_stage=1"});

@@ -3,6 +3,7 @@
 // dout = w).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -311,6 +312,92 @@ TEST(CrossEntropyTest, ForwardAndBackwardMatchReferenceIgnoringPadding) {
   ExpectGradMatches(logits, {}, xd, ref, "dlogits");
   for (int n = 0; n < N; n++)
     for (int v = V; v < Vp; v++) EXPECT_EQ(logits[n * Vp + v], 0.0f);
+}
+
+// The vocabulary split's halves (tensor parallelism): the (N, 32) logits of a 27-token
+// vocabulary cut into three ranks' slices of 11, 11 and 10 columns (the last with 5 live,
+// the others all live), each part's lse and target logit combined, give the whole row's
+// loss and lse; each slice's backward with the combined lse gives the whole backward's
+// columns. A slice holding only padding (V = 0) gives -inf and is ignored by the combine.
+TEST(CrossEntropyTest, VocabularySlicesCombineToTheWholeRow) {
+  const int N = 5, V = 27, Vp = 32;
+  const int begins[] = {0, 11, 22, 32}, parts = 4;  // the fourth slice is empty of live ones
+  auto logits = Random(N * Vp, 2, 4.0f);
+  const std::vector<int32_t> targets = {3, 26, 11, 0, 21};
+  std::vector<float> losses(N), lse(N);
+  const float mean =
+      CrossEntropyForward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+  std::vector<float> lse_parts(parts * N), target_logits(N, 0.0f);
+  std::vector<std::vector<float>> slices(parts);
+  std::vector<std::vector<int32_t>> local_targets(parts);
+  for (int p = 0; p < parts; ++p) {
+    const int b = begins[p], w = p + 1 < parts ? begins[p + 1] - b : 4;  // 4 padding columns
+    const int live = std::clamp(V - b, 0, w);
+    slices[p].resize(static_cast<size_t>(N) * w);
+    for (int n = 0; n < N; ++n) {
+      for (int c = 0; c < w; ++c) {
+        slices[p][n * w + c] = b + c < Vp ? logits[n * Vp + b + c] : 0.0f;
+      }
+      local_targets[p].push_back(targets[n] >= b && targets[n] < b + w ? targets[n] - b : -1);
+    }
+    std::vector<float> mine(N);
+    CrossEntropyPartForward(lse_parts.data() + p * N, mine.data(), slices[p].data(),
+                            local_targets[p].data(), N, live, w);
+    for (int n = 0; n < N; ++n) target_logits[n] += mine[n];
+    if (live == 0) {
+      for (int n = 0; n < N; ++n) EXPECT_EQ(lse_parts[p * N + n], -INFINITY);
+    }
+  }
+  std::vector<float> combined_losses(N), combined_lse(N);
+  const float combined = CrossEntropyCombine(combined_losses.data(), combined_lse.data(),
+                                             lse_parts.data(), target_logits.data(), parts, N);
+  EXPECT_NEAR(combined, mean, 1e-5 * mean);
+  for (int n = 0; n < N; ++n) {
+    EXPECT_NEAR(combined_lse[n], lse[n], 1e-5 * std::fabs(lse[n])) << n;
+    EXPECT_NEAR(combined_losses[n], losses[n], 1e-5 * losses[n]) << n;
+  }
+  CrossEntropyBackward(logits.data(), lse.data(), targets.data(), 0.5f, N, V, Vp);
+  for (int p = 0; p < 3; ++p) {
+    const int b = begins[p], w = begins[p + 1] - b, live = std::clamp(V - b, 0, w);
+    CrossEntropyBackward(slices[p].data(), combined_lse.data(), local_targets[p].data(), 0.5f, N,
+                         live, w);
+    for (int n = 0; n < N; ++n) {
+      for (int c = 0; c < w; ++c) {
+        EXPECT_NEAR(slices[p][n * w + c], logits[n * Vp + b + c], 1e-6)
+            << p << " " << n << " " << c;
+      }
+    }
+  }
+}
+
+// Ids of -1 (tokens another rank's slice holds): zero rows forward, no dwte row backward,
+// and their positions' gradients as any other's; in the window variant too.
+TEST(EncoderTest, IdsOfAnotherRanksSliceAddNoRowButTheirPosition) {
+  const int B = 2, T = 3, C = 4, Vl = 5;
+  const std::vector<int32_t> ids = {1, -1, 4, -1, -1, 1};
+  const auto wte = Random(Vl * C, 3), wpe = Random(T * C, 4);
+  std::vector<float> out(B * T * C, 7.0f);
+  EncoderForward(out.data(), ids.data(), wte.data(), wpe.data(), B, T, C);
+  for (int i = 0; i < B * T; ++i) {
+    for (int c = 0; c < C; ++c) {
+      const float want = ids[i] < 0 ? 0.0f : wte[ids[i] * C + c] + wpe[(i % T) * C + c];
+      EXPECT_EQ(out[i * C + c], want) << i;
+    }
+  }
+  const auto dout = Random(B * T * C, 5);
+  std::vector<float> grads(Vl * C + T * C, 0.0f);
+  EncoderBackward(grads.data(), grads.data() + Vl * C, dout.data(), ids.data(), B, T, C);
+  for (int c = 0; c < C; ++c) {
+    EXPECT_EQ(grads[1 * C + c], dout[0 * C + c] + dout[5 * C + c]);
+    EXPECT_EQ(grads[4 * C + c], dout[2 * C + c]);
+    EXPECT_EQ(grads[0 * C + c], 0.0f);
+    for (int t = 0; t < T; ++t) {
+      EXPECT_EQ(grads[Vl * C + t * C + c], dout[t * C + c] + dout[(T + t) * C + c]);
+    }
+  }
+  std::vector<float> window(grads.size(), 0.0f);
+  EncoderBackwardWindow(window.data(), 0, window.size(), Vl * C, dout.data(), ids.data(), B, T, C);
+  EXPECT_EQ(window, grads);
 }
 
 }  // namespace
