@@ -41,5 +41,19 @@ TEST(TokenBucketsTest, ListsEachIdsPositionsInOrder) {
   }
 }
 
+// Under a vocabulary split, ids of -1 (tokens of another rank's slice) add no row: they are
+// in no bucket, and only the other ids' positions are listed.
+TEST(TokenBucketsTest, LeavesOutTheIdsOfAnotherRanksSlice) {
+  TokenBuckets buckets;
+  const std::vector<int32_t> ids = {-1, 4, -1, 0, 4, -1};
+  buckets.Build(ids.data(), static_cast<int>(ids.size()));
+  ASSERT_EQ(buckets.distinct(), 2);
+  EXPECT_EQ(buckets.packed(), (std::vector<int32_t>{0, 4, 0, 1, 3, 3, 1, 4}));
+  const std::vector<int32_t> none = {-1, -1};
+  buckets.Build(none.data(), 2);
+  EXPECT_EQ(buckets.distinct(), 0);
+  EXPECT_EQ(buckets.packed(), (std::vector<int32_t>{0}));
+}
+
 }  // namespace
 }  // namespace drover::engine::cuda
