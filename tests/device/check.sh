@@ -17,8 +17,9 @@
 #   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
 #   4. a one-rank job on cuda trains to success through the coordinator on that GPU, and
 #      allocates no device memory inside its steps after the second;
-#   4b. two ranks sharing the GPU (dp2 with ZeRO-1 and ZeRO-3, process groups staged
-#      through host memory) give the one-process losses of every step;
+#   4b. two ranks sharing the GPU (dp2 with ZeRO-1 and ZeRO-3, and tp2 with its split
+#      vocabulary; process groups staged through host memory) give the one-process losses
+#      of every step (with DROVER_CHECK_NO_GPU=1, tp2 on the CPU as a dry run);
 #   5. the same build runs a CPU job to success on that machine;
 #   6. `drover export --format safetensors` read by PyTorch (and by transformers'
 #      GPT2LMHeadModel) gives drover's logits (tests/tools/hf_gpt2_check.py).
@@ -32,8 +33,8 @@
 # Worst-case timeouts add up to more than the device tool's 600 s per call: should the check
 # be cut short, run tests/device/speed.sh as a call of its own. tests/device/sanitize.sh
 # (compute-sanitizer over the op tests) is a call of its own too, when time is left. Each step prints PASS or FAIL; the log is $OUT/check.log when $OUT is set. With
-# DROVER_CHECK_NO_GPU=1 it runs steps 3-5 as a machine without a GPU must see them (a dry
-# run here: step 3 expects the agent's refusal instead). Exit 0 when every step passed.
+# DROVER_CHECK_NO_GPU=1 it runs steps 3-6 as a machine without a GPU must see them (a dry
+# run here: step 3 expects the agent's refusal instead, 4b runs on the CPU). Exit 0 when every step passed.
 set -uo pipefail
 
 pack=${1:-build/device-pack.tar.xz}
@@ -130,28 +131,41 @@ cpu_job_succeeds() {
   drover status "$id"
   [[ $rc -eq 0 ]]
 }
-two_ranks_match_one() {  # two_ranks_match_one ZERO_STAGE
+# Two ranks of DEVICE (one GPU shared, process groups staged through host memory) against
+# one rank, with SETTING (a --set): every step's loss within 1e-4 relative.
+two_ranks_match_one() {  # two_ranks_match_one DEVICE SETTING
   cat > "$work/dp.yaml" <<YAML
 name: device-check-dp
 model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
 data: {train: "$work/data/train_*.bin"}
 train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 0}
-resources: {device: cuda, world_size: {min: 1, max: 2}}
+resources: {device: $1, world_size: {min: 1, max: 2}}
 checkpoint: {every_steps: 0}
 YAML
   rm -rf "$work/out-dp1" "$work/out-dp2"
-  timeout 120 "$bin/drover" train "$work/dp.yaml" --set output_dir="$work/out-dp1" \
-    --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
+  # The reference is one plain rank: a layout like tp2 needs two.
+  timeout 120 "$bin/drover" train "$work/dp.yaml" --set output_dir="$work/out-dp1" 2>&1 |
+    tail -2 || return 1
   timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/out-dp2" \
-    --set parallel.zero_stage="$1" 2>&1 | tail -2 || return 1
+    --set "$2" 2>&1 | tail -2 || return 1
   python3 "$here/../tools/same_losses.py" "$work/out-dp1/metrics.jsonl" \
-    "$work/out-dp2/metrics.jsonl" 10 1e-4 &&
+    "$work/out-dp2/metrics.jsonl" 10 1e-4 || return 1
+  [[ $1 != cuda ]] ||
     python3 "$here/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3
 }
 if [[ $no_gpu != 1 ]]; then
   step "4 a cuda job trains on the gpu" cuda_job_succeeds
-  step "4b two ranks on one gpu, dp2 zero-1, equal one rank" two_ranks_match_one 1
-  step "4b two ranks on one gpu, dp2 zero-3, equal one rank" two_ranks_match_one 3
+  step "4b two ranks on one gpu, dp2 zero-1, equal one rank" \
+    two_ranks_match_one cuda parallel.zero_stage=1
+  step "4b two ranks on one gpu, dp2 zero-3, equal one rank" \
+    two_ranks_match_one cuda parallel.zero_stage=3
+  # Tensor parallelism: the split vocabulary's kernels (-1 ids, the loss's halves) on the
+  # device, and the blocks' all-reduces.
+  step "4b two ranks on one gpu, tp2, equal one rank" two_ranks_match_one cuda parallel.tp=2
+else
+  # The same comparison on the CPU: a dry run of the step itself.
+  step "4b (dry run on the cpu) two ranks, tp2, equal one rank" \
+    two_ranks_match_one cpu parallel.tp=2
 fi
 step "5 the same build trains a cpu job" cpu_job_succeeds
 step "6 pytorch reads drover's safetensors export" \
