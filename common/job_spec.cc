@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string_view>
 #include <utility>
 
 #include "common/files.h"
@@ -97,6 +98,53 @@ Status DecodeLossScale(const YAML::Node& node, JobSpec* spec) {
 
 void EmitLossScale(const JobSpec& spec, YAML::Emitter* out) { *out << spec.precision.loss_scale; }
 
+// A list of layer counts: a YAML sequence ([7, 5]), or the same as one scalar ("7,5" or
+// "[7,5]", as --set hands it over); empty or [] for the even split. Counts and their sum are
+// checked by Validate, against pp and n_layer.
+Status DecodePpLayers(const YAML::Node& node, JobSpec* spec) {
+  std::vector<std::string> items;
+  if (node.IsSequence()) {
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar()) {
+        return InvalidArgumentError("expected a list of layer counts, got " + Describe(node));
+      }
+      items.push_back(item.Scalar());
+    }
+  } else if (node.IsScalar() || node.IsNull()) {
+    std::string_view text = node.IsNull() ? std::string_view() : std::string_view(node.Scalar());
+    if (text.size() >= 2 && text.front() == '[' && text.back() == ']') {
+      text = text.substr(1, text.size() - 2);
+    }
+    while (text.find_first_not_of(' ') != std::string_view::npos) {
+      const size_t comma = text.find(',');
+      items.emplace_back(text.substr(0, comma));  // to the end when there is none
+      if (comma == std::string_view::npos) break;
+      text.remove_prefix(comma + 1);
+    }
+  } else {
+    return InvalidArgumentError("expected a list of layer counts, got " + Describe(node));
+  }
+  std::vector<int> layers;
+  for (const std::string& raw : items) {
+    const size_t b = raw.find_first_not_of(' '), e = raw.find_last_not_of(' ');
+    const std::string item = b == std::string::npos ? "" : raw.substr(b, e - b + 1);
+    int64_t v = 0;
+    if (!yaml_util::ParseInt64(item, &v) || v < 0 || v > (1 << 20)) {
+      return InvalidArgumentError("expected a list of layer counts, got '" + item + "' in " +
+                                  Describe(node));
+    }
+    layers.push_back(static_cast<int>(v));
+  }
+  spec->parallel.pp_layers = std::move(layers);
+  return OkStatus();
+}
+
+void EmitPpLayers(const JobSpec& spec, YAML::Emitter* out) {
+  *out << YAML::Flow << YAML::BeginSeq;
+  for (int n : spec.parallel.pp_layers) *out << n;
+  *out << YAML::EndSeq;
+}
+
 // Every key in DESIGN.md order; keys of one section are contiguous (JobSpecToYaml relies
 // on it).
 const std::vector<Field>& Fields() {
@@ -137,6 +185,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(parallel.tp),
       DROVER_SPEC_FIELD(parallel.zero_stage),
       DROVER_SPEC_FIELD(parallel.pp_schedule),
+      Field{"parallel.pp_layers", DecodePpLayers, EmitPpLayers},
       DROVER_SPEC_FIELD(parallel.timeout_s),
       DROVER_SPEC_FIELD(parallel.bucket_mb),
       DROVER_SPEC_FIELD(parallel.backend),

@@ -62,6 +62,10 @@ struct ParallelSpec {
   int tp = 1;
   int zero_stage = 0;                // 0..3
   std::string pp_schedule = "1f1b";  // gpipe | 1f1b
+  // Layers of each pipeline stage, in order (pp entries, each at least 1, summing to
+  // n_layer); empty: n_layer / pp each. Uneven counts balance the stages when the last one
+  // also computes the LM head (at GPT-2's vocabulary about as much work as five layers).
+  std::vector<int> pp_layers;
   // Deadline of every collective and point-to-point transfer between ranks: a dead or hung
   // peer fails the others within it instead of blocking them.
   double timeout_s = 10;

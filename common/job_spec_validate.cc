@@ -224,15 +224,38 @@ class Rules {
                                           s_.resources.device +
                                           "'): NCCL moves GPU memory only; use auto or gloo");
     }
-    if (s_.model.n_layer % p.pp != 0) {
+    if (!p.pp_layers.empty()) {
+      RETURN_IF_ERROR(CheckPpLayers(p));
+    } else if (s_.model.n_layer % p.pp != 0) {
       return Fail("parallel.pp", Num(int64_t{p.pp}) + " does not divide model.n_layer (" +
                                      Num(int64_t{s_.model.n_layer}) +
-                                     "); every pipeline stage takes n_layer / pp layers");
+                                     "); every pipeline stage takes n_layer / pp layers unless "
+                                     "parallel.pp_layers lists them");
     }
     if (s_.model.n_head % p.tp != 0) {
       return Fail("parallel.tp", Num(int64_t{p.tp}) + " does not divide model.n_head (" +
                                      Num(int64_t{s_.model.n_head}) +
                                      "); every tensor-parallel rank takes n_head / tp heads");
+    }
+    return OkStatus();
+  }
+
+  // The rules of StageLayers (parallel_mesh.h), with the key's line.
+  Status CheckPpLayers(const ParallelSpec& p) const {
+    const std::string key = "parallel.pp_layers";
+    if (static_cast<int64_t>(p.pp_layers.size()) != p.pp) {
+      return Fail(key, Num(int64_t(p.pp_layers.size())) + " entries for parallel.pp (" +
+                           Num(int64_t{p.pp}) + "); give one layer count per stage");
+    }
+    int64_t sum = 0;
+    for (int n : p.pp_layers) {
+      if (n < 1)
+        return Fail(key, "a stage of " + Num(int64_t{n}) + " layers; each needs at least 1");
+      sum += n;
+    }
+    if (sum != s_.model.n_layer) {
+      return Fail(key, "adds up to " + Num(sum) + " layers, but model.n_layer is " +
+                           Num(int64_t{s_.model.n_layer}));
     }
     return OkStatus();
   }

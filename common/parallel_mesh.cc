@@ -17,10 +17,8 @@ StatusOr<ParallelMesh> ParallelMesh::Create(const JobSpec& spec, int world_size)
     return InvalidArgumentError("parallel.pp (" + Num(pp) + "), parallel.tp (" + Num(tp) +
                                 ") and train.micro_batch (" + Num(mb) + ") must be at least 1");
   }
-  if (spec.model.n_layer % pp != 0) {
-    return InvalidArgumentError("model.n_layer (" + Num(spec.model.n_layer) +
-                                ") is not divisible by pp (" + Num(pp) + ")");
-  }
+  RETURN_IF_ERROR(
+      StageLayers(spec.model.n_layer, static_cast<int>(pp), spec.parallel.pp_layers).status());
   if (spec.model.n_head % tp != 0) {
     return InvalidArgumentError("model.n_head (" + Num(spec.model.n_head) +
                                 ") is not divisible by tp (" + Num(tp) + ")");
@@ -55,7 +53,36 @@ StatusOr<ParallelMesh> ParallelMesh::Create(const JobSpec& spec, int world_size)
   mesh.zero_stage_ = spec.parallel.zero_stage;
   mesh.micro_batches_ = static_cast<int>(spec.train.global_batch / (dp * mb));
   mesh.pp_schedule_ = spec.parallel.pp_schedule;
+  mesh.pp_layers_ = spec.parallel.pp_layers;
   return mesh;
+}
+
+StatusOr<std::vector<int>> StageLayers(int n_layer, int pp, const std::vector<int>& pp_layers) {
+  if (pp < 1) return InvalidArgumentError("pp (" + Num(pp) + ") must be at least 1");
+  if (pp_layers.empty()) {
+    if (n_layer % pp != 0) {
+      return InvalidArgumentError("model.n_layer (" + Num(n_layer) + ") is not divisible by pp (" +
+                                  Num(pp) + "); give parallel.pp_layers for an uneven split");
+    }
+    return std::vector<int>(pp, n_layer / pp);
+  }
+  if (static_cast<int>(pp_layers.size()) != pp) {
+    return InvalidArgumentError("parallel.pp_layers has " + Num(pp_layers.size()) +
+                                " entries for pp (" + Num(pp) + "); give one per stage");
+  }
+  int64_t sum = 0;
+  for (int n : pp_layers) {
+    if (n < 1) {
+      return InvalidArgumentError("parallel.pp_layers has a stage of " + Num(n) +
+                                  " layers; every stage needs at least 1");
+    }
+    sum += n;
+  }
+  if (sum != n_layer) {
+    return InvalidArgumentError("parallel.pp_layers adds up to " + Num(sum) +
+                                " layers, but model.n_layer is " + Num(n_layer));
+  }
+  return pp_layers;
 }
 
 ParallelMesh::Coord ParallelMesh::CoordOf(int rank) const {
@@ -92,6 +119,13 @@ std::string ParallelMesh::Describe() const {
   std::string s = "dp" + Num(dp_) + " x pp" + Num(pp_) + " x tp" + Num(tp_);
   if (zero_stage_ > 0) s += ", ZeRO-" + Num(zero_stage_);
   if (pp_ > 1) s += ", " + pp_schedule_;
+  if (!pp_layers_.empty()) {
+    s += ", layers ";
+    for (size_t i = 0; i < pp_layers_.size(); ++i) {
+      if (i > 0) s += '+';
+      s += Num(pp_layers_[i]);
+    }
+  }
   s +=
       ", " + Num(micro_batches_) + " micro-batch" + (micro_batches_ == 1 ? "" : "es") + " per step";
   return s;

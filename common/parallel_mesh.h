@@ -30,7 +30,8 @@ class ParallelMesh {
 
   // The mesh of `spec` at `world_size`. InvalidArgument naming every factor and the rule
   // broken: world_size < 1; dp x pp x tp != world_size (or world_size not divisible by
-  // pp x tp when dp is auto); n_layer not divisible by pp; n_head not divisible by tp;
+  // pp x tp when dp is auto); n_layer not split by pp or parallel.pp_layers (StageLayers);
+  // n_head not divisible by tp;
   // global_batch not divisible by dp x micro_batch; ZeRO-2/3 with pp > 1.
   static StatusOr<ParallelMesh> Create(const JobSpec& spec, int world_size);
 
@@ -51,7 +52,12 @@ class ParallelMesh {
   std::vector<int> PpGroup(int rank) const;
   std::vector<int> TpGroup(int rank) const;
 
-  // "dp2 x pp2 x tp1, ZeRO-1, 1f1b, 4 micro-batches per step"
+  // parallel.pp_layers as the spec gives it: each stage's layer count, or empty for the even
+  // split (StageLayers resolves it against the model's n_layer).
+  const std::vector<int>& pp_layers() const { return pp_layers_; }
+
+  // "dp2 x pp2 x tp1, ZeRO-1, 1f1b, 4 micro-batches per step" (+ ", layers 7+5" when
+  // parallel.pp_layers is given)
   std::string Describe() const;
 
  private:
@@ -59,6 +65,12 @@ class ParallelMesh {
   int zero_stage_ = 0;
   int micro_batches_ = 1;
   std::string pp_schedule_;
+  std::vector<int> pp_layers_;
 };
+
+// The layers of each of `pp` pipeline stages of an n_layer model: pp_layers when given (pp
+// entries, each at least 1, adding up to n_layer), else n_layer / pp each (pp must divide
+// n_layer). InvalidArgument names the rule broken.
+StatusOr<std::vector<int>> StageLayers(int n_layer, int pp, const std::vector<int>& pp_layers);
 
 }  // namespace drover

@@ -241,7 +241,8 @@ StatusOr<std::vector<float>> Trainer::InitialParams() {
     spdlog::warn("train.init_from {} has shapes {}; they replace the spec's model section",
                  spec.train.init_from, DescribeConfig(config_));
     // The mesh was validated against the spec's shapes; the file's must fit it too.
-    if (config_.num_layers % mesh_->pp() != 0 || config_.num_heads % mesh_->tp() != 0) {
+    if (!StageLayers(config_.num_layers, mesh_->pp(), mesh_->pp_layers()).ok() ||
+        config_.num_heads % mesh_->tp() != 0) {
       return InvalidArgumentError("train.init_from " + spec.train.init_from + " has " +
                                   DescribeConfig(config_) + ", which does not split into pp " +
                                   std::to_string(mesh_->pp()) + " x tp " +

@@ -195,6 +195,31 @@ TEST(JobSpecTest, RoundTripsThroughYaml) {
   EXPECT_NE(yaml.find("dp: 1"), std::string::npos) << yaml;
 }
 
+// parallel.pp_layers from YAML and from --set in either spelling, and back through YAML.
+TEST(JobSpecTest, PipelineLayerCountsParseFromYamlAndSet) {
+  const std::string base = std::string(kDesignExample);
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{"parallel.pp=2", "resources.world_size=2",
+                                 "parallel.pp_layers=3,1"},
+        std::vector<std::string>{"parallel.pp=2", "resources.world_size=2",
+                                 "parallel.pp_layers=[3, 1]"}}) {
+    StatusOr<JobSpec> spec = ParseJobSpec(base, sets);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->parallel.pp_layers, (std::vector<int>{3, 1}));
+    const std::string yaml = JobSpecToYaml(*spec);
+    EXPECT_NE(yaml.find("pp_layers: [3, 1]"), std::string::npos) << yaml;
+    StatusOr<JobSpec> again = ParseJobSpec(yaml);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->parallel.pp_layers, (std::vector<int>{3, 1}));
+  }
+  StatusOr<JobSpec> even = ParseJobSpec(base);
+  ASSERT_TRUE(even.ok());
+  EXPECT_TRUE(even->parallel.pp_layers.empty());
+  StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*even));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->parallel.pp_layers.empty());
+}
+
 TEST(JobSpecTest, DefaultSpecSerializesEveryKey) {
   JobSpec spec;
   spec.name = std::string("d");
@@ -478,6 +503,22 @@ const BadCase kBadCases[] = {
      Minimal("parallel:\n  pp: 3\n"),
      {},
      "parallel.pp (line 4): 3 does not divide model.n_layer (4)"},
+    {"PpLayersOfAnotherCount",
+     Minimal("parallel:\n  pp: 2\n  pp_layers: [1, 1, 2]\n"),
+     {},
+     "parallel.pp_layers (line 5): 3 entries for parallel.pp (2); give one layer count per stage"},
+    {"PpLayersWithAnEmptyStage",
+     Minimal("parallel:\n  pp: 2\n"),
+     {"parallel.pp_layers=4,0"},
+     "parallel.pp_layers (from --set): a stage of 0 layers; each needs at least 1"},
+    {"PpLayersOfAnotherSum",
+     Minimal("parallel:\n  pp: 2\n  pp_layers: [3, 2]\n"),
+     {},
+     "parallel.pp_layers (line 5): adds up to 5 layers, but model.n_layer is 4"},
+    {"PpLayersNotCounts",
+     Minimal("parallel:\n  pp: 2\n  pp_layers: [3, x]\n"),
+     {},
+     "parallel.pp_layers (line 5): expected a list of layer counts, got 'x'"},
     {"DpZero",
      Minimal("parallel:\n  dp: 0\n"),
      {},

@@ -37,6 +37,24 @@ TEST(ParallelMeshTest, RanksRunTensorFastestThenDataThenPipeline) {
   EXPECT_EQ(mesh->Describe(), "dp2 x pp2 x tp2, ZeRO-1, 1f1b, 2 micro-batches per step");
 }
 
+TEST(ParallelMeshTest, StageLayersAreEvenOrAsListed) {
+  EXPECT_EQ(*StageLayers(12, 3, {}), (std::vector<int>{4, 4, 4}));
+  EXPECT_EQ(*StageLayers(12, 2, {7, 5}), (std::vector<int>{7, 5}));
+  EXPECT_EQ(StageLayers(12, 2, {7, 4}).status().message(),
+            "parallel.pp_layers adds up to 11 layers, but model.n_layer is 12");
+  EXPECT_EQ(StageLayers(12, 3, {7, 5}).status().message(),
+            "parallel.pp_layers has 2 entries for pp (3); give one per stage");
+  EXPECT_EQ(StageLayers(12, 2, {12, 0}).status().message(),
+            "parallel.pp_layers has a stage of 0 layers; every stage needs at least 1");
+  JobSpec spec = Spec(5, 4, 2, 1, 0, 8, 1, 0);  // 5 layers do not split evenly in two
+  EXPECT_FALSE(ParallelMesh::Create(spec, 2).ok());
+  spec.parallel.pp_layers = {3, 2};
+  auto mesh = ParallelMesh::Create(spec, 2);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->pp_layers(), (std::vector<int>{3, 2}));
+  EXPECT_EQ(mesh->Describe(), "dp1 x pp2 x tp1, 1f1b, layers 3+2, 8 micro-batches per step");
+}
+
 struct Impossible {
   JobSpec spec;
   int world;
@@ -46,7 +64,8 @@ struct Impossible {
 TEST(ParallelMeshTest, ImpossibleLayoutsNameEveryFactor) {
   const std::vector<Impossible> table = {
       {Spec(4, 4, 1, 1, 0, 8, 1, 0), 0, "world_size 0 must be at least 1"},
-      {Spec(6, 4, 4, 1, 0, 8, 1, 0), 4, "model.n_layer (6) is not divisible by pp (4)"},
+      {Spec(6, 4, 4, 1, 0, 8, 1, 0), 4,
+       "model.n_layer (6) is not divisible by pp (4); give parallel.pp_layers for an uneven split"},
       {Spec(4, 6, 1, 4, 0, 8, 1, 0), 4, "model.n_head (6) is not divisible by tp (4)"},
       {Spec(4, 4, 2, 2, 0, 8, 1, 0), 6, "world_size 6 is not divisible by pp (2) x tp (2) = 4"},
       {Spec(4, 4, 2, 1, 3, 12, 1, 0), 4,

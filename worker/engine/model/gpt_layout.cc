@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/parallel_mesh.h"
+
 namespace drover::engine {
 namespace {
 
@@ -112,7 +114,7 @@ size_t GptNumParams(const GptConfig& config) {
 }
 
 StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int stages, int tp_rank,
-                                      int tp_size) {
+                                      int tp_size, const std::vector<int>& pp_layers) {
   RETURN_IF_ERROR(config.Validate());
   if (stages < 1 || stage < 0 || stage >= stages) {
     return InvalidArgumentError("pipeline stage " + Num(stage) + " of " + Num(stages) +
@@ -122,10 +124,8 @@ StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int st
     return InvalidArgumentError("tensor-parallel rank " + Num(tp_rank) + " of " + Num(tp_size) +
                                 " is out of range");
   }
-  if (config.num_layers % stages != 0) {
-    return InvalidArgumentError("model.n_layer (" + Num(config.num_layers) +
-                                ") is not divisible by pp (" + Num(stages) + ")");
-  }
+  ASSIGN_OR_RETURN(const std::vector<int> layers,
+                   StageLayers(config.num_layers, stages, pp_layers));
   if (config.num_heads % tp_size != 0) {
     return InvalidArgumentError("model.n_head (" + Num(config.num_heads) +
                                 ") is not divisible by tp (" + Num(tp_size) + ")");
@@ -136,6 +136,8 @@ StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int st
   layout.stages_ = stages;
   layout.tp_rank_ = tp_rank;
   layout.tp_size_ = tp_size;
+  for (int s = 0; s < stage; ++s) layout.first_layer_ += layers[s];
+  layout.end_layer_ = layout.first_layer_ + layers[stage];
   layout.Build();
   return layout;
 }
@@ -148,9 +150,6 @@ GptLayout GptLayout::Whole(const GptConfig& config) {
 
 void GptLayout::Build() {
   global_ = GptTensorTable(config_);
-  const int per_stage = config_.num_layers / stages_;
-  first_layer_ = stage_ * per_stage;
-  end_layer_ = first_layer_ + per_stage;
   const size_t tp = static_cast<size_t>(tp_size_);
   const int Vp = config_.padded_vocab_size;
   vocab_split_ = tp_size_ > 1 && Vp % tp_size_ == 0;

@@ -11,7 +11,8 @@
 // The LM head is tied to wte; padded rows V..Vp-1 of wte stay zero.
 //
 // A LOCAL layout is what one rank of a parallel job holds: the layers of its pipeline
-// stage (contiguous ranges of L / pp layers), each tensor cut to its tensor-parallel part:
+// stage (contiguous ranges of layers: L / pp each, or parallel.pp_layers), each tensor cut to
+// its tensor-parallel part:
 //   - column-parallel (qkvw, qkvb, fcw, fcb): output rows; for qkv, heads [h0, h1) of each
 //     of q, k and v, so the local qkv is again "q | k | v" for NH / tp heads;
 //   - row-parallel (attprojw, fcprojw): input columns of the same heads / MLP units;
@@ -122,11 +123,13 @@ struct LayerOffsets {
 
 class GptLayout {
  public:
-  // Pipeline stage `stage` of `stages` on tensor-parallel rank `tp_rank` of `tp_size`.
-  // InvalidArgument (naming the factor) when the config is invalid, L is not divisible by
-  // stages, NH by tp_size, or a rank index is out of range.
+  // Pipeline stage `stage` of `stages` on tensor-parallel rank `tp_rank` of `tp_size`; the
+  // stages' layer counts are pp_layers (parallel.pp_layers), or L / stages each when it is
+  // empty. InvalidArgument (naming the factor) when the config is invalid, the layers do
+  // not split so (StageLayers), NH is not divisible by tp_size, or a rank index is out of
+  // range.
   static StatusOr<GptLayout> Create(const GptConfig& config, int stage, int stages, int tp_rank,
-                                    int tp_size);
+                                    int tp_size, const std::vector<int>& pp_layers = {});
   // The whole model on one rank; the local arena is the global one. CHECKs config.Validate().
   static GptLayout Whole(const GptConfig& config);
 

@@ -48,7 +48,7 @@ std::vector<std::pair<size_t, size_t>> PrimaryRuns(const GptLayout& layout) {
 // to its tensor-parallel part (the stage's blocks all-reduce over the tp group).
 StatusOr<GptLayout> ShardModel(const GptConfig& config, const ParallelMesh& mesh,
                                const ParallelMesh::Coord& c) {
-  return GptLayout::Create(config, c.pp, mesh.pp(), c.tp, mesh.tp());
+  return GptLayout::Create(config, c.pp, mesh.pp(), c.tp, mesh.tp(), mesh.pp_layers());
 }
 
 // 2. Pipeline parallelism: this stage's order of forwards and backwards in a step.
@@ -457,8 +457,8 @@ Status ParallelGpt::GatherGlobal(std::vector<float>* params, std::vector<float>*
   for (int pp = 0; pp < mesh_.pp(); ++pp) {
     for (int tp = 0; tp < mesh_.tp(); ++tp) {
       const int src = mesh_.RankOf({0, pp, tp});
-      ASSIGN_OR_RETURN(GptLayout layout,
-                       GptLayout::Create(layout_.config(), pp, mesh_.pp(), tp, mesh_.tp()));
+      ASSIGN_OR_RETURN(GptLayout layout, GptLayout::Create(layout_.config(), pp, mesh_.pp(), tp,
+                                                           mesh_.tp(), mesh_.pp_layers()));
       for (size_t i = 0; i < locals.size(); ++i) {
         std::vector<float> remote;
         const std::vector<float>* local = locals[i];

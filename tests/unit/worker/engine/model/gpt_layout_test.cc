@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace drover::engine {
@@ -156,9 +157,25 @@ TEST(GptLayoutTest, LastOfSeveralStagesHoldsACopyOfTheTiedEmbedding) {
   EXPECT_NE(last->Find("lnfw"), nullptr);
 }
 
+TEST(GptLayoutTest, StagesTakeTheListedLayerCounts) {
+  const GptConfig cfg = Config();  // L = 4
+  const int first[] = {0, 3}, end[] = {3, 4};
+  for (int stage = 0; stage < 2; ++stage) {
+    auto layout = GptLayout::Create(cfg, stage, 2, 0, 1, {3, 1});
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_EQ(layout->first_layer(), first[stage]);
+    EXPECT_EQ(layout->end_layer(), end[stage]);
+    ExpectUnitsTileTheArena(*layout);
+    EXPECT_NE(layout->Find("h." + std::to_string(end[stage] - 1) + ".fcw"), nullptr);
+  }
+  EXPECT_EQ(GptLayout::Create(cfg, 0, 2, 0, 1, {2, 1}).status().message(),
+            "parallel.pp_layers adds up to 3 layers, but model.n_layer is 4");
+}
+
 TEST(GptLayoutTest, RejectsSplitsThatDoNotDivide) {
-  EXPECT_EQ(GptLayout::Create(Config(), 0, 3, 0, 1).status().message(),
-            "model.n_layer (4) is not divisible by pp (3)");
+  EXPECT_EQ(
+      GptLayout::Create(Config(), 0, 3, 0, 1).status().message(),
+      "model.n_layer (4) is not divisible by pp (3); give parallel.pp_layers for an uneven split");
   EXPECT_EQ(GptLayout::Create(Config(), 0, 1, 0, 3).status().message(),
             "model.n_head (4) is not divisible by tp (3)");
   EXPECT_FALSE(GptLayout::Create(Config(), 2, 2, 0, 1).ok());

@@ -20,6 +20,7 @@
 #include "common/job_spec.h"
 #include "common/token_shard.h"
 #include "tests/unit/worker/engine/emulated_device_ops.h"
+#include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
@@ -39,6 +40,7 @@ struct RankResult {
   std::vector<bool> skipped;
   std::vector<float> params;  // global, on rank 0
   double val_loss = 0;
+  double param_mib = 0;  // the rank's parameter arena
 };
 
 // What one run of RunWorld does.
@@ -129,6 +131,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
             return;
           }
           r.losses.push_back(m->loss);
+          r.param_mib = m->param_mib;
           r.norms.push_back(m->grad_norm);
           r.loss_scales.push_back(m->loss_scale.value_or(0));
           r.skipped.push_back(m->skipped);
@@ -287,6 +290,22 @@ TEST_F(ParallelEquivalenceTest, PipelineAndTensorParallel) {
   ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2"});
 }
 
+// Uneven stages (parallel.pp_layers): three layers and one, and one and three; each stage
+// holds the layers it was given.
+TEST_F(ParallelEquivalenceTest, PipelineOfUnevenStages) {
+  ExpectMatchesOneProcess(2, {"parallel.pp=2", "parallel.pp_layers=3,1"});
+  const JobSpec spec = Spec({"parallel.pp=2", "parallel.pp_layers=3,1"});
+  const GptConfig config = GptConfig::FromSpec(spec.model);
+  const std::vector<RankResult> ranks = RunWorld(spec, 2, {1, false, false});
+  for (int stage = 0; stage < 2; ++stage) {
+    auto layout = GptLayout::Create(config, stage, 2, 0, 1, {3, 1});
+    ASSERT_TRUE(layout.ok() && ranks[stage].status.ok());
+    EXPECT_DOUBLE_EQ(ranks[stage].param_mib, layout->num_params() * 4.0 / (1 << 20)) << stage;
+  }
+  ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2",
+                              "parallel.pp_layers=1,3", "parallel.pp_schedule=gpipe"});
+}
+
 TEST_F(ParallelEquivalenceTest, DataPipelineAndTensorParallelWithZero1) {
   ExpectMatchesOneProcess(
       8, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"});
@@ -310,7 +329,7 @@ TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
       {{4, {"parallel.pp=2", "parallel.tp=2"}},
        {one, zero3, {4, {"parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"}}}},
       {{4, {"parallel.tp=2", "parallel.zero_stage=3"}}, {one, pp2, {2, {"parallel.zero_stage=2"}}}},
-      {{4, {"parallel.pp=4"}}, {tp2}},
+      {{4, {"parallel.pp=4"}}, {tp2, {2, {"parallel.pp=2", "parallel.pp_layers=3,1"}}}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& [save, loads] = cases[i];
