@@ -14,6 +14,7 @@
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/parallel/cuda_groups.h"
+#include "worker/engine/parallel/pipeline.h"
 #include "worker/engine/parallel/staged_communicator.h"
 
 namespace drover::engine {
@@ -170,7 +171,24 @@ Status Trainer::Init() {
       DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
       mesh_->Describe(), DescribePrecision(spec), B_, T_, spec.train.steps,
       resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
+  if (is_rank0() && mesh_->pp() > 1 && mesh_->pp_layers().empty()) SuggestStageLayers();
   return OkStatus();
+}
+
+void Trainer::SuggestStageLayers() const {
+  const std::vector<int> balanced = parallel::BalancedStageLayers(
+      config_.num_layers, config_.channels, config_.vocab_size, T_, mesh_->pp());
+  if (balanced == std::vector<int>(mesh_->pp(), config_.num_layers / mesh_->pp())) return;
+  std::string list;
+  for (int n : balanced) {
+    if (!list.empty()) list += ", ";
+    list += std::to_string(n);
+  }
+  spdlog::info(
+      "pipeline: the last stage also computes the LM head, so with {} layers each the earlier "
+      "stages wait for it; parallel.pp_layers: [{}] balances the stages' compute (and holds "
+      "more activations on the first)",
+      config_.num_layers / mesh_->pp(), list);
 }
 
 Status Trainer::ConnectGroups(Ops* ops) {

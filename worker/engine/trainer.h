@@ -146,6 +146,9 @@ class Trainer {
   // Connects groups_ (world_size > 1): NCCL or Gloo (parallel/cuda_groups.h), chosen alike on
   // every rank.
   Status ConnectGroups(Ops* ops);
+  // Logs parallel.pp_layers that would balance the pipeline (BalancedStageLayers) when the
+  // even split does not.
+  void SuggestStageLayers() const;
   // The global parameters to start from: train.init_from, else the seeded init.
   StatusOr<std::vector<float>> InitialParams();
   Status OpenData();

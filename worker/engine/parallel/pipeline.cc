@@ -38,4 +38,26 @@ int MaxInFlight(PipelineSchedule schedule, int stages, int stage, int micro_batc
   return std::min(stages - stage, micro_batches);
 }
 
+std::vector<int> BalancedStageLayers(int L, int C, int V, int T, int stages) {
+  DROVER_CHECK(stages >= 1 && L >= stages && C >= 1 && V >= 1 && T >= 1);
+  if (stages == 1) return {L};
+  // In units of one layer: the head is `head` layers of work.
+  const double layer = 24.0 * C * C + 4.0 * C * T;
+  const double head = 2.0 * C * V / layer;
+  // The last stage takes `last` layers; the others split the rest as evenly as they can,
+  // the earlier ones taking the remainder. Every `last` is tried: L is small.
+  std::vector<int> best;
+  double best_cost = 0;
+  for (int last = 1; last <= L - (stages - 1); ++last) {
+    std::vector<int> layers(stages, 0);
+    layers[stages - 1] = last;
+    const int rest = L - last, others = stages - 1;
+    for (int s = 0; s < others; ++s) layers[s] = rest / others + (s < rest % others ? 1 : 0);
+    double cost = last + head;
+    for (int s = 0; s < others; ++s) cost = std::max(cost, static_cast<double>(layers[s]));
+    if (best.empty() || cost < best_cost) best = layers, best_cost = cost;
+  }
+  return best;
+}
+
 }  // namespace drover::engine::parallel

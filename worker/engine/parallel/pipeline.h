@@ -33,6 +33,16 @@ struct PipeAction {
   friend bool operator==(const PipeAction&, const PipeAction&) = default;
 };
 
+// Layer counts for `stages` stages of a GPT of L layers, C channels and vocabulary V at
+// sequence length T that balance the stages' compute: a layer costs 24 C^2 + 4 C T FLOPs
+// per token (its GEMMs and attention's two T-long products), the last stage's LM head
+// 2 C V more (forward; backward scales both alike), the embedding nothing. The counts
+// (each at least 1) minimise the largest stage's cost. parallel.pp_layers is the user's
+// choice; this is what the trainer suggests when the even split leaves the first stages
+// waiting for the last (1F1B holds more activations on the earlier stages, so the
+// balanced split costs them memory).
+std::vector<int> BalancedStageLayers(int L, int C, int V, int T, int stages);
+
 // The actions of stage `stage` (0-based) of `stages` for `micro_batches` micro-batches.
 // CHECKs 0 <= stage < stages and micro_batches >= 1.
 std::vector<PipeAction> StageSchedule(PipelineSchedule schedule, int stages, int stage,

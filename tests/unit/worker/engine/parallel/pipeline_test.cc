@@ -102,5 +102,16 @@ TEST(PipelineScheduleTest, ParsesTheSpecNames) {
   EXPECT_EQ(ParsePipelineSchedule("zb").status().code(), StatusCode::kInvalidArgument);
 }
 
+// GPT-2 124M at T = 64: the head is about 5.4 layers of work, so pp2 balances at 9 + 3 (the
+// split that measured fastest, tests/bench/README.md); a small vocabulary keeps the even
+// split; four stages give the last one the fewest layers; one stage takes them all.
+TEST(BalancedStageLayersTest, TheLastStageTakesFewerLayersForTheHead) {
+  EXPECT_EQ(BalancedStageLayers(12, 768, 50257, 64, 2), (std::vector<int>{9, 3}));
+  EXPECT_EQ(BalancedStageLayers(12, 768, 256, 64, 2), (std::vector<int>{6, 6}));
+  EXPECT_EQ(BalancedStageLayers(24, 1024, 50257, 1024, 4), (std::vector<int>{7, 7, 7, 3}));
+  EXPECT_EQ(BalancedStageLayers(4, 64, 50257, 64, 4), (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_EQ(BalancedStageLayers(12, 768, 50257, 64, 1), (std::vector<int>{12}));
+}
+
 }  // namespace
 }  // namespace drover::engine::parallel
