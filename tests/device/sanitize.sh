@@ -44,7 +44,7 @@ check() {  # check TOOL SECONDS GTEST_FILTER
     failed=1
   fi
 }
-kernels='CudaOpsTest.AttentionForwardAndBackward:CudaOpsTest.LayerNormForwardAndBackward:CudaOpsTest.GeluCrossEntropyAndAdamW:CudaOpsTest.EncoderForwardAndBackward'
+kernels='CudaOpsTest.AttentionForwardAndBackward:CudaOpsTest.LayerNormForwardAndBackward:CudaOpsTest.GeluCrossEntropyAndAdamW:CudaOpsTest.EncoderForwardAndBackward:CudaOpsTest.CrossEntropyOverVocabularySlices'
 check racecheck 150 "$kernels"
 check synccheck 90 "$kernels"
 check initcheck 90 "$kernels:CudaOpsTest.ElementwiseAndReductions"
