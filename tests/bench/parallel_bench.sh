@@ -13,6 +13,7 @@
 #
 # Environment: STEPS (4; the first is a warm-up and not counted), THREADS (2), LAYERS (12),
 # HEADS (12), CHANNELS (768), VOCAB (50257), SEQ (64), GLOBAL_BATCH (8), MICRO_BATCH (4),
+# PP_LAYERS (9,3: the balanced pipeline's parallel.pp_layers),
 # MODES (a space-separated subset of the runs below; default all), COMM=0 to skip the
 # collectives. Exit 0 when every run succeeded, 1 when one failed, 2 on usage.
 #
@@ -47,7 +48,7 @@ checkpoint: {every_steps: 0}
 EOF
 
 failed=0
-modes=" ${MODES:-single dp2 zero1 zero2 zero3 pp2_gpipe pp2_1f1b pp2_gpipe_v256 pp2_1f1b_v256 single_v256 tp2} "
+modes=" ${MODES:-single dp2 zero1 zero2 zero3 pp2_gpipe pp2_1f1b pp2_1f1b_balanced pp2_gpipe_v256 pp2_1f1b_v256 single_v256 tp2} "
 run() {  # name nproc threads [--set k=v]...
   local name=$1 nproc=$2 t=$3
   shift 3
@@ -69,6 +70,10 @@ run zero3 2 "$half" --set parallel.zero_stage=3
 # Pipelines run global_batch / micro_batch micro-batches: 8 of 1 sequence by default.
 run pp2_gpipe 2 "$half" --set parallel.pp=2 --set parallel.pp_schedule=gpipe --set train.micro_batch=1
 run pp2_1f1b 2 "$half" --set parallel.pp=2 --set parallel.pp_schedule=1f1b --set train.micro_batch=1
+# The same 1F1B pipeline with the stages' layers balanced for the LM head (parallel.pp_layers:
+# PP_LAYERS, default 9,3, what the trainer suggests for the default 12-layer model).
+run pp2_1f1b_balanced 2 "$half" --set parallel.pp=2 --set parallel.pp_schedule=1f1b \
+  --set train.micro_batch=1 --set parallel.pp_layers="${PP_LAYERS:-9,3}"
 small=(--set model.vocab_size=256)
 run pp2_gpipe_v256 2 "$half" "${small[@]}" --set parallel.pp=2 --set parallel.pp_schedule=gpipe \
   --set train.micro_batch=1
@@ -81,8 +86,8 @@ python3 - "$out" "${GLOBAL_BATCH:-8}" "${SEQ:-64}" <<'EOF'
 import json, os, statistics, sys
 out, global_batch, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def runs():
-    for name in ["single", "dp2", "zero1", "zero2", "zero3", "pp2_gpipe", "pp2_1f1b", "tp2",
-                 "single_v256", "pp2_gpipe_v256", "pp2_1f1b_v256"]:
+    for name in ["single", "dp2", "zero1", "zero2", "zero3", "pp2_gpipe", "pp2_1f1b",
+                 "pp2_1f1b_balanced", "tp2", "single_v256", "pp2_gpipe_v256", "pp2_1f1b_v256"]:
         path = os.path.join(out, name, "metrics.jsonl")
         if os.path.exists(path):
             lines = [json.loads(l) for l in open(path)]
@@ -94,14 +99,14 @@ if "single" not in rows:
 def step_ms(name):
     return statistics.median(m["step_ms"] for m in rows[name])
 print(f"\n== step time (median of the timed steps; {global_batch * seq} tokens per step)")
-print(f"{'mode':<14} {'mesh':<22} {'step ms':>9} {'tokens/s':>9} {'vs 1 proc':>9}")
+print(f"{'mode':<18} {'mesh':<22} {'step ms':>9} {'tokens/s':>9} {'vs 1 proc':>9}")
 print("(the _v256 runs compare with single_v256: the same model with a 256-token vocabulary)")
 for name, ms in rows.items():
     m0 = ms[0]
     step = step_ms(name)
     base = step_ms("single_v256" if name.endswith("_v256") and "single_v256" in rows else "single")
     mesh = f"dp{m0['dp']} pp{m0['pp']} tp{m0['tp']} zero{m0['zero_stage']}"
-    print(f"{name:<14} {mesh:<22} {step:9.0f} {statistics.median(m['tokens_per_s'] for m in ms):9.1f}"
+    print(f"{name:<18} {mesh:<22} {step:9.0f} {statistics.median(m['tokens_per_s'] for m in ms):9.1f}"
           f" {base / step:8.2f}x")
 
 print("\n== data-parallel communication hidden behind forward and backward (1 - waited / busy)")
@@ -134,13 +139,13 @@ if "single" in rows:
                   f"{fp:.1f} + {fg:.1f} + {fo:.1f}" + (" + gathered working set" if name in ("zero2", "zero3") else ""))
 
 print("\n== pipeline bubble on stage 0 (time blocked on the next stage / step) vs (p-1)/(m+p-1)")
-for name in ["pp2_gpipe", "pp2_1f1b", "pp2_gpipe_v256", "pp2_1f1b_v256"]:
+for name in ["pp2_gpipe", "pp2_1f1b", "pp2_1f1b_balanced", "pp2_gpipe_v256", "pp2_1f1b_v256"]:
     if name in rows:
         ms = rows[name]
         p = ms[0]["pp"]
         m = global_batch  # micro-batches of one sequence, as the runs set it
         bubble = statistics.median(x["pp_wait_ms"] / x["step_ms"] for x in ms)
-        print(f"{name:<14} measured {100 * bubble:5.1f}%   ideal {100 * (p - 1) / (m + p - 1):5.1f}%"
+        print(f"{name:<18} measured {100 * bubble:5.1f}%   ideal {100 * (p - 1) / (m + p - 1):5.1f}%"
               f"   (p = {p}, m = {m})")
 EOF
 
