@@ -5,22 +5,25 @@
 //
 // Dimension names: B batch, T sequence, C channels, NH heads, V vocabulary, Vp padded
 // vocabulary; per tensor-parallel rank Ca = C / tp attention channels in NHa = NH / tp
-// heads, and C4 = 4C / tp MLP channels.
+// heads, C4 = 4C / tp MLP channels, and Vl = Vp / tp rows of wte when the layout splits the
+// vocabulary (GptLayout::vocab_split; else Vl = Vp).
 //
 // One stage of one rank (layers [l0, l1) of the layout):
-//   first stage:  x = wte[inputs] + wpe                                       (B, T, C)
+//   first stage:  x = wte[inputs] + wpe              [split vocabulary: all-reduce] (B, T, C)
 //   other stages: x = input() (the previous stage's output)                   (B, T, C)
 //   each layer:   ln1 = LN(x); qkv = ln1 @ qkvw^T + qkvb                      (B, T, 3Ca)
 //                 atty = causal attention(qkv)                                 (B, T, Ca)
 //                 res2 = x + atty @ attprojw^T + attprojb        [tp: all-reduce] (B, T, C)
 //                 ln2 = LN(res2); fch = gelu(ln2 @ fcw^T + fcb)                (B, T, C4)
 //                 x = res2 + fch @ fcprojw^T + fcprojb           [tp: all-reduce] (B, T, C)
-//   last stage:   logits = LN(x) @ wte^T; loss = mean cross-entropy         (B, T, Vp)
+//   last stage:   logits = LN(x) @ wte^T; loss = mean cross-entropy         (B, T, Vl)
+//                 [split vocabulary: the slices' log-sum-exps all-gathered and combined]
 //   other stages: output() = x
 // Backward runs the same in reverse; under tensor parallelism the input gradients of the
 // column-parallel GEMMs (qkv, fc) are all-reduced before their LayerNorm's backward, and the
 // row-parallel GEMMs add bias and residual on tp rank 0 only, so the all-reduce adds them
-// once. Every tp rank computes the replicated tensors' gradients identically.
+// once; under a split vocabulary so is the head's input gradient. Every tp rank computes
+// the replicated tensors' gradients identically.
 //
 // Mixed precision (precision != kFp32): every activation and every activation gradient the
 // stage stores is narrowed to the precision as it is written (the ops' `store`), the weights
