@@ -1,11 +1,14 @@
 #include "common/yaml_util.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <sstream>
 
 namespace drover::yaml_util {
 namespace {
@@ -48,12 +51,62 @@ Status RequireScalar(const YAML::Node& node, std::string_view expected) {
   return InvalidArgumentError("expected " + std::string(expected) + ", got " + Describe(node));
 }
 
+// The documents of a YAML stream, as parser events: where each one's first value is, and
+// whether the last one held anything but a null.
+class DocumentCounter final : public YAML::EventHandler {
+ public:
+  int count() const { return static_cast<int>(first_values_.size()); }
+  bool last_was_empty() const { return empty_; }
+  // 1-based line of document i's first value, 0 when it has none.
+  int FirstValueLine(int i) const { return first_values_[i]; }
+
+  void OnDocumentStart(const YAML::Mark&) override {
+    first_values_.push_back(0);
+    empty_ = true;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Value(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Value(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Value(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Value(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void Value(const YAML::Mark& mark) {
+    if (empty_) first_values_.back() = mark.line + 1;  // yaml-cpp counts lines from 0
+    empty_ = false;
+  }
+  std::vector<int> first_values_;
+  bool empty_ = true;
+};
+
 }  // namespace
 
 Status Parse(const std::string& text, YAML::Node* out) {
-  std::vector<YAML::Node> docs;
+  DocumentCounter docs;
   try {
-    docs = YAML::LoadAll(text);
+    // Not YAML::LoadAll: yaml-cpp 0.7 (Debian 12's) never returns from it on some malformed
+    // input. At a token no rule consumes (a lone ',' is enough) it 'finds' an empty document
+    // and comes back to the same token, forever, allocating a node each time until the
+    // process runs out of memory (yaml-cpp issue 1040; fixed in 0.8 by ending the stream at
+    // an empty document, pull request 1319). The documents are counted here with the same
+    // rule, then the first one is loaded alone (YAML::Load reads one document).
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(docs) && !docs.last_was_empty()) {
+    }
+    *out = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     // yaml-cpp marks are 0-based; people count from 1.
     return InvalidArgumentError("invalid YAML at line " + std::to_string(e.mark.line + 1) +
@@ -61,14 +114,13 @@ Status Parse(const std::string& text, YAML::Node* out) {
   }
   // A second document would be dropped without a word by a reader that takes the first:
   // whatever it was meant to set would silently not be set.
-  if (docs.size() > 1) {
-    const int line = LineOf(docs[1]);
-    return InvalidArgumentError("the text holds " + std::to_string(docs.size()) +
+  if (docs.count() > 1) {
+    const int line = docs.FirstValueLine(1);
+    return InvalidArgumentError("the text holds " + std::to_string(docs.count()) +
                                 " YAML documents (a second one starts" +
                                 (line > 0 ? " at line " + std::to_string(line) : "") +
                                 " after '---'); put everything in one document");
   }
-  *out = docs.empty() ? YAML::Node() : docs[0];
   return CheckTags(*out);
 }
 
