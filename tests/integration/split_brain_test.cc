@@ -70,6 +70,10 @@ TEST(SplitBrainTest, ASupersededAttemptStopsPublishingAndExits) {
       },
       30000, &info))
       << cluster.DebugLogs();
+  // Every trainer the job has had; CANCELLED clears the job's ranks, so a later JobInfo may
+  // no longer name the attempt-2 trainer that is still on its way out.
+  std::vector<pid_t> trainers = {old_trainer};
+  for (const auto& t : info.trainers()) trainers.push_back(t.pid());
   // The stopped agent no longer drains its trainer's output, so the old trainer soon blocks
   // writing its log; let it go on, then it must find itself superseded and exit.
   cluster.agent(node)->Kill(SIGCONT);
@@ -90,9 +94,10 @@ TEST(SplitBrainTest, ASupersededAttemptStopsPublishingAndExits) {
   // CANCELLED is recorded when the stop is ordered; a trainer on its way out may still append
   // a metrics line or commit and prune a checkpoint. Read the files once every trainer the
   // job had is gone.
-  for (const auto& t : info.trainers()) {
-    EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(t.pid()); }, 10000, 10))
-        << "trainer " << t.pid() << " of attempt " << t.attempt() << " still runs";
+  for (const auto& t : info.trainers()) trainers.push_back(t.pid());
+  for (const pid_t pid : trainers) {
+    EXPECT_TRUE(WaitUntil([&] { return !ProcessAlive(pid); }, 10000, 10))
+        << "trainer " << pid << " still runs";
   }
 
   // metrics.jsonl: attempt 1's lines, then only the newer attempts' (never interleaved).
