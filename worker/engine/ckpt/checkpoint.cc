@@ -613,7 +613,14 @@ Status PruneCheckpoints(const std::string& dir, int keep_last, FileSystem* fs) {
       spdlog::info("checkpoint {} is being read; kept past retention", complete[i].second);
       continue;
     }
-    RETURN_IF_ERROR(fs->RemoveAll(complete[i].second));
+    // Renamed out of the complete names first: rm -rf removes files one by one, and a
+    // trainer killed part-way (SIGKILL after the stop's grace) would leave a step_N/ that
+    // lists as complete while its manifest or a shard is gone. "step_N.tmp" is a name no
+    // writer uses (theirs carry ".a<attempt>") and the sweep above removes it next time
+    // when this removal is cut short.
+    const std::string doomed = Join(dir, StepDirName(complete[i].first) + ".tmp");
+    RETURN_IF_ERROR(fs->Rename(complete[i].second, doomed));
+    RETURN_IF_ERROR(fs->RemoveAll(doomed));
   }
   return OkStatus();
 }

@@ -217,6 +217,51 @@ TEST_F(CkptTest, PruningSkipsACheckpointBeingRead) {
   EXPECT_FALSE(fs::exists(dir_ / "step_1"));
 }
 
+// A file system whose rm -rf dies part-way, as a trainer killed in the middle of pruning:
+// it removes the directory's manifest, then stops.
+class DyingRemoveFileSystem final : public FileSystem {
+ public:
+  StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
+    return base_->NewWritableFile(p);
+  }
+  StatusOr<std::string> ReadFile(const std::string& p) override { return base_->ReadFile(p); }
+  StatusOr<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  StatusOr<std::vector<std::string>> ListDir(const std::string& d) override {
+    return base_->ListDir(d);
+  }
+  Status Rename(const std::string& f, const std::string& t) override {
+    return base_->Rename(f, t);
+  }
+  Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
+  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveAll(const std::string& p) override {
+    (void)base_->RemoveFile(p + "/" + kManifestFile);
+    return InternalError("killed while removing " + p);
+  }
+  Status MakeDirs(const std::string& p) override { return base_->MakeDirs(p); }
+
+ private:
+  FileSystem* base_ = FileSystem::Default();
+};
+
+// A prune cut short never leaves a half-removed directory under a complete step_N/ name, and
+// the next prune finishes the removal.
+TEST_F(CkptTest, APruneCutShortLeavesNoHalfRemovedCheckpointListed) {
+  for (int step : {1, 2, 3}) ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(step, 50)).ok());
+  DyingRemoveFileSystem dying;
+  EXPECT_FALSE(PruneCheckpoints(Dir(), 2, &dying).ok());
+  for (const auto& [step, path] : ListCheckpoints(Dir())) {
+    EXPECT_TRUE(fs::exists(fs::path(path) / kManifestFile)) << path << " lists as complete";
+  }
+  auto latest = LoadLatestCheckpoint(Dir());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->meta.step(), 3);
+  ASSERT_TRUE(PruneCheckpoints(Dir(), 2).ok());
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_)) left.push_back(e.path().filename());
+  EXPECT_THAT(left, ::testing::UnorderedElementsAre("step_2", "step_3"));
+}
+
 TEST_F(CkptTest, AsyncWriterKeepsLastKAndReportsEachCheckpoint) {
   std::vector<int64_t> completed;
   {
