@@ -229,9 +229,7 @@ class DyingRemoveFileSystem final : public FileSystem {
   StatusOr<std::vector<std::string>> ListDir(const std::string& d) override {
     return base_->ListDir(d);
   }
-  Status Rename(const std::string& f, const std::string& t) override {
-    return base_->Rename(f, t);
-  }
+  Status Rename(const std::string& f, const std::string& t) override { return base_->Rename(f, t); }
   Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
   Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
   Status RemoveAll(const std::string& p) override {
