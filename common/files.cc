@@ -44,19 +44,24 @@ StatusOr<std::string> ReadFileToString(const std::string& path) {
 
 namespace {
 
-// Reads `fd` from where it stands to its end for ReadFileInChunks and ReadFileTail (`path`
-// names it in errors).
-StatusOr<size_t> ReadChunks(int fd, const std::string& path, size_t chunk,
-                            const std::function<Status(const char* data, size_t n)>& fn) {
+// Reads `fd` from byte `offset` until `limit` bytes or its end, whichever comes first, for
+// ReadFileInChunks, ReadFileSpansInChunks and ReadFileTail (`path` names it in errors); fn
+// gets each piece's file offset. pread, so that the descriptor's position does not matter.
+StatusOr<size_t> ReadChunks(
+    int fd, const std::string& path, uint64_t offset, uint64_t limit, size_t chunk,
+    const std::function<Status(uint64_t at, const char* data, size_t n)>& fn,
+    std::vector<char>& buf) {
   DROVER_CHECK(chunk > 0);
-  std::vector<char> buf(chunk);
+  buf.resize(chunk);
   size_t total = 0;
-  for (bool end = false; !end;) {
+  for (bool end = false; !end && total < limit;) {
     // Fill the buffer (read may return less than asked), so that every piece but the last
     // is whole: a reader of fixed-size records never sees one split between two pieces.
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk, limit - total));
     size_t filled = 0;
-    while (filled < chunk) {
-      const ssize_t n = ::read(fd, buf.data() + filled, chunk - filled);
+    while (filled < want) {
+      const ssize_t n = ::pread(fd, buf.data() + filled, want - filled,
+                                static_cast<off_t>(offset + total + filled));
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoToStatus(errno, "read " + path);
@@ -68,7 +73,7 @@ StatusOr<size_t> ReadChunks(int fd, const std::string& path, size_t chunk,
       filled += static_cast<size_t>(n);
     }
     if (filled == 0) break;
-    RETURN_IF_ERROR(fn(buf.data(), filled));
+    RETURN_IF_ERROR(fn(offset + total, buf.data(), filled));
     total += filled;
   }
   return total;
@@ -80,7 +85,31 @@ StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
                                   const std::function<Status(const char* data, size_t n)>& fn) {
   ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
-  return ReadChunks(fd.get(), path, chunk, fn);
+  std::vector<char> buf;
+  return ReadChunks(
+      fd.get(), path, 0, std::numeric_limits<uint64_t>::max(), chunk,
+      [&](uint64_t, const char* data, size_t n) { return fn(data, n); }, buf);
+}
+
+StatusOr<size_t> ReadFileSpansInChunks(
+    const std::string& path, const std::vector<FileSpan>& spans, size_t chunk,
+    const std::function<Status(uint64_t offset, const char* data, size_t n)>& fn) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return ErrnoToStatus(errno, "open " + path);
+  std::vector<char> buf;
+  size_t total = 0;
+  for (const FileSpan& span : spans) {
+    ASSIGN_OR_RETURN(size_t got,
+                     ReadChunks(fd.get(), path, span.offset, span.length, chunk, fn, buf));
+    total += got;
+    if (got < span.length) {
+      return OutOfRangeError("read " + path + ": the file ends at byte " +
+                             std::to_string(span.offset + got) + ", before the end of bytes [" +
+                             std::to_string(span.offset) + ", " +
+                             std::to_string(span.offset + span.length) + ")");
+    }
+  }
+  return total;
 }
 
 StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {
@@ -90,16 +119,16 @@ StatusOr<std::string> ReadFileTail(const std::string& path, size_t max_bytes) {
   if (::fstat(fd.get(), &st) != 0) return ErrnoToStatus(errno, "stat " + path);
   if (S_ISDIR(st.st_mode)) return ErrnoToStatus(EISDIR, "read " + path);
   const size_t size = static_cast<size_t>(std::max<off_t>(st.st_size, 0));
-  if (size > max_bytes && ::lseek(fd.get(), static_cast<off_t>(size - max_bytes), SEEK_SET) < 0) {
-    return ErrnoToStatus(errno, "seek " + path);
-  }
   std::string out;
   out.reserve(std::min(size, max_bytes));
-  auto append = [&](const char* data, size_t n) {
+  auto append = [&](uint64_t, const char* data, size_t n) {
     out.append(data, n);
     return OkStatus();
   };
-  RETURN_IF_ERROR(ReadChunks(fd.get(), path, size_t{1} << 16, append).status());
+  std::vector<char> buf;
+  RETURN_IF_ERROR(ReadChunks(fd.get(), path, size > max_bytes ? size - max_bytes : 0,
+                             std::numeric_limits<uint64_t>::max(), size_t{1} << 16, append, buf)
+                      .status());
   return out;
 }
 

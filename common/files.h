@@ -10,6 +10,7 @@
 // last rename wins and readers never see a torn file).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -28,6 +29,20 @@ StatusOr<std::string> ReadFileToString(const std::string& path);
 // and is returned. NotFound when the file does not exist.
 StatusOr<size_t> ReadFileInChunks(const std::string& path, size_t chunk,
                                   const std::function<Status(const char* data, size_t n)>& fn);
+
+// Bytes [offset, offset + length) of a file.
+struct FileSpan {
+  uint64_t offset = 0, length = 0;
+};
+
+// Reads each of `spans` in turn, in pieces of `chunk` bytes from its offset (a span's last
+// piece may be shorter), calling fn(offset in the file, data, n) on each in order, and
+// returns how many bytes it read: a reader that needs some blocks of a large file reads
+// those alone. OutOfRange when the file ends inside a span (the pieces before that were
+// handed over); an error from fn stops the read and is returned.
+StatusOr<size_t> ReadFileSpansInChunks(
+    const std::string& path, const std::vector<FileSpan>& spans, size_t chunk,
+    const std::function<Status(uint64_t offset, const char* data, size_t n)>& fn);
 
 // The last `max_bytes` of the file (all of it when shorter): a log's tail without reading
 // the log. NotFound when it does not exist.

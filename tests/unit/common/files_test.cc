@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace drover {
@@ -63,6 +64,34 @@ TEST_F(FilesTest, ReadInChunksGivesWholeChunksInOrderThenTheRest) {
                 .status()
                 .code(),
             StatusCode::kNotFound);
+}
+
+TEST_F(FilesTest, ReadSpansGivesEachSpanInChunksFromItsOffset) {
+  const std::string path = dir_ + "/spans.bin";
+  std::string data;
+  for (int i = 0; i < 1000; ++i) data.push_back(static_cast<char>(i * 7));
+  ASSERT_TRUE(WriteFileAtomic(path, data).ok());
+  std::vector<std::pair<uint64_t, size_t>> pieces;
+  std::string back;
+  auto got = ReadFileSpansInChunks(path, {{100, 300}, {512, 488}}, 256,
+                                   [&](uint64_t at, const char* p, size_t n) {
+                                     pieces.emplace_back(at, n);
+                                     back.append(p, n);
+                                     return OkStatus();
+                                   });
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 788u);
+  EXPECT_EQ(pieces, (std::vector<std::pair<uint64_t, size_t>>{
+                        {100, 256}, {356, 44}, {512, 256}, {768, 232}}));
+  EXPECT_EQ(back, data.substr(100, 300) + data.substr(512));
+
+  auto past = ReadFileSpansInChunks(path, {{900, 200}}, 256,
+                                    [](uint64_t, const char*, size_t) { return OkStatus(); });
+  EXPECT_EQ(past.status().code(), StatusCode::kOutOfRange);
+  EXPECT_NE(past.status().message().find("the file ends at byte 1000, before the end of bytes "
+                                         "[900, 1100)"),
+            std::string::npos)
+      << past.status();
 }
 
 TEST_F(FilesTest, WriteReplacesAndLeavesNoTemporaryFile) {

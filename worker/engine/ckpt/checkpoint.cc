@@ -24,6 +24,13 @@ namespace {
 
 constexpr const char* kArenas[] = {"params", "adam_m", "adam_v"};
 
+// Shard files are written in checksummed blocks of this size and read a block at a time: a
+// reader holds one such buffer per thread, not the file (a shard of a large model is
+// hundreds of megabytes, read by up to 8 threads), and reads only the blocks it needs. A
+// manifest may name other sizes up to kMaxBlockBytes (each reader thread allocates one).
+constexpr size_t kBlockBytes = size_t{1} << 20;
+constexpr uint64_t kMaxBlockBytes = uint64_t{16} << 20;
+
 const std::vector<float>& ArenaOf(const CheckpointSnapshot& s, const std::string& name) {
   if (name == "adam_m") return s.adam_m;
   if (name == "adam_v") return s.adam_v;
@@ -206,7 +213,12 @@ StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
     sh.set_begin(n > 0 ? lo : 0);
     sh.set_end(n > 0 ? hi : 0);
     sh.set_bytes(static_cast<int64_t>(bytes));
-    sh.set_crc32c(crc32c::Value(data.data(), bytes));
+    const std::string_view file_bytes = BytesOf(data);
+    sh.set_crc32c(crc32c::Value(file_bytes.data(), bytes));
+    sh.set_block_bytes(static_cast<uint32_t>(kBlockBytes));
+    for (size_t at = 0; at < bytes; at += kBlockBytes) {
+      sh.add_block_crc32c(crc32c::Value(file_bytes.data() + at, std::min(kBlockBytes, bytes - at)));
+    }
     sh.set_rank(shard.rank);
     for (const auto& r : shard.runs) *sh.add_runs() = r;
   }
@@ -335,6 +347,16 @@ Status CheckManifestShape(const std::string& step_dir, const v1::CheckpointManif
       return DataLossError(Join(step_dir, sh.file()) + ": the file is " + std::to_string(size) +
                            " bytes, the manifest says " + std::to_string(sh.bytes()));
     }
+    if (sh.block_bytes() > 0 || sh.block_crc32c_size() > 0) {
+      const uint64_t block = sh.block_bytes();
+      if (block == 0 || block % sizeof(float) != 0 || block > kMaxBlockBytes ||
+          static_cast<uint64_t>(sh.block_crc32c_size()) != (size + block - 1) / block) {
+        return DataLossError(Join(step_dir, sh.file()) + ": the manifest's " +
+                             std::to_string(sh.block_crc32c_size()) + " block checksums of " +
+                             std::to_string(block) + " bytes do not fit the file's " +
+                             std::to_string(size) + " bytes");
+      }
+    }
     arena_bytes[sh.arena()] += static_cast<int64_t>(size);  // real files: cannot overflow
   }
   for (const char* arena : kArenas) {
@@ -371,22 +393,47 @@ bool HoldsSomeOf(const std::vector<v1::CheckpointRun>& runs, const GlobalPart& p
   return some;
 }
 
-// Shard files are read this much at a time: a reader holds one such buffer per thread, not
-// the file (a shard of a large model is hundreds of megabytes, read by up to 8 threads).
-constexpr size_t kReadChunkBytes = size_t{1} << 20;
-
 // A contiguous piece of a shard file: file elements [at, at + n) are global elements
 // [global, global + n).
 struct FilePiece {
   size_t global, at, n;
 };
 
-// Reads one shard file, verifies its size and CRC32C, and copies the elements of its runs
-// that `part` holds into it as they stream past, adding their number to *copied (a file
-// that fails its CRC fails the whole read, so what it copied is never used). Shards of one
-// checkpoint cover disjoint elements, so they may be read into one part concurrently.
+// The spans of a shard file to read for `part`: the blocks holding an element of one of
+// `pieces` that the part holds, adjacent blocks merged, in file order. A file without
+// block checksums (an earlier writer's) is one span: it can only be verified whole.
+std::vector<FileSpan> SpansToRead(const v1::CheckpointShard& sh,
+                                  const std::vector<FilePiece>& pieces, const GlobalPart& part) {
+  const auto bytes = static_cast<uint64_t>(sh.bytes());
+  if (sh.block_bytes() == 0) return {{0, bytes}};
+  const uint64_t block = sh.block_bytes();
+  std::vector<FileSpan> spans;
+  for (const FilePiece& p : pieces) {
+    part.ForEachHeld(p.global, p.global + p.n, [&](size_t hb, size_t he) {
+      const uint64_t b0 = (p.at + (hb - p.global)) * sizeof(float) / block;
+      const uint64_t b1 = ((p.at + (he - p.global)) * sizeof(float) - 1) / block + 1;
+      if (!spans.empty() && spans.back().offset + spans.back().length >= b0 * block) {
+        spans.back().length = std::max(spans.back().length, b1 * block - spans.back().offset);
+      } else {
+        spans.push_back({b0 * block, (b1 - b0) * block});
+      }
+    });
+  }
+  if (!spans.empty()) {
+    FileSpan& last = spans.back();
+    last.length = std::min(last.length, bytes - last.offset);
+  }
+  return spans;
+}
+
+// Reads the blocks of one shard file that hold elements `part` holds (the whole file when it
+// has no block checksums), verifies the file's size and each block's CRC32C (the whole
+// file's too when every block is read), and copies those elements into the part as they
+// stream past, adding their number to *copied and the bytes read to *bytes_read (a block
+// that fails its CRC fails the whole read, so what was copied is never used). Shards of
+// one checkpoint cover disjoint elements, so they may be read into one part concurrently.
 Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh, GlobalPart* part,
-                     std::atomic<size_t>* copied) {
+                     std::atomic<size_t>* copied, std::atomic<int64_t>* bytes_read) {
   const std::string path = Join(step_dir, sh.file());
   const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
   const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
@@ -409,12 +456,26 @@ Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
     pieces.push_back({b, at, e - b});
     at += e - b;
   });
-  uint32_t crc = 0;
-  size_t done = 0, next = 0, n_copied = 0;  // done: elements read; next: first piece not done
-  auto scatter = [&](const char* data, size_t bytes) {
-    crc = crc32c::Extend(crc, data, bytes);
-    // Every chunk but the last is whole (a multiple of 4 bytes): elements [e0, e1) are here.
-    const size_t e0 = done, e1 = done + bytes / sizeof(float);
+  const std::vector<FileSpan> spans = SpansToRead(sh, pieces, *part);
+  const bool whole =
+      spans.size() == 1 && spans[0].offset == 0 && spans[0].length == static_cast<uint64_t>(want);
+  const size_t chunk = sh.block_bytes() > 0 ? sh.block_bytes() : kBlockBytes;
+  uint32_t crc = 0;               // of the whole file, when it is read whole
+  size_t next = 0, n_copied = 0;  // next: the first piece not behind the current chunk
+  auto scatter = [&](uint64_t offset, const char* data, size_t bytes) {
+    if (sh.block_bytes() > 0) {
+      const uint64_t k = offset / chunk;
+      const uint32_t got = crc32c::Value(data, bytes);
+      if (got != sh.block_crc32c(static_cast<int>(k))) {
+        return DataLossError(path + ": CRC32C mismatch in block " + std::to_string(k) + " (bytes " +
+                             std::to_string(offset) + " to " + std::to_string(offset + bytes) +
+                             "; file " + std::to_string(got) + ", manifest " +
+                             std::to_string(sh.block_crc32c(static_cast<int>(k))) + ")");
+      }
+    }
+    if (whole) crc = crc32c::Extend(crc, data, bytes);
+    // Every chunk starts on an element (blocks are multiples of 4 bytes): elements [e0, e1).
+    const size_t e0 = offset / sizeof(float), e1 = e0 + bytes / sizeof(float);
     while (next < pieces.size() && pieces[next].at + pieces[next].n <= e0) ++next;
     for (size_t i = next; i < pieces.size() && pieces[i].at < e1; ++i) {
       const FilePiece& p = pieces[i];
@@ -426,19 +487,19 @@ Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
         n_copied += he - hb;
       });
     }
-    done = e1;
     return OkStatus();
   };
-  StatusOr<size_t> read = ReadFileInChunks(path, kReadChunkBytes, scatter);
-  if (!read.ok()) return DataLossError(path + ": " + std::string(read.status().message()));
-  if (static_cast<int64_t>(*read) != want) {
-    return DataLossError(path + ": the file changed size while it was read");
+  StatusOr<size_t> read = ReadFileSpansInChunks(path, spans, chunk, scatter);
+  if (!read.ok()) {
+    if (read.status().code() == StatusCode::kDataLoss) return read.status();
+    return DataLossError(path + ": " + std::string(read.status().message()));
   }
-  if (crc != sh.crc32c()) {
+  if (whole && crc != sh.crc32c()) {
     return DataLossError(path + ": CRC32C mismatch (file " + std::to_string(crc) + ", manifest " +
                          std::to_string(sh.crc32c()) + ")");
   }
   copied->fetch_add(n_copied);
+  bytes_read->fetch_add(static_cast<int64_t>(*read));
   return OkStatus();
 }
 
@@ -473,18 +534,18 @@ StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t
   for (int i = 0; i < m.shards_size(); ++i) {
     if (!HoldsSomeOf(RunsOf(m.shards(i)), *PartOf(&part, m.shards(i).arena()))) continue;
     files.push_back(i);
-    part.bytes_read += m.shards(i).bytes();
   }
   const int count = static_cast<int>(files.size());
   const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
   std::vector<Status> results(files.size());
   std::atomic<size_t> copied{0};
+  std::atomic<int64_t> bytes_read{0};
   std::atomic<int> next{0};
   auto work = [&] {
     for (int i = next++; i < count; i = next++) {
       const v1::CheckpointShard& sh = m.shards(files[static_cast<size_t>(i)]);
       results[static_cast<size_t>(i)] =
-          ReadShardInto(step_dir, sh, PartOf(&part, sh.arena()), &copied);
+          ReadShardInto(step_dir, sh, PartOf(&part, sh.arena()), &copied, &bytes_read);
     }
   };
   std::vector<std::thread> pool;
@@ -492,6 +553,7 @@ StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t
   work();
   for (std::thread& t : pool) t.join();
   for (const Status& st : results) RETURN_IF_ERROR(st);
+  part.bytes_read = bytes_read.load();
   // CheckManifestShape found that the shards tile every arena: each element asked for was
   // copied exactly once.
   const size_t asked = part.params.size() + part.adam_m.size() + part.adam_v.size();

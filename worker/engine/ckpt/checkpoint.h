@@ -2,7 +2,8 @@
 //
 // Layout: <dir>/step_N/manifest.json (a drover.v1.CheckpointManifest as JSON) plus shard
 // files <arena>.r<rank>.bin, each holding elements of one GLOBAL flat arena ("params",
-// "adam_m", "adam_v") as little-endian fp32 with a CRC32C in the manifest. Which elements
+// "adam_m", "adam_v") as little-endian fp32 with a CRC32C in the manifest, of the whole
+// file and of each 1 MiB block of it (a reader verifies what it reads). Which elements
 // is a list of strided runs (a tensor-parallel part of a matrix is one run), so the shards
 // of any mesh are ranges of the global arenas and a checkpoint loads at any world size and
 // layout with no conversion step.
@@ -51,7 +52,7 @@ struct CheckpointSnapshot {
 struct CheckpointPart {
   v1::CheckpointManifest meta;
   GlobalPart params, adam_m, adam_v;
-  int64_t bytes_read = 0;  // the sizes of the shard files read
+  int64_t bytes_read = 0;  // the bytes of shard files read (whole blocks)
 };
 
 // The elements of the global arenas a rank asks a checkpoint for: `params` of the
@@ -116,13 +117,15 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
 StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
 
 // ReadCheckpoint for one rank: the same checks of the manifest (and that it says `step`),
-// then only the shard files that hold an element `want` asks for, each streamed through and
-// verified in full (size and CRC32C); the other files are neither read nor verified, and
-// only the requested elements are kept. (A trainer rank asks for its data-parallel share of
-// its stage, ParallelGpt::ShareRanges, so that replicas do not read the same files; tensor-
-// parallel ranks, whose slices run through every matrix, each read most files.) DataLoss
-// names the first problem; want's InvalidArgument is returned as it is, and so is a request
-// past the arena's end.
+// then only the blocks of shard files that hold an element `want` asks for, each streamed
+// through and verified (the file's size, each block's CRC32C, and the whole file's when all
+// of it is read; a file of a writer without block checksums is read and verified whole);
+// the other blocks are neither read nor verified, and only the requested elements are kept.
+// (A trainer rank asks for its data-parallel share of its stage, ParallelGpt::ShareRanges,
+// so that replicas do not read the same blocks, whatever mesh wrote the checkpoint; a
+// tensor-parallel rank's slice of a row-parallel matrix has a piece in every row, and so in
+// every block of it.) DataLoss names the first problem; want's InvalidArgument is returned
+// as it is, and so is a request past the arena's end.
 StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
                                             const PartRequestFn& want);
 

@@ -1,9 +1,11 @@
 // ReadCheckpointPart and LoadLatestCheckpointPart: a rank reads only the shard files that
 // hold what it needs, verifies each, and keeps only what it asked for.
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
@@ -124,6 +126,81 @@ TEST_F(CheckpointPartTest, OnlyTheFilesHoldingWhatIsAskedForAreReadAndVerified) 
       << hit.status();
   // The whole read finds it too.
   EXPECT_EQ(ReadCheckpoint(StepDir(4)).status().code(), StatusCode::kDataLoss);
+}
+
+// Shard files are written in checksummed blocks of 1 MiB: a rank reads and verifies only the
+// blocks that hold its elements, so a new mesh whose shares cut across the old mesh's files
+// reads what it needs, not every file it touches.
+TEST_F(CheckpointPartTest, ARankReadsOnlyTheBlocksHoldingItsElements) {
+  constexpr size_t kBlock = size_t{1} << 18;  // floats in a block
+  constexpr size_t n = 3 * kBlock + 1000;     // four blocks per arena, the last short
+  const CheckpointSnapshot whole = MakeSnapshot(3, n);
+  ASSERT_TRUE(WriteCheckpoint(dir_.string(), whole).ok());
+  auto m = ReadManifest(StepDir(3));
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (const auto& sh : m->shards()) {
+    EXPECT_EQ(sh.block_bytes(), kBlock * sizeof(float));
+    EXPECT_EQ(sh.block_crc32c_size(), 4) << sh.file();
+  }
+  // Params [kBlock - 5, kBlock + 5) straddle blocks 0 and 1; the moments only block 3.
+  auto part =
+      ReadCheckpointPart(StepDir(3), 3, Asking({{{kBlock - 5, kBlock + 5}}, {{n - 10, n}}}));
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->bytes_read, 2 * 4 * kBlock + 2 * 4 * 1000);
+  for (size_t i = kBlock - 5; i < kBlock + 5; ++i)
+    EXPECT_EQ(part->params.At(i, 1)[0], whole.params[i]);
+  for (size_t i = n - 10; i < n; ++i) EXPECT_EQ(part->adam_v.At(i, 1)[0], whole.adam_v[i]);
+
+  // A damaged block that is not needed stops nobody; one that is stops the read, named.
+  {
+    std::fstream f(fs::path(StepDir(3)) / "params.r0.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(2 * kBlock * sizeof(float) + 8));
+    f.put('\x5a');
+  }
+  EXPECT_TRUE(ReadCheckpointPart(StepDir(3), 3, Asking({{{0, 2 * kBlock}}, {}})).ok());
+  auto hit = ReadCheckpointPart(StepDir(3), 3, Asking({{{2 * kBlock + 1, 2 * kBlock + 3}}, {}}));
+  EXPECT_EQ(hit.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(hit.status().message().find("params.r0.bin: CRC32C mismatch in block 2 (bytes 2097152 "
+                                        "to 3145728"),
+            std::string::npos)
+      << hit.status();
+  EXPECT_EQ(ReadCheckpoint(StepDir(3)).status().code(), StatusCode::kDataLoss);
+}
+
+// The manifest of an earlier writer has no block checksums: its files are read whole and
+// verified by their one CRC32C. Block checksums that do not fit the file are DataLoss.
+TEST_F(CheckpointPartTest, FilesWithoutBlockChecksumsAreReadWholeAndBadBlockListsRefused) {
+  constexpr size_t n = 300'000;  // two blocks per file
+  const CheckpointSnapshot whole = MakeSnapshot(5, n);
+  ASSERT_TRUE(WriteCheckpoint(dir_.string(), whole).ok());
+  auto rewrite = [&](const std::function<void(v1::CheckpointShard*)>& edit) {
+    auto m = ReadManifest(StepDir(5));
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (auto& sh : *m->mutable_shards()) edit(&sh);
+    std::string json;
+    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
+    std::ofstream(fs::path(StepDir(5)) / kManifestFile, std::ios::trunc) << json;
+  };
+  rewrite([](v1::CheckpointShard* sh) {
+    sh->clear_block_bytes();
+    sh->clear_block_crc32c();
+  });
+  auto part = ReadCheckpointPart(StepDir(5), 5, Asking({{{0, 10}}, {}}));
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->bytes_read, static_cast<int64_t>(n * sizeof(float)));
+  EXPECT_EQ(part->params.At(7, 1)[0], whole.params[7]);
+
+  rewrite([](v1::CheckpointShard* sh) {
+    sh->set_block_bytes(1 << 20);
+    sh->add_block_crc32c(1);
+  });
+  auto bad = ReadCheckpointPart(StepDir(5), 5, Asking({{{0, 10}}, {}}));
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("params.r0.bin: the manifest's 1 block checksums of "
+                                        "1048576 bytes do not fit the file's 1200000 bytes"),
+            std::string::npos)
+      << bad.status();
 }
 
 TEST_F(CheckpointPartTest, ElementsPastTheArenaAreRefusedNamingBoth) {
