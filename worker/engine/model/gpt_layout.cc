@@ -14,6 +14,9 @@ constexpr const char* kLayerTensorNames[kLayerTensors] = {
     "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
 // Global table index of layer 0's first tensor (after wte, wpe).
 constexpr int kFirstLayerTensor = 2;
+// The rows of wte a vocabulary split that tp does not divide evenly hands out at a time: the
+// padding's multiple, so that every slice keeps the LM head's GEMMs aligned.
+constexpr int kVocabUnit = 128;
 
 // Megatron's split of each layer tensor (see the header), and the column split's blocks.
 struct SplitRule {
@@ -152,10 +155,23 @@ void GptLayout::Build() {
   global_ = GptTensorTable(config_);
   const size_t tp = static_cast<size_t>(tp_size_);
   const int Vp = config_.padded_vocab_size;
-  vocab_split_ = tp_size_ > 1 && Vp % tp_size_ == 0;
-  local_vocab_ = vocab_split_ ? Vp / tp_size_ : Vp;
-  vocab_begin_ = vocab_split_ ? tp_rank_ * local_vocab_ : 0;
-  const TpSplit wte_split = vocab_split_ ? TpSplit::kColumn : TpSplit::kReplicated;
+  if (tp_size_ > 1 && Vp % tp_size_ == 0) {
+    vocab_split_ = true;
+    local_vocab_ = Vp / tp_size_;
+    vocab_begin_ = tp_rank_ * local_vocab_;
+  } else if (tp_size_ > 1 && Vp % kVocabUnit == 0 && Vp / kVocabUnit >= tp_size_) {
+    // Whole units of rows, the first ranks one more: GPT-2's 50304 over tp 5 is 10112 rows
+    // on ranks 0-2 and 9984 on ranks 3-4, each slice's rows still a multiple of 128.
+    const int units = Vp / kVocabUnit, base = units / tp_size_, extra = units % tp_size_;
+    vocab_split_ = true;
+    local_vocab_ = (base + (tp_rank_ < extra ? 1 : 0)) * kVocabUnit;
+    vocab_begin_ = (tp_rank_ * base + std::min(tp_rank_, extra)) * kVocabUnit;
+  } else {
+    vocab_split_ = false;
+    local_vocab_ = Vp;
+    vocab_begin_ = 0;
+  }
+  const TpSplit wte_split = vocab_split_ ? TpSplit::kVocab : TpSplit::kReplicated;
 
   size_t offset = 0;
   auto add_tensor = [&](int global, TpSplit split, int parts, bool primary) {
@@ -169,7 +185,10 @@ void GptLayout::Build() {
     t.parts = parts;
     if (split == TpSplit::kColumn) t.shape[0] /= static_cast<int64_t>(tp);
     if (split == TpSplit::kRow) t.shape[1] /= static_cast<int64_t>(tp);
-    t.numel = split == TpSplit::kReplicated ? g.numel : g.numel / tp;
+    if (split == TpSplit::kVocab) t.shape[0] = local_vocab_;
+    t.numel = split == TpSplit::kReplicated ? g.numel
+              : split == TpSplit::kVocab    ? static_cast<size_t>(local_vocab_) * g.shape[1]
+                                            : g.numel / tp;
     // A replicated tensor is counted once, on tp rank 0.
     t.primary = primary && (split != TpSplit::kReplicated || tp_rank_ == 0);
     tensors_.push_back(t);

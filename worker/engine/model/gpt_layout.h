@@ -16,11 +16,13 @@
 //   - column-parallel (qkvw, qkvb, fcw, fcb): output rows; for qkv, heads [h0, h1) of each
 //     of q, k and v, so the local qkv is again "q | k | v" for NH / tp heads;
 //   - row-parallel (attprojw, fcprojw): input columns of the same heads / MLP units;
-//   - vocabulary-parallel (wte, when tp divides Vp): rows [r * Vp / tp, (r + 1) * Vp / tp)
-//     on tp rank r, as Megatron splits the embedding and the LM head: each rank computes
-//     the logits of its vocabulary slice only (the head's GEMMs and the logits' memory
-//     shrink by tp), the embedding sums the ranks' rows, and the loss combines the slices'
-//     log-sum-exps (GptStage). When tp does not divide Vp, wte is replicated;
+//   - vocabulary-parallel (wte): rows [r * Vp / tp, (r + 1) * Vp / tp) on tp rank r, as
+//     Megatron splits the embedding and the LM head: each rank computes the logits of its
+//     vocabulary slice only (the head's GEMMs and the logits' memory shrink by tp), the
+//     embedding sums the ranks' rows, and the loss combines the slices' log-sum-exps
+//     (GptStage). When tp does not divide Vp, the slices are whole 128-row units of it, the
+//     first Vp / 128 % tp ranks one unit more (vocab_begin, local_vocab); only when Vp has
+//     fewer such units than tp ranks is wte replicated;
 //   - replicated: wpe, LayerNorms and the row-parallel GEMMs' biases (added once).
 // The local arena is ordered in UNITS, the tensors used together:
 //   first stage: [wte, wpe] embedding unit, then its layers, then [lnfw, lnfb] if also last;
@@ -85,7 +87,8 @@ std::vector<TensorInfo> GptTensorTable(const GptConfig& config);
 size_t GptNumParams(const GptConfig& config);
 
 // How tensor parallelism divides a tensor among the tp ranks.
-enum class TpSplit { kReplicated, kColumn, kRow };
+// kVocab: rows [vocab_begin, vocab_begin + local_vocab) of wte, which need not be Vp / tp.
+enum class TpSplit { kReplicated, kColumn, kRow, kVocab };
 
 // A tensor as one rank holds it.
 struct LocalTensor {
@@ -237,6 +240,11 @@ void GptLayout::ForEachRun(const LocalTensor& t, Fn&& fn) const {
         fn(g.offset + (q * rows + rank * local_rows) * cols, t.offset + q * local_rows * cols,
            local_rows * cols);
       }
+      return;
+    }
+    case TpSplit::kVocab: {
+      const size_t cols = static_cast<size_t>(g.shape[1]);
+      fn(g.offset + static_cast<size_t>(vocab_begin_) * cols, t.offset, t.numel);
       return;
     }
     case TpSplit::kRow: {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -139,6 +140,44 @@ TEST(GptLayoutTest, TensorParallelSplitsTheVocabularyWhenTpDividesIt) {
   EXPECT_EQ(replicated->local_vocab(), 128);
   EXPECT_EQ(replicated->live_vocab(), 50);
   EXPECT_FALSE(replicated->Find("wte")->primary);
+}
+
+// GPT-2's padded vocabulary (50304 = 393 units of 128 rows) over tp 5, which does not divide
+// it: ranks 0-2 take 79 units, ranks 3-4 take 78, and together they tile wte exactly once.
+TEST(GptLayoutTest, AVocabularyTpDoesNotDivideSplitsInUnitsOf128Rows) {
+  const GptConfig cfg{16, 50257, 50304, 1, 5, 10};  // maxT V Vp L NH C
+  std::vector<float> global(GptNumParams(cfg));
+  std::iota(global.begin(), global.end(), 0.0f);
+  const int rows[] = {10112, 10112, 10112, 9984, 9984};
+  int begin = 0;
+  std::vector<int> covered(50304 * 10, 0);
+  for (int r = 0; r < 5; ++r) {
+    auto layout = GptLayout::Create(cfg, 0, 1, r, 5);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    ExpectUnitsTileTheArena(*layout);
+    EXPECT_TRUE(layout->vocab_split());
+    EXPECT_EQ(layout->local_vocab(), rows[r]) << r;
+    EXPECT_EQ(layout->vocab_begin(), begin) << r;
+    EXPECT_EQ(layout->live_vocab(), r < 4 ? rows[r] : 50257 - begin);
+    const LocalTensor* wte = layout->Find("wte");
+    EXPECT_EQ(wte->shape, (std::vector<int64_t>{rows[r], 10}));
+    EXPECT_EQ(wte->numel, static_cast<size_t>(rows[r]) * 10);
+    EXPECT_EQ(layout->wpe_offset(), wte->numel);
+    std::vector<float> local(layout->num_params());
+    layout->GlobalToLocal(global.data(), local.data());
+    EXPECT_EQ(local[wte->offset + 7 * 10 + 3], global[(begin + 7) * 10 + 3]);
+    std::vector<float> back(global.size(), -1.0f);
+    layout->LocalToGlobal(local.data(), back.data(), /*primary_only=*/true);
+    for (size_t i = 0; i < covered.size(); ++i) {
+      if (back[i] >= 0) {
+        EXPECT_EQ(back[i], global[i]);
+        ++covered[i];
+      }
+    }
+    begin += rows[r];
+  }
+  EXPECT_EQ(begin, 50304);
+  EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), 50304 * 10);
 }
 
 TEST(GptLayoutTest, LastOfSeveralStagesHoldsACopyOfTheTiedEmbedding) {
