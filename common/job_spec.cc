@@ -185,6 +185,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(parallel.tp),
       DROVER_SPEC_FIELD(parallel.zero_stage),
       DROVER_SPEC_FIELD(parallel.pp_schedule),
+      DROVER_SPEC_FIELD(parallel.pp_chunks),
       Field{"parallel.pp_layers", DecodePpLayers, EmitPpLayers},
       DROVER_SPEC_FIELD(parallel.timeout_s),
       DROVER_SPEC_FIELD(parallel.bucket_mb),

@@ -61,11 +61,21 @@ struct ParallelSpec {
   int pp = 1;
   int tp = 1;
   int zero_stage = 0;                // 0..3
-  std::string pp_schedule = "1f1b";  // gpipe | 1f1b
-  // Layers of each pipeline stage, in order (pp entries, each at least 1, summing to
-  // n_layer); empty: n_layer / pp each. Uneven counts balance the stages when the last one
+  std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  // Model chunks per pipeline stage under the interleaved schedule (virtual stages =
+  // pp x pp_chunks); 0 = auto: 2 when interleaved, else 1.
+  int pp_chunks = 0;
+  // Layers of each pipeline stage, in order (pp entries, or pp x chunks under the
+  // interleaved schedule: one per virtual stage; each at least 1, summing to n_layer);
+  // empty: n_layer / (pp x chunks) each. Uneven counts balance the stages when the last one
   // also computes the LM head (at GPT-2's vocabulary about as much work as five layers).
   std::vector<int> pp_layers;
+
+  // The model chunks each stage holds: pp_chunks resolved (2 for auto when interleaved).
+  int Chunks() const {
+    if (pp_chunks > 0) return pp_chunks;
+    return pp_schedule == "interleaved" ? 2 : 1;
+  }
   // Deadline of every collective and point-to-point transfer between ranks: a dead or hung
   // peer fails the others within it instead of blocking them.
   double timeout_s = 10;

@@ -208,7 +208,8 @@ class Rules {
       return Fail("parallel.zero_stage",
                   Num(int64_t{p.zero_stage}) + " is not valid; must be 0, 1, 2 or 3");
     }
-    RETURN_IF_ERROR(OneOf("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b"}));
+    RETURN_IF_ERROR(OneOf("parallel.pp_schedule", p.pp_schedule, {"gpipe", "1f1b", "interleaved"}));
+    RETURN_IF_ERROR(CheckChunks(p));
     if (p.zero_stage >= 2 && p.pp > 1) {
       return Fail("parallel.zero_stage",
                   Num(int64_t{p.zero_stage}) + " cannot be combined with parallel.pp (" +
@@ -226,6 +227,14 @@ class Rules {
     }
     if (!p.pp_layers.empty()) {
       RETURN_IF_ERROR(CheckPpLayers(p));
+    } else if (p.Chunks() > 1 && s_.model.n_layer % (p.pp * p.Chunks()) != 0) {
+      return Fail("parallel.pp_chunks",
+                  Num(int64_t{p.Chunks()}) + " chunks on each of parallel.pp (" +
+                      Num(int64_t{p.pp}) + ") stages are " + Num(int64_t{p.pp * p.Chunks()}) +
+                      " virtual stages, which do not divide model.n_layer (" +
+                      Num(int64_t{s_.model.n_layer}) +
+                      "); each takes n_layer / (pp x pp_chunks) layers unless "
+                      "parallel.pp_layers lists them");
     } else if (s_.model.n_layer % p.pp != 0) {
       return Fail("parallel.pp", Num(int64_t{p.pp}) + " does not divide model.n_layer (" +
                                      Num(int64_t{s_.model.n_layer}) +
@@ -240,10 +249,43 @@ class Rules {
     return OkStatus();
   }
 
+  // parallel.pp_chunks: several only with the interleaved schedule, which needs them and a
+  // pipeline to interleave.
+  Status CheckChunks(const ParallelSpec& p) const {
+    const std::string key = "parallel.pp_chunks";
+    RETURN_IF_ERROR(Between(key, p.pp_chunks, 0, kMaxParallelDegree));
+    if (p.pp_schedule != "interleaved") {
+      if (p.pp_chunks > 1) {
+        return Fail(key, Num(int64_t{p.pp_chunks}) +
+                             " needs parallel.pp_schedule interleaved (it is '" + p.pp_schedule +
+                             "'): only the interleaved schedule runs several chunks per stage");
+      }
+      return OkStatus();
+    }
+    if (p.pp_chunks == 1) {
+      return Fail(key,
+                  "1 with parallel.pp_schedule interleaved: interleaving needs at least 2 "
+                  "chunks per stage (use 1f1b for one)");
+    }
+    if (p.pp < 2) {
+      return Fail("parallel.pp_schedule", "interleaved needs parallel.pp of at least 2 (it is " +
+                                              Num(int64_t{p.pp}) +
+                                              "): there are no stages to interleave");
+    }
+    return OkStatus();
+  }
+
   // The rules of StageLayers (parallel_mesh.h), with the key's line.
   Status CheckPpLayers(const ParallelSpec& p) const {
     const std::string key = "parallel.pp_layers";
-    if (static_cast<int64_t>(p.pp_layers.size()) != p.pp) {
+    const int64_t virtual_stages = int64_t{p.pp} * p.Chunks();
+    if (p.Chunks() > 1 && static_cast<int64_t>(p.pp_layers.size()) != virtual_stages) {
+      return Fail(key, Num(int64_t(p.pp_layers.size())) + " entries for parallel.pp (" +
+                           Num(int64_t{p.pp}) + ") x parallel.pp_chunks (" +
+                           Num(int64_t{p.Chunks()}) + ") = " + Num(virtual_stages) +
+                           " virtual stages; give one layer count per virtual stage");
+    }
+    if (p.Chunks() == 1 && static_cast<int64_t>(p.pp_layers.size()) != p.pp) {
       return Fail(key, Num(int64_t(p.pp_layers.size())) + " entries for parallel.pp (" +
                            Num(int64_t{p.pp}) + "); give one layer count per stage");
     }

@@ -17,8 +17,9 @@ StatusOr<ParallelMesh> ParallelMesh::Create(const JobSpec& spec, int world_size)
     return InvalidArgumentError("parallel.pp (" + Num(pp) + "), parallel.tp (" + Num(tp) +
                                 ") and train.micro_batch (" + Num(mb) + ") must be at least 1");
   }
-  RETURN_IF_ERROR(
-      StageLayers(spec.model.n_layer, static_cast<int>(pp), spec.parallel.pp_layers).status());
+  RETURN_IF_ERROR(StageLayers(spec.model.n_layer, static_cast<int>(pp), spec.parallel.pp_layers,
+                              spec.parallel.Chunks())
+                      .status());
   if (spec.model.n_head % tp != 0) {
     return InvalidArgumentError("model.n_head (" + Num(spec.model.n_head) +
                                 ") is not divisible by tp (" + Num(tp) + ")");
@@ -46,29 +47,50 @@ StatusOr<ParallelMesh> ParallelMesh::Create(const JobSpec& spec, int world_size)
                                 ") > 1: ZeRO-2/3 would reduce-scatter every stage's gradients "
                                 "once per micro-batch; use zero_stage 0 or 1 with pipelines");
   }
+  const int64_t micro_batches = spec.train.global_batch / (dp * mb);
+  if (spec.parallel.Chunks() > 1 && pp < 2) {
+    return InvalidArgumentError("parallel.pp_schedule interleaved needs pp (" + Num(pp) +
+                                ") of at least 2");
+  }
+  if (spec.parallel.Chunks() > 1 && micro_batches % pp != 0) {
+    return InvalidArgumentError(
+        "the interleaved schedule needs the micro-batches per step, train.global_batch (" +
+        Num(spec.train.global_batch) + ") / (dp (" + Num(dp) + ") x train.micro_batch (" + Num(mb) +
+        ")) = " + Num(micro_batches) + " at world_size " + ws + ", to be a multiple of pp (" +
+        Num(pp) + ")");
+  }
   ParallelMesh mesh;
   mesh.dp_ = static_cast<int>(dp);
   mesh.pp_ = static_cast<int>(pp);
   mesh.tp_ = static_cast<int>(tp);
   mesh.zero_stage_ = spec.parallel.zero_stage;
-  mesh.micro_batches_ = static_cast<int>(spec.train.global_batch / (dp * mb));
+  mesh.micro_batches_ = static_cast<int>(micro_batches);
+  mesh.pp_chunks_ = spec.parallel.Chunks();
   mesh.pp_schedule_ = spec.parallel.pp_schedule;
   mesh.pp_layers_ = spec.parallel.pp_layers;
   return mesh;
 }
 
-StatusOr<std::vector<int>> StageLayers(int n_layer, int pp, const std::vector<int>& pp_layers) {
+StatusOr<std::vector<int>> StageLayers(int n_layer, int pp, const std::vector<int>& pp_layers,
+                                       int chunks) {
   if (pp < 1) return InvalidArgumentError("pp (" + Num(pp) + ") must be at least 1");
+  if (chunks < 1) return InvalidArgumentError("pp_chunks (" + Num(chunks) + ") must be at least 1");
+  const int stages = pp * chunks;
+  // "pp (2)", or "pp (2) x parallel.pp_chunks (2) = 4 virtual stages"
+  const std::string what = chunks == 1 ? "pp (" + Num(pp) + ")"
+                                       : "pp (" + Num(pp) + ") x parallel.pp_chunks (" +
+                                             Num(chunks) + ") = " + Num(stages) + " virtual stages";
   if (pp_layers.empty()) {
-    if (n_layer % pp != 0) {
-      return InvalidArgumentError("model.n_layer (" + Num(n_layer) + ") is not divisible by pp (" +
-                                  Num(pp) + "); give parallel.pp_layers for an uneven split");
+    if (n_layer % stages != 0) {
+      return InvalidArgumentError("model.n_layer (" + Num(n_layer) + ") is not divisible by " +
+                                  what + "; give parallel.pp_layers for an uneven split");
     }
-    return std::vector<int>(pp, n_layer / pp);
+    return std::vector<int>(stages, n_layer / stages);
   }
-  if (static_cast<int>(pp_layers.size()) != pp) {
+  if (static_cast<int>(pp_layers.size()) != stages) {
     return InvalidArgumentError("parallel.pp_layers has " + Num(pp_layers.size()) +
-                                " entries for pp (" + Num(pp) + "); give one per stage");
+                                " entries for " + what + "; give one per " +
+                                (chunks == 1 ? "stage" : "virtual stage"));
   }
   int64_t sum = 0;
   for (int n : pp_layers) {
@@ -119,6 +141,7 @@ std::string ParallelMesh::Describe() const {
   std::string s = "dp" + Num(dp_) + " x pp" + Num(pp_) + " x tp" + Num(tp_);
   if (zero_stage_ > 0) s += ", ZeRO-" + Num(zero_stage_);
   if (pp_ > 1) s += ", " + pp_schedule_;
+  if (pp_chunks_ > 1) s += " x" + Num(pp_chunks_);
   if (!pp_layers_.empty()) {
     s += ", layers ";
     for (size_t i = 0; i < pp_layers_.size(); ++i) {

@@ -32,7 +32,8 @@ class ParallelMesh {
   // broken: world_size < 1; dp x pp x tp != world_size (or world_size not divisible by
   // pp x tp when dp is auto); n_layer not split by pp or parallel.pp_layers (StageLayers);
   // n_head not divisible by tp;
-  // global_batch not divisible by dp x micro_batch; ZeRO-2/3 with pp > 1.
+  // global_batch not divisible by dp x micro_batch; ZeRO-2/3 with pp > 1; under the
+  // interleaved schedule, micro-batches per step not a multiple of pp.
   static StatusOr<ParallelMesh> Create(const JobSpec& spec, int world_size);
 
   int world_size() const { return dp_ * pp_ * tp_; }
@@ -43,6 +44,9 @@ class ParallelMesh {
   // Micro-batches each dp rank runs per optimizer step: global_batch / (dp x micro_batch)
   // (gradient accumulation steps; the pipeline's micro-batches in flight when pp > 1).
   int micro_batches() const { return micro_batches_; }
+  // Model chunks per pipeline stage: 1, or parallel.pp_chunks (2 by default) under the
+  // interleaved schedule, virtual stage c x pp + s being chunk c of stage s.
+  int pp_chunks() const { return pp_chunks_; }
 
   Coord CoordOf(int rank) const;
   int RankOf(const Coord& c) const { return (c.pp * dp_ + c.dp) * tp_ + c.tp; }
@@ -52,25 +56,28 @@ class ParallelMesh {
   std::vector<int> PpGroup(int rank) const;
   std::vector<int> TpGroup(int rank) const;
 
-  // parallel.pp_layers as the spec gives it: each stage's layer count, or empty for the even
-  // split (StageLayers resolves it against the model's n_layer).
+  // parallel.pp_layers as the spec gives it: each (virtual) stage's layer count, or empty
+  // for the even split (StageLayers resolves it against the model's n_layer).
   const std::vector<int>& pp_layers() const { return pp_layers_; }
 
   // "dp2 x pp2 x tp1, ZeRO-1, 1f1b, 4 micro-batches per step" (+ ", layers 7+5" when
-  // parallel.pp_layers is given)
+  // parallel.pp_layers is given; "interleaved x2" for two chunks per stage)
   std::string Describe() const;
 
  private:
   int dp_ = 1, pp_ = 1, tp_ = 1;
   int zero_stage_ = 0;
   int micro_batches_ = 1;
+  int pp_chunks_ = 1;
   std::string pp_schedule_;
   std::vector<int> pp_layers_;
 };
 
-// The layers of each of `pp` pipeline stages of an n_layer model: pp_layers when given (pp
-// entries, each at least 1, adding up to n_layer), else n_layer / pp each (pp must divide
-// n_layer). InvalidArgument names the rule broken.
-StatusOr<std::vector<int>> StageLayers(int n_layer, int pp, const std::vector<int>& pp_layers);
+// The layers of each of `pp` pipeline stages of an n_layer model, or with `chunks` per stage
+// (the interleaved schedule) of each of pp x chunks virtual stages: pp_layers when given
+// (one entry per (virtual) stage, each at least 1, adding up to n_layer), else an even
+// split (which must divide n_layer). InvalidArgument names the rule broken.
+StatusOr<std::vector<int>> StageLayers(int n_layer, int pp, const std::vector<int>& pp_layers,
+                                       int chunks = 1);
 
 }  // namespace drover

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Parallel training modes at GPT-2-small shapes, each against one process with the same
 # total threads, in one run (tests/bench/README.md, "Parallel training"):
-#   - step time and tokens/s of dp2, ZeRO-1/2/3 x dp2, pp2 (GPipe and 1F1B) and tp2, each as
+#   - step time and tokens/s of dp2, ZeRO-1/2/3 x dp2, pp2 (GPipe, 1F1B and interleaved 1F1B
+#     with two chunks per stage) and tp2, each as
 #     2 ranks x THREADS/2 threads, against 1 rank x THREADS threads;
 #   - the fraction of data-parallel communication hidden behind backward;
 #   - bytes per rank for parameters, gradients, AdamW state and ZeRO's transient buffers,
 #     against ZeRO's formulas for P parameters on N ranks;
-#   - the pipeline bubble measured on stage 0 against (p - 1) / (m + p - 1);
+#   - the pipeline bubble measured on stage 0 against (p - 1) / (v m + p - 1), v chunks;
 #   - each collective's bus bandwidth on loopback against memcpy (bench_comm_bench).
 #
 #   tests/bench/parallel_bench.sh BUILD_DIR
@@ -48,7 +49,7 @@ checkpoint: {every_steps: 0}
 EOF
 
 failed=0
-modes=" ${MODES:-single dp2 zero1 zero2 zero3 pp2_gpipe pp2_1f1b pp2_1f1b_balanced pp2_gpipe_v256 pp2_1f1b_v256 single_v256 tp2} "
+modes=" ${MODES:-single dp2 zero1 zero2 zero3 pp2_gpipe pp2_1f1b pp2_1f1b_balanced pp2_interleaved pp2_gpipe_v256 pp2_1f1b_v256 pp2_interleaved_v256 single_v256 tp2} "
 run() {  # name nproc threads [--set k=v]...
   local name=$1 nproc=$2 t=$3
   shift 3
@@ -74,11 +75,16 @@ run pp2_1f1b 2 "$half" --set parallel.pp=2 --set parallel.pp_schedule=1f1b --set
 # PP_LAYERS, default 9,3, what the trainer suggests for the default 12-layer model).
 run pp2_1f1b_balanced 2 "$half" --set parallel.pp=2 --set parallel.pp_schedule=1f1b \
   --set train.micro_batch=1 --set parallel.pp_layers="${PP_LAYERS:-9,3}"
+# Interleaved 1F1B, two chunks of n_layer / 4 layers per stage.
+run pp2_interleaved 2 "$half" --set parallel.pp=2 --set parallel.pp_schedule=interleaved \
+  --set train.micro_batch=1
 small=(--set model.vocab_size=256)
 run pp2_gpipe_v256 2 "$half" "${small[@]}" --set parallel.pp=2 --set parallel.pp_schedule=gpipe \
   --set train.micro_batch=1
 run pp2_1f1b_v256 2 "$half" "${small[@]}" --set parallel.pp=2 --set parallel.pp_schedule=1f1b \
   --set train.micro_batch=1
+run pp2_interleaved_v256 2 "$half" "${small[@]}" --set parallel.pp=2 \
+  --set parallel.pp_schedule=interleaved --set train.micro_batch=1
 run single_v256 1 "$threads" "${small[@]}"
 run tp2 2 "$half" --set parallel.tp=2
 
@@ -87,7 +93,8 @@ import json, os, statistics, sys
 out, global_batch, seq = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def runs():
     for name in ["single", "dp2", "zero1", "zero2", "zero3", "pp2_gpipe", "pp2_1f1b",
-                 "pp2_1f1b_balanced", "tp2", "single_v256", "pp2_gpipe_v256", "pp2_1f1b_v256"]:
+                 "pp2_1f1b_balanced", "pp2_interleaved", "tp2", "single_v256", "pp2_gpipe_v256",
+                 "pp2_1f1b_v256", "pp2_interleaved_v256"]:
         path = os.path.join(out, name, "metrics.jsonl")
         if os.path.exists(path):
             lines = [json.loads(l) for l in open(path)]
@@ -138,15 +145,17 @@ if "single" in rows:
                   f" {m['working_mib']:9.1f} {total:9.1f} {fp + fg + fo:9.1f}   "
                   f"{fp:.1f} + {fg:.1f} + {fo:.1f}" + (" + gathered working set" if name in ("zero2", "zero3") else ""))
 
-print("\n== pipeline bubble on stage 0 (time blocked on the next stage / step) vs (p-1)/(m+p-1)")
-for name in ["pp2_gpipe", "pp2_1f1b", "pp2_1f1b_balanced", "pp2_gpipe_v256", "pp2_1f1b_v256"]:
+print("\n== pipeline bubble on stage 0 (time blocked on the next stage / step) vs (p-1)/(v m+p-1)")
+for name in ["pp2_gpipe", "pp2_1f1b", "pp2_1f1b_balanced", "pp2_interleaved", "pp2_gpipe_v256",
+             "pp2_1f1b_v256", "pp2_interleaved_v256"]:
     if name in rows:
         ms = rows[name]
-        p = ms[0]["pp"]
+        p, v = ms[0]["pp"], ms[0].get("pp_chunks", 1)
         m = global_batch  # micro-batches of one sequence, as the runs set it
         bubble = statistics.median(x["pp_wait_ms"] / x["step_ms"] for x in ms)
-        print(f"{name:<18} measured {100 * bubble:5.1f}%   ideal {100 * (p - 1) / (m + p - 1):5.1f}%"
-              f"   (p = {p}, m = {m})")
+        ideal = (p - 1) / (v * m + p - 1)
+        print(f"{name:<20} measured {100 * bubble:5.1f}%   ideal {100 * ideal:5.1f}%"
+              f"   (p = {p}, v = {v}, m = {m})")
 EOF
 
 if [[ "${COMM:-1}" == 1 && -x "$build/bin/bench_comm_bench" ]]; then

@@ -71,11 +71,15 @@ class ModeTest : public ParallelTrainTest, public ::testing::WithParamInterface<
 
 TEST_P(ModeTest, DroverTrainNprocMatchesOneProcessStepForStep) {
   const Mode& mode = GetParam();
+  // The one-process reference trains the mode's model (its model.* settings) alone.
+  std::vector<std::string> args, model;
+  for (const std::string& s : mode.sets) {
+    args.insert(args.end(), {"--set", s});
+    if (s.starts_with("model.")) model.insert(model.end(), {"--set", s});
+  }
   const std::string one = Spec("one", 6);
-  ASSERT_EQ(Train(one, 1), 0) << Log();
+  ASSERT_EQ(Train(one, 1, model), 0) << Log();
   const std::string spec = Spec("par", 6);
-  std::vector<std::string> args;
-  for (const std::string& s : mode.sets) args.insert(args.end(), {"--set", s});
   ASSERT_EQ(Train(spec, mode.nproc, args), 0) << Log();
   const std::vector<double> want = Losses(dir_ / "one" / "metrics.jsonl");
   const std::vector<double> got = Losses(dir_ / "par" / "metrics.jsonl");
@@ -101,7 +105,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"zero2", 2, {"parallel.zero_stage=2"}},
                       Mode{"zero3", 2, {"parallel.zero_stage=3"}},
                       Mode{"pp2_gpipe", 2, {"parallel.pp=2", "parallel.pp_schedule=gpipe"}},
-                      Mode{"pp2_1f1b", 2, {"parallel.pp=2"}}, Mode{"tp2", 2, {"parallel.tp=2"}},
+                      Mode{"pp2_1f1b", 2, {"parallel.pp=2"}},
+                      Mode{
+                          "pp2_interleaved",
+                          2,
+                          {"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=interleaved"}},
+                      Mode{"tp2", 2, {"parallel.tp=2"}},
                       Mode{"dp2_pp2", 4, {"parallel.pp=2", "parallel.zero_stage=1"}},
                       Mode{"dp2_tp2", 4, {"parallel.tp=2", "parallel.zero_stage=1"}},
                       Mode{"pp2_tp2", 4, {"parallel.pp=2", "parallel.tp=2"}}),

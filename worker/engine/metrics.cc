@@ -39,6 +39,7 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendInt(&s, "dp", m.dp);
   AppendInt(&s, "pp", m.pp);
   AppendInt(&s, "tp", m.tp);
+  AppendInt(&s, "pp_chunks", m.pp_chunks);
   AppendInt(&s, "zero_stage", m.zero_stage);
   AppendNumber(&s, "comm_ms", m.comm_ms);
   AppendNumber(&s, "comm_wait_ms", m.comm_wait_ms);

@@ -21,10 +21,12 @@ struct StepMetrics {
   double data_wait_ms = 0;  // time the step waited on the data loader
   int world_size = 1;
   int64_t attempt = 0;
-  // The mesh: dp x pp x tp = world_size, and the ZeRO stage.
+  // The mesh: dp x pp x tp = world_size, the model chunks per pipeline stage (interleaved
+  // schedule) and the ZeRO stage.
   int dp = 1;
   int pp = 1;
   int tp = 1;
+  int pp_chunks = 1;
   int zero_stage = 0;
   double comm_ms = 0;       // data-parallel communication during forward and backward
   double comm_wait_ms = 0;  // of which the step waited for (the rest hid behind compute)
@@ -47,7 +49,7 @@ struct StepMetrics {
 };
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
-// tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, zero_stage,
+// tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
 // and val_loss, rollbacks, spike, loss_scale, skipped and device_allocations when present.
 // Non-finite numbers are written as null (JSON has no NaN).

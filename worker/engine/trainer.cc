@@ -171,7 +171,10 @@ Status Trainer::Init() {
       DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
       mesh_->Describe(), DescribePrecision(spec), B_, T_, spec.train.steps,
       resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
-  if (is_rank0() && mesh_->pp() > 1 && mesh_->pp_layers().empty()) SuggestStageLayers();
+  // (Not for interleaved chunks: the head then sits on one of pp x chunks virtual stages.)
+  if (is_rank0() && mesh_->pp() > 1 && mesh_->pp_chunks() == 1 && mesh_->pp_layers().empty()) {
+    SuggestStageLayers();
+  }
   return OkStatus();
 }
 
@@ -259,7 +262,8 @@ StatusOr<std::vector<float>> Trainer::InitialParams() {
     spdlog::warn("train.init_from {} has shapes {}; they replace the spec's model section",
                  spec.train.init_from, DescribeConfig(config_));
     // The mesh was validated against the spec's shapes; the file's must fit it too.
-    if (!StageLayers(config_.num_layers, mesh_->pp(), mesh_->pp_layers()).ok() ||
+    if (!StageLayers(config_.num_layers, mesh_->pp(), mesh_->pp_layers(), mesh_->pp_chunks())
+             .ok() ||
         config_.num_heads % mesh_->tp() != 0) {
       return InvalidArgumentError("train.init_from " + spec.train.init_from + " has " +
                                   DescribeConfig(config_) + ", which does not split into pp " +
@@ -355,6 +359,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.dp = mesh_->dp();
   m.pp = mesh_->pp();
   m.tp = mesh_->tp();
+  m.pp_chunks = mesh_->pp_chunks();
   m.zero_stage = mesh_->zero_stage();
   m.comm_ms = r.comm_busy_s * 1000.0;
   m.comm_wait_ms = r.comm_blocked_s * 1000.0;

@@ -519,6 +519,36 @@ const BadCase kBadCases[] = {
      Minimal("parallel:\n  pp: 2\n  pp_layers: [3, x]\n"),
      {},
      "parallel.pp_layers (line 5): expected a list of layer counts, got 'x'"},
+    {"PpChunksWithoutTheInterleavedSchedule",
+     Minimal("parallel:\n  pp: 2\n  pp_chunks: 2\n"),
+     {},
+     "parallel.pp_chunks (line 5): 2 needs parallel.pp_schedule interleaved (it is '1f1b'): only "
+     "the interleaved schedule runs several chunks per stage"},
+    {"InterleavedWithOneChunk",
+     Minimal("parallel:\n  pp: 2\n  pp_schedule: interleaved\n  pp_chunks: 1\n"),
+     {},
+     "parallel.pp_chunks (line 6): 1 with parallel.pp_schedule interleaved: interleaving needs at "
+     "least 2 chunks per stage (use 1f1b for one)"},
+    {"InterleavedWithoutAPipeline",
+     Minimal("parallel:\n  pp_schedule: interleaved\n"),
+     {},
+     "parallel.pp_schedule (line 4): interleaved needs parallel.pp of at least 2 (it is 1): there "
+     "are no stages to interleave"},
+    {"InterleavedVirtualStagesDoNotDivideLayers",
+     Minimal("parallel:\n  pp: 2\n  pp_schedule: interleaved\n  pp_chunks: 4\n"),
+     {},
+     "parallel.pp_chunks (line 6): 4 chunks on each of parallel.pp (2) stages are 8 virtual "
+     "stages, which do not divide model.n_layer (4)"},
+    {"InterleavedPpLayersPerStage",
+     Minimal("parallel:\n  pp: 2\n  pp_schedule: interleaved\n  pp_layers: [3, 1]\n"),
+     {},
+     "parallel.pp_layers (line 6): 2 entries for parallel.pp (2) x parallel.pp_chunks (2) = 4 "
+     "virtual stages; give one layer count per virtual stage"},
+    {"InterleavedMicroBatchesNotAMultipleOfPp",
+     Minimal("parallel: {pp: 2, pp_schedule: interleaved}\ntrain: {global_batch: 6, "
+             "micro_batch: 2}\nresources: {world_size: 2}\n"),
+     {},
+     "= 3 at world_size 2, to be a multiple of pp (2)"},
     {"DpZero",
      Minimal("parallel:\n  dp: 0\n"),
      {},

@@ -55,6 +55,34 @@ TEST(ParallelMeshTest, StageLayersAreEvenOrAsListed) {
   EXPECT_EQ(mesh->Describe(), "dp1 x pp2 x tp1, 1f1b, layers 3+2, 8 micro-batches per step");
 }
 
+// Two chunks per stage by default under the interleaved schedule (virtual stages of
+// n_layer / (pp x chunks) layers each); pp_layers then counts the virtual stages.
+TEST(ParallelMeshTest, TheInterleavedScheduleRunsChunksOfVirtualStages) {
+  JobSpec spec = Spec(8, 4, 2, 1, 0, 8, 1, 0);
+  spec.parallel.pp_schedule = "interleaved";
+  auto mesh = ParallelMesh::Create(spec, 2);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->pp_chunks(), 2);
+  EXPECT_EQ(mesh->Describe(), "dp1 x pp2 x tp1, interleaved x2, 8 micro-batches per step");
+  spec.parallel.pp_chunks = 4;
+  ASSERT_TRUE(ParallelMesh::Create(spec, 2).ok());
+  spec.parallel.pp_layers = {2, 2, 1, 1, 1, 1};  // 6 entries for 8 virtual stages
+  EXPECT_EQ(ParallelMesh::Create(spec, 2).status().message(),
+            "parallel.pp_layers has 6 entries for pp (2) x parallel.pp_chunks (4) = 8 virtual "
+            "stages; give one per virtual stage");
+  spec.parallel.pp_layers = {};
+  spec.parallel.pp_chunks = 3;
+  EXPECT_EQ(ParallelMesh::Create(spec, 2).status().message(),
+            "model.n_layer (8) is not divisible by pp (2) x parallel.pp_chunks (3) = 6 virtual "
+            "stages; give parallel.pp_layers for an uneven split");
+  EXPECT_EQ(ParallelMesh::Create(Spec(8, 4, 2, 1, 0, 8, 1, 0), 2)->pp_chunks(), 1);
+}
+
+JobSpec Interleaved(JobSpec s) {
+  s.parallel.pp_schedule = "interleaved";
+  return s;
+}
+
 struct Impossible {
   JobSpec spec;
   int world;
@@ -77,6 +105,11 @@ TEST(ParallelMeshTest, ImpossibleLayoutsNameEveryFactor) {
       {Spec(4, 4, 2, 1, 0, 8, 1, 2), 4,
        "parallel.zero_stage 2 with pp (2) > 1: ZeRO-2/3 would reduce-scatter every stage's "
        "gradients once per micro-batch; use zero_stage 0 or 1 with pipelines"},
+      {Interleaved(Spec(4, 4, 2, 1, 0, 6, 2, 0)), 2,
+       "the interleaved schedule needs the micro-batches per step, train.global_batch (6) / "
+       "(dp (1) x train.micro_batch (2)) = 3 at world_size 2, to be a multiple of pp (2)"},
+      {Interleaved(Spec(4, 4, 1, 1, 0, 8, 1, 0)), 1,
+       "parallel.pp_schedule interleaved needs pp (1) of at least 2"},
   };
   for (const Impossible& c : table) {
     auto mesh = ParallelMesh::Create(c.spec, c.world);

@@ -117,7 +117,7 @@ size_t GptNumParams(const GptConfig& config) {
 }
 
 StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int stages, int tp_rank,
-                                      int tp_size, const std::vector<int>& pp_layers) {
+                                      int tp_size, const std::vector<int>& pp_layers, int chunks) {
   RETURN_IF_ERROR(config.Validate());
   if (stages < 1 || stage < 0 || stage >= stages) {
     return InvalidArgumentError("pipeline stage " + Num(stage) + " of " + Num(stages) +
@@ -127,8 +127,12 @@ StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int st
     return InvalidArgumentError("tensor-parallel rank " + Num(tp_rank) + " of " + Num(tp_size) +
                                 " is out of range");
   }
-  ASSIGN_OR_RETURN(const std::vector<int> layers,
-                   StageLayers(config.num_layers, stages, pp_layers));
+  if (chunks < 1) {
+    return InvalidArgumentError("pipeline chunks per stage " + Num(chunks) + " must be at least 1");
+  }
+  // Virtual stage c * stages + stage is this stage's chunk c (parallel/pipeline.h).
+  auto layers = StageLayers(config.num_layers, stages, pp_layers, chunks);
+  RETURN_IF_ERROR(layers.status());
   if (config.num_heads % tp_size != 0) {
     return InvalidArgumentError("model.n_head (" + Num(config.num_heads) +
                                 ") is not divisible by tp (" + Num(tp_size) + ")");
@@ -139,8 +143,12 @@ StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int st
   layout.stages_ = stages;
   layout.tp_rank_ = tp_rank;
   layout.tp_size_ = tp_size;
-  for (int s = 0; s < stage; ++s) layout.first_layer_ += layers[s];
-  layout.end_layer_ = layout.first_layer_ + layers[stage];
+  for (int c = 0; c < chunks; ++c) {
+    const int v = c * stages + stage;
+    int first = 0;
+    for (int u = 0; u < v; ++u) first += (*layers)[u];
+    layout.chunk_layers_.emplace_back(first, first + (*layers)[v]);
+  }
   layout.Build();
   return layout;
 }
@@ -213,14 +221,17 @@ void GptLayout::Build() {
     add_tensor(wte, wte_split, 1, /*primary=*/false);  // the first stage's counts
     end_unit(head_unit_);
   }
-  for (int l = first_layer_; l < end_layer_; ++l) {
-    const int u = begin_unit(UnitKind::kLayer, l);
-    if (l == first_layer_) first_layer_unit_ = u;
-    for (int k = 0; k < kLayerTensors; ++k) {
-      add_tensor(kFirstLayerTensor + l * kLayerTensors + k, kLayerSplit[k].split,
-                 kLayerSplit[k].parts, true);
+  layer_units_.assign(config_.num_layers, -1);
+  for (const auto& [first, end] : chunk_layers_) {
+    for (int l = first; l < end; ++l) {
+      const int u = begin_unit(UnitKind::kLayer, l);
+      layer_units_[l] = u;
+      for (int k = 0; k < kLayerTensors; ++k) {
+        add_tensor(kFirstLayerTensor + l * kLayerTensors + k, kLayerSplit[k].split,
+                   kLayerSplit[k].parts, true);
+      }
+      end_unit(u);
     }
-    end_unit(u);
   }
   if (last_stage()) {
     final_norm_unit_ = begin_unit(UnitKind::kFinalNorm, -1);
@@ -231,8 +242,8 @@ void GptLayout::Build() {
   num_params_ = offset;
 
   // Every layer has the same local shapes; read the offsets off the first one.
-  if (first_layer_unit_ >= 0) {
-    const size_t base = units_[first_layer_unit_].offset;
+  if (const int first_unit = layer_units_[chunk_layers_[0].first]; first_unit >= 0) {
+    const size_t base = units_[first_unit].offset;
     size_t rel[kLayerTensors];
     size_t i = 0;
     while (tensors_[i].offset < base) ++i;
@@ -245,8 +256,8 @@ void GptLayout::Build() {
 size_t GptLayout::global_num_params() const { return global_.back().offset + global_.back().numel; }
 
 int GptLayout::layer_unit(int layer) const {
-  DROVER_CHECK(layer >= first_layer_ && layer < end_layer_);
-  return first_layer_unit_ + (layer - first_layer_);
+  DROVER_CHECK(layer >= 0 && layer < config_.num_layers && layer_units_[layer] >= 0);
+  return layer_units_[layer];
 }
 
 size_t GptLayout::wpe_offset() const {

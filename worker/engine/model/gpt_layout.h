@@ -11,8 +11,9 @@
 // The LM head is tied to wte; padded rows V..Vp-1 of wte stay zero.
 //
 // A LOCAL layout is what one rank of a parallel job holds: the layers of its pipeline
-// stage (contiguous ranges of layers: L / pp each, or parallel.pp_layers), each tensor cut to
-// its tensor-parallel part:
+// stage (contiguous ranges of layers: L / pp each, or parallel.pp_layers; under the
+// interleaved schedule, v chunks of them, chunk c being virtual stage c * pp + stage of
+// pp * v), each tensor cut to its tensor-parallel part:
 //   - column-parallel (qkvw, qkvb, fcw, fcb): output rows; for qkv, heads [h0, h1) of each
 //     of q, k and v, so the local qkv is again "q | k | v" for NH / tp heads;
 //   - row-parallel (attprojw, fcprojw): input columns of the same heads / MLP units;
@@ -28,7 +29,9 @@
 //   first stage: [wte, wpe] embedding unit, then its layers, then [lnfw, lnfb] if also last;
 //   later stages: their layers; the last of several stages starts with its own copy of wte
 //   (the head unit: Megatron keeps the tied embedding on both ends and sums its gradient
-//   between them) and ends with [lnfw, lnfb].
+//   between them) and ends with [lnfw, lnfb]. The layers of several chunks follow each
+//   other in chunk order: the embedding is chunk 0's of the first stage, the head and the
+//   final norm the last chunk's of the last stage.
 // With one stage and tp = 1 the local arena IS the global arena (Whole()).
 //
 // Units are the granularity of ZeRO-3 gathering and of gradient readiness (data-parallel
@@ -126,13 +129,15 @@ struct LayerOffsets {
 
 class GptLayout {
  public:
-  // Pipeline stage `stage` of `stages` on tensor-parallel rank `tp_rank` of `tp_size`; the
-  // stages' layer counts are pp_layers (parallel.pp_layers), or L / stages each when it is
-  // empty. InvalidArgument (naming the factor) when the config is invalid, the layers do
-  // not split so (StageLayers), NH is not divisible by tp_size, or a rank index is out of
-  // range.
+  // Pipeline stage `stage` of `stages`, holding `chunks` model chunks (the interleaved
+  // schedule's; 1 otherwise), on tensor-parallel rank `tp_rank` of `tp_size`; the virtual
+  // stages' layer counts are pp_layers (parallel.pp_layers, stages * chunks entries), or
+  // L / (stages * chunks) each when it is empty. InvalidArgument (naming the factor) when
+  // the config is invalid, the layers do not split so (StageLayers), NH is not divisible
+  // by tp_size, or a rank index is out of range.
   static StatusOr<GptLayout> Create(const GptConfig& config, int stage, int stages, int tp_rank,
-                                    int tp_size, const std::vector<int>& pp_layers = {});
+                                    int tp_size, const std::vector<int>& pp_layers = {},
+                                    int chunks = 1);
   // The whole model on one rank; the local arena is the global one. CHECKs config.Validate().
   static GptLayout Whole(const GptConfig& config);
 
@@ -143,8 +148,14 @@ class GptLayout {
   int tp_size() const { return tp_size_; }
   bool first_stage() const { return stage_ == 0; }
   bool last_stage() const { return stage_ == stages_ - 1; }
-  int first_layer() const { return first_layer_; }  // global index of the stage's first layer
-  int end_layer() const { return end_layer_; }      // one past its last
+  // The stage's model chunks, and the global layers [first, end) of each.
+  int chunks() const { return static_cast<int>(chunk_layers_.size()); }
+  int chunk_first_layer(int chunk) const { return chunk_layers_.at(chunk).first; }
+  int chunk_end_layer(int chunk) const { return chunk_layers_.at(chunk).second; }
+  // Whether chunk `chunk` embeds the tokens (the first stage's chunk 0) or computes the head
+  // and the loss (the last stage's last chunk).
+  bool embeds(int chunk) const { return first_stage() && chunk == 0; }
+  bool heads(int chunk) const { return last_stage() && chunk == chunks() - 1; }
 
   // Per-rank widths under tensor parallelism: attention channels C / tp in NH / tp heads,
   // MLP hidden 4C / tp.
@@ -170,7 +181,7 @@ class GptLayout {
   int embedding_unit() const { return embedding_unit_; }
   int head_unit() const { return head_unit_; }
   int final_norm_unit() const { return final_norm_unit_; }
-  int layer_unit(int layer) const;  // CHECKs first_layer() <= layer < end_layer()
+  int layer_unit(int layer) const;  // CHECKs that the stage holds global layer `layer`
   const LayerOffsets& layer_offsets() const { return layer_offsets_; }
   // Inside the embedding unit wte is at 0 and wpe at local_vocab * C; inside the head unit wte is
   // at 0; inside the final-norm unit lnfw is at 0 and lnfb at C.
@@ -214,12 +225,13 @@ class GptLayout {
   int stage_ = 0, stages_ = 1, tp_rank_ = 0, tp_size_ = 1;
   bool vocab_split_ = false;
   int vocab_begin_ = 0, local_vocab_ = 0;
-  int first_layer_ = 0, end_layer_ = 0;
+  std::vector<std::pair<int, int>> chunk_layers_;  // [first, end) of each chunk
+  std::vector<int> layer_units_;                   // per global layer; -1 where not held
   std::vector<TensorInfo> global_;
   std::vector<LocalTensor> tensors_;
   std::vector<Unit> units_;
   size_t num_params_ = 0;
-  int embedding_unit_ = -1, head_unit_ = -1, final_norm_unit_ = -1, first_layer_unit_ = -1;
+  int embedding_unit_ = -1, head_unit_ = -1, final_norm_unit_ = -1;
   LayerOffsets layer_offsets_{};
 };
 

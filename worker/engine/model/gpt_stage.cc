@@ -32,12 +32,12 @@ const int32_t* LocalIds(const GptLayout& layout, const std::vector<int32_t>& ids
 void StageActivations::Ensure(int B, int T) {
   const GptConfig& cfg = layout_->config();
   DROVER_CHECK(B >= 1 && T >= 1 && T <= cfg.max_seq_len);
-  const size_t L = layout_->end_layer() - layout_->first_layer();
+  const size_t L = layout_->chunk_end_layer(chunk_) - layout_->chunk_first_layer(chunk_);
   const size_t C = cfg.channels, Ca = layout_->attn_channels(), C4 = layout_->mlp_channels();
   const size_t NHa = layout_->local_heads();
   const size_t BT = static_cast<size_t>(B) * T;
-  // The head's buffers exist on the last stage only.
-  const size_t last = layout_->last_stage() ? 1 : 0;
+  // The head's buffers exist on the last stage's last chunk only.
+  const size_t last = layout_->heads(chunk_) ? 1 : 0;
   const size_t Vl = layout_->local_vocab();
   // The vocabulary split's loss buffers, on the last stage.
   const size_t split = last * (layout_->vocab_split() ? 1 : 0);
@@ -87,14 +87,22 @@ size_t StageActivations::OperandStride(size_t n) const {
 }
 
 const float* StageActivations::output() const {
-  const size_t L = layout_->end_layer() - layout_->first_layer();
+  const size_t L = layout_->chunk_end_layer(chunk_) - layout_->chunk_first_layer(chunk_);
   const size_t btc = static_cast<size_t>(B_) * T_ * layout_->config().channels;
   return L == 0 ? encoded_ : residual3_ + (L - 1) * btc;
 }
 
 GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp,
-                   Precision precision)
-    : layout_(layout), ops_(ops), tp_(tp), precision_(precision) {
+                   Precision precision, int chunk)
+    : layout_(layout),
+      ops_(ops),
+      tp_(tp),
+      precision_(precision),
+      chunk_(chunk),
+      l0_(layout->chunk_first_layer(chunk)),
+      l1_(layout->chunk_end_layer(chunk)),
+      embeds_(layout->embeds(chunk)),
+      heads_(layout->heads(chunk)) {
   DROVER_CHECK((layout->tp_size() > 1) == (tp != nullptr));
   DROVER_CHECK(tp == nullptr || tp->size() == layout->tp_size());
 }
@@ -130,12 +138,12 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
   const int B = a.B_, T = a.T_, BT = B * T;
   const int C = layout_->config().channels, Ca = layout_->attn_channels();
   const int C4 = layout_->mlp_channels(), NHa = layout_->local_heads();
-  const size_t i = l - layout_->first_layer();
+  const size_t i = l - l0_;
   const size_t btc = static_cast<size_t>(BT) * C;
   const int unit = layout_->layer_unit(l);
-  if (l + 1 < layout_->end_layer()) {
+  if (l + 1 < l1_) {
     mem.PrefetchParams(unit + 1);
-  } else if (layout_->last_stage()) {
+  } else if (heads_) {
     // The head follows the last layer: its wte is large, start fetching it now.
     mem.PrefetchParams(layout_->final_norm_unit());
     mem.PrefetchParams(layout_->head_unit());
@@ -174,14 +182,13 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   const int C = cfg.channels, V = cfg.vocab_size;
   DROVER_CHECK(B >= 1 && T >= 1);
   DROVER_CHECK_MSG(a.precision_ == precision_, "activations laid out for another precision");
+  DROVER_CHECK_MSG(a.chunk_ == chunk_, "activations laid out for another chunk");
   a.backward_ready_ = false;
-  if (layout_->first_stage()) {
+  if (embeds_) {
     for (int i = 0; i < BT; i++)
       DROVER_CHECK_MSG(a.inputs_[i] >= 0 && a.inputs_[i] < V, "token id");
     const int e = layout_->embedding_unit();
-    if (layout_->end_layer() > layout_->first_layer()) {
-      mem.PrefetchParams(layout_->layer_unit(layout_->first_layer()));
-    }
+    if (l1_ > l0_) mem.PrefetchParams(layout_->layer_unit(l0_));
     ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(e));
     ops_->EncoderForward(a.encoded_, LocalIds(*layout_, a.inputs_, a.local_inputs_), p,
                          p + layout_->wpe_offset(), B, T, C, precision_);
@@ -193,10 +200,8 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
                                      parallel::DataType::kFloat32, parallel::ReduceOp::kSum));
     }
   }
-  for (int l = layout_->first_layer(); l < layout_->end_layer(); ++l) {
-    RETURN_IF_ERROR(LayerForward(a, mem, l));
-  }
-  if (!layout_->last_stage()) return 0.0f;
+  for (int l = l0_; l < l1_; ++l) RETURN_IF_ERROR(LayerForward(a, mem, l));
+  if (!heads_) return 0.0f;
 
   const int f = layout_->final_norm_unit(), h = layout_->head_unit();
   ASSIGN_OR_RETURN(const float* pf, mem.AcquireParams(f));
@@ -296,10 +301,10 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   const int B = a.B_, T = a.T_, BT = B * T;
   const int C = layout_->config().channels, Ca = layout_->attn_channels();
   const int C4 = layout_->mlp_channels(), NHa = layout_->local_heads();
-  const size_t i = l - layout_->first_layer();
+  const size_t i = l - l0_;
   const size_t btc = static_cast<size_t>(BT) * C;
   const int unit = layout_->layer_unit(l);
-  if (l > layout_->first_layer()) mem.PrefetchParams(unit - 1);
+  if (l > l0_) mem.PrefetchParams(unit - 1);
   ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(unit));
   bool acc = false;
   ASSIGN_OR_RETURN(float* g, mem.AcquireGrads(unit, &acc));
@@ -332,16 +337,15 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
 }
 
 Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scale) {
-  if (layout_->last_stage()) {
+  DROVER_CHECK_MSG(a.chunk_ == chunk_, "activations laid out for another chunk");
+  if (heads_) {
     DROVER_CHECK_MSG(a.backward_ready_,
                      "Backward needs a Forward with targets (a training pass) right before");
     a.backward_ready_ = false;  // the logits buffer becomes dlogits
     RETURN_IF_ERROR(HeadBackward(a, mem, grad_scale));
   }
-  for (int l = layout_->end_layer() - 1; l >= layout_->first_layer(); --l) {
-    RETURN_IF_ERROR(LayerBackward(a, mem, l));
-  }
-  if (!layout_->first_stage()) return OkStatus();
+  for (int l = l1_ - 1; l >= l0_; --l) RETURN_IF_ERROR(LayerBackward(a, mem, l));
+  if (!embeds_) return OkStatus();
   const int e = layout_->embedding_unit();
   if (e == layout_->head_unit()) {
     // The head wrote (and zero-filled) this unit, and made it ready already if the memory

@@ -8,7 +8,9 @@
 // heads, C4 = 4C / tp MLP channels, and Vl = Vp / tp rows of wte when the layout splits the
 // vocabulary (GptLayout::vocab_split; else Vl = Vp).
 //
-// One stage of one rank (layers [l0, l1) of the layout):
+// One stage of one rank (layers [l0, l1) of the layout; under the interleaved schedule one
+// GptStage per model chunk, each over its chunk's layers, the first chunk of the first
+// stage embedding and the last chunk of the last stage scoring):
 //   first stage:  x = wte[inputs] + wpe              [split vocabulary: all-reduce] (B, T, C)
 //   other stages: x = input() (the previous stage's output)                   (B, T, C)
 //   each layer:   ln1 = LN(x); qkv = ln1 @ qkvw^T + qkvb                      (B, T, 3Ca)
@@ -57,10 +59,12 @@ namespace drover::engine {
 // written, so they stay defined).
 class StageActivations {
  public:
-  // `precision` is the stage's (GptStage): it decides how much attention keeps for backward
-  // (Ops::AttentionStateFloats).
-  StageActivations(const GptLayout* layout, Ops* ops, Precision precision = Precision::kFp32)
-      : layout_(layout), ops_(ops), precision_(precision) {}
+  // `precision` and `chunk` are the stage's (GptStage): the precision decides how much
+  // attention keeps for backward (Ops::AttentionStateFloats), the chunk which layers (and
+  // whether the head's buffers) there are.
+  StageActivations(const GptLayout* layout, Ops* ops, Precision precision = Precision::kFp32,
+                   int chunk = 0)
+      : layout_(layout), ops_(ops), precision_(precision), chunk_(chunk) {}
   StageActivations(const StageActivations&) = delete;
   StageActivations& operator=(const StageActivations&) = delete;
 
@@ -97,6 +101,7 @@ class StageActivations {
   const GptLayout* layout_;
   Ops* ops_;
   const Precision precision_;
+  const int chunk_;
   Buffer arena_;
   int B_ = 0, T_ = 0;
   size_t att_floats_ = 0;  // per layer: attention's state (att_)
@@ -133,9 +138,10 @@ class GptStage {
   };
 
   // `tp` is the tensor-parallel group when layout.tp_size() > 1 (CHECKed), else null. Not
-  // owned; all must outlive the stage.
+  // owned; all must outlive the stage. `chunk` is the layout's model chunk it runs
+  // (GptLayout::chunks()); its activations must be laid out for that chunk (CHECKed).
   GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp,
-           Precision precision = Precision::kFp32);
+           Precision precision = Precision::kFp32, int chunk = 0);
 
   // Runs the stage on `a` (inputs() / input() filled by the caller; targets() too on the
   // last stage unless kLogits). Returns the mean loss on the last stage (kTrain, kEval),
@@ -183,6 +189,9 @@ class GptStage {
   Ops* ops_;
   parallel::Communicator* tp_;
   const Precision precision_;
+  const int chunk_;
+  const int l0_, l1_;          // the chunk's global layers [l0, l1)
+  const bool embeds_, heads_;  // GptLayout::embeds, heads
 };
 
 }  // namespace drover::engine

@@ -18,7 +18,9 @@ double SecondsSince(Clock::time_point t0) {
 }
 
 // Point-to-point tags between pipeline stages: activations and their gradients travel on
-// separate tags (they cross in opposite directions), numbered by micro-batch.
+// separate tags (they cross in opposite directions), numbered by the sending virtual stage
+// and the micro-batch (Tag). NCCL ignores tags: there the order of the transfers between two ranks
+// on one communicator is what matches them, and the schedules keep it (pipeline.h).
 constexpr uint64_t kActivationTag = uint64_t{1} << 32;
 constexpr uint64_t kGradientTag = uint64_t{2} << 32;
 constexpr uint64_t kEvalTag = uint64_t{3} << 32;
@@ -48,13 +50,14 @@ std::vector<std::pair<size_t, size_t>> PrimaryRuns(const GptLayout& layout) {
 // to its tensor-parallel part (the stage's blocks all-reduce over the tp group).
 StatusOr<GptLayout> ShardModel(const GptConfig& config, const ParallelMesh& mesh,
                                const ParallelMesh::Coord& c) {
-  return GptLayout::Create(config, c.pp, mesh.pp(), c.tp, mesh.tp(), mesh.pp_layers());
+  return GptLayout::Create(config, c.pp, mesh.pp(), c.tp, mesh.tp(), mesh.pp_layers(),
+                           mesh.pp_chunks());
 }
 
 // 2. Pipeline parallelism: this stage's order of forwards and backwards in a step.
 std::vector<PipeAction> SchedulePipeline(PipelineSchedule schedule, const ParallelMesh& mesh,
                                          const ParallelMesh::Coord& c) {
-  return StageSchedule(schedule, mesh.pp(), c.pp, mesh.micro_batches());
+  return StageSchedule(schedule, mesh.pp(), c.pp, mesh.micro_batches(), mesh.pp_chunks());
 }
 
 // 3. Data parallelism and ZeRO over the dp group. With a pipeline, the tied embedding's
@@ -97,7 +100,6 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
       layout_(std::move(layout)),
       groups_(groups),
       ops_(ops),
-      stage_(&layout_, ops, groups->tp.get(), options.precision),
       schedule_(SchedulePipeline(options.schedule, mesh, coord_)),
       memory_(ApplyDataParallel(&layout_, ops, mesh, groups->dp.get(), options.bucket_floats)),
       narrowed_(
@@ -111,17 +113,22 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
                   : nullptr),
       optimizer_(ShardOptimizer(layout_, *memory_, options.adam, ops)),
       norm_ranges_(PrimaryRuns(layout_)) {
-  const int sets = MaxInFlight(options.schedule, mesh.pp(), coord_.pp, mesh.micro_batches());
-  for (int i = 0; i < sets; ++i) {
-    acts_.push_back(std::make_unique<StageActivations>(&layout_, ops, options.precision));
-    acts_.back()->Ensure(options.micro_batch, options.seq_len);
+  const int chunks = layout_.chunks();
+  stages_.reserve(chunks);
+  sets_.resize(chunks);
+  for (int c = 0; c < chunks; ++c) {
+    stages_.emplace_back(&layout_, ops, groups->tp.get(), options.precision, c);
+    for (int i = MaxInFlight(schedule_, c); i > 0; --i) {
+      ActivationSet& set = sets_[c].emplace_back();
+      set.acts = std::make_unique<StageActivations>(&layout_, ops, options.precision, c);
+      set.acts->Ensure(options.micro_batch, options.seq_len);
+    }
   }
-  sends_.resize(sets);
 }
 
 ParallelGpt::~ParallelGpt() {
   // Sends in flight read activation buffers: let them finish (or fail) first.
-  for (int s = 0; s < static_cast<int>(sends_.size()); ++s) (void)WaitSends(s);
+  (void)WaitAllSends();
 }
 
 void ParallelGpt::LoadGlobalParams(const float* params) {
@@ -190,68 +197,138 @@ Status ParallelGpt::LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int6
   return OkStatus();
 }
 
-Status ParallelGpt::WaitSends(int slot) {
+namespace {
+
+// The tag of a transfer of micro-batch i sent by virtual stage `from` (chunk c of stage s
+// is virtual stage c * pp + s), in a step of m micro-batches.
+uint64_t Tag(int from, int i, int m) { return static_cast<uint64_t>(from) * m + i; }
+
+// What passes between stages: one micro-batch's (B, T, C) activations or their gradient.
+size_t BoundaryBytes(const ParallelGptOptions& o) {
+  return sizeof(float) * o.micro_batch * o.seq_len * static_cast<size_t>(o.config.channels);
+}
+
+}  // namespace
+
+ParallelGpt::ActivationSet& ParallelGpt::SetOf(int chunk, int64_t i) {
+  std::vector<ActivationSet>& sets = sets_[static_cast<size_t>(chunk)];
+  return sets[static_cast<size_t>(i % static_cast<int64_t>(sets.size()))];
+}
+
+Status ParallelGpt::Wait(std::vector<std::unique_ptr<Request>>* sends) {
   Status first;
-  for (auto& request : sends_[slot]) {
+  for (auto& request : *sends) {
     Status st = request->Wait();
     if (first.ok()) first = st;
   }
-  sends_[slot].clear();
+  sends->clear();
   return first;
 }
 
-Communicator* ParallelGpt::PipeFor(uint64_t tag) const {
-  const bool gradient = tag >= kGradientTag && tag < kEvalTag;
-  return gradient && groups_->pp_grad != nullptr ? groups_->pp_grad.get() : groups_->pp.get();
+Status ParallelGpt::WaitAllSends() {
+  Status first;
+  for (auto& chunk : sets_) {
+    for (ActivationSet& set : chunk) {
+      for (auto* sends : {&set.act_sends, &set.grad_sends}) {
+        Status st = Wait(sends);
+        if (first.ok()) first = st;
+      }
+    }
+  }
+  return first;
 }
 
-Status ParallelGpt::SendTo(int peer_stage, int slot, const float* data, uint64_t tag) {
-  const size_t bytes = sizeof(float) * options_.micro_batch * options_.seq_len *
-                       static_cast<size_t>(layout_.config().channels);
+// The ring of virtual stages (pipeline.h): chunk c of stage s follows chunk c of stage s - 1,
+// and chunk c of the first stage follows chunk c - 1 of the last (member 1 of the wrap
+// groups; the first stage is member 0).
+ParallelGpt::Link ParallelGpt::ActivationFrom(int chunk) const {
+  if (coord_.pp > 0) return {groups_->pp.get(), coord_.pp - 1};
+  DROVER_CHECK(chunk > 0 && groups_->pp_wrap != nullptr);
+  return {groups_->pp_wrap.get(), 1};
+}
+
+ParallelGpt::Link ParallelGpt::ActivationTo(int chunk) const {
+  if (coord_.pp < mesh_.pp() - 1) return {groups_->pp.get(), coord_.pp + 1};
+  DROVER_CHECK(chunk < layout_.chunks() - 1 && groups_->pp_wrap != nullptr);
+  return {groups_->pp_wrap.get(), 0};
+}
+
+ParallelGpt::Link ParallelGpt::GradientFrom(int chunk) const {
+  Communicator* grads = groups_->pp_grad != nullptr ? groups_->pp_grad.get() : groups_->pp.get();
+  if (coord_.pp < mesh_.pp() - 1) return {grads, coord_.pp + 1};
+  DROVER_CHECK(chunk < layout_.chunks() - 1 && groups_->pp_grad_wrap != nullptr);
+  return {groups_->pp_grad_wrap.get(), 0};
+}
+
+ParallelGpt::Link ParallelGpt::GradientTo(int chunk) const {
+  Communicator* grads = groups_->pp_grad != nullptr ? groups_->pp_grad.get() : groups_->pp.get();
+  if (coord_.pp > 0) return {grads, coord_.pp - 1};
+  DROVER_CHECK(chunk > 0 && groups_->pp_grad_wrap != nullptr);
+  return {groups_->pp_grad_wrap.get(), 1};
+}
+
+Status ParallelGpt::Send(const Link& to, std::vector<std::unique_ptr<Request>>* sends,
+                         const float* data, uint64_t tag) {
   ASSIGN_OR_RETURN(std::unique_ptr<Request> request,
-                   PipeFor(tag)->Isend(data, bytes, peer_stage, tag));
-  sends_[slot].push_back(std::move(request));
+                   to.comm->Isend(data, BoundaryBytes(options_), to.peer, tag));
+  sends->push_back(std::move(request));
   return OkStatus();
 }
 
-Status ParallelGpt::RecvFrom(int peer_stage, float* data, uint64_t tag) {
-  const size_t bytes = sizeof(float) * options_.micro_batch * options_.seq_len *
-                       static_cast<size_t>(layout_.config().channels);
+Status ParallelGpt::Recv(const Link& from, float* data, uint64_t tag) {
   const auto t0 = Clock::now();
-  Status st = PipeFor(tag)->Recv(data, bytes, peer_stage, tag);
+  Status st = from.comm->Recv(data, BoundaryBytes(options_), from.peer, tag);
   pp_wait_s_ += SecondsSince(t0);
   return st;
 }
 
-Status ParallelGpt::RunForward(int micro_batch, const BatchFn& next_batch, double* loss_sum) {
-  const int slot = micro_batch % static_cast<int>(acts_.size());
-  StageActivations& a = *acts_[slot];
-  RETURN_IF_ERROR(WaitSends(slot));
-  // Every stage draws every micro-batch, so all ranks' samplers stay at one position (the
-  // first stage embeds the inputs, the last scores the targets).
-  RETURN_IF_ERROR(next_batch(a.inputs(), a.targets()));
-  if (!layout_.first_stage()) {
-    RETURN_IF_ERROR(RecvFrom(coord_.pp - 1, a.input(), kActivationTag + micro_batch));
+Status ParallelGpt::RunForward(const PipeAction& action, const BatchFn& next_batch,
+                               double* loss_sum) {
+  const int c = action.chunk, i = action.micro_batch;
+  ActivationSet& set = SetOf(c, i);
+  StageActivations& a = *set.acts;
+  if (c == 0) {
+    // Every stage draws every micro-batch, so all ranks' samplers stay at one position (the
+    // first stage embeds the inputs, the last scores the targets).
+    RETURN_IF_ERROR(next_batch(a.inputs(), a.targets()));
+  } else if (layout_.heads(c)) {
+    // Drawn by the micro-batch's chunk-0 forward, whose set keeps them until its backward,
+    // which comes after this chunk's.
+    const int32_t* targets = SetOf(0, i).acts->targets();
+    std::copy(targets, targets + options_.micro_batch * options_.seq_len, a.targets());
   }
-  ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *stage_memory_, GptStage::Pass::kTrain));
-  if (layout_.last_stage()) {
+  const int m = mesh_.micro_batches(), v = c * mesh_.pp() + coord_.pp;
+  // Into the input, which no send reads: it may come while the set's last output still goes.
+  if (!layout_.embeds(c)) {
+    RETURN_IF_ERROR(Recv(ActivationFrom(c), a.input(), kActivationTag + Tag(v - 1, i, m)));
+  }
+  RETURN_IF_ERROR(Wait(&set.act_sends));  // the output this forward overwrites
+  ASSIGN_OR_RETURN(float loss, stages_[c].Forward(a, *stage_memory_, GptStage::Pass::kTrain));
+  if (layout_.heads(c)) {
     *loss_sum += loss;
   } else {
-    RETURN_IF_ERROR(SendTo(coord_.pp + 1, slot, a.output(), kActivationTag + micro_batch));
+    RETURN_IF_ERROR(
+        Send(ActivationTo(c), &set.act_sends, a.output(), kActivationTag + Tag(v, i, m)));
   }
   return OkStatus();
 }
 
-Status ParallelGpt::RunBackward(int micro_batch) {
-  const int slot = micro_batch % static_cast<int>(acts_.size());
-  StageActivations& a = *acts_[slot];
-  memory_->SetLastMicroBatch(micro_batch == mesh_.micro_batches() - 1);
-  if (!layout_.last_stage()) {
-    RETURN_IF_ERROR(RecvFrom(coord_.pp + 1, a.doutput(), kGradientTag + micro_batch));
+Status ParallelGpt::RunBackward(const PipeAction& action) {
+  const int c = action.chunk, i = action.micro_batch;
+  ActivationSet& set = SetOf(c, i);
+  StageActivations& a = *set.acts;
+  memory_->SetLastMicroBatch(i == mesh_.micro_batches() - 1);
+  const int m = mesh_.micro_batches(), v = c * mesh_.pp() + coord_.pp;
+  // The gradient buffer this backward receives into and writes is what the set's last
+  // gradient send reads. (Waiting for it only here, and for the output only before the
+  // forward's compute, is what keeps the schedules free of deadlock on NCCL: pipeline_test.)
+  RETURN_IF_ERROR(Wait(&set.grad_sends));
+  if (!layout_.heads(c)) {
+    RETURN_IF_ERROR(Recv(GradientFrom(c), a.doutput(), kGradientTag + Tag(v + 1, i, m)));
   }
-  RETURN_IF_ERROR(stage_.Backward(a, *stage_memory_, BackwardSeed()));
-  if (!layout_.first_stage()) {
-    RETURN_IF_ERROR(SendTo(coord_.pp - 1, slot, a.dinput(), kGradientTag + micro_batch));
+  RETURN_IF_ERROR(stages_[c].Backward(a, *stage_memory_, BackwardSeed()));
+  if (!layout_.embeds(c)) {
+    RETURN_IF_ERROR(Send(GradientTo(c), &set.grad_sends, a.dinput(), kGradientTag + Tag(v, i, m)));
   }
   return OkStatus();
 }
@@ -301,12 +378,12 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
   double loss_sum = 0;
   for (const PipeAction& action : schedule_) {
     if (action.kind == PipeAction::kForward) {
-      RETURN_IF_ERROR(RunForward(action.micro_batch, next_batch, &loss_sum));
+      RETURN_IF_ERROR(RunForward(action, next_batch, &loss_sum));
     } else {
-      RETURN_IF_ERROR(RunBackward(action.micro_batch));
+      RETURN_IF_ERROR(RunBackward(action));
     }
   }
-  for (int s = 0; s < static_cast<int>(sends_.size()); ++s) RETURN_IF_ERROR(WaitSends(s));
+  RETURN_IF_ERROR(WaitAllSends());
   std::function<Status(float*)> sync;
   if (groups_->emb != nullptr) sync = [this](float* grads) { return SyncTiedEmbedding(grads); };
   RETURN_IF_ERROR(memory_->FinishGradients(sync));
@@ -358,22 +435,35 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
 StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch) {
   double sum = 0;
   int64_t count = 0;
+  const int chunks = layout_.chunks();
   int64_t k = 0;  // this rank's batches so far: activation sets rotate over them
   for (int64_t i = coord_.dp; i < batches; i += mesh_.dp(), ++k) {
-    const int slot = static_cast<int>(k % static_cast<int64_t>(acts_.size()));
-    StageActivations& a = *acts_[slot];
-    RETURN_IF_ERROR(WaitSends(slot));
-    RETURN_IF_ERROR(batch(i, a.inputs(), a.targets()));
-    if (!layout_.first_stage()) RETURN_IF_ERROR(RecvFrom(coord_.pp - 1, a.input(), kEvalTag + k));
-    ASSIGN_OR_RETURN(float loss, stage_.Forward(a, *stage_memory_, GptStage::Pass::kEval));
-    if (layout_.last_stage()) {
-      sum += loss;
-      ++count;
-    } else {
-      RETURN_IF_ERROR(SendTo(coord_.pp + 1, slot, a.output(), kEvalTag + k));
+    // Batch by batch, each through the chunks in order: forward only, so the transfers of
+    // every stage follow (batch, virtual stage) order and none waits on a later one.
+    for (int c = 0; c < chunks; ++c) {
+      ActivationSet& set = SetOf(c, k);
+      StageActivations& a = *set.acts;
+      if (c == 0) {
+        RETURN_IF_ERROR(batch(i, a.inputs(), a.targets()));
+      } else if (layout_.heads(c)) {
+        const int32_t* targets = SetOf(0, k).acts->targets();
+        std::copy(targets, targets + options_.micro_batch * options_.seq_len, a.targets());
+      }
+      // Tagged by the sending virtual stage, as in training.
+      const int virtuals = chunks * mesh_.pp(), v = c * mesh_.pp() + coord_.pp;
+      const uint64_t tag = kEvalTag + static_cast<uint64_t>(k) * virtuals;
+      if (!layout_.embeds(c)) RETURN_IF_ERROR(Recv(ActivationFrom(c), a.input(), tag + v - 1));
+      RETURN_IF_ERROR(Wait(&set.act_sends));
+      ASSIGN_OR_RETURN(float loss, stages_[c].Forward(a, *stage_memory_, GptStage::Pass::kEval));
+      if (layout_.heads(c)) {
+        sum += loss;
+        ++count;
+      } else {
+        RETURN_IF_ERROR(Send(ActivationTo(c), &set.act_sends, a.output(), tag + v));
+      }
     }
   }
-  for (int s = 0; s < static_cast<int>(sends_.size()); ++s) RETURN_IF_ERROR(WaitSends(s));
+  RETURN_IF_ERROR(WaitAllSends());
   const bool counts = layout_.last_stage() && coord_.tp == 0;
   double stats[2] = {counts ? sum : 0.0, counts ? static_cast<double>(count) : 0.0};
   if (groups_->world != nullptr) {
@@ -457,8 +547,9 @@ Status ParallelGpt::GatherGlobal(std::vector<float>* params, std::vector<float>*
   for (int pp = 0; pp < mesh_.pp(); ++pp) {
     for (int tp = 0; tp < mesh_.tp(); ++tp) {
       const int src = mesh_.RankOf({0, pp, tp});
-      ASSIGN_OR_RETURN(GptLayout layout, GptLayout::Create(layout_.config(), pp, mesh_.pp(), tp,
-                                                           mesh_.tp(), mesh_.pp_layers()));
+      ASSIGN_OR_RETURN(GptLayout layout,
+                       GptLayout::Create(layout_.config(), pp, mesh_.pp(), tp, mesh_.tp(),
+                                         mesh_.pp_layers(), mesh_.pp_chunks()));
       for (size_t i = 0; i < locals.size(); ++i) {
         std::vector<float> remote;
         const std::vector<float>* local = locals[i];

@@ -5,10 +5,11 @@
 //   1. tensor parallelism  - the layout cuts every tensor to this rank's tp part, and the
 //                            stage all-reduces inside each block over the tp group
 //                            (GptLayout, GptStage);
-//   2. pipeline parallelism - the layout keeps this stage's layers; a step runs the stage's
-//                            schedule, sending activations and their gradients to the
-//                            neighbouring stages (pipeline.h); the tied embedding's
-//                            gradient is summed between first and last stage;
+//   2. pipeline parallelism - the layout keeps this stage's layers (one GptStage per model
+//                            chunk under the interleaved schedule); a step runs the
+//                            stage's schedule, sending activations and their gradients to
+//                            the neighbouring (virtual) stages (pipeline.h); the tied
+//                            embedding's gradient is summed between first and last stage;
 //   3. data parallelism / ZeRO - the TrainingMemory reduces (and shards) over the dp group
 //                            (data_parallel.h, zero_sharded.h);
 //   4. the optimizer       - AdamW over the shard this rank owns, clipped by the global
@@ -146,14 +147,33 @@ class ParallelGpt {
  private:
   ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& mesh, GptLayout layout,
               ProcessGroups* groups, Ops* ops);
-  Status RunForward(int micro_batch, const BatchFn& next_batch, double* loss_sum);
-  Status RunBackward(int micro_batch);
-  Status SendTo(int peer_stage, int slot, const float* data, uint64_t tag);
-  Status RecvFrom(int peer_stage, float* data, uint64_t tag);
-  Status WaitSends(int slot);
-  // The communicator of the pipeline transfer with `tag`: gradients on pp_grad
-  // (process_groups.h says why), the rest on pp.
-  Communicator* PipeFor(uint64_t tag) const;
+  // One activation set of a chunk: its activations and the sends still reading them (the
+  // output, by the activation's send; the input gradient, by the gradient's).
+  struct ActivationSet {
+    std::unique_ptr<StageActivations> acts;
+    std::vector<std::unique_ptr<Request>> act_sends, grad_sends;
+  };
+  // The set micro-batch (or evaluation batch) i of `chunk` uses.
+  ActivationSet& SetOf(int chunk, int64_t i);
+  // Where a transfer goes: a communicator and the peer's index in it.
+  struct Link {
+    Communicator* comm;
+    int peer;
+  };
+  // The previous (next) virtual stage of this stage's `chunk`, for activations (gradients):
+  // the neighbouring stage on pp (pp_grad), or across the ring's back edge on pp_wrap
+  // (pp_grad_wrap) between the last stage's chunk c and the first stage's chunk c + 1.
+  Link ActivationFrom(int chunk) const;
+  Link ActivationTo(int chunk) const;
+  Link GradientFrom(int chunk) const;
+  Link GradientTo(int chunk) const;
+  Status RunForward(const PipeAction& action, const BatchFn& next_batch, double* loss_sum);
+  Status RunBackward(const PipeAction& action);
+  Status Send(const Link& to, std::vector<std::unique_ptr<Request>>* sends, const float* data,
+              uint64_t tag);
+  Status Recv(const Link& from, float* data, uint64_t tag);
+  static Status Wait(std::vector<std::unique_ptr<Request>>* sends);
+  Status WaitAllSends();
   Status SyncTiedEmbedding(float* grads);
   double OwnedGradSumSquares();
   // The gradient of the loss each micro-batch's backward starts from, and the factor the
@@ -169,16 +189,16 @@ class ParallelGpt {
   const GptLayout layout_;
   ProcessGroups* groups_;
   Ops* ops_;
-  GptStage stage_;
+  std::vector<GptStage> stages_;  // one per model chunk
   std::vector<PipeAction> schedule_;
   std::unique_ptr<TrainingMemory> memory_;
   std::unique_ptr<NarrowedParams> narrowed_;   // mixed precision only
   StageMemory* stage_memory_;                  // narrowed_, else memory_
   std::unique_ptr<DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<AdamW> optimizer_;
-  std::vector<std::unique_ptr<StageActivations>> acts_;       // micro-batch i uses i % size
-  std::vector<std::vector<std::unique_ptr<Request>>> sends_;  // per activation set
-  std::vector<std::pair<size_t, size_t>> norm_ranges_;        // runs of primary tensors
+  // Per chunk; micro-batch i of a chunk uses set i % its size (pipeline.h: MaxInFlight).
+  std::vector<std::vector<ActivationSet>> sets_;
+  std::vector<std::pair<size_t, size_t>> norm_ranges_;  // runs of primary tensors
   double pp_wait_s_ = 0;
 };
 

@@ -7,13 +7,53 @@ namespace drover::engine::parallel {
 StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& name) {
   if (name == "gpipe") return PipelineSchedule::kGPipe;
   if (name == "1f1b") return PipelineSchedule::k1F1B;
-  return InvalidArgumentError("parallel.pp_schedule: '" + name + "' is not one of gpipe, 1f1b");
+  if (name == "interleaved") return PipelineSchedule::kInterleaved;
+  return InvalidArgumentError("parallel.pp_schedule: '" + name +
+                              "' is not one of gpipe, 1f1b, interleaved");
 }
 
+namespace {
+
+// Megatron's interleaved order (see the header): the k-th forward (or, with the chunks
+// reversed, backward) of a stage.
+PipeAction InterleavedAction(PipeAction::Kind kind, int k, int stages, int chunks) {
+  const int group = stages * chunks;
+  int chunk = (k % group) / stages;
+  if (kind == PipeAction::kBackward) chunk = chunks - 1 - chunk;
+  return {kind, (k / group) * stages + k % stages, chunk};
+}
+
+std::vector<PipeAction> Interleaved(int stages, int stage, int m, int chunks) {
+  DROVER_CHECK(chunks >= 2 && m % stages == 0);
+  const int total = m * chunks;
+  // m == p: nothing would alternate before every forward is in (Megatron's choice too).
+  const int warmup =
+      m == stages ? total : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  std::vector<PipeAction> actions;
+  actions.reserve(2 * total);
+  auto forward = [&](int k) {
+    actions.push_back(InterleavedAction(PipeAction::kForward, k, stages, chunks));
+  };
+  auto backward = [&](int k) {
+    actions.push_back(InterleavedAction(PipeAction::kBackward, k, stages, chunks));
+  };
+  for (int k = 0; k < warmup; ++k) forward(k);
+  for (int k = 0; k < total - warmup; ++k) {
+    forward(warmup + k);
+    backward(k);
+  }
+  for (int k = total - warmup; k < total; ++k) backward(k);
+  return actions;
+}
+
+}  // namespace
+
 std::vector<PipeAction> StageSchedule(PipelineSchedule schedule, int stages, int stage,
-                                      int micro_batches) {
+                                      int micro_batches, int chunks) {
   DROVER_CHECK(stage >= 0 && stage < stages && micro_batches >= 1);
+  DROVER_CHECK((schedule == PipelineSchedule::kInterleaved) == (chunks > 1));
   const int m = micro_batches;
+  if (schedule == PipelineSchedule::kInterleaved) return Interleaved(stages, stage, m, chunks);
   std::vector<PipeAction> actions;
   actions.reserve(2 * m);
   auto forward = [&](int i) { actions.push_back({PipeAction::kForward, i}); };
@@ -33,9 +73,14 @@ std::vector<PipeAction> StageSchedule(PipelineSchedule schedule, int stages, int
   return actions;
 }
 
-int MaxInFlight(PipelineSchedule schedule, int stages, int stage, int micro_batches) {
-  if (schedule == PipelineSchedule::kGPipe) return micro_batches;
-  return std::min(stages - stage, micro_batches);
+int MaxInFlight(const std::vector<PipeAction>& actions, int chunk) {
+  int held = 0, most = 0;
+  for (const PipeAction& a : actions) {
+    if (a.chunk != chunk) continue;
+    held += a.kind == PipeAction::kForward ? 1 : -1;
+    most = std::max(most, held);
+  }
+  return most;
 }
 
 std::vector<int> BalancedStageLayers(int L, int C, int V, int T, int stages) {

@@ -36,9 +36,18 @@ StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
                    Join(connect, "pp." + Coords("dp", c.dp, "tp", c.tp), mesh.PpGroup(rank), rank));
   ASSIGN_OR_RETURN(groups.pp_grad, Join(connect, "ppgrad." + Coords("dp", c.dp, "tp", c.tp),
                                         mesh.PpGroup(rank), rank));
+  const bool ends = mesh.pp() > 1 && (c.pp == 0 || c.pp == mesh.pp() - 1);
+  if (ends && mesh.pp_chunks() > 1) {
+    const std::vector<int> stages = mesh.PpGroup(rank);
+    const std::vector<int> pair = {stages.front(), stages.back()};
+    ASSIGN_OR_RETURN(groups.pp_wrap,
+                     Join(connect, "ppwrap." + Coords("dp", c.dp, "tp", c.tp), pair, rank));
+    ASSIGN_OR_RETURN(groups.pp_grad_wrap,
+                     Join(connect, "ppgradwrap." + Coords("dp", c.dp, "tp", c.tp), pair, rank));
+  }
   ASSIGN_OR_RETURN(groups.tp,
                    Join(connect, "tp." + Coords("pp", c.pp, "dp", c.dp), mesh.TpGroup(rank), rank));
-  if (mesh.pp() > 1 && (c.pp == 0 || c.pp == mesh.pp() - 1)) {
+  if (ends) {
     const std::vector<int> stages = mesh.PpGroup(rank);
     ASSIGN_OR_RETURN(groups.emb, Join(connect, "emb." + Coords("dp", c.dp, "tp", c.tp),
                                       {stages.front(), stages.back()}, rank));

@@ -5,7 +5,8 @@
 //
 // Group names (keys in the bootstrap store) name the fixed coordinates, e.g. "dp.pp1.tp0",
 // so every member derives the same name; every rank connects its groups in the same
-// order (world, dp, pp, pp_grad, tp, emb), which keeps the rendezvous free of cycles.
+// order (world, dp, pp, pp_grad, pp_wrap, pp_grad_wrap, tp, emb), which keeps the
+// rendezvous free of cycles.
 #pragma once
 
 #include <chrono>
@@ -31,6 +32,15 @@ struct ProcessGroups {
   // sending an activation up while its neighbour sends a gradient down would wait on each
   // other for good on one communicator. Null: gradients share `pp`.
   std::unique_ptr<Communicator> pp_grad;
+  // The interleaved schedule's transfers between the last and the first stage, which hand a
+  // micro-batch to the next model chunk: activations (last -> first) and their gradients
+  // (first -> last), each on a group of those two ranks (member 0 the first stage, 1 the
+  // last), when pp > 1 and pp_chunks > 1, else null. Apart from pp and pp_grad for the same
+  // reason as pp_grad: on one NCCL communicator the ring's back edge would turn the
+  // pipeline's sends, each waiting for its receive, into a cycle that never completes
+  // (tests/unit/worker/engine/parallel/pipeline_test.cc runs the schedules that way).
+  std::unique_ptr<Communicator> pp_wrap;
+  std::unique_ptr<Communicator> pp_grad_wrap;
   std::unique_ptr<Communicator> tp;
   std::unique_ptr<Communicator> emb;  // ranks {first stage, last stage}, when pp > 1
 };

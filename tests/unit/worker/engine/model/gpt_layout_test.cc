@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace drover::engine {
@@ -49,13 +50,14 @@ TEST(GptLayoutTest, EveryGlobalElementHasExactlyOnePrimaryOwner) {
   std::vector<float> global(n);
   std::iota(global.begin(), global.end(), 0.0f);  // every element distinct
   std::vector<int> owners(n, 0);
-  for (int stages : {1, 2, 4}) {
+  // (stages, chunks): pipelines of 1, 2 and 4 stages, and 2 stages of 2 chunks each.
+  for (auto [stages, chunks] : {std::pair{1, 1}, {2, 1}, {4, 1}, {2, 2}}) {
     for (int tp : {1, 2, 4}) {
       std::fill(owners.begin(), owners.end(), 0);
       std::vector<float> rebuilt(n, -1.0f);
       for (int stage = 0; stage < stages; ++stage) {
         for (int r = 0; r < tp; ++r) {
-          auto layout = GptLayout::Create(cfg, stage, stages, r, tp);
+          auto layout = GptLayout::Create(cfg, stage, stages, r, tp, {}, chunks);
           ASSERT_TRUE(layout.ok()) << layout.status();
           ExpectUnitsTileTheArena(*layout);
           std::vector<float> local(layout->num_params());
@@ -180,11 +182,47 @@ TEST(GptLayoutTest, AVocabularyTpDoesNotDivideSplitsInUnitsOf128Rows) {
   EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), 50304 * 10);
 }
 
+// Two stages of two chunks over four layers: virtual stages 0-3 of one layer each, stage 0
+// holding layers 0 and 2 (chunks 0 and 1) after the embedding, stage 1 layers 1 and 3
+// between the head's copy of wte and the final norm.
+TEST(GptLayoutTest, ChunksOfTheInterleavedScheduleHoldEveryPpthLayer) {
+  auto first = GptLayout::Create(Config(), 0, 2, 0, 1, {}, 2);
+  auto last = GptLayout::Create(Config(), 1, 2, 0, 1, {}, 2);
+  ASSERT_TRUE(first.ok() && last.ok());
+  EXPECT_EQ(first->chunks(), 2);
+  EXPECT_EQ(first->chunk_first_layer(0), 0);
+  EXPECT_EQ(first->chunk_first_layer(1), 2);
+  EXPECT_EQ(last->chunk_first_layer(0), 1);
+  EXPECT_EQ(last->chunk_end_layer(1), 4);
+  EXPECT_TRUE(first->embeds(0));
+  EXPECT_FALSE(first->embeds(1));
+  EXPECT_FALSE(first->heads(1));
+  EXPECT_TRUE(last->heads(1));
+  EXPECT_FALSE(last->heads(0));
+  std::vector<UnitKind> kinds;
+  for (const Unit& u : last->units()) kinds.push_back(u.kind);
+  EXPECT_EQ(kinds, (std::vector<UnitKind>{UnitKind::kHead, UnitKind::kLayer, UnitKind::kLayer,
+                                          UnitKind::kFinalNorm}));
+  EXPECT_EQ(last->units()[last->layer_unit(3)].layer, 3);
+  EXPECT_EQ(last->layer_unit(3), 2);
+  // Per virtual stage as parallel.pp_layers lists them: 2, 1, 2, 1 of six layers.
+  GptConfig six = Config();
+  six.num_layers = 6;
+  auto listed = GptLayout::Create(six, 1, 2, 0, 1, {2, 1, 2, 1}, 2);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->chunk_first_layer(0), 2);
+  EXPECT_EQ(listed->chunk_end_layer(0), 3);
+  EXPECT_EQ(listed->chunk_first_layer(1), 5);
+  EXPECT_EQ(GptLayout::Create(Config(), 0, 2, 0, 1, {}, 4).status().message(),
+            "model.n_layer (4) is not divisible by pp (2) x parallel.pp_chunks (4) = 8 virtual "
+            "stages; give parallel.pp_layers for an uneven split");
+}
+
 TEST(GptLayoutTest, LastOfSeveralStagesHoldsACopyOfTheTiedEmbedding) {
   auto last = GptLayout::Create(Config(), 1, 2, 0, 1);
   ASSERT_TRUE(last.ok());
-  EXPECT_EQ(last->first_layer(), 2);
-  EXPECT_EQ(last->end_layer(), 4);
+  EXPECT_EQ(last->chunk_first_layer(0), 2);
+  EXPECT_EQ(last->chunk_end_layer(0), 4);
   EXPECT_EQ(last->embedding_unit(), -1);
   ASSERT_GE(last->head_unit(), 0);
   EXPECT_EQ(last->units()[last->head_unit()].kind, UnitKind::kHead);
@@ -202,8 +240,8 @@ TEST(GptLayoutTest, StagesTakeTheListedLayerCounts) {
   for (int stage = 0; stage < 2; ++stage) {
     auto layout = GptLayout::Create(cfg, stage, 2, 0, 1, {3, 1});
     ASSERT_TRUE(layout.ok()) << layout.status();
-    EXPECT_EQ(layout->first_layer(), first[stage]);
-    EXPECT_EQ(layout->end_layer(), end[stage]);
+    EXPECT_EQ(layout->chunk_first_layer(0), first[stage]);
+    EXPECT_EQ(layout->chunk_end_layer(0), end[stage]);
     ExpectUnitsTileTheArena(*layout);
     EXPECT_NE(layout->Find("h." + std::to_string(end[stage] - 1) + ".fcw"), nullptr);
   }

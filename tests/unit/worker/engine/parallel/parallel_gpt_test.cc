@@ -269,6 +269,24 @@ TEST_F(ParallelEquivalenceTest, Pipeline1F1B) {
   ExpectMatchesOneProcess(2, {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=1f1b"});
 }
 
+// Two stages of two chunks (virtual stages of one layer each: stage 0 runs layers 0 and 2,
+// stage 1 layers 1 and 3, handing each micro-batch back to stage 0 between its chunks),
+// over 4 micro-batches and over 2 (every forward first when m == pp).
+TEST_F(ParallelEquivalenceTest, InterleavedPipeline) {
+  ExpectMatchesOneProcess(
+      2, {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=interleaved"});
+  ExpectMatchesOneProcess(2, {"parallel.pp=2", "parallel.pp_schedule=interleaved"});
+}
+
+// With data parallelism and ZeRO-1 (each chunk's units reduced as its last micro-batch's
+// backward makes them ready), and with tensor parallelism.
+TEST_F(ParallelEquivalenceTest, InterleavedPipelineWithDataAndTensorParallelism) {
+  ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.pp=2",
+                              "parallel.pp_schedule=interleaved", "parallel.zero_stage=1"});
+  ExpectMatchesOneProcess(4, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2",
+                              "parallel.pp_schedule=interleaved"});
+}
+
 TEST_F(ParallelEquivalenceTest, FourStagePipeline) {
   ExpectMatchesOneProcess(4, {"train.micro_batch=1", "parallel.pp=4"});
 }
@@ -354,6 +372,10 @@ TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
        {one, zero3, {4, {"parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"}}}},
       {{4, {"parallel.tp=2", "parallel.zero_stage=3"}}, {one, pp2, {2, {"parallel.zero_stage=2"}}}},
       {{4, {"parallel.pp=4"}}, {tp2, {2, {"parallel.pp=2", "parallel.pp_layers=3,1"}}}},
+      {{2, {"parallel.pp=2", "parallel.pp_schedule=interleaved"}},
+       {one, {4, {"parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=interleaved"}}}},
+      {{4, {"parallel.zero_stage=2"}},
+       {{2, {"parallel.pp=2", "parallel.pp_schedule=interleaved"}}}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& [save, loads] = cases[i];
@@ -534,6 +556,10 @@ TEST_F(ParallelEquivalenceTest, EmulatedDeviceDataParallelWithZero1) {
 }
 TEST_F(ParallelEquivalenceTest, EmulatedDevicePipelineAndTensorParallel) {
   ExpectMatchesOneProcess(4, {"parallel.pp=2", "parallel.tp=2", "train.micro_batch=2"}, 1e-5, true);
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceInterleavedPipeline) {
+  ExpectMatchesOneProcess(
+      2, {"parallel.pp=2", "parallel.pp_schedule=interleaved", "train.micro_batch=2"}, 1e-5, true);
 }
 // A checkpoint written from device memory (ZeRO-3 shards, gathered through ToHost) resumes
 // on the CPU, and one written on the CPU resumes on the device, both continuing the
