@@ -66,25 +66,39 @@ Field MakeField(const char* path, Get get) {
 // they cannot drift apart.
 #define DROVER_SPEC_FIELD(member) MakeField(#member, [](auto& s) { return &s.member; })
 
-Status DecodeDp(const YAML::Node& node, JobSpec* spec) {
+// 'auto' (0) or a positive integer, for the keys that take either.
+Status DecodeAutoOrCount(const YAML::Node& node, int* out) {
   if (node.IsScalar() && node.Scalar() == "auto") {
-    spec->parallel.dp = 0;
+    *out = 0;
     return OkStatus();
   }
   int64_t v = 0;
   if (!node.IsScalar() || !yaml_util::ParseInt64(node.Scalar(), &v) || v < 1 || v > (1 << 20)) {
     return InvalidArgumentError("expected 'auto' or a positive integer, got " + Describe(node));
   }
-  spec->parallel.dp = static_cast<int>(v);
+  *out = static_cast<int>(v);
   return OkStatus();
 }
 
-void EmitDp(const JobSpec& spec, YAML::Emitter* out) {
-  if (spec.parallel.dp == 0) {
+void EmitAutoOrCount(int v, YAML::Emitter* out) {
+  if (v == 0) {
     *out << "auto";
   } else {
-    *out << spec.parallel.dp;
+    *out << v;
   }
+}
+
+Status DecodeDp(const YAML::Node& node, JobSpec* spec) {
+  return DecodeAutoOrCount(node, &spec->parallel.dp);
+}
+void EmitDp(const JobSpec& spec, YAML::Emitter* out) { EmitAutoOrCount(spec.parallel.dp, out); }
+
+// parallel.pp_chunks: 'auto' (2 under the interleaved schedule, else 1) or a count.
+Status DecodePpChunks(const YAML::Node& node, JobSpec* spec) {
+  return DecodeAutoOrCount(node, &spec->parallel.pp_chunks);
+}
+void EmitPpChunks(const JobSpec& spec, YAML::Emitter* out) {
+  EmitAutoOrCount(spec.parallel.pp_chunks, out);
 }
 
 // The value ("dynamic" or a number) is checked by Validate, together with the dtype.
@@ -185,7 +199,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(parallel.tp),
       DROVER_SPEC_FIELD(parallel.zero_stage),
       DROVER_SPEC_FIELD(parallel.pp_schedule),
-      DROVER_SPEC_FIELD(parallel.pp_chunks),
+      Field{"parallel.pp_chunks", DecodePpChunks, EmitPpChunks},
       Field{"parallel.pp_layers", DecodePpLayers, EmitPpLayers},
       DROVER_SPEC_FIELD(parallel.timeout_s),
       DROVER_SPEC_FIELD(parallel.bucket_mb),

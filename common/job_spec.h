@@ -63,7 +63,7 @@ struct ParallelSpec {
   int zero_stage = 0;                // 0..3
   std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   // Model chunks per pipeline stage under the interleaved schedule (virtual stages =
-  // pp x pp_chunks); 0 = auto: 2 when interleaved, else 1.
+  // pp x pp_chunks); 0 = auto (written 'auto'): 2 when interleaved, else 1.
   int pp_chunks = 0;
   // Layers of each pipeline stage, in order (pp entries, or pp x chunks under the
   // interleaved schedule: one per virtual stage; each at least 1, summing to n_layer);

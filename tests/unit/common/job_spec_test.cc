@@ -225,9 +225,9 @@ TEST(JobSpecTest, DefaultSpecSerializesEveryKey) {
   spec.name = std::string("d");
   spec.data.train = std::string("x");
   const std::string yaml = JobSpecToYaml(spec);
-  for (const char* key :
-       {"name:", "output_dir:", "vocab_size:", "log_every:", "loss_scale:", "dp: auto",
-        "pp_schedule:", "threads_per_rank:", "every_steps:", "skip_steps:", "eps:"}) {
+  for (const char* key : {"name:", "output_dir:", "vocab_size:", "log_every:", "loss_scale:",
+                          "dp: auto", "pp_schedule:", "pp_chunks: auto",
+                          "threads_per_rank:", "every_steps:", "skip_steps:", "eps:"}) {
     EXPECT_NE(yaml.find(key), std::string::npos) << key << " missing in\n" << yaml;
   }
   StatusOr<JobSpec> again = ParseJobSpec(yaml);
@@ -549,6 +549,10 @@ const BadCase kBadCases[] = {
              "micro_batch: 2}\nresources: {world_size: 2}\n"),
      {},
      "= 3 at world_size 2, to be a multiple of pp (2)"},
+    {"PpChunksZero",
+     Minimal("parallel:\n  pp_chunks: 0\n"),
+     {},
+     "parallel.pp_chunks (line 4): expected 'auto' or a positive integer, got '0'"},
     {"DpZero",
      Minimal("parallel:\n  dp: 0\n"),
      {},

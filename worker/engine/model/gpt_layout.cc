@@ -131,8 +131,8 @@ StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int st
     return InvalidArgumentError("pipeline chunks per stage " + Num(chunks) + " must be at least 1");
   }
   // Virtual stage c * stages + stage is this stage's chunk c (parallel/pipeline.h).
-  auto layers = StageLayers(config.num_layers, stages, pp_layers, chunks);
-  RETURN_IF_ERROR(layers.status());
+  ASSIGN_OR_RETURN(const std::vector<int> layers,
+                   StageLayers(config.num_layers, stages, pp_layers, chunks));
   if (config.num_heads % tp_size != 0) {
     return InvalidArgumentError("model.n_head (" + Num(config.num_heads) +
                                 ") is not divisible by tp (" + Num(tp_size) + ")");
@@ -146,8 +146,8 @@ StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int st
   for (int c = 0; c < chunks; ++c) {
     const int v = c * stages + stage;
     int first = 0;
-    for (int u = 0; u < v; ++u) first += (*layers)[u];
-    layout.chunk_layers_.emplace_back(first, first + (*layers)[v]);
+    for (int u = 0; u < v; ++u) first += layers[u];
+    layout.chunk_layers_.emplace_back(first, first + layers[v]);
   }
   layout.Build();
   return layout;

@@ -14,6 +14,22 @@ StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& name) {
 
 namespace {
 
+// Every schedule here runs `warmup` forwards, then one forward and one backward in turn,
+// then the backwards left; action(kind, k) is the k-th forward or backward of the stage.
+// GPipe is the case warmup = total.
+template <typename ActionFn>
+std::vector<PipeAction> WarmUpThenAlternate(int total, int warmup, ActionFn action) {
+  std::vector<PipeAction> actions;
+  actions.reserve(2 * total);
+  for (int k = 0; k < warmup; ++k) actions.push_back(action(PipeAction::kForward, k));
+  for (int k = 0; k < total - warmup; ++k) {
+    actions.push_back(action(PipeAction::kForward, warmup + k));
+    actions.push_back(action(PipeAction::kBackward, k));
+  }
+  for (int k = total - warmup; k < total; ++k) actions.push_back(action(PipeAction::kBackward, k));
+  return actions;
+}
+
 // Megatron's interleaved order (see the header): the k-th forward (or, with the chunks
 // reversed, backward) of a stage.
 PipeAction InterleavedAction(PipeAction::Kind kind, int k, int stages, int chunks) {
@@ -23,29 +39,6 @@ PipeAction InterleavedAction(PipeAction::Kind kind, int k, int stages, int chunk
   return {kind, (k / group) * stages + k % stages, chunk};
 }
 
-std::vector<PipeAction> Interleaved(int stages, int stage, int m, int chunks) {
-  DROVER_CHECK(chunks >= 2 && m % stages == 0);
-  const int total = m * chunks;
-  // m == p: nothing would alternate before every forward is in (Megatron's choice too).
-  const int warmup =
-      m == stages ? total : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
-  std::vector<PipeAction> actions;
-  actions.reserve(2 * total);
-  auto forward = [&](int k) {
-    actions.push_back(InterleavedAction(PipeAction::kForward, k, stages, chunks));
-  };
-  auto backward = [&](int k) {
-    actions.push_back(InterleavedAction(PipeAction::kBackward, k, stages, chunks));
-  };
-  for (int k = 0; k < warmup; ++k) forward(k);
-  for (int k = 0; k < total - warmup; ++k) {
-    forward(warmup + k);
-    backward(k);
-  }
-  for (int k = total - warmup; k < total; ++k) backward(k);
-  return actions;
-}
-
 }  // namespace
 
 std::vector<PipeAction> StageSchedule(PipelineSchedule schedule, int stages, int stage,
@@ -53,24 +46,20 @@ std::vector<PipeAction> StageSchedule(PipelineSchedule schedule, int stages, int
   DROVER_CHECK(stage >= 0 && stage < stages && micro_batches >= 1);
   DROVER_CHECK((schedule == PipelineSchedule::kInterleaved) == (chunks > 1));
   const int m = micro_batches;
-  if (schedule == PipelineSchedule::kInterleaved) return Interleaved(stages, stage, m, chunks);
-  std::vector<PipeAction> actions;
-  actions.reserve(2 * m);
-  auto forward = [&](int i) { actions.push_back({PipeAction::kForward, i}); };
-  auto backward = [&](int i) { actions.push_back({PipeAction::kBackward, i}); };
-  if (schedule == PipelineSchedule::kGPipe) {
-    for (int i = 0; i < m; ++i) forward(i);
-    for (int i = 0; i < m; ++i) backward(i);
-    return actions;
+  if (schedule == PipelineSchedule::kInterleaved) {
+    DROVER_CHECK(m % stages == 0);
+    const int total = m * chunks;
+    // m == p: nothing would alternate before every forward is in (Megatron's choice too).
+    const int warmup =
+        m == stages ? total : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+    return WarmUpThenAlternate(total, warmup, [&](PipeAction::Kind kind, int k) {
+      return InterleavedAction(kind, k, stages, chunks);
+    });
   }
-  const int warmup = std::min(stages - stage - 1, m);
-  for (int i = 0; i < warmup; ++i) forward(i);
-  for (int i = 0; i < m - warmup; ++i) {
-    forward(warmup + i);
-    backward(i);
-  }
-  for (int i = m - warmup; i < m; ++i) backward(i);
-  return actions;
+  const int warmup = schedule == PipelineSchedule::kGPipe ? m : std::min(stages - stage - 1, m);
+  return WarmUpThenAlternate(m, warmup, [](PipeAction::Kind kind, int k) {
+    return PipeAction{kind, k};
+  });
 }
 
 int MaxInFlight(const std::vector<PipeAction>& actions, int chunk) {
