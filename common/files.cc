@@ -46,7 +46,8 @@ namespace {
 
 // Reads `fd` from byte `offset` until `limit` bytes or its end, whichever comes first, for
 // ReadFileInChunks, ReadFileSpansInChunks and ReadFileTail (`path` names it in errors); fn
-// gets each piece's file offset. pread, so that the descriptor's position does not matter.
+// gets each piece's file offset. pread, so that the descriptor's position does not matter;
+// a pipe (a spec given as <(...)) cannot pread, and is read in order from its start.
 StatusOr<size_t> ReadChunks(
     int fd, const std::string& path, uint64_t offset, uint64_t limit, size_t chunk,
     const std::function<Status(uint64_t at, const char* data, size_t n)>& fn,
@@ -54,16 +55,22 @@ StatusOr<size_t> ReadChunks(
   DROVER_CHECK(chunk > 0);
   buf.resize(chunk);
   size_t total = 0;
+  bool in_order = false;  // read(2) from here on: `fd` does not seek
   for (bool end = false; !end && total < limit;) {
     // Fill the buffer (read may return less than asked), so that every piece but the last
     // is whole: a reader of fixed-size records never sees one split between two pieces.
     const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk, limit - total));
     size_t filled = 0;
     while (filled < want) {
-      const ssize_t n = ::pread(fd, buf.data() + filled, want - filled,
-                                static_cast<off_t>(offset + total + filled));
+      const ssize_t n = in_order ? ::read(fd, buf.data() + filled, want - filled)
+                                 : ::pread(fd, buf.data() + filled, want - filled,
+                                           static_cast<off_t>(offset + total + filled));
       if (n < 0) {
         if (errno == EINTR) continue;
+        if (errno == ESPIPE && offset == 0 && total + filled == 0) {
+          in_order = true;
+          continue;
+        }
         return ErrnoToStatus(errno, "read " + path);
       }
       if (n == 0) {

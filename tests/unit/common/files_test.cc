@@ -94,6 +94,20 @@ TEST_F(FilesTest, ReadSpansGivesEachSpanInChunksFromItsOffset) {
       << past.status();
 }
 
+// A pipe (`drover train <(...)`) cannot pread: it is read in order from its start. (The
+// data fits the pipe's buffer, so the writer is done before the read.)
+TEST_F(FilesTest, APipeIsReadWholeInOrder) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string data(20000, 'p');
+  ASSERT_EQ(::write(fds[1], data.data(), data.size()), static_cast<ssize_t>(data.size()));
+  ::close(fds[1]);
+  auto got = ReadFileToString("/dev/fd/" + std::to_string(fds[0]));
+  ::close(fds[0]);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, data);
+}
+
 TEST_F(FilesTest, WriteReplacesAndLeavesNoTemporaryFile) {
   const std::string path = dir_ + "/state.json";
   ASSERT_TRUE(WriteFileAtomic(path, "old").ok());
