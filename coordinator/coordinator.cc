@@ -190,6 +190,12 @@ StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& 
   RETURN_IF_ERROR(CheckRegistration(request));
   {
     MutexLock lock(&mu_);
+    if (nodes_.Stale(request.name(), request.agent_id(), request.seq())) {
+      // Its agent has registered or heartbeated since; it gave up on this one long ago.
+      spdlog::info("ignored a registration of {} that arrived late (seq {})", request.name(),
+                   request.seq());
+      return AbortedError("a registration that arrived after a newer request of its agent");
+    }
     if (std::string conflict = nodes_.RegistrationConflict(request); !conflict.empty()) {
       spdlog::warn("refused registration of agent {}: {}", request.agent_id(), conflict);
       return AlreadyExistsError(conflict);
@@ -214,6 +220,14 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
   MutexLock lock(&mu_);
   if (!nodes_.Accepts(request.name(), request.agent_id())) {
     response.set_reregister(true);
+    return response;
+  }
+  if (nodes_.Stale(request.name(), request.agent_id(), request.seq())) {
+    // Sent before a request already taken, and given up on by its agent: its listing is
+    // older than the node's, and taking it would report the trainers started since as
+    // vanished. No orders either: nobody waits for this reply.
+    spdlog::info("ignored a heartbeat of {} that arrived late (seq {})", request.name(),
+                 request.seq());
     return response;
   }
   health_.OnHeartbeat(request.name(), clock_->NowMs());

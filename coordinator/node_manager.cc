@@ -36,6 +36,7 @@ std::string NodeManager::RegistrationConflict(const v1::RegisterRequest& request
 v1::NodeRecord NodeManager::Register(const v1::RegisterRequest& request) {
   Node& node = nodes_[request.name()];
   v1::NodeRecord& r = node.record;
+  node.seq = request.seq();
   if (r.name().empty()) r.set_registered_ms(clock_->WallNowMs());
   r.set_name(request.name());
   r.set_address(request.address());
@@ -56,10 +57,17 @@ bool NodeManager::Accepts(const std::string& name, const std::string& agent_id) 
   return it != nodes_.end() && it->second.record.agent_id() == agent_id;
 }
 
+bool NodeManager::Stale(const std::string& name, const std::string& agent_id, int64_t seq) const {
+  auto it = nodes_.find(name);
+  return seq > 0 && it != nodes_.end() && it->second.record.agent_id() == agent_id &&
+         seq <= it->second.seq;
+}
+
 std::optional<v1::NodeRecord> NodeManager::OnHeartbeat(const v1::HeartbeatRequest& request) {
   auto it = nodes_.find(request.name());
   if (it == nodes_.end()) return std::nullopt;
   Node& node = it->second;
+  node.seq = std::max(node.seq, request.seq());
   node.connected = true;
   node.record.set_last_heartbeat_ms(clock_->WallNowMs());
   node.trainers.assign(request.trainers().begin(), request.trainers().end());

@@ -47,6 +47,12 @@ class NodeManager {
   // True when `name` is known and `agent_id` is its current agent.
   bool Accepts(const std::string& name, const std::string& agent_id) const;
 
+  // True for a Register or Heartbeat of `agent_id` on `name` that its agent sent before one
+  // this manager has already taken (HeartbeatRequest.seq): it arrived late, and what it
+  // lists is older than what is known. A request of another agent, or without a seq, is
+  // never stale.
+  bool Stale(const std::string& name, const std::string& agent_id, int64_t seq) const;
+
   // Records a heartbeat from an accepted node: its trainer list replaces the last one.
   // Returns the record to persist when the node changed state (a dead node came back).
   std::optional<v1::NodeRecord> OnHeartbeat(const v1::HeartbeatRequest& request);
@@ -80,6 +86,7 @@ class NodeManager {
     v1::NodeRecord record;
     bool connected = false;  // heartbeating since this coordinator started
     std::vector<v1::TrainerStatus> trainers;
+    int64_t seq = 0;  // of the newest Register or Heartbeat taken from record.agent_id()
   };
   void Cordon(Node& node);
   // Alive, connected and not cordoned at wall time `now_ms`.

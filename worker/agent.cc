@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/files.h"
+#include "common/net.h"
 #include "worker/grpc_util.h"
 #include "worker/process.h"
 #include "worker/trainer_env.h"
@@ -30,6 +31,15 @@ std::string HostName() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
+}
+
+// What the node registers as its address when --address is not given: on a cluster
+// network, the one its trainers accept peers on (trainer_env.cc computes it alike), so that
+// `drover workers` shows what peers dial; with a coordinator on loopback, the host name.
+std::string AdvertisedAddress(const std::string& coordinator) {
+  if (IsLoopbackHost(HostOfAddress(coordinator))) return HostName();
+  StatusOr<std::string> local = LocalAddressToward(coordinator);
+  return local.ok() ? *local : HostName();
 }
 
 std::string AttemptDir(const std::string& root, const std::string& job, int64_t attempt) {
@@ -108,7 +118,8 @@ void Agent::Wake() {
 Status Agent::Register() {
   v1::RegisterRequest req;
   req.set_name(options_.name);
-  req.set_address(options_.address.empty() ? HostName() : options_.address);
+  req.set_address(options_.address.empty() ? AdvertisedAddress(options_.coordinator)
+                                           : options_.address);
   req.set_agent_id(agent_id_);
   req.set_node_uid(options_.node_uid);
   req.set_protocol_version(1);
@@ -126,6 +137,7 @@ Status Agent::Register() {
     }
     slot->set_description(what);
   }
+  req.set_seq(++seq_);
   for (const v1::TrainerStatus& st : supervisor_->Snapshot()) *req.add_running() = st;
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;

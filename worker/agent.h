@@ -103,7 +103,7 @@ class Agent {
   std::shared_ptr<v1::WorkerService::Stub> stub_ GUARDED_BY(mu_);
   int64_t heartbeat_interval_ms_ = 1000;
   int64_t node_timeout_ms_ = 3000;  // the coordinator's, from registration
-  int64_t seq_ = 0;
+  int64_t seq_ = 0;                 // HeartbeatRequest.seq of the last Register or Heartbeat sent
 
   std::unique_ptr<CoordinatorWatch> watch_;  // from the first registration on
   // Declared last: destroyed first, while the stub its callbacks use is still alive.

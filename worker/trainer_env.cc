@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "common/net.h"
+
 namespace drover {
 namespace {
 
@@ -29,11 +31,15 @@ Status ReadNumber(const char* name, T* out) {
 }
 
 // A coordinator on loopback means a one-machine cluster: peers are on loopback too.
+// Otherwise the address of the interface toward the coordinator (common/net.h: the host
+// name often resolves to a loopback address no peer can dial), and the host name only when
+// there is no route to pick one by.
 std::string DefaultBindAddress(const std::string& coordinator) {
   const std::string host = HostOfAddress(coordinator);
   if (host.empty() || IsLoopbackHost(host)) {
     return "127.0.0.1";
   }
+  if (StatusOr<std::string> local = LocalAddressToward(coordinator); local.ok()) return *local;
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "127.0.0.1";
   return name;

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/net.h"
 #include "common/tls.h"
 #include "worker/agent.h"
 #include "worker/gpu_probe.h"
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 600000));
   app.add_option("--address", options.address,
                  "this node's address: shown to people, and where its trainers accept their "
-                 "peers (default: the host name; 127.0.0.1 for a coordinator on loopback)");
+                 "peers (default: the address of the interface toward --coordinator; 127.0.0.1 "
+                 "for a coordinator on loopback)");
   app.add_option("--stop-grace-ms", options.shutdown_grace_ms,
                  "on SIGTERM: grace before trainers are killed")
       ->check(CLI::Range(0, 600000))
@@ -80,6 +82,19 @@ int main(int argc, char** argv) {
               << " is beyond loopback and no TLS is given: add --tls-cert, --tls-key and "
                  "--tls-ca, or pass --insecure to dial it in plaintext\n";
     return 2;
+  }
+  if (!options.address.empty() &&
+      !drover::IsLoopbackHost(drover::HostOfAddress(options.coordinator))) {
+    // Trainers bind --address and publish what it resolves to: a loopback address there is
+    // one only this machine can dial, so any job with ranks on another node fails to connect.
+    auto resolved = drover::ResolveHost(options.address);
+    if (resolved.ok() && drover::IsLoopbackHost(*resolved)) {
+      spdlog::warn(
+          "--address {} resolves to {}, a loopback address: trainers on other nodes cannot "
+          "connect to this node's trainers (give the address of this node on the cluster's "
+          "network, or leave --address out to use the interface toward {})",
+          options.address, *resolved, options.coordinator);
+    }
   }
   if (options.device == drover::v1::CUDA) {
     // A GPU node registers its GPUs: refused here, with the reason, when it has none to use.

@@ -147,6 +147,45 @@ TEST_F(CoordinatorTest, NodeDeathRecoversOnHealthySlotsAfterSurvivorsExit) {
   EXPECT_EQ(n2.failures(), 1);
 }
 
+// A partition heals and TCP delivers a heartbeat the agent sent while cut off, after the
+// heartbeats that followed it: the job's newest trainer on that node is not in its listing.
+// Taken, that listing would fail the attempt ("rank 0 vanished from the agent"); it is
+// older than what the coordinator knows, and ignored.
+TEST_F(CoordinatorTest, AHeartbeatThatArrivesLateChangesNothing) {
+  v1::RegisterRequest reg = RegisterReq("n1", 1);
+  reg.set_seq(1);
+  ASSERT_TRUE(c_->Register(reg).ok());
+  const std::string id = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  auto beat = [&](int64_t seq, std::vector<v1::TrainerStatus> trainers) {
+    (void)c_->Flush();
+    v1::HeartbeatRequest hb;
+    hb.set_name("n1");
+    hb.set_agent_id("agent-1");
+    hb.set_seq(seq);
+    for (auto& t : trainers) *hb.add_trainers() = t;
+    return c_->Heartbeat(hb);
+  };
+  ASSERT_EQ(beat(2, {}).orders_size(), 1);
+  beat(4, {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 3)});
+  // Seq 3, sent before the trainer started, arrives now: no orders, no failure.
+  EXPECT_EQ(beat(3, {}).orders_size(), 0);
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING) << Job(id).reason();
+  EXPECT_EQ(Job(id).attempt(), 1);
+  EXPECT_EQ(c_->GetJob(id)->trainers_size(), 1);
+  // A late registration of the same agent is refused and changes nothing either.
+  reg.set_seq(2);
+  EXPECT_FALSE(c_->Register(reg).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING) << Job(id).reason();
+  // The next heartbeat in order is taken: the trainer's exit is seen.
+  beat(5, {Exited(id, 1, 0, 0)});
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::SUCCEEDED);
+}
+
 TEST_F(CoordinatorTest, TrainerExitReportedAtOnceAndCheckpointResumed) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
   const std::string id = Submit(SpecYaml(2, 2));

@@ -21,6 +21,34 @@ TEST(NodeManagerTest, RegisterThenAcceptsOnlyCurrentAgent) {
   EXPECT_EQ(nodes.TotalSlotsEver(v1::CPU), 4);
 }
 
+TEST(NodeManagerTest, ARequestSentBeforeOneAlreadyTakenIsStale) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {});
+  v1::RegisterRequest reg = RegisterReq("n1", 1, "a1");
+  reg.set_seq(1);
+  nodes.Register(reg);
+  EXPECT_TRUE(nodes.Stale("n1", "a1", 1));
+  EXPECT_FALSE(nodes.Stale("n1", "a1", 2));
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("a1");
+  hb.set_seq(5);
+  nodes.OnHeartbeat(hb);
+  EXPECT_TRUE(nodes.Stale("n1", "a1", 3));
+  EXPECT_TRUE(nodes.Stale("n1", "a1", 5));
+  EXPECT_FALSE(nodes.Stale("n1", "a1", 6));
+  // Unordered (no seq), another agent's, an unknown node's: never stale.
+  EXPECT_FALSE(nodes.Stale("n1", "a1", 0));
+  EXPECT_FALSE(nodes.Stale("n1", "a2", 1));
+  EXPECT_FALSE(nodes.Stale("n2", "a1", 1));
+  // A restarted agent counts from 1 again.
+  v1::RegisterRequest restarted = RegisterReq("n1", 1, "a2");
+  restarted.set_seq(1);
+  nodes.Register(restarted);
+  EXPECT_FALSE(nodes.Stale("n1", "a2", 2));
+  EXPECT_TRUE(nodes.Stale("n1", "a2", 1));
+}
+
 TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
   FakeClock clock;
   NodeManager nodes(

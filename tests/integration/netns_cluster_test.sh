@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# A cluster on a network of its own, rather than processes on loopback: the coordinator and
+# three worker nodes, each in a network namespace with its own address on one bridge
+# (10.77.0.0/24; 1 ms each way on every link where the kernel has netem), as machines on a switch. It checks what
+# loopback cannot show:
+#
+#   1. Trainers on different machines find each other. No agent is given --address: each
+#      trainer accepts its peers on the address of its interface toward the coordinator
+#      (common/net.h). The host name resolves to loopback here, as it does on most Debian
+#      machines (127.0.1.1), and a trainer bound to it would be dialled by no one.
+#   2. A network partition: the node that runs rank 0 is cut off from the switch. Its
+#      processes run on and its link stays up, but nothing reaches it and nothing it sends
+#      arrives: no FIN, no RST, as when a switch port or a cable fails. The coordinator
+#      declares the node dead, stops the survivors and resumes the job at world size 2 from
+#      its newest complete checkpoint. The cut-off trainer, rank 0, stops publishing: its
+#      lease lapses before the next attempt can start.
+#   3. The partition heals: the agent reconnects and its old trainer, superseded, exits.
+#      The job grows back to 3 ranks at a checkpoint and finishes.
+#
+# Afterwards, metrics.jsonl holds every attempt's lines in attempt order (the cut-off rank 0
+# never wrote after its successor began), each attempt resumed at the step after its
+# checkpoint, and every complete checkpoint is whole.
+#
+#   tests/integration/netns_cluster_test.sh BUILD/bin SOURCE_DIR
+#
+# Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) for `ip netns`; where namespaces cannot be made
+# the test says so and exits 77 (skipped). Every namespace and process it makes is removed
+# on every exit path; the files stay in a temporary directory when it fails.
+set -euo pipefail
+
+bin=$(cd "${1:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR}" && pwd)
+src=$(cd "${2:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR}" && pwd)
+
+fail() {
+  echo "netns_cluster_test: FAIL: $*" >&2
+  exit 1
+}
+
+for exe in drover drover-coordinator drover-worker drover-trainer; do
+  [ -x "$bin/$exe" ] || fail "$bin/$exe is missing: build it first"
+done
+command -v ip >/dev/null || fail "ip (iproute2) not found"
+
+# Namespace names are global: the pid keeps two runs apart.
+p="drv$$"
+sw="$p-sw"
+nodes=(c n1 n2 n3)
+declare -A addr=([c]=10.77.0.1 [n1]=10.77.0.11 [n2]=10.77.0.12 [n3]=10.77.0.13)
+coordinator="${addr[c]}:7600"
+
+if ! ip netns add "$sw" 2>/tmp/"$p".err; then
+  echo "netns_cluster_test: SKIP: cannot create a network namespace here ($(cat /tmp/"$p".err));" \
+    "it needs root with CAP_SYS_ADMIN and CAP_NET_ADMIN" >&2
+  rm -f /tmp/"$p".err
+  exit 77
+fi
+rm -f /tmp/"$p".err
+
+root=$(mktemp -d "${TMPDIR:-/tmp}/drover-netns.XXXXXX")
+declare -A pids=()  # name -> pid of every long-running process this script started
+job=""
+
+dump_logs() {
+  for f in "$root"/*.log "$root"/n*/logs/*/attempt-*/rank-*.log; do
+    [ -f "$f" ] || continue
+    echo "---- $f (last 40 lines) ----" >&2
+    tail -n 40 "$f" >&2
+  done
+}
+
+cleanup() {
+  local rc=$?
+  set +e
+  # Workers first: each stops its trainers (SIGTERM, then SIGKILL after its grace).
+  for name in n1 n2 n3 c; do
+    local pid=${pids[$name]:-}
+    [ -n "$pid" ] || continue
+    kill -TERM "$pid" 2>/dev/null
+  done
+  for name in n1 n2 n3 c; do
+    local pid=${pids[$name]:-}
+    [ -n "$pid" ] || continue
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  # Anything still running in a namespace (a trainer whose agent was killed) goes too:
+  # a namespace is only freed once its last process has left it.
+  for ns in "${nodes[@]}"; do
+    ip netns pids "$p-$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
+  done
+  for ns in "${nodes[@]}"; do ip netns del "$p-$ns" 2>/dev/null; done
+  ip netns del "$sw" 2>/dev/null
+  if [ "$rc" -ne 0 ]; then
+    dump_logs
+    echo "netns_cluster_test: files kept in $root" >&2
+  elif [ -n "${DROVER_KEEP_TEST_DIRS:-}" ]; then
+    echo "netns_cluster_test: files kept in $root (DROVER_KEEP_TEST_DIRS)"
+  else
+    rm -rf "$root"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Polls `cond` (a command) every 0.2 s until it succeeds or `secs` pass.
+wait_for() {
+  local secs=$1
+  shift
+  local deadline=$((SECONDS + secs))
+  until "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+# ---- the network: a bridge in a namespace of its own, a veth from it to each machine ----
+ip -n "$sw" link set lo up
+ip -n "$sw" link add br0 type bridge
+ip -n "$sw" link set br0 up
+for n in "${nodes[@]}"; do
+  ns="$p-$n"
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip link add eth0 netns "$ns" type veth peer name "$n" netns "$sw"
+  ip -n "$ns" addr add "${addr[$n]}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$sw" link set "$n" master br0
+  ip -n "$sw" link set "$n" up
+  # 1 ms each way, a switch's latency rather than loopback's, where the kernel has netem.
+  if [ -z "${no_netem:-}" ] && ! tc -n "$ns" qdisc add dev eth0 root netem delay 1ms 2>/dev/null; then
+    no_netem=1
+    echo "netns_cluster_test: no netem in this kernel: the links have no added latency"
+  fi
+done
+
+# Cut `node` off the switch (and reconnect it): the port leaves the bridge, both ends of its
+# cable stay up, and frames to and from the node go nowhere.
+partition() { ip -n "$sw" link set "$1" nomaster; }
+heal() { ip -n "$sw" link set "$1" master br0; }
+
+in_ns() {
+  local n=$1
+  shift
+  ip netns exec "$p-$n" "$@"
+}
+cli() { in_ns c "$bin/drover" --coordinator "$coordinator" --retry-for 2 "$@"; }
+
+# ---- the cluster --------------------------------------------------------------------------
+in_ns c "$bin/drover-coordinator" --listen "$coordinator" --state-dir "$root/coord" --insecure \
+  --heartbeat-interval-ms 200 --heartbeat-timeout-ms 1000 --stop-grace-ms 500 \
+  >"$root/coordinator.log" 2>&1 &
+pids[c]=$!
+for n in n1 n2 n3; do
+  # No --address: the default is what is under test.
+  in_ns "$n" "$bin/drover-worker" --coordinator "$coordinator" --insecure --name "$n" --slots 1 \
+    --work-dir "$root/$n" --stop-grace-ms 500 >"$root/$n.log" 2>&1 &
+  pids[$n]=$!
+done
+
+workers_json() { cli workers --json 2>/dev/null; }
+# Prints "name address state" per node.
+workers_table() {
+  workers_json | python3 -c '
+import json, sys
+for w in json.load(sys.stdin).get("workers", []):
+    n = w["node"]
+    print(n["name"], n.get("address", ""), n.get("state", ""))'
+}
+three_ready() { [ "$(workers_table | grep -c ' NODE_ALIVE$' || true)" -eq 3 ]; }
+wait_for 30 three_ready || fail "three nodes did not register: $(workers_table)"
+# Each node registered the address of its own interface, not its host name.
+while read -r name address _; do
+  [ "$address" = "${addr[$name]}" ] ||
+    fail "node $name registered address '$address'; expected its interface's ${addr[$name]}"
+done < <(workers_table)
+
+# ---- the job --------------------------------------------------------------------------------
+"$bin/drover" data prepare "$src/deploy/examples/data/shakespeare.txt" --out "$root/data" \
+  >"$root/prepare.log" 2>&1 || fail "drover data prepare: $(cat "$root/prepare.log")"
+steps=1500
+cat >"$root/job.yaml" <<EOF
+name: netns
+output_dir: $root/out
+model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 256}
+data: {train: "$root/data/train_*.bin", val: $root/data/val.bin}
+train: {steps: $steps, global_batch: 12, micro_batch: 2, seq_len: 32, lr: 1.0e-3,
+        min_lr: 1.0e-4, warmup_steps: 10, eval_every: 0}
+parallel: {timeout_s: 5}
+resources: {world_size: {min: 2, max: 3}, threads_per_rank: 1}
+checkpoint: {dir: $root/out/ckpt, every_steps: 25, keep_last: 3}
+fault_tolerance: {max_restarts: 5, hang_timeout_s: 60}
+EOF
+job=$(cli submit "$root/job.yaml") || fail "submit: $job"
+
+status_json() { cli status "$job" --json 2>/dev/null; }
+# One fact of the job's status, by a Python expression over `j` (the JobInfo as JSON).
+fact() {
+  status_json | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+job = j["job"]
+attempts = j.get("attempts", [])
+trainers = [t for t in j.get("trainers", []) if int(t.get("attempt", 0)) == int(job.get("attempt", 0))]
+placed = [p["node"] for p in job.get("placement", [])]
+def step():
+    return max([int(t.get("progress", {}).get("step", 0)) for t in trainers] or [0])
+def ckpt():
+    return max([int(t.get("progress", {}).get("last_checkpoint_step", 0)) for t in trainers] or [0])
+print(eval("(" + sys.argv[1] + ")"))' "$1"
+}
+holds() { [ "$(fact "$1" 2>/dev/null)" = "True" ]; }
+
+# 1. Three ranks, one per machine, train past a checkpoint.
+wait_for 60 holds 'job["state"] == "RUNNING" and len(trainers) == 3 and ckpt() >= 50' ||
+  fail "the job did not train on three nodes past a checkpoint: $(status_json)"
+first_attempt=$(fact 'job["attempt"]')
+rank0_node=$(fact '[p["node"] for p in job["placement"] if int(p.get("rank", 0)) == 0][0]')
+old_trainer=$(fact '[t["pid"] for t in trainers if int(t.get("rank", 0)) == 0][0]')
+echo "netns_cluster_test: attempt $first_attempt trains on 3 nodes; cutting off $rank0_node (rank 0)"
+
+# 2. Rank 0's machine leaves the network.
+partition "$rank0_node"
+wait_for 30 holds "int(job['attempt']) > $first_attempt and job['state'] == 'RUNNING' and
+  len(trainers) == 2 and len(placed) == 2 and '$rank0_node' not in placed and
+  step() > int(attempts[-1].get('resume_step', 0)) + 5" ||
+  fail "the job did not resume on the two nodes left: $(status_json)"
+reason=$(fact "[a.get('end_reason', '') for a in attempts if int(a['attempt']) == $first_attempt][0]")
+echo "netns_cluster_test: attempt $first_attempt ended: $reason"
+[[ "$reason" == *"$rank0_node"* ]] || fail "attempt $first_attempt ended for '$reason', not for $rank0_node"
+
+# 3. The cable is back: the agent reconnects, its superseded trainer exits, and the job grows
+# back to three ranks.
+heal "$rank0_node"
+old_gone() { ! kill -0 "$old_trainer" 2>/dev/null; }
+wait_for 30 old_gone || fail "the cut-off trainer (pid $old_trainer) still runs after the heal"
+wait_for 60 holds "len(trainers) == 3 and '$rank0_node' in placed and
+  step() > int(attempts[-1].get('resume_step', 0))" ||
+  fail "the job did not grow back to three nodes: $(status_json)"
+wait_for 120 holds 'job["state"] == "SUCCEEDED"' || fail "the job did not succeed: $(status_json)"
+fact '"\n".join("netns_cluster_test: attempt %s: %d ranks on %s from step %s; %s" % (a["attempt"],
+  a["world_size"], ",".join(p["node"] for p in a["placement"]), a["resume_step"], a["end_reason"])
+  for a in attempts)'
+
+# ---- what the files say ----------------------------------------------------------------------
+python3 - "$root/out/metrics.jsonl" "$steps" <<'EOF' || fail "metrics.jsonl (above)"
+import json, sys
+path, steps = sys.argv[1], int(sys.argv[2])
+newest, last_step, starts = 0, 0, []
+for line in open(path):
+    if not line.strip():
+        continue
+    m = json.loads(line)
+    if "loss" not in m:
+        continue
+    a, s = int(m["attempt"]), int(m["step"])
+    if a < newest:
+        sys.exit(f"an attempt-{a} line after attempt {newest}: {line.strip()}")
+    if a > newest:
+        starts.append((a, s, last_step))
+        newest = a
+    elif s != last_step + 1:
+        sys.exit(f"attempt {a}: step {s} follows step {last_step}")
+    last_step = s
+if last_step != steps:
+    sys.exit(f"the last logged step is {last_step}, not {steps}")
+if len(starts) < 3:
+    sys.exit(f"{len(starts)} attempts logged; expected 3 or more: {starts}")
+for a, s, before in starts[1:]:
+    # A resumed attempt starts after a checkpoint (a multiple of 25) at or before where the
+    # last one got to.
+    if (s - 1) % 25 != 0 or s - 1 > before:
+        sys.exit(f"attempt {a} began at step {s} after step {before}")
+print("netns_cluster_test: metrics.jsonl: attempts (attempt, first step, step before):", starts)
+EOF
+for d in "$root"/out/ckpt/step_*; do
+  [[ "$d" == *.tmp ]] && continue
+  [ -f "$d/manifest.json" ] || fail "checkpoint $d has no manifest"
+done
+"$bin/drover" ckpt verify "$root/out/ckpt" >"$root/verify.log" 2>&1 ||
+  fail "drover ckpt verify: $(cat "$root/verify.log")"
+echo "netns_cluster_test: PASS"
