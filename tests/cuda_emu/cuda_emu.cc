@@ -118,7 +118,8 @@ struct Warp {
   int live = 0, arrived = 0;
   uint64_t generation = 0;
   double slots[32] = {};
-  float tile[256] = {};  // WarpTile()
+  float tile[256] = {};      // WarpTile()
+  uint32_t mma[32][6] = {};  // MmaM16N8K16: each lane's a and b registers
 };
 
 // One block in flight on this host thread.
@@ -302,6 +303,45 @@ double ShuffleXor(double value, int offset) {
   const double got = w.slots[lane ^ static_cast<unsigned>(offset)];
   WarpBarrier();  // every lane has read, before any stores again
   return got;
+}
+
+namespace {
+
+// One 16-bit element of an mma operand register: the low half holds the first.
+float MmaElement(uint32_t reg, int half, bool fp16) {
+  const uint16_t bits = static_cast<uint16_t>(half == 0 ? reg & 0xFFFFu : reg >> 16);
+  return fp16 ? __half2float(__half{bits}) : __bfloat162float(__nv_bfloat16{bits});
+}
+
+}  // namespace
+
+void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool fp16) {
+  CheckSynchronisable("mma.sync");
+  Block& blk = *g_block;
+  const unsigned lane = static_cast<unsigned>(blk.current - blk.fibers.data()) % 32;
+  Warp& w = blk.warps[blk.current->warp];
+  for (int i = 0; i < 4; ++i) w.mma[lane][i] = a[i];
+  w.mma[lane][4] = b[0];
+  w.mma[lane][5] = b[1];
+  WarpBarrier();  // every lane's fragments are in
+  // A(r, k): lane (r % 8) * 4 + (k % 8) / 2, register (k / 8) * 2 + r / 8, half k % 2.
+  auto A = [&](int r, int k) {
+    return MmaElement(w.mma[(r % 8) * 4 + (k % 8) / 2][(k / 8) * 2 + r / 8], k % 2, fp16);
+  };
+  // B(k, n): lane n * 4 + (k % 8) / 2, register 4 + k / 8, half k % 2.
+  auto B = [&](int k, int n) {
+    return MmaElement(w.mma[n * 4 + (k % 8) / 2][4 + k / 8], k % 2, fp16);
+  };
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += A(rows[e], k) * B(k, cols[e]);
+    out[e] = sum;
+  }
+  WarpBarrier();  // every lane has read the fragments, before any lane writes them again
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
 }
 
 std::mutex g_attributes_mu;

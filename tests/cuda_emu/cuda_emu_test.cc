@@ -4,6 +4,8 @@
 // it does. Run with DROVER_EMU_DEFER_MS set far beyond a test's length, so that work runs
 // only when something needs it and every outcome below is certain.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -30,6 +32,34 @@ __global__ void BlockOrderKernel(int* order, int* counter) {
 }
 
 __global__ void ReadKernel(const float* x, int i, float* out) { *out = x[i]; }
+
+// One warp: d (16 x 8, row-major) = a (16 x 16) b (16 x 8), both row-major floats holding
+// values exact in 16 bits, through drover_emu::MmaM16N8K16 with every lane's fragments taken
+// as the PTX ISA's formulas for mma.m16n8k16 place them ("row = groupID for ai where
+// 0 <= i < 2 || 4 <= i < 6, groupID + 8 otherwise; col = threadID_in_group * 2 + (i & 1),
+// + 8 for i >= 4"; B: "row = threadID_in_group * 2 + (i & 1), + 8 for i >= 2; col =
+// groupID"; C: "row = groupID for c0, c1, groupID + 8 otherwise; col = threadID_in_group * 2
+// + (i & 1)").
+__global__ void MmaKernel(float* d, const float* a, const float* b, bool fp16) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane >> 2, t = lane % 4;
+  auto bits = [&](float x) -> uint32_t {
+    if (fp16) return __float2half_rn(x).bits;
+    return __float2bfloat16_rn(x).bits;
+  };
+  uint32_t ra[4] = {}, rb[2] = {};
+  for (int i = 0; i < 8; ++i) {
+    const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+    const int col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+    ra[i / 2] |= bits(a[row * 16 + col]) << (16 * (i % 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int row = t * 2 + (i & 1) + (i >= 2 ? 8 : 0), col = g;
+    rb[i / 2] |= bits(b[row * 8 + col]) << (16 * (i % 2));
+  }
+  float acc[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // c: ones
+  ::drover_emu::MmaM16N8K16(acc, ra, rb, fp16);
+  for (int i = 0; i < 4; ++i) d[(i < 2 ? g : g + 8) * 8 + t * 2 + (i & 1)] = acc[i];
+}
 
 constexpr int kN = 64;
 
@@ -262,6 +292,31 @@ TEST_F(CudaEmulatorDeathTest, AKernelGivenPageableHostMemoryDiesAtTheLaunch) {
   std::vector<float> host(kN);
   EXPECT_DEATH(DROVER_LAUNCH(FillKernel, dim3(2), dim3(32), 0, a_)(host.data(), 1.0f, kN),
                "kernel argument 0 \\(0x[0-9a-f]+\\) is not device or page-locked memory");
+}
+
+TEST_F(CudaEmulatorTest, MmaSyncTakesItsFragmentsInThePtxLayout) {
+  std::vector<float> a(16 * 16), b(16 * 8), want(16 * 8, 1.0f);
+  for (int i = 0; i < 256; ++i) a[i] = static_cast<float>(i % 7 - 3);  // exact in 16 bits
+  for (int i = 0; i < 128; ++i) b[i] = static_cast<float>(i % 5 - 2) * 0.5f;
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < 8; ++c) {
+      for (int k = 0; k < 16; ++k) want[r * 8 + c] += a[r * 16 + k] * b[k * 8 + c];
+    }
+  }
+  float *da = nullptr, *db = nullptr, *dd = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&da), a.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&db), b.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dd), want.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(da, a.data(), a.size() * 4, cudaMemcpyHostToDevice, a_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(db, b.data(), b.size() * 4, cudaMemcpyHostToDevice, a_), cudaSuccess);
+  for (const bool fp16 : {false, true}) {
+    DROVER_LAUNCH(MmaKernel, 1, 32, 0, a_)(dd, da, db, fp16);
+    std::vector<float> got(want.size(), NAN);
+    ASSERT_EQ(cudaMemcpyAsync(got.data(), dd, got.size() * 4, cudaMemcpyDeviceToHost, a_),
+              cudaSuccess);
+    EXPECT_EQ(got, want) << (fp16 ? "fp16" : "bf16");
+  }
+  for (float* p : {da, db, dd}) ASSERT_EQ(cudaFree(p), cudaSuccess);
 }
 
 TEST_F(CudaEmulatorTest, AKernelTakesNullAndTheEndOfAnAllocation) {

@@ -8,10 +8,12 @@
 # What it checks:
 #   1. the GPU and its driver (nvidia-smi);
 #   2. cuda_tests: every op of the CUDA kernel table against the CPU fp32 reference
-#      (forward and backward; mixed-precision attention through the fused kernels), 20
+#      (forward and backward; mixed-precision attention through the fused kernels on
+#      mma.sync register tiles, attention_mma.cu, which no GPU has run yet), 20
 #      training steps on the GPU against the CPU in fp32 and bf16, and the NCCL communicator
 #      (every collective, uneven chunks, a peer that never joins aborted at the deadline);
-#   2b. attention through the GEMM version (DROVER_CUDA_ATTENTION=gemms), and every op with
+#   2b. attention through the wmma kernels (DROVER_CUDA_ATTENTION=wmma, flash_attention.cu)
+#      and the GEMM version (DROVER_CUDA_ATTENTION=gemms), and every op with
 #      float operand buffers and GEMMs on fp32 inputs (DROVER_CUDA_GEMM_INPUTS=fp32), where
 #      mixed precision takes 16-bit ones otherwise;
 #   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
@@ -27,8 +29,9 @@
 # PyTorch eager and torch.compile on the same GPU. drover's bf16 GEMMs run on tensor cores
 # with native bf16 inputs and outputs (what passes from op to op is stored in bf16; the
 # weights and the residual stream's gradient are copied to bf16 per GEMM; the old fp32 GEMMs
-# are timed too), its attention is fused (wmma tiles; the GEMM version, which materialises
-# T x T, is timed too), and the residual stream and its gradients stay fp32: this measures
+# are timed too), its attention is fused (mma.sync register tiles; the wmma kernels and the
+# GEMM version, which materialises T x T, are timed too), and the residual stream and its
+# gradients stay fp32: this measures
 # how far it is from the goal.
 # Worst-case timeouts add up to more than the device tool's 600 s per call: should the check
 # be cut short, run tests/device/speed.sh as a call of its own. tests/device/sanitize.sh
@@ -63,7 +66,10 @@ step() {  # step NAME COMMAND...: runs it, says PASS or FAIL
 if [[ $no_gpu != 1 ]]; then
   step "1 gpu and driver" nvidia-smi -L
   step "2 cuda ops against the cpu, 20 steps, nccl" timeout 240 "$bin/cuda_tests"
-  # Mixed-precision attention takes the fused kernels above; the GEMM version too.
+  # Mixed-precision attention takes the mma kernels above; the wmma kernels and the GEMM
+  # version too.
+  step "2b cuda attention through the wmma kernels" env DROVER_CUDA_ATTENTION=wmma \
+    timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*:CudaOpsTest.OpsRead*:CudaOpsTest.TwentyTrainingSteps*'
   step "2b cuda attention through the gemms" env DROVER_CUDA_ATTENTION=gemms \
     timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*:CudaOpsTest.OpsRead*'
   step "2b cuda ops on fp32 inputs" env DROVER_CUDA_GEMM_INPUTS=fp32 \

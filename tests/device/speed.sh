@@ -64,9 +64,13 @@ kill "$smi" 2>/dev/null
 tail -4 "$work/drover.txt"
 [[ $rc -eq 0 ]] || echo "drover train exited $rc"
 # Where drover's step time goes, op by op (each op synchronised, so no overlap), with the
-# fused attention and then with the GEMM version (which keeps the T x T probabilities).
+# fused attention on mma.sync register tiles, then on wmma tiles, then with the GEMM version
+# (which keeps the T x T probabilities).
 timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
   --set output_dir="$work/out-profile" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+echo "---- the same with DROVER_CUDA_ATTENTION=wmma"
+DROVER_CUDA_ATTENTION=wmma timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
+  --set output_dir="$work/out-profile-wmma" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
 echo "---- the same with DROVER_CUDA_ATTENTION=gemms"
 DROVER_CUDA_ATTENTION=gemms timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
   --set output_dir="$work/out-profile-gemms" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'

@@ -30,6 +30,9 @@ struct uint3 {
 struct float4 {
   float x, y, z, w;
 };
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
 struct CUstream_st;  // cudaStream_t (cuda_runtime_api.h)
 struct dim3 {
   unsigned x, y, z;
@@ -56,6 +59,16 @@ float* WarpTile();
 unsigned char* DynamicShared();
 // Every live lane of the warp passes `value`; each gets that of lane ^ offset.
 double ShuffleXor(double value, int offset);
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (PTX ISA, "Matrix Fragments
+// for mma.m16n8k16 with floating point type"): d (16 x 8) = a (16 x 16) b (16 x 8) + c for
+// the warp, every lane holding its fragments in the PTX layout (g = lane / 4, t = lane % 4;
+// the first element of a register in its low 16 bits):
+//   a[0] = A(g, 2t..2t+1)   a[1] = A(g+8, 2t..2t+1)   a[2] = A(g, 2t+8..)   a[3] = A(g+8, 2t+8..)
+//   b[0] = B(2t..2t+1, g)   b[1] = B(2t+8..2t+9, g)
+//   c, d = C(g, 2t), C(g, 2t+1), C(g+8, 2t), C(g+8, 2t+1)
+// Warp-wide: every lane of the warp must reach it. The products of 16-bit values are exact in
+// fp32; each output adds them to c in k order (the tensor cores' order is their own).
+void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool fp16);
 // Whether the device takes a launch of `kernel` in this configuration: false (with the error
 // cudaGetLastError returns set) for one it would refuse: an invalid configuration, or more
 // than 48 KiB of dynamic shared memory unless the kernel's

@@ -78,15 +78,24 @@ class PinnedAllocator final : public Allocator {
   }
 };
 
-// Whether attention takes the fused kernels (flash_attention.cu) rather than the GEMMs
-// (attention.cu). DROVER_CUDA_ATTENTION=gemms keeps the GEMMs for every run, to compare the
-// two (tests/device/speed.sh); it is read once, so forward and backward always agree.
-bool Fused(int C, int NH, Precision operands) {
-  static const bool gemms_only = [] {
+// Which kernels take an attention: the fused ones on mma.sync register tiles
+// (attention_mma.cu), the fused ones on wmma tiles (flash_attention.cu), or the GEMMs
+// (attention.cu), the first that applies. fp32 runs always take the GEMMs (pedantic fp32).
+// DROVER_CUDA_ATTENTION=wmma starts from the wmma kernels and =gemms keeps the GEMMs for
+// every run, to compare them (tests/device/speed.sh); it is read once, so forward and
+// backward always agree.
+enum class AttentionKernels { kMma, kWmma, kGemms };
+
+AttentionKernels AttentionFor(int C, int NH, Precision operands) {
+  static const int start = [] {
     const char* choice = std::getenv("DROVER_CUDA_ATTENTION");
-    return choice != nullptr && std::strcmp(choice, "gemms") == 0;
+    if (choice != nullptr && std::strcmp(choice, "gemms") == 0) return 2;
+    if (choice != nullptr && std::strcmp(choice, "wmma") == 0) return 1;
+    return 0;
   }();
-  return !gemms_only && FlashAttentionApplies(C, NH, operands);
+  if (start == 0 && MmaAttentionApplies(C, NH, operands)) return AttentionKernels::kMma;
+  if (start <= 1 && FlashAttentionApplies(C, NH, operands)) return AttentionKernels::kWmma;
+  return AttentionKernels::kGemms;
 }
 
 class CudaOpsImpl final : public Ops {
@@ -220,13 +229,18 @@ class CudaOpsImpl final : public Ops {
                          scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
-    if (Fused(C, NH, operands)) return FlashAttentionStateFloats(B, T, C, NH);
+    if (AttentionFor(C, NH, operands) != AttentionKernels::kGemms) {
+      return FlashAttentionStateFloats(B, T, C, NH);
+    }
     return Ops::AttentionStateFloats(B, T, C, NH, operands);
   }
   void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
                         Precision operands) override {
     const size_t btc = static_cast<size_t>(B) * T * C;
-    if (Fused(C, NH, operands)) {
+    const AttentionKernels kernels = AttentionFor(C, NH, operands);
+    if (kernels == AttentionKernels::kMma) {
+      cuda::MmaAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands), stream_);
+    } else if (kernels == AttentionKernels::kWmma) {
       cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands),
                                   stream_);
     } else {
@@ -239,7 +253,12 @@ class CudaOpsImpl final : public Ops {
   }
   void AttentionBackward(float* dqkv, const float* dout, const float* state, const float* qkv,
                          int B, int T, int C, int NH, Precision operands) override {
-    if (Fused(C, NH, operands)) {
+    const AttentionKernels kernels = AttentionFor(C, NH, operands);
+    if (kernels == AttentionKernels::kMma) {
+      float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
+      cuda::MmaAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands,
+                                 Narrow(operands), stream_);
+    } else if (kernels == AttentionKernels::kWmma) {
       float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
       cuda::FlashAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands,
                                    Narrow(operands), stream_);

@@ -37,6 +37,7 @@
 #include <cstdint>
 
 #include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/fused_attention.cuh"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
 #include "worker/engine/kernels/cuda/store.cuh"
@@ -45,10 +46,14 @@ namespace drover::engine::cuda {
 namespace {
 
 namespace wmma = nvcuda::wmma;
-
-constexpr int kTile = 64;  // rows of a query or key tile
-constexpr int kWarps = kTile / 16;
-constexpr int kThreads = kWarps * 32;
+using fused::Align;
+using fused::At;
+using fused::Grid;
+using fused::kThreads;
+using fused::kTile;
+using fused::kWarps;
+using fused::LaunchWithShared;
+using fused::RequireShapes;
 
 // An output element as the run stores it (ops.h: out and dqkv are stored in `operands`).
 template <typename N>
@@ -59,9 +64,8 @@ __device__ __forceinline__ float Stored(float x) {
 __device__ __forceinline__ float Tf32(float x) { return wmma::__float_to_tf32(x); }
 
 // The shared-memory layout of each kernel, in bytes from the (128-byte aligned) base; every
-// region starts 128-byte aligned, and row strides are padded against bank conflicts while
-// keeping wmma's rules (16-byte multiples; 32-byte aligned tiles at 8- and 16-row steps).
-constexpr size_t Align(size_t bytes) { return (bytes + 127) / 128 * 128; }
+// region starts 128-byte aligned (Align), and row strides are padded against bank conflicts
+// while keeping wmma's rules (16-byte multiples; 32-byte aligned tiles at 8- and 16-row steps).
 
 template <typename N, int HS>
 struct Geometry {
@@ -105,11 +109,6 @@ struct DkvSmem : Geometry<N, HS> {
                           kDp = kP + G::kWarpTiles, kLse = kDp + G::kWarpTiles,
                           kD = kLse + G::kRows, kBytes = kD + G::kRows;
 };
-
-template <typename T>
-__device__ __forceinline__ T* At(unsigned char* smem, size_t offset) {
-  return reinterpret_cast<T*>(smem + offset);
-}
 
 // Rows [t0, t0 + kTile) of one head's (T, HS) slice of a row-major source (row stride ld
 // elements; src at row 0 of the slice) into shared memory: narrowed into `narrow` (ldm
@@ -329,26 +328,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out: one warp per
-// (b, t, h).
-template <typename N, int HS>
-__global__ void SoftmaxDotKernel(float* D, const float* dout, const float* out, int B, int T, int C,
-                                 int NH) {
-  const size_t rows = static_cast<size_t>(B) * T * NH;
-  const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const size_t bt = row / NH;
-  const int h = static_cast<int>(row % NH);
-  const float* a = dout + bt * C + h * HS;
-  const float* o = out + bt * C + h * HS;
-  float sum = 0.0f;
-  for (int d = lane; d < HS; d += 32) sum += Stored<N>(a[d]) * o[d];
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const size_t b = bt / T, t = bt % T;
-  if (lane == 0) D[(b * NH + h) * T + t] = sum;
-}
-
 // P and dS of 16 x 64 tiles, in place, for the two backward kernels: p = exp(s scale - lse),
 // ds = p (dp - D) scale, both zero where `visible` says the pair is masked; written as tf32.
 // Two lanes per row, 32 columns each (SoftmaxColumn); lse and D are per row (dq) or per
@@ -503,30 +482,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                             pt);
 }
 
-// Launches `kernel` with `bytes` of dynamic shared memory, raising its limit past the
-// default 48 KiB first (cheap, and idempotent).
-template <typename... P, typename... A>
-void LaunchWithShared(void (*kernel)(P...), dim3 grid, size_t bytes, cudaStream_t stream,
-                      const A&... args) {
-  DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes)));
-  DROVER_LAUNCH(kernel, grid, kThreads, bytes, stream)(args...);
-  DROVER_CUDA_LAUNCHED();
-}
-
-// What the kernels assume of the shapes, and float4 loads of the rows of qkv (and dout).
-void RequireShapes(const float* qkv, const float* dout, int B, int T, int C, int NH) {
-  DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
-  DROVER_CUDA_REQUIRE(static_cast<long long>(B) * NH <= 65535);
-  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(qkv) % 16 == 0);  // float4 (or 8-byte) rows
-  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(dout) % 16 == 0);
-}
-
-dim3 Grid(int B, int T, int NH) {
-  return dim3(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
-}
-
 template <typename N, int HS>
 void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
              cudaStream_t stream) {
@@ -544,47 +499,11 @@ void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state
   const float* lse = state;
   const float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  const size_t rows = static_cast<size_t>(B) * T * NH;
-  constexpr unsigned kDotThreads = 256;
-  auto* dot_kernel = &SoftmaxDotKernel<N, HS>;
-  DROVER_LAUNCH(dot_kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
-  (dot, dout, out_copy, B, T, C, NH);
-  DROVER_CUDA_LAUNCHED();
+  fused::SoftmaxDot<N, HS>(dot, dout, out_copy, B, T, C, NH, stream);
   LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dy,
                    lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
   LaunchWithShared(FlashDkvKernel<N, HS>, Grid(B, T, NH), DkvSmem<N, HS>::kBytes, stream, dqkv, dy,
                    lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
-}
-
-// The instantiation for the run's head size (FlashAttentionApplies checked it).
-template <typename N>
-void ForwardFor(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
-                cudaStream_t stream) {
-  switch (C / NH) {
-    case 16:
-      return Forward<N, 16>(out, state, qkv, B, T, C, NH, stream);
-    case 32:
-      return Forward<N, 32>(out, state, qkv, B, T, C, NH, stream);
-    case 64:
-      return Forward<N, 64>(out, state, qkv, B, T, C, NH, stream);
-    default:
-      return Forward<N, 128>(out, state, qkv, B, T, C, NH, stream);
-  }
-}
-
-template <typename N>
-void BackwardFor(OperandOut dqkv, float* dot, const float* dout, const float* state, OperandIn qkv,
-                 int B, int T, int C, int NH, cudaStream_t stream) {
-  switch (C / NH) {
-    case 16:
-      return Backward<N, 16>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
-    case 32:
-      return Backward<N, 32>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
-    case 64:
-      return Backward<N, 64>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
-    default:
-      return Backward<N, 128>(dqkv, dot, dout, state, qkv, B, T, C, NH, stream);
-  }
 }
 
 // The most dynamic shared memory a kernel of head size HS takes (2-byte N: bf16 and fp16
@@ -600,37 +519,14 @@ constexpr size_t SharedBytes() {
 
 bool FlashAttentionApplies(int C, int NH, Precision operands) {
   if (operands == Precision::kFp32 || NH <= 0 || C % NH != 0) return false;
-  size_t bytes = 0;  // the most dynamic shared memory one of the head size's kernels takes
-  switch (C / NH) {
-    case 16:
-      bytes = SharedBytes<16>();
-      break;
-    case 32:
-      bytes = SharedBytes<32>();
-      break;
-    case 64:
-      bytes = SharedBytes<64>();
-      break;
-    case 128:
-      bytes = SharedBytes<128>();
-      break;
-    default:
-      return false;
-  }
+  if (!fused::FusedHeadSize(C / NH)) return false;
+  // The most dynamic shared memory one of the head size's kernels takes.
+  const size_t bytes =
+      fused::ForHeadSize(C / NH, [](auto hs) { return SharedBytes<decltype(hs)::value>(); });
   // sm_90 gives a block 227 KiB, enough for every head size; sm_86/sm_89 give 99 KiB and
   // sm_80 163 KiB, too little for HS = 64 (104.5 KiB) or 128 (200.5 KiB). Those runs keep the
-  // GEMMs rather than fail at cudaFuncSetAttribute. One device per process: asked once.
-  static const size_t opt_in = [] {
-    int device = 0, value = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky; the GEMMs need no such limit
-      return size_t{0};
-    }
-    return static_cast<size_t>(value);
-  }();
-  return bytes <= opt_in;
+  // GEMMs rather than fail at cudaFuncSetAttribute.
+  return bytes <= fused::SharedOptIn();
 }
 
 size_t FlashAttentionStateFloats(int B, int T, int C, int NH) {
@@ -643,11 +539,13 @@ void FlashAttentionForward(float* out, float* state, const float* qkv, int B, in
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, qkv, B, T, C, NH);
-  if (operands == Precision::kBf16) {
-    ForwardFor<__nv_bfloat16>(o, state, q, B, T, C, NH, stream);
-  } else {
-    ForwardFor<__half>(o, state, q, B, T, C, NH, stream);
-  }
+  fused::ForHeadSize(C / NH, [&](auto hs) {
+    if (operands == Precision::kBf16) {
+      Forward<__nv_bfloat16, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
+    } else {
+      Forward<__half, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
+    }
+  });
 }
 
 void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
@@ -657,11 +555,13 @@ void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const fl
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, dout, B, T, C, NH);
-  if (operands == Precision::kBf16) {
-    BackwardFor<__nv_bfloat16>(d, dot, dout, state, q, B, T, C, NH, stream);
-  } else {
-    BackwardFor<__half>(d, dot, dout, state, q, B, T, C, NH, stream);
-  }
+  fused::ForHeadSize(C / NH, [&](auto hs) {
+    if (operands == Precision::kBf16) {
+      Backward<__nv_bfloat16, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH, stream);
+    } else {
+      Backward<__half, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH, stream);
+    }
+  });
 }
 
 }  // namespace drover::engine::cuda

@@ -152,12 +152,12 @@ void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const floa
                        const float* att, const float* qkv, int B, int T, int C, int NH,
                        Precision operands, cudaStream_t stream);
 
-// ---- flash_attention.cu (fused, for mixed-precision runs) -----------------------------
+// ---- flash_attention.cu (fused on wmma tiles, for mixed-precision runs) ---------------
 // Whether the fused kernels take this attention: bf16 / fp16 operands, head size C / NH of
-// 16, 32, 64 or 128.
+// 16, 32, 64 or 128, and the shared memory they need.
 bool FlashAttentionApplies(int C, int NH, Precision operands);
-// What forward keeps for backward: each row's log-sum-exp (B, NH, T), then an fp32 copy of
-// out (B, T, C).
+// What forward keeps for backward, for both fused versions (this one and attention_mma.cu):
+// each row's log-sum-exp (B, NH, T), then an fp32 copy of out (B, T, C).
 size_t FlashAttentionStateFloats(int B, int T, int C, int NH);
 // narrow: qkv and out (dqkv) are 16-bit operand buffers, else floats; dout is floats.
 void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
@@ -166,6 +166,16 @@ void FlashAttentionForward(float* out, float* state, const float* qkv, int B, in
 void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
                             const float* qkv, int B, int T, int C, int NH, Precision operands,
                             bool narrow, cudaStream_t stream);
+
+// ---- attention_mma.cu (fused on mma.sync register tiles, for mixed-precision runs) -----
+// The same contract as the FlashAttention* functions above (state of
+// FlashAttentionStateFloats), with P and dS narrowed to the run's type for their products.
+bool MmaAttentionApplies(int C, int NH, Precision operands);
+void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+                         Precision operands, bool narrow, cudaStream_t stream);
+void MmaAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
+                          const float* qkv, int B, int T, int C, int NH, Precision operands,
+                          bool narrow, cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, Precision store, bool narrow_out,

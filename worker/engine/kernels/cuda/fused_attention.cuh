@@ -1,0 +1,134 @@
+// What the two fused attention implementations share (flash_attention.cu on wmma tiles,
+// attention_mma.cu on mma.sync register tiles): the grid of 64-row tiles, the shapes they
+// assume, the launch with more than 48 KiB of shared memory, and the first backward pass.
+// Both keep the same state for backward (FlashAttentionStateFloats: each row's log-sum-exp,
+// then an fp32 copy of out), so either backward reads what either forward kept.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/launch.h"
+#include "worker/engine/kernels/cuda/store.cuh"
+
+namespace drover::engine::cuda::fused {
+
+constexpr int kTile = 64;  // rows of a query or key tile: one block's
+constexpr int kWarps = kTile / 16;
+constexpr int kThreads = kWarps * 32;
+
+// The start of a shared-memory region of `bytes` rounded up to 128 bytes.
+constexpr size_t Align(size_t bytes) { return (bytes + 127) / 128 * 128; }
+
+template <typename T>
+__device__ __forceinline__ T* At(unsigned char* smem, size_t offset) {
+  return reinterpret_cast<T*>(smem + offset);
+}
+
+// Whether the fused kernels are built for head size `hs`.
+constexpr bool FusedHeadSize(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
+
+// fn(std::integral_constant<int, HS>{}) for the head size hs (FusedHeadSize checked): the
+// kernels' instantiation for the run's head size.
+template <typename Fn>
+auto ForHeadSize(int hs, Fn&& fn) {
+  switch (hs) {
+    case 16:
+      return fn(std::integral_constant<int, 16>{});
+    case 32:
+      return fn(std::integral_constant<int, 32>{});
+    case 64:
+      return fn(std::integral_constant<int, 64>{});
+    default:
+      return fn(std::integral_constant<int, 128>{});
+  }
+}
+
+// One block per 64-row tile of one (b, h): x the tiles, y the B * NH heads.
+inline dim3 Grid(int B, int T, int NH) {
+  return dim3(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
+}
+
+// What the kernels assume of the shapes and buffers: rows of qkv and dout load 16 bytes at a
+// time (float4, or eight 16-bit values).
+inline void RequireShapes(const float* qkv, const float* dout, int B, int T, int C, int NH) {
+  DROVER_CUDA_REQUIRE(B > 0 && T > 0 && NH > 0 && C % NH == 0);
+  DROVER_CUDA_REQUIRE(static_cast<long long>(B) * NH <= 65535);
+  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(qkv) % 16 == 0);
+  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(dout) % 16 == 0);
+}
+
+// Launches `kernel` (kThreads threads a block) with `bytes` of dynamic shared memory, raising
+// its limit past the default 48 KiB first (cheap, and idempotent).
+template <typename... P, typename... A>
+void LaunchWithShared(void (*kernel)(P...), dim3 grid, size_t bytes, cudaStream_t stream,
+                      const A&... args) {
+  DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+  DROVER_LAUNCH(kernel, grid, kThreads, bytes, stream)(args...);
+  DROVER_CUDA_LAUNCHED();
+}
+
+// The largest dynamic shared memory a block of this device may opt in to; 0 when it cannot
+// be asked (then the fused kernels are not used). One device per process: asked once.
+inline size_t SharedOptIn() {
+  static const size_t opt_in = [] {
+    int device = 0, value = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; the GEMMs need no such limit
+      return size_t{0};
+    }
+    return static_cast<size_t>(value);
+  }();
+  return opt_in;
+}
+
+// An element of dout as the run stores it (N rounds it), as a float.
+template <typename N>
+__device__ __forceinline__ float StoredAs(float x) {
+  return ToFloat(ToNarrow<N>(x));
+}
+
+// D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out, from the fp32
+// copy of out: softmax's backward needs sum_j P_ij dP_ij, which equals it. One warp per
+// (b, t, h).
+template <typename N, int HS>
+__global__ void SoftmaxDotKernel(float* D, const float* dout, const float* out, int B, int T, int C,
+                                 int NH) {
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const size_t bt = row / NH;
+  const int h = static_cast<int>(row % NH);
+  const float* a = dout + bt * C + h * HS;
+  const float* o = out + bt * C + h * HS;
+  float sum = 0.0f;
+  for (int d = lane; d < HS; d += 32) sum += StoredAs<N>(a[d]) * o[d];
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const size_t b = bt / T, t = bt % T;
+  if (lane == 0) D[(b * NH + h) * T + t] = sum;
+}
+
+// Launches SoftmaxDotKernel: dot = D from dout and the state's copy of out.
+template <typename N, int HS>
+void SoftmaxDot(float* dot, const float* dout, const float* out_copy, int B, int T, int C, int NH,
+                cudaStream_t stream) {
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  constexpr unsigned kDotThreads = 256;
+  auto* kernel = &SoftmaxDotKernel<N, HS>;
+  DROVER_LAUNCH(kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
+  (dot, dout, out_copy, B, T, C, NH);
+  DROVER_CUDA_LAUNCHED();
+}
+
+}  // namespace drover::engine::cuda::fused
