@@ -17,6 +17,10 @@
 #   3. The partition heals: the agent reconnects and its old trainer, superseded, exits.
 #      The job grows back to 3 ranks at a checkpoint and finishes.
 #
+# The cluster runs as it must beyond loopback: the coordinator serves TLS only (a
+# certificate for its address, 10.77.0.1) and wants a client certificate of the cluster CA
+# from agents and trainers and a token from the CLI; nobody is given --insecure.
+#
 # Afterwards, metrics.jsonl holds every attempt's lines in attempt order (the cut-off rank 0
 # never wrote after its successor began), each attempt resumed at the step after its
 # checkpoint, and every complete checkpoint is whole.
@@ -55,6 +59,15 @@ if ! ip netns add "$sw" 2>/tmp/"$p".err; then
   exit 77
 fi
 rm -f /tmp/"$p".err
+# Namespaces alone are not enough: the network is veth pairs on a bridge.
+if ! ip -n "$sw" link add probe0 type veth peer name probe1 2>/dev/null ||
+  ! ip -n "$sw" link add probe2 type bridge 2>/dev/null; then
+  echo "netns_cluster_test: SKIP: this kernel or container cannot make veth pairs or bridges" >&2
+  ip netns del "$sw"
+  exit 77
+fi
+ip -n "$sw" link del probe0
+ip -n "$sw" link del probe2
 
 root=$(mktemp -d "${TMPDIR:-/tmp}/drover-netns.XXXXXX")
 declare -A pids=()  # name -> pid of every long-running process this script started
@@ -140,21 +153,46 @@ done
 partition() { ip -n "$sw" link set "$1" nomaster; }
 heal() { ip -n "$sw" link set "$1" master br0; }
 
+# ---- TLS: a cluster CA, the coordinator's certificate for its address, one for the agents
+# (and their trainers), and an admin token for the CLI ------------------------------------
+tls="$root/tls"
+mkdir -p "$tls"
+(
+  cd "$tls"
+  key="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+  openssl req -x509 $key -keyout ca.key -out ca.pem -days 2 -subj /CN=netns-test-ca
+  printf 'subjectAltName=IP:%s\nextendedKeyUsage=serverAuth\n' "${addr[c]}" >server.ext
+  printf 'extendedKeyUsage=clientAuth\n' >client.ext
+  openssl req $key -keyout server.key -out server.csr -subj /CN=drover-coordinator
+  openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+    -extfile server.ext -out server.pem
+  openssl req $key -keyout agent.key -out agent.csr -subj /CN=drover-agent
+  openssl x509 -req -in agent.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+    -extfile client.ext -out agent.pem
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >token
+  echo "$(cat token) admin netns-test" >tokens
+) >"$root/openssl.log" 2>&1 || fail "openssl: $(cat "$root/openssl.log")"
+
 in_ns() {
   local n=$1
   shift
   ip netns exec "$p-$n" "$@"
 }
-cli() { in_ns c "$bin/drover" --coordinator "$coordinator" --retry-for 2 "$@"; }
+cli() {
+  in_ns c "$bin/drover" --coordinator "$coordinator" --retry-for 2 --tls-ca "$tls/ca.pem" \
+    --token-file "$tls/token" "$@"
+}
 
 # ---- the cluster --------------------------------------------------------------------------
-in_ns c "$bin/drover-coordinator" --listen "$coordinator" --state-dir "$root/coord" --insecure \
-  --heartbeat-interval-ms 200 --heartbeat-timeout-ms 1000 --stop-grace-ms 500 \
+in_ns c "$bin/drover-coordinator" --listen "$coordinator" --state-dir "$root/coord" \
+  --tls-cert "$tls/server.pem" --tls-key "$tls/server.key" --tls-ca "$tls/ca.pem" \
+  --tokens "$tls/tokens" --heartbeat-interval-ms 200 --heartbeat-timeout-ms 1000 --stop-grace-ms 500 \
   >"$root/coordinator.log" 2>&1 &
 pids[c]=$!
 for n in n1 n2 n3; do
   # No --address: the default is what is under test.
-  in_ns "$n" "$bin/drover-worker" --coordinator "$coordinator" --insecure --name "$n" --slots 1 \
+  in_ns "$n" "$bin/drover-worker" --coordinator "$coordinator" --name "$n" --slots 1 \
+    --tls-cert "$tls/agent.pem" --tls-key "$tls/agent.key" --tls-ca "$tls/ca.pem" \
     --work-dir "$root/$n" --stop-grace-ms 500 >"$root/$n.log" 2>&1 &
   pids[$n]=$!
 done
