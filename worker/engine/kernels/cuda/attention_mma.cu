@@ -83,12 +83,18 @@ struct Tiles {
 // `cols` (either may be null). Rows past T are zeros. The source is an operand buffer (qkv)
 // or floats (dout) as OperandIn reads it: each value as N rounds it. Eight elements a load:
 // 16 bytes of N, or two float4 (RequireShapes: 16-byte aligned rows).
+//
+// Which thread takes which eight: along a row first (a warp reads whole rows: coalesced), or,
+// where the tile is also stored transposed, down the rows first, so that a warp's 16-bit
+// stores into the transposed tile fall on consecutive addresses (two lanes to a word, no
+// bank conflict) rather than 8 rows of 72 elements apart, 8 to a bank.
 template <typename N, int HS>
 __device__ void LoadTile(N* rows, N* cols, OperandIn src, size_t ld, int t0, int T) {
   using L = Tiles<HS>;
   constexpr int kVecs = HS / 8;
   for (int e = threadIdx.x; e < kTile * kVecs; e += kThreads) {
-    const int r = e / kVecs, c = (e % kVecs) * 8;
+    const int r = cols != nullptr ? e % kTile : e / kVecs;
+    const int c = (cols != nullptr ? e / kTile : e % kVecs) * 8;
     // Eight 16-bit values, two to a word, the first in the low half (as Pair reads them).
     uint32_t w[4] = {0u, 0u, 0u, 0u};
     if (t0 + r < T) {
