@@ -29,6 +29,8 @@ class ScopedFd {
     fd_ = -1;
     return rc;
   }
+  // Gives the descriptor up without closing it (another owner takes it).
+  void Forget() { fd_ = -1; }
   // Closes the current descriptor (if any) and owns `fd` instead.
   void reset(int fd) {
     if (fd_ >= 0) ::close(fd_);

@@ -108,11 +108,25 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
                                 rendezvous_.CloseAttempt(job, attempt);
                                 health_.ForgetAttempt(job, attempt);
                                 schedule_due_ = true;  // its slots are free, or it waits
-                              }}) {}
+                              },
+                              [this](const std::string& node, const std::string& why)
+                                  REQUIRES(mu_) { CordonCutOff(node, why); }}) {}
 
 Coordinator::~Coordinator() {
   // The writer drains its queue in its destructor, before the store closes.
   writer_.reset();
+}
+
+void Coordinator::CordonCutOff(const std::string& node, const std::string& why) {
+  std::optional<v1::NodeRecord> changed = nodes_.CordonCutOff(node);
+  if (!changed) return;
+  spdlog::warn("node {} cordoned for {} s: {} (its failures: {})", node,
+               (changed->cordon_until_ms() - clock_->WallNowMs() + 999) / 1000, why,
+               changed->failures());
+  StoreBatch batch;
+  batch.nodes.push_back(*changed);
+  Persist(std::move(batch));
+  schedule_due_ = true;
 }
 
 void Coordinator::Persist(StoreBatch batch) {

@@ -138,6 +138,8 @@ class Coordinator {
   Status Restore(const StoreContents& contents);
   // Queues a change already made in memory (fail-stop if it cannot be written).
   void Persist(StoreBatch batch) REQUIRES(mu_);
+  // Cordons a node a job's ranks found cut off from their peers (JobManager's hook).
+  void CordonCutOff(const std::string& node, const std::string& why) REQUIRES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
   int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.

@@ -366,8 +366,8 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   return a;
 }
 
-void JobManager::FailAttempt(Job& job, const std::string& why, const std::string& node,
-                             bool retry) {
+void JobManager::FailAttempt(Job& job, const std::string& why, const std::string& node, bool retry,
+                             bool counted) {
   const int64_t attempt = job.rec.attempt();
   const int64_t now = clock_->WallNowMs();
   v1::AttemptRecord& a = EndAttempt(job, why, now);
@@ -382,16 +382,17 @@ void JobManager::FailAttempt(Job& job, const std::string& why, const std::string
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
     job.rec.set_reason(what + "; not restarted: the trainer rejected its input (exit code 2)");
-  } else if (job.rec.restarts() >= job.rec.max_restarts()) {
+  } else if (counted && job.rec.restarts() >= job.rec.max_restarts()) {
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
     job.rec.set_reason(what + "; max_restarts (" + std::to_string(job.rec.max_restarts()) +
                        ") used up");
   } else {
-    job.rec.set_restarts(job.rec.restarts() + 1);
+    if (counted) job.rec.set_restarts(job.rec.restarts() + 1);
     job.rec.set_state(v1::RECOVERING);
-    job.failure = what + "; restart " + std::to_string(job.rec.restarts()) + " of " +
-                  std::to_string(job.rec.max_restarts());
+    job.failure = what + (counted ? "; restart " + std::to_string(job.rec.restarts()) + " of " +
+                                        std::to_string(job.rec.max_restarts())
+                                  : "; restarting (not counted against max_restarts)");
     const int64_t delay_ms = backoff.DelayMs(in_a_row);
     job.rec.set_restart_not_before_ms(delay_ms > 0 ? now + delay_ms : 0);
     if (delay_ms > 0) next_restart_ms_ = std::min(next_restart_ms_, now + delay_ms);
@@ -447,7 +448,36 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
     if (++job.ranks_done == static_cast<int>(job.ranks.size())) Succeed(job);
     return;
   }
+  if (t.progress().cut_off_ranks_size() > 0) {
+    FailCutOff(job, t, node);
+    return;
+  }
   FailAttempt(job, DescribeExit(t, node), node, /*retry=*/t.exit_code() != kExitInvalidInput);
+}
+
+void JobManager::FailCutOff(Job& job, const v1::TrainerStatus& t, const std::string& reporter) {
+  // The check's verdict is the same on every rank: the nodes of the ranks it names are at
+  // fault, whichever rank reported first.
+  std::vector<std::string> nodes;
+  for (const int r : t.progress().cut_off_ranks()) {
+    if (r < 0 || r >= job.rec.placement_size()) continue;  // not this attempt's: ignored
+    const std::string& n = job.rec.placement(r).node();
+    if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+  }
+  if (nodes.empty()) {
+    FailAttempt(job, DescribeExit(t, reporter), reporter);
+    return;
+  }
+  std::string names;
+  for (const std::string& n : nodes) names += (names.empty() ? "" : ", ") + n;
+  const std::string why = "the ranks could not all reach each other; cut off: " + names + " (" +
+                          DescribeExit(t, reporter) + ")";
+  FailAttempt(job, why, nodes.front(), /*retry=*/true, /*counted=*/false);
+  if (hooks_.node_cut_off) {
+    for (const std::string& n : nodes) {
+      hooks_.node_cut_off(n, "job " + job.rec.job_id() + "'s ranks could not reach it");
+    }
+  }
 }
 
 void JobManager::OnListing(const std::string& node, const std::vector<v1::TrainerStatus>& listed) {

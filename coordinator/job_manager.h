@@ -74,6 +74,9 @@ class JobManager {
     std::function<void(const std::string& job_id, int64_t attempt)> attempt_started;
     // Called while Find(job_id)->placement() still names the ended attempt's ranks.
     std::function<void(const std::string& job_id, int64_t attempt)> attempt_ended;
+    // A node the ranks of an attempt found cut off from its peers (the trainers' peer
+    // check): it is broken for every job, not this one only. May be null.
+    std::function<void(const std::string& node, const std::string& why)> node_cut_off;
   };
   using Orders = google::protobuf::RepeatedPtrField<v1::Order>;
 
@@ -213,7 +216,17 @@ class JobManager {
   v1::AttemptRecord& EndAttempt(Job& job, const std::string& why, int64_t now_ms);
   // Ends the attempt, which failed on `node`; restarts the job (after its back-off delay)
   // unless `retry` is false or max_restarts is used up.
-  void FailAttempt(Job& job, const std::string& why, const std::string& node, bool retry = true);
+  // counted: the restart counts against max_restarts (not for a failed peer check, which
+  // lost no training and names its node: see FailCutOff).
+  void FailAttempt(Job& job, const std::string& why, const std::string& node, bool retry = true,
+                   bool counted = true);
+  // A failed exit whose trainer found ranks cut off from their peers: the attempt fails on
+  // their nodes (not on the reporter's), which node_cut_off then cordons. The restart is not
+  // counted against max_restarts: the check fails before any training, and its node is
+  // kept out for a growing cool-down, which is what bounds how often it happens. A job that
+  // grows back onto a node still cut off would otherwise spend its restarts, one per
+  // cool-down, until it failed.
+  void FailCutOff(Job& job, const v1::TrainerStatus& t, const std::string& reporter);
   // Says in the job's reason how long its restart delay still lasts at wall time now_ms.
   void ShowRestartDelay(Job& job, int64_t now_ms);
   void Succeed(Job& job);

@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
                  "the longest delay before a failing job's next restart")
       ->check(CLI::Range(0, 3600000))
       ->capture_default_str();
+  app.add_option("--cordon-ms", options.nodes.cordon_base_ms,
+                 "how long a node that failed repeatedly (or that a job's ranks could not "
+                 "reach) is kept out of scheduling; twice as long at each further failure")
+      ->check(CLI::Range(0, 86400000))
+      ->capture_default_str();
   std::string retention = "0";
   app.add_option("--job-retention", retention,
                  "delete a finished job from the state (record, attempts, logs; not its "

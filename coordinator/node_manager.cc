@@ -103,6 +103,16 @@ std::optional<v1::NodeRecord> NodeManager::MarkDead(const std::string& name) {
   return node.record;
 }
 
+std::optional<v1::NodeRecord> NodeManager::CordonCutOff(const std::string& name) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end() || it->second.record.state() == v1::NODE_DEAD) return std::nullopt;
+  Node& node = it->second;
+  node.record.set_failures(node.record.failures() + 1);
+  Cordon(node);
+  node.record.set_state(v1::NODE_CORDONED);
+  return node.record;
+}
+
 void NodeManager::Cordon(Node& node) {
   const int over = node.record.failures() - options_.cordon_after_failures;
   const int64_t ms = DoublingDelayMs(over, options_.cordon_base_ms, options_.cordon_max_ms);

@@ -64,6 +64,12 @@ class NodeManager {
   // Returns the record to persist, or nullopt when the node is unknown or already dead.
   std::optional<v1::NodeRecord> MarkDead(const std::string& name);
 
+  // A node that is alive but that its peers cannot reach (a job's ranks found it cut off):
+  // counts a failure against it and cordons it at once, for the cool-down its failures
+  // have earned (at least cordon_base_ms). Returns the record to persist, or nullopt when
+  // the node is unknown or dead.
+  std::optional<v1::NodeRecord> CordonCutOff(const std::string& name);
+
   // Returns cordoned nodes whose cool-down has passed, now ALIVE again (to persist).
   std::vector<v1::NodeRecord> ExpireCordons();
 

@@ -41,6 +41,7 @@ class ReporterListener final : public drover::engine::TrainerListener {
   void OnRollback(int64_t spike_step, int64_t to_step, int64_t rollbacks) override {
     reporter_->RolledBack(spike_step, to_step, rollbacks);
   }
+  void OnPeersCutOff(const std::vector<int>& ranks) override { reporter_->CutOff(ranks); }
   void OnDone() override { reporter_->Done(); }
 
  private:

@@ -52,6 +52,7 @@ void TrainerReporter::FillSticky(v1::TrainerProgress* p) const {
   p->set_last_checkpoint_step(last_checkpoint_step_);
   p->set_checkpoint_error(checkpoint_error_);
   p->set_rollbacks(rollbacks_);
+  for (int r : cut_off_ranks_) p->add_cut_off_ranks(r);
 }
 
 void TrainerReporter::Phase(const std::string& message) {
@@ -93,6 +94,14 @@ void TrainerReporter::Checkpoint(const v1::CheckpointRecord& record) {
     checkpoint_error_.clear();
   }
   Write(report);
+}
+
+void TrainerReporter::CutOff(const std::vector<int>& ranks) {
+  {
+    MutexLock lock(&mu_);
+    cut_off_ranks_ = ranks;
+  }
+  Phase("ranks cut off from their peers");
 }
 
 void TrainerReporter::Done() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/mutex.h"
 #include "proto/drover.pb.h"
@@ -53,6 +54,9 @@ class TrainerReporter {
   // A loss spike at `spike_step` was rolled back to step `to_step`; carried by every
   // progress report from now on.
   void RolledBack(int64_t spike_step, int64_t to_step, int64_t rollbacks);
+  // The attempt's ranks cannot all reach each other and `ranks` are cut off (the trainer
+  // fails next): carried by every report from now on.
+  void CutOff(const std::vector<int>& ranks);
   // Training finished; the process exits 0 next.
   void Done();
 
@@ -70,6 +74,7 @@ class TrainerReporter {
   StepExtras last_extras_ GUARDED_BY(mu_);  // the last step's, for Phase()
   double val_loss_ GUARDED_BY(mu_) = 0;
   int64_t val_step_ GUARDED_BY(mu_) = 0;  // 0 before the first evaluation
+  std::vector<int> cut_off_ranks_ GUARDED_BY(mu_);
 };
 
 }  // namespace drover

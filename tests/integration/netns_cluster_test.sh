@@ -8,14 +8,23 @@
 #      trainer accepts its peers on the address of its interface toward the coordinator
 #      (common/net.h). The host name resolves to loopback here, as it does on most Debian
 #      machines (127.0.1.1), and a trainer bound to it would be dialled by no one.
-#   2. A network partition: the node that runs rank 0 is cut off from the switch. Its
-#      processes run on and its link stays up, but nothing reaches it and nothing it sends
-#      arrives: no FIN, no RST, as when a switch port or a cable fails. The coordinator
-#      declares the node dead, stops the survivors and resumes the job at world size 2 from
-#      its newest complete checkpoint. The cut-off trainer, rank 0, stops publishing: its
-#      lease lapses before the next attempt can start.
-#   3. The partition heals: the agent reconnects and its old trainer, superseded, exits.
-#      The job grows back to 3 ranks at a checkpoint and finishes.
+#   2. One of two failures of the node that runs rank 0 (the SCENARIO argument):
+#      partition: the node is cut off from the switch. Its processes run on and its link
+#         stays up, but nothing reaches it and nothing it sends arrives: no FIN, no RST, as
+#         when a switch port or a cable fails. The coordinator declares the node dead, stops
+#         the survivors and resumes the job at world size 2 from its newest complete
+#         checkpoint. The cut-off trainer, rank 0, stops publishing: its lease lapses before
+#         the next attempt can start.
+#      dataplane: the node can no longer reach its peers (blackhole routes to the other two
+#         workers) but still reaches the coordinator, as when a node's training network
+#         fails and its management network does not. Its heartbeats go on, so nothing says
+#         it is dead: the collectives time out, and the next attempt's peer check
+#         (worker/engine/parallel/peer_check.h) finds the node cut off from its peers,
+#         whichever rank reports it; the coordinator cordons it and runs the job at world
+#         size 2 on the other nodes.
+#   3. The node is whole again (the partition heals and the agent reconnects, its
+#      superseded trainer exiting; or the routes come back and the cordon ends): the job
+#      grows back to 3 ranks at a checkpoint and finishes.
 #
 # The cluster runs as it must beyond loopback: the coordinator serves TLS only (a
 # certificate for its address, 10.77.0.1) and wants a client certificate of the cluster CA
@@ -25,15 +34,20 @@
 # never wrote after its successor began), each attempt resumed at the step after its
 # checkpoint, and every complete checkpoint is whole.
 #
-#   tests/integration/netns_cluster_test.sh BUILD/bin SOURCE_DIR
+#   tests/integration/netns_cluster_test.sh BUILD/bin SOURCE_DIR [partition|dataplane]
 #
 # Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) for `ip netns`; where namespaces cannot be made
 # the test says so and exits 77 (skipped). Every namespace and process it makes is removed
 # on every exit path; the files stay in a temporary directory when it fails.
 set -euo pipefail
 
-bin=$(cd "${1:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR}" && pwd)
-src=$(cd "${2:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR}" && pwd)
+bin=$(cd "${1:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR [SCENARIO]}" && pwd)
+src=$(cd "${2:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR [SCENARIO]}" && pwd)
+scenario=${3:-partition}
+case $scenario in
+  partition | dataplane) ;;
+  *) echo "netns_cluster_test: unknown scenario '$scenario' (partition or dataplane)" >&2; exit 2 ;;
+esac
 
 fail() {
   echo "netns_cluster_test: FAIL: $*" >&2
@@ -148,10 +162,28 @@ for n in "${nodes[@]}"; do
   fi
 done
 
-# Cut `node` off the switch (and reconnect it): the port leaves the bridge, both ends of its
-# cable stay up, and frames to and from the node go nowhere.
-partition() { ip -n "$sw" link set "$1" nomaster; }
-heal() { ip -n "$sw" link set "$1" master br0; }
+# partition: cut `node` off the switch (and reconnect it): the port leaves the bridge, both
+# ends of its cable stay up, and frames to and from the node go nowhere.
+# dataplane: `node` drops what it sends to the other workers (and sends it again); the
+# coordinator it still reaches.
+break_node() {
+  if [ "$scenario" = partition ]; then
+    ip -n "$sw" link set "$1" nomaster
+  else
+    for other in n1 n2 n3; do
+      [ "$other" = "$1" ] || ip -n "$p-$1" route add blackhole "${addr[$other]}/32"
+    done
+  fi
+}
+mend_node() {
+  if [ "$scenario" = partition ]; then
+    ip -n "$sw" link set "$1" master br0
+  else
+    for other in n1 n2 n3; do
+      [ "$other" = "$1" ] || ip -n "$p-$1" route del blackhole "${addr[$other]}/32"
+    done
+  fi
+}
 
 # ---- TLS: a cluster CA, the coordinator's certificate for its address, one for the agents
 # (and their trainers), and an admin token for the CLI ------------------------------------
@@ -186,7 +218,7 @@ cli() {
 # ---- the cluster --------------------------------------------------------------------------
 in_ns c "$bin/drover-coordinator" --listen "$coordinator" --state-dir "$root/coord" \
   --tls-cert "$tls/server.pem" --tls-key "$tls/server.key" --tls-ca "$tls/ca.pem" \
-  --tokens "$tls/tokens" --heartbeat-interval-ms 200 --heartbeat-timeout-ms 1000 --stop-grace-ms 500 \
+  --tokens "$tls/tokens" --cordon-ms 3000 --heartbeat-interval-ms 200 --heartbeat-timeout-ms 1000 --stop-grace-ms 500 \
   >"$root/coordinator.log" 2>&1 &
 pids[c]=$!
 for n in n1 n2 n3; do
@@ -256,23 +288,35 @@ wait_for 60 holds 'job["state"] == "RUNNING" and len(trainers) == 3 and ckpt() >
 first_attempt=$(fact 'job["attempt"]')
 rank0_node=$(fact '[p["node"] for p in job["placement"] if int(p.get("rank", 0)) == 0][0]')
 old_trainer=$(fact '[t["pid"] for t in trainers if int(t.get("rank", 0)) == 0][0]')
-echo "netns_cluster_test: attempt $first_attempt trains on 3 nodes; cutting off $rank0_node (rank 0)"
+echo "netns_cluster_test: attempt $first_attempt trains on 3 nodes; $scenario of $rank0_node (rank 0)"
 
-# 2. Rank 0's machine leaves the network.
-partition "$rank0_node"
-wait_for 30 holds "int(job['attempt']) > $first_attempt and job['state'] == 'RUNNING' and
+# 2. Rank 0's machine fails (SCENARIO).
+break_node "$rank0_node"
+wait_for 45 holds "int(job['attempt']) > $first_attempt and job['state'] == 'RUNNING' and
   len(trainers) == 2 and len(placed) == 2 and '$rank0_node' not in placed and
   step() > int(attempts[-1].get('resume_step', 0)) + 5" ||
   fail "the job did not resume on the two nodes left: $(status_json)"
-reason=$(fact "[a.get('end_reason', '') for a in attempts if int(a['attempt']) == $first_attempt][0]")
-echo "netns_cluster_test: attempt $first_attempt ended: $reason"
-[[ "$reason" == *"$rank0_node"* ]] || fail "attempt $first_attempt ended for '$reason', not for $rank0_node"
+reasons=$(fact "' | '.join(a.get('end_reason', '') for a in attempts[:-1])")
+echo "netns_cluster_test: attempts ended: $reasons"
+if [ "$scenario" = partition ]; then
+  reason=$(fact "[a.get('end_reason', '') for a in attempts if int(a['attempt']) == $first_attempt][0]")
+  [[ "$reason" == *"node $rank0_node is dead"* ]] ||
+    fail "attempt $first_attempt ended for '$reason', not for $rank0_node's death"
+else
+  # The attempt that resumed on two nodes followed the peer check's verdict.
+  [[ "$reasons" == *"cut off: $rank0_node"* ]] ||
+    fail "no attempt ended with $rank0_node cut off: $reasons"
+  [ "$(workers_table | awk -v n="$rank0_node" '$1 == n {print $3}')" = NODE_CORDONED ] ||
+    fail "$rank0_node is not cordoned: $(workers_table)"
+fi
 
-# 3. The cable is back: the agent reconnects, its superseded trainer exits, and the job grows
-# back to three ranks.
-heal "$rank0_node"
-old_gone() { ! kill -0 "$old_trainer" 2>/dev/null; }
-wait_for 30 old_gone || fail "the cut-off trainer (pid $old_trainer) still runs after the heal"
+# 3. The node is whole again; the job grows back to three ranks.
+mend_node "$rank0_node"
+if [ "$scenario" = partition ]; then
+  # The agent reconnects and learns that its trainer's attempt is superseded.
+  old_gone() { ! kill -0 "$old_trainer" 2>/dev/null; }
+  wait_for 30 old_gone || fail "the cut-off trainer (pid $old_trainer) still runs after the heal"
+fi
 wait_for 60 holds "len(trainers) == 3 and '$rank0_node' in placed and
   step() > int(attempts[-1].get('resume_step', 0))" ||
   fail "the job did not grow back to three nodes: $(status_json)"

@@ -14,6 +14,7 @@
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/parallel/cuda_groups.h"
+#include "worker/engine/parallel/peer_check.h"
 #include "worker/engine/parallel/pipeline.h"
 #include "worker/engine/parallel/staged_communicator.h"
 
@@ -194,8 +195,31 @@ void Trainer::SuggestStageLayers() const {
       config_.num_layers / mesh_->pp(), list);
 }
 
+Status Trainer::CheckPeers() {
+  parallel::PeerCheckOptions check;
+  check.bind_address = options_.bind_address;
+  check.arrival_timeout = options_.connect_timeout;
+  // A healthy peer accepts in milliseconds; the collectives' deadline is the longest wait
+  // the job tolerates from a peer.
+  check.probe_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options_.spec.parallel.timeout_s * 1000));
+  ASSIGN_OR_RETURN(const parallel::PeerCheckResult found,
+                   parallel::CheckPeers(options_.store, options_.rank, options_.world_size, check));
+  const std::vector<int> cut = parallel::CutOffRanks(found.unreachable);
+  if (cut.empty()) return OkStatus();
+  if (options_.listener != nullptr) options_.listener->OnPeersCutOff(cut);
+  std::string ranks;
+  for (int r : cut) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return UnavailableError(
+      "the ranks cannot all reach each other: " + parallel::DescribeReachability(found) +
+      "; cut off: rank" + (cut.size() > 1 ? "s " : " ") + ranks);
+}
+
 Status Trainer::ConnectGroups(Ops* ops) {
   const JobSpec& spec = options_.spec;
+  // Before the groups: a rank cut off from its peers would make their connect wait out the
+  // start-up deadline, and the failure name whichever rank gave up first.
+  RETURN_IF_ERROR(CheckPeers().WithContext("peer check"));
   parallel::ConnectOptions connect;
   connect.bind_address = options_.bind_address;
   connect.connect_timeout = options_.connect_timeout;

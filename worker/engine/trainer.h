@@ -57,6 +57,8 @@ class TrainerListener {
   virtual void OnCheckpointFailed(int64_t /*step*/, const Status& /*error*/) {}
   // A loss spike at `spike_step` was rolled back to checkpoint `to_step`; `rollbacks` so far.
   virtual void OnRollback(int64_t /*spike_step*/, int64_t /*to_step*/, int64_t /*rollbacks*/) {}
+  // Start-up found ranks cut off from their peers (parallel/peer_check.h); Create fails next.
+  virtual void OnPeersCutOff(const std::vector<int>& /*ranks*/) {}
   // Training finished; the final model is written.
   virtual void OnDone() = 0;
 };
@@ -145,6 +147,9 @@ class Trainer {
   Status Init();
   // Connects groups_ (world_size > 1): NCCL or Gloo (parallel/cuda_groups.h), chosen alike on
   // every rank.
+  // Whether every rank reaches every other (parallel/peer_check.h): Unavailable naming the
+  // ranks cut off when not, after telling the listener.
+  Status CheckPeers();
   Status ConnectGroups(Ops* ops);
   // Logs parallel.pp_layers that would balance the pipeline (BalancedStageLayers) when the
   // even split does not.

@@ -294,6 +294,51 @@ TEST_F(CoordinatorTest, LiveNodesNameIsRefusedToAnotherNodeButNotToItsRestartedA
   ASSERT_TRUE(c_->Register(req("b2", "uid-B")).ok());
 }
 
+// A job's ranks found the node of rank 0 cut off from its peers (the trainers' peer check),
+// and another rank reported it first: the attempt fails on the node named, not on the
+// reporter's; that node is cordoned; the restart is not counted (no training was lost); and
+// the next attempt runs on the others, smaller.
+TEST_F(CoordinatorTest, ANodeItsPeersCannotReachIsCordonedAndTheJobShrinksAroundIt) {
+  for (const char* n : {"n1", "n2", "n3"}) ASSERT_TRUE(c_->Register(RegisterReq(n, 1)).ok());
+  const std::string id = Submit(SpecYaml(2, 3));
+  c_->Tick();
+  ASSERT_EQ(Job(id).placement_size(), 3);
+  std::vector<std::string> node(3);
+  for (int r = 0; r < 3; ++r) node[r] = Job(id).placement(r).node();
+  for (int r = 0; r < 3; ++r) ASSERT_EQ(Beat(node[r], {}).orders_size(), 1);
+  for (int r = 0; r < 3; ++r) Beat(node[r], {Trainer(id, 1, r)});
+
+  v1::TrainerExitRequest exit;
+  exit.set_name(node[2]);
+  exit.set_agent_id("agent-1");
+  *exit.mutable_trainer() = Exited(id, 1, 2, 1);
+  exit.mutable_trainer()->mutable_progress()->add_cut_off_ranks(0);
+  ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_NE(Job(id).reason().find("cut off: " + node[0]), std::string::npos) << Job(id).reason();
+  EXPECT_EQ(Job(id).restarts(), 0);
+  const v1::WorkerInfo* bad = nullptr;
+  const v1::ListWorkersResponse workers = c_->ListWorkers();
+  for (const auto& w : workers.workers()) {
+    if (w.node().name() == node[0]) bad = &w;
+  }
+  ASSERT_NE(bad, nullptr);
+  EXPECT_EQ(bad->node().state(), v1::NODE_CORDONED);
+  EXPECT_EQ(bad->node().failures(), 1);
+  EXPECT_GT(bad->node().cordon_until_ms(), clock_.WallNowMs());
+
+  // The other ranks are stopped and exit; the next attempt leaves the cordoned node out.
+  Beat(node[0], {Exited(id, 1, 0, 1)});
+  Beat(node[1], {Exited(id, 1, 1, 0, 15)});
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING) << Job(id).reason();
+  EXPECT_EQ(Job(id).attempt(), 2);
+  const v1::JobRecord job = Job(id);
+  ASSERT_EQ(job.placement_size(), 2);
+  for (const auto& p : job.placement()) EXPECT_NE(p.node(), node[0]);
+}
+
 TEST_F(CoordinatorTest, HangDetectedFromStalledHeartbeats) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
   const std::string id = Submit(SpecYaml(1, 1, 2, /*hang_s=*/5));

@@ -26,7 +26,7 @@ class JobManagerTest : public ::testing::Test {
               {.stop_grace_ms = 5000, .coordinator_address = "127.0.0.1:1", .restart_backoff = {}},
               {[this](StoreBatch b) { batches_.push_back(std::move(b)); },
                [this](const std::string& j, int64_t a) { started_.emplace_back(j, a); },
-               [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }}) {}
+               [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }, nullptr}) {}
 
   // Submits a job the way the coordinator does once its record is durable.
   StatusOr<std::string> Submit(const std::string& yaml, const std::string& id, int64_t seq) {

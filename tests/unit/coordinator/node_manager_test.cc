@@ -49,6 +49,30 @@ TEST(NodeManagerTest, ARequestSentBeforeOneAlreadyTakenIsStale) {
   EXPECT_TRUE(nodes.Stale("n1", "a2", 1));
 }
 
+TEST(NodeManagerTest, ANodeCutOffFromItsPeersIsCordonedAtOnce) {
+  FakeClock clock;
+  NodeManager nodes(
+      &clock, {.cordon_after_failures = 2, .cordon_base_ms = 30'000, .cordon_max_ms = 100'000});
+  nodes.Register(RegisterReq("n1", 1));
+  auto cut = nodes.CordonCutOff("n1");
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_EQ(cut->state(), v1::NODE_CORDONED);
+  EXPECT_EQ(cut->failures(), 1);
+  EXPECT_EQ(cut->cordon_until_ms(), clock.WallNowMs() + 30'000);
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  clock.AdvanceMs(30'000);
+  ASSERT_EQ(nodes.ExpireCordons().size(), 1u);
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  // Again: the cool-down it has earned, never less than the base.
+  nodes.CordonCutOff("n1");
+  nodes.CordonCutOff("n1");
+  EXPECT_EQ(nodes.Find("n1")->cordon_until_ms(), clock.WallNowMs() + 60'000);
+  // Unknown and dead nodes are left alone.
+  EXPECT_FALSE(nodes.CordonCutOff("n2").has_value());
+  nodes.MarkDead("n1");
+  EXPECT_FALSE(nodes.CordonCutOff("n1").has_value());
+}
+
 TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
   FakeClock clock;
   NodeManager nodes(
