@@ -22,9 +22,16 @@
 #         (worker/engine/parallel/peer_check.h) finds the node cut off from its peers,
 #         whichever rank reports it; the coordinator cordons it and runs the job at world
 #         size 2 on the other nodes.
+#      coordinator: the coordinator's machine is cut off from the switch instead: every node
+#         is dead to it after 1 s and the attempt fails, while all three trainers, which
+#         still reach each other, train on without publishing once their leases lapse: no
+#         metrics line, and the next checkpoint's commit waits for a confirmation that their
+#         attempt is current, which never comes.
 #   3. The node is whole again (the partition heals and the agent reconnects, its
 #      superseded trainer exiting; or the routes come back and the cordon ends): the job
-#      grows back to 3 ranks at a checkpoint and finishes.
+#      grows back to 3 ranks at a checkpoint and finishes. With the coordinator back, every
+#      agent registers again, learns its trainer's attempt is superseded, and the job
+#      resumes on all three from its newest complete checkpoint.
 #
 # The cluster runs as it must beyond loopback: the coordinator serves TLS only (a
 # certificate for its address, 10.77.0.1) and wants a client certificate of the cluster CA
@@ -34,7 +41,7 @@
 # never wrote after its successor began), each attempt resumed at the step after its
 # checkpoint, and every complete checkpoint is whole.
 #
-#   tests/integration/netns_cluster_test.sh BUILD/bin SOURCE_DIR [partition|dataplane]
+#   tests/integration/netns_cluster_test.sh BUILD/bin SOURCE_DIR [partition|dataplane|coordinator]
 #
 # Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) for `ip netns`; where namespaces cannot be made
 # the test says so and exits 77 (skipped). Every namespace and process it makes is removed
@@ -45,8 +52,11 @@ bin=$(cd "${1:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR [SCENARIO]}" &&
 src=$(cd "${2:?usage: netns_cluster_test.sh BUILD/bin SOURCE_DIR [SCENARIO]}" && pwd)
 scenario=${3:-partition}
 case $scenario in
-  partition | dataplane) ;;
-  *) echo "netns_cluster_test: unknown scenario '$scenario' (partition or dataplane)" >&2; exit 2 ;;
+  partition | dataplane | coordinator) ;;
+  *)
+    echo "netns_cluster_test: unknown scenario '$scenario' (partition, dataplane or coordinator)" >&2
+    exit 2
+    ;;
 esac
 
 fail() {
@@ -167,7 +177,9 @@ done
 # dataplane: `node` drops what it sends to the other workers (and sends it again); the
 # coordinator it still reaches.
 break_node() {
-  if [ "$scenario" = partition ]; then
+  if [ "$scenario" = coordinator ]; then
+    ip -n "$sw" link set c nomaster
+  elif [ "$scenario" = partition ]; then
     ip -n "$sw" link set "$1" nomaster
   else
     for other in n1 n2 n3; do
@@ -176,7 +188,9 @@ break_node() {
   fi
 }
 mend_node() {
-  if [ "$scenario" = partition ]; then
+  if [ "$scenario" = coordinator ]; then
+    ip -n "$sw" link set c master br0
+  elif [ "$scenario" = partition ]; then
     ip -n "$sw" link set "$1" master br0
   else
     for other in n1 n2 n3; do
@@ -230,15 +244,15 @@ for n in n1 n2 n3; do
 done
 
 workers_json() { cli workers --json 2>/dev/null; }
-# Prints "name address state" per node.
+# Prints "name address state failures" per node.
 workers_table() {
   workers_json | python3 -c '
 import json, sys
 for w in json.load(sys.stdin).get("workers", []):
     n = w["node"]
-    print(n["name"], n.get("address", ""), n.get("state", ""))'
+    print(n["name"], n.get("address", ""), n.get("state", ""), n.get("failures", 0))'
 }
-three_ready() { [ "$(workers_table | grep -c ' NODE_ALIVE$' || true)" -eq 3 ]; }
+three_ready() { [ "$(workers_table | grep -c ' NODE_ALIVE ' || true)" -eq 3 ]; }
 wait_for 30 three_ready || fail "three nodes did not register: $(workers_table)"
 # Each node registered the address of its own interface, not its host name.
 while read -r name address _; do
@@ -288,17 +302,43 @@ wait_for 60 holds 'job["state"] == "RUNNING" and len(trainers) == 3 and ckpt() >
 first_attempt=$(fact 'job["attempt"]')
 rank0_node=$(fact '[p["node"] for p in job["placement"] if int(p.get("rank", 0)) == 0][0]')
 old_trainer=$(fact '[t["pid"] for t in trainers if int(t.get("rank", 0)) == 0][0]')
-echo "netns_cluster_test: attempt $first_attempt trains on 3 nodes; $scenario of $rank0_node (rank 0)"
+if [ "$scenario" = coordinator ]; then
+  echo "netns_cluster_test: attempt $first_attempt trains on 3 nodes; the coordinator is cut off"
+else
+  echo "netns_cluster_test: attempt $first_attempt trains on 3 nodes; $scenario of $rank0_node (rank 0)"
+fi
 
 # 2. Rank 0's machine fails (SCENARIO).
 break_node "$rank0_node"
-wait_for 45 holds "int(job['attempt']) > $first_attempt and job['state'] == 'RUNNING' and
+if [ "$scenario" = coordinator ]; then
+  # Every node is dead to the coordinator, which cannot reach anyone to stop the trainers:
+  # they run on, and must have stopped publishing.
+  wait_for 20 holds "int(job['attempt']) == $first_attempt and job['state'] != 'RUNNING' and
+    'is dead' in attempts[-1].get('end_reason', '')" ||
+    fail "the coordinator did not end the attempt of the nodes it lost: $(status_json)"
+  lines_then=$(wc -l <"$root/out/metrics.jsonl")
+  sleep 3
+  lines_now=$(wc -l <"$root/out/metrics.jsonl")
+  kill -0 "$old_trainer" 2>/dev/null || fail "rank 0's trainer died with the coordinator away"
+  # The leases (2/3 of the 1 s node timeout) lapsed before the coordinator declared the
+  # nodes dead: nothing more is published (a line already being written may land).
+  ((lines_now - lines_then <= 1)) ||
+    fail "the cut-off attempt appended $((lines_now - lines_then)) metrics lines after its lease lapsed"
+  echo "netns_cluster_test: coordinator away: the attempt ended; its trainers run on and appended" \
+    "$((lines_now - lines_then)) metrics lines in the 3 s after"
+  mend_node "$rank0_node"
+  old_gone() { ! kill -0 "$old_trainer" 2>/dev/null; }
+  wait_for 30 old_gone || fail "the superseded trainer (pid $old_trainer) still runs"
+fi
+[ "$scenario" = coordinator ] || wait_for 45 holds "int(job['attempt']) > $first_attempt and job['state'] == 'RUNNING' and
   len(trainers) == 2 and len(placed) == 2 and '$rank0_node' not in placed and
   step() > int(attempts[-1].get('resume_step', 0)) + 5" ||
   fail "the job did not resume on the two nodes left: $(status_json)"
-reasons=$(fact "' | '.join(a.get('end_reason', '') for a in attempts[:-1])")
-echo "netns_cluster_test: attempts ended: $reasons"
-if [ "$scenario" = partition ]; then
+[ "$scenario" = coordinator ] || reasons=$(fact "' | '.join(a.get('end_reason', '') for a in attempts[:-1])")
+[ "$scenario" = coordinator ] || echo "netns_cluster_test: attempts ended: $reasons"
+if [ "$scenario" = coordinator ]; then
+  :
+elif [ "$scenario" = partition ]; then
   reason=$(fact "[a.get('end_reason', '') for a in attempts if int(a['attempt']) == $first_attempt][0]")
   [[ "$reason" == *"node $rank0_node is dead"* ]] ||
     fail "attempt $first_attempt ended for '$reason', not for $rank0_node's death"
@@ -306,12 +346,15 @@ else
   # The attempt that resumed on two nodes followed the peer check's verdict.
   [[ "$reasons" == *"cut off: $rank0_node"* ]] ||
     fail "no attempt ended with $rank0_node cut off: $reasons"
-  [ "$(workers_table | awk -v n="$rank0_node" '$1 == n {print $3}')" = NODE_CORDONED ] ||
-    fail "$rank0_node is not cordoned: $(workers_table)"
+  # Cordoned, for a failure that is not a death (its 3 s may be over by now).
+  grep -q "node $rank0_node cordoned" "$root/coordinator.log" ||
+    fail "$rank0_node was not cordoned: $(workers_table)"
+  [ "$(workers_table | awk -v n="$rank0_node" '$1 == n {print $4}')" -ge 1 ] ||
+    fail "no failure counted against $rank0_node: $(workers_table)"
 fi
 
 # 3. The node is whole again; the job grows back to three ranks.
-mend_node "$rank0_node"
+[ "$scenario" = coordinator ] || mend_node "$rank0_node"
 if [ "$scenario" = partition ]; then
   # The agent reconnects and learns that its trainer's attempt is superseded.
   old_gone() { ! kill -0 "$old_trainer" 2>/dev/null; }
@@ -326,9 +369,11 @@ fact '"\n".join("netns_cluster_test: attempt %s: %d ranks on %s from step %s; %s
   for a in attempts)'
 
 # ---- what the files say ----------------------------------------------------------------------
-python3 - "$root/out/metrics.jsonl" "$steps" <<'EOF' || fail "metrics.jsonl (above)"
+expected_attempts=3
+[ "$scenario" = coordinator ] && expected_attempts=2
+python3 - "$root/out/metrics.jsonl" "$steps" "$expected_attempts" <<'EOF' || fail "metrics.jsonl (above)"
 import json, sys
-path, steps = sys.argv[1], int(sys.argv[2])
+path, steps, expected = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 newest, last_step, starts = 0, 0, []
 for line in open(path):
     if not line.strip():
@@ -347,8 +392,8 @@ for line in open(path):
     last_step = s
 if last_step != steps:
     sys.exit(f"the last logged step is {last_step}, not {steps}")
-if len(starts) < 3:
-    sys.exit(f"{len(starts)} attempts logged; expected 3 or more: {starts}")
+if len(starts) < expected:
+    sys.exit(f"{len(starts)} attempts logged; expected {expected} or more: {starts}")
 for a, s, before in starts[1:]:
     # A resumed attempt starts after a checkpoint (a multiple of 25) at or before where the
     # last one got to.
