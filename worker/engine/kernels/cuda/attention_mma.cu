@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kThreads)
   DROVER_DYNAMIC_SHARED(smem);
   N* q = At<N>(smem, 0);
   N* k = At<N>(smem, L::kRowMajor);
-  N* vt = At<N>(smem, 2 * L::kRowMajor);
+  N* v_cols = At<N>(smem, 2 * L::kRowMajor);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads)
     const int k0 = kt * kTile;
     __syncthreads();  // every warp is done with the previous k and v
     LoadTile<N, HS>(k, nullptr, base.At(C), ld, k0, T);
-    LoadTile<N, HS>(nullptr, vt, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
+    LoadTile<N, HS>(nullptr, v_cols, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
     __syncthreads();
     // On the diagonal, key blocks past the warp's last row are masked whole: skipped.
     const bool diagonal = kt == qt;
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < HS / 8; ++n) {
         uint32_t vb[2];
-        LoadB(vb, vt, L::kLdT, n * 8, kk * 16);
+        LoadB(vb, v_cols, L::kLdT, n * 8, kk * 16);
         Mma16816<N>(o[n], pa, vb);
       }
     }
@@ -317,9 +317,9 @@ __global__ void __launch_bounds__(kThreads)
   N* k = At<N>(smem, 0);
   N* v = At<N>(smem, L::kRowMajor);
   N* q = At<N>(smem, 2 * L::kRowMajor);
-  N* dn = At<N>(smem, 3 * L::kRowMajor);
-  N* qt_ = At<N>(smem, 4 * L::kRowMajor);
-  N* dnt = At<N>(smem, 4 * L::kRowMajor + L::kTransposed);
+  N* dout_rows = At<N>(smem, 3 * L::kRowMajor);
+  N* q_cols = At<N>(smem, 4 * L::kRowMajor);
+  N* dout_cols = At<N>(smem, 4 * L::kRowMajor + L::kTransposed);
   float* col_lse = At<float>(smem, 4 * L::kRowMajor + 2 * L::kTransposed);
   float* col_d = At<float>(smem, 4 * L::kRowMajor + 2 * L::kTransposed + L::kStats);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -340,8 +340,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
     __syncthreads();  // every warp is done with the previous query tile
-    LoadTile<N, HS>(q, qt_, base, ld, q0, T);
-    LoadTile<N, HS>(dn, dnt, dbase, C, q0, T);
+    LoadTile<N, HS>(q, q_cols, base, ld, q0, T);
+    LoadTile<N, HS>(dout_rows, dout_cols, dbase, C, q0, T);
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       const bool in = q0 + r < T;
       const size_t at = static_cast<size_t>(blockIdx.y) * T + q0 + r;
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kThreads)
         if (j < first) continue;
         uint32_t qb[2], db[2];
         LoadB(qb, q, L::kLd, j * 8, kk * 16);
-        LoadB(db, dn, L::kLd, j * 8, kk * 16);
+        LoadB(db, dout_rows, L::kLd, j * 8, kk * 16);
         Mma16816<N>(st[j], ka, qb);
         Mma16816<N>(dpt[j], va, db);
       }
@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < HS / 8; ++n) {
         uint32_t db[2], qb[2];
-        LoadB(db, dnt, L::kLdT, n * 8, kk * 16);
-        LoadB(qb, qt_, L::kLdT, n * 8, kk * 16);
+        LoadB(db, dout_cols, L::kLdT, n * 8, kk * 16);
+        LoadB(qb, q_cols, L::kLdT, n * 8, kk * 16);
         Mma16816<N>(dv[n], pa, db);
         Mma16816<N>(dk[n], da, qb);
       }
@@ -412,10 +412,10 @@ __global__ void __launch_bounds__(kThreads)
   using L = Tiles<HS>;
   DROVER_DYNAMIC_SHARED(smem);
   N* q = At<N>(smem, 0);
-  N* dn = At<N>(smem, L::kRowMajor);
+  N* dout_rows = At<N>(smem, L::kRowMajor);
   N* k = At<N>(smem, 2 * L::kRowMajor);
   N* v = At<N>(smem, 3 * L::kRowMajor);
-  N* kt_ = At<N>(smem, 4 * L::kRowMajor);
+  N* k_cols = At<N>(smem, 4 * L::kRowMajor);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(kThreads)
   const OperandIn base = qkv.At(static_cast<size_t>(b) * T * ld + h * HS);
 
   LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
-  LoadTile<N, HS>(dn, nullptr, dout.At(static_cast<size_t>(b) * T * C + h * HS), C, q0, T);
+  LoadTile<N, HS>(dout_rows, nullptr, dout.At(static_cast<size_t>(b) * T * C + h * HS), C, q0, T);
   const int row0 = q0 + warp * 16 + g;
   float row_lse[2], row_d[2];
 #pragma unroll
@@ -439,7 +439,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // every warp is done with the previous k and v
-    LoadTile<N, HS>(k, kt_, base.At(C), ld, k0, T);
+    LoadTile<N, HS>(k, k_cols, base.At(C), ld, k0, T);
     LoadTile<N, HS>(v, nullptr, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
     __syncthreads();
     const bool diagonal = kt == qt;
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int kk = 0; kk < HS / 16; ++kk) {
       uint32_t qa[4], da[4];
       LoadA(qa, q + warp * 16 * L::kLd, L::kLd, kk);
-      LoadA(da, dn + warp * 16 * L::kLd, L::kLd, kk);
+      LoadA(da, dout_rows + warp * 16 * L::kLd, L::kLd, kk);
 #pragma unroll
       for (int j = 0; j < kBlocks; ++j) {
         if (j >= blocks) continue;
@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < HS / 8; ++n) {
         uint32_t kb[2];
-        LoadB(kb, kt_, L::kLdT, n * 8, kk * 16);
+        LoadB(kb, k_cols, L::kLdT, n * 8, kk * 16);
         Mma16816<N>(dq[n], sa, kb);
       }
     }
