@@ -156,6 +156,54 @@ __device__ __forceinline__ void AccumulatorsAsA(uint32_t (&a)[4], const float (&
   a[3] = PackNarrow<N>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
 }
 
+// Two of a warp's 16 x 64 products that share their shape, side by side: x += A1 B1 and
+// y += A2 B2, for the 8-column blocks j in [j0, j1) only. A1 and A2 are the warp's 16 rows of
+// row-major tiles (a1, a2 at its first row); B1 and B2 take their column n from row n of a
+// row-major tile (b1, b2): S = q k^T with dP = dout v^T, or S^T = k q^T with dP^T = v dout^T.
+template <typename N, int HS>
+__device__ __forceinline__ void TwoProducts(float (&x)[kBlocks][4], float (&y)[kBlocks][4],
+                                            const N* a1, const N* a2, const N* b1, const N* b2,
+                                            int j0, int j1) {
+  using L = Tiles<HS>;
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk) {
+    uint32_t a1f[4], a2f[4];
+    LoadA(a1f, a1, L::kLd, kk);
+    LoadA(a2f, a2, L::kLd, kk);
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      if (j < j0 || j >= j1) continue;
+      uint32_t b1f[2], b2f[2];
+      LoadB(b1f, b1, L::kLd, j * 8, kk * 16);
+      LoadB(b2f, b2, L::kLd, j * 8, kk * 16);
+      Mma16816<N>(x[j], a1f, b1f);
+      Mma16816<N>(y[j], a2f, b2f);
+    }
+  }
+}
+
+// acc += X B through k steps [kk0, kk1) of the 64-deep product: X a warp's 16 x 64
+// accumulators, narrowed to N as the A operand (AccumulatorsAsA); B's column n row n of a
+// transposed tile (`cols`): o += P v, dq += dS k, dv += P^T dout, dk += dS^T q.
+template <typename N, int HS>
+__device__ __forceinline__ void AccumulateProduct(float (&acc)[HS / 8][4],
+                                                  const float (&x)[kBlocks][4], const N* cols,
+                                                  int kk0, int kk1) {
+  using L = Tiles<HS>;
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk) {
+    if (kk < kk0 || kk >= kk1) continue;
+    uint32_t a[4];
+    AccumulatorsAsA<N>(a, x, kk);
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      uint32_t b[2];
+      LoadB(b, cols, L::kLdT, n * 8, kk * 16);
+      Mma16816<N>(acc[n], a, b);
+    }
+  }
+}
+
 // The sum (or max) of a value over the 4 lanes that hold one row of an accumulator.
 __device__ __forceinline__ float RowSum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -270,19 +318,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
     }
     // o += P v; on the diagonal P is zero past the warp's rows.
-    const int steps = diagonal ? warp + 1 : kSteps;
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-      if (kk >= steps) continue;
-      uint32_t pa[4];
-      AccumulatorsAsA<N>(pa, s, kk);
-#pragma unroll
-      for (int n = 0; n < HS / 8; ++n) {
-        uint32_t vb[2];
-        LoadB(vb, v_cols, L::kLdT, n * 8, kk * 16);
-        Mma16816<N>(o[n], pa, vb);
-      }
-    }
+    AccumulateProduct<N, HS>(o, s, v_cols, 0, diagonal ? warp + 1 : kSteps);
   }
   float inv[2];
 #pragma unroll
@@ -355,21 +391,8 @@ __global__ void __launch_bounds__(kThreads)
 
     // S^T = k q^T and dP^T = v dout^T, the warp's 16 keys by the tile's 64 queries.
     float st[kBlocks][4] = {}, dpt[kBlocks][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) {
-      uint32_t ka[4], va[4];
-      LoadA(ka, k + warp * 16 * L::kLd, L::kLd, kk);
-      LoadA(va, v + warp * 16 * L::kLd, L::kLd, kk);
-#pragma unroll
-      for (int j = 0; j < kBlocks; ++j) {
-        if (j < first) continue;
-        uint32_t qb[2], db[2];
-        LoadB(qb, q, L::kLd, j * 8, kk * 16);
-        LoadB(db, dout_rows, L::kLd, j * 8, kk * 16);
-        Mma16816<N>(st[j], ka, qb);
-        Mma16816<N>(dpt[j], va, db);
-      }
-    }
+    const int rows = warp * 16 * L::kLd;
+    TwoProducts<N, HS>(st, dpt, k + rows, v + rows, q, dout_rows, first, kBlocks);
     // P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) scale, zero where masked.
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
@@ -384,21 +407,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // dv += P^T dout and dk += dS^T q, k stepping through the queries.
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-      if (2 * kk + 1 < first) continue;
-      uint32_t pa[4], da[4];
-      AccumulatorsAsA<N>(pa, st, kk);
-      AccumulatorsAsA<N>(da, dpt, kk);
-#pragma unroll
-      for (int n = 0; n < HS / 8; ++n) {
-        uint32_t db[2], qb[2];
-        LoadB(db, dout_cols, L::kLdT, n * 8, kk * 16);
-        LoadB(qb, q_cols, L::kLdT, n * 8, kk * 16);
-        Mma16816<N>(dv[n], pa, db);
-        Mma16816<N>(dk[n], da, qb);
-      }
-    }
+    AccumulateProduct<N, HS>(dv, st, dout_cols, first / 2, kSteps);
+    AccumulateProduct<N, HS>(dk, dpt, q_cols, first / 2, kSteps);
   }
   const OperandOut head = dqkv.At(static_cast<size_t>(b) * T * ld + h * HS);
   StoreRows<HS>(head.At(C), ld, key0 - g, T, dk);
@@ -447,21 +457,8 @@ __global__ void __launch_bounds__(kThreads)
 
     // S = q k^T and dP = dout v^T, the warp's 16 rows by the tile's 64 keys.
     float s[kBlocks][4] = {}, dp[kBlocks][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) {
-      uint32_t qa[4], da[4];
-      LoadA(qa, q + warp * 16 * L::kLd, L::kLd, kk);
-      LoadA(da, dout_rows + warp * 16 * L::kLd, L::kLd, kk);
-#pragma unroll
-      for (int j = 0; j < kBlocks; ++j) {
-        if (j >= blocks) continue;
-        uint32_t kb[2], vb[2];
-        LoadB(kb, k, L::kLd, j * 8, kk * 16);
-        LoadB(vb, v, L::kLd, j * 8, kk * 16);
-        Mma16816<N>(s[j], qa, kb);
-        Mma16816<N>(dp[j], da, vb);
-      }
-    }
+    const int rows = warp * 16 * L::kLd;
+    TwoProducts<N, HS>(s, dp, q + rows, dout_rows + rows, k, v, 0, blocks);
     // dS = P (dP - D) scale with P = exp(S scale - lse), into s; zero where masked.
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
@@ -475,19 +472,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // dq += dS k, k stepping through the keys; on the diagonal dS is zero past the rows.
-    const int steps = diagonal ? warp + 1 : kSteps;
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-      if (kk >= steps) continue;
-      uint32_t sa[4];
-      AccumulatorsAsA<N>(sa, s, kk);
-#pragma unroll
-      for (int n = 0; n < HS / 8; ++n) {
-        uint32_t kb[2];
-        LoadB(kb, k_cols, L::kLdT, n * 8, kk * 16);
-        Mma16816<N>(dq[n], sa, kb);
-      }
-    }
+    AccumulateProduct<N, HS>(dq, s, k_cols, 0, diagonal ? warp + 1 : kSteps);
   }
   StoreRows<HS>(dqkv.At(static_cast<size_t>(b) * T * ld + h * HS), ld, row0 - g, T, dq);
 }
@@ -535,12 +520,8 @@ void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int 
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands));
   fused::RequireShapes(qkv, qkv, B, T, C, NH);
-  fused::ForHeadSize(C / NH, [&](auto hs) {
-    if (operands == Precision::kBf16) {
-      Forward<__nv_bfloat16, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
-    } else {
-      Forward<__half, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
-    }
+  fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
+    Forward<typename decltype(n)::type, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
   });
 }
 
@@ -551,12 +532,9 @@ void MmaAttentionBackward(float* dqkv, float* dot, const float* dout, const floa
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands));
   fused::RequireShapes(qkv, dout, B, T, C, NH);
-  fused::ForHeadSize(C / NH, [&](auto hs) {
-    if (operands == Precision::kBf16) {
-      Backward<__nv_bfloat16, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH, stream);
-    } else {
-      Backward<__half, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH, stream);
-    }
+  fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
+    Backward<typename decltype(n)::type, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH,
+                                                              stream);
   });
 }
 

@@ -539,12 +539,8 @@ void FlashAttentionForward(float* out, float* state, const float* qkv, int B, in
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, qkv, B, T, C, NH);
-  fused::ForHeadSize(C / NH, [&](auto hs) {
-    if (operands == Precision::kBf16) {
-      Forward<__nv_bfloat16, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
-    } else {
-      Forward<__half, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
-    }
+  fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
+    Forward<typename decltype(n)::type, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
   });
 }
 
@@ -555,12 +551,9 @@ void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const fl
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, dout, B, T, C, NH);
-  fused::ForHeadSize(C / NH, [&](auto hs) {
-    if (operands == Precision::kBf16) {
-      Backward<__nv_bfloat16, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH, stream);
-    } else {
-      Backward<__half, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH, stream);
-    }
+  fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
+    Backward<typename decltype(n)::type, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH,
+                                                              stream);
   });
 }
 

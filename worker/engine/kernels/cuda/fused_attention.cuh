@@ -50,6 +50,25 @@ auto ForHeadSize(int hs, Fn&& fn) {
   }
 }
 
+// A type as a value (the plugin's sources are C++17: no std::type_identity).
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// fn(TypeTag<N>{}, std::integral_constant<int, HS>{}) for the run's 16-bit type N (bf16, or
+// fp16) and its head size (FusedHeadSize checked): the instantiation a launcher takes.
+template <typename Fn>
+void ForKernel(Precision operands, int hs, Fn&& fn) {
+  ForHeadSize(hs, [&](auto h) {
+    if (operands == Precision::kBf16) {
+      fn(TypeTag<__nv_bfloat16>{}, h);
+    } else {
+      fn(TypeTag<__half>{}, h);
+    }
+  });
+}
+
 // One block per 64-row tile of one (b, h): x the tiles, y the B * NH heads.
 inline dim3 Grid(int B, int T, int NH) {
   return dim3(static_cast<unsigned>((T + kTile - 1) / kTile), static_cast<unsigned>(B * NH));
