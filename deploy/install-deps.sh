@@ -15,10 +15,11 @@ pkgs=(cmake g++ make pkg-config
 # package that ships it; on a systemd host that package also enables a prometheus.service)
 # and headless Chromium to render the dashboard; clang for the thread-safety analysis
 # (tests/tools/thread_safety_check.py); iproute2 for the cluster of network namespaces
-# (tests/integration/netns_cluster_test.sh) and openssl for the TLS tests' certificates.
+# (tests/integration/netns_cluster_test.sh), nftables for its lossy network, and openssl for
+# the TLS tests' certificates.
 # `make demo` needs none of them.
 [ "${1:-}" = test ] && pkgs+=(munge slurm-wlm systemd python3 prometheus chromium clang
-  iproute2 openssl)
+  iproute2 nftables openssl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
