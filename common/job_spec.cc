@@ -101,6 +101,37 @@ void EmitPpChunks(const JobSpec& spec, YAML::Emitter* out) {
   EmitAutoOrCount(spec.parallel.pp_chunks, out);
 }
 
+// train.recompute: 'none', 'all' or a count of layers (checked against model.n_layer by
+// Validate).
+Status DecodeRecompute(const YAML::Node& node, JobSpec* spec) {
+  if (node.IsScalar() && node.Scalar() == "none") {
+    spec->train.recompute = 0;
+    return OkStatus();
+  }
+  if (node.IsScalar() && node.Scalar() == "all") {
+    spec->train.recompute = TrainSpec::kRecomputeAll;
+    return OkStatus();
+  }
+  int64_t v = 0;
+  if (!node.IsScalar() || !yaml_util::ParseInt64(node.Scalar(), &v) || v < 0 || v > (1 << 20)) {
+    return InvalidArgumentError("expected 'none', 'all' or a count of layers, got " +
+                                Describe(node));
+  }
+  spec->train.recompute = static_cast<int>(v);
+  return OkStatus();
+}
+
+void EmitRecompute(const JobSpec& spec, YAML::Emitter* out) {
+  const int n = spec.train.recompute;
+  if (n == 0) {
+    *out << "none";
+  } else if (n == TrainSpec::kRecomputeAll) {
+    *out << "all";
+  } else {
+    *out << n;
+  }
+}
+
 // The value ("dynamic" or a number) is checked by Validate, together with the dtype.
 Status DecodeLossScale(const YAML::Node& node, JobSpec* spec) {
   if (!node.IsScalar()) {
@@ -190,6 +221,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(train.eval_batches),
       DROVER_SPEC_FIELD(train.init_from),
       DROVER_SPEC_FIELD(train.log_every),
+      Field{"train.recompute", DecodeRecompute, EmitRecompute},
       DROVER_SPEC_FIELD(precision.dtype),
       Field{"precision.loss_scale", DecodeLossScale, EmitLossScale},
       DROVER_SPEC_FIELD(precision.initial_loss_scale),

@@ -169,7 +169,15 @@ class Rules {
     RETURN_IF_ERROR(AtLeast("train.eval_every", t.eval_every, 0));
     if (t.eval_every > 0) RETURN_IF_ERROR(AtLeast("train.eval_batches", t.eval_batches, 1));
     RETURN_IF_ERROR(AtLeast("train.eval_batches", t.eval_batches, 0));
-    return AtLeast("train.log_every", t.log_every, 1);
+    RETURN_IF_ERROR(AtLeast("train.log_every", t.log_every, 1));
+    if (t.recompute != TrainSpec::kRecomputeAll && t.recompute > s_.model.n_layer) {
+      return Fail("train.recompute",
+                  Num(int64_t{t.recompute}) + " layers, but model.n_layer is " +
+                      Num(int64_t{s_.model.n_layer}) +
+                      "; give at most n_layer (a stage recomputes at most its own layers), or "
+                      "'all'");
+    }
+    return OkStatus();
   }
 
   Status CheckPrecision() const {

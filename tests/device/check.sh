@@ -22,6 +22,8 @@
 #   4b. two ranks sharing the GPU (dp2 with ZeRO-1 and ZeRO-3, and tp2 with its split
 #      vocabulary; process groups staged through host memory) give the one-process losses
 #      of every step (with DROVER_CHECK_NO_GPU=1, tp2 on the CPU as a dry run);
+#   4c. train.recompute=all on the GPU (bf16, the fused attention recomputed too) trains as
+#      keeping every activation: the same losses, bit for bit (the kernels are deterministic);
 #   5. the same build runs a CPU job to success on that machine;
 #   6. `drover export --format safetensors` read by PyTorch (and by transformers'
 #      GPT2LMHeadModel) gives drover's logits (tests/tools/hf_gpt2_check.py).
@@ -159,6 +161,27 @@ YAML
   [[ $1 != cuda ]] ||
     python3 "$here/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3
 }
+# One rank of DEVICE in bf16, every layer's activations recomputed in backward, against the
+# same run keeping them: the same kernels on the same inputs, so the same losses exactly.
+recompute_matches_keeping() {  # recompute_matches_keeping DEVICE
+  cat > "$work/recompute.yaml" <<YAML
+name: device-check-recompute
+model: {n_layer: 4, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
+data: {train: "$work/data/train_*.bin"}
+train: {steps: 10, global_batch: 8, micro_batch: 4, seq_len: 32, eval_every: 0}
+precision: {dtype: bf16}
+resources: {device: $1}
+checkpoint: {every_steps: 0}
+YAML
+  local r
+  for r in none all; do
+    rm -rf "$work/out-recompute-$r"
+    timeout 120 "$bin/drover" train "$work/recompute.yaml" --set train.recompute=$r \
+      --set output_dir="$work/out-recompute-$r" 2>&1 | tail -1 || return 1
+  done
+  python3 "$here/../tools/same_losses.py" "$work/out-recompute-none/metrics.jsonl" \
+    "$work/out-recompute-all/metrics.jsonl" 10 0
+}
 if [[ $no_gpu != 1 ]]; then
   step "4 a cuda job trains on the gpu" cuda_job_succeeds
   step "4b two ranks on one gpu, dp2 zero-1, equal one rank" \
@@ -168,10 +191,14 @@ if [[ $no_gpu != 1 ]]; then
   # Tensor parallelism: the split vocabulary's kernels (-1 ids, the loss's halves) on the
   # device, and the blocks' all-reduces.
   step "4b two ranks on one gpu, tp2, equal one rank" two_ranks_match_one cuda parallel.tp=2
+  step "4c recompute all on the gpu trains as keeping the activations" \
+    recompute_matches_keeping cuda
 else
   # The same comparison on the CPU: a dry run of the step itself.
   step "4b (dry run on the cpu) two ranks, tp2, equal one rank" \
     two_ranks_match_one cpu parallel.tp=2
+  step "4c (dry run on the cpu) recompute all trains as keeping the activations" \
+    recompute_matches_keeping cpu
 fi
 step "5 the same build trains a cpu job" cpu_job_succeeds
 step "6 pytorch reads drover's safetensors export" \

@@ -11,7 +11,8 @@
 # the pack (carry build/device-pack.tar.xz):
 #   tests/device/speed.sh build/device-pack.tar.xz 350m 16
 # (350m at batch 16 fits drover's storage, fp32 residual stream and bf16 operand buffers,
-# easily on an H200).
+# easily on an H200). DROVER_SPEED_RECOMPUTE=all (or a count of layers) trains drover with
+# train.recompute so: a larger batch or model in the same memory, for a forward more.
 set -uo pipefail
 bin=${1:?PACK or BIN_DIR}
 model=${2:-124m}
@@ -51,7 +52,8 @@ name: speed-$model
 output_dir: $work/out
 model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: $T, vocab_size: 50257}
 data: {train: "$work/train.bin"}
-train: {steps: $steps, global_batch: $batch, micro_batch: $batch, seq_len: $T, eval_every: 0, log_every: 1}
+train: {steps: $steps, global_batch: $batch, micro_batch: $batch, seq_len: $T, eval_every: 0, log_every: 1,
+        recompute: ${DROVER_SPEED_RECOMPUTE:-none}}
 precision: {dtype: bf16}
 resources: {device: $device}
 checkpoint: {every_steps: 0}
@@ -106,6 +108,7 @@ try:
 except (OSError, ValueError):
     peak_mib = 0
 print(json.dumps({"model": model, "mode": "drover", "batch": int(batch),
+                  "activation_gib": round(rows[-1].get("activation_mib", 0) / 1024, 2),
                   "tokens_per_s": round(tps), "step_ms": round(int(batch) * T / tps * 1e3, 1),
                   "tflops": round(tflops, 1), "mfu": round(tflops / peak, 3) if peak else None,
                   "peak_mem_gib (nvidia-smi, whole gpu)": round(peak_mib / 1024, 2)}))

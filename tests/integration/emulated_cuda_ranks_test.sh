@@ -9,7 +9,10 @@
 # resources.device cuda has no fallback.)
 # Both ranks are on the one emulated GPU, so parallel.backend auto must pick Gloo (NCCL
 # refuses two ranks on one GPU); emulated_cuda_nccl_test.sh gives each rank its own.
-# Then a stop and resume from a checkpoint saved from the device, against a run without one.
+# Then a stop and resume from a checkpoint saved from the device, against a run without one,
+# and one rank in bf16 recomputing every layer's activations in backward (train.recompute;
+# the fused attention on mma.sync tiles recomputed too) against keeping them: the same
+# losses exactly (check.sh's step 4c).
 #
 #   emulated_cuda_ranks_test.sh BIN_DIR EMULATED_PLUGIN
 set -euo pipefail
@@ -69,3 +72,13 @@ echo "zero-3 over two ranks: 10 steps (reference), 5 steps then 5 resumed"
 python3 "$tests/tools/same_losses.py" "$work/straight/metrics.jsonl" \
   "$work/stopped/metrics.jsonl" 10 1e-6
 echo "a resume on the emulated device gave the losses of the run without a stop"
+
+for r in none all; do
+  "$work/bin/drover" train "$work/dp.yaml" --set output_dir="$work/recompute-$r" \
+    --set precision.dtype=bf16 --set train.recompute=$r > "$work/recompute-$r.log" 2>&1 ||
+    { cat "$work/recompute-$r.log"; exit 1; }
+done
+echo "bf16, one rank: activations kept (reference), every layer recomputed"
+python3 "$tests/tools/same_losses.py" "$work/recompute-none/metrics.jsonl" \
+  "$work/recompute-all/metrics.jsonl" 10 0
+echo "recomputing the activations on the emulated device gave the losses of keeping them"

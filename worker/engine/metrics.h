@@ -34,6 +34,8 @@ struct StepMetrics {
   double pp_wait_ms = 0;    // time blocked receiving from neighbouring pipeline stages
   // MiB rank 0 holds for parameters, gradients, AdamW state and ZeRO's transient buffers.
   double param_mib = 0, grad_mib = 0, optimizer_mib = 0, working_mib = 0;
+  // MiB rank 0 holds for activations (every micro-batch in flight; train.recompute).
+  double activation_mib = 0;
   std::optional<double> val_loss;  // present on evaluation steps
   // Loss-spike rollbacks so far (fault_tolerance.spike_rollback); written when > 0. After a
   // rollback step numbers repeat: this tells the lines apart.
@@ -51,7 +53,7 @@ struct StepMetrics {
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
-// and val_loss, rollbacks, spike, loss_scale, skipped and device_allocations when present.
+// activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped and device_allocations when present.
 // Non-finite numbers are written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 

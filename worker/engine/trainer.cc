@@ -55,9 +55,19 @@ std::string DescribePrecision(const JobSpec& spec) {
   if (dtype == "fp16") d += ", loss scale " + spec.precision.loss_scale;
   // The CPU has no bf16/fp16 arithmetic worth using: it rounds every stored value instead.
   if (spec.resources.device == "cpu") d += " (emulated on the CPU: values rounded at each op)";
-  // The CUDA table stores floats too: narrow kernels and storage are still to come.
-  if (spec.resources.device == "cuda") d += " (stored as fp32, rounded at each op)";
+  // The CUDA table keeps what passes between ops in 16 bits (Ops::OperandFloats), the
+  // residual stream and its gradient in fp32 floats.
+  if (spec.resources.device == "cuda") d += " (16-bit activations, fp32 residual stream)";
   return d;
+}
+
+// What train.recompute asks, for the start-up line ("" for none).
+std::string DescribeRecompute(const JobSpec& spec, const GptLayout& layout) {
+  const int n = spec.train.recompute;
+  if (n == 0) return "";
+  if (n == TrainSpec::kRecomputeAll) return ", every layer's activations recomputed in backward";
+  return ", the activations of each " + std::string(layout.chunks() > 1 ? "model chunk" : "stage") +
+         "'s first " + std::to_string(n) + " layers recomputed in backward";
 }
 
 }  // namespace
@@ -129,6 +139,7 @@ Status Trainer::Init() {
   mo.bucket_floats = static_cast<size_t>(spec.parallel.bucket_mb * (1 << 20) / sizeof(float));
   ASSIGN_OR_RETURN(mo.precision, ParsePrecision(spec.precision.dtype));
   ASSIGN_OR_RETURN(mo.loss_scaler, LossScalerConfigOf(spec.precision));
+  mo.recompute = spec.train.recompute;  // kRecomputeAll (-1) is the engine's "all"
   ASSIGN_OR_RETURN(model_, parallel::ParallelGpt::Create(mo, *mesh_, &groups_, ops));
   model_->LoadGlobalParams(params.data());
   params = {};
@@ -167,10 +178,11 @@ Status Trainer::Init() {
   // deadline.
   RETURN_IF_ERROR(StoreBarrier("ready"));
   spdlog::info(
-      "model {} ({} parameters, {} on this rank), {}, {}, B={} T={} steps={}, resuming "
+      "model {} ({} parameters, {} on this rank), {}, {}{}, B={} T={} steps={}, resuming "
       "from {}",
       DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
-      mesh_->Describe(), DescribePrecision(spec), B_, T_, spec.train.steps,
+      mesh_->Describe(), DescribePrecision(spec), DescribeRecompute(spec, model_->layout()), B_,
+      T_, spec.train.steps,
       resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
   // (Not for interleaved chunks: the head then sits on one of pp x chunks virtual stages.)
   if (is_rank0() && mesh_->pp() > 1 && mesh_->pp_chunks() == 1 && mesh_->pp_layers().empty()) {
@@ -394,6 +406,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.grad_mib = static_cast<double>(r.grad_bytes) / kMiB;
   m.optimizer_mib = static_cast<double>(r.optimizer_bytes) / kMiB;
   m.working_mib = static_cast<double>(r.working_bytes) / kMiB;
+  m.activation_mib = static_cast<double>(r.activation_bytes) / kMiB;
   m.rollbacks = rollbacks_;
   if (model_->loss_scaler_state() != nullptr) m.loss_scale = r.loss_scale;
   m.skipped = r.skipped;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/files.h"
@@ -227,12 +228,26 @@ TEST(JobSpecTest, DefaultSpecSerializesEveryKey) {
   const std::string yaml = JobSpecToYaml(spec);
   for (const char* key : {"name:", "output_dir:", "vocab_size:", "log_every:", "loss_scale:",
                           "dp: auto", "pp_schedule:", "pp_chunks: auto",
-                          "threads_per_rank:", "every_steps:", "skip_steps:", "eps:"}) {
+                          "threads_per_rank:", "every_steps:", "skip_steps:", "eps:",
+                          "recompute: none"}) {
     EXPECT_NE(yaml.find(key), std::string::npos) << key << " missing in\n" << yaml;
   }
   StatusOr<JobSpec> again = ParseJobSpec(yaml);
   ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
   EXPECT_EQ(again->output_dir, "runs/d");
+}
+
+TEST(JobSpecTest, RecomputeTakesNoneAllOrACountAndRoundTrips) {
+  for (const auto& [text, want] : std::vector<std::pair<std::string, int>>{
+           {"none", 0}, {"all", TrainSpec::kRecomputeAll}, {"0", 0}, {"3", 3}, {"4", 4}}) {
+    StatusOr<JobSpec> spec = ParseJobSpec(Minimal(), {"train.recompute=" + text});
+    ASSERT_TRUE(spec.ok()) << text << ": " << spec.status();
+    EXPECT_EQ(spec->train.recompute, want) << text;
+    StatusOr<JobSpec> again = ParseJobSpec(JobSpecToYaml(*spec));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->train.recompute, want) << text;
+  }
+  EXPECT_EQ(ParseJobSpec(Minimal())->train.recompute, 0);
 }
 
 TEST(JobSpecTest, ValidateWorksWithoutYaml) {
@@ -519,6 +534,14 @@ const BadCase kBadCases[] = {
      Minimal("parallel:\n  pp: 2\n  pp_layers: [3, x]\n"),
      {},
      "parallel.pp_layers (line 5): expected a list of layer counts, got 'x'"},
+    {"RecomputeMoreLayersThanTheModelHas",
+     Minimal("train:\n  recompute: 5\n"),
+     {},
+     "train.recompute (line 4): 5 layers, but model.n_layer is 4; give at most n_layer"},
+    {"RecomputeNotACount",
+     Minimal(""),
+     {"train.recompute=some"},
+     "train.recompute (from --set): expected 'none', 'all' or a count of layers, got 'some'"},
     {"PpChunksWithoutTheInterleavedSchedule",
      Minimal("parallel:\n  pp: 2\n  pp_chunks: 2\n"),
      {},

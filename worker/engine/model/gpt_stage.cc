@@ -1,5 +1,7 @@
 #include "worker/engine/model/gpt_stage.h"
 
+#include <algorithm>
+
 namespace drover::engine {
 namespace {
 
@@ -29,10 +31,24 @@ const int32_t* LocalIds(const GptLayout& layout, const std::vector<int32_t>& ids
 
 }  // namespace
 
+StageActivations::StageActivations(const GptLayout* layout, Ops* ops, Precision precision,
+                                   int chunk, int recompute)
+    : layout_(layout),
+      ops_(ops),
+      precision_(precision),
+      chunk_(chunk),
+      recomputed_([&] {
+        const int layers = layout->chunk_end_layer(chunk) - layout->chunk_first_layer(chunk);
+        return recompute < 0 ? layers : std::min(recompute, layers);
+      }()) {}
+
 void StageActivations::Ensure(int B, int T) {
   const GptConfig& cfg = layout_->config();
   DROVER_CHECK(B >= 1 && T >= 1 && T <= cfg.max_seq_len);
   const size_t L = layout_->chunk_end_layer(chunk_) - layout_->chunk_first_layer(chunk_);
+  // Slices of the per-layer buffers: one per kept layer, and one when all are recomputed.
+  const size_t R = static_cast<size_t>(recomputed_);
+  const size_t S = L == 0 ? 0 : std::max<size_t>(L - R, 1);
   const size_t C = cfg.channels, Ca = layout_->attn_channels(), C4 = layout_->mlp_channels();
   const size_t NHa = layout_->local_heads();
   const size_t BT = static_cast<size_t>(B) * T;
@@ -55,11 +71,11 @@ void StageActivations::Ensure(int B, int T) {
                     &losses_,    &lse_,          &dres_,     &dbtc_,     &dqkv_,     &dfch_,
                     &lse_parts_, &target_logits_};
   const size_t sizes[] = {
-      BT * C,          L * op_btc_, L * BT,
-      L * BT,          L * op_qkv_, L * op_btca_,
-      L * att_floats,  L * BT * C,  L * op_btc_,
-      L * BT,          L * BT,      L * op_btc4_,
-      L * op_btc4_,    L * BT * C,  last * op_btc_,
+      BT * C,          S * op_btc_, S * BT,
+      S * BT,          S * op_qkv_, S * op_btca_,
+      S * att_floats,  S * BT * C,  S * op_btc_,
+      S * BT,          S * BT,      S * op_btc4_,
+      S * op_btc4_,    L * BT * C,  last * op_btc_,
       last * BT,       last * BT,   last * OperandStride(BT * Vl),
       last * BT,       last * BT,   BT * C,
       BT * C,          op_qkv_,     op_btc4_,
@@ -135,11 +151,6 @@ Status GptStage::ReduceInputGrad(float* dinp, size_t n) {
 }
 
 Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
-  const int B = a.B_, T = a.T_, BT = B * T;
-  const int C = layout_->config().channels, Ca = layout_->attn_channels();
-  const int C4 = layout_->mlp_channels(), NHa = layout_->local_heads();
-  const size_t i = l - l0_;
-  const size_t btc = static_cast<size_t>(BT) * C;
   const int unit = layout_->layer_unit(l);
   if (l + 1 < l1_) {
     mem.PrefetchParams(unit + 1);
@@ -149,31 +160,44 @@ Status GptStage::LayerForward(StageActivations& a, StageMemory& mem, int l) {
     mem.PrefetchParams(layout_->head_unit());
   }
   ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(unit));
+  RETURN_IF_ERROR(LayerCompute(a, p, l, /*recompute=*/false));
+  return mem.ReleaseParams(unit);
+}
+
+Status GptStage::LayerCompute(StageActivations& a, const float* p, int l, bool recompute) {
+  const int B = a.B_, T = a.T_, BT = B * T;
+  const int C = layout_->config().channels, Ca = layout_->attn_channels();
+  const int C4 = layout_->mlp_channels(), NHa = layout_->local_heads();
+  const size_t i = l - l0_, s = a.Slot(i);
+  const size_t btc = static_cast<size_t>(BT) * C;
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
-  float* ln1 = a.ln1_ + i * a.op_btc_;
-  float* qkv = a.qkv_ + i * a.op_qkv_;
-  float* atty = a.atty_ + i * a.op_btca_;
-  float* att = a.att_ + i * a.att_floats_;
-  float* res2 = a.residual2_ + i * btc;
-  float* ln2 = a.ln2_ + i * a.op_btc_;
-  float* fch = a.fch_ + i * a.op_btc4_;
-  float* fchg = a.fch_gelu_ + i * a.op_btc4_;
+  float* ln1 = a.ln1_ + s * a.op_btc_;
+  float* qkv = a.qkv_ + s * a.op_qkv_;
+  float* atty = a.atty_ + s * a.op_btca_;
+  float* att = a.att_ + s * a.att_floats_;
+  float* res2 = a.residual2_ + s * btc;
+  float* ln2 = a.ln2_ + s * a.op_btc_;
+  float* fch = a.fch_ + s * a.op_btc4_;
+  float* fchg = a.fch_gelu_ + s * a.op_btc4_;
   float* res3 = a.residual3_ + i * btc;
-  ops_->LayerNormForward(ln1, a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, x, p + o.ln1w, p + o.ln1b,
+  ops_->LayerNormForward(ln1, a.ln1_mean_ + s * BT, a.ln1_rstd_ + s * BT, x, p + o.ln1w, p + o.ln1b,
                          BT, C, precision_);
   ops_->MatmulForward(qkv, true, ln1, p + o.qkvw, p + o.qkvb, nullptr, BT, C, 3 * Ca, 3 * Ca,
                       precision_);
   Written(qkv, static_cast<size_t>(BT) * 3 * Ca);
   ops_->AttentionForward(atty, att, qkv, B, T, Ca, NHa, precision_);
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
-  ops_->LayerNormForward(ln2, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, res2, p + o.ln2w,
+  ops_->LayerNormForward(ln2, a.ln2_mean_ + s * BT, a.ln2_rstd_ + s * BT, res2, p + o.ln2w,
                          p + o.ln2b, BT, C, precision_);
   ops_->MatmulForward(fch, true, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4, precision_);
   Written(fch, static_cast<size_t>(BT) * C4);
   ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4, precision_);
-  RETURN_IF_ERROR(RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C));
-  return mem.ReleaseParams(unit);
+  // What backward reads ends here. A recomputation stops: the layer's output is in
+  // residual3_ from the first forward (and a pipeline's send of it may still be reading it),
+  // so the MLP's projection, a third of the layer's GEMM work, and its all-reduce are saved.
+  if (recompute) return OkStatus();
+  return RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C);
 }
 
 StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pass) {
@@ -301,37 +325,40 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   const int B = a.B_, T = a.T_, BT = B * T;
   const int C = layout_->config().channels, Ca = layout_->attn_channels();
   const int C4 = layout_->mlp_channels(), NHa = layout_->local_heads();
-  const size_t i = l - l0_;
+  const size_t i = l - l0_, s = a.Slot(i);
   const size_t btc = static_cast<size_t>(BT) * C;
   const int unit = layout_->layer_unit(l);
   if (l > l0_) mem.PrefetchParams(unit - 1);
   ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(unit));
+  if (i < static_cast<size_t>(a.recomputed_)) {
+    RETURN_IF_ERROR(LayerCompute(a, p, l, /*recompute=*/true));
+  }
   bool acc = false;
   ASSIGN_OR_RETURN(float* g, mem.AcquireGrads(unit, &acc));
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
-  const float* fch = a.fch_ + i * a.op_btc4_;
+  const float* fch = a.fch_ + s * a.op_btc4_;
   // Every buffer of the MLP's backward but dres is an operand buffer; GELU's runs in place.
   ops_->MatmulBackward(a.dfch_, true, g + o.fcprojw, g + o.fcprojb, a.dres_, false,
-                       a.fch_gelu_ + i * a.op_btc4_, p + o.fcprojw, BT, C4, C, C, acc, precision_);
+                       a.fch_gelu_ + s * a.op_btc4_, p + o.fcprojw, BT, C4, C, C, acc, precision_);
   Written(a.dfch_, static_cast<size_t>(BT) * C4);
   ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4, precision_);
-  ops_->MatmulBackward(a.dbtc_, false, g + o.fcw, g + o.fcb, a.dfch_, true, a.ln2_ + i * a.op_btc_,
+  ops_->MatmulBackward(a.dbtc_, false, g + o.fcw, g + o.fcb, a.dfch_, true, a.ln2_ + s * a.op_btc_,
                        p + o.fcw, BT, C, C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
-  ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + i * btc,
-                          p + o.ln2w, a.ln2_mean_ + i * BT, a.ln2_rstd_ + i * BT, BT, C, acc,
+  ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + s * btc,
+                          p + o.ln2w, a.ln2_mean_ + s * BT, a.ln2_rstd_ + s * BT, BT, C, acc,
                           precision_);
   ops_->MatmulBackward(a.dbtc_, false, g + o.attprojw, g + o.attprojb, a.dres_, false,
-                       a.atty_ + i * a.op_btca_, p + o.attprojw, BT, Ca, C, C, acc, precision_);
+                       a.atty_ + s * a.op_btca_, p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
-  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + i * a.att_floats_, a.qkv_ + i * a.op_qkv_, B,
+  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + s * a.att_floats_, a.qkv_ + s * a.op_qkv_, B,
                           T, Ca, NHa, precision_);
   ops_->MatmulBackward(a.dbtc_, false, g + o.qkvw, g + o.qkvb, a.dqkv_, true,
-                       a.ln1_ + i * a.op_btc_, p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
+                       a.ln1_ + s * a.op_btc_, p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
   ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
-                          a.ln1_mean_ + i * BT, a.ln1_rstd_ + i * BT, BT, C, acc, precision_);
+                          a.ln1_mean_ + s * BT, a.ln1_rstd_ + s * BT, BT, C, acc, precision_);
   RETURN_IF_ERROR(mem.ReleaseParams(unit));
   return mem.GradsReady(unit);
 }

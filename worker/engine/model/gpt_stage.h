@@ -39,6 +39,15 @@
 // them next. LayerNorm statistics, attention probabilities and the per-row losses stay fp32,
 // as fused kernels keep them; the weight gradients are fp32 (StageMemory's arenas).
 //
+// Recomputation (StageActivations' `recompute`): the chunk's first R layers keep only their
+// output (the residual stream, which the next layer reads anyway), and their other buffers
+// share those of the first kept layer (StageActivations::Slot). Backward runs each one's
+// forward again, up to the MLP's projection (whose output it does not read), with the
+// parameters it acquires for the layer's backward anyway, just before that backward. The
+// same kernels on the same inputs: the training is that of a run that kept them, bit for bit
+// where the kernels are deterministic, as both tables' are. Under tensor parallelism the
+// attention projection's all-reduce runs again, on every tp rank alike.
+//
 // Thread-safety: a GptStage is immutable; Forward/Backward run on one thread at a time per
 // StageActivations and StageMemory (the kernels parallelise inside).
 #pragma once
@@ -61,10 +70,10 @@ class StageActivations {
  public:
   // `precision` and `chunk` are the stage's (GptStage): the precision decides how much
   // attention keeps for backward (Ops::AttentionStateFloats), the chunk which layers (and
-  // whether the head's buffers) there are.
+  // whether the head's buffers) there are. `recompute`: how many of the chunk's first layers
+  // Backward recomputes (clamped to its layer count; negative: all of them).
   StageActivations(const GptLayout* layout, Ops* ops, Precision precision = Precision::kFp32,
-                   int chunk = 0)
-      : layout_(layout), ops_(ops), precision_(precision), chunk_(chunk) {}
+                   int chunk = 0, int recompute = 0);
   StageActivations(const StageActivations&) = delete;
   StageActivations& operator=(const StageActivations&) = delete;
 
@@ -73,6 +82,10 @@ class StageActivations {
   void Ensure(int B, int T);
   int B() const { return B_; }
   int T() const { return T_; }
+  // The chunk's layers that Backward recomputes (its first ones).
+  int recomputed_layers() const { return recomputed_; }
+  // Bytes of the backend's memory these activations hold (after Ensure).
+  size_t bytes() const { return arena_.size() * sizeof(float); }
 
   // Token ids (B, T): the first stage embeds inputs, the last stage scores targets.
   int32_t* inputs() { return inputs_.data(); }
@@ -97,11 +110,22 @@ class StageActivations {
   // Floats that n elements of an operand buffer take (Ops::OperandFloats), rounded up to 64
   // bytes so that each layer's slice starts aligned.
   size_t OperandStride(size_t n) const;
+  // The slice of the per-layer buffers (all but residual3_) that the chunk's layer i uses:
+  // each kept layer (i >= R) its own, i - R, and the recomputed ones (i < R) slice 0 too,
+  // that of the first kept layer. They never need it at the same time: forward runs the
+  // recomputed layers, whose buffers nothing reads later, before layer R fills the slice;
+  // backward recomputes them after layer R's backward has read it for the last time. So
+  // recomputing R layers saves R layers' buffers (R - 1 when all are recomputed).
+  size_t Slot(size_t i) const {
+    const size_t r = static_cast<size_t>(recomputed_);
+    return i < r ? 0 : i - r;
+  }
 
   const GptLayout* layout_;
   Ops* ops_;
   const Precision precision_;
   const int chunk_;
+  const int recomputed_;  // R: the chunk's first R layers are recomputed
   Buffer arena_;
   int B_ = 0, T_ = 0;
   size_t att_floats_ = 0;  // per layer: attention's state (att_)
@@ -113,7 +137,8 @@ class StageActivations {
   // Under a vocabulary split: inputs_ and targets_ as rows of this rank's wte slice, -1 for
   // the tokens another tp rank holds (ops.h); what the embedding and the loss read.
   std::vector<int32_t> local_inputs_, local_targets_;
-  // Per-layer buffers hold one slice per local layer; layer l0 + i starts at slice i.
+  // Per-layer buffers hold one slice per kept local layer, at least one when there are
+  // layers (Slot); residual3_ holds every layer's output, slice i for layer l0 + i.
   float *encoded_ = nullptr, *ln1_ = nullptr, *ln1_mean_ = nullptr, *ln1_rstd_ = nullptr,
         *qkv_ = nullptr, *atty_ = nullptr, *att_ = nullptr, *residual2_ = nullptr, *ln2_ = nullptr,
         *ln2_mean_ = nullptr, *ln2_rstd_ = nullptr, *fch_ = nullptr, *fch_gelu_ = nullptr,
@@ -182,6 +207,10 @@ class GptStage {
   // Sums a column-parallel GEMM's partial input gradient (N, C) over the tp group.
   Status ReduceInputGrad(float* dinp, size_t n);
   Status LayerForward(StageActivations& a, StageMemory& mem, int l);
+  // Layer l's forward on parameters `p` already acquired: what LayerForward runs, and, with
+  // `recompute`, what LayerBackward runs again for a recomputed layer (all but the MLP's
+  // projection, whose output the first forward kept and backward does not read).
+  Status LayerCompute(StageActivations& a, const float* p, int l, bool recompute);
   Status LayerBackward(StageActivations& a, StageMemory& mem, int l);
   Status HeadBackward(StageActivations& a, StageMemory& mem, float grad_scale);
 

@@ -120,7 +120,8 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
     stages_.emplace_back(&layout_, ops, groups->tp.get(), options.precision, c);
     for (int i = MaxInFlight(schedule_, c); i > 0; --i) {
       ActivationSet& set = sets_[c].emplace_back();
-      set.acts = std::make_unique<StageActivations>(&layout_, ops, options.precision, c);
+      set.acts = std::make_unique<StageActivations>(&layout_, ops, options.precision, c,
+                                                    options.recompute);
       set.acts->Ensure(options.micro_batch, options.seq_len);
     }
   }
@@ -416,6 +417,9 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
   r.grad_bytes = sizeof(float) * usage.grads;
   r.optimizer_bytes = 2 * sizeof(float) * optimizer_->size();
   r.working_bytes = sizeof(float) * usage.working;
+  for (const std::vector<ActivationSet>& chunk : sets_) {
+    for (const ActivationSet& set : chunk) r.activation_bytes += set.acts->bytes();
+  }
   r.pp_wait_s = pp_wait_s_;
   // A skipped step leaves weights, moments and AdamW's step count as they were; the next
   // BeginStep discards the gradients.

@@ -60,6 +60,9 @@ struct ParallelGptOptions {
   size_t bucket_floats = size_t{25} << 18;  // 25 MiB of fp32
   Precision precision = Precision::kFp32;
   LossScalerConfig loss_scaler;  // fp16 only
+  // Layers of each model chunk whose activations backward recomputes (the chunk's first
+  // ones; negative: all): StageActivations' `recompute`.
+  int recompute = 0;
 };
 
 struct StepResult {
@@ -78,6 +81,9 @@ struct StepResult {
   // Bytes this rank holds for parameters, gradients, AdamW state and ZeRO's transient
   // buffers (most at once so far).
   size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, working_bytes = 0;
+  // Bytes of every activation set this rank keeps (one per micro-batch a chunk holds in
+  // flight), what train.recompute trades against time.
+  size_t activation_bytes = 0;
 };
 
 class ParallelGpt {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -40,7 +41,8 @@ struct RankResult {
   std::vector<bool> skipped;
   std::vector<float> params;  // global, on rank 0
   double val_loss = 0;
-  double param_mib = 0;  // the rank's parameter arena
+  double param_mib = 0;       // the rank's parameter arena
+  double activation_mib = 0;  // the rank's activation sets
 };
 
 // What one run of RunWorld does.
@@ -132,6 +134,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
           }
           r.losses.push_back(m->loss);
           r.param_mib = m->param_mib;
+          r.activation_mib = m->activation_mib;
           r.norms.push_back(m->grad_norm);
           r.loss_scales.push_back(m->loss_scale.value_or(0));
           r.skipped.push_back(m->skipped);
@@ -235,6 +238,36 @@ class ParallelEquivalenceTest : public ::testing::Test {
       EXPECT_LT(mean, rtol / 100) << "largest difference " << worst << " at element " << worst_i;
     }
     for (int rank = 1; rank < world; ++rank) EXPECT_TRUE(got[rank].params.empty());
+  }
+
+  // train.recompute runs the same kernels on the same inputs, so a run that recomputes the
+  // first layer of every stage, or every layer, trains exactly as the one that keeps every
+  // activation: every loss, gradient norm and parameter of every rank equal bit for bit.
+  static void ExpectRecomputeChangesNothing(int world, const std::vector<std::string>& overrides,
+                                            bool emulated_device = false) {
+    Phase phase;
+    phase.emulated_device = emulated_device;
+    const std::vector<RankResult> kept = RunWorld(Spec(overrides), world, phase);
+    for (const char* recompute : {"1", "all"}) {
+      SCOPED_TRACE(std::string("train.recompute=") + recompute);
+      std::vector<std::string> o = overrides;
+      o.push_back(std::string("train.recompute=") + recompute);
+      const std::vector<RankResult> got = RunWorld(Spec(o), world, phase);
+      for (int rank = 0; rank < world; ++rank) {
+        ASSERT_TRUE(kept[rank].status.ok()) << "rank " << rank << ": " << kept[rank].status;
+        ASSERT_TRUE(got[rank].status.ok()) << "rank " << rank << ": " << got[rank].status;
+        EXPECT_EQ(got[rank].losses, kept[rank].losses) << "rank " << rank;
+        EXPECT_EQ(got[rank].norms, kept[rank].norms) << "rank " << rank;
+        EXPECT_EQ(got[rank].val_loss, kept[rank].val_loss) << "rank " << rank;
+        EXPECT_LE(got[rank].activation_mib, kept[rank].activation_mib) << "rank " << rank;
+      }
+      ASSERT_EQ(got[0].params.size(), kept[0].params.size());
+      size_t differ = 0, first = 0;
+      for (size_t i = 0; i < kept[0].params.size(); ++i) {
+        if (got[0].params[i] != kept[0].params[i] && differ++ == 0) first = i;
+      }
+      EXPECT_EQ(differ, 0u) << "parameters differ, the first at global element " << first;
+    }
   }
 
   static fs::path* dir_;
@@ -594,6 +627,51 @@ TEST_F(ParallelEquivalenceTest, EmulatedDeviceCheckpointsMoveBetweenDeviceAndCpu
 
 TEST_F(ParallelEquivalenceTest, EmulatedDeviceBf16DataParallel) {
   ExpectMatchesOneProcess(2, {"precision.dtype=bf16"}, 2e-3, true);
+}
+
+// ---- train.recompute: activations recomputed in backward instead of kept ----
+
+TEST_F(ParallelEquivalenceTest, RecomputeTrainsAsKeepingTheActivations) {
+  ExpectRecomputeChangesNothing(1, {});
+  ExpectRecomputeChangesNothing(1, {"train.micro_batch=2", "precision.dtype=bf16"});
+  ExpectRecomputeChangesNothing(1, {"precision.dtype=fp16"});
+}
+// The recomputed attention projection all-reduces again over tp; ZeRO-3 recomputes with the
+// parameters it gathered for the layer's backward.
+TEST_F(ParallelEquivalenceTest, RecomputeUnderTensorParallelismAndZero3) {
+  ExpectRecomputeChangesNothing(2, {"parallel.tp=2"});
+  ExpectRecomputeChangesNothing(2, {"train.micro_batch=2", "parallel.zero_stage=3"});
+}
+// Several micro-batches in flight per stage, each with its own activations; under the
+// interleaved schedule each chunk recomputes its own first layers.
+TEST_F(ParallelEquivalenceTest, RecomputeInPipelines) {
+  ExpectRecomputeChangesNothing(2, {"train.micro_batch=2", "parallel.pp=2"});
+  ExpectRecomputeChangesNothing(
+      4, {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=interleaved",
+          "parallel.tp=2"});
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceRecomputeWithBf16AndZero2) {
+  ExpectRecomputeChangesNothing(2, {"precision.dtype=bf16", "parallel.zero_stage=2"}, true);
+}
+
+// Each recomputed layer gives back one layer's activation buffers but the last: recomputing
+// all four layers of the model keeps one layer's, as recomputing three does.
+TEST_F(ParallelEquivalenceTest, EachRecomputedLayerFreesOneLayersActivations) {
+  std::map<std::string, double> mib;
+  for (const char* recompute : {"none", "1", "2", "3", "all"}) {
+    const RankResult r = RunWorld(Spec({std::string("train.recompute=") + recompute}), 1,
+                                  Phase{/*steps=*/1})[0];
+    ASSERT_TRUE(r.status.ok()) << recompute << ": " << r.status;
+    mib[recompute] = r.activation_mib;
+  }
+  const double layer = mib["none"] - mib["1"];
+  EXPECT_GT(layer, 0);
+  EXPECT_DOUBLE_EQ(mib["1"] - mib["2"], layer);
+  EXPECT_DOUBLE_EQ(mib["2"] - mib["3"], layer);
+  EXPECT_DOUBLE_EQ(mib["all"], mib["3"]);
+  // A layer's buffers are most of what a 4-layer model's activations take (the rest: every
+  // layer's output, the embedding, the head's logits and the backward's scratch).
+  EXPECT_GT(3 * layer, 0.5 * mib["none"]) << "none " << mib["none"] << " MiB, all " << mib["all"];
 }
 
 }  // namespace
