@@ -99,13 +99,54 @@ void CheckGuards() {
   }
 }
 
+// The emulated GPU's memory: DROVER_EMU_DEVICE_MEMORY bytes (a suffix K, M or G multiplies
+// by 2^10, 2^20, 2^30), or 80 GiB. cudaMalloc beyond it fails as a full GPU's does, and
+// cudaMemGetInfo reports what is left. With DROVER_EMU_REPORT_PEAK set, the most device
+// memory ever held at once is written to stderr at exit ("emulated device memory peak: N
+// bytes"), which is how a test finds the size a job needs.
+size_t DeviceMemoryTotal() {
+  static const size_t total = [] {
+    const char* env = std::getenv("DROVER_EMU_DEVICE_MEMORY");
+    if (env == nullptr || *env == '\0') return size_t{80} << 30;
+    char* end = nullptr;
+    size_t v = std::strtoull(env, &end, 10);
+    if (*end == 'K') v <<= 10;
+    if (*end == 'M') v <<= 20;
+    if (*end == 'G') v <<= 30;
+    return v;
+  }();
+  return total;
+}
+size_t g_device_used = 0;  // GUARDED_BY(g_memory_mu): bytes of live device allocations
+size_t g_device_peak = 0;  // GUARDED_BY(g_memory_mu)
+
+void ReportPeak() {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  std::fprintf(stderr, "emulated device memory peak: %zu bytes\n", g_device_peak);
+}
+
 // 256-byte aligned, as cudaMalloc's, and filled with NaN bytes: neither call promises
 // initialised memory (a device's is often zero when fresh and holds old data when reused),
 // so code that reads what it never wrote shows it, as compute-sanitizer's initcheck would.
 cudaError_t Allocate(void** p, size_t bytes, bool device) {
   const size_t rounded = Rounded(bytes);
+  if (device) {
+    static const bool report = [] {
+      if (std::getenv("DROVER_EMU_REPORT_PEAK") != nullptr) std::atexit(ReportPeak);
+      return true;
+    }();
+    (void)report;
+    std::lock_guard<std::mutex> lock(g_memory_mu);
+    if (g_device_used + rounded > DeviceMemoryTotal()) return cudaErrorMemoryAllocation;
+    g_device_used += rounded;
+    g_device_peak = std::max(g_device_peak, g_device_used);
+  }
   auto* base = static_cast<unsigned char*>(std::aligned_alloc(256, rounded + 2 * kGuardBytes));
-  if (base == nullptr) return cudaErrorMemoryAllocation;
+  if (base == nullptr) {
+    std::lock_guard<std::mutex> lock(g_memory_mu);
+    if (device) g_device_used -= rounded;
+    return cudaErrorMemoryAllocation;
+  }
   unsigned char* start = base + kGuardBytes;
   FillGuard(base, start);
   std::memset(start, 0xFF, bytes);
@@ -123,6 +164,7 @@ cudaError_t Release(void* p, bool device) {
   if (it == Allocations(device).end()) return cudaErrorInvalidValue;
   if (const unsigned char* g = BrokenGuard(c, it->second))
     DieOfBrokenGuard(c, it->second, device, g);
+  if (device) g_device_used -= Rounded(it->second);
   Allocations(device).erase(it);
   std::free(static_cast<char*>(p) - kGuardBytes);
   return cudaSuccess;
@@ -307,6 +349,12 @@ void drover_emu::EnqueueWork(cudaStream_t stream, std::function<void()> work) {
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) { return Allocate(p, bytes, true); }
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  std::lock_guard<std::mutex> lock(g_memory_mu);
+  *total = DeviceMemoryTotal();
+  *free = *total - std::min(*total, g_device_used);
+  return cudaSuccess;
+}
 // cudaFree and cudaFreeHost synchronise the device first, so no kernel still uses the memory.
 cudaError_t cudaFree(void* p) {
   DrainAll();

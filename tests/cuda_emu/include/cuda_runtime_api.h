@@ -60,7 +60,9 @@ enum cudaDeviceAttr {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaGetDevice(int* device);
 
+// Device memory is DROVER_EMU_DEVICE_MEMORY bytes (80 GiB unless set; runtime.cc).
 cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaMallocHost(void** p, size_t bytes);
 cudaError_t cudaFreeHost(void* p);

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/mutex.h"
@@ -43,14 +44,49 @@ cudaError_t CountedMalloc(void** p, size_t bytes) {
 }
 
 namespace {
+std::string Bytes(size_t n) {
+  char text[32];
+  if (n >= (size_t{1} << 30)) {
+    std::snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(n) / (1 << 30));
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(n) / (1 << 20));
+  }
+  return text;
+}
+}  // namespace
+
+// A job too large for its GPU is bad input, not a broken invariant: no abort and core dump,
+// but one line that names the problem and the settings that shrink a rank's share, the last
+// line of the trainer's log, which the agent reports as the failure. Exit 1, not 2 (input to
+// fix, never retried): the coordinator's restart may run the job at another world size, where
+// a rank's share differs, or the memory may have been another process's.
+void* DeviceMallocOrExit(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t err = CountedMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) free = total = 0;
+    std::fprintf(stderr,
+                 "out of GPU memory: %s more was needed and the GPU has %s free of %s. A rank "
+                 "needs less with a smaller train.micro_batch (gradient accumulation keeps "
+                 "train.global_batch), train.recompute: all (activations recomputed in "
+                 "backward), parallel.zero_stage 1-3, or more ranks\n",
+                 Bytes(bytes).c_str(), Bytes(free).c_str(), Bytes(total).c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  DROVER_CUDA_CHECK(err);
+  return p;
+}
+
+namespace {
 
 class DeviceAllocator final : public Allocator {
  public:
   explicit DeviceAllocator(cudaStream_t stream) : stream_(stream) {}
   float* Allocate(size_t n) override {
     if (n == 0) return nullptr;
-    void* p = nullptr;
-    DROVER_CUDA_CHECK(CountedMalloc(&p, n * sizeof(float)));
+    void* p = DeviceMallocOrExit(n * sizeof(float));
     DROVER_CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), stream_));
     DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return static_cast<float*>(p);

@@ -17,6 +17,11 @@ namespace drover::engine::cuda {
 // the plugin goes through it.
 cudaError_t CountedMalloc(void** p, size_t bytes);
 
+// CountedMalloc for the training's buffers (arenas, activations, scratch). When the GPU has
+// no room the process says so, with what it asked for, what the GPU has left and what makes
+// a rank need less, and exits 1 (cuda_ops.cu); any other error is a CudaFail.
+void* DeviceMallocOrExit(size_t bytes);
+
 template <typename T>
 class Scratch {
  public:
@@ -25,7 +30,7 @@ class Scratch {
   T* Get(size_t n) {
     if (n > size_) {
       if (data_ != nullptr) DROVER_CUDA_CHECK(cudaFree(data_));
-      DROVER_CUDA_CHECK(CountedMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T)));
+      data_ = static_cast<T*>(DeviceMallocOrExit(n * sizeof(T)));
       size_ = n;
     }
     return data_;
