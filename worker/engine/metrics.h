@@ -53,8 +53,8 @@ struct StepMetrics {
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
-// activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped and device_allocations when present.
-// Non-finite numbers are written as null (JSON has no NaN).
+// activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped and device_allocations when
+// present. Non-finite numbers are written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

@@ -181,9 +181,8 @@ Status Trainer::Init() {
       "model {} ({} parameters, {} on this rank), {}, {}{}, B={} T={} steps={}, resuming "
       "from {}",
       DescribeConfig(config_), GptNumParams(config_), model_->layout().num_params(),
-      mesh_->Describe(), DescribePrecision(spec), DescribeRecompute(spec, model_->layout()), B_,
-      T_, spec.train.steps,
-      resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
+      mesh_->Describe(), DescribePrecision(spec), DescribeRecompute(spec, model_->layout()), B_, T_,
+      spec.train.steps, resumed_from_ >= 0 ? "step " + std::to_string(resumed_from_) : "scratch");
   // (Not for interleaved chunks: the head then sits on one of pp x chunks virtual stages.)
   if (is_rank0() && mesh_->pp() > 1 && mesh_->pp_chunks() == 1 && mesh_->pp_layers().empty()) {
     SuggestStageLayers();

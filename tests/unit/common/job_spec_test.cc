@@ -226,10 +226,10 @@ TEST(JobSpecTest, DefaultSpecSerializesEveryKey) {
   spec.name = std::string("d");
   spec.data.train = std::string("x");
   const std::string yaml = JobSpecToYaml(spec);
-  for (const char* key : {"name:", "output_dir:", "vocab_size:", "log_every:", "loss_scale:",
-                          "dp: auto", "pp_schedule:", "pp_chunks: auto",
-                          "threads_per_rank:", "every_steps:", "skip_steps:", "eps:",
-                          "recompute: none"}) {
+  for (const char* key :
+       {"name:", "output_dir:", "vocab_size:", "log_every:", "loss_scale:", "dp: auto",
+        "pp_schedule:", "pp_chunks: auto",
+        "threads_per_rank:", "every_steps:", "skip_steps:", "eps:", "recompute: none"}) {
     EXPECT_NE(yaml.find(key), std::string::npos) << key << " missing in\n" << yaml;
   }
   StatusOr<JobSpec> again = ParseJobSpec(yaml);

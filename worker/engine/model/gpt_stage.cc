@@ -29,6 +29,12 @@ const int32_t* LocalIds(const GptLayout& layout, const std::vector<int32_t>& ids
   return local.data();
 }
 
+// The layers of `chunk` that `recompute` (a count, or negative for all) recomputes.
+int RecomputedLayers(const GptLayout& layout, int chunk, int recompute) {
+  const int layers = layout.chunk_end_layer(chunk) - layout.chunk_first_layer(chunk);
+  return recompute < 0 ? layers : std::min(recompute, layers);
+}
+
 }  // namespace
 
 StageActivations::StageActivations(const GptLayout* layout, Ops* ops, Precision precision,
@@ -37,10 +43,7 @@ StageActivations::StageActivations(const GptLayout* layout, Ops* ops, Precision 
       ops_(ops),
       precision_(precision),
       chunk_(chunk),
-      recomputed_([&] {
-        const int layers = layout->chunk_end_layer(chunk) - layout->chunk_first_layer(chunk);
-        return recompute < 0 ? layers : std::min(recompute, layers);
-      }()) {}
+      recomputed_(RecomputedLayers(*layout, chunk, recompute)) {}
 
 void StageActivations::Ensure(int B, int T) {
   const GptConfig& cfg = layout_->config();

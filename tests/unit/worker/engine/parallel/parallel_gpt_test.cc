@@ -646,9 +646,8 @@ TEST_F(ParallelEquivalenceTest, RecomputeUnderTensorParallelismAndZero3) {
 // interleaved schedule each chunk recomputes its own first layers.
 TEST_F(ParallelEquivalenceTest, RecomputeInPipelines) {
   ExpectRecomputeChangesNothing(2, {"train.micro_batch=2", "parallel.pp=2"});
-  ExpectRecomputeChangesNothing(
-      4, {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=interleaved",
-          "parallel.tp=2"});
+  ExpectRecomputeChangesNothing(4, {"train.micro_batch=2", "parallel.pp=2",
+                                    "parallel.pp_schedule=interleaved", "parallel.tp=2"});
 }
 TEST_F(ParallelEquivalenceTest, EmulatedDeviceRecomputeWithBf16AndZero2) {
   ExpectRecomputeChangesNothing(2, {"precision.dtype=bf16", "parallel.zero_stage=2"}, true);
@@ -659,8 +658,8 @@ TEST_F(ParallelEquivalenceTest, EmulatedDeviceRecomputeWithBf16AndZero2) {
 TEST_F(ParallelEquivalenceTest, EachRecomputedLayerFreesOneLayersActivations) {
   std::map<std::string, double> mib;
   for (const char* recompute : {"none", "1", "2", "3", "all"}) {
-    const RankResult r = RunWorld(Spec({std::string("train.recompute=") + recompute}), 1,
-                                  Phase{/*steps=*/1})[0];
+    const RankResult r =
+        RunWorld(Spec({std::string("train.recompute=") + recompute}), 1, Phase{/*steps=*/1})[0];
     ASSERT_TRUE(r.status.ok()) << recompute << ": " << r.status;
     mib[recompute] = r.activation_mib;
   }
