@@ -30,5 +30,8 @@ PY
 }
 
 without_pack_libs() {
-  LD_LIBRARY_PATH=${LD_LIBRARY_PATH#"${DROVER_PACK_LIB:-}:"} "$@"
+  # Unset when the programs were not unpacked from a pack (a BIN_DIR dry run): under set -u
+  # the bare expansion ended the calling script, silently, before PyTorch's part.
+  local path=${LD_LIBRARY_PATH:-}
+  LD_LIBRARY_PATH=${path#"${DROVER_PACK_LIB:-}:"} "$@"
 }
