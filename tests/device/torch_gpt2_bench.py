@@ -118,7 +118,9 @@ def run(model_name, mode, batch, T, steps, vocab, peak_tflops, device):
     torch.manual_seed(0)
     model = GPT(n_layer, n_head, C, vocab, T).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
+    # The fused AdamW is CUDA's (a CPU dry run may have a PyTorch without it on the CPU).
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1,
+                            **({"fused": True} if device == "cuda" else {}))
     step_model = torch.compile(model) if mode == "compile" else model
     # Inputs and targets as contiguous tensors of their own, as a data loader hands them over
     # (a slice of one (B, T + 1) tensor is strided, and .view(-1) refuses it).
@@ -183,6 +185,11 @@ def main():
                 print(json.dumps({"framework": "pytorch-" + mode, "batch": batch, "oom": True}))
                 torch.cuda.empty_cache()
                 continue
+            except Exception as e:  # noqa: BLE001 - one mode failing (torch.compile's
+                # toolchain, say) must not take the other's numbers with it: a GPU lease is short.
+                print(json.dumps({"framework": "pytorch-" + mode, "batch": batch,
+                                  "error": "%s: %s" % (type(e).__name__, e)}), flush=True)
+                break
             print(json.dumps(row), flush=True)
             rows.append(row)
             break
