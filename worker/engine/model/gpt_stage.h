@@ -82,8 +82,6 @@ class StageActivations {
   void Ensure(int B, int T);
   int B() const { return B_; }
   int T() const { return T_; }
-  // The chunk's layers that Backward recomputes (its first ones).
-  int recomputed_layers() const { return recomputed_; }
   // Bytes of the backend's memory these activations hold (after Ensure).
   size_t bytes() const { return arena_.size() * sizeof(float); }
 
