@@ -47,9 +47,9 @@ struct TrainSpec {
   int64_t log_every = 1;
   // Activation recomputation ("activation checkpointing"): the first `recompute` layers of
   // each pipeline stage (of each model chunk under the interleaved schedule) keep only their
-  // input from forward, and backward runs their forward again just before their backward.
-  // Each such layer's activations (about 16 x B x T x C floats in fp32) are then held for
-  // one layer at a time instead of every layer, for one more forward of those layers.
+  // output from forward, and backward runs their forward again just before their backward.
+  // Their other activations (about 16 x B x T x C floats a layer in fp32) then exist for one
+  // layer at a time instead of each, for one more forward of those layers (gpt_stage.h).
   // Written 'none' (0), 'all' (kRecomputeAll) or a count of layers.
   static constexpr int kRecomputeAll = -1;
   int recompute = 0;
