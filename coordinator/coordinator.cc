@@ -585,10 +585,18 @@ void Coordinator::ScheduleLocked() {
   schedule_due_ = false;
   last_schedule_ms_ = clock_->NowMs();
   std::vector<PendingJob> pending = jobs_.Pending();
-  std::vector<RunningJob> growable = jobs_.Growable();
-  if (pending.empty() && growable.empty()) return;
+  std::vector<RunningJob> running = jobs_.Resizable();
+  const bool growable = std::any_of(running.begin(), running.end(), [](const RunningJob& j) {
+    return j.world_size < j.feasible_world_sizes.back();
+  });
+  if (pending.empty() && !growable) {
+    // Nothing to place and nothing to grow: a plan made by an earlier pass is withdrawn.
+    for (const RunningJob& j : running) jobs_.PlanResize(j.job_id, std::nullopt);
+    return;
+  }
   std::vector<NodeCapacity> capacity;
   std::map<v1::DeviceKind, int64_t> ever;
+  std::map<v1::DeviceKind, int64_t> releasing;  // held by trainers of ended attempts
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) ever[d] = nodes_.TotalSlotsEver(d);
   nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable)
                      REQUIRES(mu_) {
@@ -597,13 +605,21 @@ void Coordinator::ScheduleLocked() {
                        // Full nodes are the common case while jobs queue: skip them before the
                        // listing walk.
                        if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
+                       const size_t reserved = busy.size();
                        AppendListedSlots(name, &busy);
+                       auto in = [](const std::vector<int>& v, size_t from, size_t to, int s) {
+                         return std::find(v.begin() + from, v.begin() + to, s) != v.begin() + to;
+                       };
                        // A node offers one device kind per slot; group its free slots per kind.
                        NodeCapacity per_device[2];  // CPU, CUDA
                        for (const auto& s : rec.slots()) {
-                         if (std::find(busy.begin(), busy.end(), s.index()) != busy.end()) continue;
-                         NodeCapacity& c = per_device[s.device() == v1::CUDA ? 1 : 0];
-                         c.device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
+                         const v1::DeviceKind device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
+                         if (in(busy, 0, busy.size(), s.index())) {
+                           if (!in(busy, 0, reserved, s.index())) ++releasing[device];
+                           continue;
+                         }
+                         NodeCapacity& c = per_device[device == v1::CUDA ? 1 : 0];
+                         c.device = device;
                          c.free_slots.push_back(s.index());
                        }
                        for (NodeCapacity& c : per_device) {
@@ -617,9 +633,27 @@ void Coordinator::ScheduleLocked() {
   for (const Placement& p : result.placements) {
     jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));
   }
-  for (const auto& [job, why] : result.waiting) jobs_.SetWaitingReason(job, why);
-  for (const auto& [job, size] : PlanGrowth(std::move(growable), result)) {
-    jobs_.PlanGrow(job, size);
+  // Growth goes only where no job waits, preemption only where one does: a job gets at
+  // most one of the two plans.
+  std::map<std::string, int> grow = PlanGrowth(running, result);
+  std::map<std::string, ResizePlan> preempt = PlanPreemption(running, result, releasing);
+  std::map<std::string, std::string> making_room;  // blocked job -> the jobs preempted for it
+  for (const RunningJob& j : running) {
+    std::optional<ResizePlan> plan;
+    if (auto it = preempt.find(j.job_id); it != preempt.end()) {
+      plan = it->second;
+      std::string& names = making_room[plan->for_job.job_id];
+      names += (names.empty() ? "" : ", ") + j.job_id;
+    } else if (grow[j.job_id] > 0) {
+      plan = ResizePlan{grow[j.job_id], {}};
+    }
+    jobs_.PlanResize(j.job_id, std::move(plan));
+  }
+  for (auto [job, why] : result.waiting) {
+    if (auto it = making_room.find(job); it != making_room.end()) {
+      why += "; lower-priority jobs make room at their next checkpoints: " + it->second;
+    }
+    jobs_.SetWaitingReason(job, why);
   }
 }
 

@@ -256,43 +256,66 @@ std::vector<PendingJob> JobManager::Pending() {
   return out;
 }
 
-std::vector<RunningJob> JobManager::Growable() const {
+std::vector<RunningJob> JobManager::Resizable() const {
   std::vector<RunningJob> out;
   for (const auto& [seq, id] : live_) {
     const Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
     if (job.spec.checkpoint.every_steps <= 0) continue;
-    if (job.rec.placement_size() >= job.feasible.back()) continue;
     out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
                    job.rec.placement_size(), job.feasible});
   }
   return out;
 }
 
-void JobManager::PlanGrow(const std::string& job_id, int world_size) {
+void JobManager::PlanResize(const std::string& job_id, std::optional<ResizePlan> plan) {
   Job* job = Get(job_id);
-  if (!job || job->rec.state() != v1::RUNNING || job->grow_to == world_size) return;
-  job->grow_to = world_size;
-  job->waiting = world_size > 0
-                     ? "growing to " + std::to_string(world_size) + " ranks at its next checkpoint"
-                     : "";
+  if (!job || job->rec.state() != v1::RUNNING) return;
+  if (plan && plan->world_size == job->rec.placement_size()) plan.reset();
+  if (!plan && !job->resize) return;  // the common case, every pass: nothing to change
+  job->resize = std::move(plan);
+  job->waiting.clear();
+  if (const auto& p = job->resize) {
+    const std::string for_job = " for job " + p->for_job.job_id + " (priority " +
+                                std::to_string(p->for_job.priority) + ")";
+    if (p->for_job.job_id.empty()) {
+      job->waiting = "growing to " + std::to_string(p->world_size) + " ranks";
+    } else if (p->world_size > 0) {
+      job->waiting = "shrinking to " + std::to_string(p->world_size) + " ranks" + for_job;
+    } else {
+      job->waiting = "yielding its slots" + for_job;
+    }
+    job->waiting += " at its next checkpoint";
+  }
   UpdateReason(*job);
 }
 
 void JobManager::Resize(Job& job, int64_t step) {
   const int from = job.rec.placement_size();
-  const int to = job.grow_to;
-  const std::string what = "growing from " + std::to_string(from) + " to " + std::to_string(to) +
-                           " ranks at the checkpoint of step " + std::to_string(step);
-  v1::AttemptRecord& a = EndAttempt(job, "resized: " + what, clock_->WallNowMs());
+  const ResizePlan plan = *job.resize;
+  const int to = plan.world_size;
+  const std::string at = " at the checkpoint of step " + std::to_string(step);
+  const std::string for_job = plan.for_job.job_id.empty()
+                                  ? ""
+                                  : " for job " + plan.for_job.job_id + " (priority " +
+                                        std::to_string(plan.for_job.priority) + ")";
+  std::string what;
+  if (to == 0) {
+    what = "preempted by job " + plan.for_job.job_id + " (priority " +
+           std::to_string(plan.for_job.priority) + ")" + at;
+  } else {
+    what = "resized: " + std::string(to > from ? "growing" : "shrinking") + " from " +
+           std::to_string(from) + " to " + std::to_string(to) + " ranks" + at + for_job;
+  }
+  v1::AttemptRecord& a = EndAttempt(job, what, clock_->WallNowMs());
   job.rec.set_state(v1::RECOVERING);
   job.rec.set_restart_not_before_ms(0);
   job.failure = what;
-  job.waiting.clear();
-  job.grow_to = 0;
+  // Until its old ranks' slots are back, its next attempt takes only the planned size; a
+  // preempted job takes what it finds when slots are free again.
   job.hold_size = to;
-  job.hold_until_ms = clock_->WallNowMs() + options_.stop_grace_ms + 1000;
-  next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
+  job.hold_until_ms = to > 0 ? clock_->WallNowMs() + options_.stop_grace_ms + 1000 : 0;
+  if (to > 0) next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
   UpdateReason(job);
   spdlog::info("job {}: {}", job.rec.job_id(), what);
   Persist(job, &a);
@@ -326,7 +349,7 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   r.mutable_placement()->Assign(placement.ranks.begin(), placement.ranks.end());
   job->waiting.clear();
   job->failure.clear();
-  job->grow_to = 0;
+  job->resize.reset();
   job->hold_size = 0;
   r.set_reason("");
   r.set_restart_not_before_ms(0);
@@ -361,7 +384,7 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   job.rec.clear_placement();
   job.ranks.clear();
   job.ranks_done = 0;
-  job.grow_to = 0;
+  job.resize.reset();
   job.waiting.clear();
   return a;
 }
@@ -530,9 +553,8 @@ bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
   if (!job || record.attempt() != job->rec.attempt()) return false;
   if (record.step() > job->rec.latest_checkpoint_step()) {
     job->rec.set_latest_checkpoint_step(record.step());
-    // A resize at the final step would only delay the end.
-    if (job->rec.state() == v1::RUNNING && job->grow_to > job->rec.placement_size() &&
-        record.step() < job->spec.train.steps) {
+    // A resize at the final step would only delay the end (and free the slots no sooner).
+    if (job->rec.state() == v1::RUNNING && job->resize && record.step() < job->spec.train.steps) {
       Resize(*job, record.step());  // persists the new latest step with the resize
     } else {
       Persist(*job, nullptr);

@@ -28,6 +28,13 @@
 // size, so that it waits for its old ranks' slots instead of starting small on the new
 // ones alone; after that it takes what fits, as after a failure.
 //
+// Preemption works the same way (PlanPreemption): a RUNNING job of lower priority than the
+// job blocking its device's queue is planned to shrink, or to yield every slot, at its next
+// complete checkpoint. Shrunk, it resumes at the smaller size as after growing; yielding,
+// it goes back to the queue (RECOVERING, no restart counted, its reason naming the job it
+// made room for) and resumes from that checkpoint when slots are free again. A job that
+// saves no checkpoints is never preempted: it would lose everything it trained.
+//
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
 // lists a live trainer that is not part of a current attempt (which also covers trainers
@@ -130,12 +137,12 @@ class JobManager {
   int64_t NextRestartMs() const { return next_restart_ms_; }
   // Why a pending job waits, for people (in memory: it changes on every scheduling pass).
   void SetWaitingReason(const std::string& job_id, const std::string& reason);
-  // RUNNING jobs below their largest feasible world size that could grow: those that save
-  // checkpoints (a resize resumes from one).
-  std::vector<RunningJob> Growable() const;
-  // Plans growing a RUNNING job to `world_size` ranks at its next complete checkpoint, or
-  // withdraws the plan (0). Shown in its reason.
-  void PlanGrow(const std::string& job_id, int world_size);
+  // RUNNING jobs that can change size: those that save checkpoints (a resize resumes from
+  // one), at whatever size they run.
+  std::vector<RunningJob> Resizable() const;
+  // Plans what a RUNNING job becomes at its next complete checkpoint (grown, shrunk, or
+  // preempted: see above), or withdraws the plan (nullopt). Shown in its reason.
+  void PlanResize(const std::string& job_id, std::optional<ResizePlan> plan);
   // Starts the next attempt of a pending job on `placement`, resuming from `resume`
   // (nullptr: fresh start).
   void StartAttempt(const Placement& placement, const v1::CheckpointRecord* resume);
@@ -150,7 +157,7 @@ class JobManager {
   // A trainer's step did not move for the hang timeout.
   void OnHang(const TrainerKey& key);
   // A complete checkpoint reported by a trainer. False when fenced (older attempt). A new
-  // one ends the attempt of a job planned to grow (see above).
+  // one ends the attempt of a job planned to resize (see above).
   bool OnCheckpoint(const v1::CheckpointRecord& record);
 
   // Appends the orders for `node`, given what its agent lists now; start orders only for
@@ -203,7 +210,7 @@ class JobManager {
     // Nodes where ranks of its failing attempts (this run of failures in a row) failed.
     // In memory only: a preference, lost with a coordinator restart.
     std::set<std::string> avoid;
-    int grow_to = 0;            // RUNNING: the size planned at its next checkpoint (0: none)
+    std::optional<ResizePlan> resize;  // RUNNING: what it becomes at its next checkpoint
     int hold_size = 0;          // after a resize: placed only at this size or larger...
     int64_t hold_until_ms = 0;  // ...until this wall time
   };
@@ -230,7 +237,7 @@ class JobManager {
   // Says in the job's reason how long its restart delay still lasts at wall time now_ms.
   void ShowRestartDelay(Job& job, int64_t now_ms);
   void Succeed(Job& job);
-  // Ends the attempt at the complete checkpoint of `step` to restart it at job.grow_to.
+  // Ends the attempt at the complete checkpoint of `step` to restart it as job.resize says.
   void Resize(Job& job, int64_t step);
   void Persist(Job& job, const v1::AttemptRecord* attempt);
   // Keeps live_ and finished_counts_ in step with job.rec's state after a change (every

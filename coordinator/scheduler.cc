@@ -76,7 +76,7 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
   std::sort(nodes.begin(), nodes.end(),
             [](const NodeCapacity& a, const NodeCapacity& b) { return a.name < b.name; });
   ScheduleResult result;
-  std::set<v1::DeviceKind> blocked;
+  std::map<v1::DeviceKind, BlockedJob>& blocked = result.blocked;
   for (const PendingJob& job : jobs) {
     const std::string dev = DeviceName(job.device);
     if (job.feasible_world_sizes.empty()) {
@@ -108,7 +108,8 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
     if (size == 0) {
       result.waiting[job.job_id] = "waiting for " + std::to_string(min_size) + " free " + dev +
                                    " slots (" + std::to_string(free) + " free)";
-      blocked.insert(job.device);  // gang + FIFO: nobody behind it jumps the queue
+      // Gang + FIFO: nobody behind it jumps the queue.
+      blocked[job.device] = {job.job_id, job.priority, min_size};
       continue;
     }
     std::vector<NodeCapacity> preferred;
@@ -123,7 +124,6 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
     result.placements.push_back(std::move(p));
   }
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) result.free_left[d] = FreeCount(nodes, d);
-  result.contended = std::move(blocked);
   return result;
 }
 
@@ -136,13 +136,63 @@ std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const Schedu
   std::map<std::string, int> plan;
   for (const RunningJob& job : jobs) {
     int target = 0;
-    if (!result.contended.count(job.device)) {
+    if (!result.blocked.count(job.device)) {
       for (int s : job.feasible_world_sizes) {
         if (s > job.world_size && s - job.world_size <= free[job.device]) target = s;
       }
     }
     if (target > 0) free[job.device] -= target - job.world_size;
     plan[job.job_id] = target;
+  }
+  return plan;
+}
+
+std::map<std::string, ResizePlan> PlanPreemption(
+    std::vector<RunningJob> jobs, const ScheduleResult& result,
+    const std::map<v1::DeviceKind, int64_t>& releasing) {
+  // Victims in the order they give up slots: lowest priority, then latest submitted.
+  std::stable_sort(jobs.begin(), jobs.end(), [](const RunningJob& a, const RunningJob& b) {
+    if (a.priority != b.priority) return a.priority < b.priority;
+    return a.submit_seq > b.submit_seq;
+  });
+  auto count = [](const std::map<v1::DeviceKind, int64_t>& m, v1::DeviceKind d) -> int64_t {
+    auto it = m.find(d);
+    return it == m.end() ? 0 : it->second;
+  };
+  std::map<std::string, ResizePlan> plan;
+  for (const auto& [device, head] : result.blocked) {
+    int64_t need = head.min_size - count(result.free_left, device) - count(releasing, device);
+    if (need <= 0) continue;
+    std::vector<const RunningJob*> victims;
+    int64_t held = 0;
+    for (const RunningJob& j : jobs) {
+      if (j.device != device || j.priority >= head.priority || j.world_size <= 0) continue;
+      victims.push_back(&j);
+      held += j.world_size;
+    }
+    if (held < need) continue;  // preempting them all would not make room
+    std::map<const RunningJob*, int> size;
+    // First shrink: each victim to the largest feasible size that gives what is still
+    // needed, or to its smallest.
+    for (const RunningJob* v : victims) {
+      if (need <= 0) break;
+      int to = v->world_size;
+      for (int s : v->feasible_world_sizes) {
+        if (s >= v->world_size) break;
+        if (to == v->world_size || v->world_size - s >= need) to = s;
+      }
+      if (to == v->world_size) continue;  // already at its smallest
+      size[v] = to;
+      need -= v->world_size - to;
+    }
+    // Then, if shrinking was not enough, whole jobs yield, in the same order.
+    for (const RunningJob* v : victims) {
+      if (need <= 0) break;
+      auto it = size.find(v);
+      need -= it == size.end() ? v->world_size : it->second;
+      size[v] = 0;
+    }
+    for (const auto& [v, to] : size) plan[v->job_id] = {to, head};
   }
   return plan;
 }

@@ -15,6 +15,12 @@
 // Growth (PlanGrowth): a RUNNING job below its largest feasible world size grows into the
 // slots that are still free after the pending jobs were placed, and only on a device where
 // no pending job is waiting for slots (queued jobs come before growing ones).
+// Preemption (PlanPreemption): where the job at the head of a device's queue waits for
+// slots, RUNNING jobs of lower priority make room for it at their next checkpoints: the
+// lowest priority first (the latest submitted first within one), each shrunk as little as
+// its feasible world sizes allow, and yielding every slot only when shrinking them all to
+// their smallest sizes is not enough. Nothing is preempted when even that would not make
+// room, nor for slots that ended attempts are about to give back.
 #pragma once
 
 #include <cstdint>
@@ -48,13 +54,21 @@ struct Placement {
   std::vector<v1::RankAssignment> ranks;  // rank r at index r
 };
 
+// The first job in a device's queue that waits for slots (and so holds back the jobs
+// behind it there).
+struct BlockedJob {
+  std::string job_id;
+  int priority = 0;
+  int min_size = 0;  // its smallest feasible world size
+};
+
 struct ScheduleResult {
   std::vector<Placement> placements;
   std::map<std::string, std::string> waiting;  // job id -> why it is still pending
-  // After the placements: free slots per device, and the devices where a job that could
-  // fit some day still waits for slots.
+  // After the placements: free slots per device, and per device the job that could fit
+  // some day and still waits for slots (none: the device is not contended).
   std::map<v1::DeviceKind, int64_t> free_left;
-  std::set<v1::DeviceKind> contended;
+  std::map<v1::DeviceKind, BlockedJob> blocked;
 };
 
 struct RunningJob {
@@ -74,6 +88,19 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
 // the largest feasible size whose extra ranks fit in what `result` left free on its device
 // (each job's growth takes its slots from the next), or 0 when it should not grow now.
 std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const ScheduleResult& result);
+
+// What a RUNNING job becomes at its next complete checkpoint.
+struct ResizePlan {
+  int world_size = 0;  // its next attempt's size; 0: it yields every slot and waits
+  BlockedJob for_job;  // the job it makes room for (empty job_id: it grows into free slots)
+};
+
+// For the RUNNING `jobs` that can resize (they save checkpoints), which make room for the
+// job blocking each device in `result`, and how. `releasing`: per device, the slots that
+// trainers of ended attempts still hold and are about to give back.
+std::map<std::string, ResizePlan> PlanPreemption(
+    std::vector<RunningJob> jobs, const ScheduleResult& result,
+    const std::map<v1::DeviceKind, int64_t>& releasing);
 
 // The ranks of a `world_size` job packed onto `nodes` (which must hold enough free slots).
 std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes);

@@ -260,9 +260,10 @@ class Cluster {
     return st;
   }
 
-  StatusOr<std::string> Submit(const std::string& yaml) {
+  StatusOr<std::string> Submit(const std::string& yaml, int priority = 0) {
     v1::SubmitJobRequest req;
     req.set_spec_yaml(yaml);
+    req.set_priority(priority);
     v1::SubmitJobResponse resp;
     grpc::ClientContext ctx;
     SetDeadlineMs(&ctx, 3000);

@@ -2,6 +2,8 @@
 // [2, 4] on four one-slot agents loses two of them, goes on at 2 from its newest
 // checkpoint, and grows back to 4 at the checkpoint after the two agents return. Every
 // step's loss, whichever attempt and world size computed it, equals one process's.
+// And preemption: a job of higher priority gets its slots from a running one, which
+// shrinks at its next checkpoint and grows back once the other is done.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -47,7 +49,7 @@ class ElasticTest : public TrainProcessFixture {
   // Global batch 8 in micro-batches of 2: dp 1, 2 or 4, so [2, 4] allows 2 and 4 (not 3).
   // A constant learning rate, so that a reference run of fewer steps computes the same
   // steps as the long job.
-  std::string Yaml(const std::string& name, int64_t steps) {
+  std::string Yaml(const std::string& name, int64_t steps, int min = 2, int max = 4) {
     return "name: " + name + "\noutput_dir: " + (dir_ / name).string() +
            "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
            "data: {train: " +
@@ -56,7 +58,9 @@ class ElasticTest : public TrainProcessFixture {
            "warmup_steps: 2, eval_every: 0}\n"
            "parallel: {zero_stage: 1, timeout_s: 20}\n"
            "checkpoint: {every_steps: 20, keep_last: 3}\n"
-           "resources: {world_size: {min: 2, max: 4}, threads_per_rank: 1}\n"
+           "resources: {world_size: {min: " +
+           std::to_string(min) + ", max: " + std::to_string(max) +
+           "}, threads_per_rank: 1}\n"
            "fault_tolerance: {max_restarts: 10}\n";
   }
 };
@@ -142,6 +146,59 @@ TEST_F(ElasticTest, ShrinksWhenAgentsDieAndGrowsBackAtTheNextCheckpoint) {
         << "step " << m.step << " of attempt " << m.attempt << " at world size " << m.world_size;
     if (++compared > 100000) break;
   }
+}
+
+TEST_F(ElasticTest, ALowerPriorityJobShrinksForAHigherOneAndGrowsBackAfterIt) {
+  testing::ClusterOptions o;
+  o.agents = 1;
+  o.slots_per_agent = 2;
+  o.trainer = "drover-trainer";
+  o.name = "preempt";
+  o.heartbeat_timeout_ms = 2000;
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  auto low = cluster.Submit(Yaml("low", 1000000, 1, 2));
+  ASSERT_TRUE(low.ok()) << low.status();
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster.WaitJob(
+      *low, [](const v1::JobInfo& i) { return CheckpointedAt(i, 2); }, 60000, &info))
+      << cluster.DebugLogs();
+
+  // A one-rank job of priority 5: the running job gives it one of its two slots at its
+  // next checkpoint, and takes it back at the checkpoint after the other finished.
+  auto high = cluster.Submit(Yaml("high", 30, 1, 1), 5);
+  ASSERT_TRUE(high.ok()) << high.status();
+  ASSERT_TRUE(cluster.WaitJob(
+      *high, [](const v1::JobInfo& i) { return i.job().state() == v1::SUCCEEDED; }, 90000, &info))
+      << info.job().reason() << cluster.DebugLogs();
+  ASSERT_TRUE(cluster.WaitJob(
+      *low,
+      [](const v1::JobInfo& i) { return i.attempts_size() >= 3 && CheckpointedAt(i, 2); },
+      60000, &info))
+      << info.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(info.job().restarts(), 0);
+  ASSERT_EQ(info.attempts_size(), 3);
+  EXPECT_EQ(info.attempts(0).end_reason().rfind("resized: shrinking from 2 to 1 ranks at the "
+                                                "checkpoint of step ",
+                                                0),
+            0u)
+      << info.attempts(0).end_reason();
+  EXPECT_NE(info.attempts(0).end_reason().find("for job " + *high + " (priority 5)"),
+            std::string::npos)
+      << info.attempts(0).end_reason();
+  EXPECT_EQ(info.attempts(1).world_size(), 1);
+  // It resumed from the checkpoint it shrank at.
+  EXPECT_GT(info.attempts(1).resume_step(), 0);
+  EXPECT_NE(info.attempts(0).end_reason().find(
+                "step " + std::to_string(info.attempts(1).resume_step()) + " for job"),
+            std::string::npos)
+      << info.attempts(0).end_reason();
+  EXPECT_EQ(info.attempts(1).end_reason().rfind("resized: growing from 1 to 2 ranks", 0), 0u)
+      << info.attempts(1).end_reason();
+  ASSERT_TRUE(cluster.Cancel(*low).ok());
+  ASSERT_TRUE(cluster.WaitJob(
+      *low, [](const v1::JobInfo& i) { return i.trainers_size() == 0; }, 20000))
+      << cluster.DebugLogs();
 }
 
 }  // namespace

@@ -257,6 +257,126 @@ TEST_F(CoordinatorTest, QueuedJobStartsAtTheNextTickAfterSlotsFree) {
   EXPECT_EQ(Job(cj).state(), v1::RUNNING);
 }
 
+// A heartbeat from `node` listing `trainers` and reporting the complete checkpoint of
+// `step` of `job`'s `attempt`.
+v1::HeartbeatRequest CheckpointBeat(const std::string& node, const std::string& job,
+                                    int64_t attempt, int64_t step,
+                                    const std::vector<v1::TrainerStatus>& trainers) {
+  v1::HeartbeatRequest hb;
+  hb.set_name(node);
+  hb.set_agent_id("agent-1");
+  for (const auto& t : trainers) *hb.add_trainers() = t;
+  v1::CheckpointRecord* ck = hb.add_checkpoints();
+  ck->set_job_id(job);
+  ck->set_attempt(attempt);
+  ck->set_step(step);
+  ck->set_path("/runs/ck/step_" + std::to_string(step));
+  return hb;
+}
+
+std::vector<v1::TrainerStatus> Ranks(const std::string& job, int64_t attempt, int n,
+                                     int64_t step = 4) {
+  std::vector<v1::TrainerStatus> out;
+  for (int r = 0; r < n; ++r) out.push_back(Trainer(job, attempt, r, v1::TRAINER_RUNNING, step));
+  return out;
+}
+
+std::vector<v1::TrainerStatus> Stopped(const std::string& job, int64_t attempt, int n) {
+  std::vector<v1::TrainerStatus> out;
+  for (int r = 0; r < n; ++r) out.push_back(Exited(job, attempt, r, 0, 15));
+  return out;
+}
+
+TEST_F(CoordinatorTest, LowerPriorityJobShrinksAtItsNextCheckpointToMakeRoom) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 4)).ok());
+  const std::string low = Submit(SpecYaml(2, 4));
+  c_->Tick();
+  ASSERT_EQ(Job(low).placement_size(), 4);
+  Beat("n1", Ranks(low, 1, 4, 1));
+
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(SpecYaml(2, 2));
+  req.set_priority(5);
+  const std::string high = *c_->SubmitJob(req);
+  c_->Tick();
+  EXPECT_EQ(Job(high).state(), v1::PENDING);
+  EXPECT_EQ(Job(high).reason(),
+            "waiting for 2 free cpu slots (0 free); lower-priority jobs make room at their next "
+            "checkpoints: " + low);
+  EXPECT_EQ(Job(low).reason(),
+            "shrinking to 2 ranks for job " + high + " (priority 5) at its next checkpoint");
+
+  // The checkpoint ends the attempt; until its trainers have stopped, their slots count as
+  // coming back, so nothing more is preempted and nothing is placed on them.
+  c_->Heartbeat(CheckpointBeat("n1", low, 1, 4, Ranks(low, 1, 4)));
+  EXPECT_EQ(Job(low).state(), v1::RECOVERING);
+  EXPECT_EQ(Job(low).restarts(), 0);
+  c_->Tick();
+  EXPECT_EQ(Job(high).state(), v1::PENDING);
+  EXPECT_EQ(Job(high).reason(), "waiting for 2 free cpu slots (0 free)");
+  Beat("n1", Stopped(low, 1, 4));
+  c_->Tick();
+  ASSERT_EQ(Job(high).state(), v1::RUNNING);
+  ASSERT_EQ(Job(low).state(), v1::RUNNING);
+  EXPECT_EQ(Job(low).placement_size(), 2);
+  const v1::JobInfo info = *c_->GetJob(low);
+  EXPECT_EQ(info.attempts(0).end_reason(),
+            "resized: shrinking from 4 to 2 ranks at the checkpoint of step 4 for job " + high +
+                " (priority 5)");
+  EXPECT_EQ(info.attempts(1).resume_step(), 4);
+}
+
+TEST_F(CoordinatorTest, LowerPriorityJobYieldsEverySlotAndResumesWhenTheyAreFree) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string low = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  Beat("n1", Ranks(low, 1, 2, 1));
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(SpecYaml(2, 2));
+  req.set_priority(5);
+  const std::string high = *c_->SubmitJob(req);
+  c_->Tick();
+  EXPECT_EQ(Job(low).reason(),
+            "yielding its slots for job " + high + " (priority 5) at its next checkpoint");
+
+  c_->Heartbeat(CheckpointBeat("n1", low, 1, 4, Ranks(low, 1, 2)));
+  Beat("n1", Stopped(low, 1, 2));
+  c_->Tick();
+  ASSERT_EQ(Job(high).state(), v1::RUNNING);
+  EXPECT_EQ(Job(low).state(), v1::RECOVERING);
+  EXPECT_EQ(Job(low).restarts(), 0);
+  EXPECT_EQ(Job(low).reason(), "preempted by job " + high +
+                                   " (priority 5) at the checkpoint of step 4; waiting for 2 "
+                                   "free cpu slots (0 free)");
+  // The high-priority job ends: the preempted one resumes from its checkpoint.
+  Beat("n1", Ranks(high, 1, 2, 1));
+  Beat("n1", {Exited(high, 1, 0, 0), Exited(high, 1, 1, 0)});
+  ASSERT_EQ(Job(high).state(), v1::SUCCEEDED);
+  c_->Tick();
+  ASSERT_EQ(Job(low).state(), v1::RUNNING);
+  EXPECT_EQ(Job(low).attempt(), 2);
+  EXPECT_EQ(c_->GetJob(low)->attempts(1).resume_step(), 4);
+}
+
+TEST_F(CoordinatorTest, APreemptionIsWithdrawnWhenTheJobItWasForIsCancelled) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string low = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  Beat("n1", Ranks(low, 1, 2, 1));
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(SpecYaml(2, 2));
+  req.set_priority(5);
+  const std::string high = *c_->SubmitJob(req);
+  c_->Tick();
+  ASSERT_NE(Job(low).reason(), "");
+  ASSERT_TRUE(c_->CancelJob(high).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(low).reason(), "");
+  c_->Heartbeat(CheckpointBeat("n1", low, 1, 4, Ranks(low, 1, 2)));
+  EXPECT_EQ(Job(low).state(), v1::RUNNING);
+  EXPECT_EQ(Job(low).attempt(), 1);
+}
+
 TEST_F(CoordinatorTest, UnknownAgentIsToldToRegisterAgain) {
   EXPECT_TRUE(Beat("n1", {}).reregister());
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1, "a1")).ok());

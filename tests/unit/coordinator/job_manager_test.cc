@@ -465,13 +465,13 @@ TEST_F(JobManagerTest, GrowsAtItsNextCheckpointWithoutCountingARestart) {
   Place("j1", 2, {Node("n1", 1), Node("n2", 1)});
   Listing("n1", {Trainer("j1", 1, 0)});
   Listing("n2", {Trainer("j1", 1, 1)});
-  auto growable = jobs_.Growable();
+  auto growable = jobs_.Resizable();
   ASSERT_EQ(growable.size(), 1u);
   EXPECT_EQ(growable[0].world_size, 2);
   EXPECT_EQ(growable[0].feasible_world_sizes.back(), 4);
   jobs_.OnCheckpoint(Checkpoint("j1", 1, 2));  // no plan yet: nothing happens
   EXPECT_EQ(State("j1"), v1::RUNNING);
-  jobs_.PlanGrow("j1", 4);
+  jobs_.PlanResize("j1", ResizePlan{4, {}});
   EXPECT_EQ(jobs_.Find("j1")->reason(), "growing to 4 ranks at its next checkpoint");
   jobs_.OnCheckpoint(Checkpoint("j1", 1, 2));  // not a new checkpoint
   EXPECT_EQ(State("j1"), v1::RUNNING);
@@ -497,35 +497,78 @@ TEST_F(JobManagerTest, GrowsAtItsNextCheckpointWithoutCountingARestart) {
   Place("j1", 4, {Node("n1", 1), Node("n2", 1), Node("n3", 1), Node("n4", 1)}, &resume);
   EXPECT_EQ(jobs_.Attempts("j1").back().world_size(), 4);
   EXPECT_EQ(jobs_.Attempts("j1").back().resume_step(), 4);
-  EXPECT_TRUE(jobs_.Growable().empty());
+  EXPECT_EQ(jobs_.Resizable()[0].world_size, 4);
   EXPECT_EQ(jobs_.Find("j1")->reason(), "");
 }
 
 TEST_F(JobManagerTest, AWithdrawnPlanOrAFinalCheckpointDoesNotResize) {
   ASSERT_TRUE(Submit(SpecYaml(1, 2, 2), "j1", 1).ok());
   Place("j1", 1, {Node("n1", 1)});
-  jobs_.PlanGrow("j1", 2);
-  jobs_.PlanGrow("j1", 0);  // the slots were taken meanwhile
+  jobs_.PlanResize("j1", ResizePlan{2, {}});
+  jobs_.PlanResize("j1", std::nullopt);  // the slots were taken meanwhile
   EXPECT_EQ(jobs_.Find("j1")->reason(), "");
   jobs_.OnCheckpoint(Checkpoint("j1", 1, 4));
   EXPECT_EQ(State("j1"), v1::RUNNING);
-  jobs_.PlanGrow("j1", 2);
+  jobs_.PlanResize("j1", ResizePlan{2, {}});
   jobs_.OnCheckpoint(Checkpoint("j1", 1, 10));  // train.steps: the job is about to end
   EXPECT_EQ(State("j1"), v1::RUNNING);
 }
 
-TEST_F(JobManagerTest, JobsWithoutCheckpointsOrAtTheirLargestSizeDoNotGrow) {
+TEST_F(JobManagerTest, JobsWithoutCheckpointsNeitherGrowNorArePreempted) {
   ASSERT_TRUE(Submit(SpecYaml(1, 2, 2) + "checkpoint: {every_steps: 0}\n", "j1", 1).ok());
   Place("j1", 1, {Node("n1", 1)});
   ASSERT_TRUE(Submit(SpecYaml(1, 2, 2), "j2", 2).ok());
   Place("j2", 2, {Node("n2", 2)});
-  EXPECT_TRUE(jobs_.Growable().empty());
+  auto resizable = jobs_.Resizable();
+  ASSERT_EQ(resizable.size(), 1u);
+  EXPECT_EQ(resizable[0].job_id, "j2");
+  // A plan for its own size is no plan.
+  jobs_.PlanResize("j2", ResizePlan{2, {}});
+  EXPECT_EQ(jobs_.Find("j2")->reason(), "");
+}
+
+TEST_F(JobManagerTest, ShrinksForAHigherPriorityJobAtItsNextCheckpoint) {
+  ASSERT_TRUE(Submit(SpecYaml(1, 4, 2), "j1", 1).ok());
+  Place("j1", 4, {Node("n1", 4)});
+  jobs_.PlanResize("j1", ResizePlan{2, {"j2", 5, 2}});
+  EXPECT_EQ(jobs_.Find("j1")->reason(),
+            "shrinking to 2 ranks for job j2 (priority 5) at its next checkpoint");
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 4));
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find("j1")->restarts(), 0);
+  EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(),
+            "resized: shrinking from 4 to 2 ranks at the checkpoint of step 4 for job j2 "
+            "(priority 5)");
+  // Held at the smaller size or larger while its old ranks stop, as after growing.
+  EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, (std::vector<int>{2, 3, 4}));
+}
+
+TEST_F(JobManagerTest, YieldsEverySlotForAHigherPriorityJobWithoutCountingARestart) {
+  ASSERT_TRUE(Submit(SpecYaml(2, 2, 0), "j1", 1).ok());  // no restarts allowed at all
+  Place("j1", 2, {Node("n1", 2)});
+  jobs_.PlanResize("j1", ResizePlan{0, {"j2", 5, 2}});
+  EXPECT_EQ(jobs_.Find("j1")->reason(),
+            "yielding its slots for job j2 (priority 5) at its next checkpoint");
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 6));
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find("j1")->restarts(), 0);
+  EXPECT_EQ(jobs_.Find("j1")->failures_in_a_row(), 0);
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "preempted by job j2 (priority 5) at the checkpoint of step 6");
+  EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(), jobs_.Find("j1")->reason());
+  auto pending = jobs_.Pending();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].feasible_world_sizes, std::vector<int>{2});
+  EXPECT_EQ(jobs_.NextRestartMs(), INT64_MAX);  // no delay: it waits only for slots
+  v1::CheckpointRecord resume = Checkpoint("j1", 1, 6);
+  Place("j1", 2, {Node("n1", 2)}, &resume);
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  EXPECT_EQ(jobs_.Attempts("j1").back().resume_step(), 6);
 }
 
 TEST_F(JobManagerTest, AFailureWhileAGrowIsPlannedIsAnOrdinaryRestart) {
   ASSERT_TRUE(Submit(SpecYaml(1, 2, 2), "j1", 1).ok());
   Place("j1", 1, {Node("n1", 1)});
-  jobs_.PlanGrow("j1", 2);
+  jobs_.PlanResize("j1", ResizePlan{2, {}});
   jobs_.OnNodeLost("n1", "is dead");
   EXPECT_EQ(State("j1"), v1::RECOVERING);
   EXPECT_EQ(jobs_.Find("j1")->restarts(), 1);

@@ -142,14 +142,76 @@ TEST(PlanGrowthTest, NoGrowthWhereAPendingJobWaitsForSlots) {
       Schedule({{"big", 0, 1, v1::CPU, {8}, {}}}, {{"n1", v1::CPU, {0, 1, 2}}}, {{v1::CPU, 16}});
   ASSERT_TRUE(result.placements.empty());
   EXPECT_EQ(result.free_left[v1::CPU], 3);
-  EXPECT_TRUE(result.contended.count(v1::CPU));
+  EXPECT_TRUE(result.blocked.count(v1::CPU));
   auto plan = PlanGrowth({{"small", 0, 0, v1::CPU, 1, {1, 2}}}, result);
   EXPECT_EQ(plan["small"], 0);
   // A job that can never fit does not hold the others back.
   result =
       Schedule({{"huge", 0, 1, v1::CPU, {64}, {}}}, {{"n1", v1::CPU, {0, 1, 2}}}, {{v1::CPU, 16}});
-  EXPECT_FALSE(result.contended.count(v1::CPU));
+  EXPECT_FALSE(result.blocked.count(v1::CPU));
   EXPECT_EQ(PlanGrowth({{"small", 0, 0, v1::CPU, 1, {1, 2}}}, result)["small"], 2);
+}
+
+TEST(ScheduleTest, TheJobBlockingEachDeviceIsNamed) {
+  ScheduleResult r = Schedule({{"small", 0, 1, v1::CPU, {1}, {}},
+                               {"big", 3, 2, v1::CPU, {4, 8}, {}},
+                               {"later", 0, 3, v1::CPU, {1}, {}}},
+                              {{"n1", v1::CPU, {0, 1}}}, {{v1::CPU, 16}});
+  ASSERT_EQ(r.blocked.size(), 1u);
+  EXPECT_EQ(r.blocked[v1::CPU].job_id, "big");
+  EXPECT_EQ(r.blocked[v1::CPU].priority, 3);
+  EXPECT_EQ(r.blocked[v1::CPU].min_size, 4);
+  EXPECT_TRUE(r.placements.empty());  // both others queue behind it
+}
+
+ScheduleResult BlockedBy(const std::string& job, int priority, int min_size, int64_t free) {
+  ScheduleResult r;
+  r.free_left = {{v1::CPU, free}, {v1::CUDA, 0}};
+  r.blocked[v1::CPU] = {job, priority, min_size};
+  return r;
+}
+
+TEST(PlanPreemptionTest, ShrinksTheLowestPriorityLatestJobsFirstAndAsLittleAsNeeded) {
+  std::vector<RunningJob> running = {
+      {"old-low", 0, 1, v1::CPU, 4, {2, 3, 4}},
+      {"new-low", 0, 2, v1::CPU, 2, {1, 2}},
+      {"mid", 3, 0, v1::CPU, 4, {1, 2, 3, 4}},
+      {"peer", 5, 0, v1::CPU, 4, {1, 2, 3, 4}},  // the same priority: never preempted
+      {"gpu", 0, 3, v1::CUDA, 4, {1, 2, 3, 4}},  // another device
+  };
+  auto plan = PlanPreemption(running, BlockedBy("high", 5, 3, 1), {});
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan["new-low"].world_size, 1);  // the latest of the lowest: to its smallest
+  EXPECT_EQ(plan["old-low"].world_size, 3);  // then one more rank is all that is missing
+  EXPECT_EQ(plan["old-low"].for_job.job_id, "high");
+  EXPECT_EQ(plan["old-low"].for_job.priority, 5);
+}
+
+TEST(PlanPreemptionTest, WholeJobsYieldOnlyWhenShrinkingIsNotEnough) {
+  // Neither can shrink: the latest submitted yields, the other runs on.
+  auto plan = PlanPreemption({{"a", 0, 1, v1::CPU, 2, {2}}, {"b", 0, 2, v1::CPU, 2, {2}}},
+                             BlockedBy("high", 1, 2, 0), {});
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan["b"].world_size, 0);
+  // Shrinking b to 2 gives 1 of the 4 needed: b and then a yield everything.
+  plan = PlanPreemption({{"a", 0, 1, v1::CPU, 2, {2}}, {"b", 0, 2, v1::CPU, 3, {2, 3}}},
+                        BlockedBy("high", 1, 4, 0), {});
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan["a"].world_size, 0);
+  EXPECT_EQ(plan["b"].world_size, 0);
+}
+
+TEST(PlanPreemptionTest, NothingIsPreemptedThatWouldNotMakeRoomOrForSlotsComingBack) {
+  const std::vector<RunningJob> low = {{"low", 0, 1, v1::CPU, 4, {1, 2, 3, 4}}};
+  // 1 free + all 4 of low's is still short of 8.
+  EXPECT_TRUE(PlanPreemption(low, BlockedBy("high", 5, 8, 1), {}).empty());
+  // 1 free and 2 held by the trainers of an ended attempt make the 3 it needs.
+  EXPECT_TRUE(PlanPreemption(low, BlockedBy("high", 5, 3, 1), {{v1::CPU, 2}}).empty());
+  EXPECT_EQ(PlanPreemption(low, BlockedBy("high", 5, 3, 1), {{v1::CPU, 1}})["low"].world_size, 3);
+  // No job waits: nothing to do.
+  ScheduleResult idle;
+  idle.free_left = {{v1::CPU, 0}};
+  EXPECT_TRUE(PlanPreemption(low, idle, {}).empty());
 }
 
 }  // namespace
