@@ -39,6 +39,12 @@ void MarkEnded(v1::AttemptRecord* a, const v1::JobRecord& job, int64_t now_ms,
   a->set_end_reason(why);
 }
 
+// " for job J (priority P)": the job a resize makes room for, or "" when it grows.
+std::string ForJob(const BlockedJob& j) {
+  if (j.job_id.empty()) return "";
+  return " for job " + j.job_id + " (priority " + std::to_string(j.priority) + ")";
+}
+
 void MarkCancelled(v1::JobRecord* r, int64_t now_ms) {
   r->clear_placement();
   r->set_state(v1::CANCELLED);
@@ -276,14 +282,13 @@ void JobManager::PlanResize(const std::string& job_id, std::optional<ResizePlan>
   job->resize = std::move(plan);
   job->waiting.clear();
   if (const auto& p = job->resize) {
-    const std::string for_job = " for job " + p->for_job.job_id + " (priority " +
-                                std::to_string(p->for_job.priority) + ")";
+    const std::string size = std::to_string(p->world_size);
     if (p->for_job.job_id.empty()) {
-      job->waiting = "growing to " + std::to_string(p->world_size) + " ranks";
+      job->waiting = "growing to " + size + " ranks";
     } else if (p->world_size > 0) {
-      job->waiting = "shrinking to " + std::to_string(p->world_size) + " ranks" + for_job;
+      job->waiting = "shrinking to " + size + " ranks" + ForJob(p->for_job);
     } else {
-      job->waiting = "yielding its slots" + for_job;
+      job->waiting = "yielding its slots" + ForJob(p->for_job);
     }
     job->waiting += " at its next checkpoint";
   }
@@ -295,17 +300,14 @@ void JobManager::Resize(Job& job, int64_t step) {
   const ResizePlan plan = *job.resize;
   const int to = plan.world_size;
   const std::string at = " at the checkpoint of step " + std::to_string(step);
-  const std::string for_job = plan.for_job.job_id.empty()
-                                  ? ""
-                                  : " for job " + plan.for_job.job_id + " (priority " +
-                                        std::to_string(plan.for_job.priority) + ")";
   std::string what;
   if (to == 0) {
     what = "preempted by job " + plan.for_job.job_id + " (priority " +
            std::to_string(plan.for_job.priority) + ")" + at;
   } else {
     what = "resized: " + std::string(to > from ? "growing" : "shrinking") + " from " +
-           std::to_string(from) + " to " + std::to_string(to) + " ranks" + at + for_job;
+           std::to_string(from) + " to " + std::to_string(to) + " ranks" + at +
+           ForJob(plan.for_job);
   }
   v1::AttemptRecord& a = EndAttempt(job, what, clock_->WallNowMs());
   job.rec.set_state(v1::RECOVERING);

@@ -211,8 +211,8 @@ class JobManager {
     // In memory only: a preference, lost with a coordinator restart.
     std::set<std::string> avoid;
     std::optional<ResizePlan> resize;  // RUNNING: what it becomes at its next checkpoint
-    int hold_size = 0;          // after a resize: placed only at this size or larger...
-    int64_t hold_until_ms = 0;  // ...until this wall time
+    int hold_size = 0;                 // after a resize: placed only at this size or larger...
+    int64_t hold_until_ms = 0;         // ...until this wall time
   };
 
   Job* Get(const std::string& job_id);

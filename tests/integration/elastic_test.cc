@@ -172,8 +172,7 @@ TEST_F(ElasticTest, ALowerPriorityJobShrinksForAHigherOneAndGrowsBackAfterIt) {
       *high, [](const v1::JobInfo& i) { return i.job().state() == v1::SUCCEEDED; }, 90000, &info))
       << info.job().reason() << cluster.DebugLogs();
   ASSERT_TRUE(cluster.WaitJob(
-      *low,
-      [](const v1::JobInfo& i) { return i.attempts_size() >= 3 && CheckpointedAt(i, 2); },
+      *low, [](const v1::JobInfo& i) { return i.attempts_size() >= 3 && CheckpointedAt(i, 2); },
       60000, &info))
       << info.job().reason() << cluster.DebugLogs();
   EXPECT_EQ(info.job().restarts(), 0);

@@ -72,9 +72,10 @@ class CoordinatorTest : public ::testing::Test {
     std::reverse(ids.begin(), ids.end());  // listed newest first; here in submit order
     return ids;
   }
-  std::string Submit(const std::string& yaml) {
+  std::string Submit(const std::string& yaml, int priority = 0) {
     v1::SubmitJobRequest req;
     req.set_spec_yaml(yaml);
+    req.set_priority(priority);
     auto id = c_->SubmitJob(req);
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : "";
@@ -294,15 +295,13 @@ TEST_F(CoordinatorTest, LowerPriorityJobShrinksAtItsNextCheckpointToMakeRoom) {
   ASSERT_EQ(Job(low).placement_size(), 4);
   Beat("n1", Ranks(low, 1, 4, 1));
 
-  v1::SubmitJobRequest req;
-  req.set_spec_yaml(SpecYaml(2, 2));
-  req.set_priority(5);
-  const std::string high = *c_->SubmitJob(req);
+  const std::string high = Submit(SpecYaml(2, 2), 5);
   c_->Tick();
   EXPECT_EQ(Job(high).state(), v1::PENDING);
   EXPECT_EQ(Job(high).reason(),
             "waiting for 2 free cpu slots (0 free); lower-priority jobs make room at their next "
-            "checkpoints: " + low);
+            "checkpoints: " +
+                low);
   EXPECT_EQ(Job(low).reason(),
             "shrinking to 2 ranks for job " + high + " (priority 5) at its next checkpoint");
 
@@ -331,10 +330,7 @@ TEST_F(CoordinatorTest, LowerPriorityJobYieldsEverySlotAndResumesWhenTheyAreFree
   const std::string low = Submit(SpecYaml(2, 2));
   c_->Tick();
   Beat("n1", Ranks(low, 1, 2, 1));
-  v1::SubmitJobRequest req;
-  req.set_spec_yaml(SpecYaml(2, 2));
-  req.set_priority(5);
-  const std::string high = *c_->SubmitJob(req);
+  const std::string high = Submit(SpecYaml(2, 2), 5);
   c_->Tick();
   EXPECT_EQ(Job(low).reason(),
             "yielding its slots for job " + high + " (priority 5) at its next checkpoint");
@@ -363,10 +359,7 @@ TEST_F(CoordinatorTest, APreemptionIsWithdrawnWhenTheJobItWasForIsCancelled) {
   const std::string low = Submit(SpecYaml(2, 2));
   c_->Tick();
   Beat("n1", Ranks(low, 1, 2, 1));
-  v1::SubmitJobRequest req;
-  req.set_spec_yaml(SpecYaml(2, 2));
-  req.set_priority(5);
-  const std::string high = *c_->SubmitJob(req);
+  const std::string high = Submit(SpecYaml(2, 2), 5);
   c_->Tick();
   ASSERT_NE(Job(low).reason(), "");
   ASSERT_TRUE(c_->CancelJob(high).ok());

@@ -553,7 +553,8 @@ TEST_F(JobManagerTest, YieldsEverySlotForAHigherPriorityJobWithoutCountingAResta
   EXPECT_EQ(State("j1"), v1::RECOVERING);
   EXPECT_EQ(jobs_.Find("j1")->restarts(), 0);
   EXPECT_EQ(jobs_.Find("j1")->failures_in_a_row(), 0);
-  EXPECT_EQ(jobs_.Find("j1")->reason(), "preempted by job j2 (priority 5) at the checkpoint of step 6");
+  EXPECT_EQ(jobs_.Find("j1")->reason(),
+            "preempted by job j2 (priority 5) at the checkpoint of step 6");
   EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(), jobs_.Find("j1")->reason());
   auto pending = jobs_.Pending();
   ASSERT_EQ(pending.size(), 1u);
