@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -69,6 +70,17 @@ class LaunchOutcome {
                "interrupted by " + DescribeWaitStatus(0, sig) + "; every rank was stopped"});
   }
 
+  // SIGUSR1 to the launcher is a checkpoint request for the ranks (trainer_process.h),
+  // passed on by `forward` while one is set.
+  void SetCheckpointForward(std::function<void()> forward) {
+    MutexLock lock(&mu_);
+    forward_ = std::move(forward);
+  }
+  void OnCheckpointSignal() {
+    MutexLock lock(&mu_);
+    if (forward_) forward_();
+  }
+
   void Fail(const std::string& why) {
     MutexLock lock(&mu_);
     EndLocked({kExitFailure, why});
@@ -92,22 +104,30 @@ class LaunchOutcome {
   CondVar cv_;
   int running_ GUARDED_BY(mu_);
   std::optional<LaunchEnd> end_ GUARDED_BY(mu_);
+  std::function<void()> forward_ GUARDED_BY(mu_);
 };
 
-// SIGINT and SIGTERM to the launcher end the launch. They are taken by one thread with
-// sigwait (as in drover-worker), so no handler runs inside gRPC or the supervisor, and
-// blocked first, before any thread starts, so every thread inherits the mask (the ranks get
-// a clean one, worker/process.cc).
+// SIGINT and SIGTERM to the launcher end the launch; SIGUSR1 asks the ranks for a
+// checkpoint. They are taken by one thread with sigwait (as in drover-worker), so no handler
+// runs inside gRPC or the supervisor, and blocked first, before any thread starts, so every
+// thread inherits the mask (the ranks get their own, worker/process.cc).
 class StopSignals {
  public:
   explicit StopSignals(LaunchOutcome* outcome) {
     sigemptyset(&set_);
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1);
     pthread_sigmask(SIG_BLOCK, &set_, &old_mask_);
     thread_ = std::thread([this, outcome] {
       int sig = 0;
-      while (sigwait(&set_, &sig) == 0 && !done_) outcome->OnSignal(sig);
+      while (sigwait(&set_, &sig) == 0 && !done_) {
+        if (sig == SIGUSR1) {
+          outcome->OnCheckpointSignal();
+        } else {
+          outcome->OnSignal(sig);
+        }
+      }
     });
   }
   ~StopSignals() {
@@ -223,7 +243,13 @@ LaunchEnd RunRanks(const RankContext& c, int stop_grace_ms, LaunchOutcome* outco
     }
   }
   LineForwarder forwarder(std::move(sources));
+  int64_t requests = 0;  // the signal thread's, under the outcome's lock
+  outcome->SetCheckpointForward([&supervisor, &c, &requests] {
+    const int n = supervisor.RequestCheckpoint(c.job_id, kAttempt, ++requests);
+    std::fprintf(stderr, "drover train: SIGUSR1: asked %d ranks for a checkpoint\n", n);
+  });
   LaunchEnd end = outcome->Wait();
+  outcome->SetCheckpointForward(nullptr);  // before the supervisor goes
   if (end.exit_code != kExitOk) supervisor.StopAll(stop_grace_ms);
   // The supervisor escalates to SIGKILL at the grace, so this returns soon after it.
   supervisor.WaitAllExited(stop_grace_ms + kDrainMs);

@@ -9,8 +9,9 @@
 // must never sit in a collective waiting for a dead peer (DESIGN.md, "Recovery").
 //
 // Each rank's stdout and stderr reach the launcher's, line by line, prefixed "[rank R] ".
-// SIGINT and SIGTERM to the launcher stop every rank the same way. No rank outlives the
-// launcher (PR_SET_PDEATHSIG, worker/process.h).
+// SIGINT and SIGTERM to the launcher stop every rank the same way; SIGUSR1 is passed on to
+// every rank, which then save a checkpoint at the end of the step they agree on. No rank
+// outlives the launcher (PR_SET_PDEATHSIG, worker/process.h).
 #pragma once
 
 #include <string>

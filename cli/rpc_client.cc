@@ -155,6 +155,14 @@ StatusOr<v1::CancelJobResponse> RpcClient::CancelJob(const std::string& job_id) 
   return resp;
 }
 
+StatusOr<v1::CheckpointJobResponse> RpcClient::CheckpointJob(const std::string& job_id) {
+  v1::CheckpointJobRequest req;
+  req.set_job_id(job_id);
+  v1::CheckpointJobResponse resp;
+  DROVER_RPC_CALL(CheckpointJob, req, resp, "checkpoint " + job_id);
+  return resp;
+}
+
 Status RpcClient::DeleteJob(const std::string& job_id) {
   v1::DeleteJobRequest req;
   req.set_job_id(job_id);

@@ -37,6 +37,7 @@ class RpcClient {
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id);
+  StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id);
   Status DeleteJob(const std::string& job_id);
   StatusOr<v1::ListWorkersResponse> ListWorkers(bool include_exited = false);
   StatusOr<v1::ReadLogsResponse> ReadLogs(const std::string& job_id, int rank, int64_t offset);

@@ -55,12 +55,15 @@ int RunTrain(const TrainFlags& f) {
                            .fresh = f.fresh,
                            .trainer_path = f.trainer});
   }
+  // First: the signal mask it sets must be inherited by every thread (trainer_process.h).
+  const engine::TrainerSignals signals = engine::InstallTrainerSignalHandlers();
   (void)InitLogging("drover train");
   engine::SetNumThreads(f.threads > 0 ? f.threads : spec->resources.threads_per_rank);
   engine::TrainerOptions options;
   options.spec = *spec;
   options.resume = !f.fresh;
-  options.stop = engine::InstallStopSignalHandlers();
+  options.stop = signals.stop;
+  options.checkpoint_requests = signals.checkpoint_requests;
   std::unique_ptr<engine::ProfiledOps> profiled;
   if (f.profile_ops) {
     auto ops = engine::OpsForDevice(spec->resources.device);

@@ -451,6 +451,13 @@ StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
                           " times while being cancelled; try again");
 }
 
+StatusOr<int64_t> Coordinator::CheckpointJob(const std::string& job_id) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(int64_t after, jobs_.RequestCheckpoint(job_id, "requested by a user"));
+  NudgeNodesOf(job_id);
+  return after;
+}
+
 Status Coordinator::DeleteJob(const std::string& job_id) {
   // Like a cancel: written first, forgotten in memory once durable. A finished job never
   // changes again, so nothing can move under the write but another delete or its
@@ -647,7 +654,7 @@ void Coordinator::ScheduleLocked() {
     } else if (grow[j.job_id] > 0) {
       plan = ResizePlan{grow[j.job_id], {}};
     }
-    jobs_.PlanResize(j.job_id, std::move(plan));
+    if (jobs_.PlanResize(j.job_id, std::move(plan))) NudgeNodesOf(j.job_id);  // "checkpoint now"
   }
   for (auto [job, why] : result.waiting) {
     if (auto it = making_room.find(job); it != making_room.end()) {

@@ -106,6 +106,9 @@ class Coordinator {
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   v1::ListJobsResponse ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::JobState> CancelJob(const std::string& job_id);
+  // Asks a running job for a checkpoint now (JobManager::RequestCheckpoint); the step its
+  // ranks had reported, which the checkpoint will be later than.
+  StatusOr<int64_t> CheckpointJob(const std::string& job_id);
   // Deletes a finished job from the state, its logs included (not its output_dir).
   // FAILED_PRECONDITION for a job that has not finished: cancel it first.
   Status DeleteJob(const std::string& job_id);

@@ -274,11 +274,12 @@ std::vector<RunningJob> JobManager::Resizable() const {
   return out;
 }
 
-void JobManager::PlanResize(const std::string& job_id, std::optional<ResizePlan> plan) {
+bool JobManager::PlanResize(const std::string& job_id, std::optional<ResizePlan> plan) {
   Job* job = Get(job_id);
-  if (!job || job->rec.state() != v1::RUNNING) return;
+  if (!job || job->rec.state() != v1::RUNNING) return false;
   if (plan && plan->world_size == job->rec.placement_size()) plan.reset();
-  if (!plan && !job->resize) return;  // the common case, every pass: nothing to change
+  if (!plan && !job->resize) return false;  // the common case, every pass: nothing to change
+  const bool fresh = plan && !job->resize;
   job->resize = std::move(plan);
   job->waiting.clear();
   if (const auto& p = job->resize) {
@@ -293,6 +294,45 @@ void JobManager::PlanResize(const std::string& job_id, std::optional<ResizePlan>
     job->waiting += " at its next checkpoint";
   }
   UpdateReason(*job);
+  if (!job->resize) {
+    if (job->checkpoint_asked && job->checkpoint_asked->for_resize) job->checkpoint_asked.reset();
+    return false;
+  }
+  if (!fresh || job->checkpoint_asked) return false;
+  AskCheckpoint(*job, job->waiting, /*for_resize=*/true);
+  return true;
+}
+
+int64_t JobManager::AskCheckpoint(Job& job, const std::string& reason, bool for_resize) {
+  if (job.checkpoint_asked) {
+    // A user's request outlives the withdrawal of a plan's.
+    if (!for_resize) job.checkpoint_asked->for_resize = false;
+    return job.checkpoint_asked->after_step;
+  }
+  // Ranks report their steps with a heartbeat's delay: what they save is at least one step
+  // past the newest report, and never the checkpoint that may be in flight now.
+  int64_t after = job.rec.latest_checkpoint_step();
+  for (const Rank& r : job.ranks) after = std::max(after, r.status.progress().step());
+  job.last_request_id = std::max(clock_->WallNowMs(), job.last_request_id + 1);
+  job.checkpoint_asked = Job::CheckpointAsked{job.last_request_id, after, reason, for_resize};
+  spdlog::info("job {}: asking for a checkpoint after step {} ({})", job.rec.job_id(), after,
+               reason);
+  return after;
+}
+
+StatusOr<int64_t> JobManager::RequestCheckpoint(const std::string& job_id,
+                                                const std::string& reason) {
+  Job* job = Get(job_id);
+  if (!job) return NotFoundError("no job " + job_id);
+  if (job->rec.state() != v1::RUNNING) {
+    return FailedPreconditionError("job " + job_id + " is " + v1::JobState_Name(job->rec.state()) +
+                                   ": only a running job can save a checkpoint");
+  }
+  if (job->spec.checkpoint.every_steps <= 0) {
+    return FailedPreconditionError("job " + job_id +
+                                   " saves no checkpoints (its checkpoint.every_steps is 0)");
+  }
+  return AskCheckpoint(*job, reason, /*for_resize=*/false);
 }
 
 void JobManager::Resize(Job& job, int64_t step) {
@@ -387,6 +427,7 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   job.ranks.clear();
   job.ranks_done = 0;
   job.resize.reset();
+  job.checkpoint_asked.reset();
   job.waiting.clear();
   return a;
 }
@@ -553,6 +594,9 @@ void JobManager::OnHang(const TrainerKey& key) {
 bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
   Job* job = Get(record.job_id());
   if (!job || record.attempt() != job->rec.attempt()) return false;
+  if (job->checkpoint_asked && record.step() > job->checkpoint_asked->after_step) {
+    job->checkpoint_asked.reset();
+  }
   if (record.step() > job->rec.latest_checkpoint_step()) {
     job->rec.set_latest_checkpoint_step(record.step());
     // A resize at the final step would only delay the end (and free the slots no sooner).
@@ -589,8 +633,15 @@ void JobManager::AppendOrders(const std::string& node, const std::vector<v1::Tra
   auto it = ranks_on_node_.find(node);
   if (it == ranks_on_node_.end()) return;
   for (const auto& [id, ranks] : it->second) {
-    if (may_start && !may_start(id)) continue;
     const Job& job = *Get(id);
+    if (const auto& asked = job.checkpoint_asked) {
+      v1::CheckpointTrainersOrder* c = orders->Add()->mutable_checkpoint();
+      c->set_job_id(id);
+      c->set_attempt(job.rec.attempt());
+      c->set_request_id(asked->id);
+      c->set_reason(asked->reason);
+    }
+    if (may_start && !may_start(id)) continue;
     const v1::AttemptRecord& a = job.attempts.at(job.rec.attempt());
     for (int r : ranks) {
       const v1::RankAssignment& p = job.rec.placement(r);

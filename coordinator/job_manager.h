@@ -141,8 +141,17 @@ class JobManager {
   // one), at whatever size they run.
   std::vector<RunningJob> Resizable() const;
   // Plans what a RUNNING job becomes at its next complete checkpoint (grown, shrunk, or
-  // preempted: see above), or withdraws the plan (nullopt). Shown in its reason.
-  void PlanResize(const std::string& job_id, std::optional<ResizePlan> plan);
+  // preempted: see above), or withdraws the plan (nullopt). Shown in its reason. A new plan
+  // also asks the job for a checkpoint now (RequestCheckpoint), so that it resizes within a
+  // step or two instead of at its next checkpoint.every_steps; withdrawn, the request goes
+  // too. True when it made a request (its nodes have orders waiting).
+  bool PlanResize(const std::string& job_id, std::optional<ResizePlan> plan);
+  // Asks a RUNNING job's ranks to save a checkpoint at the end of the step they are in:
+  // their agents get a CheckpointTrainersOrder with every heartbeat reply until a checkpoint
+  // of a step after the newest one the ranks had reported (returned) completes, or the
+  // attempt ends. Idempotent while one is pending (the same step returned). NotFound for an
+  // unknown job; FailedPrecondition when it is not RUNNING or saves no checkpoints.
+  StatusOr<int64_t> RequestCheckpoint(const std::string& job_id, const std::string& reason);
   // Starts the next attempt of a pending job on `placement`, resuming from `resume`
   // (nullptr: fresh start).
   void StartAttempt(const Placement& placement, const v1::CheckpointRecord* resume);
@@ -211,8 +220,16 @@ class JobManager {
     // In memory only: a preference, lost with a coordinator restart.
     std::set<std::string> avoid;
     std::optional<ResizePlan> resize;  // RUNNING: what it becomes at its next checkpoint
-    int hold_size = 0;                 // after a resize: placed only at this size or larger...
-    int64_t hold_until_ms = 0;         // ...until this wall time
+    struct CheckpointAsked {
+      int64_t id = 0;          // CheckpointTrainersOrder.request_id: grows within a job
+      int64_t after_step = 0;  // satisfied by a complete checkpoint of a later step
+      std::string reason;
+      bool for_resize = false;  // made by PlanResize, withdrawn with the plan
+    };
+    std::optional<CheckpointAsked> checkpoint_asked;  // RUNNING: a request still pending
+    int64_t last_request_id = 0;
+    int hold_size = 0;          // after a resize: placed only at this size or larger...
+    int64_t hold_until_ms = 0;  // ...until this wall time
   };
 
   Job* Get(const std::string& job_id);
@@ -237,6 +254,8 @@ class JobManager {
   // Says in the job's reason how long its restart delay still lasts at wall time now_ms.
   void ShowRestartDelay(Job& job, int64_t now_ms);
   void Succeed(Job& job);
+  // Makes (or keeps) the pending checkpoint request of a RUNNING job; its after_step.
+  int64_t AskCheckpoint(Job& job, const std::string& reason, bool for_resize);
   // Ends the attempt at the complete checkpoint of `step` to restart it as job.resize says.
   void Resize(Job& job, int64_t step);
   void Persist(Job& job, const v1::AttemptRecord* attempt);

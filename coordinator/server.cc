@@ -25,6 +25,7 @@ constexpr char kSubmitJob[] = "/drover.v1.JobService/SubmitJob";
 constexpr char kGetJob[] = "/drover.v1.JobService/GetJob";
 constexpr char kListJobs[] = "/drover.v1.JobService/ListJobs";
 constexpr char kCancelJob[] = "/drover.v1.JobService/CancelJob";
+constexpr char kCheckpointJob[] = "/drover.v1.JobService/CheckpointJob";
 constexpr char kDeleteJob[] = "/drover.v1.JobService/DeleteJob";
 constexpr char kListWorkers[] = "/drover.v1.JobService/ListWorkers";
 constexpr char kReadLogs[] = "/drover.v1.JobService/ReadLogs";
@@ -120,6 +121,14 @@ class JobServiceImpl final : public v1::JobService::Service {
     auto r = c_->CancelJob(req->job_id());
     if (!r.ok()) return ToGrpcStatus(r.status());
     resp->set_state(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status CheckpointJob(grpc::ServerContext* ctx, const v1::CheckpointJobRequest* req,
+                             v1::CheckpointJobResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kCheckpointJob);
+    auto r = c_->CheckpointJob(req->job_id());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    resp->set_after_step(*r);
     return grpc::Status::OK;
   }
   grpc::Status DeleteJob(grpc::ServerContext* ctx, const v1::DeleteJobRequest* req,

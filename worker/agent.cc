@@ -176,6 +176,14 @@ Status Agent::Heartbeat() {
                    stop.reason());
       supervisor_->Stop(stop.job_id(), stop.attempt(), stop.grace_ms());
     }
+    if (order.has_checkpoint()) {
+      const v1::CheckpointTrainersOrder& c = order.checkpoint();
+      const int n = supervisor_->RequestCheckpoint(c.job_id(), c.attempt(), c.request_id());
+      if (n > 0) {
+        spdlog::info("asked {} trainers of job {} attempt {} for a checkpoint ({})", n, c.job_id(),
+                     c.attempt(), c.reason());
+      }
+    }
   }
   if (resp.reregister()) return AbortedError("coordinator asked to register again");
   return OkStatus();

@@ -8,7 +8,9 @@
 //                        CUDA_VISIBLE_DEVICES), spec in <work>/jobs/<job>/attempt-<a>/job.yaml,
 //                        log in <work>/logs/<job>/attempt-<a>/rank-<r>.log;
 //   StopTrainersOrder  - SIGTERM the job's trainers with attempt <= the given one, SIGKILL
-//                        after grace_ms (idempotent).
+//                        after grace_ms (idempotent);
+//   CheckpointTrainersOrder - SIGUSR1 once per request to each live trainer of the attempt:
+//                        its ranks save a checkpoint at the end of the step they agree on.
 // Once registered it also keeps a Watch stream open (CoordinatorWatch): its connection
 // closing tells the coordinator at once that this process died, and its events (orders
 // wait) and its end wake the heartbeat loop to heartbeat at once.

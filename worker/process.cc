@@ -57,9 +57,13 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   memset(&dfl, 0, sizeof(dfl));
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Only SIGUSR1, a checkpoint request, stays blocked: the trainer takes it on a thread of
+  // its own once it is ready (worker/engine/trainer_process.h), and one sent before that
+  // waits, pending, instead of killing it (SIGUSR1's default action).
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  sigprocmask(SIG_SETMASK, &usr1, nullptr);
   execve(path, argv, envp);
   const char* msg = "drover: cannot exec trainer ";
   ssize_t ignored = write(STDERR_FILENO, msg, strlen(msg));
@@ -116,12 +120,19 @@ StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options) {
   std::vector<char*> envp = CStrings(env);
   const pid_t parent = getpid();
 
+  // The child inherits this thread's mask: with SIGUSR1 blocked across the fork, a request
+  // sent the moment the pid is known cannot find the child before ExecChild's mask does.
+  sigset_t usr1, mask;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, &mask);
   pid_t pid = fork();
   if (pid == 0) {
     ExecChild(parent, out_fd, err_fd, null_fd, sv[1], options.executable.c_str(), argv.data(),
               envp.data());
   }
   int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &mask, nullptr);
   if (log_fd >= 0) close(log_fd);
   close(null_fd);
   if (sv[1] >= 0) close(sv[1]);

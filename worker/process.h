@@ -5,7 +5,9 @@
 // started), dies with the thread that spawned it (PR_SET_PDEATHSIG: a dead agent's
 // trainers must not live on), has stdout+stderr appended to a log file (or written to
 // descriptors the caller gives, e.g. pipes) and stdin from /dev/null, and optionally gets
-// one end of a socketpair as its status channel.
+// one end of a socketpair as its status channel. Every signal has its default disposition
+// in the child, and only SIGUSR1 is blocked (a trainer's checkpoint request: see
+// worker/engine/trainer_process.h; to other programs it stays pending, harmlessly).
 //
 // PR_SET_PDEATHSIG fires when the *thread* that forked exits, so call SpawnProcess from a
 // thread that lives as long as the supervisor (the agent's main loop does).

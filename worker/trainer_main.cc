@@ -57,7 +57,7 @@ int Fail(const drover::Status& st, const char* what) {
 
 int main(int, char**) {
   using namespace drover;
-  const std::atomic<bool>* stop = engine::InstallStopSignalHandlers();
+  const engine::TrainerSignals signals = engine::InstallTrainerSignalHandlers();
   (void)InitLogging("drover-trainer");
   auto env = ReadTrainerEnv();
   if (!env.ok()) return Fail(env.status(), "trainer environment");
@@ -115,7 +115,8 @@ int main(int, char**) {
   }
   ReporterListener listener(&reporter);
   options.listener = &listener;
-  options.stop = stop;
+  options.stop = signals.stop;
+  options.checkpoint_requests = signals.checkpoint_requests;
   spdlog::info("drover-trainer job={} attempt={} rank={}/{} pid {} threads={} resume hint='{}'",
                env->job_id, env->attempt, env->rank, env->world_size, getpid(),
                engine::NumThreads(), env->resume_checkpoint);

@@ -116,6 +116,20 @@ void TrainerSupervisor::Stop(const std::string& job_id, int64_t max_attempt, int
   cv_.SignalAll();
 }
 
+int TrainerSupervisor::RequestCheckpoint(const std::string& job_id, int64_t attempt,
+                                         int64_t request_id) {
+  MutexLock lock(&mu_);
+  int signalled = 0;
+  for (auto& [key, t] : trainers_) {
+    if (key.job_id != job_id || key.attempt != attempt) continue;
+    if (t->reaped || t->stop_deadline_ms >= 0 || t->checkpoint_request == request_id) continue;
+    t->checkpoint_request = request_id;
+    // The trainer alone, not its process group: SIGUSR1 means nothing to what it started.
+    if (::kill(t->status.pid(), SIGUSR1) == 0) ++signalled;
+  }
+  return signalled;
+}
+
 void TrainerSupervisor::StopAll(int grace_ms) {
   {
     MutexLock lock(&mu_);

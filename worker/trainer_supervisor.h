@@ -66,6 +66,11 @@ class TrainerSupervisor {
   void Stop(const std::string& job_id, int64_t max_attempt, int grace_ms);
   void StopAll(int grace_ms);
 
+  // Sends SIGUSR1 (a checkpoint request: worker/engine/trainer_process.h) to each live
+  // trainer of (job_id, attempt) that has not had this request_id yet, and returns how
+  // many it signalled. A repeated order signals nobody twice.
+  int RequestCheckpoint(const std::string& job_id, int64_t attempt, int64_t request_id);
+
   // Blocks until no trainer runs or `timeout_ms` passes; true when none runs.
   bool WaitAllExited(int64_t timeout_ms);
 
@@ -85,8 +90,9 @@ class TrainerSupervisor {
     int status_fd = -1;
     bool reaped = false;  // waitpid returned: never signal the pid again (it may be reused)
     bool exited = false;  // the exit is recorded (after every status report was folded in)
-    int64_t stop_deadline_ms = -1;  // monotonic; -1 when no stop was asked
-    int64_t exited_at_ms = 0;       // monotonic
+    int64_t stop_deadline_ms = -1;   // monotonic; -1 when no stop was asked
+    int64_t checkpoint_request = 0;  // the last CheckpointTrainersOrder.request_id sent to it
+    int64_t exited_at_ms = 0;        // monotonic
     std::thread waiter;
     std::thread reader;
   };

@@ -77,6 +77,23 @@ TEST_F(CliServiceTest, LogsFollowRidesThroughACoordinatorRestartWithoutRepeating
       << text;
 }
 
+// `drover checkpoint` of a job that cannot save one says why and exits 1 (the request path
+// itself is pinned in elastic_test.cc, with the real trainer).
+TEST_F(CliServiceTest, CheckpointRefusesAJobThatIsNotRunning) {
+  StartCluster(1);
+  CliResult unknown = RunCli(cluster_->root(), Cli({"checkpoint", "j-nope"}));
+  EXPECT_EQ(unknown.code, 1) << unknown.out;
+  EXPECT_NE(unknown.out.find("no job j-nope"), std::string::npos) << unknown.out;
+  const std::string id = SubmitByCli(WriteSpec("ckpt", 10000, 50));
+  ASSERT_FALSE(id.empty());
+  ASSERT_EQ(RunCli(cluster_->root(), Cli({"cancel", id})).code, 0);
+  CliResult ended = RunCli(cluster_->root(), Cli({"checkpoint", id, "--wait"}));
+  EXPECT_EQ(ended.code, 1) << ended.out;
+  EXPECT_NE(ended.out.find("job " + id + " is CANCELLED: only a running job can save a checkpoint"),
+            std::string::npos)
+      << ended.out;
+}
+
 TEST_F(CliServiceTest, RmRefusesALiveJobAndDeletesAFinishedOneForGood) {
   StartCluster(1);
   const std::string id = SubmitByCli(WriteSpec("rm", 10000, 50));

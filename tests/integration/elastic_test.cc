@@ -3,7 +3,8 @@
 // checkpoint, and grows back to 4 at the checkpoint after the two agents return. Every
 // step's loss, whichever attempt and world size computed it, equals one process's.
 // And preemption: a job of higher priority gets its slots from a running one, which
-// shrinks at its next checkpoint and grows back once the other is done.
+// shrinks at a checkpoint it is asked to save at once and grows back once the other is
+// done; `drover checkpoint` asks a job for one by hand.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -49,7 +50,8 @@ class ElasticTest : public TrainProcessFixture {
   // Global batch 8 in micro-batches of 2: dp 1, 2 or 4, so [2, 4] allows 2 and 4 (not 3).
   // A constant learning rate, so that a reference run of fewer steps computes the same
   // steps as the long job.
-  std::string Yaml(const std::string& name, int64_t steps, int min = 2, int max = 4) {
+  std::string Yaml(const std::string& name, int64_t steps, int min = 2, int max = 4,
+                   int64_t checkpoint_every = 20) {
     return "name: " + name + "\noutput_dir: " + (dir_ / name).string() +
            "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
            "data: {train: " +
@@ -57,7 +59,9 @@ class ElasticTest : public TrainProcessFixture {
            ", global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.002, schedule: constant, "
            "warmup_steps: 2, eval_every: 0}\n"
            "parallel: {zero_stage: 1, timeout_s: 20}\n"
-           "checkpoint: {every_steps: 20, keep_last: 3}\n"
+           "checkpoint: {every_steps: " +
+           std::to_string(checkpoint_every) +
+           ", keep_last: 3}\n"
            "resources: {world_size: {min: " +
            std::to_string(min) + ", max: " + std::to_string(max) +
            "}, threads_per_rank: 1}\n"
@@ -148,6 +152,14 @@ TEST_F(ElasticTest, ShrinksWhenAgentsDieAndGrowsBackAtTheNextCheckpoint) {
   }
 }
 
+// The running ranks' newest step (0 before the first report).
+int64_t TrainedSteps(const v1::JobInfo& i) {
+  int64_t step = 0;
+  for (const v1::TrainerStatus& t : i.trainers()) step = std::max(step, t.progress().step());
+  return step;
+}
+
+// Every checkpoint here is one asked for: the interval (100000 steps) is never reached.
 TEST_F(ElasticTest, ALowerPriorityJobShrinksForAHigherOneAndGrowsBackAfterIt) {
   testing::ClusterOptions o;
   o.agents = 1;
@@ -157,22 +169,42 @@ TEST_F(ElasticTest, ALowerPriorityJobShrinksForAHigherOneAndGrowsBackAfterIt) {
   o.heartbeat_timeout_ms = 2000;
   testing::Cluster cluster(o);
   ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  auto low = cluster.Submit(Yaml("low", 1000000, 1, 2));
+  auto low = cluster.Submit(Yaml("low", 1000000, 1, 2, 100000));
   ASSERT_TRUE(low.ok()) << low.status();
   v1::JobInfo info;
   ASSERT_TRUE(cluster.WaitJob(
-      *low, [](const v1::JobInfo& i) { return CheckpointedAt(i, 2); }, 60000, &info))
+      *low,
+      [](const v1::JobInfo& i) { return i.job().state() == v1::RUNNING && TrainedSteps(i) >= 2; },
+      60000, &info))
       << cluster.DebugLogs();
 
-  // A one-rank job of priority 5: the running job gives it one of its two slots at its
-  // next checkpoint, and takes it back at the checkpoint after the other finished.
+  // By hand: `drover checkpoint --wait` returns once the checkpoint is complete.
+  testing::CliResult asked = testing::RunCli(
+      dir_, {"--coordinator", cluster.address(), "checkpoint", *low, "--wait", "--timeout", "15"});
+  ASSERT_EQ(asked.code, 0) << asked.out << cluster.DebugLogs();
+  EXPECT_NE(asked.out.find(": checkpoint requested; its ranks save it at the end of the step"),
+            std::string::npos)
+      << asked.out;
+  EXPECT_NE(asked.out.find(" complete: "), std::string::npos) << asked.out;
+  ASSERT_TRUE(cluster.WaitJob(
+      *low, [](const v1::JobInfo&) { return true; }, 1000, &info));
+  EXPECT_GE(info.job().latest_checkpoint_step(), 2);
+  EXPECT_EQ(info.job().attempt(), 1);
+
+  // A one-rank job of priority 5: the running job is asked for a checkpoint at once, gives
+  // it one of its two slots there, and takes it back at the checkpoint it is asked for
+  // once the other finished.
   auto high = cluster.Submit(Yaml("high", 30, 1, 1), 5);
   ASSERT_TRUE(high.ok()) << high.status();
   ASSERT_TRUE(cluster.WaitJob(
       *high, [](const v1::JobInfo& i) { return i.job().state() == v1::SUCCEEDED; }, 90000, &info))
       << info.job().reason() << cluster.DebugLogs();
   ASSERT_TRUE(cluster.WaitJob(
-      *low, [](const v1::JobInfo& i) { return i.attempts_size() >= 3 && CheckpointedAt(i, 2); },
+      *low,
+      [](const v1::JobInfo& i) {
+        return i.attempts_size() >= 3 && i.job().state() == v1::RUNNING &&
+               i.job().placement_size() == 2;
+      },
       60000, &info))
       << info.job().reason() << cluster.DebugLogs();
   EXPECT_EQ(info.job().restarts(), 0);
@@ -194,6 +226,7 @@ TEST_F(ElasticTest, ALowerPriorityJobShrinksForAHigherOneAndGrowsBackAfterIt) {
   EXPECT_GE(info.attempts(1).resume_step(), std::stoll(why.substr(at + 8))) << why;
   EXPECT_EQ(info.attempts(1).end_reason().rfind("resized: growing from 1 to 2 ranks", 0), 0u)
       << info.attempts(1).end_reason();
+  EXPECT_GT(info.attempts(2).resume_step(), info.attempts(1).resume_step());
   ASSERT_TRUE(cluster.Cancel(*low).ok());
   ASSERT_TRUE(cluster.WaitJob(
       *low, [](const v1::JobInfo& i) { return i.trainers_size() == 0; }, 20000))

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -80,6 +81,42 @@ TEST_F(LocalLauncherTest, RealTrainerRanksTrainWithPrefixedOutput) {
     EXPECT_THAT(line, ContainsRegex("^\\[rank [01]\\] ")) << log;
   }
   EXPECT_EQ(MetricsLines().size(), 4u);  // rank 0 only
+}
+
+// SIGUSR1 to the launcher reaches every rank, which save a checkpoint at once (the interval,
+// 100000 steps, is never reached), and training goes on.
+TEST_F(LocalLauncherTest, RealTrainerRanksSaveACheckpointWhenTheLauncherGetsSigusr1) {
+  const std::string spec = WriteSpec(1000000, 100000);
+  const pid_t pid = Spawn({kBin + "drover", "train", spec, "--nproc", "2", "--set",
+                           "train.micro_batch=2", "--threads", "1"});
+  auto wait_for = [](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  };
+  ASSERT_TRUE(wait_for([&] { return MetricsLines().size() >= 2; })) << Log();
+  const fs::path ckpt = dir_ / "out" / "ckpt";
+  auto saved = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+      if (e.path().filename().string().rfind("step_", 0) == 0 &&
+          fs::exists(e.path() / "manifest.json")) {
+        return true;
+      }
+    }
+    return false;
+  };
+  EXPECT_FALSE(saved());
+  ASSERT_EQ(kill(pid, SIGUSR1), 0);
+  ASSERT_TRUE(wait_for(saved)) << Log();
+  const size_t lines = MetricsLines().size();
+  EXPECT_TRUE(wait_for([&] { return MetricsLines().size() > lines + 2; })) << Log();
+  kill(pid, SIGTERM);
+  EXPECT_EQ(Wait(pid), 1) << Log();
+  EXPECT_THAT(Log(), HasSubstr("SIGUSR1: asked 2 ranks for a checkpoint"));
+  EXPECT_THAT(Log(), ContainsRegex("\\[rank 0\\] .*saving a checkpoint at step [0-9]+: requested"));
 }
 
 TEST_F(LocalLauncherTest, FailingRealTrainerRankExitsWithItsCode) {

@@ -5,7 +5,8 @@
 # coordinator and a worker with srun, submits deploy/examples/tiny.yaml on byte-level
 # shards made from the demo corpus, and waits for it. The test passes when the Slurm job
 # completes with exit code 0, `drover status` in its output says SUCCEEDED, and the
-# trainer wrote every step's metrics.
+# trainer wrote every step's metrics. Then a long job gets the signal Slurm sends before a
+# time limit (SIGUSR1 to the batch shell), and its drover job saves a checkpoint at once.
 #
 #   tests/integration/slurm_test.sh BUILD/bin SOURCE_DIR
 #
@@ -208,4 +209,30 @@ metrics=$root/submit/runs/tiny/metrics.jsonl
 [ -f "$metrics" ] || fail "no $metrics"
 steps=$(grep -c '"step"' "$metrics")
 [ "$steps" -eq 20 ] || fail "$metrics has $steps steps, tiny.yaml trains 20"
-echo "slurm_test: PASS (job $job COMPLETED, drover job SUCCEEDED, $steps steps in ${SECONDS} s)"
+echo "slurm_test: job $job COMPLETED, drover job SUCCEEDED, $steps steps in ${SECONDS} s"
+
+# Before a time limit Slurm signals the batch shell (--signal=B:USR1@300): what
+# `scancel --signal=USR1 --batch` does now, to a job whose checkpoint interval is never
+# reached. The script asks the drover job for a checkpoint, which completes, and it goes on
+# training until the Slurm job is cancelled.
+job=$(DROVER_BIN=$bin DROVER_PORT=$(free_port) DROVER_WORK_DIR=$root/work-long \
+  sbatch --parsable --nodes=1 --output="$root/submit/slurm-%j.out" \
+  "$src/deploy/slurm/drover.sbatch" "$src/deploy/examples/tiny.yaml" --set train.steps=1000000 \
+  --set checkpoint.every_steps=100000 --set output_dir=runs/long --set checkpoint.dir=runs/long/ckpt)
+job=${job%%;*}
+out=$root/submit/slurm-$job.out
+long_metrics=$root/submit/runs/long/metrics.jsonl
+training() {
+  alive slurmd || fail "slurmd exited"
+  [ -f "$long_metrics" ] && [ "$(grep -c '"step"' "$long_metrics")" -ge 3 ]
+}
+wait_for 60 training || fail "Slurm job $job: the long drover job did not train 3 steps in 60 s"
+scancel --signal=USR1 --batch "$job"
+checkpointed() { grep -qE 'checkpoint of step [0-9]+ complete' "$out"; }
+wait_for 60 checkpointed || fail "Slurm job $job: no checkpoint completed after SIGUSR1"
+ls "$root"/submit/runs/long/ckpt/step_*/manifest.json >/dev/null 2>&1 ||
+  fail "no checkpoint in $root/submit/runs/long/ckpt"
+[ "$(job_state)" = RUNNING ] || fail "Slurm job $job is $(job_state) after the checkpoint, not RUNNING"
+scancel "$job"
+wait_for 30 job_gone || fail "Slurm job $job still listed 30 s after scancel"
+echo "slurm_test: PASS (SIGUSR1 to job $job: $(grep -oE 'checkpoint of step [0-9]+ complete' "$out"); ${SECONDS} s in all)"

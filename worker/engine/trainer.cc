@@ -362,6 +362,24 @@ Status Trainer::StoreBarrier(const std::string& name) {
   return OkStatus();
 }
 
+bool Trainer::TakeCheckpointRequest() {
+  if (!checkpoint_voted_) return false;
+  checkpoint_voted_ = false;
+  requests_served_ = requests_voted_;  // unchanged on a rank that did not vote
+  if (options_.spec.checkpoint.every_steps <= 0) {
+    if (!warned_no_checkpoints_ && is_rank0()) {
+      spdlog::warn(
+          "a checkpoint was requested at step {}, but checkpoint.every_steps is 0: "
+          "this job saves no checkpoints",
+          step_);
+    }
+    warned_no_checkpoints_ = true;
+    return false;
+  }
+  if (is_rank0()) spdlog::info("saving a checkpoint at step {}: requested", step_);
+  return true;
+}
+
 bool Trainer::StopRequested() const {
   return options_.stop != nullptr && options_.stop->load(std::memory_order_relaxed);
 }
@@ -377,8 +395,14 @@ StatusOr<StepMetrics> Trainer::Step() {
   };
   const double lr = LearningRate(options_.spec.train, step_);
   const uint64_t allocations = ops_->device_allocations();
-  ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr));
+  const uint64_t requests = options_.checkpoint_requests != nullptr
+                                ? options_.checkpoint_requests->load(std::memory_order_relaxed)
+                                : 0;
+  const bool vote = requests != requests_served_;
+  ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr, vote));
   ++step_;
+  if (vote) requests_voted_ = requests;
+  checkpoint_voted_ = r.checkpoint_voted;
 
   StepMetrics m;
   m.step = step_;
@@ -513,7 +537,10 @@ Status Trainer::Run() {
     LogStep(*m);
     RETURN_IF_ERROR(PublishMetrics(&*m, /*wait=*/false));
     if (options_.listener != nullptr) options_.listener->OnStep(*m);
-    if (every_ckpt > 0 && step_ % every_ckpt == 0 && step_ < spec.train.steps) {
+    // Every rank reads the same vote, so all save the same step or none does.
+    const bool requested = TakeCheckpointRequest();
+    const bool scheduled = every_ckpt > 0 && step_ % every_ckpt == 0;
+    if ((scheduled || requested) && step_ < spec.train.steps) {
       RETURN_IF_ERROR(SaveCheckpoint(spec.checkpoint.async));  // a peer is gone
     }
   }

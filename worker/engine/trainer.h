@@ -17,6 +17,7 @@
 //
 // Thread-safety: a Trainer is driven by one thread. `stop` may be set from any thread (or
 // a signal handler); the loop checks it between micro-batches and abandons the step.
+// `checkpoint_requests` may grow on any thread; the loop reads it once a step.
 #pragma once
 
 #include <atomic>
@@ -83,6 +84,12 @@ struct TrainerOptions {
   bool log_steps = true;  // one log line per train.log_every steps
   TrainerListener* listener = nullptr;      // not owned; nullptr = no reports
   const std::atomic<bool>* stop = nullptr;  // not owned; set = stop promptly
+  // Checkpoint requests so far (SIGUSR1: trainer_process.h), read by the training thread.
+  // When it has grown, this rank votes in its next step's all-reduce, and every rank saves
+  // a checkpoint at the end of the first step any rank voted in, so they agree on the step
+  // without a collective of their own. Ignored (with a warning) when checkpoint.every_steps
+  // is 0. Not owned; nullptr = never.
+  const std::atomic<uint64_t>* checkpoint_requests = nullptr;
   // Under a coordinator: metrics lines, checkpoint commits and the model file are written
   // only while this attempt's lease is current (publish_fence.h). Not owned; nullptr = always.
   PublishFence* fence = nullptr;
@@ -170,6 +177,9 @@ class Trainer {
   // the bootstrap store for phases longer than the communicators' deadline.
   Status StoreBarrier(const std::string& name);
   bool StopRequested() const;
+  // Whether the step just taken should end with a checkpoint because one was requested
+  // (TrainerOptions::checkpoint_requests); marks the votes behind it served.
+  bool TakeCheckpointRequest();
   bool is_rank0() const { return options_.rank == 0; }
   void LogStep(const StepMetrics& m) const;
   // The snapshot of checkpoint step_ from gathered global arenas (rank 0).
@@ -201,6 +211,12 @@ class Trainer {
   int64_t step_ = 0;
   int64_t resumed_from_ = -1;
   int64_t last_checkpoint_step_ = -1;
+  // checkpoint_requests as this rank last voted on it, and as of its last served request;
+  // whether the last step's all-reduce carried a vote (any rank's).
+  uint64_t requests_voted_ = 0;
+  uint64_t requests_served_ = 0;
+  bool checkpoint_voted_ = false;
+  bool warned_no_checkpoints_ = false;
 };
 
 }  // namespace drover::engine

@@ -1,12 +1,16 @@
 #include "worker/engine/trainer_process.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <thread>
 
 namespace drover::engine {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<uint64_t> g_checkpoint_requests{0};
 static_assert(std::atomic<bool>::is_always_lock_free, "needed in a signal handler");
 
 void OnStopSignal(int) {
@@ -15,13 +19,21 @@ void OnStopSignal(int) {
 
 }  // namespace
 
-const std::atomic<bool>* InstallStopSignalHandlers() {
+TrainerSignals InstallTrainerSignalHandlers() {
   struct sigaction sa = {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  return &g_stop;
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  std::thread([usr1] {
+    int sig = 0;
+    while (sigwait(&usr1, &sig) == 0) g_checkpoint_requests.fetch_add(1);
+  }).detach();  // lives as long as the process
+  return {&g_stop, &g_checkpoint_requests};
 }
 
 int ExitCodeFor(const Status& status) {

@@ -577,6 +577,92 @@ TEST_F(JobManagerTest, AFailureWhileAGrowIsPlannedIsAnOrdinaryRestart) {
   EXPECT_EQ(jobs_.Find("j1")->reason().find("growing"), std::string::npos);
 }
 
+std::vector<v1::CheckpointTrainersOrder> CheckpointOrders(const std::vector<v1::Order>& orders) {
+  std::vector<v1::CheckpointTrainersOrder> out;
+  for (const v1::Order& o : orders) {
+    if (o.has_checkpoint()) out.push_back(o.checkpoint());
+  }
+  return out;
+}
+
+TEST_F(JobManagerTest, ACheckpointRequestIsOrderedUntilACheckpointAfterItCompletes) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 2)});
+  const std::vector<v1::TrainerStatus> listed = {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 7),
+                                                 Trainer(id, 1, 1, v1::TRAINER_RUNNING, 6)};
+  Listing("n1", listed);
+  EXPECT_TRUE(CheckpointOrders(OrdersFor("n1", listed)).empty());
+  auto after = jobs_.RequestCheckpoint(id, "requested by a user");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, 7);  // the newest step a rank reported
+  auto orders = CheckpointOrders(OrdersFor("n1", listed));
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].job_id(), id);
+  EXPECT_EQ(orders[0].attempt(), 1);
+  EXPECT_EQ(orders[0].reason(), "requested by a user");
+  const int64_t request_id = orders[0].request_id();
+  EXPECT_GT(request_id, 0);
+  EXPECT_TRUE(CheckpointOrders(OrdersFor("n2", {})).empty());
+  // Asked again while pending: the same request, so no trainer is signalled twice.
+  EXPECT_EQ(*jobs_.RequestCheckpoint(id, "again"), 7);
+  EXPECT_EQ(CheckpointOrders(OrdersFor("n1", listed))[0].request_id(), request_id);
+  // The checkpoint of step 7 may have been in flight before the request: not the one asked for.
+  jobs_.OnCheckpoint(Checkpoint(id, 1, 7));
+  EXPECT_EQ(CheckpointOrders(OrdersFor("n1", listed)).size(), 1u);
+  jobs_.OnCheckpoint(Checkpoint(id, 1, 8));
+  EXPECT_TRUE(CheckpointOrders(OrdersFor("n1", listed)).empty());
+  // A new request is a new id (in the same millisecond too), after the newest checkpoint.
+  EXPECT_EQ(*jobs_.RequestCheckpoint(id, "later"), 8);
+  orders = CheckpointOrders(OrdersFor("n1", listed));
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_GT(orders[0].request_id(), request_id);
+  // It ends with its attempt: the next one is not asked.
+  jobs_.OnNodeLost("n1", "is dead");
+  EXPECT_TRUE(CheckpointOrders(OrdersFor("n1", {})).empty());
+}
+
+TEST_F(JobManagerTest, ACheckpointRequestIsRefusedForAJobThatIsNotRunningOrSavesNone) {
+  EXPECT_EQ(jobs_.RequestCheckpoint("nope", "x").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(Submit(SpecYaml(1, 1), "j1", 1).ok());
+  auto pending = jobs_.RequestCheckpoint("j1", "x");
+  EXPECT_EQ(pending.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pending.status().message(),
+            "job j1 is PENDING: only a running job can save a checkpoint");
+  ASSERT_TRUE(Submit(SpecYaml(1, 1) + "checkpoint: {every_steps: 0}\n", "j2", 2).ok());
+  Place("j2", 1, {Node("n1", 1)});
+  auto none = jobs_.RequestCheckpoint("j2", "x");
+  EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(none.status().message(),
+            "job j2 saves no checkpoints (its checkpoint.every_steps is 0)");
+}
+
+// A resize waits for a checkpoint, so its plan asks for one at once; the plan withdrawn,
+// the request goes too, unless a user had asked for one as well.
+TEST_F(JobManagerTest, APlannedResizeAsksForACheckpointThatGoesWithThePlan) {
+  ASSERT_TRUE(Submit(SpecYaml(1, 4, 2), "j1", 1).ok());
+  Place("j1", 4, {Node("n1", 4)});
+  EXPECT_TRUE(jobs_.PlanResize("j1", ResizePlan{2, {"j2", 5, 2}}));
+  auto orders = CheckpointOrders(OrdersFor("n1", {}));
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].reason(),
+            "shrinking to 2 ranks for job j2 (priority 5) at its next checkpoint");
+  // Every scheduling pass plans again: no new request.
+  EXPECT_FALSE(jobs_.PlanResize("j1", ResizePlan{2, {"j2", 5, 2}}));
+  EXPECT_FALSE(jobs_.PlanResize("j1", ResizePlan{1, {"j2", 5, 3}}));
+  EXPECT_EQ(CheckpointOrders(OrdersFor("n1", {}))[0].request_id(), orders[0].request_id());
+  EXPECT_FALSE(jobs_.PlanResize("j1", std::nullopt));
+  EXPECT_TRUE(CheckpointOrders(OrdersFor("n1", {})).empty());
+
+  EXPECT_TRUE(jobs_.PlanResize("j1", ResizePlan{2, {"j2", 5, 2}}));
+  ASSERT_TRUE(jobs_.RequestCheckpoint("j1", "requested by a user").ok());
+  EXPECT_FALSE(jobs_.PlanResize("j1", std::nullopt));
+  EXPECT_EQ(CheckpointOrders(OrdersFor("n1", {})).size(), 1u);
+  // The checkpoint comes; a plan made meanwhile is carried out at it.
+  EXPECT_FALSE(jobs_.PlanResize("j1", ResizePlan{2, {"j2", 5, 2}}));
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 3));
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_TRUE(CheckpointOrders(OrdersFor("n1", {})).empty());
+}
+
 TEST_F(JobManagerTest, ListPagesGoNewestFirstWithoutSpecsAndFilter) {
   for (int i = 1; i <= 5; ++i) {
     std::string id = "j";  // not "j" + to_string: GCC 12 warns (-Wrestrict) falsely

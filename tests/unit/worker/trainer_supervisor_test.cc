@@ -161,6 +161,37 @@ TEST_F(TrainerSupervisorTest, StopOnlyTouchesOlderOrEqualAttemptsOfThatJob) {
   EXPECT_EQ(supervisor_->RunningCount(), 2);
 }
 
+// SIGUSR1 once per request id to each live trainer of that attempt; a program that takes no
+// interest in it is not killed (it starts blocked: worker/process.h). Not a shell: sh
+// unblocks every signal when it starts.
+TEST_F(TrainerSupervisorTest, ACheckpointRequestSignalsEachTrainerOfTheAttemptOnce) {
+  auto sleeper = [this](int rank, int64_t attempt) {
+    TrainerLaunch l = Shell("", rank, attempt);
+    l.spawn.executable = "/bin/sleep";
+    l.spawn.args = {"30"};
+    return l;
+  };
+  ASSERT_TRUE(supervisor_->Start(sleeper(0, 1)).ok());
+  ASSERT_TRUE(supervisor_->Start(sleeper(1, 1)).ok());
+  ASSERT_TRUE(supervisor_->Start(sleeper(0, 2)).ok());
+  EXPECT_EQ(supervisor_->RequestCheckpoint("j-1", 1, 7), 2);
+  EXPECT_EQ(supervisor_->RequestCheckpoint("j-1", 1, 7), 0);  // a repeated order
+  EXPECT_EQ(supervisor_->RequestCheckpoint("j-1", 1, 8), 2);
+  EXPECT_EQ(supervisor_->RequestCheckpoint("j-1", 2, 8), 1);
+  EXPECT_EQ(supervisor_->RequestCheckpoint("j-other", 1, 9), 0);
+  supervisor_->Stop("j-1", 1, 30000);
+  EXPECT_EQ(supervisor_->RequestCheckpoint("j-1", 1, 10), 0);  // stopping
+  auto exits = WaitExits(2);
+  ASSERT_EQ(exits.size(), 2u);
+  for (const v1::TrainerStatus& exit : exits) {
+    EXPECT_EQ(exit.attempt(), 1);
+    EXPECT_EQ(exit.signal(), SIGTERM) << "rank " << exit.rank();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(WaitExits(3, 0).size(), 2u);
+  EXPECT_EQ(supervisor_->RunningCount(), 1);  // attempt 2's, alive after its SIGUSR1
+}
+
 TEST_F(TrainerSupervisorTest, RepeatedStartIsIgnored) {
   ASSERT_TRUE(supervisor_->Start(Shell("echo once; sleep 30")).ok());
   ASSERT_TRUE(supervisor_->Start(Shell("echo twice; sleep 30")).ok());

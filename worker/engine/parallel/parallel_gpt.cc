@@ -373,7 +373,7 @@ double ParallelGpt::OwnedGradSumSquares() {
   return sum;
 }
 
-StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
+StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, bool checkpoint_vote) {
   pp_wait_s_ = 0;
   memory_->BeginStep();
   double loss_sum = 0;
@@ -395,12 +395,14 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr) {
   r.comm_blocked_s = memory_->comm_blocked_seconds();
 
   // The loss of every micro-batch is counted once (last stage, tp rank 0), the squared
-  // gradient of every parameter once (OwnedGradSumSquares).
+  // gradient of every parameter once (OwnedGradSumSquares); the checkpoint votes of all.
   const bool counts_loss = layout_.last_stage() && coord_.tp == 0;
-  double stats[2] = {counts_loss ? loss_sum : 0.0, OwnedGradSumSquares()};
+  double stats[3] = {counts_loss ? loss_sum : 0.0, OwnedGradSumSquares(),
+                     checkpoint_vote ? 1.0 : 0.0};
   if (groups_->world != nullptr) {
-    RETURN_IF_ERROR(groups_->world->AllReduce(stats, 2, DataType::kFloat64, ReduceOp::kSum));
+    RETURN_IF_ERROR(groups_->world->AllReduce(stats, 3, DataType::kFloat64, ReduceOp::kSum));
   }
+  r.checkpoint_voted = stats[2] > 0;
   r.loss = stats[0] / (static_cast<double>(mesh_.dp()) * mesh_.micro_batches());
   // What the reduced gradients are multiplied by (BackwardSeed): 1 in fp32.
   const double multiplier = GradMultiplier();

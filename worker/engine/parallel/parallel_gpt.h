@@ -84,6 +84,7 @@ struct StepResult {
   // Bytes of every activation set this rank keeps (one per micro-batch a chunk holds in
   // flight), what train.recompute trades against time.
   size_t activation_bytes = 0;
+  bool checkpoint_voted = false;  // some rank voted for a checkpoint at this step (Step)
 };
 
 class ParallelGpt {
@@ -129,7 +130,9 @@ class ParallelGpt {
 
   // One optimizer step at learning rate `lr` over mesh.micro_batches() micro-batches from
   // `next_batch`. Errors are communication failures (a dead or hung peer).
-  StatusOr<StepResult> Step(const BatchFn& next_batch, double lr);
+  // `checkpoint_vote` rides in the step's all-reduce: StepResult::checkpoint_voted is true
+  // on every rank when any rank voted.
+  StatusOr<StepResult> Step(const BatchFn& next_batch, double lr, bool checkpoint_vote = false);
 
   // Mean loss over validation batches [0, batches), split over the dp ranks.
   StatusOr<double> Evaluate(int64_t batches, const EvalBatchFn& batch);

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -442,6 +443,70 @@ TEST_F(TrainerTest, FailedCheckpointsAreReportedAndTheModelIsStillWritten) {
   EXPECT_THAT(listener.failed_steps, ::testing::ElementsAre(5, 10, 15, 20));
   EXPECT_THAT(listener.last_error, ::testing::HasSubstr("not_a_dir"));
   EXPECT_TRUE(LoadModelFile((dir_ / "out" / "model.bin").string()).ok());
+}
+
+// A checkpoint request (SIGUSR1) reaches one rank only, at a moment of its own: its vote
+// rides in the step's all-reduce and both ranks save the same step. One pending before the
+// start is served at step 1; one made while step 5 is reported is served at step 6 (step
+// 5's all-reduce is over by then). Nothing else is saved until the final checkpoint.
+TEST_F(TrainerTest, ACheckpointRequestToOneRankIsSavedByEveryRankAtTheStepTheyAgreeOn) {
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics& m) override {
+      if (m.step == 5 && requests != nullptr) requests->fetch_add(1);
+    }
+    void OnCheckpoint(const v1::CheckpointRecord& record) override {
+      steps.push_back(record.step());
+    }
+    void OnDone() override {}
+    std::atomic<uint64_t>* requests = nullptr;
+    std::vector<int64_t> steps;  // complete checkpoints (rank 0 reports them)
+  };
+  JobSpec spec = Spec({"checkpoint.every_steps=1000", "checkpoint.keep_last=10",
+                       "train.eval_every=0", "train.micro_batch=2"});
+  parallel::InMemoryKvStore store;
+  std::atomic<uint64_t> requests[2] = {0, 1};  // rank 1: one request before the start
+  Listener listeners[2];
+  listeners[1].requests = &requests[1];
+  Status results[2];
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      TrainerOptions options;
+      options.spec = spec;
+      options.rank = rank;
+      options.world_size = 2;
+      options.store = &store;
+      options.listener = &listeners[rank];
+      options.checkpoint_requests = &requests[rank];
+      options.log_steps = false;
+      options.connect_timeout = std::chrono::seconds(30);
+      auto trainer = Trainer::Create(options);
+      results[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank];
+  EXPECT_THAT(listeners[0].steps, ::testing::ElementsAre(1, 6, 20));
+  const fs::path ckpt = dir_ / "out" / "ckpt";
+  for (int step : {1, 6, 20}) {
+    EXPECT_TRUE(fs::exists(ckpt / ("step_" + std::to_string(step)) / "manifest.json")) << step;
+  }
+  EXPECT_FALSE(fs::exists(ckpt / "step_2"));
+  EXPECT_FALSE(fs::exists(ckpt / "step_7"));
+}
+
+// A job that saves no checkpoints (every_steps 0) is not made to by a request.
+TEST_F(TrainerTest, ACheckpointRequestSavesNothingWhenTheJobSavesNoCheckpoints) {
+  std::atomic<uint64_t> requests{1};
+  TrainerOptions options;
+  options.spec = Spec({"train.steps=3", "train.eval_every=0"});
+  options.checkpoint_requests = &requests;
+  options.log_steps = false;
+  auto trainer = Trainer::Create(options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->Run().ok());
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "ckpt" / "step_1"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "model.bin"));
 }
 
 }  // namespace
