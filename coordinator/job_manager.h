@@ -20,10 +20,11 @@
 //
 // Growing back: a RUNNING job below its largest feasible world size is offered the slots
 // left free by a scheduling pass (PlanGrowth, refreshed by every pass). It keeps training
-// at its size until its next complete checkpoint; then that attempt ends ("resized", not
-// a failure: no restart counted, no back-off) and the next one resumes from that
-// checkpoint at the larger size. What a resize costs is the steps between the checkpoint
-// and the stop, not an interval: it happens at the checkpoint's report. For a short while
+// at its size until its next complete checkpoint, which it is asked to save at once (see
+// "Checkpoints on demand"); then that attempt ends ("resized", not a failure: no restart
+// counted, no back-off) and the next one resumes from that checkpoint at the larger size.
+// What a resize costs is the steps between the checkpoint and the stop, not an interval:
+// it happens at the checkpoint's report. For a short while
 // (the stop grace period plus a second) the next attempt is placed only at the planned
 // size, so that it waits for its old ranks' slots instead of starting small on the new
 // ones alone; after that it takes what fits, as after a failure.
@@ -34,6 +35,14 @@
 // it goes back to the queue (RECOVERING, no restart counted, its reason naming the job it
 // made room for) and resumes from that checkpoint when slots are free again. A job that
 // saves no checkpoints is never preempted: it would lose everything it trained.
+//
+// Checkpoints on demand (RequestCheckpoint; PlanResize makes one with each new plan): while
+// a request is pending, the agents of the job's ranks get a CheckpointTrainersOrder in every
+// heartbeat reply, and send each trainer SIGUSR1 once per request id; the ranks agree on
+// the step through their step's all-reduce (worker/engine/trainer.h). The request ends with
+// a complete checkpoint of a later step than the ranks had reported, or with the attempt.
+// In memory only: a coordinator restart forgets it (a resize plan is made again by the
+// first scheduling pass, and asks again).
 //
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
