@@ -42,8 +42,10 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
 }
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
+// `usr1`: the set of SIGUSR1 alone, the child's mask.
 [[noreturn]] void ExecChild(pid_t parent, int out_fd, int err_fd, int null_fd, int status_fd,
-                            const char* path, char* const* argv, char* const* envp) {
+                            const sigset_t* usr1, const char* path, char* const* argv,
+                            char* const* envp) {
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(126);  // the parent died before prctl took effect
@@ -60,10 +62,7 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   // Only SIGUSR1, a checkpoint request, stays blocked: the trainer takes it on a thread of
   // its own once it is ready (worker/engine/trainer_process.h), and one sent before that
   // waits, pending, instead of killing it (SIGUSR1's default action).
-  sigset_t usr1;
-  sigemptyset(&usr1);
-  sigaddset(&usr1, SIGUSR1);
-  sigprocmask(SIG_SETMASK, &usr1, nullptr);
+  sigprocmask(SIG_SETMASK, usr1, nullptr);
   execve(path, argv, envp);
   const char* msg = "drover: cannot exec trainer ";
   ssize_t ignored = write(STDERR_FILENO, msg, strlen(msg));
@@ -128,8 +127,8 @@ StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options) {
   pthread_sigmask(SIG_BLOCK, &usr1, &mask);
   pid_t pid = fork();
   if (pid == 0) {
-    ExecChild(parent, out_fd, err_fd, null_fd, sv[1], options.executable.c_str(), argv.data(),
-              envp.data());
+    ExecChild(parent, out_fd, err_fd, null_fd, sv[1], &usr1, options.executable.c_str(),
+              argv.data(), envp.data());
   }
   int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &mask, nullptr);

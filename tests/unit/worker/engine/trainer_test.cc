@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -79,6 +80,31 @@ class TrainerTest : public ::testing::Test {
     auto trainer = Trainer::Create(options);
     EXPECT_TRUE(trainer.ok()) << trainer.status();
     return trainer.ok() ? std::move(trainer).value() : nullptr;
+  }
+
+  // Runs `spec` to the end as ranks 0 and 1 of a world of two, in threads, each with the
+  // options `configure` adds; their results by rank.
+  static std::vector<Status> RunTwoRanks(const JobSpec& spec,
+                                         const std::function<void(TrainerOptions&)>& configure) {
+    parallel::InMemoryKvStore store;
+    std::vector<Status> results(2);
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.emplace_back([&, rank] {
+        TrainerOptions options;
+        options.spec = spec;
+        options.rank = rank;
+        options.world_size = 2;
+        options.store = &store;
+        options.log_steps = false;
+        options.connect_timeout = std::chrono::seconds(30);
+        configure(options);
+        auto trainer = Trainer::Create(options);
+        results[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    return results;
   }
 
   fs::path dir_;
@@ -327,25 +353,9 @@ TEST_F(TrainerTest, LossSpikeRollsBackEveryDataParallelRankTogether) {
   spec.checkpoint.dir = (dir_ / "two" / "ckpt").string();
   spec.train.micro_batch = 2;
   spec.parallel.zero_stage = 1;
-  parallel::InMemoryKvStore store;
   RollbackListener listeners[2];
-  Status results[2];
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
-      TrainerOptions options;
-      options.spec = spec;
-      options.rank = rank;
-      options.world_size = 2;
-      options.store = &store;
-      options.listener = &listeners[rank];
-      options.log_steps = false;
-      options.connect_timeout = std::chrono::seconds(30);
-      auto trainer = Trainer::Create(options);
-      results[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
-    });
-  }
-  for (auto& t : ranks) t.join();
+  const std::vector<Status> results =
+      RunTwoRanks(spec, [&](TrainerOptions& o) { o.listener = &listeners[o.rank]; });
   for (int rank = 0; rank < 2; ++rank) {
     ASSERT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank];
     ASSERT_EQ(listeners[rank].rollbacks.size(), 1u) << "rank " << rank;
@@ -463,28 +473,13 @@ TEST_F(TrainerTest, ACheckpointRequestToOneRankIsSavedByEveryRankAtTheStepTheyAg
   };
   JobSpec spec = Spec({"checkpoint.every_steps=1000", "checkpoint.keep_last=10",
                        "train.eval_every=0", "train.micro_batch=2"});
-  parallel::InMemoryKvStore store;
   std::atomic<uint64_t> requests[2] = {0, 1};  // rank 1: one request before the start
   Listener listeners[2];
   listeners[1].requests = &requests[1];
-  Status results[2];
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
-      TrainerOptions options;
-      options.spec = spec;
-      options.rank = rank;
-      options.world_size = 2;
-      options.store = &store;
-      options.listener = &listeners[rank];
-      options.checkpoint_requests = &requests[rank];
-      options.log_steps = false;
-      options.connect_timeout = std::chrono::seconds(30);
-      auto trainer = Trainer::Create(options);
-      results[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
-    });
-  }
-  for (auto& t : ranks) t.join();
+  const std::vector<Status> results = RunTwoRanks(spec, [&](TrainerOptions& o) {
+    o.listener = &listeners[o.rank];
+    o.checkpoint_requests = &requests[o.rank];
+  });
   for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank];
   EXPECT_THAT(listeners[0].steps, ::testing::ElementsAre(1, 6, 20));
   const fs::path ckpt = dir_ / "out" / "ckpt";
