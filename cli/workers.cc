@@ -27,6 +27,14 @@ CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
       std::string state = v1::NodeState_Name(n.state());
       if (state.rfind("NODE_", 0) == 0) state = state.substr(5);
       std::string device = n.slots().empty() ? "-" : v1::DeviceKind_Name(n.slots(0).device());
+      // A GPU node's first slot as the agent's probe described it: "cuda:0 NVIDIA H200 (139
+      // GiB)" shows as "CUDA NVIDIA H200 (139 GiB)".
+      if (!n.slots().empty() && n.slots(0).device() == v1::CUDA) {
+        const std::string& what = n.slots(0).description();
+        if (const size_t space = what.find(' '); space != std::string::npos) {
+          device += what.substr(space);
+        }
+      }
       std::string jobs;
       for (const v1::TrainerStatus& t : w.trainers()) {
         if (!jobs.empty()) jobs += ",";

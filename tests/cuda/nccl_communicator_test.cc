@@ -114,15 +114,26 @@ std::vector<std::string> OnRanks(const std::vector<std::string>& gpus,
   return results;
 }
 
-// Whether this machine can run NCCL groups at all (a GPU, a plugin with NCCL); the reason
-// to skip when not. Asked in a child, for the parent's sake.
-std::string Unusable() {
+// Skips the test where this machine cannot run NCCL groups (no GPU, a plugin built without
+// NCCL) and fails it where a GPU is listed but a rank cannot open it: on a GPU machine a
+// broken device must not pass as a skip. Asked in a child, for the parent's sake. (This
+// binary is the NCCL tests' own: a process that has used CUDA, as the op tests' does, leaves
+// its forked children an unusable runtime, "initialization error".)
+#define SKIP_UNLESS_NCCL_GROUPS_RUN()                                                      \
+  do {                                                                                     \
+    if (GpusHere() == 0) GTEST_SKIP() << "no GPU";                                         \
+    const std::string why = NcclGroupsUnusable();                                          \
+    if (why.rfind("skip: ", 0) == 0) GTEST_SKIP() << why.substr(6);                        \
+    if (!why.empty()) GTEST_FAIL() << "a GPU is listed but a rank cannot use it: " << why; \
+  } while (false)
+
+std::string NcclGroupsUnusable() {
   return OnRanks({"0"}, [](int, KvStore*) -> std::string {
     auto ops = CudaOps();
     if (!ops.ok()) return ops.status().ToString();
     auto device = LocalCudaDevice();
     if (!device.ok()) return device.status().ToString();
-    return device->nccl ? "" : "the CUDA plugin was built without NCCL";
+    return device->nccl ? "" : "skip: the CUDA plugin was built without NCCL";
   })[0];
 }
 
@@ -147,7 +158,7 @@ std::string Str(const std::vector<float>& v) {
   if (!(cond)) return std::string(what) + " (rank " + std::to_string(rank) + ")"
 
 TEST(NcclCommunicatorTest, GroupOfOneRunsEveryCollective) {
-  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
   auto results = OnRanks({"0"}, [](int rank, KvStore* store) -> std::string {
     Ops* ops = *CudaOps();
     auto comm = ConnectNcclThroughPlugin(ops, store, "g", 0, 1, CommOptions{milliseconds(10'000)},
@@ -171,7 +182,7 @@ TEST(NcclCommunicatorTest, GroupOfOneRunsEveryCollective) {
 }
 
 TEST(NcclCommunicatorTest, TwoRanksReduceGatherAndSendOnDeviceAndHostBuffers) {
-  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
   if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
   auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
     Ops* ops = *CudaOps();
@@ -241,7 +252,7 @@ TEST(NcclCommunicatorTest, TwoRanksReduceGatherAndSendOnDeviceAndHostBuffers) {
 // peer up to the connect timeout; a later call only up to the call timeout, and then the
 // communicator is aborted.
 TEST(NcclCommunicatorTest, OnlyTheFirstCallWaitsForALatePeerUpToTheConnectTimeout) {
-  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
   if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
   auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
     Ops* ops = *CudaOps();
@@ -271,7 +282,7 @@ TEST(NcclCommunicatorTest, OnlyTheFirstCallWaitsForALatePeerUpToTheConnectTimeou
 }
 
 TEST(NcclCommunicatorTest, TwoRanksOnOneGpuAreRefused) {
-  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
   auto results = OnRanks({"0", "0"}, [](int rank, KvStore* store) -> std::string {
     auto comm = ConnectNcclThroughPlugin(*CudaOps(), store, "g", rank, 2,
                                          CommOptions{milliseconds(20'000)}, milliseconds(20'000));
@@ -283,7 +294,7 @@ TEST(NcclCommunicatorTest, TwoRanksOnOneGpuAreRefused) {
 }
 
 TEST(NcclCommunicatorTest, PeerThatNeverJoinsGivesDeadlineExceeded) {
-  if (std::string why = Unusable(); !why.empty()) GTEST_SKIP() << why;
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
   auto results = OnRanks({"0"}, [](int, KvStore* store) -> std::string {
     const auto start = std::chrono::steady_clock::now();
     auto comm = ConnectNcclThroughPlugin(*CudaOps(), store, "g", 0, 2,

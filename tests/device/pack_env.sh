@@ -1,7 +1,7 @@
 # Sourced by check.sh, speed.sh and sanitize.sh on the GPU machine:
 #
 #   unpack_device_pack PACK.tar.xz DIR    unpacks the pack of pack.sh into DIR and sets
-#       bin        DIR/pack/bin, drover's programs, the CUDA plugin and cuda_tests;
+#       bin        DIR/pack/bin, drover's programs, the CUDA plugin, cuda_tests and nccl_tests;
 #       pack_lib   DIR/pack/lib, the Debian libraries they need;
 #     and exports LD_LIBRARY_PATH = pack_lib, then the CUDA libraries of the machine's
 #     PyTorch environment (cudart, cuBLAS, NCCL: pack.sh leaves them out), then what it was.

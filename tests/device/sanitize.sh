@@ -31,10 +31,16 @@ failed=0
 check() {  # check TOOL SECONDS GTEST_FILTER
   local tool=$1 seconds=$2 filter=$3
   echo "==== $tool: $filter"
-  timeout "$seconds" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+  timeout "$seconds" "$sanitizer" --tool "$tool" --error-exitcode 3 --print-limit 10 \
     "$bin/cuda_tests" --gtest_filter="$filter" > "$work/$tool.txt" 2>&1
   local rc=$?
-  tail -15 "$work/$tool.txt"
+  # The test that was running and the first report in full (a tail alone shows the host
+  # frames of the last one); the whole output to $OUT/sanitize-TOOL.txt.
+  awk '/^\[ RUN/ {run = $0}
+       /^========= [A-Z]/ && !/SUMMARY|COMPUTE-SANITIZER/ && !shown {print "first report, in " run; shown = 1; n = 30}
+       n > 0 {print; n--}' "$work/$tool.txt"
+  tail -6 "$work/$tool.txt"
+  [[ -z ${OUT:-} ]] || cp "$work/$tool.txt" "$OUT/sanitize-$tool.txt"
   if grep -q "Device not supported\|Unable to find injection library" "$work/$tool.txt"; then
     echo "SKIP $tool (the runtime refuses the sanitizer)"
   elif [[ $rc -eq 0 ]]; then

@@ -64,30 +64,39 @@ timeout 150 "$bin/drover" train "$work/speed.yaml" > "$work/drover.txt" 2>&1
 rc=$?
 kill "$smi" 2>/dev/null
 tail -4 "$work/drover.txt"
+# The CUDA backend's warnings (a GEMM that cuBLASLt had no algorithm for, say).
+grep 'drover cuda:' "$work/drover.txt" | sort | uniq -c | head -10
 [[ $rc -eq 0 ]] || echo "drover train exited $rc"
-# Where drover's step time goes, op by op (each op synchronised, so no overlap), with the
-# fused attention on mma.sync register tiles, then on wmma tiles, then with the GEMM version
-# (which keeps the T x T probabilities).
-timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
-  --set output_dir="$work/out-profile" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
-echo "---- the same with DROVER_CUDA_ATTENTION=wmma"
-DROVER_CUDA_ATTENTION=wmma timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
-  --set output_dir="$work/out-profile-wmma" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
-echo "---- the same with DROVER_CUDA_ATTENTION=gemms"
-DROVER_CUDA_ATTENTION=gemms timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
-  --set output_dir="$work/out-profile-gemms" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
-echo "---- the same with DROVER_CUDA_GEMM_INPUTS=fp32 (fp32 operand buffers, GEMMs on fp32 inputs)"
-DROVER_CUDA_GEMM_INPUTS=fp32 timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
-  --set output_dir="$work/out-profile-fp32-inputs" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+# DROVER_SPEED_PROFILE=0 leaves out the op profiles below, DROVER_SPEED_TORCH=0 PyTorch (the
+# MFU is then against DROVER_SPEED_PEAK_TFLOPS, a GEMM rate measured earlier, if given).
+if [[ ${DROVER_SPEED_PROFILE:-1} == 1 ]]; then
+  # Where drover's step time goes, op by op (each op synchronised, so no overlap), with the
+  # fused attention on mma.sync register tiles, then on wmma tiles, then with the GEMM version
+  # (which keeps the T x T probabilities).
+  timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
+    --set output_dir="$work/out-profile" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+  echo "---- the same with DROVER_CUDA_ATTENTION=wmma"
+  DROVER_CUDA_ATTENTION=wmma timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
+    --set output_dir="$work/out-profile-wmma" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+  echo "---- the same with DROVER_CUDA_ATTENTION=gemms"
+  DROVER_CUDA_ATTENTION=gemms timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
+    --set output_dir="$work/out-profile-gemms" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+  echo "---- the same with DROVER_CUDA_GEMM_INPUTS=fp32 (fp32 operand buffers, GEMMs on fp32 inputs)"
+  DROVER_CUDA_GEMM_INPUTS=fp32 timeout 90 "$bin/drover" train "$work/speed.yaml" --set train.steps=4 \
+    --set output_dir="$work/out-profile-fp32-inputs" --profile-ops 2>&1 | sed -n '/^ops profile/,$p'
+fi
 # PyTorch after drover (drover's numbers matter more if time runs out); it measures the
 # GEMM rate that both MFUs are against.
-without_pack_libs timeout 300 python3 "$here/torch_gpt2_bench.py" --model "$model" --batches "$batch" \
-  --steps "$steps" "${torch_args[@]}" > "$work/torch.txt" 2>&1
-tail -8 "$work/torch.txt"
-peak=$(python3 -c 'import json,sys
+peak=${DROVER_SPEED_PEAK_TFLOPS:-}
+if [[ ${DROVER_SPEED_TORCH:-1} == 1 ]]; then
+  without_pack_libs timeout 300 python3 "$here/torch_gpt2_bench.py" --model "$model" \
+    --batches "$batch" --steps "$steps" "${torch_args[@]}" > "$work/torch.txt" 2>&1
+  tail -8 "$work/torch.txt"
+  peak=$(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     if "bf16_gemm_tflops_measured" in l: print(json.loads(l)["bf16_gemm_tflops_measured"])' \
-  "$work/torch.txt" 2>/dev/null)
+    "$work/torch.txt" 2>/dev/null)
+fi
 
 python3 - "$work/out/metrics.jsonl" "$work/mem.txt" "$L" "$C" "${peak:-0}" "$model" "$batch" "$T" <<'PY'
 import json, statistics, sys

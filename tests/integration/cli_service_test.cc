@@ -94,6 +94,33 @@ TEST_F(CliServiceTest, CheckpointRefusesAJobThatIsNotRunning) {
       << ended.out;
 }
 
+// A GPU node's agent describes each slot as its driver probe found it; the table shows the
+// first slot's GPU beside the device kind.
+TEST_F(CliServiceTest, WorkersShowsTheGpuOfAGpuNode) {
+  StartCluster(1);
+  auto workers = v1::WorkerService::NewStub(MakeChannel(cluster_->address(), {}));
+  v1::RegisterRequest req;
+  req.set_name("gpu7");
+  req.set_agent_id("gpu7-1");
+  req.set_protocol_version(1);
+  for (int i = 0; i < 2; ++i) {
+    v1::Slot* slot = req.add_slots();
+    slot->set_index(i);
+    slot->set_device(v1::CUDA);
+    slot->set_description("cuda:" + std::to_string(i) + " NVIDIA H200 (139 GiB)");
+  }
+  v1::RegisterResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineMs(&ctx, 5000);
+  ASSERT_TRUE(workers->Register(&ctx, req, &resp).ok());
+  CliResult table = RunCli(cluster_->root(), Cli({"workers"}));
+  ASSERT_EQ(table.code, 0) << table.out;
+  EXPECT_TRUE(std::regex_search(table.out, std::regex("\ngpu7 +ALIVE +CUDA NVIDIA H200 \\(139 "
+                                                      "GiB\\) +2 +2 ")))
+      << table.out;
+  EXPECT_TRUE(std::regex_search(table.out, std::regex("\nw0 +ALIVE +CPU +[0-9]"))) << table.out;
+}
+
 TEST_F(CliServiceTest, RmRefusesALiveJobAndDeletesAFinishedOneForGood) {
   StartCluster(1);
   const std::string id = SubmitByCli(WriteSpec("rm", 10000, 50));

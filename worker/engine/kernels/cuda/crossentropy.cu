@@ -4,6 +4,8 @@
 // (an online max and sum, as FlashAttention's softmax). The logits are an operand buffer
 // (ops.h): 16-bit in a mixed-precision run, else floats read as values of the run's
 // precision (the head GEMM's output, which Ops::NarrowWritten leaves unrounded).
+#include <cstdint>
+
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -13,6 +15,7 @@ namespace drover::engine::cuda {
 namespace {
 
 constexpr unsigned kThreads = 256;
+constexpr int kPerWord = 8;  // 16-bit values in a 16-byte load
 
 template <typename T, typename Op>
 __device__ T BlockReduce(T v, T* shared, Op op) {
@@ -65,6 +68,42 @@ __global__ void CrossEntropyForwardKernel(float* losses, float* lse, OperandIn l
     const float l = all.max + logf(all.sum);
     lse[n] = l;
     losses[n] = l - row.Get(targets[n]);
+  }
+}
+
+// The same on a 16-bit operand buffer whose rows start on 16-byte boundaries: 8 logits a
+// load. One element at a time, a thread has one 2-byte load in flight: GPT-2's logits (32768
+// rows of 50304 at batch 32) took 2.9 ms on an H200, 8 a load 0.9 ms.
+template <typename N>
+__global__ void CrossEntropyForwardWords(float* losses, float* lse, const N* logits,
+                                         const int32_t* targets, int V, int Vp) {
+  __shared__ MaxSum shared[kThreads];
+  const int n = blockIdx.x;
+  const N* row = logits + static_cast<size_t>(n) * Vp;
+  const uint4* words = reinterpret_cast<const uint4*>(row);
+  MaxSum mine{-INFINITY, 0.0f};
+  const int whole = V / kPerWord;  // words of live columns only
+  for (int w = threadIdx.x; w < whole; w += blockDim.x) {
+    const Word8<N> x = Word8<N>::Load(words + w);
+    float v[kPerWord];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) {
+      v[k] = ToFloat(x.v[k]);
+      m = fmaxf(m, v[k]);
+    }
+    if (m > mine.max) mine = {m, mine.sum * expf(mine.max - m)};
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) mine.sum += expf(v[k] - mine.max);
+  }
+  for (int i = whole * kPerWord + static_cast<int>(threadIdx.x); i < V; i += blockDim.x) {
+    mine = Seen(mine, ToFloat(row[i]));
+  }
+  const MaxSum all = BlockReduce(mine, shared, Combine());
+  if (threadIdx.x == 0) {
+    const float l = all.max + logf(all.sum);
+    lse[n] = l;
+    losses[n] = l - ToFloat(row[targets[n]]);
   }
 }
 
@@ -123,14 +162,52 @@ __global__ void CrossEntropyBackwardKernel(OperandOut dlogits, OperandIn logits,
   }
 }
 
+// The same on 16-bit operand buffers whose rows start on 16-byte boundaries (Vp a multiple
+// of 8), 8 elements a load and a store; the same arithmetic per element (GPT-2's logits, as
+// above: 4.8 ms one element at a time, 1.65 ms so).
+template <typename N>
+__global__ void CrossEntropyBackwardWords(N* dlogits, const N* logits, const float* lse,
+                                          const int32_t* targets, float dloss, int V, int Vp) {
+  const int n = blockIdx.x;
+  const uint4* in = reinterpret_cast<const uint4*>(logits + static_cast<size_t>(n) * Vp);
+  uint4* out = reinterpret_cast<uint4*>(dlogits + static_cast<size_t>(n) * Vp);
+  const float l = lse[n];
+  const int target = targets[n];
+  for (int w = threadIdx.x; w < Vp / kPerWord; w += blockDim.x) {
+    const Word8<N> x = Word8<N>::Load(in + w);
+    Word8<N> g;
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) {
+      const int i = w * kPerWord + k;
+      float d = 0.0f;
+      if (i < V) d = dloss * expf(ToFloat(x.v[k]) - l) - (i == target ? dloss : 0.0f);
+      g.v[k] = ToNarrow<N>(d);
+    }
+    g.Store(out + w);
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
 
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
                          const int32_t* targets, int N, int V, int Vp, Precision operands,
                          bool narrow, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V);
-  DROVER_LAUNCH(CrossEntropyForwardKernel, N, kThreads, 0, stream)
-  (losses, lse, OperandIn{logits, narrow, operands}, targets, V, Vp);
+  DROVER_CUDA_REQUIRE(!narrow || operands != Precision::kFp32);
+  if (narrow && Vp % kPerWord == 0 && Aligned16(logits)) {
+    if (operands == Precision::kBf16) {
+      DROVER_LAUNCH(CrossEntropyForwardWords<__nv_bfloat16>, N, kThreads, 0, stream)
+      (losses, lse, reinterpret_cast<const __nv_bfloat16*>(logits), targets, V, Vp);
+    } else {
+      DROVER_LAUNCH(CrossEntropyForwardWords<__half>, N, kThreads, 0, stream)
+      (losses, lse, reinterpret_cast<const __half*>(logits), targets, V, Vp);
+    }
+  } else {
+    DROVER_LAUNCH(CrossEntropyForwardKernel, N, kThreads, 0, stream)
+    (losses, lse, OperandIn{logits, narrow, operands}, targets, V, Vp);
+  }
   DROVER_CUDA_LAUNCHED();
   DROVER_LAUNCH(MeanKernel, 1, kThreads, 0, stream)(mean_out, losses, N);
   DROVER_CUDA_LAUNCHED();
@@ -162,9 +239,21 @@ void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
   // V may be 0: a vocabulary slice of padding only, whose gradient is zeros.
   DROVER_CUDA_REQUIRE(N > 0 && V >= 0 && Vp >= V && Vp > 0);
   DROVER_CUDA_REQUIRE(!narrow_out || store != Precision::kFp32);
-  DROVER_LAUNCH(CrossEntropyBackwardKernel, N, kThreads, 0, stream)
-  (OperandOut{dlogits, narrow_out, store}, OperandIn{logits, narrow_out, store}, lse, targets,
-   dloss, V, Vp);
+  if (narrow_out && Vp % kPerWord == 0 && Aligned16(logits) && Aligned16(dlogits)) {
+    if (store == Precision::kBf16) {
+      DROVER_LAUNCH(CrossEntropyBackwardWords<__nv_bfloat16>, N, kThreads, 0, stream)
+      (reinterpret_cast<__nv_bfloat16*>(dlogits), reinterpret_cast<const __nv_bfloat16*>(logits),
+       lse, targets, dloss, V, Vp);
+    } else {
+      DROVER_LAUNCH(CrossEntropyBackwardWords<__half>, N, kThreads, 0, stream)
+      (reinterpret_cast<__half*>(dlogits), reinterpret_cast<const __half*>(logits), lse, targets,
+       dloss, V, Vp);
+    }
+  } else {
+    DROVER_LAUNCH(CrossEntropyBackwardKernel, N, kThreads, 0, stream)
+    (OperandOut{dlogits, narrow_out, store}, OperandIn{logits, narrow_out, store}, lse, targets,
+     dloss, V, Vp);
+  }
   DROVER_CUDA_LAUNCHED();
 }
 

@@ -25,13 +25,21 @@ void* DeviceMallocOrExit(size_t bytes);
 template <typename T>
 class Scratch {
  public:
-  // At least n elements (256-byte aligned, as cudaMalloc's). Growing frees the old memory
-  // at once: cudaFree synchronises with the device first, so no kernel still uses it.
+  // At least n elements (256-byte aligned, as cudaMalloc's), and the rest of the 16 bytes
+  // the last one ends in, zeros when new: cuBLAS's kernels for 16-byte aligned operands read
+  // whole 16-byte words, past the last element of a matrix whose rows end inside one (a
+  // GEMM's staged dout with ldo > OC: compute-sanitizer's memcheck saw the read on an H200).
+  // Growing frees the old memory at once: cudaFree synchronises with the device first, so
+  // no kernel still uses it.
   T* Get(size_t n) {
     if (n > size_) {
       if (data_ != nullptr) DROVER_CUDA_CHECK(cudaFree(data_));
-      data_ = static_cast<T*>(DeviceMallocOrExit(n * sizeof(T)));
-      size_ = n;
+      const size_t bytes = (n * sizeof(T) + 15) / 16 * 16;
+      data_ = static_cast<T*>(DeviceMallocOrExit(bytes));
+      // On the legacy stream, waited for: the table's streams do not wait for it.
+      DROVER_CUDA_CHECK(cudaMemsetAsync(data_, 0, bytes, nullptr));
+      DROVER_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+      size_ = bytes / sizeof(T);
     }
     return data_;
   }

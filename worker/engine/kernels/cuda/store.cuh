@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstring>
+
 #include "worker/engine/kernels/precision.h"
 
 namespace drover::engine::cuda {
@@ -30,6 +32,26 @@ __device__ __forceinline__ float Stored(float x, Precision store) {
   if (store == Precision::kFp16) return __half2float(__float2half_rn(x));
   return x;
 }
+
+// Eight 16-bit values of type N, loaded or stored as one 16-byte word (an operand buffer read
+// 8 elements a load where it is 16-byte aligned). Copied from and to the word with memcpy,
+// which compiles to register moves: reading a uint4 through an N pointer is undefined in
+// C++ (the kernel emulator's compiler assumed the two never alias and lost the writes).
+template <typename N>
+struct Word8 {
+  N v[8];
+  __device__ __forceinline__ static Word8 Load(const uint4* p) {
+    const uint4 raw = *p;
+    Word8 w;
+    memcpy(&w, &raw, sizeof(raw));
+    return w;
+  }
+  __device__ __forceinline__ void Store(uint4* p) const {
+    uint4 raw;
+    memcpy(&raw, this, sizeof(raw));
+    *p = raw;
+  }
+};
 
 // An operand buffer (ops.h: Ops::OperandFloats) as a kernel writes it: 16-bit values of the
 // run's precision where `narrow` (CUDA's mixed precision), else floats holding them. Offsets
