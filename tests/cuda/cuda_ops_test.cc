@@ -796,9 +796,10 @@ TEST_F(CudaOpsTest, AdamWOverSegmentsInOnePass) {
   ExpectClose(Host(gv, n), v, "adamw segments v", 1e-5, 1e-9);
 }
 
-// 20 steps of a small GPT through the whole trainer, on the GPU and on the CPU, in fp32
-// and in bf16 (both store floats rounded to bf16; a value next to a rounding boundary may
-// land on the other side on one of them, hence the looser bound).
+// 20 steps of a small GPT through the whole trainer, on the GPU and on the CPU, in fp32,
+// in bf16 and in fp16 with the dynamic loss scaler (both store floats rounded to the
+// 16-bit type; a value next to a rounding boundary may land on the other side on one of
+// them, hence the looser bound).
 TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
   namespace fs = std::filesystem;
   // One directory per process: ctest runs this test in two binaries' runs at once
@@ -812,9 +813,10 @@ TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
     tokens[i] = rng_() % 6 == 0 ? rng_() % 64 : static_cast<uint16_t>((i * 5 + i / 7) % 61);
   }
   ASSERT_TRUE(WriteTokenShard((dir / "train.bin").string(), tokens).ok());
-  for (const auto& [dtype, rtol] :
-       std::vector<std::pair<std::string, double>>{{"fp32", 1e-4}, {"bf16", 5e-3}}) {
+  for (const auto& [dtype, rtol] : std::vector<std::pair<std::string, double>>{
+           {"fp32", 1e-4}, {"bf16", 5e-3}, {"fp16", 5e-3}}) {
     std::vector<std::vector<double>> losses;
+    std::vector<std::string> scales;  // fp16: each step's loss scale, "skipped" where it was
     for (const std::string device : {"cpu", "cuda"}) {
       auto spec = ParseJobSpec(
           "name: cuda-check\noutput_dir: " + (dir / (device + dtype)).string() +
@@ -834,10 +836,14 @@ TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
       auto trainer = Trainer::Create(options);
       ASSERT_TRUE(trainer.ok()) << device << ": " << trainer.status();
       losses.emplace_back();
+      scales.emplace_back();
       for (int s = 0; s < 20; ++s) {
         auto m = (*trainer)->Step();
         ASSERT_TRUE(m.ok()) << device << ": " << m.status();
         losses.back().push_back(m->loss);
+        if (m->loss_scale.has_value()) {
+          scales.back() += std::to_string(*m->loss_scale) + (m->skipped ? " skipped, " : ", ");
+        }
         // The scratch buffers grow in the first steps; then no step allocates device memory
         // (a cudaMalloc synchronises the whole GPU).
         EXPECT_EQ(m->device_allocations.has_value(), device == "cuda");
@@ -846,6 +852,9 @@ TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
         }
       }
     }
+    // fp16's dynamic loss scaler skips and backs off at the same steps on both.
+    EXPECT_EQ(scales[1], scales[0]) << dtype;
+    EXPECT_EQ(scales[0].empty(), dtype != "fp16") << dtype << ": " << scales[0];
     for (int s = 0; s < 20; ++s) {
       EXPECT_NEAR(losses[1][s], losses[0][s], rtol * losses[0][s]) << dtype << " step " << s + 1;
     }
