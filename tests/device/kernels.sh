@@ -6,7 +6,7 @@
 # --profile-ops`, start-up (cuBLASLt's heuristics, lazy module loads) is not in it, and
 # cuBLAS's own kernels are named, so a GEMM that took a slow algorithm shows.
 #
-#   tests/device/kernels.sh PACK|BIN_DIR [MODEL [BATCH [STEPS]]]     MODEL: tiny | 124m | 350m
+#   tests/device/kernels.sh PACK|BIN_DIR [MODEL [BATCH [STEPS]]]     MODEL: tiny | 124m | 350m | 774m
 #
 # The CSV of every kernel goes to $OUT/kernels.csv when $OUT is set. DROVER_SPEED_DEVICE is
 # not read: this needs a GPU and ncu (on gVisor ncu cannot read the counters: it says so).
@@ -24,12 +24,7 @@ if [[ -f $bin ]]; then
 fi
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [[ -n $ncu ]] || { echo "kernels: ncu is not installed"; exit 0; }
-case $model in
-  tiny) L=2 NH=2 C=64 ;;
-  124m) L=12 NH=12 C=768 ;;
-  350m) L=24 NH=16 C=1024 ;;
-  *) echo "unknown model $model"; exit 2 ;;
-esac
+gpt2_shape "$model" || exit 2
 T=1024
 echo "==== kernels: GPT-2 $model, T=$T, bf16, batch $batch, $steps steps under ncu"
 python3 "$here/../bench/random_shard.py" "$work/train.bin" 2000000

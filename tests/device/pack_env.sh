@@ -7,6 +7,8 @@
 #     PyTorch environment (cudart, cuBLAS, NCCL: pack.sh leaves them out), then what it was.
 #   without_pack_libs COMMAND...          runs COMMAND (python3 with PyTorch) without pack_lib on
 #                                         its library path.
+#   gpt2_shape MODEL                      sets L, NH and C of tiny | 124m | 350m | 774m (speed.sh,
+#                                         kernels.sh); fails on another name.
 #
 # Why without_pack_libs: the pack's libraries are Debian 12's (zlib, OpenSSL, SQLite, libgomp,
 # ...), and the device image's Python and its extension modules were built against their
@@ -34,4 +36,14 @@ without_pack_libs() {
   # the bare expansion ended the calling script, silently, before PyTorch's part.
   local path=${LD_LIBRARY_PATH:-}
   LD_LIBRARY_PATH=${path#"${DROVER_PACK_LIB:-}:"} "$@"
+}
+
+gpt2_shape() {
+  case $1 in
+    tiny) L=2 NH=2 C=64 ;;
+    124m) L=12 NH=12 C=768 ;;
+    350m) L=24 NH=16 C=1024 ;;
+    774m) L=36 NH=20 C=1280 ;;
+    *) echo "unknown model $1 (tiny, 124m, 350m, 774m)"; return 2 ;;
+  esac
 }

@@ -36,13 +36,7 @@ if [[ $device == cpu ]]; then
   T=64
   torch_args=(--device cpu --T 64 --peak-tflops 1)
 fi
-case $model in
-  tiny) L=2 NH=2 C=64 ;;
-  124m) L=12 NH=12 C=768 ;;
-  350m) L=24 NH=16 C=1024 ;;
-  774m) L=36 NH=20 C=1280 ;;
-  *) echo "unknown model $model"; exit 2 ;;
-esac
+gpt2_shape "$model" || exit 2
 echo "==== speed (information): GPT-2 $model, T=$T, bf16, batch $batch, on $device"
 
 # Random tokens (the data does not change the speed).

@@ -4,8 +4,6 @@
 // (an online max and sum, as FlashAttention's softmax). The logits are an operand buffer
 // (ops.h): 16-bit in a mixed-precision run, else floats read as values of the run's
 // precision (the head GEMM's output, which Ops::NarrowWritten leaves unrounded).
-#include <cstdint>
-
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -15,7 +13,6 @@ namespace drover::engine::cuda {
 namespace {
 
 constexpr unsigned kThreads = 256;
-constexpr int kPerWord = 8;  // 16-bit values in a 16-byte load
 
 template <typename T, typename Op>
 __device__ T BlockReduce(T v, T* shared, Op op) {
@@ -186,8 +183,6 @@ __global__ void CrossEntropyBackwardWords(N* dlogits, const N* logits, const flo
     g.Store(out + w);
   }
 }
-
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "worker/engine/kernels/precision.h"
@@ -37,9 +38,14 @@ __device__ __forceinline__ float Stored(float x, Precision store) {
 // 8 elements a load where it is 16-byte aligned). Copied from and to the word with memcpy,
 // which compiles to register moves: reading a uint4 through an N pointer is undefined in
 // C++ (the kernel emulator's compiler assumed the two never alias and lost the writes).
+inline constexpr int kPerWord = 8;  // 16-bit values in a 16-byte word
+
+// Whether p may be read and written in 16-byte words (host side, choosing a kernel).
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 template <typename N>
 struct Word8 {
-  N v[8];
+  N v[kPerWord];
   __device__ __forceinline__ static Word8 Load(const uint4* p) {
     const uint4 raw = *p;
     Word8 w;
@@ -70,7 +76,7 @@ struct OperandOut {
       static_cast<__half*>(data)[i] = __float2half_rn(x);
     }
   }
-  __device__ __forceinline__ OperandOut At(size_t offset) const {
+  __host__ __device__ __forceinline__ OperandOut At(size_t offset) const {
     return {static_cast<char*>(data) + offset * (narrow ? 2 : 4), narrow, precision};
   }
 };
@@ -89,7 +95,7 @@ struct OperandIn {
     }
     return __half2float(static_cast<const __half*>(data)[i]);
   }
-  __device__ __forceinline__ OperandIn At(size_t offset) const {
+  __host__ __device__ __forceinline__ OperandIn At(size_t offset) const {
     return {static_cast<const char*>(data) + offset * (narrow ? 2 : 4), narrow, precision};
   }
 };
