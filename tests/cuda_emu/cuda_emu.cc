@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -113,6 +114,15 @@ struct Fiber {
   // scheduler resumes a fiber only once it can go on: a switch costs a system call.
   const uint64_t* generation = nullptr;
   uint64_t waits_for = 0;
+  // cp.async copies issued and not yet landed: `open` since the last commit, `groups`
+  // committed, oldest first (CpAsync).
+  struct AsyncCopy {
+    unsigned char* dst;
+    unsigned char bytes[16];
+    int size;
+  };
+  std::vector<AsyncCopy> open;
+  std::deque<std::vector<AsyncCopy>> groups;
 };
 struct Warp {
   int live = 0, arrived = 0;
@@ -120,6 +130,7 @@ struct Warp {
   double slots[32] = {};
   float tile[256] = {};      // WarpTile()
   uint32_t mma[32][6] = {};  // MmaM16N8K16: each lane's a and b registers
+  const unsigned char* rows[32] = {};  // LdMatrixX4: each lane's row address
 };
 
 // One block in flight on this host thread.
@@ -342,6 +353,76 @@ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], 
   }
   WarpBarrier();  // every lane has read the fragments, before any lane writes them again
   for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+namespace {
+
+// Aborts unless [p, p + bytes) lies inside the running block's dynamic shared memory.
+void CheckShared(const void* p, size_t bytes, const char* what) {
+  const Block& b = *g_block;
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (c < b.shared || c + bytes > b.shared + b.shared_bytes) {
+    std::fprintf(stderr, "cuda emulator: %s outside the block's dynamic shared memory\n", what);
+    std::abort();
+  }
+}
+
+}  // namespace
+
+void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
+  CheckSynchronisable("ldmatrix");
+  Block& blk = *g_block;
+  const unsigned lane = static_cast<unsigned>(blk.current - blk.fibers.data()) % 32;
+  Warp& w = blk.warps[blk.current->warp];
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) Die("ldmatrix: a row address not 16-byte aligned");
+  CheckShared(row, 16, "ldmatrix: a row");
+  w.rows[lane] = static_cast<const unsigned char*>(row);
+  WarpBarrier();  // every lane's address is in
+  // Element (i, j) of matrix m: the j-th 16-bit value of the row lane 8m + i gave.
+  auto element = [&](int m, int i, int j) {
+    uint16_t v;
+    std::memcpy(&v, w.rows[8 * m + i] + 2 * j, sizeof(v));
+    return static_cast<uint32_t>(v);
+  };
+  const int a = static_cast<int>(lane / 4), c = static_cast<int>(2 * (lane % 4));
+  uint32_t got[4];
+  for (int m = 0; m < 4; ++m) {
+    got[m] = trans ? element(m, c, a) | element(m, c + 1, a) << 16
+                   : element(m, a, c) | element(m, a, c + 1) << 16;
+  }
+  WarpBarrier();  // every lane has read, before any lane gives an address again
+  for (int m = 0; m < 4; ++m) r[m] = got[m];
+}
+
+void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {
+  CheckSynchronisable("cp.async");
+  if (bytes != 4 && bytes != 8 && bytes != 16) Die("cp.async: a copy of other than 4, 8 or 16 bytes");
+  if (src_bytes < 0 || src_bytes > bytes) Die("cp.async: a source size past the copy");
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 ||
+      (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % bytes != 0)) {
+    Die("cp.async: an address not aligned to the copy's size");
+  }
+  CheckShared(dst, bytes, "cp.async: a destination");
+  if (src_bytes > 0 && !InDeviceMemory(src, src_bytes)) Die("cp.async: a source outside device memory");
+  Fiber::AsyncCopy copy{static_cast<unsigned char*>(dst), {}, bytes};
+  if (src_bytes > 0) std::memcpy(copy.bytes, src, src_bytes);
+  g_block->current->open.push_back(copy);
+}
+
+void CpAsyncCommit() {
+  CheckSynchronisable("cp.async.commit_group");
+  Fiber& f = *g_block->current;
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+
+void CpAsyncWait(int n) {
+  CheckSynchronisable("cp.async.wait_group");
+  Fiber& f = *g_block->current;
+  while (f.groups.size() > static_cast<size_t>(std::max(n, 0))) {
+    for (const Fiber::AsyncCopy& c : f.groups.front()) std::memcpy(c.dst, c.bytes, c.size);
+    f.groups.pop_front();
+  }
 }
 
 std::mutex g_attributes_mu;

@@ -27,6 +27,9 @@
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
 };
+struct alignas(8) float2 {
+  float x, y;
+};
 struct float4 {
   float x, y, z, w;
 };
@@ -69,6 +72,21 @@ double ShuffleXor(double value, int offset);
 // Warp-wide: every lane of the warp must reach it. The products of 16-bit values are exact in
 // fp32; each output adds them to c in k order (the tensor cores' order is their own).
 void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool fp16);
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA, "ldmatrix"): four 8 x 8
+// matrices of 16-bit elements from shared memory, lane l giving the address of row l % 8 of
+// matrix l / 8 (16 bytes, 16-byte aligned, inside the block's shared memory). Lane L gets
+// r[i] = M_i(L / 4, 2 (L % 4)) | M_i(L / 4, 2 (L % 4) + 1) << 16, or with `trans`
+// M_i(2 (L % 4), L / 4) | M_i(2 (L % 4) + 1, L / 4) << 16. Warp-wide, like mma.sync.
+void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans);
+// cp.async.cg.shared.global (16 bytes) or cp.async.ca (4, 8): `src_bytes` bytes of `src`
+// then zeros, into shared memory at `dst`. As on the device, the copy lands only when this
+// thread waits for its group (CpAsyncWait): a kernel that reads the tile without waiting
+// reads what was there before (NaN bytes in a fresh block).
+void CpAsync(void* dst, const void* src, int bytes, int src_bytes);
+// cp.async.commit_group: this thread's copies since the last commit become a group.
+void CpAsyncCommit();
+// cp.async.wait_group n: all but the newest `n` of this thread's groups have landed.
+void CpAsyncWait(int n);
 // Whether the device takes a launch of `kernel` in this configuration: false (with the error
 // cudaGetLastError returns set) for one it would refuse: an invalid configuration, or more
 // than 48 KiB of dynamic shared memory unless the kernel's

@@ -12,34 +12,47 @@
 // to the run's 16-bit type (bf16 or fp16), at twice TF32's rate; the softmax, its running
 // max and sum, its gradient and every accumulation stay fp32.
 //
-// Work: 64-row tiles, a block of 4 warps, each warp 16 of the tile's rows.
+// Work: blocks of 4 warps; key tiles of 64 rows.
 //   forward: a block per query tile walks the key tiles up to the diagonal; each warp keeps
-//            its rows' output (16 x HS), running max and running sum in registers, and
-//            writes out = o / l, lse = m + log l and the fp32 copy of out backward reads.
-//   D:       fused_attention.cuh: D = rowsum(dout * out) per row.
+//            its rows' output (rows x HS), running max and running sum in registers, and
+//            writes out = o / l, lse = m + log l and the fp32 copy of out backward reads. A
+//            warp takes 32 rows (two 16-row mma tiles, so each k and v fragment it loads
+//            feeds two products) up to HS = 64, and 16 at HS = 128 (registers).
+//   D:       one pass over dout: D = rowsum(dout * out) per row, and dout narrowed to N
+//            (its tiles then load as 16-bit copies, asynchronously, as q, k and v do).
 //   dk, dv:  a block per key tile walks the query tiles from the diagonal on; each warp
 //            recomputes its 16 keys' P^T and dS^T from lse and D and accumulates
 //            dv = P^T dout and dk = dS^T q in registers.
-//   dq:      a block per query tile walks the key tiles up to the diagonal; each warp
+//   dq:      a block per 64-row query tile walks the key tiles up to the diagonal; each warp
 //            recomputes P and dS for its 16 rows and accumulates dq = dS k in registers.
 // Every element of dqkv is written once, with no atomics: the backward is deterministic, at
 // the price of computing S and dP twice (once per backward kernel).
 //
-// Shared memory holds each tile as 16-bit values, row-major (X[row][channel], rows HS + 8
-// apart) where a product reads it as "one row per B column" (k for q k^T, v for dout v^T, q
-// for k q^T, dout for v dout^T) and transposed (X[channel][row], rows 72 apart) where it
-// reads it as "one row per k step" (v for P v, dout for P^T dout, q for dS^T q, k for dS k).
-// Either way a lane's operand register is one 32-bit load, and the 8 pad elements put the
-// 8 row groups of a warp's loads 4 banks apart: no bank conflicts.
+// Memory: each tile sits in shared memory once, row-major (X[row][channel], rows HS + 8
+// elements apart: the 8 pad elements put the 8 rows an ldmatrix reads 16 bytes apart in the
+// banks, so it has no conflicts). ldmatrix reads it in either orientation (mma.cuh): plain
+// where a product takes a row per B column (k for q k^T, v for dout v^T, q for k q^T, dout
+// for v dout^T), transposed where it takes a row per k step (v for P v, dout for P^T dout, q
+// for dS^T q, k for dS k). The tiles a block walks are double-buffered and copied with
+// cp.async (async_copy.cuh): the next tile's loads are in flight while the tensor cores work
+// on this one. Measured on an H200 at GPT-2 124M, B = 32, T = 1024 (tests/device/kernels.sh):
+// the kernels this replaced (32-bit fragment loads, a transposed second copy of four tiles
+// stored element by element, synchronous loads, 16 rows a warp, dout read as fp32) took
+// 6.8 ms forward and 24.4 ms backward a step.
 //
 // Only mixed-precision runs with a head size of 16, 32, 64 or 128 come here
-// (MmaAttentionApplies). State and dot are those of the wmma kernels (fused_attention.cuh).
+// (MmaAttentionApplies).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
+#include "worker/engine/kernels/cuda/async_copy.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/fused_attention.cuh"
 #include "worker/engine/kernels/cuda/launch.h"
@@ -53,153 +66,217 @@ namespace {
 using fused::Align;
 using fused::At;
 using fused::kThreads;
-using fused::kTile;
 
-constexpr int kBlocks = kTile / 8;  // 8-column blocks of a 64-wide score tile
-constexpr int kSteps = kTile / 16;  // 16-deep k steps through 64 rows
+constexpr int kWarps = kThreads / 32;
+constexpr int kKeys = 64;              // rows of a key tile, and of the backward's query tiles
+constexpr int kBlocks = kKeys / 8;     // 8-column blocks of a 64-wide score tile
+constexpr int kSteps = kKeys / 16;     // 16-deep k steps through 64 rows
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// The forward's 16-row mma tiles a warp: two share each k and v fragment where the registers
+// allow (o and the scores are 2 x HS / 2 and 2 x 32 floats a lane at HS = 64).
+// DROVER_CUDA_ATTENTION_TILE=RxK (R rows a warp: 16 or 32; K keys a tile: 64 or 128) sets
+// the forward's shape for timing them (tests/device/attention_profile.sh); read once.
+template <int HS>
+constexpr int kForwardTiles = HS <= 64 ? 2 : 1;
+struct ForwardShape {
+  int rows = 0, keys = 64;  // rows 0: kForwardTiles
+};
+ForwardShape ForwardShapeChosen() {
+  static const ForwardShape shape = [] {
+    ForwardShape s;
+    const char* env = std::getenv("DROVER_CUDA_ATTENTION_TILE");
+    if (env != nullptr && std::sscanf(env, "%dx%d", &s.rows, &s.keys) != 2) s = ForwardShape{};
+    return s;
+  }();
+  return shape;
+}
 
 // The strides (in 16-bit elements) and sizes (in bytes) of a head size's shared tiles.
 template <int HS>
 struct Tiles {
-  static constexpr int kLd = HS + 8;      // row-major: X[row][channel]
-  static constexpr int kLdT = kTile + 8;  // transposed: X[channel][row]
-  static constexpr size_t kRowMajor = Align(2 * static_cast<size_t>(kTile) * kLd);
-  static constexpr size_t kTransposed = Align(2 * static_cast<size_t>(HS) * kLdT);
-  static constexpr size_t kStats = Align(sizeof(float) * kTile);
-  // forward: q, k (row-major), v (transposed)
-  static constexpr size_t kForward = 2 * kRowMajor + kTransposed;
-  // dk, dv: k, v, q, dout (row-major), q, dout (transposed), lse and D of the query tile
-  static constexpr size_t kDkv = 4 * kRowMajor + 2 * kTransposed + 2 * kStats;
-  // dq: q, dout, k, v (row-major), k (transposed)
-  static constexpr size_t kDq = 4 * kRowMajor + kTransposed;
-  static constexpr size_t kMost = kDkv > kDq ? (kDkv > kForward ? kDkv : kForward)
-                                             : (kDq > kForward ? kDq : kForward);
+  static constexpr int kLd = HS + 8;
+  static constexpr size_t Bytes(int rows) { return Align(2 * static_cast<size_t>(rows) * kLd); }
+  static constexpr size_t kTile = Bytes(kKeys);
+  static constexpr size_t kStats = Align(sizeof(float) * kKeys);
+  // dk, dv: k, v, then q, dout, lse and D in each of two stages
+  static constexpr size_t kDkv = 6 * kTile + 4 * kStats;
+  // dq: q, dout, then k and v in each of two stages
+  static constexpr size_t kDq = 6 * kTile;
 };
 
-// Rows [t0, t0 + kTile) of one head's (T, HS) slice of `src` (rows ld elements apart, src at
-// row 0 of the slice) into shared memory as N: row-major into `rows` and/or transposed into
-// `cols` (either may be null). Rows past T are zeros. The source is an operand buffer (qkv)
-// or floats (dout) as OperandIn reads it: each value as N rounds it. Eight elements a load:
-// 16 bytes of N, or two float4 (RequireShapes: 16-byte aligned rows).
-//
-// Which thread takes which eight: along a row first (a warp reads whole rows: coalesced), or,
-// where the tile is also stored transposed, down the rows first, so that a warp's 16-bit
-// stores into the transposed tile fall on consecutive addresses (two lanes to a word, no
-// bank conflict) rather than 8 rows of 72 elements apart, 8 to a bank.
-template <typename N, int HS>
-__device__ void LoadTile(N* rows, N* cols, OperandIn src, size_t ld, int t0, int T) {
-  using L = Tiles<HS>;
+// The forward's shared tiles with kM 16-row mma tiles a warp and key tiles of kNB 8-column
+// blocks: q (kQueryRows), then k and v (kKeyRows) in each of two stages.
+template <int HS, int kM, int kNB>
+struct ForwardTiles {
+  static constexpr int kQueryRows = 16 * kWarps * kM;
+  static constexpr int kKeyRows = 8 * kNB;
+  static constexpr size_t kQuery = Tiles<HS>::Bytes(kQueryRows);
+  static constexpr size_t kKeyTile = Tiles<HS>::Bytes(kKeyRows);
+  static constexpr size_t kBytes = kQuery + 4 * kKeyTile;
+};
+
+// The most dynamic shared memory a kernel of the head size takes, over the forward's shapes.
+template <int HS>
+constexpr size_t MostShared() {
+  return std::max({ForwardTiles<HS, 1, 8>::kBytes, ForwardTiles<HS, 1, 16>::kBytes,
+                   ForwardTiles<HS, kForwardTiles<HS>, 8>::kBytes,
+                   ForwardTiles<HS, kForwardTiles<HS>, 16>::kBytes, Tiles<HS>::kDkv,
+                   Tiles<HS>::kDq});
+}
+
+// Rows [t0, t0 + kRows) of one head's (T, HS) slice of `src` (rows ld elements apart, src at
+// row 0 of the slice) into a row-major shared tile as N; rows past T are zeros. A 16-bit
+// source is copied asynchronously (the caller commits and waits: async_copy.cuh); a float
+// one (DROVER_CUDA_GEMM_INPUTS=fp32) is read, rounded to N and stored now. Eight elements a
+// thread at a time along the rows: a warp reads whole rows, coalesced.
+template <typename N, int HS, int kRows>
+__device__ void LoadTile(N* tile, OperandIn src, size_t ld, int t0, int T) {
   constexpr int kVecs = HS / 8;
-  for (int e = threadIdx.x; e < kTile * kVecs; e += kThreads) {
-    const int r = cols != nullptr ? e % kTile : e / kVecs;
-    const int c = (cols != nullptr ? e / kTile : e % kVecs) * 8;
-    // Eight 16-bit values, two to a word, the first in the low half (as Pair reads them).
+  for (int e = threadIdx.x; e < kRows * kVecs; e += kThreads) {
+    const int r = e / kVecs, c = (e % kVecs) * 8;
+    const bool in = t0 + r < T;
+    const size_t at = static_cast<size_t>(in ? t0 + r : 0) * ld + c;  // row 0: mapped
+    N* dst = tile + r * Tiles<HS>::kLd + c;
+    if (src.narrow) {
+      CopyAsync16(dst, static_cast<const N*>(src.data) + at, in);
+      continue;
+    }
     uint32_t w[4] = {0u, 0u, 0u, 0u};
-    if (t0 + r < T) {
-      const size_t at = static_cast<size_t>(t0 + r) * ld + c;
-      if (src.narrow) {
-        const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const N*>(src.data) + at);
-        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-      } else {
-        const float* f = static_cast<const float*>(src.data) + at;
-        const float4 lo = *reinterpret_cast<const float4*>(f);
-        const float4 hi = *reinterpret_cast<const float4*>(f + 4);
-        w[0] = PackNarrow<N>(lo.x, lo.y), w[1] = PackNarrow<N>(lo.z, lo.w);
-        w[2] = PackNarrow<N>(hi.x, hi.y), w[3] = PackNarrow<N>(hi.z, hi.w);
-      }
+    if (in) {
+      const float* f = static_cast<const float*>(src.data) + at;
+      const float4 lo = *reinterpret_cast<const float4*>(f);
+      const float4 hi = *reinterpret_cast<const float4*>(f + 4);
+      w[0] = PackNarrow<N>(lo.x, lo.y), w[1] = PackNarrow<N>(lo.z, lo.w);
+      w[2] = PackNarrow<N>(hi.x, hi.y), w[3] = PackNarrow<N>(hi.z, hi.w);
     }
-    if (rows != nullptr) {
-      *reinterpret_cast<uint4*>(rows + r * L::kLd + c) = uint4{w[0], w[1], w[2], w[3]};
-    }
-    if (cols != nullptr) {
-      uint16_t* out = reinterpret_cast<uint16_t*>(cols);
+    *reinterpret_cast<uint4*>(dst) = uint4{w[0], w[1], w[2], w[3]};
+  }
+}
+
+// kKeys floats of row statistics (lse or D of one head, from element t0) into shared memory
+// asynchronously, zeros past T.
+__device__ __forceinline__ void LoadStats(float* dst, const float* src, int t0, int T) {
+  for (int r = threadIdx.x; r < kKeys; r += kThreads) {
+    const bool in = t0 + r < T;
+    CopyAsync4(dst + r, src + (in ? t0 + r : 0), in);
+  }
+}
+
+// A warp's A fragment of k step kk from 16 rows of a row-major tile (`rows` at its first
+// row): matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) are a[0..3].
+template <typename N, int HS>
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const N* rows, int kk) {
+  const int lane = threadIdx.x % 32;
+  LdMatrixX4<false>(a, rows + (lane % 16) * Tiles<HS>::kLd + kk * 16 + (lane / 16) * 8);
+}
+
+// The B fragments of two 8-column blocks, columns n0..n0 + 15, at k step k0..k0 + 15, from a
+// tile that holds one row per column (B(k, n) = X[n][k]): b[0..1] for columns n0.., b[2..3]
+// for n0 + 8...
+template <typename N, int HS>
+__device__ __forceinline__ void LoadBByRows(uint32_t (&b)[4], const N* x, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  LdMatrixX4<false>(b, x + (n0 + lane % 8 + (lane / 16) * 8) * Tiles<HS>::kLd + k0 +
+                           ((lane / 8) % 2) * 8);
+}
+
+// The same from a tile that holds one row per k step (B(k, n) = X[k][n]), transposed by
+// ldmatrix.
+template <typename N, int HS>
+__device__ __forceinline__ void LoadBByCols(uint32_t (&b)[4], const N* x, int n0, int k0) {
+  const int lane = threadIdx.x % 32;
+  LdMatrixX4<true>(b, x + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * Tiles<HS>::kLd + n0 +
+                          (lane / 16) * 8);
+}
+
+// The A fragment of a 16-deep k step made of two adjacent 8-column accumulator blocks (lo:
+// columns 0-7 of the step, hi: 8-15; mma.cuh): a product's output as the next product's
+// input, narrowed to N.
+template <typename N>
+__device__ __forceinline__ void AccumulatorsAsA(uint32_t (&a)[4], const float (&lo)[4],
+                                                const float (&hi)[4]) {
+  a[0] = PackNarrow<N>(lo[0], lo[1]);
+  a[1] = PackNarrow<N>(lo[2], lo[3]);
+  a[2] = PackNarrow<N>(hi[0], hi[1]);
+  a[3] = PackNarrow<N>(hi[2], hi[3]);
+}
+
+// x (kTiles 16-row tiles) += A B over the first 16 `columns` of each 16-column pair
+// (pairs [p0, kBlocks / 2)): A the warp's rows as fragments a[tile][HS / 16], B(k, n) =
+// X[n][k] from `x_rows` (a tile holding one row per column of the product): S = q k^T,
+// dP = dout v^T, S^T = k q^T, dP^T = v dout^T.
+template <typename N, int HS, int kTiles, int kNB>
+__device__ __forceinline__ void ScoresProduct(float (&x)[kTiles][kNB][4],
+                                              const uint32_t (&a)[kTiles][HS / 16][4],
+                                              const N* x_rows, int p0, int p1) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        out[(c + i) * L::kLdT + r] = static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2)));
+  for (int kk = 0; kk < HS / 16; ++kk) {
+#pragma unroll
+    for (int p = 0; p < kNB / 2; ++p) {
+      if (p < p0 || p >= p1) continue;
+      uint32_t b[4];
+      LoadBByRows<N, HS>(b, x_rows, p * 16, kk * 16);
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        Mma16816<N>(x[i][2 * p], a[i][kk], {b[0], b[1]});
+        Mma16816<N>(x[i][2 * p + 1], a[i][kk], {b[2], b[3]});
       }
     }
   }
 }
 
-// A warp's A fragment of k step kk from 16 rows of a row-major tile (`rows` at its first
-// row, stride ld): rows g and g + 8, channels kk * 16 + 2t.. and + 8.
-template <typename N>
-__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const N* rows, int ld, int kk) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int c = kk * 16 + 2 * t;
-  a[0] = Pair(rows, g * ld + c);
-  a[1] = Pair(rows, (g + 8) * ld + c);
-  a[2] = Pair(rows, g * ld + c + 8);
-  a[3] = Pair(rows, (g + 8) * ld + c + 8);
-}
-
-// A B fragment whose column n is row `n0 + n` of a tile (B(k, n) = X[n0 + n][k0 + k]), k
-// from k0: X[n0 + g][k0 + 2t..] and X[n0 + g][k0 + 2t + 8..].
-template <typename N>
-__device__ __forceinline__ void LoadB(uint32_t (&b)[2], const N* x, int ld, int n0, int k0) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int at = (n0 + g) * ld + k0 + 2 * t;
-  b[0] = Pair(x, at);
-  b[1] = Pair(x, at + 8);
-}
-
-// The A fragment of k step kk made of 8-column accumulator blocks 2kk and 2kk + 1 (mma.cuh):
-// a (16 x 64) product's output as the next product's input, narrowed to N.
-template <typename N>
-__device__ __forceinline__ void AccumulatorsAsA(uint32_t (&a)[4], const float (&x)[kBlocks][4],
-                                                int kk) {
-  a[0] = PackNarrow<N>(x[2 * kk][0], x[2 * kk][1]);
-  a[1] = PackNarrow<N>(x[2 * kk][2], x[2 * kk][3]);
-  a[2] = PackNarrow<N>(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-  a[3] = PackNarrow<N>(x[2 * kk + 1][2], x[2 * kk + 1][3]);
-}
-
-// Two of a warp's 16 x 64 products that share their shape, side by side: x += A1 B1 and
-// y += A2 B2, for the 8-column blocks j in [j0, j1) only. A1 and A2 are the warp's 16 rows of
-// row-major tiles (a1, a2 at its first row); B1 and B2 take their column n from row n of a
-// row-major tile (b1, b2): S = q k^T with dP = dout v^T, or S^T = k q^T with dP^T = v dout^T.
+// x += A1 B1 and y += A2 B2 as ScoresProduct does for one 16-row tile, with A1 and A2 read
+// from shared tiles (a1, a2 at the warp's first row) a k step at a time rather than held in
+// registers: the backward kernels' accumulators leave no room for them, at the occupancy
+// their launch bounds ask for (or at all, at HS = 128).
 template <typename N, int HS>
-__device__ __forceinline__ void TwoProducts(float (&x)[kBlocks][4], float (&y)[kBlocks][4],
-                                            const N* a1, const N* a2, const N* b1, const N* b2,
-                                            int j0, int j1) {
-  using L = Tiles<HS>;
+__device__ __forceinline__ void TwoScoresProducts(float (&x)[1][kBlocks][4],
+                                                  float (&y)[1][kBlocks][4], const N* a1,
+                                                  const N* a2, const N* b1, const N* b2, int p0,
+                                                  int p1) {
 #pragma unroll
   for (int kk = 0; kk < HS / 16; ++kk) {
-    uint32_t a1f[4], a2f[4];
-    LoadA(a1f, a1, L::kLd, kk);
-    LoadA(a2f, a2, L::kLd, kk);
+    uint32_t a1f[1][1][4], a2f[1][1][4];
+    LoadA<N, HS>(a1f[0][0], a1, kk);
+    LoadA<N, HS>(a2f[0][0], a2, kk);
 #pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
-      if (j < j0 || j >= j1) continue;
-      uint32_t b1f[2], b2f[2];
-      LoadB(b1f, b1, L::kLd, j * 8, kk * 16);
-      LoadB(b2f, b2, L::kLd, j * 8, kk * 16);
-      Mma16816<N>(x[j], a1f, b1f);
-      Mma16816<N>(y[j], a2f, b2f);
+    for (int p = 0; p < kBlocks / 2; ++p) {
+      if (p < p0 || p >= p1) continue;
+      uint32_t f1[4], f2[4];
+      LoadBByRows<N, HS>(f1, b1, p * 16, kk * 16);
+      LoadBByRows<N, HS>(f2, b2, p * 16, kk * 16);
+      Mma16816<N>(x[0][2 * p], a1f[0][0], {f1[0], f1[1]});
+      Mma16816<N>(x[0][2 * p + 1], a1f[0][0], {f1[2], f1[3]});
+      Mma16816<N>(y[0][2 * p], a2f[0][0], {f2[0], f2[1]});
+      Mma16816<N>(y[0][2 * p + 1], a2f[0][0], {f2[2], f2[3]});
     }
   }
 }
 
 // acc += X B through k steps [kk0, kk1) of the 64-deep product: X a warp's 16 x 64
-// accumulators, narrowed to N as the A operand (AccumulatorsAsA); B's column n row n of a
-// transposed tile (`cols`): o += P v, dq += dS k, dv += P^T dout, dk += dS^T q.
-template <typename N, int HS>
-__device__ __forceinline__ void AccumulateProduct(float (&acc)[HS / 8][4],
-                                                  const float (&x)[kBlocks][4], const N* cols,
-                                                  int kk0, int kk1) {
-  using L = Tiles<HS>;
+// accumulators per tile, narrowed to N as the A operand; B(k, n) = X[k][n] from `cols` (a
+// tile holding one row per k step): o += P v, dq += dS k, dv += P^T dout, dk += dS^T q.
+template <typename N, int HS, int kTiles, int kNB>
+__device__ __forceinline__ void AccumulateProduct(float (&acc)[kTiles][HS / 8][4],
+                                                  const float (&x)[kTiles][kNB][4],
+                                                  const N* cols, int kk0, int kk1) {
 #pragma unroll
-  for (int kk = 0; kk < kSteps; ++kk) {
+  for (int kk = 0; kk < kNB / 2; ++kk) {
     if (kk < kk0 || kk >= kk1) continue;
-    uint32_t a[4];
-    AccumulatorsAsA<N>(a, x, kk);
+    uint32_t a[kTiles][4];
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n) {
-      uint32_t b[2];
-      LoadB(b, cols, L::kLdT, n * 8, kk * 16);
-      Mma16816<N>(acc[n], a, b);
+    for (int i = 0; i < kTiles; ++i) AccumulatorsAsA<N>(a[i], x[i][2 * kk], x[i][2 * kk + 1]);
+#pragma unroll
+    for (int n = 0; n < HS / 16; ++n) {
+      uint32_t b[4];
+      LoadBByCols<N, HS>(b, cols, n * 16, kk * 16);
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        Mma16816<N>(acc[i][2 * n], a[i], {b[0], b[1]});
+        Mma16816<N>(acc[i][2 * n + 1], a[i], {b[2], b[3]});
+      }
     }
   }
 }
@@ -212,6 +289,29 @@ __device__ __forceinline__ float RowSum(float x) {
 __device__ __forceinline__ float RowMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// The max or the sum of the 16 values a lane holds of one row of a 16 x 64 accumulator
+// (half r: elements 2r and 2r + 1 of each 8-column block) as a balanced tree: four levels of
+// independent operations, where a running max or sum would chain 16 dependent ones, each
+// waiting out the last's latency with few other warps to issue meanwhile.
+struct MaxOf {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOf {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+template <int kNB, typename Op>
+__device__ __forceinline__ float RowReduce(const float (&x)[kNB][4], int r, Op op) {
+  float v[kNB];
+#pragma unroll
+  for (int j = 0; j < kNB; ++j) v[j] = op(x[j][2 * r], x[j][2 * r + 1]);
+#pragma unroll
+  for (int w = kNB / 2; w > 0; w /= 2) {
+#pragma unroll
+    for (int j = 0; j < w; ++j) v[j] = op(v[j], v[j + w]);
+  }
+  return v[0];
 }
 
 // A warp's 16 x HS accumulators (rows from `row`, channels from 0) into dst (row stride ld
@@ -230,169 +330,235 @@ __device__ __forceinline__ void StoreRows(OperandOut dst, size_t ld, int row, in
   }
 }
 
-template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads)
+// The 16-column pairs of a key tile (of `pairs` pairs) from k0 that rows up to `last` see:
+// all of them off the diagonal, fewer on it (the keys past the warp's last row are masked
+// whole: skipped).
+__device__ __forceinline__ int PairsSeen(int k0, int last, int pairs) {
+  return min(pairs, (last - k0) / 16 + 1);
+}
+
+template <typename N, int HS, int kM, int kNB>
+__global__ void __launch_bounds__(kThreads, HS <= 64 ? (kM == 1 ? (kNB == 8 ? 4 : 3) : 2) : 1)
     MmaForwardKernel(OperandOut out, float* lse, float* out_copy, OperandIn qkv, int T, int C,
                      int NH, float scale) {
-  using L = Tiles<HS>;
+  using F = ForwardTiles<HS, kM, kNB>;
+  constexpr int kQueryRows = F::kQueryRows, kKeyRows = F::kKeyRows;
   DROVER_DYNAMIC_SHARED(smem);
   N* q = At<N>(smem, 0);
-  N* k = At<N>(smem, L::kRowMajor);
-  N* v_cols = At<N>(smem, 2 * L::kRowMajor);
+  auto k_tile = [&](int stage) { return At<N>(smem, F::kQuery + 2 * stage * F::kKeyTile); };
+  auto v_tile = [&](int stage) { return At<N>(smem, F::kQuery + (2 * stage + 1) * F::kKeyTile); };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-  const int q0 = qt * kTile;
+  const int q0 = qt * kQueryRows;
   const size_t ld = 3 * static_cast<size_t>(C);
   const OperandIn base = qkv.At(static_cast<size_t>(b) * T * ld + h * HS);
+  const OperandIn keys = base.At(C), values = base.At(2 * static_cast<size_t>(C));
+  // Key tiles [0, tiles) hold every key a row of the tile sees.
+  const int tiles = (min(T, q0 + kQueryRows) + kKeyRows - 1) / kKeyRows;
 
-  LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
-  __syncthreads();
-  uint32_t qa[HS / 16][4];  // the warp's 16 rows of q, every k step
-#pragma unroll
-  for (int kk = 0; kk < HS / 16; ++kk) LoadA(qa[kk], q + warp * 16 * L::kLd, L::kLd, kk);
+  LoadTile<N, HS, kQueryRows>(q, base, ld, q0, T);
+  LoadTile<N, HS, kKeyRows>(k_tile(0), keys, ld, 0, T);
+  LoadTile<N, HS, kKeyRows>(v_tile(0), values, ld, 0, T);
+  CommitCopies();
 
-  // Rows row0 (accumulator elements 0, 1) and row0 + 8 (2, 3); the last key each sees.
-  const int row0 = q0 + warp * 16 + g;
-  const int last[2] = {min(row0, T - 1), min(row0 + 8, T - 1)};
+  // The warp's rows: [first, first + 16 kM); tile i's lane holds rows first + 16i + g and +8
+  // (accumulator elements 0, 1 and 2, 3).
+  const int first = q0 + warp * 16 * kM, last = first + 16 * kM - 1;
+  uint32_t qa[kM][HS / 16][4];  // the warp's rows of q, every k step
   // m: the running max of scores in log2 units (scale * log2 e folded in, for exp2); l: this
   // lane's part of the running sum, completed over the row's 4 lanes at the end.
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[HS / 8][4] = {};
+  float m[kM][2], l[kM][2];
+  float o[kM][HS / 8][4] = {};
+#pragma unroll
+  for (int i = 0; i < kM; ++i) m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
   const float scale2 = scale * kLog2e;
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous k and v
-    LoadTile<N, HS>(k, nullptr, base.At(C), ld, k0, T);
-    LoadTile<N, HS>(nullptr, v_cols, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
-    __syncthreads();
-    // On the diagonal, key blocks past the warp's last row are masked whole: skipped.
-    const bool diagonal = kt == qt;
-    const int blocks = diagonal ? 2 * (warp + 1) : kBlocks;
-
-    float s[kBlocks][4] = {};  // the warp's 16 x 64 scores
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int stage = kt % 2;
+    if (kt + 1 < tiles) {
+      LoadTile<N, HS, kKeyRows>(k_tile(1 - stage), keys, ld, (kt + 1) * kKeyRows, T);
+      LoadTile<N, HS, kKeyRows>(v_tile(1 - stage), values, ld, (kt + 1) * kKeyRows, T);
+    }
+    CommitCopies();  // possibly empty: the wait below then always leaves one group
+    WaitCopies<1>();
+    __syncthreads();  // every thread's copies of this tile (and at first, of q) landed
+    if (kt == 0) {
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) {
+      for (int i = 0; i < kM; ++i) {
 #pragma unroll
-      for (int j = 0; j < kBlocks; ++j) {
-        if (j >= blocks) continue;
-        uint32_t kb[2];
-        LoadB(kb, k, L::kLd, j * 8, kk * 16);
-        Mma16816<N>(s[j], qa[kk], kb);
+        for (int kk = 0; kk < HS / 16; ++kk) {
+          LoadA<N, HS>(qa[i][kk], q + (warp * kM + i) * 16 * Tiles<HS>::kLd, kk);
+        }
       }
     }
-    float mx[2] = {-INFINITY, -INFINITY};
+    const int k0 = kt * kKeyRows;
+    if (k0 <= last) {  // else the warp's rows see none of these keys
+      const bool diagonal = k0 + kKeyRows - 1 > first;
+      const int pairs = diagonal ? PairsSeen(k0, last, kNB / 2) : kNB / 2;
+      float s[kM][kNB][4] = {};  // the warp's rows x the tile's keys: scores
+      ScoresProduct<N, HS, kM, kNB>(s, qa, k_tile(stage), 0, pairs);
 #pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
+      for (int i = 0; i < kM; ++i) {
+        if (diagonal) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + j * 8 + 2 * t + e % 2;
-        const float x = j < blocks && key <= last[e / 2] ? s[j][e] * scale2 : -INFINITY;
-        s[j][e] = x;
-        mx[e / 2] = fmaxf(mx[e / 2], x);
+          for (int j = 0; j < kNB; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = k0 + j * 8 + 2 * t + e % 2;
+              const int row = first + 16 * i + g + (e / 2) * 8;
+              if (key > row) s[i][j][e] = -INFINITY;
+            }
+          }
+        }
+        float alpha[2], shift[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // Finite: key 0 is in the first tile and every row sees it.
+          const float m_new = fmaxf(m[i][r], RowMax(RowReduce(s[i], r, MaxOf{})) * scale2);
+          alpha[r] = FastExp2(m[i][r] - m_new);  // 0 at the first tile (m = -inf)
+          m[i][r] = m_new;
+          shift[r] = -m_new;
+        }
+#pragma unroll
+        for (int j = 0; j < kNB; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[i][j][e] = FastExp2(fmaf(s[i][j][e], scale2, shift[e / 2]));  // 0 if masked
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          l[i][r] = l[i][r] * alpha[r] + RowReduce(s[i], r, SumOf{});
+        }
+#pragma unroll
+        for (int n = 0; n < HS / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[i][n][e] *= alpha[e / 2];
+        }
       }
+      // o += P v; P is zero past the pairs the rows see.
+      AccumulateProduct<N, HS, kM, kNB>(o, s, v_tile(stage), 0, pairs);
     }
-    float alpha[2];
+    __syncthreads();  // every warp is done with this stage before it is loaded again
+  }
+  const size_t head = static_cast<size_t>(b) * T * C + h * HS;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      // Finite: key 0 is in the first tile and every row sees it.
-      const float m_new = fmaxf(m[i], RowMax(mx[i]));
-      alpha[i] = exp2f(m[i] - m_new);  // 0 at the first tile (m = -inf)
-      m[i] = m_new;
+  for (int i = 0; i < kM; ++i) {
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[i][r] = RowSum(l[i][r]);
+      inv[r] = 1.0f / l[i][r];
     }
-    float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[j][e] - m[e / 2]);  // 0 where masked (-inf)
-        s[j][e] = p;
-        sum[e / 2] += p;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + sum[i];
 #pragma unroll
     for (int n = 0; n < HS / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+      for (int e = 0; e < 4; ++e) o[i][n][e] *= inv[e / 2];
     }
-    // o += P v; on the diagonal P is zero past the warp's rows.
-    AccumulateProduct<N, HS>(o, s, v_cols, 0, diagonal ? warp + 1 : kSteps);
-  }
-  float inv[2];
+    const int row0 = first + 16 * i;
+    StoreRows<HS>(out.At(head), C, row0, T, o[i]);
+    // The unrounded copy backward's row sums read.
+    StoreRows<HS>(OperandOut{out_copy + head, false, Precision::kFp32}, C, row0, T, o[i]);
+    if (t == 0) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] = RowSum(l[i]);
-    inv[i] = 1.0f / l[i];
-  }
-#pragma unroll
-  for (int n = 0; n < HS / 8; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] *= inv[e / 2];
-  }
-  const size_t head = static_cast<size_t>(b) * T * C + h * HS;
-  StoreRows<HS>(out.At(head), C, row0 - g, T, o);
-  // The unrounded copy backward's row sums read.
-  StoreRows<HS>(OperandOut{out_copy + head, false, Precision::kFp32}, C, row0 - g, T, o);
-  if (t == 0) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = row0 + 8 * i;
-      if (r < T) lse[static_cast<size_t>(blockIdx.y) * T + r] = (m[i] + log2f(l[i])) * kLn2;
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + g + 8 * r;
+        if (row < T) {
+          lse[static_cast<size_t>(blockIdx.y) * T + row] = (m[i][r] + log2f(l[i][r])) * kLn2;
+        }
+      }
     }
   }
 }
 
+// D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out, from the fp32
+// copy of out (softmax's backward needs sum_j P_ij dP_ij, which equals it), and dout_n (B, T,
+// C) = dout narrowed to N, what the backward kernels' tiles copy. One warp per (b, t, h).
 template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads)
-    MmaDkvKernel(OperandOut dqkv, OperandIn dout, const float* lse, const float* D, OperandIn qkv,
+__global__ void DotAndNarrowKernel(float* D, N* dout_n, const float* dout, const float* out,
+                                   int B, int T, int C, int NH) {
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const size_t bt = row / NH;
+  const int h = static_cast<int>(row % NH);
+  const size_t at = bt * C + h * HS;
+  // Two adjacent channels a lane (8-byte loads; at and d are even).
+  float sum = 0.0f;
+  for (int d = 2 * lane; d < HS; d += 64) {
+    const float2 x = *reinterpret_cast<const float2*>(dout + at + d);
+    const float2 o = *reinterpret_cast<const float2*>(out + at + d);
+    const N lo = ToNarrow<N>(x.x), hi = ToNarrow<N>(x.y);
+    dout_n[at + d] = lo;
+    dout_n[at + d + 1] = hi;
+    sum += ToFloat(lo) * o.x + ToFloat(hi) * o.y;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const size_t b = bt / T, t = bt % T;
+  if (lane == 0) D[(b * NH + h) * T + t] = sum;
+}
+
+template <typename N, int HS>
+__global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
+    MmaDkvKernel(OperandOut dqkv, const N* dout, const float* lse, const float* D, OperandIn qkv,
                  int T, int C, int NH, float scale) {
   using L = Tiles<HS>;
   DROVER_DYNAMIC_SHARED(smem);
   N* k = At<N>(smem, 0);
-  N* v = At<N>(smem, L::kRowMajor);
-  N* q = At<N>(smem, 2 * L::kRowMajor);
-  N* dout_rows = At<N>(smem, 3 * L::kRowMajor);
-  N* q_cols = At<N>(smem, 4 * L::kRowMajor);
-  N* dout_cols = At<N>(smem, 4 * L::kRowMajor + L::kTransposed);
-  float* col_lse = At<float>(smem, 4 * L::kRowMajor + 2 * L::kTransposed);
-  float* col_d = At<float>(smem, 4 * L::kRowMajor + 2 * L::kTransposed + L::kStats);
+  N* v = At<N>(smem, L::kTile);
+  auto q_tile = [&](int stage) { return At<N>(smem, (2 + 2 * stage) * L::kTile); };
+  auto dout_tile = [&](int stage) { return At<N>(smem, (3 + 2 * stage) * L::kTile); };
+  auto lse_tile = [&](int stage) { return At<float>(smem, 6 * L::kTile + 2 * stage * L::kStats); };
+  auto d_tile = [&](int stage) {
+    return At<float>(smem, 6 * L::kTile + (2 * stage + 1) * L::kStats);
+  };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kt = blockIdx.x;  // the first key tiles have the most queries: first
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-  const int k0 = kt * kTile;
+  const int k0 = kt * kKeys;
   const int tiles = gridDim.x;
   const size_t ld = 3 * static_cast<size_t>(C);
   const OperandIn base = qkv.At(static_cast<size_t>(b) * T * ld + h * HS);
-  const OperandIn dbase = dout.At(static_cast<size_t>(b) * T * C + h * HS);
+  const OperandIn dbase{dout + static_cast<size_t>(b) * T * C + h * HS, true, qkv.precision};
+  const float* head_lse = lse + static_cast<size_t>(blockIdx.y) * T;
+  const float* head_d = D + static_cast<size_t>(blockIdx.y) * T;
+  auto load_queries = [&](int stage, int q0) {
+    LoadTile<N, HS, kKeys>(q_tile(stage), base, ld, q0, T);
+    LoadTile<N, HS, kKeys>(dout_tile(stage), dbase, C, q0, T);
+    LoadStats(lse_tile(stage), head_lse, q0, T);
+    LoadStats(d_tile(stage), head_d, q0, T);
+  };
 
-  LoadTile<N, HS>(k, nullptr, base.At(C), ld, k0, T);
-  LoadTile<N, HS>(v, nullptr, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
+  LoadTile<N, HS, kKeys>(k, base.At(C), ld, k0, T);
+  LoadTile<N, HS, kKeys>(v, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
+  load_queries(0, k0);
+  CommitCopies();
   // Keys key0 (accumulator elements 0, 1) and key0 + 8 (2, 3) of the transposed scores.
   const int key0 = k0 + warp * 16 + g;
   const float scale2 = scale * kLog2e;
-  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  float dk[1][HS / 8][4] = {}, dv[1][HS / 8][4] = {};
   for (int qt = kt; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
-    __syncthreads();  // every warp is done with the previous query tile
-    LoadTile<N, HS>(q, q_cols, base, ld, q0, T);
-    LoadTile<N, HS>(dout_rows, dout_cols, dbase, C, q0, T);
-    for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      const bool in = q0 + r < T;
-      const size_t at = static_cast<size_t>(blockIdx.y) * T + q0 + r;
-      col_lse[r] = in ? lse[at] * kLog2e : 0.0f;
-      col_d[r] = in ? D[at] : 0.0f;
-    }
+    const int stage = (qt - kt) % 2;
+    const int q0 = qt * kKeys;
+    if (qt + 1 < tiles) load_queries(1 - stage, q0 + kKeys);
+    CommitCopies();
+    WaitCopies<1>();
     __syncthreads();
-    // On the diagonal, query blocks before the warp's first key see none of its keys.
+    const N* qs = q_tile(stage);
+    const N* douts = dout_tile(stage);
+    const float* col_lse = lse_tile(stage);
+    const float* col_d = d_tile(stage);
+    // On the diagonal, query pairs before the warp's first key see none of its keys.
     const bool diagonal = qt == kt;
-    const int first = diagonal ? 2 * warp : 0;
+    const int p0 = diagonal ? warp : 0;
+    // Masks: the diagonal's, and the queries past T of the last tile.
+    const bool edge = diagonal || q0 + kKeys > T;
 
     // S^T = k q^T and dP^T = v dout^T, the warp's 16 keys by the tile's 64 queries.
-    float st[kBlocks][4] = {}, dpt[kBlocks][4] = {};
+    float st[1][kBlocks][4] = {}, dpt[1][kBlocks][4] = {};
     const int rows = warp * 16 * L::kLd;
-    TwoProducts<N, HS>(st, dpt, k + rows, v + rows, q, dout_rows, first, kBlocks);
+    TwoScoresProducts<N, HS>(st, dpt, k + rows, v + rows, qs, douts, p0, kBlocks / 2);
     // P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) scale, zero where masked.
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
@@ -400,81 +566,104 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int c = j * 8 + 2 * t + e % 2;  // the query, in the tile
         const int key = key0 + (e / 2) * 8;
-        const bool visible = j >= first && q0 + c >= key && q0 + c < T && key < T;
-        const float p = visible ? exp2f(st[j][e] * scale2 - col_lse[c]) : 0.0f;
-        st[j][e] = p;
-        dpt[j][e] = p * (dpt[j][e] - col_d[c]) * scale;
+        const bool visible = !edge || (q0 + c >= key && q0 + c < T);
+        const float p =
+            visible ? FastExp2(fmaf(st[0][j][e], scale2, -col_lse[c] * kLog2e)) : 0.0f;
+        st[0][j][e] = p;
+        dpt[0][j][e] = p * (dpt[0][j][e] - col_d[c]) * scale;
       }
     }
     // dv += P^T dout and dk += dS^T q, k stepping through the queries.
-    AccumulateProduct<N, HS>(dv, st, dout_cols, first / 2, kSteps);
-    AccumulateProduct<N, HS>(dk, dpt, q_cols, first / 2, kSteps);
+    AccumulateProduct<N, HS, 1>(dv, st, douts, p0, kSteps);
+    AccumulateProduct<N, HS, 1>(dk, dpt, qs, p0, kSteps);
+    __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   const OperandOut head = dqkv.At(static_cast<size_t>(b) * T * ld + h * HS);
-  StoreRows<HS>(head.At(C), ld, key0 - g, T, dk);
-  StoreRows<HS>(head.At(2 * static_cast<size_t>(C)), ld, key0 - g, T, dv);
+  StoreRows<HS>(head.At(C), ld, key0 - g, T, dk[0]);
+  StoreRows<HS>(head.At(2 * static_cast<size_t>(C)), ld, key0 - g, T, dv[0]);
 }
 
 template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads)
-    MmaDqKernel(OperandOut dqkv, OperandIn dout, const float* lse, const float* D, OperandIn qkv,
+__global__ void __launch_bounds__(kThreads, HS <= 64 ? 4 : 1)
+    MmaDqKernel(OperandOut dqkv, const N* dout, const float* lse, const float* D, OperandIn qkv,
                 int T, int C, int NH, float scale) {
   using L = Tiles<HS>;
   DROVER_DYNAMIC_SHARED(smem);
   N* q = At<N>(smem, 0);
-  N* dout_rows = At<N>(smem, L::kRowMajor);
-  N* k = At<N>(smem, 2 * L::kRowMajor);
-  N* v = At<N>(smem, 3 * L::kRowMajor);
-  N* k_cols = At<N>(smem, 4 * L::kRowMajor);
+  N* dout_rows = At<N>(smem, L::kTile);
+  auto k_tile = [&](int stage) { return At<N>(smem, (2 + 2 * stage) * L::kTile); };
+  auto v_tile = [&](int stage) { return At<N>(smem, (3 + 2 * stage) * L::kTile); };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest rows first
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-  const int q0 = qt * kTile;
+  const int q0 = qt * kKeys;
   const size_t ld = 3 * static_cast<size_t>(C);
   const OperandIn base = qkv.At(static_cast<size_t>(b) * T * ld + h * HS);
+  const OperandIn keys = base.At(C), values = base.At(2 * static_cast<size_t>(C));
+  const OperandIn dbase{dout + static_cast<size_t>(b) * T * C + h * HS, true, qkv.precision};
 
-  LoadTile<N, HS>(q, nullptr, base, ld, q0, T);
-  LoadTile<N, HS>(dout_rows, nullptr, dout.At(static_cast<size_t>(b) * T * C + h * HS), C, q0, T);
-  const int row0 = q0 + warp * 16 + g;
+  LoadTile<N, HS, kKeys>(q, base, ld, q0, T);
+  LoadTile<N, HS, kKeys>(dout_rows, dbase, C, q0, T);
+  LoadTile<N, HS, kKeys>(k_tile(0), keys, ld, 0, T);
+  LoadTile<N, HS, kKeys>(v_tile(0), values, ld, 0, T);
+  CommitCopies();
+  const int first = q0 + warp * 16, row0 = first + g;
   float row_lse[2], row_d[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = row0 + 8 * i;
     const size_t at = static_cast<size_t>(blockIdx.y) * T + r;
-    row_lse[i] = r < T ? lse[at] * kLog2e : 0.0f;
+    row_lse[i] = r < T ? -lse[at] * kLog2e : 0.0f;
     row_d[i] = r < T ? D[at] : 0.0f;
   }
   const float scale2 = scale * kLog2e;
-  float dq[HS / 8][4] = {};
+  float dq[1][HS / 8][4] = {};
   for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    __syncthreads();  // every warp is done with the previous k and v
-    LoadTile<N, HS>(k, k_cols, base.At(C), ld, k0, T);
-    LoadTile<N, HS>(v, nullptr, base.At(2 * static_cast<size_t>(C)), ld, k0, T);
+    const int stage = kt % 2;
+    if (kt + 1 <= qt) {
+      LoadTile<N, HS, kKeys>(k_tile(1 - stage), keys, ld, (kt + 1) * kKeys, T);
+      LoadTile<N, HS, kKeys>(v_tile(1 - stage), values, ld, (kt + 1) * kKeys, T);
+    }
+    CommitCopies();
+    WaitCopies<1>();
     __syncthreads();
+    const int k0 = kt * kKeys;
     const bool diagonal = kt == qt;
-    const int blocks = diagonal ? 2 * (warp + 1) : kBlocks;
+    const int pairs = diagonal ? PairsSeen(k0, first + 15, kBlocks / 2) : kBlocks / 2;
 
     // S = q k^T and dP = dout v^T, the warp's 16 rows by the tile's 64 keys.
-    float s[kBlocks][4] = {}, dp[kBlocks][4] = {};
+    float s[1][kBlocks][4] = {}, dp[1][kBlocks][4] = {};
     const int rows = warp * 16 * L::kLd;
-    TwoProducts<N, HS>(s, dp, q + rows, dout_rows + rows, k, v, 0, blocks);
-    // dS = P (dP - D) scale with P = exp(S scale - lse), into s; zero where masked.
+    TwoScoresProducts<N, HS>(s, dp, q + rows, dout_rows + rows, k_tile(stage), v_tile(stage), 0,
+                             pairs);
+    // dS = P (dP - D) scale with P = exp(S scale - lse), into s; zero where masked. Rows past
+    // T compute finite values (zero q and dout) that are never stored.
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + j * 8 + 2 * t + e % 2;
         const int r = row0 + (e / 2) * 8;
-        const bool visible = j < blocks && key <= r && key < T && r < T;
-        const float p = visible ? exp2f(s[j][e] * scale2 - row_lse[e / 2]) : 0.0f;
-        s[j][e] = p * (dp[j][e] - row_d[e / 2]) * scale;
+        const bool visible = !diagonal || key <= r;
+        const float p = visible ? FastExp2(fmaf(s[0][j][e], scale2, row_lse[e / 2])) : 0.0f;
+        s[0][j][e] = p * (dp[0][j][e] - row_d[e / 2]) * scale;
       }
     }
-    // dq += dS k, k stepping through the keys; on the diagonal dS is zero past the rows.
-    AccumulateProduct<N, HS>(dq, s, k_cols, 0, diagonal ? warp + 1 : kSteps);
+    // dq += dS k, k stepping through the keys; dS is zero past the pairs the rows see.
+    AccumulateProduct<N, HS, 1>(dq, s, k_tile(stage), 0, pairs);
+    __syncthreads();  // every warp is done with this stage before it is loaded again
   }
-  StoreRows<HS>(dqkv.At(static_cast<size_t>(b) * T * ld + h * HS), ld, row0 - g, T, dq);
+  StoreRows<HS>(dqkv.At(static_cast<size_t>(b) * T * ld + h * HS), ld, first, T, dq[0]);
+}
+
+// Blocks of `rows`-row query (or key) tiles of one (b, h): x the tiles, y the B * NH heads.
+dim3 Grid(int B, int T, int NH, int rows) {
+  return dim3(static_cast<unsigned>((T + rows - 1) / rows), static_cast<unsigned>(B * NH));
+}
+
+// The floats of backward scratch before the narrowed dout: D, rounded up to 16 bytes.
+size_t DotFloats(int B, int T, int NH) {
+  return (static_cast<size_t>(B) * NH * T + 3) / 4 * 4;
 }
 
 template <typename N, int HS>
@@ -483,22 +672,46 @@ void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, i
   float* lse = state;
   float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  fused::LaunchWithShared(MmaForwardKernel<N, HS>, fused::Grid(B, T, NH), Tiles<HS>::kForward,
-                          stream, out, lse, out_copy, qkv, T, C, NH, scale);
+  auto launch = [&](auto tiles, auto blocks) {
+    constexpr int kM = decltype(tiles)::value, kNB = decltype(blocks)::value;
+    using F = ForwardTiles<HS, kM, kNB>;
+    fused::LaunchWithShared(MmaForwardKernel<N, HS, kM, kNB>, Grid(B, T, NH, F::kQueryRows),
+                            F::kBytes, stream, out, lse, out_copy, qkv, T, C, NH, scale);
+  };
+  const ForwardShape shape = ForwardShapeChosen();
+  using One = std::integral_constant<int, 1>;
+  using Most = std::integral_constant<int, kForwardTiles<HS>>;
+  using Short = std::integral_constant<int, 8>;
+  using Long = std::integral_constant<int, 16>;
+  const bool one = shape.rows == 16 || kForwardTiles<HS> == 1;
+  if (shape.keys == 128) {
+    one ? launch(One{}, Long{}) : launch(Most{}, Long{});
+  } else {
+    one ? launch(One{}, Short{}) : launch(Most{}, Short{});
+  }
 }
 
 template <typename N, int HS>
-void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state, OperandIn qkv,
-              int B, int T, int C, int NH, cudaStream_t stream) {
-  const OperandIn dy{dout, false, qkv.precision};  // floats (attention's input gradient)
+void Backward(OperandOut dqkv, float* scratch, const float* dout, const float* state,
+              OperandIn qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   const float* lse = state;
   const float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  fused::SoftmaxDot<N, HS>(dot, dout, out_copy, B, T, C, NH, stream);
-  fused::LaunchWithShared(MmaDqKernel<N, HS>, fused::Grid(B, T, NH), Tiles<HS>::kDq, stream, dqkv,
-                          dy, lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
-  fused::LaunchWithShared(MmaDkvKernel<N, HS>, fused::Grid(B, T, NH), Tiles<HS>::kDkv, stream, dqkv,
-                          dy, lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
+  float* dot = scratch;
+  N* dout_n = reinterpret_cast<N*>(scratch + DotFloats(B, T, NH));
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  constexpr unsigned kDotThreads = 256;
+  auto* dot_kernel = &DotAndNarrowKernel<N, HS>;
+  DROVER_LAUNCH(dot_kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
+  (dot, dout_n, dout, out_copy, B, T, C, NH);
+  DROVER_CUDA_LAUNCHED();
+  const dim3 grid = Grid(B, T, NH, kKeys);
+  fused::LaunchWithShared(MmaDqKernel<N, HS>, grid, Tiles<HS>::kDq, stream, dqkv,
+                          static_cast<const N*>(dout_n), lse, static_cast<const float*>(dot), qkv,
+                          T, C, NH, scale);
+  fused::LaunchWithShared(MmaDkvKernel<N, HS>, grid, Tiles<HS>::kDkv, stream, dqkv,
+                          static_cast<const N*>(dout_n), lse, static_cast<const float*>(dot), qkv,
+                          T, C, NH, scale);
 }
 
 }  // namespace
@@ -507,11 +720,15 @@ bool MmaAttentionApplies(int C, int NH, Precision operands) {
   if (operands == Precision::kFp32 || NH <= 0 || C % NH != 0) return false;
   if (!fused::FusedHeadSize(C / NH)) return false;
   // The most dynamic shared memory one of the head size's kernels takes: HS = 64 takes
-  // 55 KiB, which every GPU with mma.sync for bf16 (sm_80 on) gives a block; HS = 128 takes
+  // 56 KiB, which every GPU with mma.sync for bf16 (sm_80 on) gives a block; HS = 128 takes
   // 105 KiB, past sm_86/sm_89's 99 KiB.
   const size_t bytes =
-      fused::ForHeadSize(C / NH, [](auto hs) { return Tiles<decltype(hs)::value>::kMost; });
+      fused::ForHeadSize(C / NH, [](auto hs) { return MostShared<decltype(hs)::value>(); });
   return bytes <= fused::SharedOptIn();
+}
+
+size_t MmaAttentionScratchFloats(int B, int T, int C, int NH) {
+  return DotFloats(B, T, NH) + (static_cast<size_t>(B) * T * C + 1) / 2;
 }
 
 void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
@@ -525,16 +742,17 @@ void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int 
   });
 }
 
-void MmaAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
+void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* state,
                           const float* qkv, int B, int T, int C, int NH, Precision operands,
                           bool narrow, cudaStream_t stream) {
   const OperandOut d{dqkv, narrow, operands};
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands));
   fused::RequireShapes(qkv, dout, B, T, C, NH);
+  DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(scratch) % 16 == 0);
   fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
-    Backward<typename decltype(n)::type, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH,
-                                                              stream);
+    Backward<typename decltype(n)::type, decltype(hs)::value>(d, scratch, dout, state, q, B, T, C,
+                                                              NH, stream);
   });
 }
 

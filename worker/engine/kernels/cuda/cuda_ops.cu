@@ -291,8 +291,8 @@ class CudaOpsImpl final : public Ops {
                          int B, int T, int C, int NH, Precision operands) override {
     const AttentionKernels kernels = AttentionFor(C, NH, operands);
     if (kernels == AttentionKernels::kMma) {
-      float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
-      cuda::MmaAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands,
+      float* scratch = datt_.Get(cuda::MmaAttentionScratchFloats(B, T, C, NH));
+      cuda::MmaAttentionBackward(dqkv, scratch, dout, state, qkv, B, T, C, NH, operands,
                                  Narrow(operands), stream_);
     } else if (kernels == AttentionKernels::kWmma) {
       float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);

@@ -58,15 +58,67 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// Four 8 x 8 matrices of 16-bit elements from shared memory into a warp's registers, as
+// mma operands: PTX's ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16. Lane l gives `row`,
+// the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); lane L receives
+// r[i] = M_i(g, 2t..2t+1) (g = L / 4, t = L % 4: the B layout of a matrix stored by its n
+// index, X[n][k], and each quarter of the A layout), or with kTrans r[i] = M_i(2t, g) and
+// M_i(2t+1, g) (the B layout of a matrix stored by its k index, X[k][n]). One instruction
+// where the same registers from 32-bit loads take four, and it reads a tile in either
+// orientation from one row-major copy. Warp-synchronous: every lane must call it.
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* row) {
+#if defined(__CUDA_ARCH__)
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  }
+#elif !defined(__CUDACC__)
+  ::drover_emu::LdMatrixX4(r, row, kTrans);
+#endif
+}
+
+// 2^x by the special function unit (ex2.approx.ftz: 2 ulp, results below 2^-126 flushed to
+// zero): what a softmax's exponentials need, and one instruction where exp2f's handling of
+// subnormal results adds several.
+__device__ __forceinline__ float FastExp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // Two values narrowed to N (round to nearest even), packed as an operand register: `lo` in
 // the low 16 bits.
 template <typename N>
 __device__ __forceinline__ uint32_t PackNarrow(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  // One F2FP pack instruction where two conversions, a shift and an or would take four.
+  uint32_t packed;
+  if constexpr (std::is_same_v<N, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x = lo: the low half
+    std::memcpy(&packed, &v, sizeof(packed));
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    std::memcpy(&packed, &v, sizeof(packed));
+  }
+  return packed;
+#else
   const N a = ToNarrow<N>(lo), b = ToNarrow<N>(hi);
   uint16_t ua, ub;
   std::memcpy(&ua, &a, sizeof(ua));
   std::memcpy(&ub, &b, sizeof(ub));
   return static_cast<uint32_t>(ua) | (static_cast<uint32_t>(ub) << 16);
+#endif
 }
 
 // The 32-bit word holding elements [i, i + 1] of a 16-bit array (i even).

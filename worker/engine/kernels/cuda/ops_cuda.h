@@ -173,7 +173,10 @@ void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const fl
 bool MmaAttentionApplies(int C, int NH, Precision operands);
 void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
                          Precision operands, bool narrow, cudaStream_t stream);
-void MmaAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
+// The backward's scratch: each row's sum of dout * out, then dout narrowed to the run's type.
+size_t MmaAttentionScratchFloats(int B, int T, int C, int NH);
+// scratch: MmaAttentionScratchFloats floats, 16-byte aligned.
+void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* state,
                           const float* qkv, int B, int T, int C, int NH, Precision operands,
                           bool narrow, cudaStream_t stream);
 
