@@ -105,6 +105,12 @@ class CudaOpsTest : public ::testing::Test {
     return sign * std::ldexp(1.0f + m / 1024.0f, e - 15);
   }
 
+  static uint32_t Bits(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+  }
+
   // One rounding step of `store` relative to the value (fp32: the usual bound).
   static double StoreTolerance(Precision store) {
     return store == Precision::kBf16 ? 1.0 / 128 : store == Precision::kFp16 ? 1.0 / 1024 : 1e-5;
@@ -291,7 +297,7 @@ TEST_F(CudaOpsTest, EncoderForwardAndBackward) {
 // it, and within one of its rounding steps of the CPU's (the fp32 values before rounding
 // differ in their last bits, which may round them apart).
 TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
-  const int N = 300, C = 200;  // 5 chunks of the column sums, the last one short
+  const int N = 300, C = 200;  // 5 blocks of the backward's 64 rows, the last one short
   const std::vector<float> x = Random(N * C, 2.0f), w = Random(C), b = Random(C);
   for (Precision store : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
     const std::string name = std::string(" stored ") + PrecisionName(store);
@@ -328,8 +334,8 @@ TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
 // run stores them; the GPU then multiplies on tensor cores (bf16, fp16) where the CPU
 // multiplies in fp32, and the products agree exactly: only the summation order differs.
 TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
-  // ldo > OC: the LM head writes V of Vp columns. N spans 4 chunks of the bias gradient's
-  // column sum.
+  // ldo > OC: the LM head writes V of Vp columns. (BiasColumnSumsAtEdgeShapesRepeatBitForBit
+  // takes the bias gradient's column sum past one chunk.)
   const int N = 245, C = 96, OC = 70, ldo = 80;
   for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
     const std::string name = std::string(" ") + PrecisionName(p);
@@ -403,6 +409,123 @@ TEST_F(CudaOpsTest, MatmulForwardAndBackward) {
   }
 }
 
+// The bias gradient's column sums (column_sum.cuh) at the shapes their kernels split on: N
+// past one 256-row chunk and not a multiple of it, OC not a multiple of the 8 columns a
+// thread loads, rows ldo > OC apart both 16-byte aligned (ldo a multiple of 8) and not (the
+// one-column loads), one row; dout as floats (narrowed to its 16-bit copy in the same pass
+// where the run is mixed precision) and as an operand buffer. Each sum must agree with the
+// CPU's, repeat bit for bit, and not depend on which loads read it: the same values at an
+// aligned and an unaligned row stride give the same bits.
+TEST_F(CudaOpsTest, BiasColumnSumsAtEdgeShapesRepeatBitForBit) {
+  struct Shape {
+    int N, OC, ldo, ldo_unaligned;
+  };
+  const int C = 8;
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+    for (const Shape& sh : {Shape{600, 77, 88, 83}, Shape{513, 256, 256, 257}, Shape{1, 3, 8, 5}}) {
+      std::vector<float> values = Random(static_cast<size_t>(sh.N) * sh.OC);
+      cpu_->Round(values.data(), values.size(), p);
+      // values (N, OC) at rows ld apart; the columns past OC hold other values.
+      auto spread = [&](int ld) {
+        std::vector<float> d = Random(static_cast<size_t>(sh.N) * ld);
+        cpu_->Round(d.data(), d.size(), p);
+        for (int n = 0; n < sh.N; ++n) {
+          std::copy_n(values.data() + static_cast<size_t>(n) * sh.OC, sh.OC,
+                      d.data() + static_cast<size_t>(n) * ld);
+        }
+        return d;
+      };
+      std::vector<float> inp = Random(static_cast<size_t>(sh.N) * C);
+      cpu_->Round(inp.data(), inp.size(), p);
+      const float* ginp = DevOperand(inp, p);
+      const std::vector<float> w = Random(static_cast<size_t>(sh.OC) * C);
+      const float* gw = Dev(w);
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool accumulate = (variant & 1) != 0, dout_operand = (variant & 2) != 0;
+        const std::string what = "dbias N=" + std::to_string(sh.N) +
+                                 " OC=" + std::to_string(sh.OC) +
+                                 (accumulate ? " (accumulate)" : "") +
+                                 (dout_operand ? " (dout operand) " : " ") + PrecisionName(p);
+        const std::vector<float> db0 = Random(sh.OC);
+        std::vector<std::vector<float>> got;
+        for (int ld : {sh.ldo, sh.ldo, sh.ldo_unaligned}) {
+          const std::vector<float> dout = spread(ld);
+          std::vector<float> dw(static_cast<size_t>(sh.OC) * C, 0.0f), db = db0;
+          float *gdw = Dev(dw), *gdb = Dev(db);
+          gpu_->MatmulBackward(nullptr, false, gdw, gdb,
+                               dout_operand ? DevOperand(dout, p) : Dev(dout), dout_operand, ginp,
+                               gw, sh.N, C, sh.OC, ld, accumulate, p);
+          got.push_back(Host(gdb, sh.OC));
+          if (got.size() == 1) {
+            cpu_->MatmulBackward(nullptr, false, dw.data(), db.data(), dout.data(), dout_operand,
+                                 inp.data(), w.data(), sh.N, C, sh.OC, ld, accumulate, p);
+            ExpectClose(got[0], db, what, 1e-4, 1e-4);
+            ExpectClose(Host(gdw, dw.size()), dw, "dweight of " + what, 1e-4, 1e-4);
+          }
+        }
+        for (int c = 0; c < sh.OC; ++c) {
+          ASSERT_EQ(Bits(got[1][c]), Bits(got[0][c])) << what << " column " << c << " repeated";
+          ASSERT_EQ(Bits(got[2][c]), Bits(got[0][c]))
+              << what << " column " << c << " at the unaligned row stride " << sh.ldo_unaligned;
+        }
+      }
+    }
+  }
+}
+
+// LayerNorm's backward (layernorm.cu: each block's warps keep dweight and dbias sums of 2 C
+// floats in shared memory) where its kernel splits: C not a multiple of the 4 floats a lane
+// loads, C so wide that a block has fewer than 8 warps, or that one warp's sums need more
+// than the default 48 KiB (the shared memory limit raised); N not a multiple of a block's
+// rows. Against the CPU, and bit for bit on a second run.
+TEST_F(CudaOpsTest, LayerNormBackwardAtEdgeShapesRepeatsBitForBit) {
+  struct Shape {
+    int N, C;
+  };
+  for (const Shape& sh : {Shape{300, 202}, Shape{70, 4000}, Shape{9, 6200}}) {
+    const size_t nc = static_cast<size_t>(sh.N) * sh.C;
+    const std::vector<float> x = Random(nc, 2.0f), w = Random(sh.C), b = Random(sh.C);
+    std::vector<float> out(nc), mean(sh.N), rstd(sh.N);
+    float *gx = Dev(x), *gw = Dev(w), *gmean = Dev(mean), *grstd = Dev(rstd);
+    gpu_->LayerNormForward(Dev(out), gmean, grstd, gx, gw, Dev(b), sh.N, sh.C, Precision::kFp32);
+    cpu_->LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), sh.N,
+                           sh.C, Precision::kFp32);
+    for (Precision store : {Precision::kFp32, Precision::kBf16}) {
+      std::vector<float> dout = Random(nc);
+      cpu_->Round(dout.data(), dout.size(), store);
+      const float* gdout = Dev(dout);
+      for (bool accumulate : {false, true}) {
+        const std::string what = "layernorm N=" + std::to_string(sh.N) +
+                                 " C=" + std::to_string(sh.C) +
+                                 (accumulate ? " (accumulate) " : " ") + PrecisionName(store);
+        const std::vector<float> dinp0 = Random(nc), dw0 = Random(sh.C), db0 = Random(sh.C);
+        std::vector<std::vector<float>> got;
+        for (int run = 0; run < 2; ++run) {
+          float *gdinp = Dev(dinp0), *gdw = Dev(dw0), *gdb = Dev(db0);
+          gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, gx, gw, gmean, grstd, sh.N, sh.C,
+                                  accumulate, store);
+          std::vector<float> dw = Host(gdw, sh.C), db = Host(gdb, sh.C);
+          dw.insert(dw.end(), db.begin(), db.end());
+          got.push_back(dw);
+          if (run == 0) {
+            std::vector<float> dinp = dinp0, cdw = dw0, cdb = db0;
+            cpu_->LayerNormBackward(dinp.data(), cdw.data(), cdb.data(), dout.data(), x.data(),
+                                    w.data(), mean.data(), rstd.data(), sh.N, sh.C, accumulate,
+                                    store);
+            ExpectClose(Host(gdinp, nc), dinp, what + " dinp",
+                        std::max(StoreTolerance(store), 1e-4), 1e-4);
+            ExpectClose(Host(gdw, sh.C), cdw, what + " dweight", 1e-4, 1e-4);
+            ExpectClose(Host(gdb, sh.C), cdb, what + " dbias", 1e-4, 1e-4);
+          }
+        }
+        for (size_t i = 0; i < got[0].size(); ++i) {
+          ASSERT_EQ(Bits(got[1][i]), Bits(got[0][i])) << what << " parameter gradient " << i;
+        }
+      }
+    }
+  }
+}
+
 // GPT-2 124M's MLP shapes in bf16, where cuBLAS picks its large tensor-core kernels (the
 // small shapes above may take others), and the column sums of many chunks.
 TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
@@ -430,7 +553,7 @@ TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
   ExpectClose(Host(gdw, dw.size()), dw, "gpt-2 matmul dweight bf16", 1e-4, 1e-3);
   ExpectClose(Host(gdb, OC), db, "gpt-2 matmul dbias", 1e-4, 1e-3);
 
-  // LayerNorm's parameter gradients over N = 2048 rows: 32 chunks.
+  // LayerNorm's parameter gradients over N = 2048 rows: 32 blocks of the backward.
   const std::vector<float> x = Random(static_cast<size_t>(N) * C), g = Random(C), bb = Random(C);
   const std::vector<float> dy = Random(static_cast<size_t>(N) * C);
   std::vector<float> y(x.size()), mean(N), rstd(N), dx(x.size()), dg(C), dbb(C);

@@ -1,53 +1,47 @@
 // Deterministic column sums over many rows, for the parameter gradients that sum over every
-// (b, t) row: the linear layers' bias and LayerNorm's weight and bias. One thread per
-// column walking all N rows would serialise N = B*T loads (16k at GPT-2's shapes) on only
-// C threads, milliseconds per call; instead pass 1 gives each thread one column of one
-// chunk of kColumnChunkRows rows (adjacent threads read adjacent columns, so the loads
-// coalesce), and pass 2 adds each column's chunk sums in chunk order. The order is fixed,
-// so the sums repeat bit for bit, with no atomics.
+// (b, t) row: the linear layers' bias and LayerNorm's weight and bias. Two passes, with no
+// atomics and a summation order fixed by N and C alone, so the sums repeat bit for bit:
+//   pass 1 (column_sum.cu; layernorm.cu fuses its own) leaves one partial sum per column for
+//     each chunk of rows, in partial[chunk * C + c];
+//   pass 2 (ColumnSumFinish) adds each column's chunk partials in a fixed tree.
+// The first version gave each thread one column of a 64-row chunk and pass 2 one thread per
+// column walking all 512 chunks (GPT-2 124M, batch 32, on an H200: 6.2 ms a step for the two
+// passes, far from the memory's bandwidth): 2-byte loads, and only C threads in pass 2.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 
-#include "worker/engine/kernels/cuda/cuda_check.h"
-#include "worker/engine/kernels/cuda/launch.h"
+#include "worker/engine/kernels/cuda/store.cuh"
+#include "worker/engine/kernels/precision.h"
 
 namespace drover::engine::cuda {
 
-inline constexpr int kColumnChunkRows = 64;
-inline constexpr unsigned kColumnThreads = 256;
+// Rows of one pass-1 chunk: tall, so that pass 2 has few partials to add (128 at N = 32768),
+// yet enough chunks times column blocks to fill an H200's 132 SMs several times at GPT-2's
+// shapes (6 to 12 column blocks).
+inline constexpr int kColumnChunkRows = 256;
 
 inline size_t ColumnSumChunks(int N) { return (N + kColumnChunkRows - 1) / kColumnChunkRows; }
 // Floats of scratch one column sum of (N, C) needs.
 inline size_t ColumnSumScratch(int N, int C) { return ColumnSumChunks(N) * C; }
 
-// Pass 1: partial[chunk * C + c] = the sum of value(n, c) over the chunk's rows n.
-template <typename Value>
-__global__ void ColumnPartialsKernel(float* partial, int N, int C, Value value) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  const int first = blockIdx.y * kColumnChunkRows;
-  const int end = min(N, first + kColumnChunkRows);
-  float sum = 0;
-  for (int n = first; n < end; ++n) sum += value(n, c);
-  partial[static_cast<size_t>(blockIdx.y) * C + c] = sum;
-}
-
-// Pass 2 (column_sum.cu): out[c] = [out[c] +] the sum of the chunks' partial[., c] in order.
-void ColumnSumFinish(float* out, const float* partial, int N, int C, bool accumulate,
+// Pass 2: out[c] = [out[c] +] the sum of partial[k * C + c] over the chunks k < chunks.
+void ColumnSumFinish(float* out, const float* partial, int chunks, int C, bool accumulate,
                      cudaStream_t stream);
 
-// out (C) = [out +] sum over n of value(n, c); partial holds ColumnSumScratch(N, C) floats.
-template <typename Value>
-void ColumnSum(float* out, float* partial, int N, int C, Value value, bool accumulate,
-               cudaStream_t stream) {
-  DROVER_CUDA_REQUIRE(N > 0 && C > 0 && ColumnSumChunks(N) <= 65535);
-  const dim3 grid(Blocks(C, kColumnThreads), static_cast<unsigned>(ColumnSumChunks(N)));
-  DROVER_LAUNCH(ColumnPartialsKernel<Value>, grid, kColumnThreads, 0, stream)(partial, N, C, value);
-  DROVER_CUDA_LAUNCHED();
-  ColumnSumFinish(out, partial, N, C, accumulate, stream);
-}
+// out (C) = [out +] the sum over n of x(n, c), x (N, C; rows ld apart) read as values of its
+// precision (OperandIn: a float one is rounded as it is loaded). partial: ColumnSumScratch(N,
+// C) floats.
+void ColumnSum(float* out, float* partial, OperandIn x, int N, int C, int ld, bool accumulate,
+               cudaStream_t stream);
+
+// NarrowCopy of the floats x (N, C; rows ld apart) into `copy` (16-bit values of p, the same
+// layout; the columns past C of each row are not written) and ColumnSum of the narrowed
+// values into out, in one read of x: MatmulBackward's dout, which the GEMMs read as the copy
+// and the bias gradient sums. The sums equal ColumnSum's bit for bit.
+void NarrowCopyAndColumnSum(void* copy, float* out, float* partial, const float* x, int N, int C,
+                            int ld, Precision p, bool accumulate, cudaStream_t stream);
 
 }  // namespace drover::engine::cuda

@@ -246,7 +246,7 @@ class CudaOpsImpl final : public Ops {
                          const float* rstd, int N, int C, bool accumulate,
                          Precision store) override {
     cuda::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
-                            store, column_scratch_.Get(ColumnSumScratch(N, C)), stream_);
+                            store, column_scratch_.Get(LayerNormBackwardScratch(N, C)), stream_);
   }
   void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                      const float* bias, const float* residual, int N, int C, int OC, int ldo,

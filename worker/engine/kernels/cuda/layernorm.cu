@@ -1,7 +1,10 @@
 // LayerNorm over the last dimension, eps 1e-5 (kernels/cpu/layernorm.h). One warp per row
 // for the row-wise work; the weight and bias gradients are deterministic column sums over
-// every row (column_sum.cuh). The backward reads dout as a value of `store` (a GEMM's input
-// gradient, which Ops::NarrowWritten leaves unrounded on this table).
+// every row, whose first pass the backward kernel does as it goes (column_sum.cuh). The backward
+// reads dout as a value of `store` (a GEMM's input gradient, which Ops::NarrowWritten leaves
+// unrounded on this table).
+#include <algorithm>
+
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
@@ -13,6 +16,11 @@ namespace {
 
 constexpr float kEps = 1e-5f;
 constexpr unsigned kWarpsPerBlock = 8;
+// The backward's blocks: rows each warp takes (a GPT-2 124M step at batch 32, N = 32768 and
+// C = 768: 512 blocks of 8 warps, one wave of an H200 at 4 blocks an SM), and the shared
+// memory a block may use without asking (its warps' sums).
+constexpr int kRowsPerWarp = 8;
+constexpr size_t kBackwardSharedBytes = 48 * 1024;
 
 __device__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -42,55 +50,95 @@ __global__ void LayerNormForwardKernel(OperandOut out, float* mean, float* rstd,
   }
 }
 
-// dinp (N, C) += the row's input gradient, the sum stored in `store`; dout read in it.
-__global__ void LayerNormBackwardRows(float* dinp, const float* dout, const float* inp,
-                                      const float* weight, const float* mean, const float* rstd,
-                                      int N, int C, Precision store) {
-  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const size_t base = static_cast<size_t>(row) * C;
-  const float m = mean[row], s = rstd[row];
-  float dnorm_mean = 0, dnorm_norm_mean = 0;
-  for (int c = lane; c < C; c += 32) {
-    const float norm = (inp[base + c] - m) * s;
-    const float dnorm = weight[c] * Stored(dout[base + c], store);
-    dnorm_mean += dnorm;
-    dnorm_norm_mean += dnorm * norm;
+// The backward in one pass over the rows, 16 bytes an element (inp, dout, and dinp read and
+// written): each warp takes every warps-th row of its block's chunk of kRowsPerWarp * warps
+// rows, adds the row's input gradient into dinp, and its dweight and dbias terms into the
+// warp's own sums in shared memory (2 C floats; no other warp writes them, so no barrier until
+// the end); the block then adds its warps' sums in warp order into its partials (dweight's in
+// partial[block * C + c], dbias's gridDim.x * C further), and ColumnSumFinish adds the blocks'
+// (column_sum.cuh). The first version had a kernel for dinp and then a column sum each for
+// dweight and dbias, which read inp and dout twice more: 28 bytes an element.
+// dinp (N, C) += the input gradient, stored in `store`; dout read in it. K: the columns a lane
+// loads at once, 4 (float4) where rows and weight are 16-byte aligned, else 1.
+template <int K>
+__global__ void LayerNormBackwardKernel(float* dinp, float* partial, const float* dout,
+                                        const float* inp, const float* weight, const float* mean,
+                                        const float* rstd, int N, int C, Precision store) {
+  DROVER_DYNAMIC_SHARED(shared);
+  float* const sums = reinterpret_cast<float*>(shared);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  float* const dw_sum = sums + static_cast<size_t>(warp) * 2 * C;
+  float* const db_sum = dw_sum + C;
+  // Each lane zeroes, adds to and (until the barrier) alone touches its own columns.
+  for (int c = lane * K; c < C; c += 32 * K) {
+    const float zero[K] = {};
+    StoreFloats<K>(dw_sum + c, zero);
+    StoreFloats<K>(db_sum + c, zero);
   }
-  dnorm_mean = WarpSum(dnorm_mean) / C;
-  dnorm_norm_mean = WarpSum(dnorm_norm_mean) / C;
-  for (int c = lane; c < C; c += 32) {
-    const float norm = (inp[base + c] - m) * s;
-    const float dnorm = weight[c] * Stored(dout[base + c], store);
-    dinp[base + c] =
-        Stored(dinp[base + c] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s, store);
+  const int first = blockIdx.x * warps * kRowsPerWarp;
+  const int end = min(N, first + warps * kRowsPerWarp);
+  for (int row = first + warp; row < end; row += warps) {
+    const size_t base = static_cast<size_t>(row) * C;
+    const float m = mean[row], s = rstd[row];
+    float dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int c = lane * K; c < C; c += 32 * K) {
+      float x[K], g[K], w[K], dw[K], db[K];
+      LoadFloats<K>(inp + base + c, x);
+      LoadFloats<K>(dout + base + c, g);
+      LoadFloats<K>(weight + c, w);
+      LoadFloats<K>(dw_sum + c, dw);
+      LoadFloats<K>(db_sum + c, db);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float dy = Stored(g[k], store);
+        const float norm = (x[k] - m) * s;
+        const float dnorm = w[k] * dy;
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+        dw[k] += norm * dy;
+        db[k] += dy;
+      }
+      StoreFloats<K>(dw_sum + c, dw);
+      StoreFloats<K>(db_sum + c, db);
+    }
+    dnorm_mean = WarpSum(dnorm_mean) / C;
+    dnorm_norm_mean = WarpSum(dnorm_norm_mean) / C;
+    // The row again: its 2 C floats were read a moment ago, from the cache now.
+    for (int c = lane * K; c < C; c += 32 * K) {
+      float x[K], g[K], w[K], d[K];
+      LoadFloats<K>(inp + base + c, x);
+      LoadFloats<K>(dout + base + c, g);
+      LoadFloats<K>(weight + c, w);
+      LoadFloats<K>(dinp + base + c, d);
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float norm = (x[k] - m) * s;
+        const float dnorm = w[k] * Stored(g[k], store);
+        d[k] = Stored(d[k] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s, store);
+      }
+      StoreFloats<K>(dinp + base + c, d);
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < 2 * C; j += blockDim.x) {
+    float sum = sums[j];
+    for (int v = 1; v < warps; ++v) sum += sums[static_cast<size_t>(v) * 2 * C + j];
+    const unsigned chunk = j < C ? blockIdx.x : gridDim.x + blockIdx.x;
+    partial[static_cast<size_t>(chunk) * C + j % C] = sum;
   }
 }
 
-// The weight gradient's term of row n, column c: the normalised input times dout.
-struct NormTimesDout {
-  const float* dout;
-  const float* inp;
-  const float* mean;
-  const float* rstd;
-  int C;
-  Precision store;
-  __device__ float operator()(int n, int c) const {
-    const size_t i = static_cast<size_t>(n) * C + c;
-    return (inp[i] - mean[n]) * rstd[n] * Stored(dout[i], store);
-  }
-};
+// Warps of a backward block: as many as 8 whose sums fit the 48 KiB a block has by default.
+int BackwardWarps(int C) {
+  const size_t per_warp = 2 * sizeof(float) * static_cast<size_t>(C);
+  return static_cast<int>(std::clamp<size_t>(kBackwardSharedBytes / per_warp, 1, 8));
+}
 
-// The bias gradient's term: dout as stored.
-struct StoredDout {
-  const float* dout;
-  int C;
-  Precision store;
-  __device__ float operator()(int n, int c) const {
-    return Stored(dout[static_cast<size_t>(n) * C + c], store);
-  }
-};
+int BackwardBlocks(int N, int C) {
+  const int rows = BackwardWarps(C) * kRowsPerWarp;
+  return (N + rows - 1) / rows;
+}
 
 }  // namespace
 
@@ -103,19 +151,31 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
   DROVER_CUDA_LAUNCHED();
 }
 
+size_t LayerNormBackwardScratch(int N, int C) {
+  return 2 * static_cast<size_t>(BackwardBlocks(N, C)) * C;
+}
+
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C, bool accumulate, Precision store, float* scratch,
                        cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0);
-  DROVER_LAUNCH(LayerNormBackwardRows, Blocks(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream)
-  (dinp, dout, inp, weight, mean, rstd, N, C, store);
+  const int warps = BackwardWarps(C), blocks = BackwardBlocks(N, C);
+  const size_t shared = 2 * sizeof(float) * static_cast<size_t>(C) * warps;
+  const bool vector =
+      C % 4 == 0 && Aligned16(dinp) && Aligned16(dout) && Aligned16(inp) && Aligned16(weight);
+  const auto kernel = vector ? &LayerNormBackwardKernel<4> : &LayerNormBackwardKernel<1>;
+  if (shared > kBackwardSharedBytes) {
+    // C past 6144: one warp's sums need more than the default (sm_90 allows 227 KiB).
+    DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(shared)));
+  }
+  DROVER_LAUNCH(kernel, blocks, warps * 32, shared, stream)
+  (dinp, scratch, dout, inp, weight, mean, rstd, N, C, store);
   DROVER_CUDA_LAUNCHED();
-  // Both sums share the scratch: the stream runs the second's pass 1 after the first's
-  // pass 2 has read it.
-  ColumnSum(dweight, scratch, N, C, NormTimesDout{dout, inp, mean, rstd, C, store}, accumulate,
-            stream);
-  ColumnSum(dbias, scratch, N, C, StoredDout{dout, C, store}, accumulate, stream);
+  ColumnSumFinish(dweight, scratch, blocks, C, accumulate, stream);
+  ColumnSumFinish(dbias, scratch + static_cast<size_t>(blocks) * C, blocks, C, accumulate, stream);
 }
 
 }  // namespace drover::engine::cuda

@@ -6,7 +6,8 @@
 // Mixed-precision forward GEMMs run through cuBLASLt (LtMatmul) with the bias in the epilogue
 // and the residual as the C operand, one pass over out; where cuBLASLt has no algorithm, through
 // cuBLAS with the residual and bias written into out first (beta = 1), as on the CPU. The bias
-// gradient is a deterministic column sum (column_sum.cuh).
+// gradient is a deterministic column sum (column_sum.cuh), taken in the same pass over dout as
+// its 16-bit copy where the GEMMs read one.
 //
 // Precision: every operand holds values of the run's precision (ops.h). In a bf16 run the
 // activations arrive as bf16 operand buffers (ops.h: the table's format for what only GEMMs
@@ -83,15 +84,6 @@ struct GemmInputs {
     uint16_t* out = (staging->*copy).Get(n);
     NarrowCopy(out, x, n, precision, stream);
     return {out, NarrowType()};
-  }
-};
-
-// dout (N, OC; rows ld apart) as the bias gradient's column sum reads it.
-struct DoutValue {
-  OperandIn dout;
-  int ld;
-  __device__ float operator()(int n, int c) const {
-    return dout.Get(static_cast<size_t>(n) * ld + c);
   }
 };
 
@@ -296,8 +288,18 @@ void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool
   const GemmInputs in = InputsOf(staging, operands, stream);
   DROVER_CUDA_REQUIRE((!dout_narrow && !dinp_narrow) || in.staged);
   // dout's rows are ldo apart: its copy spans the first row's start to the last's OC columns.
-  const GemmOperand dy = in.Of(&GemmStaging::output_grad, dout,
-                               size_t{static_cast<unsigned>(N - 1)} * ldo + OC, dout_narrow);
+  const size_t span = size_t{static_cast<unsigned>(N - 1)} * ldo + OC;
+  // Floats that the GEMMs read as a 16-bit copy: the copy and the bias gradient in one read
+  // of dout (the bias sums the narrowed values, which are what a float dout holds, ops.h).
+  const bool fused = dbias != nullptr && in.staged && !dout_narrow;
+  GemmOperand dy;
+  if (fused) {
+    uint16_t* copy = staging->output_grad.Get(span);
+    NarrowCopyAndColumnSum(copy, dbias, scratch, dout, N, OC, ldo, operands, accumulate, stream);
+    dy = {copy, in.NarrowType()};
+  } else {
+    dy = in.Of(&GemmStaging::output_grad, dout, span, dout_narrow);
+  }
   if (dinp != nullptr) {
     const GemmOperand w =
         in.Of(&GemmStaging::weight, weight, size_t{static_cast<unsigned>(OC)} * C);
@@ -307,9 +309,9 @@ void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool
   const GemmOperand x = in.Buffer(inp);
   Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f,
        GemmOutput{dweight, CUDA_R_32F}, C, in.compute);
-  if (dbias != nullptr) {
-    ColumnSum(dbias, scratch, N, OC, DoutValue{OperandIn{dout, dout_narrow, operands}, ldo},
-              accumulate, stream);
+  if (dbias != nullptr && !fused) {
+    ColumnSum(dbias, scratch, OperandIn{dout, dout_narrow, operands}, N, OC, ldo, accumulate,
+              stream);
   }
 }
 

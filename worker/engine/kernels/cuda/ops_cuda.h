@@ -63,7 +63,8 @@ void EncoderBackwardWindow(float* dwindow, size_t lo, size_t hi, size_t wpe_offs
 void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                       const float* bias, int N, int C, Precision store, bool narrow_out,
                       cudaStream_t stream);
-// scratch: ColumnSumScratch(N, C) floats (column_sum.cuh).
+// scratch: LayerNormBackwardScratch(N, C) floats, the weight and bias gradients' partial sums.
+size_t LayerNormBackwardScratch(int N, int C);
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, const float* mean, const float* rstd,
                        int N, int C, bool accumulate, Precision store, float* scratch,

@@ -59,6 +59,35 @@ struct Word8 {
   }
 };
 
+// K floats at p, in 16-byte words where K is a multiple of 4 (p is then 16-byte aligned), and
+// stored back so. A kernel that reads some memory through these reads and writes it only
+// through them, as Word8 does (one type per access, so the compiler's aliasing holds).
+template <int K>
+__device__ __forceinline__ void LoadFloats(const float* p, float (&v)[K]) {
+  if constexpr (K % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < K / 4; ++i) {
+      const float4 w = reinterpret_cast<const float4*>(p)[i];
+      v[4 * i] = w.x, v[4 * i + 1] = w.y, v[4 * i + 2] = w.z, v[4 * i + 3] = w.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = p[k];
+  }
+}
+template <int K>
+__device__ __forceinline__ void StoreFloats(float* p, const float (&v)[K]) {
+  if constexpr (K % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < K / 4; ++i) {
+      reinterpret_cast<float4*>(p)[i] = float4{v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]};
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) p[k] = v[k];
+  }
+}
+
 // An operand buffer (ops.h: Ops::OperandFloats) as a kernel writes it: 16-bit values of the
 // run's precision where `narrow` (CUDA's mixed precision), else floats holding them. Offsets
 // and indices count elements.
