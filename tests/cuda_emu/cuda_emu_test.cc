@@ -61,6 +61,51 @@ __global__ void MmaKernel(float* d, const float* a, const float* b, bool fp16) {
   for (int i = 0; i < 4; ++i) d[(i < 2 ? g : g + 8) * 8 + t * 2 + (i & 1)] = acc[i];
 }
 
+// One warp's ldmatrix.x4 from four 8 x 8 matrices of 16-bit values in shared memory,
+// M_m(i, j) = 64 m + 8 i + j, each row 16 elements (32 bytes) after the last; lane l gives the
+// address of row l % 8 of matrix l / 8, as the PTX ISA's ldmatrix has it. out[4 lane + m]:
+// the lane's register m.
+__global__ void LdMatrixKernel(uint32_t* out, bool trans) {
+  DROVER_DYNAMIC_SHARED(smem);
+  uint16_t* rows = reinterpret_cast<uint16_t*>(smem);
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int e = lane; e < 4 * 8 * 16; e += 32) {
+    const int row = e / 16, col = e % 16;  // row 8 m + i of the 32
+    rows[e] = static_cast<uint16_t>(col < 8 ? 64 * (row / 8) + 8 * (row % 8) + col : 0xFFFF);
+  }
+  __syncthreads();
+  uint32_t r[4];
+  ::drover_emu::LdMatrixX4(r, rows + ((lane / 8) * 8 + lane % 8) * 16, trans);
+  for (int m = 0; m < 4; ++m) out[4 * lane + m] = r[m];
+}
+
+// cp.async's groups: out[0] the destination before any wait, out[1] after waiting for all,
+// out[2] a copy whose source is invalid (zeros), out[3] and out[4] the older and the newer of
+// two groups after waiting for all but the newest.
+__global__ void CopyAsyncKernel(const float* src, float* out) {
+  DROVER_DYNAMIC_SHARED(smem);
+  float* f = reinterpret_cast<float*>(smem);
+  if (threadIdx.x == 0) {
+    ::drover_emu::CpAsync(f, src, 16, 16);
+    ::drover_emu::CpAsyncCommit();
+    out[0] = f[0];
+    ::drover_emu::CpAsyncWait(0);
+    out[1] = f[0];
+    ::drover_emu::CpAsync(f + 4, src, 16, 0);
+    ::drover_emu::CpAsyncCommit();
+    ::drover_emu::CpAsyncWait(0);
+    out[2] = f[4];
+    ::drover_emu::CpAsync(f + 8, src, 16, 16);
+    ::drover_emu::CpAsyncCommit();
+    ::drover_emu::CpAsync(f + 12, src, 16, 16);
+    ::drover_emu::CpAsyncCommit();
+    ::drover_emu::CpAsyncWait(1);
+    out[3] = f[8];
+    out[4] = f[12];
+  }
+  __syncthreads();
+}
+
 constexpr int kN = 64;
 
 class CudaEmulatorTest : public ::testing::Test {
@@ -317,6 +362,47 @@ TEST_F(CudaEmulatorTest, MmaSyncTakesItsFragmentsInThePtxLayout) {
     EXPECT_EQ(got, want) << (fp16 ? "fp16" : "bf16");
   }
   for (float* p : {da, db, dd}) ASSERT_EQ(cudaFree(p), cudaSuccess);
+}
+
+// The PTX ISA's ldmatrix: "each thread in a warp loads fragments of a row" (without .trans:
+// lane L holds row L / 4, elements 2 (L % 4) and + 1 of each matrix) and ".trans ... loads
+// fragments of a column" (column L / 4, rows 2 (L % 4) and + 1): transcribed here apart from
+// the emulator's decoding.
+TEST_F(CudaEmulatorTest, LdMatrixGivesEachLaneItsRowOrColumnPair) {
+  uint32_t* out = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&out), 128 * sizeof(uint32_t)), cudaSuccess);
+  for (const bool trans : {false, true}) {
+    DROVER_LAUNCH(LdMatrixKernel, 1, 32, 4 * 8 * 16 * 2, a_)(out, trans);
+    std::vector<uint32_t> got(128);
+    ASSERT_EQ(cudaMemcpyAsync(got.data(), out, 128 * 4, cudaMemcpyDeviceToHost, a_), cudaSuccess);
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int m = 0; m < 4; ++m) {
+        auto element = [&](int i, int j) { return static_cast<uint32_t>(64 * m + 8 * i + j); };
+        const uint32_t want = trans ? element(2 * t, g) | element(2 * t + 1, g) << 16
+                                    : element(g, 2 * t) | element(g, 2 * t + 1) << 16;
+        EXPECT_EQ(got[4 * lane + m], want) << "lane " << lane << " matrix " << m
+                                           << (trans ? " .trans" : "");
+      }
+    }
+  }
+  ASSERT_EQ(cudaFree(out), cudaSuccess);
+}
+
+// A cp.async lands at the wait that covers its group, not before: a tile read without its
+// wait reads what was there (NaN in a fresh block's shared memory).
+TEST_F(CudaEmulatorTest, AnAsyncCopyLandsAtItsWait) {
+  std::vector<float> src = {1.5f, 2.5f, 3.5f, 4.5f};
+  ASSERT_EQ(cudaMemcpyAsync(device_, src.data(), 16, cudaMemcpyHostToDevice, a_), cudaSuccess);
+  DROVER_LAUNCH(CopyAsyncKernel, 1, 32, 64, a_)(device_, device_ + 8);
+  ASSERT_EQ(cudaMemcpyAsync(pinned_, device_ + 8, 5 * sizeof(float), cudaMemcpyDeviceToHost, a_),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  EXPECT_TRUE(std::isnan(pinned_[0]));
+  EXPECT_EQ(pinned_[1], 1.5f);
+  EXPECT_EQ(pinned_[2], 0.0f);
+  EXPECT_EQ(pinned_[3], 1.5f);
+  EXPECT_TRUE(std::isnan(pinned_[4]));
 }
 
 TEST_F(CudaEmulatorTest, AKernelTakesNullAndTheEndOfAnAllocation) {

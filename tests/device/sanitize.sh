@@ -8,7 +8,7 @@
 # its threads run one after another in a fixed order, so a missing barrier in one direction,
 # a lane reading another's write without __syncwarp, or a read of memory nobody wrote can
 # pass there. These are what the sanitizer's tools look for on the device:
-#   racecheck  shared-memory hazards (flash attention, LayerNorm, the softmax kernels);
+#   racecheck  shared-memory hazards (attention, LayerNorm, the column sums, the softmax kernels);
 #   synccheck  barriers and warp syncs reached by only some threads;
 #   initcheck  reads of device memory never written;
 #   memcheck   out-of-bounds and misaligned accesses, over every op test.
@@ -50,7 +50,7 @@ check() {  # check TOOL SECONDS GTEST_FILTER
     failed=1
   fi
 }
-kernels='CudaOpsTest.AttentionForwardAndBackward:CudaOpsTest.LayerNormForwardAndBackward:CudaOpsTest.GeluCrossEntropyAndAdamW:CudaOpsTest.EncoderForwardAndBackward:CudaOpsTest.CrossEntropyOverVocabularySlices'
+kernels='CudaOpsTest.AttentionForwardAndBackward:CudaOpsTest.LayerNormForwardAndBackward:CudaOpsTest.LayerNormBackwardAtEdgeShapesRepeatsBitForBit:CudaOpsTest.BiasColumnSumsAtEdgeShapesRepeatBitForBit:CudaOpsTest.GeluCrossEntropyAndAdamW:CudaOpsTest.EncoderForwardAndBackward:CudaOpsTest.CrossEntropyOverVocabularySlices'
 # DROVER_SANITIZE_TESTS (a gtest filter) runs every tool over those tests alone: a changed
 # kernel's, in a short call.
 only=${DROVER_SANITIZE_TESTS:-}

@@ -15,9 +15,8 @@
 // Work: blocks of 4 warps; key tiles of 64 rows.
 //   forward: a block per query tile walks the key tiles up to the diagonal; each warp keeps
 //            its rows' output (rows x HS), running max and running sum in registers, and
-//            writes out = o / l, lse = m + log l and the fp32 copy of out backward reads. A
-//            warp takes 32 rows (two 16-row mma tiles, so each k and v fragment it loads
-//            feeds two products) up to HS = 64, and 16 at HS = 128 (registers).
+//            writes out = o / l, lse = m + log l and the fp32 copy of out backward reads.
+//            16 rows a warp, 64-row query tiles (kForwardTiles: what was measured).
 //   D:       one pass over dout: D = rowsum(dout * out) per row, and dout narrowed to N
 //            (its tiles then load as 16-bit copies, asynchronously, as q, k and v do).
 //   dk, dv:  a block per key tile walks the query tiles from the diagonal on; each warp
@@ -35,10 +34,16 @@
 // for v dout^T), transposed where it takes a row per k step (v for P v, dout for P^T dout, q
 // for dS^T q, k for dS k). The tiles a block walks are double-buffered and copied with
 // cp.async (async_copy.cuh): the next tile's loads are in flight while the tensor cores work
-// on this one. Measured on an H200 at GPT-2 124M, B = 32, T = 1024 (tests/device/kernels.sh):
-// the kernels this replaced (32-bit fragment loads, a transposed second copy of four tiles
-// stored element by element, synchronous loads, 16 rows a warp, dout read as fp32) took
-// 6.8 ms forward and 24.4 ms backward a step.
+// on this one. Launch bounds hold the registers to what 3 or 4 blocks an SM allow: the
+// kernels are latency-bound (Nsight Compute: most stalls wait on a fixed-latency dependency,
+// no pipe above a quarter busy), and more warps hide more of it than more registers buy.
+//
+// Measured on an H200 at GPT-2 124M, B = 32, T = 1024, bf16, kernel time a training step
+// (tests/device/kernels.sh): forward 5.4 ms, D 0.9, dq 5.4, dk dv 7.8, 19.5 ms in all. The
+// kernels this replaced (32-bit fragment loads, a transposed second copy of four tiles stored
+// element by element, synchronous loads, dout read as fp32, register-bound occupancy) took
+// 32.2 ms. PyTorch's scaled_dot_product_attention on the same shape, same GPU
+// (tests/device/attention_profile.sh): its flash kernels 14.4 ms, its cuDNN ones 9.7 ms.
 //
 // Only mixed-precision runs with a head size of 16, 32, 64 or 128 come here
 // (MmaAttentionApplies).
@@ -47,10 +52,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <type_traits>
 
 #include "worker/engine/kernels/cuda/async_copy.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
@@ -76,22 +77,14 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // The forward's 16-row mma tiles a warp: two share each k and v fragment where the registers
 // allow (o and the scores are 2 x HS / 2 and 2 x 32 floats a lane at HS = 64).
-// DROVER_CUDA_ATTENTION_TILE=RxK (R rows a warp: 16 or 32; K keys a tile: 64 or 128) sets
-// the forward's shape for timing them (tests/device/attention_profile.sh); read once.
-template <int HS>
-constexpr int kForwardTiles = HS <= 64 ? 2 : 1;
-struct ForwardShape {
-  int rows = 0, keys = 64;  // rows 0: kForwardTiles
-};
-ForwardShape ForwardShapeChosen() {
-  static const ForwardShape shape = [] {
-    ForwardShape s;
-    const char* env = std::getenv("DROVER_CUDA_ATTENTION_TILE");
-    if (env != nullptr && std::sscanf(env, "%dx%d", &s.rows, &s.keys) != 2) s = ForwardShape{};
-    return s;
-  }();
-  return shape;
-}
+// The forward's shape: 16-row mma tiles a warp (kM) and 8-column blocks a key tile (kNB).
+// Measured on an H200 at GPT-2 124M, B = 32, T = 1024, the forward's kernel time a step:
+// 16 rows a warp and 64 keys a tile 5.4 ms (4 blocks an SM at 128 registers); 32 rows, 64
+// keys 5.8 ms (2 blocks: each k and v fragment feeds two products, but too few warps hide the
+// latencies); 16 x 128 9.1 ms and 32 x 128 8.6 ms (more of each diagonal tile masked, fewer
+// blocks). The kernel keeps both as parameters for other shapes and devices.
+constexpr int kForwardTiles = 1;
+constexpr int kForwardBlocks = kKeys / 8;
 
 // The strides (in 16-bit elements) and sizes (in bytes) of a head size's shared tiles.
 template <int HS>
@@ -117,12 +110,10 @@ struct ForwardTiles {
   static constexpr size_t kBytes = kQuery + 4 * kKeyTile;
 };
 
-// The most dynamic shared memory a kernel of the head size takes, over the forward's shapes.
+// The most dynamic shared memory a kernel of the head size takes.
 template <int HS>
 constexpr size_t MostShared() {
-  return std::max({ForwardTiles<HS, 1, 8>::kBytes, ForwardTiles<HS, 1, 16>::kBytes,
-                   ForwardTiles<HS, kForwardTiles<HS>, 8>::kBytes,
-                   ForwardTiles<HS, kForwardTiles<HS>, 16>::kBytes, Tiles<HS>::kDkv,
+  return std::max({ForwardTiles<HS, kForwardTiles, kForwardBlocks>::kBytes, Tiles<HS>::kDkv,
                    Tiles<HS>::kDq});
 }
 
@@ -672,23 +663,10 @@ void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, i
   float* lse = state;
   float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  auto launch = [&](auto tiles, auto blocks) {
-    constexpr int kM = decltype(tiles)::value, kNB = decltype(blocks)::value;
-    using F = ForwardTiles<HS, kM, kNB>;
-    fused::LaunchWithShared(MmaForwardKernel<N, HS, kM, kNB>, Grid(B, T, NH, F::kQueryRows),
-                            F::kBytes, stream, out, lse, out_copy, qkv, T, C, NH, scale);
-  };
-  const ForwardShape shape = ForwardShapeChosen();
-  using One = std::integral_constant<int, 1>;
-  using Most = std::integral_constant<int, kForwardTiles<HS>>;
-  using Short = std::integral_constant<int, 8>;
-  using Long = std::integral_constant<int, 16>;
-  const bool one = shape.rows == 16 || kForwardTiles<HS> == 1;
-  if (shape.keys == 128) {
-    one ? launch(One{}, Long{}) : launch(Most{}, Long{});
-  } else {
-    one ? launch(One{}, Short{}) : launch(Most{}, Short{});
-  }
+  using F = ForwardTiles<HS, kForwardTiles, kForwardBlocks>;
+  fused::LaunchWithShared(MmaForwardKernel<N, HS, kForwardTiles, kForwardBlocks>,
+                          Grid(B, T, NH, F::kQueryRows), F::kBytes, stream, out, lse, out_copy,
+                          qkv, T, C, NH, scale);
 }
 
 template <typename N, int HS>
