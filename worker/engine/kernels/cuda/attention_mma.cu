@@ -227,34 +227,6 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? (kM == 1 ? (kNB == 8 ? 4 
   }
 }
 
-// D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out, from the fp32
-// copy of out (softmax's backward needs sum_j P_ij dP_ij, which equals it), and dout_n (B, T,
-// C) = dout narrowed to N, what the backward kernels' tiles copy. One warp per (b, t, h).
-template <typename N, int HS>
-__global__ void DotAndNarrowKernel(float* D, N* dout_n, const float* dout, const float* out,
-                                   int B, int T, int C, int NH) {
-  const size_t rows = static_cast<size_t>(B) * T * NH;
-  const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const size_t bt = row / NH;
-  const int h = static_cast<int>(row % NH);
-  const size_t at = bt * C + h * HS;
-  // Two adjacent channels a lane (8-byte loads; at and d are even).
-  float sum = 0.0f;
-  for (int d = 2 * lane; d < HS; d += 64) {
-    const float2 x = *reinterpret_cast<const float2*>(dout + at + d);
-    const float2 o = *reinterpret_cast<const float2*>(out + at + d);
-    const N lo = ToNarrow<N>(x.x), hi = ToNarrow<N>(x.y);
-    dout_n[at + d] = lo;
-    dout_n[at + d + 1] = hi;
-    sum += ToFloat(lo) * o.x + ToFloat(hi) * o.y;
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const size_t b = bt / T, t = bt % T;
-  if (lane == 0) D[(b * NH + h) * T + t] = sum;
-}
-
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
     MmaDkvKernel(OperandOut dqkv, const N* dout, const float* lse, const float* D, OperandIn qkv,
@@ -442,12 +414,7 @@ void Backward(OperandOut dqkv, float* scratch, const float* dout, const float* s
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   float* dot = scratch;
   N* dout_n = reinterpret_cast<N*>(scratch + DotFloats(B, T, NH));
-  const size_t rows = static_cast<size_t>(B) * T * NH;
-  constexpr unsigned kDotThreads = 256;
-  auto* dot_kernel = &DotAndNarrowKernel<N, HS>;
-  DROVER_LAUNCH(dot_kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
-  (dot, dout_n, dout, out_copy, B, T, C, NH);
-  DROVER_CUDA_LAUNCHED();
+  fused::SoftmaxDot<N, HS>(dot, dout_n, dout, out_copy, B, T, C, NH, stream);
   const dim3 grid = Grid(B, T, NH, kKeys);
   fused::LaunchWithShared(MmaDqKernel<N, HS>, grid, Tiles<HS>::kDq, stream, dqkv,
                           static_cast<const N*>(dout_n), lse, static_cast<const float*>(dot), qkv,

@@ -111,42 +111,48 @@ inline size_t SharedOptIn() {
   return opt_in;
 }
 
-// An element of dout as the run stores it (N rounds it), as a float.
-template <typename N>
-__device__ __forceinline__ float StoredAs(float x) {
-  return ToFloat(ToNarrow<N>(x));
-}
-
 // D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out, from the fp32
-// copy of out: softmax's backward needs sum_j P_ij dP_ij, which equals it. One warp per
-// (b, t, h).
+// copy of out: softmax's backward needs sum_j P_ij dP_ij, which equals it. Where dout_n is
+// given, dout narrowed to N (B, T, C) too, in the same pass: what the mma kernels' tiles copy
+// (attention_mma.cu). One warp per (b, t, h), two adjacent channels a lane: an 8-byte load of
+// dout (16-byte aligned, RequireShapes; the head's offset and the channel are even), two
+// 4-byte ones of out, whose copy follows B * NH * T row statistics in the state and so is
+// 8-byte aligned only where that count is even.
 template <typename N, int HS>
-__global__ void SoftmaxDotKernel(float* D, const float* dout, const float* out, int B, int T, int C,
-                                 int NH) {
+__global__ void SoftmaxDotKernel(float* D, N* dout_n, const float* dout, const float* out, int B,
+                                 int T, int C, int NH) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
   const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const size_t bt = row / NH;
   const int h = static_cast<int>(row % NH);
-  const float* a = dout + bt * C + h * HS;
-  const float* o = out + bt * C + h * HS;
+  const size_t at = bt * C + h * HS;
   float sum = 0.0f;
-  for (int d = lane; d < HS; d += 32) sum += StoredAs<N>(a[d]) * o[d];
+  for (int d = 2 * lane; d < HS; d += 64) {
+    const float2 x = *reinterpret_cast<const float2*>(dout + at + d);
+    const N lo = ToNarrow<N>(x.x), hi = ToNarrow<N>(x.y);
+    if (dout_n != nullptr) {
+      dout_n[at + d] = lo;
+      dout_n[at + d + 1] = hi;
+    }
+    sum += ToFloat(lo) * out[at + d] + ToFloat(hi) * out[at + d + 1];
+  }
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const size_t b = bt / T, t = bt % T;
   if (lane == 0) D[(b * NH + h) * T + t] = sum;
 }
 
-// Launches SoftmaxDotKernel: dot = D from dout and the state's copy of out.
+// Launches SoftmaxDotKernel: dot = D from dout and the state's copy of out, and dout_n (may be
+// null) = dout narrowed.
 template <typename N, int HS>
-void SoftmaxDot(float* dot, const float* dout, const float* out_copy, int B, int T, int C, int NH,
-                cudaStream_t stream) {
+void SoftmaxDot(float* dot, N* dout_n, const float* dout, const float* out_copy, int B, int T,
+                int C, int NH, cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
   constexpr unsigned kDotThreads = 256;
   auto* kernel = &SoftmaxDotKernel<N, HS>;
   DROVER_LAUNCH(kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
-  (dot, dout, out_copy, B, T, C, NH);
+  (dot, dout_n, dout, out_copy, B, T, C, NH);
   DROVER_CUDA_LAUNCHED();
 }
 
