@@ -236,15 +236,20 @@ TEST_F(CudaOpsTest, ElementwiseAndReductions) {
               1e-10 * cpu_->SumSquares(x.data(), n));
   gpu_->Fill(dy, 2.5f, n);
   ExpectClose(Host(dy, n), std::vector<float>(n, 2.5f), "fill", 0, 0);
+  // From the buffer's start (8 floats a thread, then a tail) and from one float in (not
+  // 16-byte aligned: a float a thread), which leaves the first float as it was.
   for (Precision p : {Precision::kBf16, Precision::kFp16}) {
-    std::vector<float> r = Random(n, 3000.0f);  // fp16 overflows past 65504
-    float* dr = Dev(r);
-    gpu_->Round(dr, n, p);
-    cpu_->Round(r.data(), n, p);
-    const std::vector<float> got = Host(dr, n);
-    for (size_t i = 0; i < n; ++i) {
-      ASSERT_TRUE(got[i] == r[i] || (std::isnan(got[i]) && std::isnan(r[i])))
-          << PrecisionName(p) << " element " << i << ": gpu " << got[i] << ", cpu " << r[i];
+    for (const size_t from : {size_t{0}, size_t{1}}) {
+      std::vector<float> r = Random(n, 3000.0f);  // fp16 overflows past 65504
+      float* dr = Dev(r);
+      gpu_->Round(dr + from, n - from, p);
+      cpu_->Round(r.data() + from, n - from, p);
+      const std::vector<float> got = Host(dr, n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(got[i] == r[i] || (std::isnan(got[i]) && std::isnan(r[i])))
+            << PrecisionName(p) << " from " << from << " element " << i << ": gpu " << got[i]
+            << ", cpu " << r[i];
+      }
     }
   }
 }

@@ -35,17 +35,27 @@ __global__ void ScaleKernel(float* x, size_t n, float s) {
   }
 }
 
-__global__ void RoundBf16Kernel(float* x, size_t n) {
+// x rounded to N in place, as floats.
+template <typename N>
+__global__ void RoundKernel(float* x, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
-    x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+    x[i] = ToFloat(ToNarrow<N>(x[i]));
   }
 }
 
-__global__ void RoundFp16Kernel(float* x, size_t n) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    x[i] = __half2float(__float2half_rn(x[i]));
+// The same 8 floats a thread, in two 16-byte loads and stores: the residual stream's rounding
+// after each GEMM that adds to it is a pass over B*T*C floats (H200, GPT-2 124M: 2.1 ms a
+// step with 4-byte accesses). `words` counts 8-float groups; the caller does the tail.
+template <typename N>
+__global__ void RoundWords(float* x, size_t words) {
+  for (size_t w = blockIdx.x * size_t{blockDim.x} + threadIdx.x; w < words;
+       w += size_t{gridDim.x} * blockDim.x) {
+    float v[kPerWord];
+    LoadFloats<kPerWord>(x + w * kPerWord, v);
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) v[k] = ToFloat(ToNarrow<N>(v[k]));
+    StoreFloats<kPerWord>(x + w * kPerWord, v);
   }
 }
 
@@ -113,6 +123,22 @@ __global__ void SumSquaresFinal(double* partial, unsigned count) {
   if (threadIdx.x == 0) partial[kSumBlocks] = total;
 }
 
+// Round for one 16-bit type: 8 floats a thread where x is 16-byte aligned, then the tail.
+template <typename N>
+void RoundAs(float* x, size_t n, cudaStream_t stream) {
+  size_t done = 0;  // elements the 16-byte kernel did
+  if (Aligned16(x) && n >= kPerWord) {
+    const size_t words = n / kPerWord;
+    DROVER_LAUNCH(RoundWords<N>, StrideBlocks(words, kThreads), kThreads, 0, stream)(x, words);
+    DROVER_CUDA_LAUNCHED();
+    done = words * kPerWord;
+  }
+  if (done == n) return;
+  DROVER_LAUNCH(RoundKernel<N>, StrideBlocks(n - done, kThreads), kThreads, 0, stream)
+  (x + done, n - done);
+  DROVER_CUDA_LAUNCHED();
+}
+
 }  // namespace
 
 void Fill(float* x, float value, size_t n, cudaStream_t stream) {
@@ -141,11 +167,10 @@ void Round(float* x, size_t n, int precision, cudaStream_t stream) {
   if (n == 0) return;
   DROVER_CUDA_REQUIRE(precision == 1 || precision == 2);
   if (precision == 1) {
-    DROVER_LAUNCH(RoundBf16Kernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, n);
+    RoundAs<__nv_bfloat16>(x, n, stream);
   } else {
-    DROVER_LAUNCH(RoundFp16Kernel, StrideBlocks(n, kThreads), kThreads, 0, stream)(x, n);
+    RoundAs<__half>(x, n, stream);
   }
-  DROVER_CUDA_LAUNCHED();
 }
 
 void NarrowCopy(void* out, const float* x, size_t n, Precision p, cudaStream_t stream) {
