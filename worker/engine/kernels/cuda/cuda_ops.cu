@@ -3,10 +3,10 @@
 //
 // Memory: arenas are cudaMalloc'ed once each, at start-up (the engine sizes every arena
 // then), zero-filled; nothing is allocated inside a step except the first time a scratch
-// buffer (token ids and their buckets, attention's datt or row sums, the column sums', the
-// GEMMs' 16-bit operand copies) grows. Token ids arrive in host memory (the data loader's):
-// they are copied to a device buffer on the stream, which orders the copy after every kernel
-// still reading the previous ids.
+// buffer (token ids and their buckets, attention's datt, or its row sums and narrowed dout,
+// the column sums', the GEMMs' 16-bit operand copies) grows. Token ids arrive in host memory
+// (the data loader's): they are copied to a device buffer on the stream, which orders the
+// copy after every kernel still reading the previous ids.
 //
 // Synchronisation: every kernel is enqueued on the one compute stream; the calls that return
 // a value to the host (CrossEntropyForward, SumSquares) wait for it. Copies between host and
