@@ -24,6 +24,8 @@
 #      of every step (with DROVER_CHECK_NO_GPU=1, tp2 on the CPU as a dry run);
 #   4c. train.recompute=all on the GPU (bf16, the fused attention recomputed too) trains as
 #      keeping every activation: the same losses, bit for bit (the kernels are deterministic);
+#   4d. an fp16 job on the GPU, the dynamic loss scaler skipping, backing off and growing,
+#      trains as the same job on the CPU: losses within 1e-2, the same scale at every step;
 #   5. the same build runs a CPU job to success on that machine;
 #   6. `drover export --format safetensors` read by PyTorch (and by transformers'
 #      GPT2LMHeadModel) gives drover's logits (tests/tools/hf_gpt2_check.py).
@@ -187,6 +189,39 @@ YAML
   python3 "$here/../tools/same_losses.py" "$work/out-recompute-none/metrics.jsonl" \
     "$work/out-recompute-all/metrics.jsonl" 10 0
 }
+# One rank in fp16 on DEVICE against the same job on the CPU (fp16 storage and fp32
+# accumulation there too: the reference), the dynamic loss scaler starting at 2^26 (the first
+# steps overflow: skipped, scale halved) and growing every 4 good steps, so that it skips,
+# backs off and grows within the 12 steps (on the CPU: 2^26 down to 2^22, up to 2^23 and
+# back): every step's loss within 1e-2 relative (the GEMMs and reductions add in other
+# orders), and the same loss scale at every step (a step skipped on one and not the other
+# shows there).
+fp16_matches_cpu() {  # fp16_matches_cpu DEVICE
+  cat > "$work/fp16.yaml" <<YAML
+name: device-check-fp16
+model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
+data: {train: "$work/data/train_*.bin"}
+train: {steps: 12, global_batch: 8, micro_batch: 4, seq_len: 32, eval_every: 0}
+precision: {dtype: fp16, initial_loss_scale: 67108864, loss_scale_window: 4}
+resources: {device: cpu}
+checkpoint: {every_steps: 0}
+YAML
+  local d
+  for d in cpu $1; do
+    rm -rf "$work/out-fp16-$d"
+    timeout 120 "$bin/drover" train "$work/fp16.yaml" --set resources.device=$d \
+      --set output_dir="$work/out-fp16-$d" 2>&1 | tail -1 || return 1
+  done
+  python3 "$here/../tools/same_losses.py" "$work/out-fp16-cpu/metrics.jsonl" \
+    "$work/out-fp16-$1/metrics.jsonl" 12 1e-2 || return 1
+  python3 - "$work/out-fp16-cpu/metrics.jsonl" "$work/out-fp16-$1/metrics.jsonl" <<'PY'
+import json, sys
+scales = [[json.loads(l).get("loss_scale") for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
+print("loss_scale cpu  :", scales[0])
+print("loss_scale other:", scales[1])
+sys.exit(0 if scales[0] == scales[1] and len(set(scales[0])) > 1 else 1)
+PY
+}
 if [[ $no_gpu != 1 ]]; then
   step "4 a cuda job trains on the gpu" cuda_job_succeeds
   step "4b two ranks on one gpu, dp2 zero-1, equal one rank" \
@@ -198,12 +233,16 @@ if [[ $no_gpu != 1 ]]; then
   step "4b two ranks on one gpu, tp2, equal one rank" two_ranks_match_one cuda parallel.tp=2
   step "4c recompute all on the gpu trains as keeping the activations" \
     recompute_matches_keeping cuda
+  step "4d an fp16 job on the gpu trains as on the cpu, loss scaler included" \
+    fp16_matches_cpu cuda
 else
   # The same comparison on the CPU: a dry run of the step itself.
   step "4b (dry run on the cpu) two ranks, tp2, equal one rank" \
     two_ranks_match_one cpu parallel.tp=2
   step "4c (dry run on the cpu) recompute all trains as keeping the activations" \
     recompute_matches_keeping cpu
+  step "4d (dry run on the cpu) an fp16 job trains as on the cpu, loss scaler included" \
+    fp16_matches_cpu cpu
 fi
 step "5 the same build trains a cpu job" cpu_job_succeeds
 step "6 pytorch reads drover's safetensors export" \
