@@ -590,9 +590,8 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
   struct Shape {
     int B, T, C, NH;
   };
-  for (const Shape& shape :
-       {Shape{2, 40, 48, 3}, Shape{2, 200, 256, 4}, Shape{1, 64, 64, 2}, Shape{1, 130, 256, 2},
-        Shape{1, 300, 128, 2}, Shape{1, 41, 96, 3}}) {
+  for (const Shape& shape : {Shape{2, 40, 48, 3}, Shape{2, 200, 256, 4}, Shape{1, 64, 64, 2},
+                             Shape{1, 130, 256, 2}, Shape{1, 300, 128, 2}, Shape{1, 41, 96, 3}}) {
     const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH;
     for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
       const std::string name = std::string(" ") + PrecisionName(p) + " T=" + std::to_string(T) +

@@ -128,8 +128,8 @@ struct Warp {
   int live = 0, arrived = 0;
   uint64_t generation = 0;
   double slots[32] = {};
-  float tile[256] = {};      // WarpTile()
-  uint32_t mma[32][6] = {};  // MmaM16N8K16: each lane's a and b registers
+  float tile[256] = {};                // WarpTile()
+  uint32_t mma[32][6] = {};            // MmaM16N8K16: each lane's a and b registers
   const unsigned char* rows[32] = {};  // LdMatrixX4: each lane's row address
 };
 
@@ -374,7 +374,8 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
   Block& blk = *g_block;
   const unsigned lane = static_cast<unsigned>(blk.current - blk.fibers.data()) % 32;
   Warp& w = blk.warps[blk.current->warp];
-  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) Die("ldmatrix: a row address not 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+    Die("ldmatrix: a row address not 16-byte aligned");
   CheckShared(row, 16, "ldmatrix: a row");
   w.rows[lane] = static_cast<const unsigned char*>(row);
   WarpBarrier();  // every lane's address is in
@@ -396,14 +397,16 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
 
 void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {
   CheckSynchronisable("cp.async");
-  if (bytes != 4 && bytes != 8 && bytes != 16) Die("cp.async: a copy of other than 4, 8 or 16 bytes");
+  if (bytes != 4 && bytes != 8 && bytes != 16)
+    Die("cp.async: a copy of other than 4, 8 or 16 bytes");
   if (src_bytes < 0 || src_bytes > bytes) Die("cp.async: a source size past the copy");
   if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 ||
       (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % bytes != 0)) {
     Die("cp.async: an address not aligned to the copy's size");
   }
   CheckShared(dst, bytes, "cp.async: a destination");
-  if (src_bytes > 0 && !InDeviceMemory(src, src_bytes)) Die("cp.async: a source outside device memory");
+  if (src_bytes > 0 && !InDeviceMemory(src, src_bytes))
+    Die("cp.async: a source outside device memory");
   Fiber::AsyncCopy copy{static_cast<unsigned char*>(dst), {}, bytes};
   if (src_bytes > 0) std::memcpy(copy.bytes, src, src_bytes);
   g_block->current->open.push_back(copy);

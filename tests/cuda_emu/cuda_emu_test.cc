@@ -381,8 +381,8 @@ TEST_F(CudaEmulatorTest, LdMatrixGivesEachLaneItsRowOrColumnPair) {
         auto element = [&](int i, int j) { return static_cast<uint32_t>(64 * m + 8 * i + j); };
         const uint32_t want = trans ? element(2 * t, g) | element(2 * t + 1, g) << 16
                                     : element(g, 2 * t) | element(g, 2 * t + 1) << 16;
-        EXPECT_EQ(got[4 * lane + m], want) << "lane " << lane << " matrix " << m
-                                           << (trans ? " .trans" : "");
+        EXPECT_EQ(got[4 * lane + m], want)
+            << "lane " << lane << " matrix " << m << (trans ? " .trans" : "");
       }
     }
   }

@@ -89,8 +89,8 @@ struct ForwardTiles {
 // The most dynamic shared memory a kernel of the head size takes.
 template <int HS>
 constexpr size_t MostShared() {
-  return std::max({ForwardTiles<HS, kForwardTiles, kForwardBlocks>::kBytes, Tiles<HS>::kDkv,
-                   Tiles<HS>::kDq});
+  return std::max(
+      {ForwardTiles<HS, kForwardTiles, kForwardBlocks>::kBytes, Tiles<HS>::kDkv, Tiles<HS>::kDq});
 }
 
 template <typename N, int HS, int kM, int kNB>
@@ -295,8 +295,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
         const int c = j * 8 + 2 * t + e % 2;  // the query, in the tile
         const int key = key0 + (e / 2) * 8;
         const bool visible = !edge || (q0 + c >= key && q0 + c < T);
-        const float p =
-            visible ? FastExp2(fmaf(st[0][j][e], scale2, -col_lse[c] * kLog2e)) : 0.0f;
+        const float p = visible ? FastExp2(fmaf(st[0][j][e], scale2, -col_lse[c] * kLog2e)) : 0.0f;
         st[0][j][e] = p;
         dpt[0][j][e] = p * (dpt[0][j][e] - col_d[c]) * scale;
       }
@@ -390,9 +389,7 @@ dim3 Grid(int B, int T, int NH, int rows) {
 }
 
 // The floats of backward scratch before the narrowed dout: D, rounded up to 16 bytes.
-size_t DotFloats(int B, int T, int NH) {
-  return (static_cast<size_t>(B) * NH * T + 3) / 4 * 4;
-}
+size_t DotFloats(int B, int T, int NH) { return (static_cast<size_t>(B) * NH * T + 3) / 4 * 4; }
 
 template <typename N, int HS>
 void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
@@ -402,13 +399,13 @@ void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, i
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   using F = ForwardTiles<HS, kForwardTiles, kForwardBlocks>;
   fused::LaunchWithShared(MmaForwardKernel<N, HS, kForwardTiles, kForwardBlocks>,
-                          Grid(B, T, NH, F::kQueryRows), F::kBytes, stream, out, lse, out_copy,
-                          qkv, T, C, NH, scale);
+                          Grid(B, T, NH, F::kQueryRows), F::kBytes, stream, out, lse, out_copy, qkv,
+                          T, C, NH, scale);
 }
 
 template <typename N, int HS>
-void Backward(OperandOut dqkv, float* scratch, const float* dout, const float* state,
-              OperandIn qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+void Backward(OperandOut dqkv, float* scratch, const float* dout, const float* state, OperandIn qkv,
+              int B, int T, int C, int NH, cudaStream_t stream) {
   const float* lse = state;
   const float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));

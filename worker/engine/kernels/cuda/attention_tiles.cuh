@@ -28,9 +28,9 @@ using fused::At;
 using fused::kThreads;
 
 constexpr int kWarps = kThreads / 32;
-constexpr int kKeys = 64;            // rows of a key tile, and of the backward's query tiles
-constexpr int kBlocks = kKeys / 8;   // 8-column blocks of a 64-wide score tile
-constexpr int kSteps = kKeys / 16;   // 16-deep k steps through 64 rows
+constexpr int kKeys = 64;           // rows of a key tile, and of the backward's query tiles
+constexpr int kBlocks = kKeys / 8;  // 8-column blocks of a 64-wide score tile
+constexpr int kSteps = kKeys / 16;  // 16-deep k steps through 64 rows
 
 // The strides (in 16-bit elements) and sizes (in bytes) of a head size's shared tiles.
 template <int HS>
@@ -97,8 +97,8 @@ __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const N* rows, int kk) {
 template <typename N, int HS>
 __device__ __forceinline__ void LoadBByRows(uint32_t (&b)[4], const N* x, int n0, int k0) {
   const int lane = threadIdx.x % 32;
-  LdMatrixX4<false>(b, x + (n0 + lane % 8 + (lane / 16) * 8) * Tiles<HS>::kLd + k0 +
-                           ((lane / 8) % 2) * 8);
+  LdMatrixX4<false>(
+      b, x + (n0 + lane % 8 + (lane / 16) * 8) * Tiles<HS>::kLd + k0 + ((lane / 8) % 2) * 8);
 }
 
 // The same from a tile that holds one row per k step (B(k, n) = X[k][n]), transposed by
@@ -106,8 +106,8 @@ __device__ __forceinline__ void LoadBByRows(uint32_t (&b)[4], const N* x, int n0
 template <typename N, int HS>
 __device__ __forceinline__ void LoadBByCols(uint32_t (&b)[4], const N* x, int n0, int k0) {
   const int lane = threadIdx.x % 32;
-  LdMatrixX4<true>(b, x + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * Tiles<HS>::kLd + n0 +
-                          (lane / 16) * 8);
+  LdMatrixX4<true>(
+      b, x + (k0 + lane % 8 + ((lane / 8) % 2) * 8) * Tiles<HS>::kLd + n0 + (lane / 16) * 8);
 }
 
 // The A fragment of a 16-deep k step made of two adjacent 8-column accumulator blocks (lo:
@@ -179,8 +179,8 @@ __device__ __forceinline__ void TwoScoresProducts(float (&x)[1][kBlocks][4],
 // tile holding one row per k step): o += P v, dq += dS k, dv += P^T dout, dk += dS^T q.
 template <typename N, int HS, int kTiles, int kNB>
 __device__ __forceinline__ void AccumulateProduct(float (&acc)[kTiles][HS / 8][4],
-                                                  const float (&x)[kTiles][kNB][4],
-                                                  const N* cols, int kk0, int kk1) {
+                                                  const float (&x)[kTiles][kNB][4], const N* cols,
+                                                  int kk0, int kk1) {
 #pragma unroll
   for (int kk = 0; kk < kNB / 2; ++kk) {
     if (kk < kk0 || kk >= kk1) continue;

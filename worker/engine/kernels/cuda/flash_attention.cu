@@ -499,8 +499,7 @@ void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state
   const float* lse = state;
   const float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), dout, out_copy, B, T, C, NH,
-                           stream);
+  fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), dout, out_copy, B, T, C, NH, stream);
   LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dy,
                    lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
   LaunchWithShared(FlashDkvKernel<N, HS>, Grid(B, T, NH), DkvSmem<N, HS>::kBytes, stream, dqkv, dy,
