@@ -54,16 +54,7 @@ PY
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [[ -n $ncu ]] || { echo "attention_profile: ncu is not installed"; exit 0; }
 python3 "$here/../bench/random_shard.py" "$work/train.bin" 2000000
-cat > "$work/att.yaml" <<YAML
-name: attention-profile
-output_dir: $work/out
-model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: $T, vocab_size: 50257}
-data: {train: "$work/train.bin"}
-train: {steps: 1, global_batch: $batch, micro_batch: $batch, seq_len: $T, eval_every: 0, log_every: 1}
-precision: {dtype: bf16}
-resources: {device: cuda}
-checkpoint: {every_steps: 0}
-YAML
+gpt2_job attention-profile "$work/out" "$work/train.bin" 1 "$batch" cuda > "$work/att.yaml"
 for kernel in MmaForwardKernel MmaDqKernel MmaDkvKernel; do
   txt=${OUT:-$work}/attention-$kernel.txt
   "$ncu" --kernel-name "regex:$kernel" --launch-skip 2 --launch-count 1 \

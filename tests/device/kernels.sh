@@ -28,16 +28,7 @@ gpt2_shape "$model" || exit 2
 T=1024
 echo "==== kernels: GPT-2 $model, T=$T, bf16, batch $batch, $steps steps under ncu"
 python3 "$here/../bench/random_shard.py" "$work/train.bin" 2000000
-cat > "$work/kernels.yaml" <<YAML
-name: kernels-$model
-output_dir: $work/out
-model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: $T, vocab_size: 50257}
-data: {train: "$work/train.bin"}
-train: {steps: $steps, global_batch: $batch, micro_batch: $batch, seq_len: $T, eval_every: 0, log_every: 1}
-precision: {dtype: bf16}
-resources: {device: cuda}
-checkpoint: {every_steps: 0}
-YAML
+gpt2_job "kernels-$model" "$work/out" "$work/train.bin" "$steps" "$batch" cuda > "$work/kernels.yaml"
 csv=${OUT:-$work}/kernels.csv
 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
   "$bin/drover" train "$work/kernels.yaml" > "$csv" 2> "$work/ncu.err"

@@ -8,7 +8,10 @@
 #   without_pack_libs COMMAND...          runs COMMAND (python3 with PyTorch) without pack_lib on
 #                                         its library path.
 #   gpt2_shape MODEL                      sets L, NH and C of tiny | 124m | 350m | 774m (speed.sh,
-#                                         kernels.sh); fails on another name.
+#                                         kernels.sh, attention_profile.sh); fails on another name.
+#   gpt2_job NAME OUT_DIR TRAIN STEPS BATCH DEVICE [RECOMPUTE]
+#                                         prints the job those scripts time: GPT-2 of L, NH and C
+#                                         at T (set by the caller), bf16, on the token file TRAIN.
 #
 # Why without_pack_libs: the pack's libraries are Debian 12's (zlib, OpenSSL, SQLite, libgomp,
 # ...), and the device image's Python and its extension modules were built against their
@@ -46,4 +49,18 @@ gpt2_shape() {
     774m) L=36 NH=20 C=1280 ;;
     *) echo "unknown model $1 (tiny, 124m, 350m, 774m)"; return 2 ;;
   esac
+}
+
+gpt2_job() {
+  cat <<YAML
+name: $1
+output_dir: $2
+model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: $T, vocab_size: 50257}
+data: {train: "$3"}
+train: {steps: $4, global_batch: $5, micro_batch: $5, seq_len: $T, eval_every: 0, log_every: 1,
+        recompute: ${7:-none}}
+precision: {dtype: bf16}
+resources: {device: $6}
+checkpoint: {every_steps: 0}
+YAML
 }

@@ -41,17 +41,8 @@ echo "==== speed (information): GPT-2 $model, T=$T, bf16, batch $batch, on $devi
 
 # Random tokens (the data does not change the speed).
 python3 "$here/../bench/random_shard.py" "$work/train.bin" 2000000
-cat > "$work/speed.yaml" <<YAML
-name: speed-$model
-output_dir: $work/out
-model: {n_layer: $L, n_head: $NH, n_embd: $C, block_size: $T, vocab_size: 50257}
-data: {train: "$work/train.bin"}
-train: {steps: $steps, global_batch: $batch, micro_batch: $batch, seq_len: $T, eval_every: 0, log_every: 1,
-        recompute: ${DROVER_SPEED_RECOMPUTE:-none}}
-precision: {dtype: bf16}
-resources: {device: $device}
-checkpoint: {every_steps: 0}
-YAML
+gpt2_job "speed-$model" "$work/out" "$work/train.bin" "$steps" "$batch" "$device" \
+  "${DROVER_SPEED_RECOMPUTE:-none}" > "$work/speed.yaml"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 > "$work/mem.txt" 2>/dev/null &
 smi=$!
 timeout 150 "$bin/drover" train "$work/speed.yaml" > "$work/drover.txt" 2>&1

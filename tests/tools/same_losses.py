@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Whether two runs' metrics.jsonl files hold the same losses: STEPS lines each, every loss
 within RTOL (relative) of the other's, and the same evaluations (val_loss, where the runs
-evaluated) within RTOL too. Prints both series; exits 0 when they agree.
+evaluated) and fp16 loss scales (loss_scale, where the runs have one) within RTOL too. Prints
+the series; exits 0 when they agree.
 
     same_losses.py REFERENCE.jsonl OTHER.jsonl STEPS RTOL
 """
@@ -21,11 +22,11 @@ def close(a, b):
 
 
 ok = len(series(ref_path, "loss")) == steps
-for key in ("loss", "val_loss"):
+for key in ("loss", "val_loss", "loss_scale"):
     ref, other = series(ref_path, key), series(other_path, key)
     if ref or other:
-        print("%-9s reference:" % key, ["%.6f" % v for _, v in ref])
-        print("%-9s other    :" % key, ["%.6f" % v for _, v in other])
+        print("%-10s reference:" % key, ["%.6f" % v for _, v in ref])
+        print("%-10s other    :" % key, ["%.6f" % v for _, v in other])
     ok = ok and len(ref) == len(other) and all(
         s == t and close(a, b) for (s, a), (t, b) in zip(ref, other))
 sys.exit(0 if ok else 1)

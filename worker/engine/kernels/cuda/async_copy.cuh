@@ -10,26 +10,23 @@
 
 namespace drover::engine::cuda {
 
-// 16 bytes from global `src` into shared `dst` (both 16-byte aligned), or 16 zero bytes where
-// `valid` is false (src is then not read; pass any mapped address).
-__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
+// kBytes (4, 8 or 16) from global `src` into shared `dst`, both aligned to kBytes, or zeros
+// where `valid` is false (src is then not read; pass any mapped address). 16 bytes go
+// through L2 only (.cg: a tile read once per block); smaller copies are .ca, as PTX requires.
+template <int kBytes>
+__device__ __forceinline__ void CopyAsync(void* dst, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16);
 #if defined(__CUDA_ARCH__)
   const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
-               "r"(valid ? 16 : 0));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
+                 "r"(valid ? 16 : 0));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(at), "l"(src), "n"(kBytes),
+                 "r"(valid ? kBytes : 0));
+  }
 #elif !defined(__CUDACC__)
-  ::drover_emu::CpAsync(dst, src, 16, valid ? 16 : 0);
-#endif
-}
-
-// 4 bytes likewise (both 4-byte aligned): zeros where `valid` is false.
-__device__ __forceinline__ void CopyAsync4(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__)
-  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(at), "l"(src),
-               "r"(valid ? 4 : 0));
-#elif !defined(__CUDACC__)
-  ::drover_emu::CpAsync(dst, src, 4, valid ? 4 : 0);
+  ::drover_emu::CpAsync(dst, src, kBytes, valid ? kBytes : 0);
 #endif
 }
 

@@ -93,8 +93,18 @@ constexpr size_t MostShared() {
       {ForwardTiles<HS, kForwardTiles, kForwardBlocks>::kBytes, Tiles<HS>::kDkv, Tiles<HS>::kDq});
 }
 
+// The forward's blocks an SM, which its launch bounds hold the registers to: 4 (128
+// registers) at the shape kept, fewer where the scores or rows a warp need more registers
+// than that without spilling (measured with -Xptxas -v); HS = 128 takes what it needs.
+template <int HS, int kM, int kNB>
+constexpr int ForwardBlocksPerSm() {
+  if (HS > 64) return 1;
+  if (kM > 1) return 2;
+  return kNB == 8 ? 4 : 3;
+}
+
 template <typename N, int HS, int kM, int kNB>
-__global__ void __launch_bounds__(kThreads, HS <= 64 ? (kM == 1 ? (kNB == 8 ? 4 : 3) : 2) : 1)
+__global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
     MmaForwardKernel(OperandOut out, float* lse, float* out_copy, OperandIn qkv, int T, int C,
                      int NH, float scale) {
   using F = ForwardTiles<HS, kM, kNB>;

@@ -26,11 +26,11 @@ namespace drover::engine::cuda::attention_tiles {
 using fused::Align;
 using fused::At;
 using fused::kThreads;
+using fused::kWarps;
 
-constexpr int kWarps = kThreads / 32;
-constexpr int kKeys = 64;           // rows of a key tile, and of the backward's query tiles
-constexpr int kBlocks = kKeys / 8;  // 8-column blocks of a 64-wide score tile
-constexpr int kSteps = kKeys / 16;  // 16-deep k steps through 64 rows
+constexpr int kKeys = fused::kTile;  // rows of a key tile, and of the backward's query tiles
+constexpr int kBlocks = kKeys / 8;   // 8-column blocks of a 64-wide score tile
+constexpr int kSteps = kKeys / 16;   // 16-deep k steps through 64 rows
 
 // The strides (in 16-bit elements) and sizes (in bytes) of a head size's shared tiles.
 template <int HS>
@@ -59,7 +59,7 @@ __device__ void LoadTile(N* tile, OperandIn src, size_t ld, int t0, int T) {
     const size_t at = static_cast<size_t>(in ? t0 + r : 0) * ld + c;  // row 0: mapped
     N* dst = tile + r * Tiles<HS>::kLd + c;
     if (src.narrow) {
-      CopyAsync16(dst, static_cast<const N*>(src.data) + at, in);
+      CopyAsync<16>(dst, static_cast<const N*>(src.data) + at, in);
       continue;
     }
     uint32_t w[4] = {0u, 0u, 0u, 0u};
@@ -79,7 +79,7 @@ __device__ void LoadTile(N* tile, OperandIn src, size_t ld, int t0, int T) {
 __device__ __forceinline__ void LoadStats(float* dst, const float* src, int t0, int T) {
   for (int r = threadIdx.x; r < kKeys; r += kThreads) {
     const bool in = t0 + r < T;
-    CopyAsync4(dst + r, src + (in ? t0 + r : 0), in);
+    CopyAsync<4>(dst + r, src + (in ? t0 + r : 0), in);
   }
 }
 

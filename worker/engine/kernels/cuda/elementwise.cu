@@ -123,20 +123,38 @@ __global__ void SumSquaresFinal(double* partial, unsigned count) {
   if (threadIdx.x == 0) partial[kSumBlocks] = total;
 }
 
-// Round for one 16-bit type: 8 floats a thread where x is 16-byte aligned, then the tail.
+// Round for one 16-bit type: 8 floats a thread where x is 16-byte aligned, then the rest.
 template <typename N>
 void RoundAs(float* x, size_t n, cudaStream_t stream) {
-  size_t done = 0;  // elements the 16-byte kernel did
-  if (Aligned16(x) && n >= kPerWord) {
-    const size_t words = n / kPerWord;
-    DROVER_LAUNCH(RoundWords<N>, StrideBlocks(words, kThreads), kThreads, 0, stream)(x, words);
-    DROVER_CUDA_LAUNCHED();
-    done = words * kPerWord;
-  }
-  if (done == n) return;
-  DROVER_LAUNCH(RoundKernel<N>, StrideBlocks(n - done, kThreads), kThreads, 0, stream)
-  (x + done, n - done);
-  DROVER_CUDA_LAUNCHED();
+  InWordsThenRest(
+      n, Aligned16(x),
+      [&](size_t words) {
+        DROVER_LAUNCH(RoundWords<N>, StrideBlocks(words, kThreads), kThreads, 0, stream)(x, words);
+        DROVER_CUDA_LAUNCHED();
+      },
+      [&](size_t from) {
+        DROVER_LAUNCH(RoundKernel<N>, StrideBlocks(n - from, kThreads), kThreads, 0, stream)
+        (x + from, n - from);
+        DROVER_CUDA_LAUNCHED();
+      });
+}
+
+// NarrowCopy for one 16-bit type: 8 elements a thread where both buffers are 16-byte
+// aligned, then the rest.
+template <typename N>
+void NarrowCopyAs(N* out, const float* x, size_t n, cudaStream_t stream) {
+  InWordsThenRest(
+      n, Aligned16(out) && Aligned16(x),
+      [&](size_t words) {
+        DROVER_LAUNCH(NarrowCopyWords<N>, StrideBlocks(words, kThreads), kThreads, 0, stream)
+        (reinterpret_cast<uint4*>(out), x, words);
+        DROVER_CUDA_LAUNCHED();
+      },
+      [&](size_t from) {
+        DROVER_LAUNCH(NarrowCopyKernel<N>, StrideBlocks(n - from, kThreads), kThreads, 0, stream)
+        (out + from, x + from, n - from);
+        DROVER_CUDA_LAUNCHED();
+      });
 }
 
 }  // namespace
@@ -176,31 +194,11 @@ void Round(float* x, size_t n, int precision, cudaStream_t stream) {
 void NarrowCopy(void* out, const float* x, size_t n, Precision p, cudaStream_t stream) {
   if (n == 0) return;
   DROVER_CUDA_REQUIRE(p == Precision::kBf16 || p == Precision::kFp16);
-  size_t done = 0;  // elements the 16-byte kernel did
-  if (Aligned16(out) && Aligned16(x) && n >= kPerWord) {
-    const size_t words = n / kPerWord;
-    auto* o = static_cast<uint4*>(out);
-    if (p == Precision::kBf16) {
-      DROVER_LAUNCH(NarrowCopyWords<__nv_bfloat16>, StrideBlocks(words, kThreads), kThreads, 0,
-                    stream)
-      (o, x, words);
-    } else {
-      DROVER_LAUNCH(NarrowCopyWords<__half>, StrideBlocks(words, kThreads), kThreads, 0, stream)
-      (o, x, words);
-    }
-    DROVER_CUDA_LAUNCHED();
-    done = words * kPerWord;
-  }
-  if (done == n) return;
   if (p == Precision::kBf16) {
-    DROVER_LAUNCH(NarrowCopyKernel<__nv_bfloat16>, StrideBlocks(n - done, kThreads), kThreads, 0,
-                  stream)
-    (static_cast<__nv_bfloat16*>(out) + done, x + done, n - done);
+    NarrowCopyAs(static_cast<__nv_bfloat16*>(out), x, n, stream);
   } else {
-    DROVER_LAUNCH(NarrowCopyKernel<__half>, StrideBlocks(n - done, kThreads), kThreads, 0, stream)
-    (static_cast<__half*>(out) + done, x + done, n - done);
+    NarrowCopyAs(static_cast<__half*>(out), x, n, stream);
   }
-  DROVER_CUDA_LAUNCHED();
 }
 
 void WidenCopy(float* out, const void* x, size_t n, Precision p, cudaStream_t stream) {

@@ -81,55 +81,57 @@ void GeluForward(float* out, const float* inp, size_t N, Precision store, bool n
                  cudaStream_t stream) {
   if (N == 0) return;
   DROVER_CUDA_REQUIRE(!narrow_out || store != Precision::kFp32);
-  size_t done = 0;  // elements the 16-byte kernel did
-  if (narrow_out && Aligned16(out) && Aligned16(inp) && N >= kPerWord) {
-    const size_t words = N / kPerWord;
-    auto* o = reinterpret_cast<uint4*>(out);
-    const auto* x = reinterpret_cast<const uint4*>(inp);
-    if (store == Precision::kBf16) {
-      DROVER_LAUNCH(GeluForwardWords<__nv_bfloat16>, StrideBlocks(words, kThreads), kThreads, 0,
-                    stream)
-      (o, x, words);
-    } else {
-      DROVER_LAUNCH(GeluForwardWords<__half>, StrideBlocks(words, kThreads), kThreads, 0, stream)
-      (o, x, words);
-    }
-    DROVER_CUDA_LAUNCHED();
-    done = words * kPerWord;
-  }
-  if (done == N) return;
-  DROVER_LAUNCH(GeluForwardKernel, StrideBlocks(N - done, kThreads), kThreads, 0, stream)
-  (OperandOut{out, narrow_out, store}.At(done), OperandIn{inp, narrow_out, store}.At(done),
-   N - done);
-  DROVER_CUDA_LAUNCHED();
+  InWordsThenRest(
+      N, narrow_out && Aligned16(out) && Aligned16(inp),
+      [&](size_t words) {
+        auto* o = reinterpret_cast<uint4*>(out);
+        const auto* x = reinterpret_cast<const uint4*>(inp);
+        if (store == Precision::kBf16) {
+          DROVER_LAUNCH(GeluForwardWords<__nv_bfloat16>, StrideBlocks(words, kThreads), kThreads, 0,
+                        stream)
+          (o, x, words);
+        } else {
+          DROVER_LAUNCH(GeluForwardWords<__half>, StrideBlocks(words, kThreads), kThreads, 0,
+                        stream)
+          (o, x, words);
+        }
+        DROVER_CUDA_LAUNCHED();
+      },
+      [&](size_t from) {
+        DROVER_LAUNCH(GeluForwardKernel, StrideBlocks(N - from, kThreads), kThreads, 0, stream)
+        (OperandOut{out, narrow_out, store}.At(from), OperandIn{inp, narrow_out, store}.At(from),
+         N - from);
+        DROVER_CUDA_LAUNCHED();
+      });
 }
 
 void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N, Precision store,
                   bool narrow_out, cudaStream_t stream) {
   if (N == 0) return;
   DROVER_CUDA_REQUIRE(!narrow_out || store != Precision::kFp32);
-  size_t done = 0;  // elements the 16-byte kernel did
-  if (narrow_out && Aligned16(dinp) && Aligned16(inp) && Aligned16(dout) && N >= kPerWord) {
-    const size_t words = N / kPerWord;
-    auto* d = reinterpret_cast<uint4*>(dinp);
-    const auto* x = reinterpret_cast<const uint4*>(inp);
-    const auto* g = reinterpret_cast<const uint4*>(dout);
-    if (store == Precision::kBf16) {
-      DROVER_LAUNCH(GeluBackwardWords<__nv_bfloat16>, StrideBlocks(words, kThreads), kThreads, 0,
-                    stream)
-      (d, x, g, words);
-    } else {
-      DROVER_LAUNCH(GeluBackwardWords<__half>, StrideBlocks(words, kThreads), kThreads, 0, stream)
-      (d, x, g, words);
-    }
-    DROVER_CUDA_LAUNCHED();
-    done = words * kPerWord;
-  }
-  if (done == N) return;
-  DROVER_LAUNCH(GeluBackwardKernel, StrideBlocks(N - done, kThreads), kThreads, 0, stream)
-  (OperandOut{dinp, narrow_out, store}.At(done), OperandIn{inp, narrow_out, store}.At(done),
-   OperandIn{dout, narrow_out, store}.At(done), N - done);
-  DROVER_CUDA_LAUNCHED();
+  InWordsThenRest(
+      N, narrow_out && Aligned16(dinp) && Aligned16(inp) && Aligned16(dout),
+      [&](size_t words) {
+        auto* d = reinterpret_cast<uint4*>(dinp);
+        const auto* x = reinterpret_cast<const uint4*>(inp);
+        const auto* g = reinterpret_cast<const uint4*>(dout);
+        if (store == Precision::kBf16) {
+          DROVER_LAUNCH(GeluBackwardWords<__nv_bfloat16>, StrideBlocks(words, kThreads), kThreads,
+                        0, stream)
+          (d, x, g, words);
+        } else {
+          DROVER_LAUNCH(GeluBackwardWords<__half>, StrideBlocks(words, kThreads), kThreads, 0,
+                        stream)
+          (d, x, g, words);
+        }
+        DROVER_CUDA_LAUNCHED();
+      },
+      [&](size_t from) {
+        DROVER_LAUNCH(GeluBackwardKernel, StrideBlocks(N - from, kThreads), kThreads, 0, stream)
+        (OperandOut{dinp, narrow_out, store}.At(from), OperandIn{inp, narrow_out, store}.At(from),
+         OperandIn{dout, narrow_out, store}.At(from), N - from);
+        DROVER_CUDA_LAUNCHED();
+      });
 }
 
 }  // namespace drover::engine::cuda

@@ -43,6 +43,20 @@ inline constexpr int kPerWord = 8;  // 16-bit values in a 16-byte word
 // Whether p may be read and written in 16-byte words (host side, choosing a kernel).
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// An elementwise op over n elements in up to two launches: words(count) for the first
+// count = n / kPerWord groups of kPerWord elements where `aligned` (every buffer 16-byte
+// aligned: a kernel of 16-byte loads and stores), then rest(from) for the elements from `from`
+// on (all of them where not aligned), each only where it has elements to do.
+template <typename Words, typename Rest>
+void InWordsThenRest(size_t n, bool aligned, Words words, Rest rest) {
+  size_t from = 0;
+  if (aligned && n >= kPerWord) {
+    words(n / kPerWord);
+    from = n / kPerWord * kPerWord;
+  }
+  if (from < n) rest(from);
+}
+
 template <typename N>
 struct Word8 {
   N v[kPerWord];
