@@ -16,7 +16,9 @@
 // So the accumulators of two adjacent 8-column products, d of columns 0-7 and d' of 8-15,
 // are the A fragment of a 16-wide k step once narrowed in pairs: {d0,d1}, {d2,d3}, {d'0,d'1},
 // {d'2,d'3}. And a B operand stored row-major by its n index (B(k, n) = X[n][k], as K is for
-// q k^T) is one 32-bit load per register: X[g][2t..2t+1] and X[g][2t+8..2t+9].
+// q k^T) is X[g][2t..2t+1] and X[g][2t+8..2t+9]: what ldmatrix (LdMatrixX4 below) gives each
+// lane, four registers an instruction, from such a tile or, transposed, from one stored by
+// its k index.
 //
 // The kernel emulator (tests/cuda_emu/) implements the same layout from the same
 // specification (drover_emu::MmaM16N8K16); only a GPU can say both read it right, which is
@@ -119,12 +121,6 @@ __device__ __forceinline__ uint32_t PackNarrow(float lo, float hi) {
   std::memcpy(&ub, &b, sizeof(ub));
   return static_cast<uint32_t>(ua) | (static_cast<uint32_t>(ub) << 16);
 #endif
-}
-
-// The 32-bit word holding elements [i, i + 1] of a 16-bit array (i even).
-template <typename N>
-__device__ __forceinline__ uint32_t Pair(const N* p, int i) {
-  return *reinterpret_cast<const uint32_t*>(p + i);
 }
 
 }  // namespace drover::engine::cuda
