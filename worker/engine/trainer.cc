@@ -53,7 +53,8 @@ std::string DescribePrecision(const JobSpec& spec) {
   if (dtype == "fp32") return "fp32";
   std::string d = dtype + " compute, fp32 master weights, gradients and AdamW state";
   if (dtype == "fp16") d += ", loss scale " + spec.precision.loss_scale;
-  // The CPU has no bf16/fp16 arithmetic worth using: it rounds every stored value instead.
+  // The CPU has no bf16/fp16 arithmetic worth using: it rounds every stored value instead,
+  // but for the residual stream, which both tables keep in fp32 (GptStage).
   if (spec.resources.device == "cpu") d += " (emulated on the CPU: values rounded at each op)";
   // The CUDA table keeps what passes between ops in 16 bits (Ops::OperandFloats), the
   // residual stream and its gradient in fp32 floats.

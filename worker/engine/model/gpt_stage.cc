@@ -128,20 +128,19 @@ GptStage::GptStage(const GptLayout* layout, Ops* ops, parallel::Communicator* tp
 
 Status GptStage::RowParallelForward(float* out, const float* inp, const float* w, const float* bias,
                                     const float* residual, int N, int IC, int OC) {
+  // out is the residual stream: fp32 in every precision (GptStage's header says why), so
+  // the GEMM's sum is stored as it comes, with no rounding pass.
   if (tp_ == nullptr) {
     ops_->MatmulForward(out, false, inp, w, bias, residual, N, IC, OC, OC, precision_);
-    Narrow(out, static_cast<size_t>(N) * OC);
     return OkStatus();
   }
   // Rank 0 folds bias and residual into its partial product; the sum adds them once. The
-  // partial sums travel in fp32 and the total is narrowed once, as one GEMM's would be.
+  // partial sums travel in fp32, as one GEMM's would be summed.
   const bool adds = tp_->rank() == 0;
   ops_->MatmulForward(out, false, inp, w, adds ? bias : nullptr, adds ? residual : nullptr, N, IC,
                       OC, OC, precision_);
-  RETURN_IF_ERROR(tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
-                                 parallel::ReduceOp::kSum));
-  Narrow(out, static_cast<size_t>(N) * OC);
-  return OkStatus();
+  return tp_->AllReduce(out, static_cast<size_t>(N) * OC, parallel::DataType::kFloat32,
+                        parallel::ReduceOp::kSum);
 }
 
 Status GptStage::ReduceInputGrad(float* dinp, size_t n) {
@@ -218,7 +217,7 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
     if (l1_ > l0_) mem.PrefetchParams(layout_->layer_unit(l0_));
     ASSIGN_OR_RETURN(const float* p, mem.AcquireParams(e));
     ops_->EncoderForward(a.encoded_, LocalIds(*layout_, a.inputs_, a.local_inputs_), p,
-                         p + layout_->wpe_offset(), B, T, C, precision_);
+                         p + layout_->wpe_offset(), B, T, C, Precision::kFp32);
     RETURN_IF_ERROR(mem.ReleaseParams(e));
     if (layout_->vocab_split()) {
       // Each token's row came from the one rank holding it, zeros from the others: the sum

@@ -192,12 +192,13 @@ class ParallelEquivalenceTest : public ::testing::Test {
   // next to a rounding boundary can then land on the neighbouring bf16 value: `rtol` bounds
   // what that may add.
   //
-  // `param_tol` bounds the final parameters' largest difference in fp32 (rtol when negative).
+  // `param_tol` bounds the final parameters' largest difference in fp32 (rtol when
+  // negative), their mean difference in bf16 and fp16 (rtol / 100 when negative).
   static void ExpectMatchesOneProcess(int world, const std::vector<std::string>& overrides,
                                       double rtol = 1e-5, bool emulated_device = false,
                                       double param_tol = -1) {
-    if (param_tol < 0) param_tol = rtol;
     JobSpec spec = Spec(overrides);
+    if (param_tol < 0) param_tol = spec.precision.dtype == "fp32" ? rtol : rtol / 100;
     const RankResult& want = Reference(spec.train.micro_batch, spec.precision.dtype, &spec.model);
     ASSERT_TRUE(want.status.ok()) << want.status;
     Phase phase;
@@ -235,7 +236,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
         mean += std::fabs(got[0].params[i] - want.params[i]);
       }
       mean /= static_cast<double>(want.params.size());
-      EXPECT_LT(mean, rtol / 100) << "largest difference " << worst << " at element " << worst_i;
+      EXPECT_LT(mean, param_tol) << "largest difference " << worst << " at element " << worst_i;
     }
     for (int rank = 1; rank < world; ++rank) EXPECT_TRUE(got[rank].params.empty());
   }
@@ -484,9 +485,15 @@ TEST_F(ParallelEquivalenceTest, Bf16DataParallelWithZero2) {
       2, {"train.micro_batch=2", "parallel.zero_stage=2", "precision.dtype=bf16"}, 2e-3);
 }
 
+// The tp ranks sum the residual stream's GEMMs in another order than one GEMM does: an fp32
+// ulp apart, which the fp32 residual stream (GptStage) carries to every later rounding, so
+// more narrowed values land on the neighbouring bf16 value than when each block's sum was
+// itself rounded (mean parameter difference 7.0e-5 after 5 steps, 2e-5 bounded it before).
+// The losses hold to 2e-3 all the same.
 TEST_F(ParallelEquivalenceTest, Bf16PipelineAndTensorParallel) {
   ExpectMatchesOneProcess(
-      4, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2", "precision.dtype=bf16"}, 2e-3);
+      4, {"train.micro_batch=2", "parallel.pp=2", "parallel.tp=2", "precision.dtype=bf16"}, 2e-3,
+      /*emulated_device=*/false, /*param_tol=*/1.5e-4);
 }
 
 TEST_F(ParallelEquivalenceTest, Fp16DataParallelWithZero1) {
