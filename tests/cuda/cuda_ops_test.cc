@@ -816,6 +816,47 @@ TEST_F(CudaOpsTest, CrossEntropyOverVocabularySlices) {
 
 // Operand buffers (ops.h) hold bf16 / fp16 themselves in mixed precision, half the memory of
 // floats, unless DROVER_CUDA_GEMM_INPUTS=fp32 (the ...MatmulOnFp32Inputs entry) keeps floats.
+// The forward and backward at once, in place as the model runs it, against the CPU's two
+// calls: the one-pass kernel on 16-bit logits whose rows fit in shared memory (V < Vp, the
+// last word partly padding; V = Vp; GPT-2's vocabulary, where each thread's running max
+// moves), and the two kernels where it does not apply (Vp = 61: rows not 16-byte aligned;
+// Vp = 120000: 240 KB, past a block's shared memory; fp32).
+TEST_F(CudaOpsTest, CrossEntropyForwardAndBackwardInOnePass) {
+  struct Shape {
+    int N, V, Vp;
+    float scale;
+  };
+  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp32}) {
+    for (const Shape& shape :
+         {Shape{33, 50, 64, 2.0f}, Shape{9, 45, 48, 2.0f}, Shape{3, 50257, 50304, 8.0f},
+          Shape{7, 45, 61, 2.0f}, Shape{2, 119993, 120000, 4.0f}}) {
+      const int N = shape.N, V = shape.V, Vp = shape.Vp;
+      const std::string name =
+          " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp) + " " + PrecisionName(p);
+      std::vector<float> logits = Random(static_cast<size_t>(N) * Vp, shape.scale);
+      cpu_->Round(logits.data(), logits.size(), p);
+      std::vector<int32_t> targets(N);
+      for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
+      targets[0] = V - 1;  // the last live column, in the last live word
+      std::vector<float> losses(N), lse(N);
+      float *glogits = DevOperand(logits, p), *glosses = Dev(losses), *glse = Dev(lse);
+      const float dloss = 0.25f / N;
+      const float gmean = gpu_->CrossEntropyForwardBackward(glogits, glosses, glse, glogits,
+                                                            targets.data(), dloss, N, V, Vp, p);
+      const float cmean = cpu_->CrossEntropyForward(losses.data(), lse.data(), logits.data(),
+                                                    targets.data(), N, V, Vp, p);
+      cpu_->CrossEntropyBackward(logits.data(), logits.data(), lse.data(), targets.data(), dloss, N,
+                                 V, Vp, p);
+      EXPECT_NEAR(gmean, cmean, 1e-5 * cmean) << name;
+      ExpectClose(Host(glosses, N), losses, "cross-entropy losses" + name);
+      ExpectClose(Host(glse, N), lse, "cross-entropy lse" + name);
+      ExpectStoredIn(HostOperand(glogits, logits.size(), p), p, "dlogits" + name);
+      ExpectClose(HostOperand(glogits, logits.size(), p), logits, "dlogits" + name,
+                  std::max(StoreTolerance(p), 1e-4), 1e-7);
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, OperandBuffersAreSixteenBitInMixedPrecision) {
   const char* inputs = std::getenv("DROVER_CUDA_GEMM_INPUTS");
   const bool fp32_inputs = inputs != nullptr && std::string(inputs) == "fp32";

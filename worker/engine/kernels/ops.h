@@ -235,6 +235,18 @@ class Ops {
   virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                                     const int32_t* targets, float dloss, int N, int V, int Vp,
                                     Precision store) = 0;
+  // CrossEntropyForward, then CrossEntropyBackward(dlogits, logits, lse, targets, dloss, ...,
+  // operands), for a training step whose backward seed is known at its forward: a table may
+  // do both in one pass over the logits (CUDA's reads each row once). The same values as the
+  // two calls, to the order of the lse's sums. dlogits may be logits (in place: the logits
+  // are then gone). Returns the mean loss.
+  virtual float CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse,
+                                            const float* logits, const int32_t* targets,
+                                            float dloss, int N, int V, int Vp, Precision operands) {
+    const float loss = CrossEntropyForward(losses, lse, logits, targets, N, V, Vp, operands);
+    CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, Vp, operands);
+    return loss;
+  }
 
   // The cross-entropy over logits split by vocabulary among ranks (tensor parallelism:
   // each holds columns of the LM head), in two halves around the caller's collectives.

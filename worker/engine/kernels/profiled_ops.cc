@@ -31,6 +31,7 @@ constexpr const char* kNames[ProfiledOps::kOpCount] = {"Fill",
                                                        "GeluBackward",
                                                        "CrossEntropyForward",
                                                        "CrossEntropyBackward",
+                                                       "CrossEntropyForwardBackward",
                                                        "CrossEntropyPartForward",
                                                        "CrossEntropyCombine",
                                                        "AdamWUpdate"};
@@ -217,6 +218,14 @@ void ProfiledOps::CrossEntropyBackward(float* dlogits, const float* logits, cons
                                        Precision store) {
   Timed t(this, kCrossEntropyBackward);
   inner_->CrossEntropyBackward(dlogits, logits, lse, targets, dloss, N, V, Vp, store);
+}
+float ProfiledOps::CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse,
+                                               const float* logits, const int32_t* targets,
+                                               float dloss, int N, int V, int Vp,
+                                               Precision operands) {
+  Timed t(this, kCrossEntropyForwardBackward);
+  return inner_->CrossEntropyForwardBackward(dlogits, losses, lse, logits, targets, dloss, N, V, Vp,
+                                             operands);
 }
 void ProfiledOps::CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
                                           const int32_t* targets, int N, int V, int Vp,

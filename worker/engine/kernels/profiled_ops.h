@@ -44,6 +44,7 @@ class ProfiledOps final : public Ops {
     kGeluBackward,
     kCrossEntropyForward,
     kCrossEntropyBackward,
+    kCrossEntropyForwardBackward,
     kCrossEntropyPartForward,
     kCrossEntropyCombine,
     kAdamWUpdate,
@@ -114,6 +115,9 @@ class ProfiledOps final : public Ops {
   void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int N, int V, int Vp,
                             Precision store) override;
+  float CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse, const float* logits,
+                                    const int32_t* targets, float dloss, int N, int V, int Vp,
+                                    Precision operands) override;
   void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
                                const int32_t* targets, int N, int V, int Vp,
                                Precision operands) override;

@@ -202,7 +202,8 @@ Status GptStage::LayerCompute(StageActivations& a, const float* p, int l, bool r
   return RowParallelForward(res3, fchg, p + o.fcprojw, p + o.fcprojb, res2, BT, C4, C);
 }
 
-StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pass) {
+StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pass,
+                                  std::optional<float> grad_scale) {
   const GptConfig& cfg = layout_->config();
   const int B = a.B_, T = a.T_, BT = B * T;
   const int C = cfg.channels, V = cfg.vocab_size;
@@ -210,6 +211,7 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   DROVER_CHECK_MSG(a.precision_ == precision_, "activations laid out for another precision");
   DROVER_CHECK_MSG(a.chunk_ == chunk_, "activations laid out for another chunk");
   a.backward_ready_ = false;
+  a.seeded_.reset();
   if (embeds_) {
     for (int i = 0; i < BT; i++)
       DROVER_CHECK_MSG(a.inputs_[i] >= 0 && a.inputs_[i] < V, "token id");
@@ -254,6 +256,13 @@ StatusOr<float> GptStage::Forward(StageActivations& a, StageMemory& mem, Pass pa
   }
   a.backward_ready_ = pass == Pass::kTrain;
   if (!layout_->vocab_split()) {
+    if (pass == Pass::kTrain && grad_scale.has_value()) {
+      // dlogits over the logits here, as HeadBackward would write them.
+      a.seeded_ = grad_scale;
+      return ops_->CrossEntropyForwardBackward(a.logits_, a.losses_, a.lse_, a.logits_,
+                                               a.targets_.data(), *grad_scale / BT, BT, V, Vl,
+                                               precision_);
+    }
     return ops_->CrossEntropyForward(a.losses_, a.lse_, a.logits_, a.targets_.data(), BT, V, Vl,
                                      precision_);
   }
@@ -285,9 +294,13 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   // the lse is the combined one and the targets are rows of the slice (ops.h).
   const bool split = layout_->vocab_split();
   const int Vl = layout_->local_vocab();
-  ops_->CrossEntropyBackward(a.logits_, a.logits_, a.lse_,
-                             split ? a.local_targets_.data() : a.targets_.data(), grad_scale / BT,
-                             BT, split ? layout_->live_vocab() : V, Vl, precision_);
+  if (a.seeded_.has_value()) {
+    DROVER_CHECK_MSG(*a.seeded_ == grad_scale, "Backward's grad_scale is not the Forward's");
+  } else {
+    ops_->CrossEntropyBackward(a.logits_, a.logits_, a.lse_,
+                               split ? a.local_targets_.data() : a.targets_.data(), grad_scale / BT,
+                               BT, split ? layout_->live_vocab() : V, Vl, precision_);
+  }
   // Every column, as in the forward: the padding columns' gradients are zeros, and so are
   // the padding rows' weight gradients it writes.
   ops_->MatmulBackward(a.dbtc_, false, gh, nullptr, a.logits_, true, a.lnf_, ph, BT, C, Vl, Vl, acc,

@@ -57,6 +57,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -135,6 +136,8 @@ class StageActivations {
   // qkv_ (B, T, 3Ca), and fch_ and fch_gelu_ (B, T, C4).
   size_t op_btc_ = 0, op_btca_ = 0, op_qkv_ = 0, op_btc4_ = 0;
   bool backward_ready_ = false;  // a training Forward of the last stage came right before
+  // Set where that Forward knew Backward's grad_scale and left dlogits in logits_ already.
+  std::optional<float> seeded_;
   std::vector<int32_t> inputs_, targets_;
   // Under a vocabulary split: inputs_ and targets_ as rows of this rank's wte slice, -1 for
   // the tokens another tp rank holds (ops.h); what the embedding and the loss read.
@@ -152,7 +155,7 @@ class StageActivations {
   float *lse_parts_ = nullptr, *target_logits_ = nullptr;
   // Backward scratch: the residual stream's gradient and working buffers. Operand buffers
   // (ops.h): ln1_, qkv_, atty_, ln2_, fch_, fch_gelu_, lnf_, logits_ (the dlogits after
-  // Backward), dqkv_ and dfch_; the rest are floats.
+  // Backward, or after a Forward given its grad_scale), dqkv_ and dfch_; the rest are floats.
   float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
 };
 
@@ -174,7 +177,14 @@ class GptStage {
   // last stage unless kLogits). Returns the mean loss on the last stage (kTrain, kEval),
   // else 0. Token ids out of range are a broken invariant (CHECK): validate data at its
   // source. Errors come from the memory or the tp group only.
-  StatusOr<float> Forward(StageActivations& a, StageMemory& mem, Pass pass);
+  //
+  // kTrain with `grad_scale`, the value the Backward of `a` will be given (known at the
+  // forward in a training step): the last stage takes the loss's gradient in the same pass
+  // over the logits as the loss (Ops::CrossEntropyForwardBackward; one read of the logits
+  // fewer on CUDA, where they are GPT-2's largest activation), and Backward CHECKs it gets
+  // the same value. Without it, Backward takes that gradient.
+  StatusOr<float> Forward(StageActivations& a, StageMemory& mem, Pass pass,
+                          std::optional<float> grad_scale = std::nullopt);
 
   // Adds d(grad_scale * loss)/d(params) into the memory's gradients (see StageMemory for
   // accumulate), and leaves dinput() on stages > 0. Needs a kTrain Forward of `a` before

@@ -304,7 +304,10 @@ Status ParallelGpt::RunForward(const PipeAction& action, const BatchFn& next_bat
     RETURN_IF_ERROR(Recv(ActivationFrom(c), a.input(), kActivationTag + Tag(v - 1, i, m)));
   }
   RETURN_IF_ERROR(Wait(&set.act_sends));  // the output this forward overwrites
-  ASSIGN_OR_RETURN(float loss, stages_[c].Forward(a, *stage_memory_, GptStage::Pass::kTrain));
+  // The seed is the step's (the loss scale changes between steps only): the head's loss
+  // gradient comes with its loss.
+  ASSIGN_OR_RETURN(float loss,
+                   stages_[c].Forward(a, *stage_memory_, GptStage::Pass::kTrain, BackwardSeed()));
   if (layout_.heads(c)) {
     *loss_sum += loss;
   } else {

@@ -4,7 +4,9 @@
 // (an online max and sum, as FlashAttention's softmax). The logits are an operand buffer
 // (ops.h): 16-bit in a mixed-precision run, else floats read as values of the run's
 // precision (the head GEMM's output, which Ops::NarrowWritten leaves unrounded).
+#include "worker/engine/kernels/cuda/async_copy.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/fused_attention.cuh"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
 #include "worker/engine/kernels/cuda/store.cuh"
@@ -184,7 +186,105 @@ __global__ void CrossEntropyBackwardWords(N* dlogits, const N* logits, const flo
   }
 }
 
+// The forward and the backward at once, for a training step whose seed (dloss) is known at
+// the forward, on a 16-bit operand buffer (rows 16-byte aligned): one block a row copies the
+// row into shared memory (cp.async: the whole row's loads in flight at once, with no
+// registers held for them), takes its lse and loss from there, and writes its gradient over
+// the row (in place allowed: nothing reads the row from global memory after the copy). The
+// two kernels above read a row twice from memory and write it once: 3.3 GB each at GPT-2's
+// logits (32768 rows of 50304 at batch 32), 0.9 + 1.65 ms on an H200; this reads it once. A
+// row must fit in shared memory (GPT-2's is 100 KB: two blocks an SM, one computing while
+// the other's copies land). Each thread reads only the words it copied (no barrier needed
+// before the sums), the target's logit after BlockReduce's barrier. Per element the
+// arithmetic of the two kernels above, so the same lse within the order of its sums.
+constexpr unsigned kFusedThreads = 512;
+
+template <typename N>
+__global__ void __launch_bounds__(kFusedThreads)
+    CrossEntropyFusedWords(N* dlogits, float* losses, float* lse, const N* logits,
+                           const int32_t* targets, float dloss, int V, int Vp) {
+  __shared__ MaxSum shared[kFusedThreads];
+  DROVER_DYNAMIC_SHARED(smem);
+  uint4* kept = reinterpret_cast<uint4*>(smem);
+  const int n = blockIdx.x;
+  const int words = Vp / kPerWord;
+  const uint4* in = reinterpret_cast<const uint4*>(logits + static_cast<size_t>(n) * Vp);
+  for (int w = threadIdx.x; w < words; w += blockDim.x) CopyAsync<16>(kept + w, in + w, true);
+  CommitCopies();
+  WaitCopies<0>();
+  MaxSum mine{-INFINITY, 0.0f};
+  for (int w = threadIdx.x; w < words; w += blockDim.x) {
+    if (w * kPerWord >= V) break;  // padding only from here on
+    const Word8<N> x = Word8<N>::Load(kept + w);
+    float v[kPerWord];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) {
+      v[k] = w * kPerWord + k < V ? ToFloat(x.v[k]) : -INFINITY;  // exp gives 0
+      m = fmaxf(m, v[k]);
+    }
+    if (m > mine.max) mine = {m, mine.sum * expf(mine.max - m)};
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) mine.sum += expf(v[k] - mine.max);
+  }
+  const MaxSum all = BlockReduce(mine, shared, Combine());
+  const float l = all.max + logf(all.sum);
+  const int target = targets[n];
+  if (threadIdx.x == 0) {
+    lse[n] = l;
+    losses[n] = l - ToFloat(reinterpret_cast<const N*>(kept)[target]);
+  }
+  uint4* out = reinterpret_cast<uint4*>(dlogits + static_cast<size_t>(n) * Vp);
+  for (int w = threadIdx.x; w < words; w += blockDim.x) {
+    const Word8<N> x = Word8<N>::Load(kept + w);
+    Word8<N> g;
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) {
+      const int i = w * kPerWord + k;
+      float d = 0.0f;
+      if (i < V) d = dloss * expf(ToFloat(x.v[k]) - l) - (i == target ? dloss : 0.0f);
+      g.v[k] = ToNarrow<N>(d);
+    }
+    g.Store(out + w);
+  }
+}
+
+size_t FusedSharedBytes(int Vp) { return sizeof(uint16_t) * static_cast<size_t>(Vp); }
+
 }  // namespace
+
+bool CrossEntropyFusedApplies(const float* dlogits, const float* logits, int Vp, bool narrow) {
+  // The static MaxSum array shares the opt-in limit with the row.
+  return narrow && Vp % kPerWord == 0 && Aligned16(logits) && Aligned16(dlogits) &&
+         FusedSharedBytes(Vp) + sizeof(MaxSum) * kFusedThreads <= fused::SharedOptIn();
+}
+
+void CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse, double* mean_out,
+                                 const float* logits, const int32_t* targets, float dloss, int N,
+                                 int V, int Vp, Precision operands, bool narrow,
+                                 cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && V > 0 && Vp >= V && operands != Precision::kFp32);
+  DROVER_CUDA_REQUIRE(CrossEntropyFusedApplies(dlogits, logits, Vp, narrow));
+  const size_t bytes = FusedSharedBytes(Vp);
+  auto launch = [&](auto tag) {
+    using H = typename decltype(tag)::type;
+    const auto kernel = &CrossEntropyFusedWords<H>;
+    DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
+    DROVER_LAUNCH(kernel, N, kFusedThreads, bytes, stream)
+    (reinterpret_cast<H*>(dlogits), losses, lse, reinterpret_cast<const H*>(logits), targets, dloss,
+     V, Vp);
+  };
+  if (operands == Precision::kBf16) {
+    launch(fused::TypeTag<__nv_bfloat16>{});
+  } else {
+    launch(fused::TypeTag<__half>{});
+  }
+  DROVER_CUDA_LAUNCHED();
+  DROVER_LAUNCH(MeanKernel, 1, kThreads, 0, stream)(mean_out, losses, N);
+  DROVER_CUDA_LAUNCHED();
+}
 
 void CrossEntropyForward(float* losses, float* lse, double* mean_out, const float* logits,
                          const int32_t* targets, int N, int V, int Vp, Precision operands,

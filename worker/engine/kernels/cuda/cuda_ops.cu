@@ -332,6 +332,22 @@ class CudaOpsImpl final : public Ops {
     cuda::CrossEntropyBackward(dlogits, logits, lse, Tokens(targets, N), dloss, N, V, Vp, store,
                                Narrow(store), stream_);
   }
+  float CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse, const float* logits,
+                                    const int32_t* targets, float dloss, int N, int V, int Vp,
+                                    Precision operands) override {
+    if (!cuda::CrossEntropyFusedApplies(dlogits, logits, Vp, Narrow(operands))) {
+      return Ops::CrossEntropyForwardBackward(dlogits, losses, lse, logits, targets, dloss, N, V,
+                                              Vp, operands);
+    }
+    double* mean = mean_.Get(1);
+    cuda::CrossEntropyForwardBackward(dlogits, losses, lse, mean, logits, Tokens(targets, N), dloss,
+                                      N, V, Vp, operands, Narrow(operands), stream_);
+    double host = 0;
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return static_cast<float>(host);
+  }
   void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
                                const int32_t* targets, int N, int V, int Vp,
                                Precision operands) override {

@@ -195,6 +195,13 @@ void CrossEntropyForward(float* losses, float* lse, double* mean_out, const floa
 void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                           const int32_t* targets, float dloss, int N, int V, int Vp,
                           Precision store, bool narrow_out, cudaStream_t stream);
+// Both at once (Ops::CrossEntropyForwardBackward), one read of the logits: where
+// CrossEntropyFusedApplies (16-bit logits whose row fits in a block's shared memory).
+bool CrossEntropyFusedApplies(const float* dlogits, const float* logits, int Vp, bool narrow);
+void CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse, double* mean_out,
+                                 const float* logits, const int32_t* targets, float dloss, int N,
+                                 int V, int Vp, Precision operands, bool narrow,
+                                 cudaStream_t stream);
 // The halves of a vocabulary-split cross-entropy (ops.h); the combine's mean is summed in
 // double into *mean_out (device).
 void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
