@@ -208,15 +208,18 @@ class Ops {
   //
   // `state` is what forward keeps for backward, AttentionStateFloats(B, T, C, NH, operands)
   // floats that only this table reads: the (B, NH, T, T) probabilities here and for the GEMM
-  // version on CUDA, each row's log-sum-exp and an fp32 copy of out for CUDA's fused kernel.
+  // version on CUDA, each row's log-sum-exp for CUDA's fused kernels. Backward is given the
+  // forward's out too (unchanged since), which those read for the softmax's gradient
+  // (D = rowsum(dout * out), as FlashAttention reads its 16-bit out) instead of keeping a
+  // copy; the others ignore it.
   virtual size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const {
     (void)C, (void)operands;
     return static_cast<size_t>(B) * NH * T * T;
   }
   virtual void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C,
                                 int NH, Precision operands) = 0;
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* state,
-                                 const float* qkv, int B, int T, int C, int NH,
+  virtual void AttentionBackward(float* dqkv, const float* dout, const float* out,
+                                 const float* state, const float* qkv, int B, int T, int C, int NH,
                                  Precision operands) = 0;
   // inp, out (forward), dout and dinp (backward) are operand buffers; dinp may be dout itself
   // (in place, as the model runs it).

@@ -367,8 +367,8 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ops_->MatmulBackward(a.dbtc_, false, g + o.attprojw, g + o.attprojb, a.dres_, false,
                        a.atty_ + s * a.op_btca_, p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
-  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.att_ + s * a.att_floats_, a.qkv_ + s * a.op_qkv_, B,
-                          T, Ca, NHa, precision_);
+  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.atty_ + s * a.op_btca_, a.att_ + s * a.att_floats_,
+                          a.qkv_ + s * a.op_qkv_, B, T, Ca, NHa, precision_);
   ops_->MatmulBackward(a.dbtc_, false, g + o.qkvw, g + o.qkvb, a.dqkv_, true,
                        a.ln1_ + s * a.op_btc_, p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));

@@ -15,9 +15,9 @@
 // Work: blocks of 4 warps; key tiles of 64 rows.
 //   forward: a block per query tile walks the key tiles up to the diagonal; each warp keeps
 //            its rows' output (rows x HS), running max and running sum in registers, and
-//            writes out = o / l, lse = m + log l and the fp32 copy of out backward reads.
+//            writes out = o / l and lse = m + log l.
 //            16 rows a warp, 64-row query tiles (kForwardTiles: what was measured).
-//   D:       one pass over dout: D = rowsum(dout * out) per row, and dout narrowed to N
+//   D:       one pass over dout and out: D = rowsum(dout * out) per row, and dout narrowed to N
 //            (its tiles then load as 16-bit copies, asynchronously, as q, k and v do).
 //   dk, dv:  a block per key tile walks the query tiles from the diagonal on; each warp
 //            recomputes its 16 keys' P^T and dS^T from lse and D and accumulates
@@ -105,8 +105,7 @@ constexpr int ForwardBlocksPerSm() {
 
 template <typename N, int HS, int kM, int kNB>
 __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
-    MmaForwardKernel(OperandOut out, float* lse, float* out_copy, OperandIn qkv, int T, int C,
-                     int NH, float scale) {
+    MmaForwardKernel(OperandOut out, float* lse, OperandIn qkv, int T, int C, int NH, float scale) {
   using F = ForwardTiles<HS, kM, kNB>;
   constexpr int kQueryRows = F::kQueryRows, kKeyRows = F::kKeyRows;
   DROVER_DYNAMIC_SHARED(smem);
@@ -223,8 +222,6 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
     }
     const int row0 = first + 16 * i;
     StoreRows<HS>(out.At(head), C, row0, T, o[i]);
-    // The unrounded copy backward's row sums read.
-    StoreRows<HS>(OperandOut{out_copy + head, false, Precision::kFp32}, C, row0, T, o[i]);
     if (t == 0) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -405,23 +402,21 @@ template <typename N, int HS>
 void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
              cudaStream_t stream) {
   float* lse = state;
-  float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   using F = ForwardTiles<HS, kForwardTiles, kForwardBlocks>;
   fused::LaunchWithShared(MmaForwardKernel<N, HS, kForwardTiles, kForwardBlocks>,
-                          Grid(B, T, NH, F::kQueryRows), F::kBytes, stream, out, lse, out_copy, qkv,
-                          T, C, NH, scale);
+                          Grid(B, T, NH, F::kQueryRows), F::kBytes, stream, out, lse, qkv, T, C, NH,
+                          scale);
 }
 
 template <typename N, int HS>
-void Backward(OperandOut dqkv, float* scratch, const float* dout, const float* state, OperandIn qkv,
-              int B, int T, int C, int NH, cudaStream_t stream) {
+void Backward(OperandOut dqkv, float* scratch, const float* dout, OperandIn out, const float* state,
+              OperandIn qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   const float* lse = state;
-  const float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   float* dot = scratch;
   N* dout_n = reinterpret_cast<N*>(scratch + DotFloats(B, T, NH));
-  fused::SoftmaxDot<N, HS>(dot, dout_n, dout, out_copy, B, T, C, NH, stream);
+  fused::SoftmaxDot<N, HS>(dot, dout_n, dout, out, B, T, C, NH, stream);
   const dim3 grid = Grid(B, T, NH, kKeys);
   fused::LaunchWithShared(MmaDqKernel<N, HS>, grid, Tiles<HS>::kDq, stream, dqkv,
                           static_cast<const N*>(dout_n), lse, static_cast<const float*>(dot), qkv,
@@ -459,17 +454,18 @@ void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int 
   });
 }
 
-void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* state,
-                          const float* qkv, int B, int T, int C, int NH, Precision operands,
-                          bool narrow, cudaStream_t stream) {
+void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* out,
+                          const float* state, const float* qkv, int B, int T, int C, int NH,
+                          Precision operands, bool narrow, cudaStream_t stream) {
   const OperandOut d{dqkv, narrow, operands};
+  const OperandIn o{out, narrow, operands};
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands));
   fused::RequireShapes(qkv, dout, B, T, C, NH);
   DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(scratch) % 16 == 0);
   fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
-    Backward<typename decltype(n)::type, decltype(hs)::value>(d, scratch, dout, state, q, B, T, C,
-                                                              NH, stream);
+    Backward<typename decltype(n)::type, decltype(hs)::value>(d, scratch, dout, o, state, q, B, T,
+                                                              C, NH, stream);
   });
 }
 

@@ -287,16 +287,17 @@ class CudaOpsImpl final : public Ops {
       StoreOperand(out, o, btc, operands);
     }
   }
-  void AttentionBackward(float* dqkv, const float* dout, const float* state, const float* qkv,
-                         int B, int T, int C, int NH, Precision operands) override {
+  void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* state,
+                         const float* qkv, int B, int T, int C, int NH,
+                         Precision operands) override {
     const AttentionKernels kernels = AttentionFor(C, NH, operands);
     if (kernels == AttentionKernels::kMma) {
       float* scratch = datt_.Get(cuda::MmaAttentionScratchFloats(B, T, C, NH));
-      cuda::MmaAttentionBackward(dqkv, scratch, dout, state, qkv, B, T, C, NH, operands,
+      cuda::MmaAttentionBackward(dqkv, scratch, dout, out, state, qkv, B, T, C, NH, operands,
                                  Narrow(operands), stream_);
     } else if (kernels == AttentionKernels::kWmma) {
       float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
-      cuda::FlashAttentionBackward(dqkv, dot, dout, state, qkv, B, T, C, NH, operands,
+      cuda::FlashAttentionBackward(dqkv, dot, dout, out, state, qkv, B, T, C, NH, operands,
                                    Narrow(operands), stream_);
     } else {
       float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);

@@ -1,8 +1,8 @@
 // Causal multi-head attention over packed qkv (kernels/cpu/attention.h) for mixed-precision
 // runs, fused in the manner of FlashAttention: the (T, T) scores live only as 16 x 64 tiles
 // in shared memory, the masked half is never computed, and what forward keeps for backward
-// is each row's log-sum-exp and an fp32 copy of its output, B*NH*T + B*T*C floats instead of
-// the B*NH*T*T probabilities (FlashAttentionStateFloats).
+// is each row's log-sum-exp, B*NH*T floats instead of the B*NH*T*T probabilities
+// (FlashAttentionStateFloats); backward reads the forward's out besides.
 //
 // The products run on tensor cores through the warp matrix functions (wmma), in the same
 // formats the GEMM version (attention.cu) gives cuBLAS, so both give the same numbers up to
@@ -17,8 +17,8 @@
 //            max m, the row sum l and the unnormalised output in shared memory (the output
 //            is rescaled by exp(m_old - m_new) per row, which wmma's opaque accumulator layout
 //            does not allow in registers), and writes out = o / l and lse = m + log l.
-//   D:       D = rowsum(dout * out) per row, from the fp32 copy (softmax's backward needs
-//            sum_j P_ij dP_ij, which equals it).
+//   D:       D = rowsum(dout * out) per row, from out as the forward stored it (softmax's
+//            backward needs sum_j P_ij dP_ij, which equals it).
 //   dq:      a block per query tile walks the key tiles up to the diagonal, recomputing P
 //            from lse, dS = P (dP - D) scale, and accumulates dq = dS k in registers.
 //   dk, dv:  a block per key tile walks the query tiles from the diagonal on, recomputing
@@ -223,8 +223,8 @@ __device__ __forceinline__ void StoreRows(
 
 template <typename N, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
-    FlashForwardKernel(OperandOut out, float* lse, float* out_copy, OperandIn qkv, int T, int C,
-                       int NH, float scale) {
+    FlashForwardKernel(OperandOut out, float* lse, OperandIn qkv, int T, int C, int NH,
+                       float scale) {
   using S = ForwardSmem<N, HS>;
   DROVER_DYNAMIC_SHARED(smem);
   N* q = At<N>(smem, S::kQ);
@@ -319,7 +319,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float value = ow[rr * S::kLdF + d] / row_l[warp * 16 + rr];
       const size_t at = (static_cast<size_t>(b) * T + t) * C + h * HS + d;
       out.Put(at, value);
-      out_copy[at] = value;  // unrounded: backward's row sums read it
     }
   }
   if (lane < 16 && q0 + warp * 16 + lane < T) {
@@ -486,20 +485,18 @@ template <typename N, int HS>
 void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
              cudaStream_t stream) {
   float* lse = state;
-  float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   LaunchWithShared(FlashForwardKernel<N, HS>, Grid(B, T, NH), ForwardSmem<N, HS>::kBytes, stream,
-                   out, lse, out_copy, qkv, T, C, NH, scale);
+                   out, lse, qkv, T, C, NH, scale);
 }
 
 template <typename N, int HS>
-void Backward(OperandOut dqkv, float* dot, const float* dout, const float* state, OperandIn qkv,
-              int B, int T, int C, int NH, cudaStream_t stream) {
+void Backward(OperandOut dqkv, float* dot, const float* dout, OperandIn out, const float* state,
+              OperandIn qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   const OperandIn dy{dout, false, qkv.precision};  // floats (attention's input gradient)
   const float* lse = state;
-  const float* out_copy = state + static_cast<size_t>(B) * NH * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), dout, out_copy, B, T, C, NH, stream);
+  fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), dout, out, B, T, C, NH, stream);
   LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dy,
                    lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
   LaunchWithShared(FlashDkvKernel<N, HS>, Grid(B, T, NH), DkvSmem<N, HS>::kBytes, stream, dqkv, dy,
@@ -530,7 +527,8 @@ bool FlashAttentionApplies(int C, int NH, Precision operands) {
 }
 
 size_t FlashAttentionStateFloats(int B, int T, int C, int NH) {
-  return static_cast<size_t>(B) * NH * T + static_cast<size_t>(B) * T * C;
+  (void)C;
+  return static_cast<size_t>(B) * NH * T;  // each row's log-sum-exp
 }
 
 void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
@@ -544,16 +542,17 @@ void FlashAttentionForward(float* out, float* state, const float* qkv, int B, in
   });
 }
 
-void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
-                            const float* qkv, int B, int T, int C, int NH, Precision operands,
-                            bool narrow, cudaStream_t stream) {
+void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* out,
+                            const float* state, const float* qkv, int B, int T, int C, int NH,
+                            Precision operands, bool narrow, cudaStream_t stream) {
   const OperandOut d{dqkv, narrow, operands};
+  const OperandIn o{out, narrow, operands};
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, dout, B, T, C, NH);
   fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
-    Backward<typename decltype(n)::type, decltype(hs)::value>(d, dot, dout, state, q, B, T, C, NH,
-                                                              stream);
+    Backward<typename decltype(n)::type, decltype(hs)::value>(d, dot, dout, o, state, q, B, T, C,
+                                                              NH, stream);
   });
 }
 

@@ -1,8 +1,8 @@
 // What the two fused attention implementations share (flash_attention.cu on wmma tiles,
 // attention_mma.cu on mma.sync register tiles): the grid of 64-row tiles, the shapes they
 // assume, the launch with more than 48 KiB of shared memory, and the first backward pass.
-// Both keep the same state for backward (FlashAttentionStateFloats: each row's log-sum-exp,
-// then an fp32 copy of out), so either backward reads what either forward kept.
+// Both keep the same state for backward (FlashAttentionStateFloats: each row's log-sum-exp)
+// and read the forward's out, so either backward reads what either forward kept.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -111,15 +111,18 @@ inline size_t SharedOptIn() {
   return opt_in;
 }
 
-// D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out, from the fp32
-// copy of out: softmax's backward needs sum_j P_ij dP_ij, which equals it. Where dout_n is
-// given, dout narrowed to N (B, T, C) too, in the same pass: what the mma kernels' tiles copy
-// (attention_mma.cu). One warp per (b, t, h), two adjacent channels a lane: an 8-byte load of
-// dout (16-byte aligned, RequireShapes; the head's offset and the channel are even), two
-// 4-byte ones of out, whose copy follows B * NH * T row statistics in the state and so is
-// 8-byte aligned only where that count is even.
+// D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out, out as the
+// forward stored it (an operand buffer: 16-bit where the run's are): softmax's backward needs
+// sum_j P_ij dP_ij, which equals it, as FlashAttention takes it. The forward kept an fp32
+// copy of out for this before: 4 bytes an element more written by the forward and read
+// here, and B*T*C floats of state a layer (1.2 GB at GPT-2 124M, batch 32), for a D closer
+// to the CPU's by a rounding of out (the device check's attention tolerance holds either).
+// Where dout_n is given, dout narrowed to N (B, T, C) too, in the same pass: what the mma
+// kernels' tiles copy (attention_mma.cu). One warp per (b, t, h), two adjacent channels a
+// lane: an 8-byte load of dout (16-byte aligned, RequireShapes; the head's offset and the
+// channel are even).
 template <typename N, int HS>
-__global__ void SoftmaxDotKernel(float* D, N* dout_n, const float* dout, const float* out, int B,
+__global__ void SoftmaxDotKernel(float* D, N* dout_n, const float* dout, OperandIn out, int B,
                                  int T, int C, int NH) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
   const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
@@ -136,23 +139,23 @@ __global__ void SoftmaxDotKernel(float* D, N* dout_n, const float* dout, const f
       dout_n[at + d] = lo;
       dout_n[at + d + 1] = hi;
     }
-    sum += ToFloat(lo) * out[at + d] + ToFloat(hi) * out[at + d + 1];
+    sum += ToFloat(lo) * out.Get(at + d) + ToFloat(hi) * out.Get(at + d + 1);
   }
   for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const size_t b = bt / T, t = bt % T;
   if (lane == 0) D[(b * NH + h) * T + t] = sum;
 }
 
-// Launches SoftmaxDotKernel: dot = D from dout and the state's copy of out, and dout_n (may be
-// null) = dout narrowed.
+// Launches SoftmaxDotKernel: dot = D from dout and out, and dout_n (may be null) = dout
+// narrowed.
 template <typename N, int HS>
-void SoftmaxDot(float* dot, N* dout_n, const float* dout, const float* out_copy, int B, int T,
-                int C, int NH, cudaStream_t stream) {
+void SoftmaxDot(float* dot, N* dout_n, const float* dout, OperandIn out, int B, int T, int C,
+                int NH, cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
   constexpr unsigned kDotThreads = 256;
   auto* kernel = &SoftmaxDotKernel<N, HS>;
   DROVER_LAUNCH(kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
-  (dot, dout_n, dout, out_copy, B, T, C, NH);
+  (dot, dout_n, dout, out, B, T, C, NH);
   DROVER_CUDA_LAUNCHED();
 }
 

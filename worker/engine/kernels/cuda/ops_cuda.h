@@ -158,15 +158,16 @@ void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const floa
 // 16, 32, 64 or 128, and the shared memory they need.
 bool FlashAttentionApplies(int C, int NH, Precision operands);
 // What forward keeps for backward, for both fused versions (this one and attention_mma.cu):
-// each row's log-sum-exp (B, NH, T), then an fp32 copy of out (B, T, C).
+// each row's log-sum-exp (B, NH, T). Backward reads the forward's out besides.
 size_t FlashAttentionStateFloats(int B, int T, int C, int NH);
 // narrow: qkv and out (dqkv) are 16-bit operand buffers, else floats; dout is floats.
 void FlashAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
                            Precision operands, bool narrow, cudaStream_t stream);
-// dot: scratch of B*NH*T floats (each row's sum of dout * out).
-void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* state,
-                            const float* qkv, int B, int T, int C, int NH, Precision operands,
-                            bool narrow, cudaStream_t stream);
+// dot: scratch of B*NH*T floats (each row's sum of dout * out). out: the forward's (an
+// operand buffer).
+void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* out,
+                            const float* state, const float* qkv, int B, int T, int C, int NH,
+                            Precision operands, bool narrow, cudaStream_t stream);
 
 // ---- attention_mma.cu (fused on mma.sync register tiles, for mixed-precision runs) -----
 // The same contract as the FlashAttention* functions above (state of
@@ -177,9 +178,9 @@ void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int 
 // The backward's scratch: each row's sum of dout * out, then dout narrowed to the run's type.
 size_t MmaAttentionScratchFloats(int B, int T, int C, int NH);
 // scratch: MmaAttentionScratchFloats floats, 16-byte aligned.
-void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* state,
-                          const float* qkv, int B, int T, int C, int NH, Precision operands,
-                          bool narrow, cudaStream_t stream);
+void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* out,
+                          const float* state, const float* qkv, int B, int T, int C, int NH,
+                          Precision operands, bool narrow, cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, Precision store, bool narrow_out,
