@@ -15,8 +15,9 @@ namespace drover::engine {
 // Also covers the plugin's other entry points (parallel/cuda_groups.h) and the interfaces
 // they pass across (Communicator, KvStore, Status).
 // 3: GEMM precision, Synchronize; 4: NCCL groups; 5: AttentionStateFloats;
-// 6: AdamWUpdateSegments; 7: activation outputs stored in the run's precision.
-inline constexpr int kCudaOpsAbi = 11;
+// 6: AdamWUpdateSegments; 7: activation outputs stored in the run's precision; 12:
+// MatmulGeluForward and GeluMatmulBackward.
+inline constexpr int kCudaOpsAbi = 12;
 
 // The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
 // those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a
