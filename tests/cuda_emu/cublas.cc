@@ -93,12 +93,35 @@ bool Supported(cudaDataType_t type) {
   return type == CUDA_R_32F || type == CUDA_R_16BF || type == CUDA_R_16F;
 }
 
+// GELU's tanh approximation and its slope, in double. cuBLASLt's documentation names no
+// formula for its GELU epilogues; this is the one PyTorch and llm.c take them to compute
+// (kernels/cuda/lt_matmul.cu), written out here apart from drover's kernels.
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+double GeluOf(double x) {
+  return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+}
+double GeluSlope(double x) {
+  const double th = std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x));
+  const double du = kSqrt2OverPi * (1.0 + 3.0 * 0.044715 * x * x);
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
+}
+
+// What a cuBLASLt epilogue does after the bias: GELU, keeping its input in aux (written),
+// or GELU's backward, the result times GELU's slope at aux (read as stored). aux's leading
+// dimension is ld.
+struct Epilogue {
+  enum Kind { kNone, kGelu, kDgelu } kind = kNone;
+  Output aux{nullptr, CUDA_R_32F};
+  int64_t ld = 0;
+};
+
 // D = alpha op(A) op(B) + beta C, plus bias[i] on row i where there is a bias (bias.data
-// set): each element summed in double, then stored once in D's type. beta 0 ignores C, as
-// cuBLAS does (it may hold NaN). C may be D: each element is read before it is written.
+// set), then the epilogue: each element summed in double and rounded to float (the fp32
+// accumulator), then stored once in D's type. beta 0 ignores C, as cuBLAS does (it may hold
+// NaN). C may be D: each element is read before it is written.
 void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, Input A,
           int lda, Input B, int ldb, float beta, Input C, int ldc, Input bias, Output D, int ldd,
-          cublasComputeType_t compute) {
+          cublasComputeType_t compute, const Epilogue& epilogue = {}) {
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
       double sum = 0;
@@ -112,7 +135,20 @@ void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float
       const double c = beta == 0.0f ? 0.0 : double{beta} * C[i + static_cast<size_t>(j) * ldc];
       float v = static_cast<float>(alpha * sum + c);
       if (bias.data != nullptr) v += bias[i];
-      D.Set(i + static_cast<size_t>(j) * ldd, v);
+      const size_t at = i + static_cast<size_t>(j) * ldd;
+      const size_t aux_at = i + static_cast<size_t>(j) * epilogue.ld;
+      switch (epilogue.kind) {
+        case Epilogue::kNone:
+          D.Set(at, v);
+          break;
+        case Epilogue::kGelu:
+          epilogue.aux.Set(aux_at, v);
+          D.Set(at, static_cast<float>(GeluOf(v)));
+          break;
+        case Epilogue::kDgelu:
+          D.Set(at, static_cast<float>(v * GeluSlope(epilogue.aux.Get(aux_at))));
+          break;
+      }
     }
   }
 }
@@ -201,6 +237,9 @@ struct cublasLtMatmulDescOpaque {
   uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
   cudaDataType_t bias_type = CUDA_R_32F;  // -1 (D's) is not taken: the table always sets it
+  const void* aux = nullptr;              // EPILOGUE_AUX_POINTER: written by GELU, read by DGELU
+  int64_t aux_ld = 0;
+  int32_t aux_type = -1;  // -1: D's, as cuBLASLt's default
 };
 struct cublasLtMatrixLayoutOpaque {
   cudaDataType_t type;
@@ -229,6 +268,36 @@ cublasStatus_t SetValue(T* field, const void* buf, size_t bytes) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// The epilogues emulated, and what each adds: a bias, an aux matrix.
+bool KnownEpilogue(uint32_t e) {
+  return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_BIAS ||
+         e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+         e == CUBLASLT_EPILOGUE_DGELU;
+}
+bool HasBias(uint32_t e) {
+  return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+bool HasAux(uint32_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+         e == CUBLASLT_EPILOGUE_DGELU;
+}
+cudaDataType_t AuxType(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpaque& d) {
+  return desc.aux_type == -1 ? d.type : static_cast<cudaDataType_t>(desc.aux_type);
+}
+
+// An aux matrix cuBLASLt takes: set, of D's type (cublasLt.h: "GELU input matrix elements
+// type is the same as the type of elements of the output matrix", fp8 aside), its leading
+// dimension a multiple of 8 and at least D's rows (EPILOGUE_AUX_LD).
+cublasStatus_t CheckAux(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpaque& d) {
+  if (!HasAux(desc.epilogue)) return CUBLAS_STATUS_SUCCESS;
+  if (AuxType(desc, d) != d.type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (desc.aux == nullptr || desc.aux_ld % 8 != 0 ||
+      desc.aux_ld < static_cast<int64_t>(std::max<uint64_t>(1, d.rows))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // m, n, k of D = op(A) op(B) from the layouts, or false when they do not fit together.
 bool LtShape(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpaque& a,
              const cublasLtMatrixLayoutOpaque& b, const cublasLtMatrixLayoutOpaque& c,
@@ -236,8 +305,8 @@ bool LtShape(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpa
   // A and B of one type (fp32, or 16-bit with fp32 compute); C and D of one type, fp32 or
   // (16-bit inputs) theirs, with a bias of D's type: the table's combinations.
   if (!Supported(a.type) || b.type != a.type || c.type != d.type ||
-      (d.type != CUDA_R_32F && d.type != a.type) ||
-      (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && desc.bias_type != d.type) ||
+      (d.type != CUDA_R_32F && d.type != a.type) || !KnownEpilogue(desc.epilogue) ||
+      (HasBias(desc.epilogue) && desc.bias_type != d.type) ||
       (a.type != CUDA_R_32F && desc.compute != CUBLAS_COMPUTE_32F)) {
     return false;
   }
@@ -283,6 +352,20 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       return SetValue(&desc->epilogue, buf, bytes);
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
       return SetValue(&desc->bias, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+      return SetValue(&desc->aux, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+      return SetValue(&desc->aux_ld, buf, bytes);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: {
+      int32_t type = -1;
+      const cublasStatus_t st = SetValue(&type, buf, bytes);
+      if (st != CUBLAS_STATUS_SUCCESS) return st;
+      if (type != -1 && !Supported(static_cast<cudaDataType_t>(type))) {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+      }
+      desc->aux_type = type;
+      return CUBLAS_STATUS_SUCCESS;
+    }
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
       int32_t type = -1;
       const cublasStatus_t st = SetValue(&type, buf, bytes);
@@ -327,7 +410,8 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
   return CUBLAS_STATUS_INVALID_VALUE;
 }
 // One "algorithm" for any valid problem: it records the alignments it was chosen for (A, B,
-// C, D from the preference; the bias pointer's as set on the descriptor then, up to 16).
+// C, D from the preference; the bias and aux pointers' as set on the descriptor then, up to
+// 16).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
@@ -337,10 +421,12 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   if (requested <= 0) return CUBLAS_STATUS_INVALID_VALUE;
   int m, n, k;
   if (!LtShape(*desc, *a, *b, *c, *d, &m, &n, &k)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const cublasStatus_t aux = CheckAux(*desc, *d);
+  if (aux != CUBLAS_STATUS_SUCCESS) return aux;
   cublasLtMatmulHeuristicResult_t r{};
   for (int i = 0; i < 4; ++i) r.algo.data[i] = pref->alignment[i];
-  r.algo.data[4] =
-      desc->epilogue == CUBLASLT_EPILOGUE_BIAS ? std::min(16u, AlignmentOf(desc->bias)) : 1;
+  r.algo.data[4] = HasBias(desc->epilogue) ? std::min(16u, AlignmentOf(desc->bias)) : 1;
+  r.algo.data[5] = HasAux(desc->epilogue) ? std::min(16u, AlignmentOf(desc->aux)) : 1;
   r.state = CUBLAS_STATUS_SUCCESS;
   r.wavesCount = 1.0f;
   results[0] = r;
@@ -363,9 +449,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
       drover_emu::Die("cuBLASLt: an operand less aligned than the heuristic's preference");
     }
   }
-  const bool bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS;
+  const bool bias = HasBias(desc->epilogue), aux = HasAux(desc->epilogue);
   if (bias && (desc->bias == nullptr || AlignmentOf(desc->bias) < algo->data[4])) {
     drover_emu::Die("cuBLASLt: a bias pointer less aligned than at the heuristic");
+  }
+  const cublasStatus_t aux_status = CheckAux(*desc, *d);
+  if (aux_status != CUBLAS_STATUS_SUCCESS) return aux_status;
+  if (aux && AlignmentOf(desc->aux) < algo->data[5]) {
+    drover_emu::Die("cuBLASLt: an aux pointer less aligned than at the heuristic");
   }
   const float alpha_f = *static_cast<const float*>(alpha),
               beta_f = *static_cast<const float*>(beta);
@@ -378,7 +469,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
       !InOneDeviceAllocation(B, nb ? k : n, nb ? n : k, ldb, in_b.ElementBytes()) ||
       (beta_f != 0.0f && !InOneDeviceAllocation(C, m, n, ldc, in_c.ElementBytes())) ||
       !InOneDeviceAllocation(D, m, n, ldd, out.ElementBytes()) ||
-      (bias && !InOneDeviceAllocation(desc->bias, m, 1, m, in_bias.ElementBytes()))) {
+      (bias && !InOneDeviceAllocation(desc->bias, m, 1, m, in_bias.ElementBytes())) ||
+      (aux && !InOneDeviceAllocation(desc->aux, m, n, static_cast<int>(desc->aux_ld),
+                                     out.ElementBytes()))) {
     drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
   }
   if (C == D && ldc != ldd) return CUBLAS_STATUS_INVALID_VALUE;  // in place: one layout
@@ -388,9 +481,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   const cublasOperation_t ta = na ? CUBLAS_OP_N : CUBLAS_OP_T;
   const cublasOperation_t tb = nb ? CUBLAS_OP_N : CUBLAS_OP_T;
   const Input epilogue_bias{bias ? desc->bias : nullptr, d->type};
+  Epilogue epilogue;
+  if (aux) {
+    epilogue.kind = desc->epilogue == CUBLASLT_EPILOGUE_DGELU ? Epilogue::kDgelu : Epilogue::kGelu;
+    // Written by GELU, only read by DGELU: the pointer's constness is the caller's.
+    epilogue.aux = Output{const_cast<void*>(desc->aux), d->type};
+    epilogue.ld = desc->aux_ld;
+  }
   drover_emu::EnqueueWork(stream, [=] {
     Gemm(ta, tb, m, n, k, alpha_f, in_a, lda, in_b, ldb, beta_f, in_c, ldc, epilogue_bias, out, ldd,
-         compute);
+         compute, epilogue);
   });
   return CUBLAS_STATUS_SUCCESS;
 }

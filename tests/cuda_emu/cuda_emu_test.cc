@@ -3,6 +3,7 @@
 // op tests rely on it to show a missing synchronisation as wrong numbers; these tests pin that
 // it does. Run with DROVER_EMU_DEFER_MS set far beyond a test's length, so that work runs
 // only when something needs it and every outcome below is certain.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -264,6 +265,205 @@ TEST_F(CudaEmulatorTest, AGemmRunsOnItsHandlesStreamWithTheScalarsOfTheCall) {
   ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
   for (int i = 0; i < 32; ++i) EXPECT_EQ(pinned_[i], 1.0f) << i;
   for (int i = 32; i < kN; ++i) EXPECT_EQ(pinned_[i], 8.0f) << i;  // 2 * (4 ones)
+}
+
+// cuBLASLt's GELU epilogues on bf16 matrices: D (8 x 2) = epilogue(A (8 x 2) B (2 x 2) [+
+// bias]), every pointer in device memory, aux (8 x 2) with leading dimension 8.
+class CublasLtGeluTest : public CudaEmulatorTest {
+ protected:
+  static constexpr int kM = 8, kNCols = 2, kK = 2;
+
+  // GELU's tanh approximation and its slope, in double, written out apart from the
+  // emulator's.
+  static double Gelu(double x) {
+    return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+  }
+  static double GeluSlope(double x) {
+    const double h = 1e-6;  // a central difference: exact enough for a bf16 comparison
+    return (Gelu(x + h) - Gelu(x - h)) / (2 * h);
+  }
+  static float Bf16(double x) {
+    return __bfloat162float(__float2bfloat16_rn(static_cast<float>(x)));
+  }
+
+  void SetUp() override {
+    CudaEmulatorTest::SetUp();
+    ASSERT_EQ(cublasLtCreate(&lt_), CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&bf16_), kWords * sizeof(__nv_bfloat16)),
+              cudaSuccess);
+    // Column i of A: x_i, then 2^-5; B's columns (1, 2^-5) and (-1, 2^-5). So the sums are
+    // +-x_i + 2^-10, which bf16 (8 significant bits) cannot hold next to |x_i| >= 1.
+    for (int i = 0; i < kM; ++i) {
+      host_[kA + i] = kX[i];
+      host_[kA + kM + i] = 1.0f / 32;
+    }
+    const float b[kK * kNCols] = {1.0f, 1.0f / 32, -1.0f, 1.0f / 32};
+    for (int i = 0; i < kK * kNCols; ++i) host_[kB + i] = b[i];
+    for (int i = 0; i < kM; ++i) host_[kBias + i] = i == 4 ? 0.5f : 0.0f;
+    for (int i = 0; i < kM * kNCols; ++i) host_[kAux + i] = kX[i % kM];  // DGELU's input
+    Upload();
+    ASSERT_EQ(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&a_layout_, CUDA_R_16BF, kM, kK, kM),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&b_layout_, CUDA_R_16BF, kK, kNCols, kK),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatrixLayoutCreate(&d_layout_, CUDA_R_16BF, kM, kNCols, kM),
+              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref_), CUBLAS_STATUS_SUCCESS);
+    // The matrices are 32 bytes apart, not at the 256 bytes cuBLASLt assumes by default.
+    const uint32_t aligned = 16;
+    for (cublasLtMatmulPreferenceAttributes_t which :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      ASSERT_EQ(cublasLtMatmulPreferenceSetAttribute(pref_, which, &aligned, sizeof(aligned)),
+                CUBLAS_STATUS_SUCCESS);
+    }
+  }
+  void TearDown() override {
+    cublasLtMatmulPreferenceDestroy(pref_);
+    for (cublasLtMatrixLayout_t l : {a_layout_, b_layout_, d_layout_}) {
+      cublasLtMatrixLayoutDestroy(l);
+    }
+    cublasLtMatmulDescDestroy(desc_);
+    EXPECT_EQ(cudaFree(bf16_), cudaSuccess);
+    CudaEmulatorTest::TearDown();
+  }
+  void Upload() {
+    std::vector<__nv_bfloat16> words(kWords);
+    for (int i = 0; i < kWords; ++i) words[i] = __float2bfloat16_rn(host_[i]);
+    ASSERT_EQ(cudaMemcpyAsync(bf16_, words.data(), kWords * sizeof(__nv_bfloat16),
+                              cudaMemcpyHostToDevice, a_),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  }
+  // The device's bf16 words as floats.
+  std::vector<float> Download() {
+    std::vector<__nv_bfloat16> words(kWords);
+    EXPECT_EQ(cudaMemcpyAsync(words.data(), bf16_, kWords * sizeof(__nv_bfloat16),
+                              cudaMemcpyDeviceToHost, a_),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+    std::vector<float> values(kWords);
+    for (int i = 0; i < kWords; ++i) values[i] = __bfloat162float(words[i]);
+    return values;
+  }
+  // The epilogue with the aux matrix at `aux` (leading dimension aux_ld), the bias where it
+  // takes one; the heuristic's status, and its algorithm in *algo.
+  cublasStatus_t Plan(uint32_t epilogue, const void* aux, int64_t aux_ld,
+                      cublasLtMatmulAlgo_t* algo, int32_t aux_type = CUDA_R_16BF) {
+    const void* bias = bf16_ + kBias;
+    const int32_t bias_type = CUDA_R_16BF;
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                             sizeof(epilogue)),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                             sizeof(bias)),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                             sizeof(bias_type)),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                             sizeof(aux)),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                             sizeof(aux_ld)),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
+                                             &aux_type, sizeof(aux_type)),
+              CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        lt_, desc_, a_layout_, b_layout_, d_layout_, d_layout_, pref_, 1, &result, &found);
+    *algo = result.algo;
+    return st;
+  }
+  // D = the epilogue's, with the aux pointer as the descriptor holds it; on stream a_.
+  cublasStatus_t Run(const cublasLtMatmulAlgo_t& algo) {
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(lt_, desc_, &alpha, bf16_ + kA, a_layout_, bf16_ + kB, b_layout_, &beta,
+                          bf16_ + kD, d_layout_, bf16_ + kD, d_layout_, &algo, nullptr, 0, a_);
+  }
+  // The exact sum of column j of D's row i (the products and sums are exact in fp32).
+  double Sum(int i, int j) const {
+    return host_[kA + i] * host_[kB + 2 * j] + host_[kA + kM + i] * host_[kB + 2 * j + 1];
+  }
+
+  // Offsets into one bf16 allocation, each 16 words (32 bytes) apart.
+  static constexpr int kA = 0, kB = 16, kBias = 32, kD = 48, kAux = 64, kWords = 96;
+  static constexpr float kX[kM] = {1.0f, -4.0f, -3.0f, -0.5f, 0.0f, 2.0f, 0.75f, -1.5f};
+  cublasLtHandle_t lt_ = nullptr;
+  __nv_bfloat16* bf16_ = nullptr;
+  float host_[kWords] = {};
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_layout_ = nullptr, b_layout_ = nullptr, d_layout_ = nullptr;
+  cublasLtMatmulPreference_t pref_ = nullptr;
+};
+
+TEST_F(CublasLtGeluTest, TheGeluEpilogueKeepsItsInputAndTakesGeluOfTheFp32Sum) {
+  cublasLtMatmulAlgo_t algo;
+  ASSERT_EQ(Plan(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bf16_ + kAux, kM, &algo), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(Run(algo), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  const std::vector<float> got = Download();
+  int unrounded = 0;  // elements where GELU of aux, the rounded sum, gives another bf16
+  for (int j = 0; j < kNCols; ++j) {
+    for (int i = 0; i < kM; ++i) {
+      const int at = i + kM * j;
+      const double pre = Sum(i, j) + host_[kBias + i];
+      EXPECT_EQ(got[kAux + at], Bf16(pre)) << "aux " << i << ", " << j;
+      EXPECT_EQ(got[kD + at], Bf16(Gelu(pre))) << "D " << i << ", " << j;
+      unrounded += Bf16(Gelu(got[kAux + at])) != got[kD + at];
+    }
+  }
+  EXPECT_GT(unrounded, 0);
+}
+
+TEST_F(CublasLtGeluTest, TheDgeluEpilogueScalesTheFp32ProductByGelusSlopeAtAux) {
+  cublasLtMatmulAlgo_t algo;
+  ASSERT_EQ(Plan(CUBLASLT_EPILOGUE_DGELU, bf16_ + kAux, kM, &algo), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(Run(algo), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+  const std::vector<float> got = Download();
+  int unrounded = 0;  // elements where the product rounded first would give another bf16
+  for (int j = 0; j < kNCols; ++j) {
+    for (int i = 0; i < kM; ++i) {
+      const int at = i + kM * j;
+      const double slope = GeluSlope(host_[kAux + at]);
+      EXPECT_EQ(got[kD + at], Bf16(Sum(i, j) * slope)) << "D " << i << ", " << j;  // no bias
+      unrounded += Bf16(Bf16(Sum(i, j)) * slope) != got[kD + at];
+    }
+  }
+  EXPECT_GT(unrounded, 0);
+}
+
+// What cublasLt.h says of the aux matrix (EPILOGUE_AUX_LD: "Must be divisible by 8 and be no
+// less than the number of rows in the output matrix"; its type that of D), and a pointer
+// set.
+TEST_F(CublasLtGeluTest, AnAuxMatrixCublasLtRefusesGetsNoAlgorithm) {
+  cublasLtMatmulAlgo_t algo;
+  for (uint32_t epilogue : {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU}) {
+    EXPECT_NE(Plan(epilogue, bf16_ + kAux, 12, &algo), CUBLAS_STATUS_SUCCESS) << epilogue;
+    EXPECT_NE(Plan(epilogue, bf16_ + kAux, 0, &algo), CUBLAS_STATUS_SUCCESS) << epilogue;
+    EXPECT_NE(Plan(epilogue, nullptr, kM, &algo), CUBLAS_STATUS_SUCCESS) << epilogue;
+    EXPECT_NE(Plan(epilogue, bf16_ + kAux, kM, &algo, CUDA_R_32F), CUBLAS_STATUS_SUCCESS)
+        << epilogue;
+    EXPECT_EQ(Plan(epilogue, bf16_ + kAux, 16, &algo), CUBLAS_STATUS_SUCCESS) << epilogue;
+  }
+}
+
+using CublasLtGeluDeathTest = CublasLtGeluTest;
+
+TEST_F(CublasLtGeluDeathTest, AnAuxPointerLessAlignedThanAtTheHeuristicDies) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  cublasLtMatmulAlgo_t algo;
+  ASSERT_EQ(Plan(CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bf16_ + kAux, kM, &algo), CUBLAS_STATUS_SUCCESS);
+  const void* shifted = bf16_ + kAux + 1;  // 2 bytes past a 32-byte boundary
+  ASSERT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                           &shifted, sizeof(shifted)),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_DEATH((void)Run(algo), "an aux pointer less aligned than at the heuristic");
 }
 
 // A kernel that needs a barrier it lacks must fail in one order or the other: the emulator

@@ -1,10 +1,16 @@
 // The kernel emulator's stand-in for cuBLASLt (tests/cuda_emu/README.md): the matmul the
-// CUDA kernel table's forward GEMMs use, D = alpha op(A) op(B) + beta C (+ bias), fp32
-// storage, computed plainly with the operands rounded as the compute type's tensor cores read
-// them (as cublasGemmEx's stand-in). It holds callers to what cuBLASLt does: attribute sizes
-// must match, the heuristic's alignment preferences bind the matmul (a pointer less aligned
-// than the preference it was chosen under fails, as a device kernel would fault), operands
-// lie inside device allocations, and D's layout is C's when they are one buffer.
+// CUDA kernel table's GEMMs with epilogues use, D = epilogue(alpha op(A) op(B) + beta C
+// (+ bias)), computed plainly with the operands rounded as the compute type's tensor cores
+// read them (as cublasGemmEx's stand-in). The epilogues: bias; GELU (the tanh approximation)
+// of the fp32 result, with that result also stored in the aux matrix (GELU_AUX,
+// GELU_AUX_BIAS); and DGELU, the fp32 product times GELU's slope at the aux matrix's stored
+// values, GELU and its slope computed in double; D and aux rounded as they are stored. It
+// holds callers to what cuBLASLt does: attribute sizes must match, the heuristic's alignment
+// preferences bind the matmul (a pointer less aligned than the preference it was chosen
+// under fails, as a device kernel would fault; the bias and aux pointers likewise, as set on
+// the descriptor at the heuristic), operands lie inside device allocations, D's layout is
+// C's when they are one buffer, and the aux matrix's leading dimension is a multiple of 8 of
+// at least D's rows (cublasLt.h: CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD).
 #pragma once
 
 #include <cstddef>
@@ -38,11 +44,18 @@ enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_TRANSB = 4,
   CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
   CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22,
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 };
 enum cublasLtEpilogue_t {
   CUBLASLT_EPILOGUE_DEFAULT = 1,
   CUBLASLT_EPILOGUE_BIAS = 4,
+  CUBLASLT_EPILOGUE_GELU = 32,
+  CUBLASLT_EPILOGUE_GELU_AUX = (CUBLASLT_EPILOGUE_GELU | 128),
+  CUBLASLT_EPILOGUE_GELU_AUX_BIAS = (CUBLASLT_EPILOGUE_GELU_AUX | CUBLASLT_EPILOGUE_BIAS),
+  CUBLASLT_EPILOGUE_DGELU = 64 | 128,
 };
 enum cublasLtMatmulPreferenceAttributes_t {
   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,

@@ -226,6 +226,39 @@ class Ops {
   virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                             Precision store) = 0;
+  // The MLP's GELU with the GEMM on each side of it, one op each way so that a table may fold
+  // GELU into the GEMM (CUDA: cuBLASLt's epilogues), saving a pass over the (N, 4C)
+  // activation each way. Not a forward/backward pair: the forward is the first GEMM then
+  // GELU, the backward goes back through the second GEMM then GELU, which is where each
+  // GEMM's output meets the GELU.
+  //
+  // pre (N, OC) = inp (N, C) weight^T + [bias], out (N, OC) = gelu(pre). inp, pre and out
+  // are operand buffers; pre is what GeluMatmulBackward reads. The default is MatmulForward,
+  // NarrowWritten and GeluForward, so a table without a fused version keeps its numerics. A
+  // fused one may take GELU of the fp32 sum rather than of pre as stored: out then differs
+  // from the default's by up to a rounding step of `operands`.
+  virtual void MatmulGeluForward(float* out, float* pre, const float* inp, const float* weight,
+                                 const float* bias, int N, int C, int OC, Precision operands) {
+    const size_t n = static_cast<size_t>(N) * OC;
+    MatmulForward(pre, true, inp, weight, bias, nullptr, N, C, OC, OC, operands);
+    if (operands != Precision::kFp32) NarrowWritten(pre, n, operands);
+    GeluForward(out, pre, n, operands);
+  }
+  // The backward of MatmulForward(y, false, inp, weight, ...) where inp = gelu(pre) (the
+  // forward's out), through GELU: dpre (N, C) = (dout (N, OC) weight) * gelu'(pre), dweight
+  // (OC, C) (+)= dout^T inp, dbias (OC) (+)= dout's column sums. dout is floats with rows OC
+  // apart (the residual stream's gradient); inp, pre and dpre are operand buffers. The
+  // default is MatmulBackward, NarrowWritten and GeluBackward; a fused table may multiply by
+  // gelu'(pre) before rounding the product, one rounding step of `operands` fewer.
+  virtual void GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, const float* pre, int N,
+                                  int C, int OC, bool accumulate, Precision operands) {
+    const size_t n = static_cast<size_t>(N) * C;
+    MatmulBackward(dpre, true, dweight, dbias, dout, false, inp, weight, N, C, OC, OC, accumulate,
+                   operands);
+    if (operands != Precision::kFp32) NarrowWritten(dpre, n, operands);
+    GeluBackward(dpre, pre, dpre, n, operands);
+  }
   // Returns the mean loss over the N rows. The logits (an operand buffer) hold values of
   // `operands` as this table reads them.
   virtual float CrossEntropyForward(float* losses, float* lse, const float* logits,

@@ -29,6 +29,8 @@ constexpr const char* kNames[ProfiledOps::kOpCount] = {"Fill",
                                                        "AttentionBackward",
                                                        "GeluForward",
                                                        "GeluBackward",
+                                                       "MatmulGeluForward",
+                                                       "GeluMatmulBackward",
                                                        "CrossEntropyForward",
                                                        "CrossEntropyBackward",
                                                        "CrossEntropyForwardBackward",
@@ -206,6 +208,18 @@ void ProfiledOps::GeluBackward(float* dinp, const float* inp, const float* dout,
                                Precision store) {
   Timed t(this, kGeluBackward);
   inner_->GeluBackward(dinp, inp, dout, N, store);
+}
+void ProfiledOps::MatmulGeluForward(float* out, float* pre, const float* inp, const float* weight,
+                                    const float* bias, int N, int C, int OC, Precision operands) {
+  Timed t(this, kMatmulGeluForward, 2.0 * N * C * OC);
+  inner_->MatmulGeluForward(out, pre, inp, weight, bias, N, C, OC, operands);
+}
+void ProfiledOps::GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
+                                     const float* inp, const float* weight, const float* pre, int N,
+                                     int C, int OC, bool accumulate, Precision operands) {
+  Timed t(this, kGeluMatmulBackward, 4.0 * N * C * OC);
+  inner_->GeluMatmulBackward(dpre, dweight, dbias, dout, inp, weight, pre, N, C, OC, accumulate,
+                             operands);
 }
 float ProfiledOps::CrossEntropyForward(float* losses, float* lse, const float* logits,
                                        const int32_t* targets, int N, int V, int Vp,

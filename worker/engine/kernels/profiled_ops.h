@@ -42,6 +42,8 @@ class ProfiledOps final : public Ops {
     kAttentionBackward,
     kGeluForward,
     kGeluBackward,
+    kMatmulGeluForward,
+    kGeluMatmulBackward,
     kCrossEntropyForward,
     kCrossEntropyBackward,
     kCrossEntropyForwardBackward,
@@ -111,6 +113,12 @@ class ProfiledOps final : public Ops {
   void GeluForward(float* out, const float* inp, size_t N, Precision store) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                     Precision store) override;
+  // Passed whole to the inner table (its fused version, where it has one), charged as one op.
+  void MatmulGeluForward(float* out, float* pre, const float* inp, const float* weight,
+                         const float* bias, int N, int C, int OC, Precision operands) override;
+  void GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* pre, int N, int C,
+                          int OC, bool accumulate, Precision operands) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp, Precision operands) override;
   void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,

@@ -192,9 +192,8 @@ Status GptStage::LayerCompute(StageActivations& a, const float* p, int l, bool r
   RETURN_IF_ERROR(RowParallelForward(res2, atty, p + o.attprojw, p + o.attprojb, x, BT, Ca, C));
   ops_->LayerNormForward(ln2, a.ln2_mean_ + s * BT, a.ln2_rstd_ + s * BT, res2, p + o.ln2w,
                          p + o.ln2b, BT, C, precision_);
-  ops_->MatmulForward(fch, true, ln2, p + o.fcw, p + o.fcb, nullptr, BT, C, C4, C4, precision_);
-  Written(fch, static_cast<size_t>(BT) * C4);
-  ops_->GeluForward(fchg, fch, static_cast<size_t>(BT) * C4, precision_);
+  // fc is column-parallel: each rank's C4 columns and their GELU are its own, no sum between.
+  ops_->MatmulGeluForward(fchg, fch, ln2, p + o.fcw, p + o.fcb, BT, C, C4, precision_);
   // What backward reads ends here. A recomputation stops: the layer's output is in
   // residual3_ from the first forward (and a pipeline's send of it may still be reading it),
   // so the MLP's projection, a third of the layer's GEMM work, and its all-reduce are saved.
@@ -352,12 +351,11 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ASSIGN_OR_RETURN(float* g, mem.AcquireGrads(unit, &acc));
   const LayerOffsets& o = layout_->layer_offsets();
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
-  const float* fch = a.fch_ + s * a.op_btc4_;
-  // Every buffer of the MLP's backward but dres is an operand buffer; GELU's runs in place.
-  ops_->MatmulBackward(a.dfch_, true, g + o.fcprojw, g + o.fcprojb, a.dres_, false,
-                       a.fch_gelu_ + s * a.op_btc4_, p + o.fcprojw, BT, C4, C, C, acc, precision_);
-  Written(a.dfch_, static_cast<size_t>(BT) * C4);
-  ops_->GeluBackward(a.dfch_, fch, a.dfch_, static_cast<size_t>(BT) * C4, precision_);
+  // Every buffer of the MLP's backward but dres is an operand buffer. fcproj is row-parallel:
+  // each rank's dfch is the gradient of its own C4 columns, whole without a sum.
+  ops_->GeluMatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_,
+                           a.fch_gelu_ + s * a.op_btc4_, p + o.fcprojw, a.fch_ + s * a.op_btc4_, BT,
+                           C4, C, acc, precision_);
   ops_->MatmulBackward(a.dbtc_, false, g + o.fcw, g + o.fcb, a.dfch_, true, a.ln2_ + s * a.op_btc_,
                        p + o.fcw, BT, C, C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));

@@ -316,6 +316,18 @@ class CudaOpsImpl final : public Ops {
                     Precision store) override {
     cuda::GeluBackward(dinp, inp, dout, N, store, Narrow(store), stream_);
   }
+  void MatmulGeluForward(float* out, float* pre, const float* inp, const float* weight,
+                         const float* bias, int N, int C, int OC, Precision operands) override {
+    cuda::MatmulGeluForward(blas_, lt_.get(), staging_.get(), out, pre, inp, weight, bias, N, C, OC,
+                            operands, stream_);
+  }
+  void GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* pre, int N, int C,
+                          int OC, bool accumulate, Precision operands) override {
+    float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
+    cuda::GeluMatmulBackward(blas_, lt_.get(), staging_.get(), dpre, dweight, dbias, dout, inp,
+                             weight, pre, N, C, OC, accumulate, operands, scratch, stream_);
+  }
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp, Precision operands) override {
     double* mean = mean_.Get(1);

@@ -98,10 +98,14 @@ struct GemmStaging {
   Scratch<float> output;  // a 16-bit out's floats where cuBLASLt takes no part
 };
 
-// The forward GEMM through cuBLASLt, with the bias in its epilogue and the residual as its
-// C operand (D = out): one pass over out instead of an initialising kernel and a GEMM that
-// reads out back. One per table; called from the training thread only. Plans (descriptors
-// and the heuristic's algorithm) are made once per shape, operand type and alignment.
+// ---- lt_matmul.cu (cuBLASLt, for the matmul.cu launchers below) -----------------------
+// The GEMMs that take cuBLASLt's epilogues: the forward GEMM with the bias in its epilogue and
+// the residual as its C operand (D = out): one pass over out instead of an initialising
+// kernel and a GEMM that reads out back; and the MLP's GEMMs with GELU or its backward in the
+// epilogue. One per table; called from the training thread only. Plans (descriptors and the
+// heuristic's algorithm) are made once per shape, operand type, epilogue and alignment. Each
+// call returns false, with nothing enqueued, where cuBLASLt has no algorithm for it (the
+// caller then takes its other path); otherwise the work is enqueued on `stream`.
 class LtMatmul {
  public:
   // `workspace` (device, `workspace_bytes`) must outlive this.
@@ -110,18 +114,27 @@ class LtMatmul {
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
 
-  // out (N, OC; row stride ldo) = inp (N, C) weight^T + [bias] + [residual], enqueued on
-  // `stream`; inp and weight of one type. False, with nothing enqueued, where cuBLASLt has no
-  // algorithm for it (the caller then takes the cuBLAS path).
-  // out and bias: fp32, or both 16-bit (then no residual).
+  // out (N, OC; row stride ldo) = inp (N, C) weight^T + [bias] + [residual]; inp and weight
+  // of one type. out and bias: fp32, or both 16-bit (then no residual).
   bool Forward(GemmOutput out, GemmOperand inp, GemmOperand weight, GemmOperand bias,
                const float* residual, int N, int C, int OC, int ldo, cublasComputeType_t compute,
                cudaStream_t stream);
+  // pre (N, OC) = inp (N, C) weight^T + [bias] and out (N, OC) = gelu of it in fp32, pre and
+  // out of one type (16-bit, with bias), rows OC apart (CUBLASLT_EPILOGUE_GELU_AUX_BIAS).
+  bool GeluForward(GemmOutput out, GemmOutput pre, GemmOperand inp, GemmOperand weight,
+                   GemmOperand bias, int N, int C, int OC, cublasComputeType_t compute,
+                   cudaStream_t stream);
+  // dinp (N, C) = (dout (N, OC; row stride ldo) weight (OC, C)) * gelu'(pre (N, C)), the
+  // product in fp32 (CUBLASLT_EPILOGUE_DGELU); pre of dinp's type.
+  bool DgeluBackward(GemmOutput dinp, GemmOperand dout, int ldo, GemmOperand weight,
+                     GemmOperand pre, int N, int C, int OC, cublasComputeType_t compute,
+                     cudaStream_t stream);
 
  private:
+  struct Call;
   struct Plan;
-  Plan* PlanFor(GemmOutput out, GemmOperand inp, GemmOperand weight, GemmOperand bias,
-                const float* residual, int N, int C, int OC, int ldo, cublasComputeType_t compute);
+  Plan* PlanFor(const Call& call);
+  bool Run(const Call& call, cudaStream_t stream);
 
   cublasLtHandle_t lt_;
   void* workspace_;
@@ -129,6 +142,7 @@ class LtMatmul {
   std::map<std::vector<int64_t>, std::unique_ptr<Plan>> plans_;
 };
 
+// ---- matmul.cu, its launchers ----------------------------------------------------------
 // lt may be null (the cuBLAS path only); fp32 runs take cuBLAS always. staging may be null:
 // mixed-precision GEMMs then read the fp32-stored operands with the FAST_16BF / FAST_16F
 // compute types (GemmComputeType).
@@ -144,6 +158,16 @@ void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool
                     float* dweight, float* dbias, const float* dout, bool dout_narrow,
                     const float* inp, const float* weight, int N, int C, int OC, int ldo,
                     bool accumulate, Precision operands, float* scratch, cudaStream_t stream);
+// Ops::MatmulGeluForward and Ops::GeluMatmulBackward (ops.h), GELU in cuBLASLt's epilogues
+// where the operand buffers are 16-bit (a mixed-precision run with staging) and lt is given
+// and has an algorithm; else MatmulForward / MatmulBackward, then gelu.cu's kernels.
+void MatmulGeluForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* out,
+                       float* pre, const float* inp, const float* weight, const float* bias, int N,
+                       int C, int OC, Precision operands, cudaStream_t stream);
+void GeluMatmulBackward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* dpre,
+                        float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* pre, int N, int C, int OC,
+                        bool accumulate, Precision operands, float* scratch, cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------
 void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* qkv, int B, int T,
