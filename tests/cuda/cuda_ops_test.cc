@@ -320,18 +320,24 @@ TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
     // dout as a run stores it (the backward reads it so: ops.h, NarrowWritten).
     std::vector<float> dout = Random(N * C);
     cpu_->Round(dout.data(), dout.size(), store);
+    // dout as floats, and as an operand buffer (16-bit in mixed precision) as a GEMM's dinp.
     for (bool accumulate : {false, true}) {
-      std::vector<float> dinp = Random(N * C), dw = Random(C), db = Random(C);
-      float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-      gpu_->LayerNormBackward(gdinp, gdw, gdb, Dev(dout), gx, gw, gmean, grstd, N, C, accumulate,
-                              store);
-      cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
-                              mean.data(), rstd.data(), N, C, accumulate, store);
-      const std::string a = (accumulate ? " (accumulate)" : "") + name;
-      ExpectStoredIn(Host(gdinp, dinp.size()), store, "layernorm dinp" + a);
-      ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + a, std::max(rtol, 1e-4), 1e-4);
-      ExpectClose(Host(gdw, C), dw, "layernorm dweight" + a, 1e-4, 1e-4);
-      ExpectClose(Host(gdb, C), db, "layernorm dbias" + a, 1e-4, 1e-4);
+      for (bool operand : {false, true}) {
+        std::vector<float> dinp = Random(N * C), dw = Random(C), db = Random(C);
+        float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
+        float* gdout = operand ? DevOperand(dout, store) : Dev(dout);
+        gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, operand, gx, gw, gmean, grstd, N, C,
+                                accumulate, store);
+        cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), operand, x.data(),
+                                w.data(), mean.data(), rstd.data(), N, C, accumulate, store);
+        const std::string a =
+            (accumulate ? " (accumulate)" : "") + std::string(operand ? " (operand)" : "") + name;
+        ExpectStoredIn(Host(gdinp, dinp.size()), store, "layernorm dinp" + a);
+        ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + a, std::max(rtol, 1e-4),
+                    1e-4);
+        ExpectClose(Host(gdw, C), dw, "layernorm dweight" + a, 1e-4, 1e-4);
+        ExpectClose(Host(gdb, C), db, "layernorm dbias" + a, 1e-4, 1e-4);
+      }
     }
   }
 }
@@ -644,7 +650,9 @@ TEST_F(CudaOpsTest, LayerNormBackwardAtEdgeShapesRepeatsBitForBit) {
     for (Precision store : {Precision::kFp32, Precision::kBf16}) {
       std::vector<float> dout = Random(nc);
       cpu_->Round(dout.data(), dout.size(), store);
-      const float* gdout = Dev(dout);
+      // 16-bit as a GEMM writes it where the run's operand buffers are.
+      const bool operand = store != Precision::kFp32;
+      const float* gdout = operand ? DevOperand(dout, store) : Dev(dout);
       for (bool accumulate : {false, true}) {
         const std::string what = "layernorm N=" + std::to_string(sh.N) +
                                  " C=" + std::to_string(sh.C) +
@@ -653,16 +661,16 @@ TEST_F(CudaOpsTest, LayerNormBackwardAtEdgeShapesRepeatsBitForBit) {
         std::vector<std::vector<float>> got;
         for (int run = 0; run < 2; ++run) {
           float *gdinp = Dev(dinp0), *gdw = Dev(dw0), *gdb = Dev(db0);
-          gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, gx, gw, gmean, grstd, sh.N, sh.C,
+          gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, operand, gx, gw, gmean, grstd, sh.N, sh.C,
                                   accumulate, store);
           std::vector<float> dw = Host(gdw, sh.C), db = Host(gdb, sh.C);
           dw.insert(dw.end(), db.begin(), db.end());
           got.push_back(dw);
           if (run == 0) {
             std::vector<float> dinp = dinp0, cdw = dw0, cdb = db0;
-            cpu_->LayerNormBackward(dinp.data(), cdw.data(), cdb.data(), dout.data(), x.data(),
-                                    w.data(), mean.data(), rstd.data(), sh.N, sh.C, accumulate,
-                                    store);
+            cpu_->LayerNormBackward(dinp.data(), cdw.data(), cdb.data(), dout.data(), operand,
+                                    x.data(), w.data(), mean.data(), rstd.data(), sh.N, sh.C,
+                                    accumulate, store);
             ExpectClose(Host(gdinp, nc), dinp, what + " dinp",
                         std::max(StoreTolerance(store), 1e-4), 1e-4);
             ExpectClose(Host(gdw, sh.C), cdw, what + " dweight", 1e-4, 1e-4);
@@ -713,9 +721,9 @@ TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
   gpu_->LayerNormForward(Dev(y), gmean, grstd, gx, gg, Dev(bb), N, C, Precision::kFp32);
   cpu_->LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), g.data(), bb.data(), N, C,
                          Precision::kFp32);
-  gpu_->LayerNormBackward(gdx, gdg, gdbb, Dev(dy), gx, gg, gmean, grstd, N, C, false,
+  gpu_->LayerNormBackward(gdx, gdg, gdbb, Dev(dy), false, gx, gg, gmean, grstd, N, C, false,
                           Precision::kFp32);
-  cpu_->LayerNormBackward(dx.data(), dg.data(), dbb.data(), dy.data(), x.data(), g.data(),
+  cpu_->LayerNormBackward(dx.data(), dg.data(), dbb.data(), dy.data(), false, x.data(), g.data(),
                           mean.data(), rstd.data(), N, C, false, Precision::kFp32);
   ExpectClose(Host(gdg, C), dg, "gpt-2 layernorm dweight", 1e-4, 1e-3);
   ExpectClose(Host(gdbb, C), dbb, "gpt-2 layernorm dbias", 1e-4, 1e-3);
@@ -1041,9 +1049,9 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
     const std::vector<float> dout = written(Random(N * C), &gdout);
     std::vector<float> dinp(N * C), dw(C), db(C);
     float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-    gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, gin, gw, gmean, grstd, N, C, false, p);
-    cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), ln_in.data(), w.data(),
-                            mean.data(), rstd.data(), N, C, false, p);
+    gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, false, gin, gw, gmean, grstd, N, C, false, p);
+    cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), false, ln_in.data(),
+                            w.data(), mean.data(), rstd.data(), N, C, false, p);
     ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + name, rtol, 1e-4);
     ExpectClose(Host(gdw, C), dw, "layernorm dweight" + name, 1e-4, 1e-4);
     ExpectClose(Host(gdb, C), db, "layernorm dbias" + name, 1e-4, 1e-4);

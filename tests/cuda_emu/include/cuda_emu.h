@@ -33,6 +33,9 @@ struct alignas(8) float2 {
 struct float4 {
   float x, y, z, w;
 };
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };

@@ -173,11 +173,14 @@ class Ops {
   virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                                 const float* weight, const float* bias, int N, int C,
                                 Precision store) = 0;
-  // dinp (+)= the input gradient, the sum stored in `store`.
+  // dinp (+)= the input gradient, the sum stored in `store`. dout is floats read as values of
+  // `store` (a GEMM's input gradient after NarrowWritten, or a tp group's sum of them), or an
+  // operand buffer where dout_operand says so (a GEMM's dinp written as one: half the bytes
+  // written and read on a table whose operand buffers are 16-bit).
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 const float* inp, const float* weight, const float* mean,
-                                 const float* rstd, int N, int C, bool accumulate,
-                                 Precision store) = 0;
+                                 bool dout_operand, const float* inp, const float* weight,
+                                 const float* mean, const float* rstd, int N, int C,
+                                 bool accumulate, Precision store) = 0;
   // `operands` is the precision the GEMM inputs are stored in (the run's precision.dtype:
   // weights, biases, activations and activation gradients all hold values rounded to it). A backend
   // may form the products in it, on tensor cores with fp32 accumulation (CUDA); since the

@@ -164,12 +164,12 @@ void ProfiledOps::LayerNormForward(float* out, float* mean, float* rstd, const f
   inner_->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store);
 }
 void ProfiledOps::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                    const float* inp, const float* weight, const float* mean,
-                                    const float* rstd, int N, int C, bool accumulate,
-                                    Precision store) {
+                                    bool dout_operand, const float* inp, const float* weight,
+                                    const float* mean, const float* rstd, int N, int C,
+                                    bool accumulate, Precision store) {
   Timed t(this, kLayerNormBackward);
-  inner_->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
-                            store);
+  inner_->LayerNormBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, mean, rstd, N, C,
+                            accumulate, store);
 }
 void ProfiledOps::MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                                 const float* bias, const float* residual, int N, int C, int OC,

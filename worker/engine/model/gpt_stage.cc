@@ -302,8 +302,10 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
   }
   // Every column, as in the forward: the padding columns' gradients are zeros, and so are
   // the padding rows' weight gradients it writes.
-  ops_->MatmulBackward(a.dbtc_, false, gh, nullptr, a.logits_, true, a.lnf_, ph, BT, C, Vl, Vl, acc,
-                       precision_);
+  // The final LayerNorm's output gradient: an operand buffer unless a vocabulary split sums
+  // it over the tp group (in fp32), as the blocks' LayerNorms' below.
+  ops_->MatmulBackward(a.dbtc_, !split, gh, nullptr, a.logits_, true, a.lnf_, ph, BT, C, Vl, Vl,
+                       acc, precision_);
   if (split) {
     // Each rank's slice gives part of the final LayerNorm's output gradient.
     RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, static_cast<size_t>(BT) * C));
@@ -328,8 +330,8 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
 
   ASSIGN_OR_RETURN(float* gf, mem.AcquireGrads(f, &acc));
   ops_->Fill(a.dres_, 0.0f, static_cast<size_t>(BT) * C);
-  ops_->LayerNormBackward(a.dres_, gf, gf + C, a.dbtc_, a.output(), pf, a.lnf_mean_, a.lnf_rstd_,
-                          BT, C, acc, precision_);
+  ops_->LayerNormBackward(a.dres_, gf, gf + C, a.dbtc_, !split, a.output(), pf, a.lnf_mean_,
+                          a.lnf_rstd_, BT, C, acc, precision_);
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   return mem.GradsReady(f);
@@ -356,10 +358,13 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ops_->GeluMatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_,
                            a.fch_gelu_ + s * a.op_btc4_, p + o.fcprojw, a.fch_ + s * a.op_btc4_, BT,
                            C4, C, acc, precision_);
-  ops_->MatmulBackward(a.dbtc_, false, g + o.fcw, g + o.fcb, a.dfch_, true, a.ln2_ + s * a.op_btc_,
-                       p + o.fcw, BT, C, C4, C4, acc, precision_);
+  // The LayerNorms' output gradients are operand buffers where no tp group sums them (in
+  // fp32): only the LayerNorm's backward reads them.
+  const bool summed = tp_ != nullptr;
+  ops_->MatmulBackward(a.dbtc_, !summed, g + o.fcw, g + o.fcb, a.dfch_, true,
+                       a.ln2_ + s * a.op_btc_, p + o.fcw, BT, C, C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
-  ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, a.residual2_ + s * btc,
+  ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, !summed, a.residual2_ + s * btc,
                           p + o.ln2w, a.ln2_mean_ + s * BT, a.ln2_rstd_ + s * BT, BT, C, acc,
                           precision_);
   ops_->MatmulBackward(a.dbtc_, false, g + o.attprojw, g + o.attprojb, a.dres_, false,
@@ -367,10 +372,10 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
   ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.atty_ + s * a.op_btca_, a.att_ + s * a.att_floats_,
                           a.qkv_ + s * a.op_qkv_, B, T, Ca, NHa, precision_);
-  ops_->MatmulBackward(a.dbtc_, false, g + o.qkvw, g + o.qkvb, a.dqkv_, true,
+  ops_->MatmulBackward(a.dbtc_, !summed, g + o.qkvw, g + o.qkvb, a.dqkv_, true,
                        a.ln1_ + s * a.op_btc_, p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
-  ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, x, p + o.ln1w,
+  ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, !summed, x, p + o.ln1w,
                           a.ln1_mean_ + s * BT, a.ln1_rstd_ + s * BT, BT, C, acc, precision_);
   RETURN_IF_ERROR(mem.ReleaseParams(unit));
   return mem.GradsReady(unit);

@@ -155,7 +155,8 @@ class StageActivations {
   float *lse_parts_ = nullptr, *target_logits_ = nullptr;
   // Backward scratch: the residual stream's gradient and working buffers. Operand buffers
   // (ops.h): ln1_, qkv_, atty_, ln2_, fch_, fch_gelu_, lnf_, logits_ (the dlogits after
-  // Backward, or after a Forward given its grad_scale), dqkv_ and dfch_; the rest are floats.
+  // Backward, or after a Forward given its grad_scale), dqkv_ and dfch_, and dbtc_ where it
+  // is a LayerNorm's output gradient that no tp group sums; the rest are floats.
   float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
 };
 

@@ -251,9 +251,9 @@ void EmulatedDeviceOps::LayerNormForward(float* out, float* mean, float* rstd, c
   CpuOps()->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store);
 }
 void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* dbias,
-                                          const float* dout, const float* inp, const float* weight,
-                                          const float* mean, const float* rstd, int N, int C,
-                                          bool accumulate, Precision store) {
+                                          const float* dout, bool dout_operand, const float* inp,
+                                          const float* weight, const float* mean, const float* rstd,
+                                          int N, int C, bool accumulate, Precision store) {
   DEV(dinp);
   DEV(dweight);
   DEV(dbias);
@@ -263,8 +263,8 @@ void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* db
   DEV(mean);
   DEV(rstd);
   Open open(this);
-  CpuOps()->LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
-                              store);
+  CpuOps()->LayerNormBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, mean, rstd, N,
+                              C, accumulate, store);
 }
 void EmulatedDeviceOps::MatmulForward(float* out, bool out_operand, const float* inp,
                                       const float* weight, const float* bias, const float* residual,

@@ -58,8 +58,8 @@ class EmulatedDeviceOps final : public Ops {
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C, Precision store) override;
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int N, int C, bool accumulate,
+                         bool dout_operand, const float* inp, const float* weight,
+                         const float* mean, const float* rstd, int N, int C, bool accumulate,
                          Precision store) override;
   void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                      const float* bias, const float* residual, int N, int C, int OC, int ldo,

@@ -91,9 +91,10 @@ class CpuOpsImpl final : public Ops {
     cpu::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
     Round(out, static_cast<size_t>(N) * C, store);
   }
+  // An operand buffer is floats here: dout_operand changes nothing.
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int N, int C, bool accumulate,
+                         bool /*dout_operand*/, const float* inp, const float* weight,
+                         const float* mean, const float* rstd, int N, int C, bool accumulate,
                          Precision store) override {
     cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate);
     Round(dinp, static_cast<size_t>(N) * C, store);

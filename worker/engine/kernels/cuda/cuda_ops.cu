@@ -242,11 +242,12 @@ class CudaOpsImpl final : public Ops {
     cuda::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store, Narrow(store), stream_);
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         const float* inp, const float* weight, const float* mean,
-                         const float* rstd, int N, int C, bool accumulate,
+                         bool dout_operand, const float* inp, const float* weight,
+                         const float* mean, const float* rstd, int N, int C, bool accumulate,
                          Precision store) override {
-    cuda::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate,
-                            store, column_scratch_.Get(LayerNormBackwardScratch(N, C)), stream_);
+    cuda::LayerNormBackward(dinp, dweight, dbias, dout, dout_operand && Narrow(store), inp, weight,
+                            mean, rstd, N, C, accumulate, store,
+                            column_scratch_.Get(LayerNormBackwardScratch(N, C)), stream_);
   }
   void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                      const float* bias, const float* residual, int N, int C, int OC, int ldo,

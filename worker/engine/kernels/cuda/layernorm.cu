@@ -4,9 +4,12 @@
 // reads dout as a value of `store` (a GEMM's input gradient, which Ops::NarrowWritten leaves
 // unrounded on this table).
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/fused_attention.cuh"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
 #include "worker/engine/kernels/cuda/store.cuh"
@@ -132,10 +135,28 @@ void LaunchForwardWords(H* out, float* mean, float* rstd, const float* inp, cons
 // partial[block * C + c], dbias's gridDim.x * C further), and ColumnSumFinish adds the blocks'
 // (column_sum.cuh). The first version had a kernel for dinp and then a column sum each for
 // dweight and dbias, which read inp and dout twice more: 28 bytes an element.
-// dinp (N, C) += the input gradient, stored in `store`; dout read in it. K: the columns a lane
-// loads at once, 4 (float4) where rows and weight are 16-byte aligned, else 1.
-template <int K>
-__global__ void LayerNormBackwardKernel(float* dinp, float* partial, const float* dout,
+// dinp (N, C) += the input gradient, stored in `store`; dout read in it, from floats or
+// (G a 16-bit type) from an operand buffer the GEMM before wrote so, half the bytes. K: the
+// columns a lane loads at once, 4 (float4; four 16-bit values in 8 bytes) where rows and
+// weight are 16-byte aligned, else 1.
+template <int K, typename G>
+__device__ __forceinline__ void LoadGrads(const G* p, float (&g)[K]) {
+  if constexpr (std::is_same_v<G, float>) {
+    LoadFloats<K>(p, g);
+  } else if constexpr (K == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    G v[4];
+    memcpy(v, &raw, sizeof(raw));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) g[k] = ToFloat(v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) g[k] = ToFloat(p[k]);
+  }
+}
+
+template <int K, typename G>
+__global__ void LayerNormBackwardKernel(float* dinp, float* partial, const G* dout,
                                         const float* inp, const float* weight, const float* mean,
                                         const float* rstd, int N, int C, Precision store) {
   DROVER_DYNAMIC_SHARED(shared);
@@ -159,7 +180,7 @@ __global__ void LayerNormBackwardKernel(float* dinp, float* partial, const float
     for (int c = lane * K; c < C; c += 32 * K) {
       float x[K], g[K], w[K], dw[K], db[K];
       LoadFloats<K>(inp + base + c, x);
-      LoadFloats<K>(dout + base + c, g);
+      LoadGrads<K>(dout + base + c, g);
       LoadFloats<K>(weight + c, w);
       LoadFloats<K>(dw_sum + c, dw);
       LoadFloats<K>(db_sum + c, db);
@@ -182,7 +203,7 @@ __global__ void LayerNormBackwardKernel(float* dinp, float* partial, const float
     for (int c = lane * K; c < C; c += 32 * K) {
       float x[K], g[K], w[K], d[K];
       LoadFloats<K>(inp + base + c, x);
-      LoadFloats<K>(dout + base + c, g);
+      LoadGrads<K>(dout + base + c, g);
       LoadFloats<K>(weight + c, w);
       LoadFloats<K>(dinp + base + c, d);
 #pragma unroll
@@ -244,23 +265,34 @@ size_t LayerNormBackwardScratch(int N, int C) {
 }
 
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, bool accumulate, Precision store, float* scratch,
-                       cudaStream_t stream) {
-  DROVER_CUDA_REQUIRE(N > 0 && C > 0);
+                       bool dout_narrow, const float* inp, const float* weight, const float* mean,
+                       const float* rstd, int N, int C, bool accumulate, Precision store,
+                       float* scratch, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(N > 0 && C > 0 && (!dout_narrow || store != Precision::kFp32));
   const int warps = BackwardWarps(C), blocks = BackwardBlocks(N, C);
   const size_t shared = 2 * sizeof(float) * static_cast<size_t>(C) * warps;
   const bool vector =
       C % 4 == 0 && Aligned16(dinp) && Aligned16(dout) && Aligned16(inp) && Aligned16(weight);
-  const auto kernel = vector ? &LayerNormBackwardKernel<4> : &LayerNormBackwardKernel<1>;
-  if (shared > kBackwardSharedBytes) {
-    // C past 6144: one warp's sums need more than the default (sm_90 allows 227 KiB).
-    DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(shared)));
+  auto launch = [&](auto g) {
+    using G = typename decltype(g)::type;
+    const auto kernel = vector ? &LayerNormBackwardKernel<4, G> : &LayerNormBackwardKernel<1, G>;
+    if (shared > kBackwardSharedBytes) {
+      // C past 6144: one warp's sums need more than the default (sm_90 allows 227 KiB).
+      DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shared)));
+    }
+    DROVER_LAUNCH(kernel, blocks, warps * 32, shared, stream)
+    (dinp, scratch, static_cast<const G*>(static_cast<const void*>(dout)), inp, weight, mean, rstd,
+     N, C, store);
+  };
+  if (!dout_narrow) {
+    launch(fused::TypeTag<float>{});
+  } else if (store == Precision::kBf16) {
+    launch(fused::TypeTag<__nv_bfloat16>{});
+  } else {
+    launch(fused::TypeTag<__half>{});
   }
-  DROVER_LAUNCH(kernel, blocks, warps * 32, shared, stream)
-  (dinp, scratch, dout, inp, weight, mean, rstd, N, C, store);
   DROVER_CUDA_LAUNCHED();
   ColumnSumFinish(dweight, scratch, blocks, C, accumulate, stream);
   ColumnSumFinish(dbias, scratch + static_cast<size_t>(blocks) * C, blocks, C, accumulate, stream);

@@ -65,10 +65,11 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
                       cudaStream_t stream);
 // scratch: LayerNormBackwardScratch(N, C) floats, the weight and bias gradients' partial sums.
 size_t LayerNormBackwardScratch(int N, int C);
+// dout_narrow: dout is a 16-bit operand buffer of `store`, else floats read as its values.
 void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       const float* inp, const float* weight, const float* mean, const float* rstd,
-                       int N, int C, bool accumulate, Precision store, float* scratch,
-                       cudaStream_t stream);
+                       bool dout_narrow, const float* inp, const float* weight, const float* mean,
+                       const float* rstd, int N, int C, bool accumulate, Precision store,
+                       float* scratch, cudaStream_t stream);
 
 // ---- matmul.cu (cuBLAS; fp32 runs in pedantic fp32, mixed precision on tensor cores) ----
 // The compute type of a GEMM whose operands hold values of `operands`, stored as fp32;
