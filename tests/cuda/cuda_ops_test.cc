@@ -771,13 +771,19 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
       ExpectClose(HostOperand(gout, out.size(), p), out, "attention out" + name, rtol, atol,
                   &mag.out, unit);
       std::vector<float> dqkv(qkv.size(), NAN);  // overwritten, every element
-      float* gdqkv = NewOperand(dqkv.size(), p);
-      gpu_->AttentionBackward(gdqkv, Dev(dout), gout, gstate, gqkv, B, T, C, NH, p);
-      cpu_->AttentionBackward(dqkv.data(), dout.data(), out.data(), att.data(), qkv.data(), B, T, C,
-                              NH, p);
-      ExpectStoredIn(HostOperand(gdqkv, dqkv.size(), p), p, "attention dqkv" + name);
-      ExpectClose(HostOperand(gdqkv, dqkv.size(), p), dqkv, "attention dqkv" + name,
-                  std::max(rtol, 1e-4), std::max(atol, 1e-4), &mag.dqkv, unit);
+      cpu_->AttentionBackward(dqkv.data(), dout.data(), false, out.data(), att.data(), qkv.data(),
+                              B, T, C, NH, p);
+      // dout as floats, and as an operand buffer (16-bit in mixed precision), as the
+      // projection's GEMM writes it.
+      for (bool operand : {false, true}) {
+        const std::string as = name + (operand ? " (operand dout)" : "");
+        float* gdqkv = NewOperand(dqkv.size(), p);
+        float* gdout = operand ? DevOperand(dout, p) : Dev(dout);
+        gpu_->AttentionBackward(gdqkv, gdout, operand, gout, gstate, gqkv, B, T, C, NH, p);
+        ExpectStoredIn(HostOperand(gdqkv, dqkv.size(), p), p, "attention dqkv" + as);
+        ExpectClose(HostOperand(gdqkv, dqkv.size(), p), dqkv, "attention dqkv" + as,
+                    std::max(rtol, 1e-4), std::max(atol, 1e-4), &mag.dqkv, unit);
+      }
     }
   }
 }
@@ -1091,9 +1097,9 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
     const AttentionMagnitudes mag = AttentionTermMagnitudes(qkv, ady, att, B, T, AC, NH);
     ExpectClose(HostOperand(gout, out.size(), p), out, "attention out" + name, attention_rtol, 1e-3,
                 &mag.out, NarrowedOperandUnit(p));
-    gpu_->AttentionBackward(gdqkv, gady, gout, gstate, gqkv, B, T, AC, NH, p);
-    cpu_->AttentionBackward(dqkv.data(), ady.data(), out.data(), att.data(), qkv.data(), B, T, AC,
-                            NH, p);
+    gpu_->AttentionBackward(gdqkv, gady, false, gout, gstate, gqkv, B, T, AC, NH, p);
+    cpu_->AttentionBackward(dqkv.data(), ady.data(), false, out.data(), att.data(), qkv.data(), B,
+                            T, AC, NH, p);
     ExpectClose(HostOperand(gdqkv, dqkv.size(), p), dqkv, "attention dqkv" + name, attention_rtol,
                 1e-3, &mag.dqkv, NarrowedOperandUnit(p));
   }

@@ -214,16 +214,18 @@ class Ops {
   // version on CUDA, each row's log-sum-exp for CUDA's fused kernels. Backward is given the
   // forward's out too (unchanged since), which those read for the softmax's gradient
   // (D = rowsum(dout * out), as FlashAttention reads its 16-bit out) instead of keeping a
-  // copy; the others ignore it.
+  // copy; the others ignore it. dout is floats read as values of `operands`, or an operand
+  // buffer where dout_operand says so (the attention projection's input gradient, written so
+  // by its GEMM: half the bytes on a table whose operand buffers are 16-bit).
   virtual size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const {
     (void)C, (void)operands;
     return static_cast<size_t>(B) * NH * T * T;
   }
   virtual void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C,
                                 int NH, Precision operands) = 0;
-  virtual void AttentionBackward(float* dqkv, const float* dout, const float* out,
-                                 const float* state, const float* qkv, int B, int T, int C, int NH,
-                                 Precision operands) = 0;
+  virtual void AttentionBackward(float* dqkv, const float* dout, bool dout_operand,
+                                 const float* out, const float* state, const float* qkv, int B,
+                                 int T, int C, int NH, Precision operands) = 0;
   // inp, out (forward), dout and dinp (backward) are operand buffers; dinp may be dout itself
   // (in place, as the model runs it).
   virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;

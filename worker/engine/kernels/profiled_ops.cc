@@ -194,11 +194,11 @@ void ProfiledOps::AttentionForward(float* out, float* att, const float* qkv, int
   Timed t(this, kAttentionForward, 4.0 * B * T * T * C);
   inner_->AttentionForward(out, att, qkv, B, T, C, NH, operands);
 }
-void ProfiledOps::AttentionBackward(float* dqkv, const float* dout, const float* out,
-                                    const float* att, const float* qkv, int B, int T, int C, int NH,
-                                    Precision operands) {
+void ProfiledOps::AttentionBackward(float* dqkv, const float* dout, bool dout_operand,
+                                    const float* out, const float* att, const float* qkv, int B,
+                                    int T, int C, int NH, Precision operands) {
   Timed t(this, kAttentionBackward, 8.0 * B * T * T * C);
-  inner_->AttentionBackward(dqkv, dout, out, att, qkv, B, T, C, NH, operands);
+  inner_->AttentionBackward(dqkv, dout, dout_operand, out, att, qkv, B, T, C, NH, operands);
 }
 void ProfiledOps::GeluForward(float* out, const float* inp, size_t N, Precision store) {
   Timed t(this, kGeluForward);

@@ -107,8 +107,8 @@ class ProfiledOps final : public Ops {
   }
   void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
                         Precision operands) override;
-  void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* att,
-                         const float* qkv, int B, int T, int C, int NH,
+  void AttentionBackward(float* dqkv, const float* dout, bool dout_operand, const float* out,
+                         const float* att, const float* qkv, int B, int T, int C, int NH,
                          Precision operands) override;
   void GeluForward(float* out, const float* inp, size_t N, Precision store) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,

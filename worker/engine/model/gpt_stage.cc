@@ -367,11 +367,14 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, !summed, a.residual2_ + s * btc,
                           p + o.ln2w, a.ln2_mean_ + s * BT, a.ln2_rstd_ + s * BT, BT, C, acc,
                           precision_);
-  ops_->MatmulBackward(a.dbtc_, false, g + o.attprojw, g + o.attprojb, a.dres_, false,
+  // The attention's output gradient: an operand buffer, which only attention's backward reads
+  // (the projection is row-parallel: a tp rank's heads' gradient is its own, summed nowhere).
+  ops_->MatmulBackward(a.dbtc_, true, g + o.attprojw, g + o.attprojb, a.dres_, false,
                        a.atty_ + s * a.op_btca_, p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
-  ops_->AttentionBackward(a.dqkv_, a.dbtc_, a.atty_ + s * a.op_btca_, a.att_ + s * a.att_floats_,
-                          a.qkv_ + s * a.op_qkv_, B, T, Ca, NHa, precision_);
+  ops_->AttentionBackward(a.dqkv_, a.dbtc_, true, a.atty_ + s * a.op_btca_,
+                          a.att_ + s * a.att_floats_, a.qkv_ + s * a.op_qkv_, B, T, Ca, NHa,
+                          precision_);
   ops_->MatmulBackward(a.dbtc_, !summed, g + o.qkvw, g + o.qkvb, a.dqkv_, true,
                        a.ln1_ + s * a.op_btc_, p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));

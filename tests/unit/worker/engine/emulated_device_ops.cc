@@ -299,15 +299,15 @@ void EmulatedDeviceOps::AttentionForward(float* out, float* att, const float* qk
   Open open(this);
   CpuOps()->AttentionForward(out, att, qkv, B, T, C, NH, operands);
 }
-void EmulatedDeviceOps::AttentionBackward(float* dqkv, const float* dout, const float* out,
-                                          const float* att, const float* qkv, int B, int T, int C,
-                                          int NH, Precision operands) {
+void EmulatedDeviceOps::AttentionBackward(float* dqkv, const float* dout, bool dout_operand,
+                                          const float* out, const float* att, const float* qkv,
+                                          int B, int T, int C, int NH, Precision operands) {
   DEV(dqkv);
   DEV(dout);
   DEV(att);
   DEV(qkv);
   Open open(this);
-  CpuOps()->AttentionBackward(dqkv, dout, out, att, qkv, B, T, C, NH, operands);
+  CpuOps()->AttentionBackward(dqkv, dout, dout_operand, out, att, qkv, B, T, C, NH, operands);
 }
 void EmulatedDeviceOps::GeluForward(float* out, const float* inp, size_t N, Precision store) {
   DEV(out);

@@ -116,9 +116,9 @@ class CpuOpsImpl final : public Ops {
     cpu::AttentionForward(out, att, qkv, B, T, C, NH);
     Round(out, static_cast<size_t>(B) * T * C, operands);
   }
-  void AttentionBackward(float* dqkv, const float* dout, const float* /*out*/, const float* att,
-                         const float* qkv, int B, int T, int C, int NH,
-                         Precision operands) override {
+  void AttentionBackward(float* dqkv, const float* dout, bool /*dout_operand*/,
+                         const float* /*out*/, const float* att, const float* qkv, int B, int T,
+                         int C, int NH, Precision operands) override {
     cpu::AttentionBackward(dqkv, dout, att, qkv, B, T, C, NH);
     Round(dqkv, static_cast<size_t>(B) * T * 3 * C, operands);
   }

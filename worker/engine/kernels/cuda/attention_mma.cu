@@ -410,20 +410,27 @@ void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, i
 }
 
 template <typename N, int HS>
-void Backward(OperandOut dqkv, float* scratch, const float* dout, OperandIn out, const float* state,
+void Backward(OperandOut dqkv, float* scratch, OperandIn dout, OperandIn out, const float* state,
               OperandIn qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   const float* lse = state;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   float* dot = scratch;
-  N* dout_n = reinterpret_cast<N*>(scratch + DotFloats(B, T, NH));
-  fused::SoftmaxDot<N, HS>(dot, dout_n, dout, out, B, T, C, NH, stream);
+  // The tiles copy dout as N: as it is where the projection's GEMM wrote it so, else a copy
+  // narrowed in the pass that takes D.
+  const N* dout_n = static_cast<const N*>(dout.data);
+  if (dout.narrow) {
+    fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), dout_n, out, B, T, C, NH, stream);
+  } else {
+    N* copy = reinterpret_cast<N*>(scratch + DotFloats(B, T, NH));
+    fused::SoftmaxDot<N, HS>(dot, copy, static_cast<const float*>(dout.data), out, B, T, C, NH,
+                             stream);
+    dout_n = copy;
+  }
   const dim3 grid = Grid(B, T, NH, kKeys);
-  fused::LaunchWithShared(MmaDqKernel<N, HS>, grid, Tiles<HS>::kDq, stream, dqkv,
-                          static_cast<const N*>(dout_n), lse, static_cast<const float*>(dot), qkv,
-                          T, C, NH, scale);
-  fused::LaunchWithShared(MmaDkvKernel<N, HS>, grid, Tiles<HS>::kDkv, stream, dqkv,
-                          static_cast<const N*>(dout_n), lse, static_cast<const float*>(dot), qkv,
-                          T, C, NH, scale);
+  fused::LaunchWithShared(MmaDqKernel<N, HS>, grid, Tiles<HS>::kDq, stream, dqkv, dout_n, lse,
+                          static_cast<const float*>(dot), qkv, T, C, NH, scale);
+  fused::LaunchWithShared(MmaDkvKernel<N, HS>, grid, Tiles<HS>::kDkv, stream, dqkv, dout_n, lse,
+                          static_cast<const float*>(dot), qkv, T, C, NH, scale);
 }
 
 }  // namespace
@@ -454,18 +461,20 @@ void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int 
   });
 }
 
-void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* out,
-                          const float* state, const float* qkv, int B, int T, int C, int NH,
-                          Precision operands, bool narrow, cudaStream_t stream) {
+void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, bool dout_narrow,
+                          const float* out, const float* state, const float* qkv, int B, int T,
+                          int C, int NH, Precision operands, bool narrow, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(!dout_narrow || narrow);
   const OperandOut d{dqkv, narrow, operands};
+  const OperandIn dy{dout, dout_narrow, operands};
   const OperandIn o{out, narrow, operands};
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands));
   fused::RequireShapes(qkv, dout, B, T, C, NH);
   DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(scratch) % 16 == 0);
   fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
-    Backward<typename decltype(n)::type, decltype(hs)::value>(d, scratch, dout, o, state, q, B, T,
-                                                              C, NH, stream);
+    Backward<typename decltype(n)::type, decltype(hs)::value>(d, scratch, dy, o, state, q, B, T, C,
+                                                              NH, stream);
   });
 }
 

@@ -288,23 +288,24 @@ class CudaOpsImpl final : public Ops {
       StoreOperand(out, o, btc, operands);
     }
   }
-  void AttentionBackward(float* dqkv, const float* dout, const float* out, const float* state,
-                         const float* qkv, int B, int T, int C, int NH,
+  void AttentionBackward(float* dqkv, const float* dout, bool dout_operand, const float* out,
+                         const float* state, const float* qkv, int B, int T, int C, int NH,
                          Precision operands) override {
+    const bool dout_narrow = dout_operand && Narrow(operands);
     const AttentionKernels kernels = AttentionFor(C, NH, operands);
     if (kernels == AttentionKernels::kMma) {
       float* scratch = datt_.Get(cuda::MmaAttentionScratchFloats(B, T, C, NH));
-      cuda::MmaAttentionBackward(dqkv, scratch, dout, out, state, qkv, B, T, C, NH, operands,
-                                 Narrow(operands), stream_);
+      cuda::MmaAttentionBackward(dqkv, scratch, dout, dout_narrow, out, state, qkv, B, T, C, NH,
+                                 operands, Narrow(operands), stream_);
     } else if (kernels == AttentionKernels::kWmma) {
       float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
-      cuda::FlashAttentionBackward(dqkv, dot, dout, out, state, qkv, B, T, C, NH, operands,
-                                   Narrow(operands), stream_);
+      cuda::FlashAttentionBackward(dqkv, dot, dout, dout_narrow, out, state, qkv, B, T, C, NH,
+                                   operands, Narrow(operands), stream_);
     } else {
       float* datt = datt_.Get(static_cast<size_t>(B) * NH * T * T);
       const size_t btc = static_cast<size_t>(B) * T * C;
       const float* q = RoundedCopy(&rounded_qkv_, qkv, 3 * btc, operands, true);
-      const float* dy = RoundedCopy(&rounded_dout_, dout, btc, operands, false);
+      const float* dy = RoundedCopy(&rounded_dout_, dout, btc, operands, dout_operand);
       float* d = Narrow(operands) ? gemm_out_.Get(3 * btc) : dqkv;
       cuda::AttentionBackward(blas_, d, datt, dy, state, q, B, T, C, NH, operands, stream_);
       StoreOperand(dqkv, d, 3 * btc, operands);

@@ -491,12 +491,17 @@ void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, i
 }
 
 template <typename N, int HS>
-void Backward(OperandOut dqkv, float* dot, const float* dout, OperandIn out, const float* state,
+void Backward(OperandOut dqkv, float* dot, OperandIn dy, OperandIn out, const float* state,
               OperandIn qkv, int B, int T, int C, int NH, cudaStream_t stream) {
-  const OperandIn dy{dout, false, qkv.precision};  // floats (attention's input gradient)
   const float* lse = state;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), dout, out, B, T, C, NH, stream);
+  if (dy.narrow) {
+    fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), static_cast<const N*>(dy.data), out, B,
+                             T, C, NH, stream);
+  } else {
+    fused::SoftmaxDot<N, HS>(dot, static_cast<N*>(nullptr), static_cast<const float*>(dy.data), out,
+                             B, T, C, NH, stream);
+  }
   LaunchWithShared(FlashDqKernel<N, HS>, Grid(B, T, NH), DqSmem<N, HS>::kBytes, stream, dqkv, dy,
                    lse, static_cast<const float*>(dot), qkv, T, C, NH, scale);
   LaunchWithShared(FlashDkvKernel<N, HS>, Grid(B, T, NH), DkvSmem<N, HS>::kBytes, stream, dqkv, dy,
@@ -542,17 +547,19 @@ void FlashAttentionForward(float* out, float* state, const float* qkv, int B, in
   });
 }
 
-void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* out,
-                            const float* state, const float* qkv, int B, int T, int C, int NH,
-                            Precision operands, bool narrow, cudaStream_t stream) {
+void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, bool dout_narrow,
+                            const float* out, const float* state, const float* qkv, int B, int T,
+                            int C, int NH, Precision operands, bool narrow, cudaStream_t stream) {
+  DROVER_CUDA_REQUIRE(!dout_narrow || narrow);
   const OperandOut d{dqkv, narrow, operands};
+  const OperandIn dy{dout, dout_narrow, operands};
   const OperandIn o{out, narrow, operands};
   const OperandIn q{qkv, narrow, operands};
   DROVER_CUDA_REQUIRE(FlashAttentionApplies(C, NH, operands));
   RequireShapes(qkv, dout, B, T, C, NH);
   fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
-    Backward<typename decltype(n)::type, decltype(hs)::value>(d, dot, dout, o, state, q, B, T, C,
-                                                              NH, stream);
+    Backward<typename decltype(n)::type, decltype(hs)::value>(d, dot, dy, o, state, q, B, T, C, NH,
+                                                              stream);
   });
 }
 

@@ -117,13 +117,14 @@ inline size_t SharedOptIn() {
 // copy of out for this before: 4 bytes an element more written by the forward and read
 // here, and B*T*C floats of state a layer (1.2 GB at GPT-2 124M, batch 32), for a D closer
 // to the CPU's by a rounding of out (the device check's attention tolerance holds either).
-// Where dout_n is given, dout narrowed to N (B, T, C) too, in the same pass: what the mma
-// kernels' tiles copy (attention_mma.cu). One warp per (b, t, h), two adjacent channels a
-// lane: an 8-byte load of dout (16-byte aligned, RequireShapes; the head's offset and the
-// channel are even).
-template <typename N, int HS>
-__global__ void SoftmaxDotKernel(float* D, N* dout_n, const float* dout, OperandIn out, int B,
-                                 int T, int C, int NH) {
+// dout is floats (G = float) or 16-bit already (G = N: the projection's GEMM wrote it so).
+// Where dout_n is given (floats only), dout narrowed to N (B, T, C) too, in the same pass:
+// what the mma kernels' tiles copy (attention_mma.cu). One warp per (b, t, h), two adjacent
+// channels a lane: an 8-byte (or 4-byte) load of dout (16-byte aligned, RequireShapes; the
+// head's offset and the channel are even).
+template <typename N, int HS, typename G>
+__global__ void SoftmaxDotKernel(float* D, N* dout_n, const G* dout, OperandIn out, int B, int T,
+                                 int C, int NH) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
   const size_t row = (blockIdx.x * size_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -133,8 +134,14 @@ __global__ void SoftmaxDotKernel(float* D, N* dout_n, const float* dout, Operand
   const size_t at = bt * C + h * HS;
   float sum = 0.0f;
   for (int d = 2 * lane; d < HS; d += 64) {
-    const float2 x = *reinterpret_cast<const float2*>(dout + at + d);
-    const N lo = ToNarrow<N>(x.x), hi = ToNarrow<N>(x.y);
+    N lo, hi;
+    if constexpr (std::is_same_v<G, float>) {
+      const float2 x = *reinterpret_cast<const float2*>(dout + at + d);
+      lo = ToNarrow<N>(x.x), hi = ToNarrow<N>(x.y);
+    } else {
+      static_assert(std::is_same_v<G, N>);
+      lo = dout[at + d], hi = dout[at + d + 1];
+    }
     if (dout_n != nullptr) {
       dout_n[at + d] = lo;
       dout_n[at + d + 1] = hi;
@@ -146,14 +153,14 @@ __global__ void SoftmaxDotKernel(float* D, N* dout_n, const float* dout, Operand
   if (lane == 0) D[(b * NH + h) * T + t] = sum;
 }
 
-// Launches SoftmaxDotKernel: dot = D from dout and out, and dout_n (may be null) = dout
-// narrowed.
-template <typename N, int HS>
-void SoftmaxDot(float* dot, N* dout_n, const float* dout, OperandIn out, int B, int T, int C,
-                int NH, cudaStream_t stream) {
+// Launches SoftmaxDotKernel: dot = D from dout (floats, or N) and out, and dout_n (may be
+// null; floats only) = dout narrowed.
+template <typename N, int HS, typename G>
+void SoftmaxDot(float* dot, N* dout_n, const G* dout, OperandIn out, int B, int T, int C, int NH,
+                cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
   constexpr unsigned kDotThreads = 256;
-  auto* kernel = &SoftmaxDotKernel<N, HS>;
+  auto* kernel = &SoftmaxDotKernel<N, HS, G>;
   DROVER_LAUNCH(kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
   (dot, dout_n, dout, out, B, T, C, NH);
   DROVER_CUDA_LAUNCHED();

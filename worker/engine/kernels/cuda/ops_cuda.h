@@ -190,9 +190,10 @@ void FlashAttentionForward(float* out, float* state, const float* qkv, int B, in
                            Precision operands, bool narrow, cudaStream_t stream);
 // dot: scratch of B*NH*T floats (each row's sum of dout * out). out: the forward's (an
 // operand buffer).
-void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, const float* out,
-                            const float* state, const float* qkv, int B, int T, int C, int NH,
-                            Precision operands, bool narrow, cudaStream_t stream);
+// dout_narrow: dout is a 16-bit operand buffer, else floats read as values of `operands`.
+void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, bool dout_narrow,
+                            const float* out, const float* state, const float* qkv, int B, int T,
+                            int C, int NH, Precision operands, bool narrow, cudaStream_t stream);
 
 // ---- attention_mma.cu (fused on mma.sync register tiles, for mixed-precision runs) -----
 // The same contract as the FlashAttention* functions above (state of
@@ -203,9 +204,9 @@ void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int 
 // The backward's scratch: each row's sum of dout * out, then dout narrowed to the run's type.
 size_t MmaAttentionScratchFloats(int B, int T, int C, int NH);
 // scratch: MmaAttentionScratchFloats floats, 16-byte aligned.
-void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, const float* out,
-                          const float* state, const float* qkv, int B, int T, int C, int NH,
-                          Precision operands, bool narrow, cudaStream_t stream);
+void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, bool dout_narrow,
+                          const float* out, const float* state, const float* qkv, int B, int T,
+                          int C, int NH, Precision operands, bool narrow, cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, Precision store, bool narrow_out,

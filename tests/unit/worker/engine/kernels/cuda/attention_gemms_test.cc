@@ -84,8 +84,8 @@ TEST(AttentionGemmsTest, ExecutedOnTheCpuTheyGiveTheCpuAttention) {
   std::vector<float> want_out(B * T * C), want_att(square), want_dqkv(qkv.size());
   CpuOps()->AttentionForward(want_out.data(), want_att.data(), qkv.data(), B, T, C, NH,
                              Precision::kFp32);
-  CpuOps()->AttentionBackward(want_dqkv.data(), dout.data(), want_out.data(), want_att.data(),
-                              qkv.data(), B, T, C, NH, Precision::kFp32);
+  CpuOps()->AttentionBackward(want_dqkv.data(), dout.data(), false, want_out.data(),
+                              want_att.data(), qkv.data(), B, T, C, NH, Precision::kFp32);
 
   // Garbage where the kernels must write everything: NaN everywhere.
   std::vector<float> out(want_out.size(), NAN), att(square, NAN), datt(square, NAN),
