@@ -251,6 +251,21 @@ TEST_F(CudaOpsTest, ElementwiseAndReductions) {
             << PrecisionName(p) << " from " << from << " element " << i << ": gpu " << got[i]
             << ", cpu " << r[i];
       }
+      // Out of place, the source left as it was: into a buffer from its start (aligned with
+      // the source only where `from` is 0).
+      const std::vector<float> s = Random(n, 3000.0f);
+      float* ds = Dev(s);
+      float* dcopy = Dev(std::vector<float>(n, NAN));
+      gpu_->RoundCopy(dcopy, ds + from, n - from, p);
+      std::vector<float> want(s.begin() + from, s.end());
+      cpu_->Round(want.data(), want.size(), p);
+      const std::vector<float> copy = Host(dcopy, n);
+      for (size_t i = 0; i + from < n; ++i) {
+        ASSERT_TRUE(copy[i] == want[i] || (std::isnan(copy[i]) && std::isnan(want[i])))
+            << "round copy " << PrecisionName(p) << " from " << from << " element " << i;
+      }
+      EXPECT_TRUE(std::isnan(copy[n - 1]) || from == 0) << "wrote past the copy";
+      ExpectClose(Host(ds, n), s, "round copy's source", 0, 0);
     }
   }
 }

@@ -127,6 +127,13 @@ class Ops {
   // x (n) narrowed in place to precision p, kept as floats (kernels/cpu/round.h): a store
   // of an activation in a mixed-precision run. p == kFp32 leaves x as it is.
   virtual void Round(float* x, size_t n, Precision p) = 0;
+  // dst (n) = src rounded to p, as Copy then Round (in one pass where the table can: the
+  // mixed-precision compute weights, NarrowedParams, every optimizer step). They do not
+  // overlap unless dst == src.
+  virtual void RoundCopy(float* dst, const float* src, size_t n, Precision p) {
+    Copy(dst, src, n);
+    Round(dst, n, p);
+  }
   // x (n), just written in fp32 by a GEMM (or summed by a collective), becomes an activation
   // stored in p *as this table's ops read it*: the ops that take it next (attention, GELU,
   // the cross-entropy, LayerNorm's backward) see values of p. CpuOps rounds x in place

@@ -17,6 +17,7 @@ constexpr const char* kNames[ProfiledOps::kOpCount] = {"Fill",
                                                        "ToHost",
                                                        "FromHost",
                                                        "Round",
+                                                       "RoundCopy",
                                                        "NarrowWritten",
                                                        "EncoderForward",
                                                        "EncoderBackward",
@@ -136,6 +137,10 @@ void ProfiledOps::FromHost(float* x, const float* host, size_t n) {
 void ProfiledOps::Round(float* x, size_t n, Precision p) {
   Timed t(this, kRound);
   inner_->Round(x, n, p);
+}
+void ProfiledOps::RoundCopy(float* dst, const float* src, size_t n, Precision p) {
+  Timed t(this, kRoundCopy);
+  inner_->RoundCopy(dst, src, n, p);
 }
 void ProfiledOps::NarrowWritten(float* x, size_t n, Precision p) {
   Timed t(this, kNarrowWritten);

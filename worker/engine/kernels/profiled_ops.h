@@ -30,6 +30,7 @@ class ProfiledOps final : public Ops {
     kToHost,
     kFromHost,
     kRound,
+    kRoundCopy,
     kNarrowWritten,
     kEncoderForward,
     kEncoderBackward,
@@ -83,6 +84,7 @@ class ProfiledOps final : public Ops {
   void FromHost(float* x, const float* host, size_t n) override;
   size_t OperandFloats(size_t n, Precision p) const override { return inner_->OperandFloats(n, p); }
   void Round(float* x, size_t n, Precision p) override;
+  void RoundCopy(float* dst, const float* src, size_t n, Precision p) override;
   void NarrowWritten(float* x, size_t n, Precision p) override;
   void EncoderForward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                       int T, int C, Precision store) override;

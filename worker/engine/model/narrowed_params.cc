@@ -18,8 +18,7 @@ StatusOr<const float*> NarrowedParams::AcquireParams(int unit) {
   if (!fresh_[unit]) {
     const size_t n = layout_->units()[unit].numel;
     if (narrowed_[unit].size() != n) narrowed_[unit] = ops_->Allocate(n);
-    ops_->Copy(narrowed_[unit].data(), master, n);
-    ops_->Round(narrowed_[unit].data(), n, precision_);
+    ops_->RoundCopy(narrowed_[unit].data(), master, n, precision_);
     fresh_[unit] = true;
   }
   return static_cast<const float*>(narrowed_[unit].data());

@@ -207,9 +207,10 @@ class CudaOpsImpl final : public Ops {
     DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     DROVER_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
   }
-  void Round(float* x, size_t n, Precision p) override {
-    if (p == Precision::kBf16) cuda::Round(x, n, 1, stream_);
-    if (p == Precision::kFp16) cuda::Round(x, n, 2, stream_);
+  void Round(float* x, size_t n, Precision p) override { RoundCopy(x, x, n, p); }
+  void RoundCopy(float* dst, const float* src, size_t n, Precision p) override {
+    if (p == Precision::kFp32) return Copy(dst, src, n);
+    cuda::Round(dst, src, n, p == Precision::kBf16 ? 1 : 2, stream_);
   }
   // Operand buffers (ops.h) hold bf16 / fp16 themselves in mixed precision, unless
   // DROVER_CUDA_GEMM_INPUTS=fp32 asked for the GEMMs to read fp32 (no staging).

@@ -35,12 +35,12 @@ __global__ void ScaleKernel(float* x, size_t n, float s) {
   }
 }
 
-// x rounded to N in place, as floats.
+// out = x rounded to N, as floats (out may be x: in place).
 template <typename N>
-__global__ void RoundKernel(float* x, size_t n) {
+__global__ void RoundKernel(float* out, const float* x, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
-    x[i] = ToFloat(ToNarrow<N>(x[i]));
+    out[i] = ToFloat(ToNarrow<N>(x[i]));
   }
 }
 
@@ -49,14 +49,14 @@ __global__ void RoundKernel(float* x, size_t n) {
 // accesses; Round now serves the narrowed parameters and the fp32-input GEMM runs).
 // `words` counts 8-float groups; the caller does the tail.
 template <typename N>
-__global__ void RoundWords(float* x, size_t words) {
+__global__ void RoundWords(float* out, const float* x, size_t words) {
   for (size_t w = blockIdx.x * size_t{blockDim.x} + threadIdx.x; w < words;
        w += size_t{gridDim.x} * blockDim.x) {
     float v[kPerWord];
     LoadFloats<kPerWord>(x + w * kPerWord, v);
 #pragma unroll
     for (int k = 0; k < kPerWord; ++k) v[k] = ToFloat(ToNarrow<N>(v[k]));
-    StoreFloats<kPerWord>(x + w * kPerWord, v);
+    StoreFloats<kPerWord>(out + w * kPerWord, v);
   }
 }
 
@@ -124,18 +124,19 @@ __global__ void SumSquaresFinal(double* partial, unsigned count) {
   if (threadIdx.x == 0) partial[kSumBlocks] = total;
 }
 
-// Round for one 16-bit type: 8 floats a thread where x is 16-byte aligned, then the rest.
+// Round for one 16-bit type: 8 floats a thread where both are 16-byte aligned, then the rest.
 template <typename N>
-void RoundAs(float* x, size_t n, cudaStream_t stream) {
+void RoundAs(float* out, const float* x, size_t n, cudaStream_t stream) {
   InWordsThenRest(
-      n, Aligned16(x),
+      n, Aligned16(out) && Aligned16(x),
       [&](size_t words) {
-        DROVER_LAUNCH(RoundWords<N>, StrideBlocks(words, kThreads), kThreads, 0, stream)(x, words);
+        DROVER_LAUNCH(RoundWords<N>, StrideBlocks(words, kThreads), kThreads, 0, stream)
+        (out, x, words);
         DROVER_CUDA_LAUNCHED();
       },
       [&](size_t from) {
         DROVER_LAUNCH(RoundKernel<N>, StrideBlocks(n - from, kThreads), kThreads, 0, stream)
-        (x + from, n - from);
+        (out + from, x + from, n - from);
         DROVER_CUDA_LAUNCHED();
       });
 }
@@ -182,13 +183,14 @@ void Scale(float* x, size_t n, float s, cudaStream_t stream) {
   DROVER_CUDA_LAUNCHED();
 }
 
-void Round(float* x, size_t n, int precision, cudaStream_t stream) {
+void Round(float* out, const float* x, size_t n, int precision, cudaStream_t stream) {
   if (n == 0) return;
   DROVER_CUDA_REQUIRE(precision == 1 || precision == 2);
+  DROVER_CUDA_REQUIRE(out == x || out + n <= x || x + n <= out);
   if (precision == 1) {
-    RoundAs<__nv_bfloat16>(x, n, stream);
+    RoundAs<__nv_bfloat16>(out, x, n, stream);
   } else {
-    RoundAs<__half>(x, n, stream);
+    RoundAs<__half>(out, x, n, stream);
   }
 }
 

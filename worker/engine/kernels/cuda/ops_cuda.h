@@ -34,8 +34,9 @@ cudaStream_t ComputeStreamOf(const Ops* ops);
 void Fill(float* x, float value, size_t n, cudaStream_t stream);
 void Add(float* y, const float* x, size_t n, cudaStream_t stream);
 void Scale(float* x, size_t n, float s, cudaStream_t stream);
+// out (n) = x rounded, as floats; out may be x (in place), else they do not overlap.
 // precision: 1 bf16, 2 fp16 (round to nearest even, as a store would; fp16 overflows to inf).
-void Round(float* x, size_t n, int precision, cudaStream_t stream);
+void Round(float* out, const float* x, size_t n, int precision, cudaStream_t stream);
 // out (n, 2 bytes each) = x narrowed to bf16 or fp16 (p, not kFp32), round to nearest even:
 // a GEMM operand's 16-bit copy (matmul.cu).
 void NarrowCopy(void* out, const float* x, size_t n, Precision p, cudaStream_t stream);
