@@ -161,6 +161,22 @@ __global__ void CrossEntropyBackwardKernel(OperandOut dlogits, OperandIn logits,
   }
 }
 
+// The gradient of word w (logits w * 8 on) of a row whose logits are x: dloss (softmax -
+// one-hot) for its live columns (< V), 0 for the padding.
+template <typename N>
+__device__ __forceinline__ Word8<N> GradientWord(const Word8<N>& x, int w, int V, int target,
+                                                 float dloss, float lse) {
+  Word8<N> g;
+#pragma unroll
+  for (int k = 0; k < kPerWord; ++k) {
+    const int i = w * kPerWord + k;
+    float d = 0.0f;
+    if (i < V) d = dloss * expf(ToFloat(x.v[k]) - lse) - (i == target ? dloss : 0.0f);
+    g.v[k] = ToNarrow<N>(d);
+  }
+  return g;
+}
+
 // The same on 16-bit operand buffers whose rows start on 16-byte boundaries (Vp a multiple
 // of 8), 8 elements a load and a store; the same arithmetic per element (GPT-2's logits, as
 // above: 4.8 ms one element at a time, 1.65 ms so).
@@ -174,15 +190,7 @@ __global__ void CrossEntropyBackwardWords(N* dlogits, const N* logits, const flo
   const int target = targets[n];
   for (int w = threadIdx.x; w < Vp / kPerWord; w += blockDim.x) {
     const Word8<N> x = Word8<N>::Load(in + w);
-    Word8<N> g;
-#pragma unroll
-    for (int k = 0; k < kPerWord; ++k) {
-      const int i = w * kPerWord + k;
-      float d = 0.0f;
-      if (i < V) d = dloss * expf(ToFloat(x.v[k]) - l) - (i == target ? dloss : 0.0f);
-      g.v[k] = ToNarrow<N>(d);
-    }
-    g.Store(out + w);
+    GradientWord(x, w, V, target, dloss, l).Store(out + w);
   }
 }
 
@@ -237,15 +245,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   uint4* out = reinterpret_cast<uint4*>(dlogits + static_cast<size_t>(n) * Vp);
   for (int w = threadIdx.x; w < words; w += blockDim.x) {
     const Word8<N> x = Word8<N>::Load(kept + w);
-    Word8<N> g;
-#pragma unroll
-    for (int k = 0; k < kPerWord; ++k) {
-      const int i = w * kPerWord + k;
-      float d = 0.0f;
-      if (i < V) d = dloss * expf(ToFloat(x.v[k]) - l) - (i == target ? dloss : 0.0f);
-      g.v[k] = ToNarrow<N>(d);
-    }
-    g.Store(out + w);
+    GradientWord(x, w, V, target, dloss, l).Store(out + w);
   }
 }
 
