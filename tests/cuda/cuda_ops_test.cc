@@ -241,9 +241,10 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
     const std::vector<float> dout = written(Random(N * C), &gdout);
     std::vector<float> dinp(N * C), dw(C), db(C);
     float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
-    gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, false, gin, gw, gmean, grstd, N, C, false, p);
-    cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), false, ln_in.data(),
-                            w.data(), mean.data(), rstd.data(), N, C, false, p);
+    gpu_->LayerNormBackward(gdinp, nullptr, gdw, gdb, gdout, false, gin, gw, gmean, grstd, N, C,
+                            false, p);
+    cpu_->LayerNormBackward(dinp.data(), nullptr, dw.data(), db.data(), dout.data(), false,
+                            ln_in.data(), w.data(), mean.data(), rstd.data(), N, C, false, p);
     ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + name, rtol, 1e-4);
     ExpectClose(Host(gdw, C), dw, "layernorm dweight" + name, 1e-4, 1e-4);
     ExpectClose(Host(gdb, C), db, "layernorm dbias" + name, 1e-4, 1e-4);

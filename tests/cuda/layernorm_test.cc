@@ -35,18 +35,26 @@ TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
     // dout as a run stores it (the backward reads it so: ops.h, NarrowWritten).
     std::vector<float> dout = Random(N * C);
     cpu_->Round(dout.data(), dout.size(), store);
-    // dout as floats, and as an operand buffer (16-bit in mixed precision) as a GEMM's dinp.
+    // dout as floats, and as an operand buffer (16-bit in mixed precision) as a GEMM's dinp;
+    // with the latter, dinp's 16-bit copy too where operand buffers are 16-bit.
+    const bool sixteen = gpu_->OperandFloats(N * C, store) < static_cast<size_t>(N) * C;
     for (bool accumulate : {false, true}) {
       for (bool operand : {false, true}) {
         std::vector<float> dinp = Random(N * C), dw = Random(C), db = Random(C);
         float *gdinp = Dev(dinp), *gdw = Dev(dw), *gdb = Dev(db);
         float *gdout = operand ? DevOperand(dout, store) : Dev(dout);
-        gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, operand, gx, gw, gmean, grstd, N, C,
+        float *gcopy = operand && sixteen ? NewOperand(dinp.size(), store) : nullptr;
+        gpu_->LayerNormBackward(gdinp, gcopy, gdw, gdb, gdout, operand, gx, gw, gmean, grstd, N, C,
                                 accumulate, store);
-        cpu_->LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), operand, x.data(),
-                                w.data(), mean.data(), rstd.data(), N, C, accumulate, store);
+        cpu_->LayerNormBackward(dinp.data(), nullptr, dw.data(), db.data(), dout.data(), operand,
+                                x.data(), w.data(), mean.data(), rstd.data(), N, C, accumulate,
+                                store);
         const std::string a =
             (accumulate ? " (accumulate)" : "") + std::string(operand ? " (operand)" : "") + name;
+        if (gcopy != nullptr) {
+          ExpectClose(HostOperand(gcopy, dinp.size(), store), Host(gdinp, dinp.size()),
+                      "layernorm dinp's copy" + a, 0, 0);
+        }
         ExpectStoredIn(Host(gdinp, dinp.size()), store, "layernorm dinp" + a);
         ExpectClose(Host(gdinp, dinp.size()), dinp, "layernorm dinp" + a, std::max(rtol, 1e-4),
                     1e-4);
@@ -112,16 +120,23 @@ TEST_F(CudaOpsTest, LayerNormBackwardAtEdgeShapesRepeatsBitForBit) {
         std::vector<std::vector<float>> got;
         for (int run = 0; run < 2; ++run) {
           float *gdinp = Dev(dinp0), *gdw = Dev(dw0), *gdb = Dev(db0);
-          gpu_->LayerNormBackward(gdinp, gdw, gdb, gdout, operand, gx, gw, gmean, grstd, sh.N, sh.C,
-                                  accumulate, store);
+          // dinp's 16-bit copy as well where operand buffers are 16-bit.
+          float *gcopy =
+              operand && gpu_->OperandFloats(nc, store) < nc ? NewOperand(nc, store) : nullptr;
+          gpu_->LayerNormBackward(gdinp, gcopy, gdw, gdb, gdout, operand, gx, gw, gmean, grstd,
+                                  sh.N, sh.C, accumulate, store);
+          if (gcopy != nullptr) {
+            ExpectClose(HostOperand(gcopy, nc, store), Host(gdinp, nc), what + " dinp's copy", 0,
+                        0);
+          }
           std::vector<float> dw = Host(gdw, sh.C), db = Host(gdb, sh.C);
           dw.insert(dw.end(), db.begin(), db.end());
           got.push_back(dw);
           if (run == 0) {
             std::vector<float> dinp = dinp0, cdw = dw0, cdb = db0;
-            cpu_->LayerNormBackward(dinp.data(), cdw.data(), cdb.data(), dout.data(), operand,
-                                    x.data(), w.data(), mean.data(), rstd.data(), sh.N, sh.C,
-                                    accumulate, store);
+            cpu_->LayerNormBackward(dinp.data(), nullptr, cdw.data(), cdb.data(), dout.data(),
+                                    operand, x.data(), w.data(), mean.data(), rstd.data(), sh.N,
+                                    sh.C, accumulate, store);
             ExpectClose(Host(gdinp, nc), dinp, what + " dinp",
                         std::max(StoreTolerance(store), 1e-4), 1e-4);
             ExpectClose(Host(gdw, sh.C), cdw, what + " dweight", 1e-4, 1e-4);

@@ -175,9 +175,9 @@ TEST_F(CudaOpsTest, MatmulGeluFusedMatchesTheCpusSeparateOps) {
         const std::string a = (accumulate ? " (accumulate)" : "") + name;
         std::vector<float> dpre(n), dw = Random(C * C4), db = Random(C);
         float *gdpre = NewOperand(n, p), *gdw = Dev(dw), *gdb = Dev(db);
-        gpu_->GeluMatmulBackward(gdpre, gdw, gdb, Dev(dout), gout_cpu, Dev(w2), gpre_cpu, N, C4, C,
-                                 accumulate, p);
-        cpu_->GeluMatmulBackward(dpre.data(), dw.data(), db.data(), dout.data(), out.data(),
+        gpu_->GeluMatmulBackward(gdpre, gdw, gdb, Dev(dout), false, gout_cpu, Dev(w2), gpre_cpu, N,
+                                 C4, C, accumulate, p);
+        cpu_->GeluMatmulBackward(dpre.data(), dw.data(), db.data(), dout.data(), false, out.data(),
                                  w2.data(), pre.data(), N, C4, C, accumulate, p);
         const std::vector<float> got_dpre = HostOperand(gdpre, n, p);
         ExpectClose(got_dpre, dpre, "gelu matmul dpre" + a, 2 * step, 1e-5);
@@ -313,10 +313,10 @@ TEST_F(CudaOpsTest, GemmAndLayerNormAtGpt2Shapes) {
   gpu_->LayerNormForward(Dev(y), gmean, grstd, gx, gg, Dev(bb), N, C, Precision::kFp32);
   cpu_->LayerNormForward(y.data(), mean.data(), rstd.data(), x.data(), g.data(), bb.data(), N, C,
                          Precision::kFp32);
-  gpu_->LayerNormBackward(gdx, gdg, gdbb, Dev(dy), false, gx, gg, gmean, grstd, N, C, false,
-                          Precision::kFp32);
-  cpu_->LayerNormBackward(dx.data(), dg.data(), dbb.data(), dy.data(), false, x.data(), g.data(),
-                          mean.data(), rstd.data(), N, C, false, Precision::kFp32);
+  gpu_->LayerNormBackward(gdx, nullptr, gdg, gdbb, Dev(dy), false, gx, gg, gmean, grstd, N, C,
+                          false, Precision::kFp32);
+  cpu_->LayerNormBackward(dx.data(), nullptr, dg.data(), dbb.data(), dy.data(), false, x.data(),
+                          g.data(), mean.data(), rstd.data(), N, C, false, Precision::kFp32);
   ExpectClose(Host(gdg, C), dg, "gpt-2 layernorm dweight", 1e-4, 1e-3);
   ExpectClose(Host(gdbb, C), dbb, "gpt-2 layernorm dbias", 1e-4, 1e-3);
 }

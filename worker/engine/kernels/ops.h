@@ -183,11 +183,14 @@ class Ops {
   // dinp (+)= the input gradient, the sum stored in `store`. dout is floats read as values of
   // `store` (a GEMM's input gradient after NarrowWritten, or a tp group's sum of them), or an
   // operand buffer where dout_operand says so (a GEMM's dinp written as one: half the bytes
-  // written and read on a table whose operand buffers are 16-bit).
-  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                 bool dout_operand, const float* inp, const float* weight,
-                                 const float* mean, const float* rstd, int N, int C,
-                                 bool accumulate, Precision store) = 0;
+  // written and read on a table whose operand buffers are 16-bit). dinp_copy: null, or an
+  // operand buffer that receives dinp's sum too, for the GEMM backward that reads it next
+  // (dout_operand): a copy the pass makes as it writes dinp, where that GEMM would read dinp
+  // and narrow it itself.
+  virtual void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                                 const float* dout, bool dout_operand, const float* inp,
+                                 const float* weight, const float* mean, const float* rstd, int N,
+                                 int C, bool accumulate, Precision store) = 0;
   // `operands` is the precision the GEMM inputs are stored in (the run's precision.dtype:
   // weights, biases, activations and activation gradients all hold values rounded to it). A backend
   // may form the products in it, on tensor cores with fp32 accumulation (CUDA); since the
@@ -259,15 +262,17 @@ class Ops {
   // The backward of MatmulForward(y, false, inp, weight, ...) where inp = gelu(pre) (the
   // forward's out), through GELU: dpre (N, C) = (dout (N, OC) weight) * gelu'(pre), dweight
   // (OC, C) (+)= dout^T inp, dbias (OC) (+)= dout's column sums. dout is floats with rows OC
-  // apart (the residual stream's gradient); inp, pre and dpre are operand buffers. The
+  // apart (the residual stream's gradient), or its operand copy where dout_operand
+  // (LayerNormBackward's dinp_copy); inp, pre and dpre are operand buffers. The
   // default is MatmulBackward, NarrowWritten and GeluBackward; a fused table may multiply by
   // gelu'(pre) before rounding the product, one rounding step of `operands` fewer.
   virtual void GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
-                                  const float* inp, const float* weight, const float* pre, int N,
-                                  int C, int OC, bool accumulate, Precision operands) {
+                                  bool dout_operand, const float* inp, const float* weight,
+                                  const float* pre, int N, int C, int OC, bool accumulate,
+                                  Precision operands) {
     const size_t n = static_cast<size_t>(N) * C;
-    MatmulBackward(dpre, true, dweight, dbias, dout, false, inp, weight, N, C, OC, OC, accumulate,
-                   operands);
+    MatmulBackward(dpre, true, dweight, dbias, dout, dout_operand, inp, weight, N, C, OC, OC,
+                   accumulate, operands);
     if (operands != Precision::kFp32) NarrowWritten(dpre, n, operands);
     GeluBackward(dpre, pre, dpre, n, operands);
   }

@@ -168,13 +168,13 @@ void ProfiledOps::LayerNormForward(float* out, float* mean, float* rstd, const f
   Timed t(this, kLayerNormForward);
   inner_->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store);
 }
-void ProfiledOps::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                                    bool dout_operand, const float* inp, const float* weight,
-                                    const float* mean, const float* rstd, int N, int C,
-                                    bool accumulate, Precision store) {
+void ProfiledOps::LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                                    const float* dout, bool dout_operand, const float* inp,
+                                    const float* weight, const float* mean, const float* rstd,
+                                    int N, int C, bool accumulate, Precision store) {
   Timed t(this, kLayerNormBackward);
-  inner_->LayerNormBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, mean, rstd, N, C,
-                            accumulate, store);
+  inner_->LayerNormBackward(dinp, dinp_copy, dweight, dbias, dout, dout_operand, inp, weight, mean,
+                            rstd, N, C, accumulate, store);
 }
 void ProfiledOps::MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                                 const float* bias, const float* residual, int N, int C, int OC,
@@ -220,11 +220,12 @@ void ProfiledOps::MatmulGeluForward(float* out, float* pre, const float* inp, co
   inner_->MatmulGeluForward(out, pre, inp, weight, bias, N, C, OC, operands);
 }
 void ProfiledOps::GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
-                                     const float* inp, const float* weight, const float* pre, int N,
-                                     int C, int OC, bool accumulate, Precision operands) {
+                                     bool dout_operand, const float* inp, const float* weight,
+                                     const float* pre, int N, int C, int OC, bool accumulate,
+                                     Precision operands) {
   Timed t(this, kGeluMatmulBackward, 4.0 * N * C * OC);
-  inner_->GeluMatmulBackward(dpre, dweight, dbias, dout, inp, weight, pre, N, C, OC, accumulate,
-                             operands);
+  inner_->GeluMatmulBackward(dpre, dweight, dbias, dout, dout_operand, inp, weight, pre, N, C, OC,
+                             accumulate, operands);
 }
 float ProfiledOps::CrossEntropyForward(float* losses, float* lse, const float* logits,
                                        const int32_t* targets, int N, int V, int Vp,

@@ -94,10 +94,10 @@ class ProfiledOps final : public Ops {
                              const float* dout, const int32_t* inp, int B, int T, int C) override;
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C, Precision store) override;
-  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         bool dout_operand, const float* inp, const float* weight,
-                         const float* mean, const float* rstd, int N, int C, bool accumulate,
-                         Precision store) override;
+  void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                         const float* dout, bool dout_operand, const float* inp,
+                         const float* weight, const float* mean, const float* rstd, int N, int C,
+                         bool accumulate, Precision store) override;
   void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                      const float* bias, const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override;
@@ -119,8 +119,9 @@ class ProfiledOps final : public Ops {
   void MatmulGeluForward(float* out, float* pre, const float* inp, const float* weight,
                          const float* bias, int N, int C, int OC, Precision operands) override;
   void GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* pre, int N, int C,
-                          int OC, bool accumulate, Precision operands) override;
+                          bool dout_operand, const float* inp, const float* weight,
+                          const float* pre, int N, int C, int OC, bool accumulate,
+                          Precision operands) override;
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp, Precision operands) override;
   void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,

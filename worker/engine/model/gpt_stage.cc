@@ -65,14 +65,17 @@ void StageActivations::Ensure(int B, int T) {
       ops_->AttentionStateFloats(B, T, static_cast<int>(Ca), static_cast<int>(NHa), precision_);
   // Operand buffers (ops.h) in the table's format; a slice per layer, 64-byte aligned.
   op_btc_ = OperandStride(BT * C);
+  // dres_copy_ where operand buffers are narrower than floats (GptStage::LayerBackward).
+  const size_t copies =
+      precision_ != Precision::kFp32 && ops_->OperandFloats(BT * C, precision_) < BT * C ? 1 : 0;
   op_btca_ = OperandStride(BT * Ca);
   op_qkv_ = OperandStride(BT * 3 * Ca);
   op_btc4_ = OperandStride(BT * C4);
-  float** ptrs[] = {&encoded_,   &ln1_,          &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
-                    &att_,       &residual2_,    &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
-                    &fch_gelu_,  &residual3_,    &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
-                    &losses_,    &lse_,          &dres_,     &dbtc_,     &dqkv_,     &dfch_,
-                    &lse_parts_, &target_logits_};
+  float** ptrs[] = {&encoded_,   &ln1_,           &ln1_mean_, &ln1_rstd_, &qkv_,      &atty_,
+                    &att_,       &residual2_,     &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,
+                    &fch_gelu_,  &residual3_,     &lnf_,      &lnf_mean_, &lnf_rstd_, &logits_,
+                    &losses_,    &lse_,           &dres_,     &dbtc_,     &dqkv_,     &dfch_,
+                    &lse_parts_, &target_logits_, &dres_copy_};
   const size_t sizes[] = {
       BT * C,          S * op_btc_, S * BT,
       S * BT,          S * op_qkv_, S * op_btca_,
@@ -82,7 +85,7 @@ void StageActivations::Ensure(int B, int T) {
       last * BT,       last * BT,   last * OperandStride(BT * Vl),
       last * BT,       last * BT,   BT * C,
       BT * C,          op_qkv_,     op_btc4_,
-      split * tp * BT, split * BT,
+      split * tp * BT, split * BT,  copies * op_btc_,
   };
   constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
   static_assert(n == sizeof(ptrs) / sizeof(ptrs[0]));
@@ -99,6 +102,8 @@ void StageActivations::Ensure(int B, int T) {
     local_targets_.resize(BT);
   }
   backward_ready_ = false;
+  if (copies == 0) dres_copy_ = nullptr;
+  dres_copied_ = false;
 }
 
 size_t StageActivations::OperandStride(size_t n) const {
@@ -330,8 +335,9 @@ Status GptStage::HeadBackward(StageActivations& a, StageMemory& mem, float grad_
 
   ASSIGN_OR_RETURN(float* gf, mem.AcquireGrads(f, &acc));
   ops_->Fill(a.dres_, 0.0f, static_cast<size_t>(BT) * C);
-  ops_->LayerNormBackward(a.dres_, gf, gf + C, a.dbtc_, !split, a.output(), pf, a.lnf_mean_,
-                          a.lnf_rstd_, BT, C, acc, precision_);
+  ops_->LayerNormBackward(a.dres_, a.dres_copy_, gf, gf + C, a.dbtc_, !split, a.output(), pf,
+                          a.lnf_mean_, a.lnf_rstd_, BT, C, acc, precision_);
+  a.dres_copied_ = a.dres_copy_ != nullptr;
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   RETURN_IF_ERROR(mem.ReleaseParams(f));
   return mem.GradsReady(f);
@@ -355,7 +361,12 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   const float* x = i == 0 ? a.encoded_ : a.residual3_ + (i - 1) * btc;
   // Every buffer of the MLP's backward but dres is an operand buffer. fcproj is row-parallel:
   // each rank's dfch is the gradient of its own C4 columns, whole without a sum.
-  ops_->GeluMatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, a.dres_,
+  // dres, the residual stream's gradient, is what the two projections' backwards read: as
+  // the 16-bit copy the LayerNorm backward before made of it, where it made one (a 16-bit
+  // operand table), so that the GEMMs need not narrow it themselves, a pass over it each.
+  const bool copied = a.dres_copied_;
+  const float* dres = copied ? a.dres_copy_ : a.dres_;
+  ops_->GeluMatmulBackward(a.dfch_, g + o.fcprojw, g + o.fcprojb, dres, copied,
                            a.fch_gelu_ + s * a.op_btc4_, p + o.fcprojw, a.fch_ + s * a.op_btc4_, BT,
                            C4, C, acc, precision_);
   // The LayerNorms' output gradients are operand buffers where no tp group sums them (in
@@ -364,12 +375,13 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ops_->MatmulBackward(a.dbtc_, !summed, g + o.fcw, g + o.fcb, a.dfch_, true,
                        a.ln2_ + s * a.op_btc_, p + o.fcw, BT, C, C4, C4, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
-  ops_->LayerNormBackward(a.dres_, g + o.ln2w, g + o.ln2b, a.dbtc_, !summed, a.residual2_ + s * btc,
-                          p + o.ln2w, a.ln2_mean_ + s * BT, a.ln2_rstd_ + s * BT, BT, C, acc,
-                          precision_);
+  ops_->LayerNormBackward(a.dres_, a.dres_copy_, g + o.ln2w, g + o.ln2b, a.dbtc_, !summed,
+                          a.residual2_ + s * btc, p + o.ln2w, a.ln2_mean_ + s * BT,
+                          a.ln2_rstd_ + s * BT, BT, C, acc, precision_);
   // The attention's output gradient: an operand buffer, which only attention's backward reads
   // (the projection is row-parallel: a tp rank's heads' gradient is its own, summed nowhere).
-  ops_->MatmulBackward(a.dbtc_, true, g + o.attprojw, g + o.attprojb, a.dres_, false,
+  ops_->MatmulBackward(a.dbtc_, true, g + o.attprojw, g + o.attprojb,
+                       a.dres_copy_ != nullptr ? a.dres_copy_ : a.dres_, a.dres_copy_ != nullptr,
                        a.atty_ + s * a.op_btca_, p + o.attprojw, BT, Ca, C, C, acc, precision_);
   Written(a.dbtc_, static_cast<size_t>(BT) * Ca);
   ops_->AttentionBackward(a.dqkv_, a.dbtc_, true, a.atty_ + s * a.op_btca_,
@@ -378,14 +390,18 @@ Status GptStage::LayerBackward(StageActivations& a, StageMemory& mem, int l) {
   ops_->MatmulBackward(a.dbtc_, !summed, g + o.qkvw, g + o.qkvb, a.dqkv_, true,
                        a.ln1_ + s * a.op_btc_, p + o.qkvw, BT, C, 3 * Ca, 3 * Ca, acc, precision_);
   RETURN_IF_ERROR(ReduceInputGrad(a.dbtc_, btc));
-  ops_->LayerNormBackward(a.dres_, g + o.ln1w, g + o.ln1b, a.dbtc_, !summed, x, p + o.ln1w,
+  // The stage's first layer's dres goes to the embedding or the stage before, as floats.
+  float* copy = i > 0 ? a.dres_copy_ : nullptr;
+  ops_->LayerNormBackward(a.dres_, copy, g + o.ln1w, g + o.ln1b, a.dbtc_, !summed, x, p + o.ln1w,
                           a.ln1_mean_ + s * BT, a.ln1_rstd_ + s * BT, BT, C, acc, precision_);
+  a.dres_copied_ = copy != nullptr;
   RETURN_IF_ERROR(mem.ReleaseParams(unit));
   return mem.GradsReady(unit);
 }
 
 Status GptStage::Backward(StageActivations& a, StageMemory& mem, float grad_scale) {
   DROVER_CHECK_MSG(a.chunk_ == chunk_, "activations laid out for another chunk");
+  a.dres_copied_ = false;  // dres is the received doutput() on a stage without the head
   if (heads_) {
     DROVER_CHECK_MSG(a.backward_ready_,
                      "Backward needs a Forward with targets (a training pass) right before");

@@ -158,6 +158,10 @@ class StageActivations {
   // Backward, or after a Forward given its grad_scale), dqkv_ and dfch_, and dbtc_ where it
   // is a LayerNorm's output gradient that no tp group sums; the rest are floats.
   float *dres_ = nullptr, *dbtc_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
+  // dres_'s 16-bit copy (an operand buffer; null where operand buffers are floats), and
+  // whether it holds dres_'s current value (the last LayerNorm backward wrote both).
+  float* dres_copy_ = nullptr;
+  bool dres_copied_ = false;
 };
 
 class GptStage {

@@ -250,11 +250,13 @@ void EmulatedDeviceOps::LayerNormForward(float* out, float* mean, float* rstd, c
   Open open(this);
   CpuOps()->LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store);
 }
-void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* dbias,
-                                          const float* dout, bool dout_operand, const float* inp,
-                                          const float* weight, const float* mean, const float* rstd,
-                                          int N, int C, bool accumulate, Precision store) {
+void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dinp_copy, float* dweight,
+                                          float* dbias, const float* dout, bool dout_operand,
+                                          const float* inp, const float* weight, const float* mean,
+                                          const float* rstd, int N, int C, bool accumulate,
+                                          Precision store) {
   DEV(dinp);
+  if (dinp_copy != nullptr) DEV(dinp_copy);
   DEV(dweight);
   DEV(dbias);
   DEV(dout);
@@ -263,8 +265,8 @@ void EmulatedDeviceOps::LayerNormBackward(float* dinp, float* dweight, float* db
   DEV(mean);
   DEV(rstd);
   Open open(this);
-  CpuOps()->LayerNormBackward(dinp, dweight, dbias, dout, dout_operand, inp, weight, mean, rstd, N,
-                              C, accumulate, store);
+  CpuOps()->LayerNormBackward(dinp, dinp_copy, dweight, dbias, dout, dout_operand, inp, weight,
+                              mean, rstd, N, C, accumulate, store);
 }
 void EmulatedDeviceOps::MatmulForward(float* out, bool out_operand, const float* inp,
                                       const float* weight, const float* bias, const float* residual,

@@ -57,10 +57,10 @@ class EmulatedDeviceOps final : public Ops {
                              const float* dout, const int32_t* inp, int B, int T, int C) override;
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, int N, int C, Precision store) override;
-  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         bool dout_operand, const float* inp, const float* weight,
-                         const float* mean, const float* rstd, int N, int C, bool accumulate,
-                         Precision store) override;
+  void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                         const float* dout, bool dout_operand, const float* inp,
+                         const float* weight, const float* mean, const float* rstd, int N, int C,
+                         bool accumulate, Precision store) override;
   void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
                      const float* bias, const float* residual, int N, int C, int OC, int ldo,
                      Precision operands) override;

@@ -92,12 +92,13 @@ class CpuOpsImpl final : public Ops {
     Round(out, static_cast<size_t>(N) * C, store);
   }
   // An operand buffer is floats here: dout_operand changes nothing.
-  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         bool /*dout_operand*/, const float* inp, const float* weight,
-                         const float* mean, const float* rstd, int N, int C, bool accumulate,
-                         Precision store) override {
+  void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                         const float* dout, bool /*dout_operand*/, const float* inp,
+                         const float* weight, const float* mean, const float* rstd, int N, int C,
+                         bool accumulate, Precision store) override {
     cpu::LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate);
     Round(dinp, static_cast<size_t>(N) * C, store);
+    if (dinp_copy != nullptr) Copy(dinp_copy, dinp, static_cast<size_t>(N) * C);
   }
   // Operand buffers are floats here: the flags change nothing.
   void MatmulForward(float* out, bool /*out_operand*/, const float* inp, const float* weight,

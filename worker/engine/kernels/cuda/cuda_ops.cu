@@ -242,12 +242,15 @@ class CudaOpsImpl final : public Ops {
                         const float* bias, int N, int C, Precision store) override {
     cuda::LayerNormForward(out, mean, rstd, inp, weight, bias, N, C, store, Narrow(store), stream_);
   }
-  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                         bool dout_operand, const float* inp, const float* weight,
-                         const float* mean, const float* rstd, int N, int C, bool accumulate,
-                         Precision store) override {
-    cuda::LayerNormBackward(dinp, dweight, dbias, dout, dout_operand && Narrow(store), inp, weight,
-                            mean, rstd, N, C, accumulate, store,
+  void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                         const float* dout, bool dout_operand, const float* inp,
+                         const float* weight, const float* mean, const float* rstd, int N, int C,
+                         bool accumulate, Precision store) override {
+    // A copy only where operand buffers are 16-bit: floats ones would be a second copy of
+    // dinp, which the GEMM reads as well.
+    DROVER_CUDA_REQUIRE(dinp_copy == nullptr || Narrow(store));
+    cuda::LayerNormBackward(dinp, dinp_copy, dweight, dbias, dout, dout_operand && Narrow(store),
+                            inp, weight, mean, rstd, N, C, accumulate, store,
                             column_scratch_.Get(LayerNormBackwardScratch(N, C)), stream_);
   }
   void MatmulForward(float* out, bool out_operand, const float* inp, const float* weight,
@@ -325,11 +328,13 @@ class CudaOpsImpl final : public Ops {
                             operands, stream_);
   }
   void GeluMatmulBackward(float* dpre, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const float* weight, const float* pre, int N, int C,
-                          int OC, bool accumulate, Precision operands) override {
+                          bool dout_operand, const float* inp, const float* weight,
+                          const float* pre, int N, int C, int OC, bool accumulate,
+                          Precision operands) override {
     float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
-    cuda::GeluMatmulBackward(blas_, lt_.get(), staging_.get(), dpre, dweight, dbias, dout, inp,
-                             weight, pre, N, C, OC, accumulate, operands, scratch, stream_);
+    cuda::GeluMatmulBackward(blas_, lt_.get(), staging_.get(), dpre, dweight, dbias, dout,
+                             dout_operand && Narrow(operands), inp, weight, pre, N, C, OC,
+                             accumulate, operands, scratch, stream_);
   }
   float CrossEntropyForward(float* losses, float* lse, const float* logits, const int32_t* targets,
                             int N, int V, int Vp, Precision operands) override {

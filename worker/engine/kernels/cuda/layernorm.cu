@@ -155,8 +155,27 @@ __device__ __forceinline__ void LoadGrads(const G* p, float (&g)[K]) {
   }
 }
 
-template <int K, typename G>
-__global__ void LayerNormBackwardKernel(float* dinp, float* partial, const G* dout,
+// K values of dinp's sum into its 16-bit copy (H; void: no copy), 8 bytes a store where K is 4.
+template <int K, typename H>
+__device__ __forceinline__ void StoreCopy(H* p, const float (&d)[K]) {
+  if constexpr (!std::is_void_v<H>) {
+    H v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = ToNarrow<H>(d[k]);
+    if constexpr (K == 4) {
+      uint2 raw;
+      memcpy(&raw, v, sizeof(raw));
+      *reinterpret_cast<uint2*>(p) = raw;
+    } else {
+#pragma unroll
+      for (int k = 0; k < K; ++k) p[k] = v[k];
+    }
+  }
+}
+
+// dinp_copy (H, not void): dinp's sum as a 16-bit operand buffer too, stored as it is written.
+template <int K, typename G, typename H>
+__global__ void LayerNormBackwardKernel(float* dinp, H* dinp_copy, float* partial, const G* dout,
                                         const float* inp, const float* weight, const float* mean,
                                         const float* rstd, int N, int C, Precision store) {
   DROVER_DYNAMIC_SHARED(shared);
@@ -213,6 +232,7 @@ __global__ void LayerNormBackwardKernel(float* dinp, float* partial, const G* do
         d[k] = Stored(d[k] + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s, store);
       }
       StoreFloats<K>(dinp + base + c, d);
+      if constexpr (!std::is_void_v<H>) StoreCopy<K>(dinp_copy + base + c, d);
     }
   }
   __syncthreads();
@@ -264,18 +284,22 @@ size_t LayerNormBackwardScratch(int N, int C) {
   return 2 * static_cast<size_t>(BackwardBlocks(N, C)) * C;
 }
 
-void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       bool dout_narrow, const float* inp, const float* weight, const float* mean,
-                       const float* rstd, int N, int C, bool accumulate, Precision store,
-                       float* scratch, cudaStream_t stream) {
+void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                       const float* dout, bool dout_narrow, const float* inp, const float* weight,
+                       const float* mean, const float* rstd, int N, int C, bool accumulate,
+                       Precision store, float* scratch, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(N > 0 && C > 0 && (!dout_narrow || store != Precision::kFp32));
+  DROVER_CUDA_REQUIRE(dinp_copy == nullptr || store != Precision::kFp32);
   const int warps = BackwardWarps(C), blocks = BackwardBlocks(N, C);
   const size_t shared = 2 * sizeof(float) * static_cast<size_t>(C) * warps;
-  const bool vector =
-      C % 4 == 0 && Aligned16(dinp) && Aligned16(dout) && Aligned16(inp) && Aligned16(weight);
-  auto launch = [&](auto g) {
+  const bool vector = C % 4 == 0 && Aligned16(dinp) && Aligned16(dout) && Aligned16(inp) &&
+                      Aligned16(weight) && Aligned16(dinp_copy);
+  // G: dout's type; H: the copy's (void: none).
+  auto launch = [&](auto g, auto h) {
     using G = typename decltype(g)::type;
-    const auto kernel = vector ? &LayerNormBackwardKernel<4, G> : &LayerNormBackwardKernel<1, G>;
+    using H = typename decltype(h)::type;
+    const auto kernel =
+        vector ? &LayerNormBackwardKernel<4, G, H> : &LayerNormBackwardKernel<1, G, H>;
     if (shared > kBackwardSharedBytes) {
       // C past 6144: one warp's sums need more than the default (sm_90 allows 227 KiB).
       DROVER_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -283,15 +307,29 @@ void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* d
                                              static_cast<int>(shared)));
     }
     DROVER_LAUNCH(kernel, blocks, warps * 32, shared, stream)
-    (dinp, scratch, static_cast<const G*>(static_cast<const void*>(dout)), inp, weight, mean, rstd,
-     N, C, store);
+    (dinp, static_cast<H*>(static_cast<void*>(dinp_copy)), scratch,
+     static_cast<const G*>(static_cast<const void*>(dout)), inp, weight, mean, rstd, N, C, store);
   };
-  if (!dout_narrow) {
-    launch(fused::TypeTag<float>{});
-  } else if (store == Precision::kBf16) {
-    launch(fused::TypeTag<__nv_bfloat16>{});
+  // N16: the 16-bit type of `store`, dout's where narrow and the copy's where asked.
+  auto with_dout = [&](auto n) {
+    using N16 = typename decltype(n)::type;
+    auto with_copy = [&](auto g) {
+      if (dinp_copy != nullptr) {
+        launch(g, fused::TypeTag<N16>{});
+      } else {
+        launch(g, fused::TypeTag<void>{});
+      }
+    };
+    if (dout_narrow) {
+      with_copy(fused::TypeTag<N16>{});
+    } else {
+      with_copy(fused::TypeTag<float>{});
+    }
+  };
+  if (store == Precision::kFp16) {
+    with_dout(fused::TypeTag<__half>{});
   } else {
-    launch(fused::TypeTag<__half>{});
+    with_dout(fused::TypeTag<__nv_bfloat16>{});  // fp32 too: dout floats, no copy (REQUIREd)
   }
   DROVER_CUDA_LAUNCHED();
   ColumnSumFinish(dweight, scratch, blocks, C, accumulate, stream);

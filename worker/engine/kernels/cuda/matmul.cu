@@ -238,12 +238,13 @@ void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool
 }
 
 void GeluMatmulBackward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* dpre,
-                        float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* pre, int N, int C, int OC,
-                        bool accumulate, Precision operands, float* scratch, cudaStream_t stream) {
+                        float* dweight, float* dbias, const float* dout, bool dout_narrow,
+                        const float* inp, const float* weight, const float* pre, int N, int C,
+                        int OC, bool accumulate, Precision operands, float* scratch,
+                        cudaStream_t stream) {
   const bool narrow = InputsOf(staging, operands, stream).staged;
-  Backward(blas, lt, staging, dpre, narrow, dweight, dbias, dout, false, inp, weight, pre, N, C, OC,
-           OC, accumulate, operands, scratch, stream);
+  Backward(blas, lt, staging, dpre, narrow, dweight, dbias, dout, dout_narrow, inp, weight, pre, N,
+           C, OC, OC, accumulate, operands, scratch, stream);
 }
 
 }  // namespace drover::engine::cuda

@@ -67,10 +67,11 @@ void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, co
 // scratch: LayerNormBackwardScratch(N, C) floats, the weight and bias gradients' partial sums.
 size_t LayerNormBackwardScratch(int N, int C);
 // dout_narrow: dout is a 16-bit operand buffer of `store`, else floats read as its values.
-void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                       bool dout_narrow, const float* inp, const float* weight, const float* mean,
-                       const float* rstd, int N, int C, bool accumulate, Precision store,
-                       float* scratch, cudaStream_t stream);
+// dinp_copy: null, or a 16-bit operand buffer of `store` that receives dinp's sum too.
+void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbias,
+                       const float* dout, bool dout_narrow, const float* inp, const float* weight,
+                       const float* mean, const float* rstd, int N, int C, bool accumulate,
+                       Precision store, float* scratch, cudaStream_t stream);
 
 // ---- matmul.cu (cuBLAS; fp32 runs in pedantic fp32, mixed precision on tensor cores) ----
 // The compute type of a GEMM whose operands hold values of `operands`, stored as fp32;
@@ -167,9 +168,10 @@ void MatmulGeluForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, 
                        float* pre, const float* inp, const float* weight, const float* bias, int N,
                        int C, int OC, Precision operands, cudaStream_t stream);
 void GeluMatmulBackward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* dpre,
-                        float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* pre, int N, int C, int OC,
-                        bool accumulate, Precision operands, float* scratch, cudaStream_t stream);
+                        float* dweight, float* dbias, const float* dout, bool dout_narrow,
+                        const float* inp, const float* weight, const float* pre, int N, int C,
+                        int OC, bool accumulate, Precision operands, float* scratch,
+                        cudaStream_t stream);
 
 // ---- attention.cu ----------------------------------------------------------------------
 void AttentionForward(cublasHandle_t blas, float* out, float* att, const float* qkv, int B, int T,

@@ -62,8 +62,8 @@ TEST(ProfiledOpsTest, PassesTheFusedMlpOpsThroughWhole) {
   EXPECT_EQ(pre, want_pre);
   // The backward through a projection (OC -> C) of out.
   std::vector<float> dpre(N * OC), dw(C * OC), db(C);
-  ops.GeluMatmulBackward(dpre.data(), dw.data(), db.data(), dout.data(), out.data(), w.data(),
-                         pre.data(), N, OC, C, false, Precision::kFp32);
+  ops.GeluMatmulBackward(dpre.data(), dw.data(), db.data(), dout.data(), false, out.data(),
+                         w.data(), pre.data(), N, OC, C, false, Precision::kFp32);
 
   EXPECT_EQ(ops.totals(ProfiledOps::kMatmulGeluForward).calls, 1);
   EXPECT_EQ(ops.totals(ProfiledOps::kMatmulGeluForward).flops, 2.0 * N * C * OC);
