@@ -6,7 +6,6 @@
 // precision (the head GEMM's output, which Ops::NarrowWritten leaves unrounded).
 #include "worker/engine/kernels/cuda/async_copy.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
-#include "worker/engine/kernels/cuda/fused_attention.cuh"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
 #include "worker/engine/kernels/cuda/store.cuh"
@@ -256,7 +255,7 @@ size_t FusedSharedBytes(int Vp) { return sizeof(uint16_t) * static_cast<size_t>(
 bool CrossEntropyFusedApplies(const float* dlogits, const float* logits, int Vp, bool narrow) {
   // The static MaxSum array shares the opt-in limit with the row.
   return narrow && Vp % kPerWord == 0 && Aligned16(logits) && Aligned16(dlogits) &&
-         FusedSharedBytes(Vp) + sizeof(MaxSum) * kFusedThreads <= fused::SharedOptIn();
+         FusedSharedBytes(Vp) + sizeof(MaxSum) * kFusedThreads <= SharedOptIn();
 }
 
 void CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse, double* mean_out,
@@ -277,9 +276,9 @@ void CrossEntropyForwardBackward(float* dlogits, float* losses, float* lse, doub
      V, Vp);
   };
   if (operands == Precision::kBf16) {
-    launch(fused::TypeTag<__nv_bfloat16>{});
+    launch(TypeTag<__nv_bfloat16>{});
   } else {
-    launch(fused::TypeTag<__half>{});
+    launch(TypeTag<__half>{});
   }
   DROVER_CUDA_LAUNCHED();
   DROVER_LAUNCH(MeanKernel, 1, kThreads, 0, stream)(mean_out, losses, N);

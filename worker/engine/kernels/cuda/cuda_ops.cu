@@ -341,11 +341,7 @@ class CudaOpsImpl final : public Ops {
     double* mean = mean_.Get(1);
     cuda::CrossEntropyForward(losses, lse, mean, logits, Tokens(targets, N), N, V, Vp, operands,
                               Narrow(operands), stream_);
-    double host = 0;
-    DROVER_CUDA_CHECK(
-        cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return static_cast<float>(host);
+    return MeanOnHost(mean);
   }
   void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, float dloss, int N, int V, int Vp,
@@ -363,11 +359,7 @@ class CudaOpsImpl final : public Ops {
     double* mean = mean_.Get(1);
     cuda::CrossEntropyForwardBackward(dlogits, losses, lse, mean, logits, Tokens(targets, N), dloss,
                                       N, V, Vp, operands, Narrow(operands), stream_);
-    double host = 0;
-    DROVER_CUDA_CHECK(
-        cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return static_cast<float>(host);
+    return MeanOnHost(mean);
   }
   void CrossEntropyPartForward(float* lse, float* target_logits, const float* logits,
                                const int32_t* targets, int N, int V, int Vp,
@@ -379,11 +371,7 @@ class CudaOpsImpl final : public Ops {
                             const float* target_logits, int parts, int N) override {
     double* mean = mean_.Get(1);
     cuda::CrossEntropyCombine(losses, lse, mean, lse_parts, target_logits, parts, N, stream_);
-    double host = 0;
-    DROVER_CUDA_CHECK(
-        cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return static_cast<float>(host);
+    return MeanOnHost(mean);
   }
 
   void AdamWUpdate(float* params, const float* grads, float* m, float* v, size_t n, float lr,
@@ -460,11 +448,18 @@ class CudaOpsImpl final : public Ops {
       WidenCopy(out, x, n, p, stream_);
       return out;
     }
-    Copy(out, x, n);
-    Round(out, n, p);
+    RoundCopy(out, x, n, p);
     return out;
   }
 
+  // The mean loss a cross-entropy left in *mean (device), once the stream reaches it.
+  float MeanOnHost(const double* mean) {
+    double host = 0;
+    DROVER_CUDA_CHECK(
+        cudaMemcpyAsync(&host, mean, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return static_cast<float>(host);
+  }
   // Host token ids (n) on the device, valid for the kernels enqueued next.
   const int32_t* Tokens(const int32_t* host, int n) {
     int32_t* device = tokens_.Get(static_cast<size_t>(n));

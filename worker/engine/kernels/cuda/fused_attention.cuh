@@ -50,11 +50,9 @@ auto ForHeadSize(int hs, Fn&& fn) {
   }
 }
 
-// A type as a value (the plugin's sources are C++17: no std::type_identity).
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
+// TypeTag and SharedOptIn live in launch.h: every op file may take them.
+using cuda::SharedOptIn;
+using cuda::TypeTag;
 
 // fn(TypeTag<N>{}, std::integral_constant<int, HS>{}) for the run's 16-bit type N (bf16, or
 // fp16) and its head size (FusedHeadSize checked): the instantiation a launcher takes.
@@ -93,22 +91,6 @@ void LaunchWithShared(void (*kernel)(P...), dim3 grid, size_t bytes, cudaStream_
                                          static_cast<int>(bytes)));
   DROVER_LAUNCH(kernel, grid, kThreads, bytes, stream)(args...);
   DROVER_CUDA_LAUNCHED();
-}
-
-// The largest dynamic shared memory a block of this device may opt in to; 0 when it cannot
-// be asked (then the fused kernels are not used). One device per process: asked once.
-inline size_t SharedOptIn() {
-  static const size_t opt_in = [] {
-    int device = 0, value = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky; the GEMMs need no such limit
-      return size_t{0};
-    }
-    return static_cast<size_t>(value);
-  }();
-  return opt_in;
 }
 
 // D (B, NH, T) = sum over the head's channels of dout (as N rounds it) * out, out as the

@@ -34,4 +34,28 @@ inline unsigned StrideBlocks(size_t n, unsigned threads) {
   return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks == 0 ? 1 : blocks) : 65535 * 8);
 }
 
+// A type as a value, to pick a kernel's instantiation in a generic lambda (the plugin's
+// sources are C++17: no std::type_identity).
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// The largest dynamic shared memory a block of this device may opt in to; 0 when it cannot
+// be asked (then the kernels that need more than the default are not used). One device per
+// process: asked once.
+inline size_t SharedOptIn() {
+  static const size_t opt_in = [] {
+    int device = 0, value = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; the GEMMs need no such limit
+      return size_t{0};
+    }
+    return static_cast<size_t>(value);
+  }();
+  return opt_in;
+}
+
 }  // namespace drover::engine::cuda

@@ -9,7 +9,6 @@
 
 #include "worker/engine/kernels/cuda/column_sum.cuh"
 #include "worker/engine/kernels/cuda/cuda_check.h"
-#include "worker/engine/kernels/cuda/fused_attention.cuh"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
 #include "worker/engine/kernels/cuda/store.cuh"
@@ -315,21 +314,21 @@ void LayerNormBackward(float* dinp, float* dinp_copy, float* dweight, float* dbi
     using N16 = typename decltype(n)::type;
     auto with_copy = [&](auto g) {
       if (dinp_copy != nullptr) {
-        launch(g, fused::TypeTag<N16>{});
+        launch(g, TypeTag<N16>{});
       } else {
-        launch(g, fused::TypeTag<void>{});
+        launch(g, TypeTag<void>{});
       }
     };
     if (dout_narrow) {
-      with_copy(fused::TypeTag<N16>{});
+      with_copy(TypeTag<N16>{});
     } else {
-      with_copy(fused::TypeTag<float>{});
+      with_copy(TypeTag<float>{});
     }
   };
   if (store == Precision::kFp16) {
-    with_dout(fused::TypeTag<__half>{});
+    with_dout(TypeTag<__half>{});
   } else {
-    with_dout(fused::TypeTag<__nv_bfloat16>{});  // fp32 too: dout floats, no copy (REQUIREd)
+    with_dout(TypeTag<__nv_bfloat16>{});  // fp32 too: dout floats, no copy (REQUIREd)
   }
   DROVER_CUDA_LAUNCHED();
   ColumnSumFinish(dweight, scratch, blocks, C, accumulate, stream);
