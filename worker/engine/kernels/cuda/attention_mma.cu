@@ -27,15 +27,26 @@
 // Every element of dqkv is written once, with no atomics: the backward is deterministic, at
 // the price of computing S and dP twice (once per backward kernel).
 //
+// Diagonal and inner tiles: each kernel's tile step is compiled twice. Off the diagonal (and,
+// in dk dv, inside the sequence) every product is whole and unmasked, so its bounds are
+// constants: the compiler issues the products' ldmatrix loads ahead of their mma
+// instructions and interleaves the softmax with them. On the diagonal the products stop at
+// the pairs the warp's rows see and the scores are masked, at run time. With one path for
+// both, every 16-column pair of a product sat behind its own branch, so each mma waited out
+// the ldmatrix just before it (sm_90 SASS, cuobjdump: 16 branches a scores product).
+//
 // Memory (attention_tiles.cuh): each tile sits in shared memory once, row-major, and
 // ldmatrix reads it in either orientation. The tiles a block walks are double-buffered and
 // copied with cp.async (async_copy.cuh): the next tile's loads are in flight while the tensor
 // cores work on this one. Launch bounds hold the registers to what 3 or 4 blocks an SM allow: the
 // kernels are latency-bound (Nsight Compute: most stalls wait on a fixed-latency dependency,
-// no pipe above a quarter busy), and more warps hide more of it than more registers buy.
+// no pipe above a quarter busy), and more warps hide more of it than more registers buy. The
+// forward takes 4 (128 registers); dk dv and dq take 3: dq's inner path, its loads issued
+// early, spills at 4's 128 registers (ptxas -v) and takes 160 at 3.
 //
 // Measured on an H200 at GPT-2 124M, B = 32, T = 1024, bf16, kernel time a training step
-// (tests/device/kernels.sh): forward 5.4 ms, D 0.9, dq 5.4, dk dv 7.8, 19.5 ms in all. The
+// (tests/device/kernels.sh), before the split into diagonal and inner paths (not yet timed
+// since): forward 5.4 ms, D 0.9, dq 5.4, dk dv 7.8, 19.5 ms in all. The
 // kernels this replaced (32-bit fragment loads, a transposed second copy of four tiles stored
 // element by element, synchronous loads, dout read as fp32, register-bound occupancy) took
 // 32.2 ms. PyTorch's scaled_dot_product_attention on the same shape, same GPU
@@ -48,6 +59,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "worker/engine/kernels/cuda/async_copy.cuh"
 #include "worker/engine/kernels/cuda/attention_tiles.cuh"
@@ -157,14 +169,18 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
       }
     }
     const int k0 = kt * kKeyRows;
-    if (k0 <= last) {  // else the warp's rows see none of these keys
-      const bool diagonal = k0 + kKeyRows - 1 > first;
-      const int pairs = diagonal ? PairsSeen(k0, last, kNB / 2) : kNB / 2;
+    // One key tile's scores, softmax update and o += P v, compiled twice: off the diagonal
+    // every product is whole and unmasked, so its bounds are constants and the compiler
+    // issues a product's ldmatrix loads ahead of its mma instructions; only the diagonal
+    // tile (the last) bounds its products and masks its scores, at run time.
+    auto tile = [&](auto on_diagonal) {
+      constexpr bool kDiagonal = decltype(on_diagonal)::value;
+      const int pairs = kDiagonal ? PairsSeen(k0, last, kNB / 2) : kNB / 2;
       float s[kM][kNB][4] = {};  // the warp's rows x the tile's keys: scores
       ScoresProduct<N, HS, kM, kNB>(s, qa, k_tile(stage), 0, pairs);
 #pragma unroll
       for (int i = 0; i < kM; ++i) {
-        if (diagonal) {
+        if constexpr (kDiagonal) {
 #pragma unroll
           for (int j = 0; j < kNB; ++j) {
 #pragma unroll
@@ -203,6 +219,12 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
       }
       // o += P v; P is zero past the pairs the rows see.
       AccumulateProduct<N, HS, kM, kNB>(o, s, v_tile(stage), 0, pairs);
+    };
+    // Keys past the warp's last row: none of the tile's keys are seen.
+    if (k0 + kKeyRows - 1 > first) {
+      if (k0 <= last) tile(std::true_type{});
+    } else {
+      tile(std::false_type{});
     }
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
@@ -284,32 +306,40 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
     const N* douts = dout_tile(stage);
     const float* col_lse = lse_tile(stage);
     const float* col_d = d_tile(stage);
-    // On the diagonal, query pairs before the warp's first key see none of its keys.
-    const bool diagonal = qt == kt;
-    const int p0 = diagonal ? warp : 0;
-    // Masks: the diagonal's, and the queries past T of the last tile.
-    const bool edge = diagonal || q0 + kKeys > T;
-
-    // S^T = k q^T and dP^T = v dout^T, the warp's 16 keys by the tile's 64 queries.
-    float st[1][kBlocks][4] = {}, dpt[1][kBlocks][4] = {};
-    const int rows = warp * 16 * L::kLd;
-    TwoScoresProducts<N, HS>(st, dpt, k + rows, v + rows, qs, douts, p0, kBlocks / 2);
-    // P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) scale, zero where masked.
+    // One query tile, compiled twice as the forward's key tiles are: whole and unmasked
+    // inside the sequence; masked at run time on the diagonal and on the last tile past T,
+    // and bounded on the diagonal, where query pairs before the warp's first key see none of
+    // its keys.
+    auto tile = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      const int p0 = kMasked && qt == kt ? warp : 0;
+      // S^T = k q^T and dP^T = v dout^T, the warp's 16 keys by the tile's 64 queries.
+      float st[1][kBlocks][4] = {}, dpt[1][kBlocks][4] = {};
+      const int rows = warp * 16 * L::kLd;
+      TwoScoresProducts<N, HS>(st, dpt, k + rows, v + rows, qs, douts, p0, kBlocks / 2);
+      // P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) scale, zero where masked.
 #pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
+      for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = j * 8 + 2 * t + e % 2;  // the query, in the tile
-        const int key = key0 + (e / 2) * 8;
-        const bool visible = !edge || (q0 + c >= key && q0 + c < T);
-        const float p = visible ? FastExp2(fmaf(st[0][j][e], scale2, -col_lse[c] * kLog2e)) : 0.0f;
-        st[0][j][e] = p;
-        dpt[0][j][e] = p * (dpt[0][j][e] - col_d[c]) * scale;
+        for (int e = 0; e < 4; ++e) {
+          const int c = j * 8 + 2 * t + e % 2;  // the query, in the tile
+          const int key = key0 + (e / 2) * 8;
+          const bool visible = !kMasked || (q0 + c >= key && q0 + c < T);
+          const float p =
+              visible ? FastExp2(fmaf(st[0][j][e], scale2, -col_lse[c] * kLog2e)) : 0.0f;
+          st[0][j][e] = p;
+          dpt[0][j][e] = p * (dpt[0][j][e] - col_d[c]) * scale;
+        }
       }
+      // dv += P^T dout and dk += dS^T q, k stepping through the queries.
+      AccumulateProduct<N, HS, 1>(dv, st, douts, p0, kSteps);
+      AccumulateProduct<N, HS, 1>(dk, dpt, qs, p0, kSteps);
+    };
+    if (qt == kt || q0 + kKeys > T) {
+      tile(std::true_type{});
+    } else {
+      tile(std::false_type{});
     }
-    // dv += P^T dout and dk += dS^T q, k stepping through the queries.
-    AccumulateProduct<N, HS, 1>(dv, st, douts, p0, kSteps);
-    AccumulateProduct<N, HS, 1>(dk, dpt, qs, p0, kSteps);
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   const OperandOut head = dqkv.At(static_cast<size_t>(b) * T * ld + h * HS);
@@ -318,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
 }
 
 template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads, HS <= 64 ? 4 : 1)
+__global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
     MmaDqKernel(OperandOut dqkv, const N* dout, const float* lse, const float* D, OperandIn qkv,
                 int T, int C, int NH, float scale) {
   using L = Tiles<HS>;
@@ -362,29 +392,37 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 4 : 1)
     WaitCopies<1>();
     __syncthreads();
     const int k0 = kt * kKeys;
-    const bool diagonal = kt == qt;
-    const int pairs = diagonal ? PairsSeen(k0, first + 15, kBlocks / 2) : kBlocks / 2;
-
-    // S = q k^T and dP = dout v^T, the warp's 16 rows by the tile's 64 keys.
-    float s[1][kBlocks][4] = {}, dp[1][kBlocks][4] = {};
-    const int rows = warp * 16 * L::kLd;
-    TwoScoresProducts<N, HS>(s, dp, q + rows, dout_rows + rows, k_tile(stage), v_tile(stage), 0,
-                             pairs);
-    // dS = P (dP - D) scale with P = exp(S scale - lse), into s; zero where masked. Rows past
-    // T compute finite values (zero q and dout) that are never stored.
+    // One key tile, compiled twice as the forward's is: whole and unmasked off the diagonal,
+    // bounded and masked at run time on it.
+    auto tile = [&](auto on_diagonal) {
+      constexpr bool kDiagonal = decltype(on_diagonal)::value;
+      const int pairs = kDiagonal ? PairsSeen(k0, first + 15, kBlocks / 2) : kBlocks / 2;
+      // S = q k^T and dP = dout v^T, the warp's 16 rows by the tile's 64 keys.
+      float s[1][kBlocks][4] = {}, dp[1][kBlocks][4] = {};
+      const int rows = warp * 16 * L::kLd;
+      TwoScoresProducts<N, HS>(s, dp, q + rows, dout_rows + rows, k_tile(stage), v_tile(stage), 0,
+                               pairs);
+      // dS = P (dP - D) scale with P = exp(S scale - lse), into s; zero where masked. Rows
+      // past T compute finite values (zero q and dout) that are never stored.
 #pragma unroll
-    for (int j = 0; j < kBlocks; ++j) {
+      for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = k0 + j * 8 + 2 * t + e % 2;
-        const int r = row0 + (e / 2) * 8;
-        const bool visible = !diagonal || key <= r;
-        const float p = visible ? FastExp2(fmaf(s[0][j][e], scale2, row_lse[e / 2])) : 0.0f;
-        s[0][j][e] = p * (dp[0][j][e] - row_d[e / 2]) * scale;
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + j * 8 + 2 * t + e % 2;
+          const int r = row0 + (e / 2) * 8;
+          const bool visible = !kDiagonal || key <= r;
+          const float p = visible ? FastExp2(fmaf(s[0][j][e], scale2, row_lse[e / 2])) : 0.0f;
+          s[0][j][e] = p * (dp[0][j][e] - row_d[e / 2]) * scale;
+        }
       }
+      // dq += dS k, k stepping through the keys; dS is zero past the pairs the rows see.
+      AccumulateProduct<N, HS, 1>(dq, s, k_tile(stage), 0, pairs);
+    };
+    if (kt == qt) {
+      tile(std::true_type{});
+    } else {
+      tile(std::false_type{});
     }
-    // dq += dS k, k stepping through the keys; dS is zero past the pairs the rows see.
-    AccumulateProduct<N, HS, 1>(dq, s, k_tile(stage), 0, pairs);
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   StoreRows<HS>(dqkv.At(static_cast<size_t>(b) * T * ld + h * HS), ld, first, T, dq[0]);
