@@ -21,6 +21,10 @@ for p in "${programs[@]}"; do
   [[ -x "$build/bin/$p" ]] || { echo "pack: $build/bin/$p is not built" >&2; exit 2; }
   strip -o "$stage/pack/bin/$p" "$build/bin/$p"
 done
+# The attention tiles bench (speed.sh runs it), a CUDA program of its own: the CUDA runtime
+# is all it links.
+[[ -x "$build/bin/bench_attention_tiles" ]] || { echo "pack: $build/bin/bench_attention_tiles is not built" >&2; exit 2; }
+strip -o "$stage/pack/bin/bench_attention_tiles" "$build/bin/bench_attention_tiles"
 # The CUDA kernel table, which the trainer opens at run time (kernels/cuda_backend.h).
 [[ -f "$build/bin/libdrover_cuda.so" ]] || { echo "pack: $build/bin/libdrover_cuda.so is not built" >&2; exit 2; }
 strip -o "$stage/pack/bin/libdrover_cuda.so" "$build/bin/libdrover_cuda.so"

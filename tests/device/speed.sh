@@ -52,6 +52,12 @@ tail -4 "$work/drover.txt"
 # The CUDA backend's warnings (a GEMM that cuBLASLt had no algorithm for, say).
 grep 'drover cuda:' "$work/drover.txt" | sort | uniq -c | head -10
 [[ $rc -eq 0 ]] || echo "drover train exited $rc"
+# The fused attention at this shape in each tile shape and occupancy that compiles without
+# spills, kernel by kernel (tests/bench/attention_tiles_bench.cu; head size 64 only).
+if [[ $device == cuda && -x $bin/bench_attention_tiles && $((C / NH)) -eq 64 ]]; then
+  timeout 60 "$bin/bench_attention_tiles" "$batch" "$T" "$C" "$NH" "$L" ||
+    echo "bench_attention_tiles exited $?"
+fi
 # DROVER_SPEED_PROFILE=0 leaves out the op profiles below, DROVER_SPEED_TORCH=0 PyTorch (the
 # MFU is then against DROVER_SPEED_PEAK_TFLOPS, a GEMM rate measured earlier, if given).
 if [[ ${DROVER_SPEED_PROFILE:-1} == 1 ]]; then

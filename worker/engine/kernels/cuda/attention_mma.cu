@@ -83,7 +83,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 // 16 rows a warp and 64 keys a tile 5.4 ms (4 blocks an SM at 128 registers); 32 rows, 64
 // keys 5.8 ms (2 blocks: each k and v fragment feeds two products, but too few warps hide the
 // latencies); 16 x 128 9.1 ms and 32 x 128 8.6 ms (more of each diagonal tile masked, fewer
-// blocks). The kernel keeps both as parameters for other shapes and devices.
+// blocks). Those times are from before the split into diagonal and inner paths;
+// tests/bench/attention_tiles_bench.cu (speed.sh runs it) times the shapes again. The kernel
+// keeps both as parameters for other shapes and devices.
 constexpr int kForwardTiles = 1;
 constexpr int kForwardBlocks = kKeys / 8;
 
@@ -107,15 +109,17 @@ constexpr size_t MostShared() {
 
 // The forward's blocks an SM, which its launch bounds hold the registers to: 4 (128
 // registers) at the shape kept, fewer where the scores or rows a warp need more registers
-// than that without spilling (measured with -Xptxas -v); HS = 128 takes what it needs.
+// than that without spilling (measured with -Xptxas -v: 16 rows x 128 keys spills at 3's
+// 168 registers, 32 x 128 even at 255); HS = 128 takes what it needs.
 template <int HS, int kM, int kNB>
 constexpr int ForwardBlocksPerSm() {
   if (HS > 64) return 1;
-  if (kM > 1) return 2;
-  return kNB == 8 ? 4 : 3;
+  return kM == 1 && kNB == 8 ? 4 : 2;
 }
 
-template <typename N, int HS, int kM, int kNB>
+// kQFromShared: the scores product reads the warp's rows of q from the shared tile a k step
+// at a time (ScoresProductFromShared) rather than holding them in registers from the start.
+template <typename N, int HS, int kM, int kNB, bool kQFromShared = false>
 __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
     MmaForwardKernel(OperandOut out, float* lse, OperandIn qkv, int T, int C, int NH, float scale) {
   using F = ForwardTiles<HS, kM, kNB>;
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
   // The warp's rows: [first, first + 16 kM); tile i's lane holds rows first + 16i + g and +8
   // (accumulator elements 0, 1 and 2, 3).
   const int first = q0 + warp * 16 * kM, last = first + 16 * kM - 1;
-  uint32_t qa[kM][HS / 16][4];  // the warp's rows of q, every k step
+  uint32_t qa[kM][HS / 16][4];  // the warp's rows of q, every k step (unless kQFromShared)
   // m: the running max of scores in log2 units (scale * log2 e folded in, for exp2); l: this
   // lane's part of the running sum, completed over the row's 4 lanes at the end.
   float m[kM][2], l[kM][2];
@@ -159,12 +163,14 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
     CommitCopies();  // possibly empty: the wait below then always leaves one group
     WaitCopies<1>();
     __syncthreads();  // every thread's copies of this tile (and at first, of q) landed
-    if (kt == 0) {
+    if constexpr (!kQFromShared) {
+      if (kt == 0) {
 #pragma unroll
-      for (int i = 0; i < kM; ++i) {
+        for (int i = 0; i < kM; ++i) {
 #pragma unroll
-        for (int kk = 0; kk < HS / 16; ++kk) {
-          LoadA<N, HS>(qa[i][kk], q + (warp * kM + i) * 16 * Tiles<HS>::kLd, kk);
+          for (int kk = 0; kk < HS / 16; ++kk) {
+            LoadA<N, HS>(qa[i][kk], q + (warp * kM + i) * 16 * Tiles<HS>::kLd, kk);
+          }
         }
       }
     }
@@ -177,7 +183,12 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
       constexpr bool kDiagonal = decltype(on_diagonal)::value;
       const int pairs = kDiagonal ? PairsSeen(k0, last, kNB / 2) : kNB / 2;
       float s[kM][kNB][4] = {};  // the warp's rows x the tile's keys: scores
-      ScoresProduct<N, HS, kM, kNB>(s, qa, k_tile(stage), 0, pairs);
+      if constexpr (kQFromShared) {
+        ScoresProductFromShared<N, HS, kM, kNB>(s, q + warp * kM * 16 * Tiles<HS>::kLd,
+                                                k_tile(stage), 0, pairs);
+      } else {
+        ScoresProduct<N, HS, kM, kNB>(s, qa, k_tile(stage), 0, pairs);
+      }
 #pragma unroll
       for (int i = 0; i < kM; ++i) {
         if constexpr (kDiagonal) {
@@ -256,8 +267,15 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
   }
 }
 
-template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
+// The backward kernels' blocks an SM, which their launch bounds hold the registers to (a
+// parameter so that tests/bench/attention_tiles_bench.cu can time others).
+template <int HS>
+constexpr int BackwardBlocksPerSm() {
+  return HS <= 64 ? 3 : 1;
+}
+
+template <typename N, int HS, int kBlocksPerSm = BackwardBlocksPerSm<HS>()>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     MmaDkvKernel(OperandOut dqkv, const N* dout, const float* lse, const float* D, OperandIn qkv,
                  int T, int C, int NH, float scale) {
   using L = Tiles<HS>;
@@ -347,8 +365,8 @@ __global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
   StoreRows<HS>(head.At(2 * static_cast<size_t>(C)), ld, key0 - g, T, dv[0]);
 }
 
-template <typename N, int HS>
-__global__ void __launch_bounds__(kThreads, HS <= 64 ? 3 : 1)
+template <typename N, int HS, int kBlocksPerSm = BackwardBlocksPerSm<HS>()>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     MmaDqKernel(OperandOut dqkv, const N* dout, const float* lse, const float* D, OperandIn qkv,
                 int T, int C, int NH, float scale) {
   using L = Tiles<HS>;

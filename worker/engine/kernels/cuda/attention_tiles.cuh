@@ -146,6 +146,32 @@ __device__ __forceinline__ void ScoresProduct(float (&x)[kTiles][kNB][4],
   }
 }
 
+// ScoresProduct with A read from a shared tile a k step at a time (`a_rows` at the warp's
+// first row, its kTiles 16-row tiles one after the other) rather than held in registers: a
+// k step's fragments are all of A that is live, which leaves a forward with 32 rows and 128
+// keys a warp the registers it needs without spilling.
+template <typename N, int HS, int kTiles, int kNB>
+__device__ __forceinline__ void ScoresProductFromShared(float (&x)[kTiles][kNB][4], const N* a_rows,
+                                                        const N* x_rows, int p0, int p1) {
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; ++kk) {
+    uint32_t a[kTiles][1][4];
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) LoadA<N, HS>(a[i][0], a_rows + i * 16 * Tiles<HS>::kLd, kk);
+#pragma unroll
+    for (int p = 0; p < kNB / 2; ++p) {
+      if (p < p0 || p >= p1) continue;
+      uint32_t b[4];
+      LoadBByRows<N, HS>(b, x_rows, p * 16, kk * 16);
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        Mma16816<N>(x[i][2 * p], a[i][0], {b[0], b[1]});
+        Mma16816<N>(x[i][2 * p + 1], a[i][0], {b[2], b[3]});
+      }
+    }
+  }
+}
+
 // x += A1 B1 and y += A2 B2 as ScoresProduct does for one 16-row tile, with A1 and A2 read
 // from shared tiles (a1, a2 at the warp's first row) a k step at a time rather than held in
 // registers: the backward kernels' accumulators leave no room for them, at the occupancy
