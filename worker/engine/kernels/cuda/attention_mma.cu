@@ -15,7 +15,8 @@
 // Work: blocks of 4 warps; key tiles of 64 rows.
 //   forward: a block per query tile walks the key tiles up to the diagonal; each warp keeps
 //            its rows' output (rows x HS), running max and running sum in registers, and
-//            writes out = o / l and lse = m + log l.
+//            writes out = o / l and lse = m + log2 l, the row's log-sum-exp in log2 units
+//            (ln's times log2 e: what the backward's exp2 takes as it is).
 //            16 rows a warp, 64-row query tiles (kForwardTiles: what was measured).
 //   D:       one pass over dout and out: D = rowsum(dout * out) per row, and dout narrowed to N
 //            (its tiles then load as 16-bit copies, asynchronously, as q, k and v do).
@@ -76,7 +77,6 @@ namespace {
 using namespace attention_tiles;  // NOLINT: the kernels are written in its terms
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // The forward's shape: 16-row mma tiles a warp (kM) and 8-column blocks a key tile (kNB).
 // Measured on an H200 at GPT-2 124M, B = 32, T = 1024, the forward's kernel time a step:
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + g + 8 * r;
         if (row < T) {
-          lse[static_cast<size_t>(blockIdx.y) * T + row] = (m[i][r] + log2f(l[i][r])) * kLn2;
+          lse[static_cast<size_t>(blockIdx.y) * T + row] = m[i][r] + log2f(l[i][r]);
         }
       }
     }
@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       float st[1][kBlocks][4] = {}, dpt[1][kBlocks][4] = {};
       const int rows = warp * 16 * L::kLd;
       TwoScoresProducts<N, HS>(st, dpt, k + rows, v + rows, qs, douts, p0, kBlocks / 2);
-      // P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) scale, zero where masked.
+      // P^T = exp(S^T scale - lse) and dS^T / scale = P^T (dP^T - D), zero where masked: the
+      // scale multiplies dk once at the end, as FlashAttention does, not every dS.
 #pragma unroll
       for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
@@ -343,10 +344,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
           const int c = j * 8 + 2 * t + e % 2;  // the query, in the tile
           const int key = key0 + (e / 2) * 8;
           const bool visible = !kMasked || (q0 + c >= key && q0 + c < T);
-          const float p =
-              visible ? FastExp2(fmaf(st[0][j][e], scale2, -col_lse[c] * kLog2e)) : 0.0f;
+          const float p = visible ? FastExp2(fmaf(st[0][j][e], scale2, -col_lse[c])) : 0.0f;
           st[0][j][e] = p;
-          dpt[0][j][e] = p * (dpt[0][j][e] - col_d[c]) * scale;
+          dpt[0][j][e] = p * (dpt[0][j][e] - col_d[c]);  // dS^T / scale
         }
       }
       // dv += P^T dout and dk += dS^T q, k stepping through the queries.
@@ -360,6 +360,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
+  ScaleAccumulators<HS>(dk[0], scale);  // dS^T entered its product unscaled
   const OperandOut head = dqkv.At(static_cast<size_t>(b) * T * ld + h * HS);
   StoreRows<HS>(head.At(C), ld, key0 - g, T, dk[0]);
   StoreRows<HS>(head.At(2 * static_cast<size_t>(C)), ld, key0 - g, T, dv[0]);
@@ -395,7 +396,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   for (int i = 0; i < 2; ++i) {
     const int r = row0 + 8 * i;
     const size_t at = static_cast<size_t>(blockIdx.y) * T + r;
-    row_lse[i] = r < T ? -lse[at] * kLog2e : 0.0f;
+    row_lse[i] = r < T ? -lse[at] : 0.0f;
     row_d[i] = r < T ? D[at] : 0.0f;
   }
   const float scale2 = scale * kLog2e;
@@ -420,8 +421,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       const int rows = warp * 16 * L::kLd;
       TwoScoresProducts<N, HS>(s, dp, q + rows, dout_rows + rows, k_tile(stage), v_tile(stage), 0,
                                pairs);
-      // dS = P (dP - D) scale with P = exp(S scale - lse), into s; zero where masked. Rows
-      // past T compute finite values (zero q and dout) that are never stored.
+      // dS / scale = P (dP - D) with P = exp(S scale - lse), into s; zero where masked (the
+      // scale multiplies dq once at the end). Rows past T compute finite values (zero q and
+      // dout) that are never stored.
 #pragma unroll
       for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
@@ -430,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
           const int r = row0 + (e / 2) * 8;
           const bool visible = !kDiagonal || key <= r;
           const float p = visible ? FastExp2(fmaf(s[0][j][e], scale2, row_lse[e / 2])) : 0.0f;
-          s[0][j][e] = p * (dp[0][j][e] - row_d[e / 2]) * scale;
+          s[0][j][e] = p * (dp[0][j][e] - row_d[e / 2]);  // dS / scale
         }
       }
       // dq += dS k, k stepping through the keys; dS is zero past the pairs the rows see.
@@ -443,6 +445,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
     __syncthreads();  // every warp is done with this stage before it is loaded again
   }
+  ScaleAccumulators<HS>(dq[0], scale);  // dS entered its product unscaled
   StoreRows<HS>(dqkv.At(static_cast<size_t>(b) * T * ld + h * HS), ld, first, T, dq[0]);
 }
 

@@ -275,6 +275,17 @@ __device__ __forceinline__ void StoreRows(OperandOut dst, size_t ld, int row, in
   }
 }
 
+// acc *= x: a warp's 16 x HS accumulators scaled once at the end, where a factor common to
+// every term (the softmax scale of dq and dk) left the products' inputs for it.
+template <int HS>
+__device__ __forceinline__ void ScaleAccumulators(float (&acc)[HS / 8][4], float x) {
+#pragma unroll
+  for (int n = 0; n < HS / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] *= x;
+  }
+}
+
 // The 16-column pairs of a key tile (of `pairs` pairs) from k0 that rows up to `last` see:
 // all of them off the diagonal, fewer on it (the keys past the warp's last row are masked
 // whole: skipped).
