@@ -177,8 +177,9 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
     const int k0 = kt * kKeyRows;
     // One key tile's scores, softmax update and o += P v, compiled twice: off the diagonal
     // every product is whole and unmasked, so its bounds are constants and the compiler
-    // issues a product's ldmatrix loads ahead of its mma instructions; only the diagonal
-    // tile (the last) bounds its products and masks its scores, at run time.
+    // issues a product's ldmatrix loads ahead of its mma instructions; only tiles on the
+    // warp's diagonal (the last one, at the shape kept) bound their products and mask their
+    // scores, at run time.
     auto tile = [&](auto on_diagonal) {
       constexpr bool kDiagonal = decltype(on_diagonal)::value;
       const int pairs = kDiagonal ? PairsSeen(k0, last, kNB / 2) : kNB / 2;
