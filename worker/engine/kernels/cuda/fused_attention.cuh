@@ -135,13 +135,59 @@ __global__ void SoftmaxDotKernel(float* D, N* dout_n, const G* dout, OperandIn o
   if (lane == 0) D[(b * NH + h) * T + t] = sum;
 }
 
+// D as SoftmaxDotKernel computes it where dout and out are both 16-bit (the mixed-precision
+// runs': the projection's GEMM wrote dout so, the forward stored out so): a lane reads one
+// 16-byte word (8 channels) of each, HS / 8 lanes a row, so a warp does 256 / HS rows (4 at
+// HS = 64) where the kernel above gave each row a warp and each lane 4 bytes of each. Words
+// are 16-byte aligned: C and HS are multiples of 8 (FusedHeadSize), the buffers 16-byte
+// aligned (the launcher checks).
+template <typename N, int HS>
+__global__ void SoftmaxDotWordsKernel(float* D, const N* dout, const N* out, int B, int T, int C,
+                                      int NH) {
+  constexpr int kLanesPerRow = HS / kPerWord;
+  static_assert(kLanesPerRow >= 1 && kLanesPerRow <= 32 && 32 % kLanesPerRow == 0);
+  const size_t rows = static_cast<size_t>(B) * T * NH;
+  const size_t thread = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
+  const size_t row = thread / kLanesPerRow;
+  const int part = static_cast<int>(thread % kLanesPerRow);
+  // Every lane of a warp takes part in the shuffles: a row past the end sums zeros.
+  float sum = 0.0f;
+  size_t b = 0, t = 0;
+  int h = 0;
+  if (row < rows) {
+    const size_t bt = row / NH;
+    h = static_cast<int>(row % NH);
+    b = bt / T, t = bt % T;
+    const size_t at = bt * C + h * HS + part * kPerWord;
+    const Word8<N> dy = Word8<N>::Load(reinterpret_cast<const uint4*>(dout + at));
+    const Word8<N> y = Word8<N>::Load(reinterpret_cast<const uint4*>(out + at));
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) sum += ToFloat(dy.v[k]) * ToFloat(y.v[k]);
+  }
+#pragma unroll
+  for (int offset = kLanesPerRow / 2; offset > 0; offset >>= 1) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  }
+  if (row < rows && part == 0) D[(b * NH + h) * T + t] = sum;
+}
+
 // Launches SoftmaxDotKernel: dot = D from dout (floats, or N) and out, and dout_n (may be
-// null; floats only) = dout narrowed.
+// null; floats only) = dout narrowed; SoftmaxDotWordsKernel where dout and out are 16-bit
+// and 16-byte aligned.
 template <typename N, int HS, typename G>
 void SoftmaxDot(float* dot, N* dout_n, const G* dout, OperandIn out, int B, int T, int C, int NH,
                 cudaStream_t stream) {
   const size_t rows = static_cast<size_t>(B) * T * NH;
   constexpr unsigned kDotThreads = 256;
+  if constexpr (std::is_same_v<G, N> && HS % kPerWord == 0) {
+    if (out.narrow && Aligned16(dout) && Aligned16(out.data) && C % kPerWord == 0) {
+      auto* kernel = &SoftmaxDotWordsKernel<N, HS>;
+      DROVER_LAUNCH(kernel, Blocks(rows * (HS / kPerWord), kDotThreads), kDotThreads, 0, stream)
+      (dot, dout, static_cast<const N*>(out.data), B, T, C, NH);
+      DROVER_CUDA_LAUNCHED();
+      return;
+    }
+  }
   auto* kernel = &SoftmaxDotKernel<N, HS, G>;
   DROVER_LAUNCH(kernel, Blocks(rows * 32, kDotThreads), kDotThreads, 0, stream)
   (dot, dout_n, dout, out, B, T, C, NH);
