@@ -39,11 +39,12 @@
 // Memory (attention_tiles.cuh): each tile sits in shared memory once, row-major, and
 // ldmatrix reads it in either orientation. The tiles a block walks are double-buffered and
 // copied with cp.async (async_copy.cuh): the next tile's loads are in flight while the tensor
-// cores work on this one. Launch bounds hold the registers to what 3 or 4 blocks an SM allow: the
-// kernels are latency-bound (Nsight Compute: most stalls wait on a fixed-latency dependency,
-// no pipe above a quarter busy), and more warps hide more of it than more registers buy. The
-// forward takes 4 (128 registers); dk dv and dq take 3: dq's inner path, its loads issued
-// early, spills at 4's 128 registers (ptxas -v) and takes 160 at 3.
+// cores work on this one. The forward and dq pass one barrier a tile (the next tile's copies
+// go out after it, into the stage every warp has left), dk dv two. Launch bounds hold the registers
+// to what 3 or 4 blocks an SM allow: the kernels are latency-bound (Nsight Compute: most stalls
+// wait on a fixed-latency dependency, no pipe above a quarter busy), and more warps hide more of it
+// than more registers buy. The forward takes 4 (128 registers); dk dv and dq take 3: dq's inner
+// path, its loads issued early, spills at 4's 128 registers (ptxas -v) and takes 160 at 3.
 //
 // Measured on an H200 at GPT-2 124M, B = 32, T = 1024, bf16, kernel time a training step
 // (tests/device/kernels.sh), before the split into diagonal and inner paths (not yet timed
@@ -156,13 +157,16 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
   const float scale2 = scale * kLog2e;
   for (int kt = 0; kt < tiles; ++kt) {
     const int stage = kt % 2;
+    // One barrier a tile: past it, every thread's copies of this tile (and at first, of q)
+    // have landed, and every warp is done with the other stage, which the next tile's copies
+    // then fill while the tensor cores work on this one.
+    WaitCopies<0>();
+    __syncthreads();
     if (kt + 1 < tiles) {
       LoadTile<N, HS, kKeyRows>(k_tile(1 - stage), keys, ld, (kt + 1) * kKeyRows, T);
       LoadTile<N, HS, kKeyRows>(v_tile(1 - stage), values, ld, (kt + 1) * kKeyRows, T);
     }
-    CommitCopies();  // possibly empty: the wait below then always leaves one group
-    WaitCopies<1>();
-    __syncthreads();  // every thread's copies of this tile (and at first, of q) landed
+    CommitCopies();
     if constexpr (!kQFromShared) {
       if (kt == 0) {
 #pragma unroll
@@ -238,7 +242,6 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
     } else {
       tile(std::false_type{});
     }
-    __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   const size_t head = static_cast<size_t>(b) * T * C + h * HS;
 #pragma unroll
@@ -317,8 +320,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   for (int qt = kt; qt < tiles; ++qt) {
     const int stage = (qt - kt) % 2;
     const int q0 = qt * kKeys;
+    // Two barriers a tile here, where the forward and dq take one: with the next tile's
+    // copies issued after the first, as theirs are, dk dv at HS = 128 spills (16 bytes).
     if (qt + 1 < tiles) load_queries(1 - stage, q0 + kKeys);
-    CommitCopies();
+    CommitCopies();  // possibly empty: the wait below then always leaves one group
     WaitCopies<1>();
     __syncthreads();
     const N* qs = q_tile(stage);
@@ -404,13 +409,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   float dq[1][HS / 8][4] = {};
   for (int kt = 0; kt <= qt; ++kt) {
     const int stage = kt % 2;
+    WaitCopies<0>();  // one barrier a tile, as the forward's
+    __syncthreads();
     if (kt + 1 <= qt) {
       LoadTile<N, HS, kKeys>(k_tile(1 - stage), keys, ld, (kt + 1) * kKeys, T);
       LoadTile<N, HS, kKeys>(v_tile(1 - stage), values, ld, (kt + 1) * kKeys, T);
     }
     CommitCopies();
-    WaitCopies<1>();
-    __syncthreads();
     const int k0 = kt * kKeys;
     // One key tile, compiled twice as the forward's is: whole and unmasked off the diagonal,
     // bounded and masked at run time on it.
@@ -444,7 +449,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     } else {
       tile(std::false_type{});
     }
-    __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   ScaleAccumulators<HS>(dq[0], scale);  // dS entered its product unscaled
   StoreRows<HS>(dqkv.At(static_cast<size_t>(b) * T * ld + h * HS), ld, first, T, dq[0]);
