@@ -219,7 +219,10 @@ TEST_F(CudaOpsTest, MatmulGeluFusedMatchesTheCpusSeparateOps) {
 // one-column loads), one row; dout as floats (narrowed to its 16-bit copy in the same pass
 // where the run is mixed precision) and as an operand buffer. Each sum must agree with the
 // CPU's, repeat bit for bit, and not depend on which loads read it: the same values at an
-// aligned and an unaligned row stride give the same bits.
+// aligned and an unaligned row stride give the same bits. Except where a 16-bit dout's sum
+// comes from the weight gradient GEMM's epilogue (matmul.cu, CUBLASLT_EPILOGUE_BGRADB):
+// cuBLASLt may take another algorithm at another stride, or none (the column sum then runs),
+// so the two strides there agree to the CPU's tolerance, and each repeats bit for bit.
 TEST_F(CudaOpsTest, BiasColumnSumsAtEdgeShapesRepeatBitForBit) {
   struct Shape {
     int N, OC, ldo, ldo_unaligned;
@@ -267,10 +270,16 @@ TEST_F(CudaOpsTest, BiasColumnSumsAtEdgeShapesRepeatBitForBit) {
             ExpectClose(Host(gdw, dw.size()), dw, "dweight of " + what, 1e-4, 1e-4);
           }
         }
+        const bool epilogue = dout_operand && p != Precision::kFp32;
         for (int c = 0; c < sh.OC; ++c) {
           ASSERT_EQ(Bits(got[1][c]), Bits(got[0][c])) << what << " column " << c << " repeated";
-          ASSERT_EQ(Bits(got[2][c]), Bits(got[0][c]))
-              << what << " column " << c << " at the unaligned row stride " << sh.ldo_unaligned;
+          if (!epilogue) {
+            ASSERT_EQ(Bits(got[2][c]), Bits(got[0][c]))
+                << what << " column " << c << " at the unaligned row stride " << sh.ldo_unaligned;
+          }
+        }
+        if (epilogue) {
+          ExpectClose(got[2], got[0], what + " at the unaligned row stride", 1e-4, 1e-4);
         }
       }
     }

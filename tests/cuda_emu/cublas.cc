@@ -272,8 +272,12 @@ cublasStatus_t SetValue(T* field, const void* buf, size_t bytes) {
 bool KnownEpilogue(uint32_t e) {
   return e == CUBLASLT_EPILOGUE_DEFAULT || e == CUBLASLT_EPILOGUE_BIAS ||
          e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
-         e == CUBLASLT_EPILOGUE_DGELU;
+         e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_BGRADB;
 }
+// BGRADB: the bias pointer is an output, D's columns long, of D's type (cublasLt.h: "Bias
+// gradient vector elements are the same type as the output elements"), holding op(B)'s
+// column sums over k.
+bool HasBiasGradient(uint32_t e) { return e == CUBLASLT_EPILOGUE_BGRADB; }
 bool HasBias(uint32_t e) {
   return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
@@ -306,7 +310,7 @@ bool LtShape(const cublasLtMatmulDescOpaque& desc, const cublasLtMatrixLayoutOpa
   // (16-bit inputs) theirs, with a bias of D's type: the table's combinations.
   if (!Supported(a.type) || b.type != a.type || c.type != d.type ||
       (d.type != CUDA_R_32F && d.type != a.type) || !KnownEpilogue(desc.epilogue) ||
-      (HasBias(desc.epilogue) && desc.bias_type != d.type) ||
+      ((HasBias(desc.epilogue) || HasBiasGradient(desc.epilogue)) && desc.bias_type != d.type) ||
       (a.type != CUDA_R_32F && desc.compute != CUBLAS_COMPUTE_32F)) {
     return false;
   }
@@ -425,7 +429,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   if (aux != CUBLAS_STATUS_SUCCESS) return aux;
   cublasLtMatmulHeuristicResult_t r{};
   for (int i = 0; i < 4; ++i) r.algo.data[i] = pref->alignment[i];
-  r.algo.data[4] = HasBias(desc->epilogue) ? std::min(16u, AlignmentOf(desc->bias)) : 1;
+  r.algo.data[4] = HasBias(desc->epilogue) || HasBiasGradient(desc->epilogue)
+                       ? std::min(16u, AlignmentOf(desc->bias))
+                       : 1;
   r.algo.data[5] = HasAux(desc->epilogue) ? std::min(16u, AlignmentOf(desc->aux)) : 1;
   r.state = CUBLAS_STATUS_SUCCESS;
   r.wavesCount = 1.0f;
@@ -450,7 +456,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     }
   }
   const bool bias = HasBias(desc->epilogue), aux = HasAux(desc->epilogue);
-  if (bias && (desc->bias == nullptr || AlignmentOf(desc->bias) < algo->data[4])) {
+  const bool bias_gradient = HasBiasGradient(desc->epilogue);
+  if ((bias || bias_gradient) &&
+      (desc->bias == nullptr || AlignmentOf(desc->bias) < algo->data[4])) {
     drover_emu::Die("cuBLASLt: a bias pointer less aligned than at the heuristic");
   }
   const cublasStatus_t aux_status = CheckAux(*desc, *d);
@@ -470,6 +478,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
       (beta_f != 0.0f && !InOneDeviceAllocation(C, m, n, ldc, in_c.ElementBytes())) ||
       !InOneDeviceAllocation(D, m, n, ldd, out.ElementBytes()) ||
       (bias && !InOneDeviceAllocation(desc->bias, m, 1, m, in_bias.ElementBytes())) ||
+      (bias_gradient && !InOneDeviceAllocation(desc->bias, n, 1, n, out.ElementBytes())) ||
       (aux && !InOneDeviceAllocation(desc->aux, m, n, static_cast<int>(desc->aux_ld),
                                      out.ElementBytes()))) {
     drover_emu::Die("a GEMM operand reaches past its device allocation (an illegal address)");
@@ -488,9 +497,23 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
     epilogue.aux = Output{const_cast<void*>(desc->aux), d->type};
     epilogue.ld = desc->aux_ld;
   }
+  // BGRADB's output: op(B)'s column j summed over k, in double, stored once in D's type. B's
+  // elements as stored (the tensor cores' inputs: 16-bit, or fp32 read as the compute type
+  // reads it).
+  const Output bias_gradient_out{bias_gradient ? const_cast<void*>(desc->bias) : nullptr, d->type};
   drover_emu::EnqueueWork(stream, [=] {
     Gemm(ta, tb, m, n, k, alpha_f, in_a, lda, in_b, ldb, beta_f, in_c, ldc, epilogue_bias, out, ldd,
          compute, epilogue);
+    if (bias_gradient_out.data == nullptr) return;
+    for (int j = 0; j < n; ++j) {
+      double sum = 0.0;
+      for (int i = 0; i < k; ++i) {
+        const size_t at =
+            tb == CUBLAS_OP_N ? static_cast<size_t>(j) * ldb + i : static_cast<size_t>(i) * ldb + j;
+        sum += AsRead(in_b[at], compute);
+      }
+      bias_gradient_out.Set(j, static_cast<float>(sum));
+    }
   });
   return CUBLAS_STATUS_SUCCESS;
 }

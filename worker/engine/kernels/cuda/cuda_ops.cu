@@ -265,9 +265,9 @@ class CudaOpsImpl final : public Ops {
                       int N, int C, int OC, int ldo, bool accumulate, Precision operands) override {
     const bool narrow = Narrow(operands);
     float* scratch = dbias != nullptr ? column_scratch_.Get(ColumnSumScratch(N, OC)) : nullptr;
-    cuda::MatmulBackward(blas_, staging_.get(), dinp, dinp_operand && narrow, dweight, dbias, dout,
-                         dout_operand && narrow, inp, weight, N, C, OC, ldo, accumulate, operands,
-                         scratch, stream_);
+    cuda::MatmulBackward(blas_, lt_.get(), staging_.get(), dinp, dinp_operand && narrow, dweight,
+                         dbias, dout, dout_operand && narrow, inp, weight, N, C, OC, ldo,
+                         accumulate, operands, scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
     if (AttentionFor(C, NH, operands) != AttentionKernels::kGemms) {

@@ -8,8 +8,11 @@
 // algorithm, through cuBLAS with the residual and bias written into out first (beta = 1), as
 // on the CPU. The MLP's GEMMs next to GELU take GELU into cuBLASLt's epilogue likewise
 // (MatmulGeluForward, GeluMatmulBackward), else GELU's own kernels (gelu.cu) after them. The
-// bias gradient is a deterministic column sum (column_sum.cuh), taken in the same pass over
-// dout as its 16-bit copy where the GEMMs read one.
+// bias gradient of a 16-bit dout comes from the weight gradient GEMM's epilogue
+// (CUBLASLT_EPILOGUE_BGRADB: in its pass over dout, where a column sum read dout again);
+// elsewhere (a float dout, fp32 runs, no algorithm) it is a deterministic column sum
+// (column_sum.cuh), taken in the same pass over dout as its 16-bit copy where the GEMMs read
+// one.
 //
 // Precision: every operand holds values of the run's precision (ops.h). In a bf16 run the
 // activations arrive as bf16 operand buffers (ops.h: the table's format for what only GEMMs
@@ -192,6 +195,13 @@ void Backward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* di
     }
   }
   const GemmOperand x = in.Buffer(inp);
+  // A 16-bit dout not copied here: its bias gradient in the weight gradient GEMM's epilogue,
+  // into scratch (cuBLASLt writes it; it cannot add), then added to or written into dbias.
+  if (dbias != nullptr && !fused && dout_narrow && lt != nullptr &&
+      lt->WeightGradient(dweight, scratch, dy, ldo, x, N, C, OC, accumulate, in.compute, stream)) {
+    ColumnSumFinish(dbias, scratch, 1, OC, accumulate, stream);
+    return;
+  }
   Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f,
        GemmOutput{dweight, CUDA_R_32F}, C, in.compute);
   if (dbias != nullptr && !fused) {
@@ -229,12 +239,13 @@ void MatmulGeluForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, 
   GeluForward(out, pre, size_t{static_cast<unsigned>(N)} * OC, operands, in.staged, stream);
 }
 
-void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool dinp_narrow,
-                    float* dweight, float* dbias, const float* dout, bool dout_narrow,
-                    const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream) {
-  Backward(blas, nullptr, staging, dinp, dinp_narrow, dweight, dbias, dout, dout_narrow, inp,
-           weight, nullptr, N, C, OC, ldo, accumulate, operands, scratch, stream);
+void MatmulBackward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* dinp,
+                    bool dinp_narrow, float* dweight, float* dbias, const float* dout,
+                    bool dout_narrow, const float* inp, const float* weight, int N, int C, int OC,
+                    int ldo, bool accumulate, Precision operands, float* scratch,
+                    cudaStream_t stream) {
+  Backward(blas, lt, staging, dinp, dinp_narrow, dweight, dbias, dout, dout_narrow, inp, weight,
+           nullptr, N, C, OC, ldo, accumulate, operands, scratch, stream);
 }
 
 void GeluMatmulBackward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* dpre,

@@ -132,6 +132,12 @@ class LtMatmul {
   bool DgeluBackward(GemmOutput dinp, GemmOperand dout, int ldo, GemmOperand weight,
                      GemmOperand pre, int N, int C, int OC, cublasComputeType_t compute,
                      cudaStream_t stream);
+  // dweight (OC, C; fp32) = [dweight +] dout^T (OC, N; dout's rows ldo apart) inp (N, C), and
+  // dbias (OC; fp32) = the sum over n of dout(n, oc), written (never added to), in the same
+  // pass over dout (CUBLASLT_EPILOGUE_BGRADB: the bias gradient of B, summed over k).
+  bool WeightGradient(float* dweight, float* dbias, GemmOperand dout, int ldo, GemmOperand inp,
+                      int N, int C, int OC, bool accumulate, cublasComputeType_t compute,
+                      cudaStream_t stream);
 
  private:
   struct Call;
@@ -157,10 +163,11 @@ void MatmulForward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, floa
                    const float* residual, int N, int C, int OC, int ldo, Precision operands,
                    cudaStream_t stream);
 // scratch: ColumnSumScratch(N, OC) floats (column_sum.cuh), for the bias gradient.
-void MatmulBackward(cublasHandle_t blas, GemmStaging* staging, float* dinp, bool dinp_narrow,
-                    float* dweight, float* dbias, const float* dout, bool dout_narrow,
-                    const float* inp, const float* weight, int N, int C, int OC, int ldo,
-                    bool accumulate, Precision operands, float* scratch, cudaStream_t stream);
+void MatmulBackward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* dinp,
+                    bool dinp_narrow, float* dweight, float* dbias, const float* dout,
+                    bool dout_narrow, const float* inp, const float* weight, int N, int C, int OC,
+                    int ldo, bool accumulate, Precision operands, float* scratch,
+                    cudaStream_t stream);
 // Ops::MatmulGeluForward and Ops::GeluMatmulBackward (ops.h), GELU in cuBLASLt's epilogues
 // where the operand buffers are 16-bit (a mixed-precision run with staging) and lt is given
 // and has an algorithm; else MatmulForward / MatmulBackward, then gelu.cu's kernels.
