@@ -122,6 +122,25 @@ __device__ __forceinline__ void AccumulatorsAsA(uint32_t (&a)[4], const float (&
   a[3] = PackNarrow<N>(hi[2], hi[3]);
 }
 
+// One 16-deep k step kk of ScoresProduct: x += A B over the pairs [p0, p1), a[i] tile i's A
+// fragment of the step.
+template <typename N, int HS, int kTiles, int kNB>
+__device__ __forceinline__ void ScoresStep(float (&x)[kTiles][kNB][4],
+                                           const uint32_t (&a)[kTiles][4], const N* x_rows, int kk,
+                                           int p0, int p1) {
+#pragma unroll
+  for (int p = 0; p < kNB / 2; ++p) {
+    if (p < p0 || p >= p1) continue;
+    uint32_t b[4];
+    LoadBByRows<N, HS>(b, x_rows, p * 16, kk * 16);
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      Mma16816<N>(x[i][2 * p], a[i], {b[0], b[1]});
+      Mma16816<N>(x[i][2 * p + 1], a[i], {b[2], b[3]});
+    }
+  }
+}
+
 // x (kTiles 16-row tiles) += A B over the first 16 `columns` of each 16-column pair
 // (pairs [p0, kBlocks / 2)): A the warp's rows as fragments a[tile][HS / 16], B(k, n) =
 // X[n][k] from `x_rows` (a tile holding one row per column of the product): S = q k^T,
@@ -132,17 +151,13 @@ __device__ __forceinline__ void ScoresProduct(float (&x)[kTiles][kNB][4],
                                               const N* x_rows, int p0, int p1) {
 #pragma unroll
   for (int kk = 0; kk < HS / 16; ++kk) {
+    uint32_t step[kTiles][4];
 #pragma unroll
-    for (int p = 0; p < kNB / 2; ++p) {
-      if (p < p0 || p >= p1) continue;
-      uint32_t b[4];
-      LoadBByRows<N, HS>(b, x_rows, p * 16, kk * 16);
+    for (int i = 0; i < kTiles; ++i) {
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
-        Mma16816<N>(x[i][2 * p], a[i][kk], {b[0], b[1]});
-        Mma16816<N>(x[i][2 * p + 1], a[i][kk], {b[2], b[3]});
-      }
+      for (int r = 0; r < 4; ++r) step[i][r] = a[i][kk][r];
     }
+    ScoresStep<N, HS, kTiles, kNB>(x, step, x_rows, kk, p0, p1);
   }
 }
 
@@ -155,20 +170,10 @@ __device__ __forceinline__ void ScoresProductFromShared(float (&x)[kTiles][kNB][
                                                         const N* x_rows, int p0, int p1) {
 #pragma unroll
   for (int kk = 0; kk < HS / 16; ++kk) {
-    uint32_t a[kTiles][1][4];
+    uint32_t step[kTiles][4];
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) LoadA<N, HS>(a[i][0], a_rows + i * 16 * Tiles<HS>::kLd, kk);
-#pragma unroll
-    for (int p = 0; p < kNB / 2; ++p) {
-      if (p < p0 || p >= p1) continue;
-      uint32_t b[4];
-      LoadBByRows<N, HS>(b, x_rows, p * 16, kk * 16);
-#pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
-        Mma16816<N>(x[i][2 * p], a[i][0], {b[0], b[1]});
-        Mma16816<N>(x[i][2 * p + 1], a[i][0], {b[2], b[3]});
-      }
-    }
+    for (int i = 0; i < kTiles; ++i) LoadA<N, HS>(step[i], a_rows + i * 16 * Tiles<HS>::kLd, kk);
+    ScoresStep<N, HS, kTiles, kNB>(x, step, x_rows, kk, p0, p1);
   }
 }
 
