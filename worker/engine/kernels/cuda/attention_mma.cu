@@ -39,12 +39,13 @@
 // Memory (attention_tiles.cuh): each tile sits in shared memory once, row-major, and
 // ldmatrix reads it in either orientation. The tiles a block walks are double-buffered and
 // copied with cp.async (async_copy.cuh): the next tile's loads are in flight while the tensor
-// cores work on this one. The forward and dq pass one barrier a tile (the next tile's copies
-// go out after it, into the stage every warp has left), dk dv two. Launch bounds hold the registers
-// to what 3 or 4 blocks an SM allow: the kernels are latency-bound (Nsight Compute: most stalls
-// wait on a fixed-latency dependency, no pipe above a quarter busy), and more warps hide more of it
-// than more registers buy. The forward takes 4 (128 registers); dk dv and dq take 3: dq's inner
-// path, its loads issued early, spills at 4's 128 registers (ptxas -v) and takes 160 at 3.
+// cores work on this one. Each kernel passes one barrier a tile (the next tile's copies go
+// out after it, into the stage every warp has left), but dk dv at HS = 128 two. Launch bounds hold
+// the registers to what 3 or 4 blocks an SM allow: the kernels are latency-bound (Nsight Compute:
+// most stalls wait on a fixed-latency dependency, no pipe above a quarter busy), and more warps
+// hide more of it than more registers buy. The forward takes 4 (128 registers); dk dv and dq take
+// 3: dq's inner path, its loads issued early, spills at 4's 128 registers (ptxas -v) and takes 160
+// at 3.
 //
 // Measured on an H200 at GPT-2 124M, B = 32, T = 1024, bf16, kernel time a training step
 // (tests/device/kernels.sh), before the split into diagonal and inner paths (not yet timed
@@ -283,6 +284,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     MmaDkvKernel(OperandOut dqkv, const N* dout, const float* lse, const float* D, OperandIn qkv,
                  int T, int C, int NH, float scale) {
   using L = Tiles<HS>;
+  constexpr bool kOneBarrier = HS <= 64;
   DROVER_DYNAMIC_SHARED(smem);
   N* k = At<N>(smem, 0);
   N* v = At<N>(smem, L::kTile);
@@ -320,12 +322,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   for (int qt = kt; qt < tiles; ++qt) {
     const int stage = (qt - kt) % 2;
     const int q0 = qt * kKeys;
-    // Two barriers a tile here, where the forward and dq take one: with the next tile's
-    // copies issued after the first, as theirs are, dk dv at HS = 128 spills (16 bytes).
-    if (qt + 1 < tiles) load_queries(1 - stage, q0 + kKeys);
-    CommitCopies();  // possibly empty: the wait below then always leaves one group
-    WaitCopies<1>();
-    __syncthreads();
+    // One barrier a tile as the forward's, up to HS = 64; at HS = 128 two (the next tile's
+    // copies issued before this one's wait, the second barrier at the tile's end), as one
+    // spills there (16 bytes).
+    if constexpr (kOneBarrier) {
+      WaitCopies<0>();
+      __syncthreads();
+      if (qt + 1 < tiles) load_queries(1 - stage, q0 + kKeys);
+      CommitCopies();
+    } else {
+      if (qt + 1 < tiles) load_queries(1 - stage, q0 + kKeys);
+      CommitCopies();  // possibly empty: the wait below then always leaves one group
+      WaitCopies<1>();
+      __syncthreads();
+    }
     const N* qs = q_tile(stage);
     const N* douts = dout_tile(stage);
     const float* col_lse = lse_tile(stage);
@@ -364,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     } else {
       tile(std::false_type{});
     }
-    __syncthreads();  // every warp is done with this stage before it is loaded again
+    if constexpr (!kOneBarrier) __syncthreads();  // every warp is done with this stage
   }
   ScaleAccumulators<HS>(dk[0], scale);  // dS^T entered its product unscaled
   const OperandOut head = dqkv.At(static_cast<size_t>(b) * T * ld + h * HS);
