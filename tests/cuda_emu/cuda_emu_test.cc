@@ -354,24 +354,17 @@ class CublasLtGeluTest : public CudaEmulatorTest {
                       cublasLtMatmulAlgo_t* algo, int32_t aux_type = CUDA_R_16BF) {
     const void* bias = bf16_ + kBias;
     const int32_t bias_type = CUDA_R_16BF;
-    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                             sizeof(epilogue)),
-              CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                             sizeof(bias)),
-              CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                             sizeof(bias_type)),
-              CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
-                                             sizeof(aux)),
-              CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                             sizeof(aux_ld)),
-              CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE,
-                                             &aux_type, sizeof(aux_type)),
-              CUBLAS_STATUS_SUCCESS);
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& value) {
+      EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc_, attr, &value, sizeof(value)),
+                CUBLAS_STATUS_SUCCESS)
+          << "attribute " << attr;
+    };
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(

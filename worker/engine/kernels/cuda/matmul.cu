@@ -196,10 +196,12 @@ void Backward(cublasHandle_t blas, LtMatmul* lt, GemmStaging* staging, float* di
   }
   const GemmOperand x = in.Buffer(inp);
   // A 16-bit dout not copied here: its bias gradient in the weight gradient GEMM's epilogue,
-  // into scratch (cuBLASLt writes it; it cannot add), then added to or written into dbias.
+  // straight into dbias, or where dbias accumulates into scratch and then added (cuBLASLt
+  // writes the sums; it cannot add them).
+  float* const sums = accumulate ? scratch : dbias;
   if (dbias != nullptr && !fused && dout_narrow && lt != nullptr &&
-      lt->WeightGradient(dweight, scratch, dy, ldo, x, N, C, OC, accumulate, in.compute, stream)) {
-    ColumnSumFinish(dbias, scratch, 1, OC, accumulate, stream);
+      lt->WeightGradient(dweight, sums, dy, ldo, x, N, C, OC, accumulate, in.compute, stream)) {
+    if (accumulate) ColumnSumFinish(dbias, scratch, 1, OC, true, stream);
     return;
   }
   Gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, C, dy, ldo, accumulate ? 1.0f : 0.0f,
