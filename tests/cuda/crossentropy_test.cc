@@ -86,10 +86,8 @@ TEST_F(CudaOpsTest, CrossEntropyForwardAndBackwardInOnePass) {
       const int N = shape.N, V = shape.V, Vp = shape.Vp;
       const std::string name =
           " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp) + " " + PrecisionName(p);
-      std::vector<float> logits = Random(static_cast<size_t>(N) * Vp, shape.scale);
-      cpu_->Round(logits.data(), logits.size(), p);
-      std::vector<int32_t> targets(N);
-      for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
+      std::vector<float> logits = RandomLogits(N, Vp, shape.scale, p);
+      std::vector<int32_t> targets = RandomTargets(N, V);
       targets[0] = V - 1;  // the last live column, in the last live word
       std::vector<float> losses(N), lse(N);
       float *glogits = DevOperand(logits, p), *glosses = Dev(losses), *glse = Dev(lse);

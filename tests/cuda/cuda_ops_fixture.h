@@ -36,6 +36,18 @@ class CudaOpsTest : public ::testing::Test {
     for (float& x : v) x = dist(rng_);
     return v;
   }
+  // n target ids in [0, V): the cross-entropy tests' labels.
+  std::vector<int32_t> RandomTargets(int n, int V) {
+    std::vector<int32_t> targets(n);
+    for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
+    return targets;
+  }
+  // N rows of Vp random logits (normal, `scale`) holding values of p: a cross-entropy's input.
+  std::vector<float> RandomLogits(int N, int Vp, float scale, Precision p) {
+    std::vector<float> logits = Random(static_cast<size_t>(N) * Vp, scale);
+    cpu_->Round(logits.data(), logits.size(), p);
+    return logits;
+  }
   // A device copy of `host`, kept alive by the test.
   float* Dev(const std::vector<float>& host) {
     buffers_.push_back(gpu_->Allocate(std::max<size_t>(host.size(), 1)));

@@ -147,10 +147,8 @@ TEST_F(CudaOpsTest, GeluCrossEntropyAndAdamW) {
       const int N = shape.N, V = shape.V, Vp = shape.Vp;
       const std::string name =
           " V=" + std::to_string(V) + " Vp=" + std::to_string(Vp) + " " + PrecisionName(p);
-      std::vector<float> logits = Random(static_cast<size_t>(N) * Vp, shape.scale);
-      cpu_->Round(logits.data(), logits.size(), p);
-      std::vector<int32_t> targets(N);
-      for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
+      std::vector<float> logits = RandomLogits(N, Vp, shape.scale, p);
+      std::vector<int32_t> targets = RandomTargets(N, V);
       std::vector<float> losses(N), lse(N);
       float *glogits = DevOperand(logits, p), *glosses = Dev(losses), *glse = Dev(lse);
       const float gmean =
@@ -252,8 +250,7 @@ TEST_F(CudaOpsTest, OpsReadNarrowWrittenValuesAsStored) {
     const int V = 50, Vp = 64;
     float* glogits = nullptr;
     std::vector<float> logits = written_operand(Random(N * Vp, 2.0f), &glogits);
-    std::vector<int32_t> targets(N);
-    for (int32_t& t : targets) t = static_cast<int32_t>(rng_() % V);
+    std::vector<int32_t> targets = RandomTargets(N, V);
     std::vector<float> losses(N), lse(N);
     float *glosses = Dev(losses), *glse = Dev(lse);
     const float gmean_loss =
