@@ -1,7 +1,8 @@
-// The fused attention kernels (worker/engine/kernels/cuda/attention_mma.cu) at other tile
-// shapes and occupancies than the ones the kernel table launches, timed on one GPU at one
-// shape: what chooses kForwardTiles, kForwardBlocks and BackwardBlocksPerSm. The kernels are
-// compiled into this program from the same source (included below), so a variant differs
+// The fused attention kernels (worker/engine/kernels/cuda/attention_mma.cu) at every tile
+// shape and occupancy the kernel table can launch (MmaAttentionTiles, which
+// DROVER_CUDA_ATTENTION_TILES chooses) and three it cannot, timed on one GPU at one shape; the
+// last line names the fastest choice (tests/device/speed.sh trains with it too). The kernels
+// are compiled into this program from the same source (included below), so a variant differs
 // from the table's only in its template arguments.
 //
 //   bench_attention_tiles [B T C NH [LAYERS]]     default: GPT-2 124M at T = 1024, B = 32
@@ -106,9 +107,18 @@ struct Buffers {
   float *lse, *lse2, *D;
 };
 
+// The fastest of what DROVER_CUDA_ATTENTION_TILES can choose (MmaAttentionTiles), kernel by
+// kernel.
+struct Fastest {
+  MmaAttentionTiles tiles;
+  double forward_ms = 1e30, dq_ms = 1e30, dkv_ms = 1e30;
+};
+
+// One forward shape, timed through its kernel; `choice` is its MmaAttentionTiles value where
+// the table offers it (null: this bench's only, e.g. one that spills).
 template <int kM, int kNB, bool kQFromShared = false>
 void ForwardVariant(const Shape& s, const Buffers& b, const std::vector<float>& reference,
-                    const char* name) {
+                    const char* name, const MmaAttentionTiles::Forward* choice, Fastest* fastest) {
   using F = ForwardTiles<kHeadSize, kM, kNB>;
   auto* kernel = &MmaForwardKernel<N, kHeadSize, kM, kNB, kQFromShared>;
   if (F::kBytes > fused::SharedOptIn()) {
@@ -124,12 +134,18 @@ void ForwardVariant(const Shape& s, const Buffers& b, const std::vector<float>& 
   });
   DROVER_CUDA_CHECK(cudaDeviceSynchronize());
   Report("forward", name, s, ms, 2, MaxDifference(reference, ToHost(b.out2, s.Rows() * s.C)));
+  if (choice != nullptr && ms < fastest->forward_ms) {
+    fastest->forward_ms = ms;
+    fastest->tiles.forward = *choice;
+  }
 }
 
 // dq (and dk dv where kDkv) with launch bounds of kBlocks blocks an SM; where dk dv is not
-// run, the table's writes those columns, so that the whole of dqkv compares.
+// run, the table's writes those columns, so that the whole of dqkv compares. `offered`: the
+// table can be told to launch them so (DROVER_CUDA_ATTENTION_TILES dq=, dkv=).
 template <int kBlocks, bool kDkv>
-void BackwardVariants(const Shape& s, const Buffers& b, const std::vector<float>& reference) {
+void BackwardVariants(const Shape& s, const Buffers& b, const std::vector<float>& reference,
+                      bool offered, Fastest* fastest) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
   const OperandOut dqkv{b.dqkv2, true, Precision::kBf16};
   const OperandIn qkv{b.qkv, true, Precision::kBf16};
@@ -152,6 +168,9 @@ void BackwardVariants(const Shape& s, const Buffers& b, const std::vector<float>
   const double difference = MaxDifference(reference, ToHost(b.dqkv2, s.Rows() * 3 * s.C));
   Report("dq", name, s, dq, 3, difference);
   if (kDkv) Report("dk dv", name, s, dkv, 4, difference);
+  if (!offered) return;
+  if (dq < fastest->dq_ms) fastest->dq_ms = dq, fastest->tiles.dq_blocks = kBlocks;
+  if (kDkv && dkv < fastest->dkv_ms) fastest->dkv_ms = dkv, fastest->tiles.dkv_blocks = kBlocks;
 }
 
 int Run(const Shape& s) {
@@ -188,8 +207,9 @@ int Run(const Shape& s) {
   const OperandIn out_in{b.out, true, Precision::kBf16};
   const OperandOut out{b.out, true, Precision::kBf16};
   const OperandOut dqkv{b.dqkv, true, Precision::kBf16};
-  Forward<N, kHeadSize>(out, b.lse, qkv, s.B, s.T, s.C, s.NH, nullptr);
-  Backward<N, kHeadSize>(dqkv, b.D, dout, out_in, b.lse, qkv, s.B, s.T, s.C, s.NH, nullptr);
+  const MmaAttentionTiles table;  // the defaults: what a run without the variable takes
+  Forward<N, kHeadSize>(out, b.lse, qkv, s.B, s.T, s.C, s.NH, table, nullptr);
+  Backward<N, kHeadSize>(dqkv, b.D, dout, out_in, b.lse, qkv, s.B, s.T, s.C, s.NH, table, nullptr);
   DROVER_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> out_ref = ToHost(b.out, s.Rows() * s.C);
   const std::vector<float> dqkv_ref = ToHost(b.dqkv, s.Rows() * 3 * s.C);
@@ -200,20 +220,30 @@ int Run(const Shape& s) {
   std::printf("D        %-34s %8.3f ms  %8.2f ms/%d layers\n", "softmax dot", dot, dot * s.layers,
               s.layers);
 
-  std::printf("-- forward: 16 rows a warp x kM, key tiles of 8 x kNB (table: kM %d, kNB %d)\n",
-              kForwardTiles, kForwardBlocks);
+  using Choice = MmaAttentionTiles::Forward;
+  const Choice k16x64 = Choice::k16x64, k32x64 = Choice::k32x64, k32x64s = Choice::k32x64QShared;
+  Fastest fastest;
+  std::printf("-- forward: 16 rows a warp x kM, key tiles of 8 x kNB (the table's: %s)\n",
+              MmaAttentionTilesName(table).c_str());
   // The shapes that compile without spills (32 rows x 128 keys with q in registers spills even
-  // at 255 registers).
-  ForwardVariant<1, 8>(s, b, out_ref, "16 rows a warp, 64 keys (4 an SM)");
-  ForwardVariant<2, 8>(s, b, out_ref, "32 rows a warp, 64 keys (2 an SM)");
-  ForwardVariant<1, 16>(s, b, out_ref, "16 rows a warp, 128 keys (2 an SM)");
-  ForwardVariant<2, 8, true>(s, b, out_ref, "32 x 64, q from shared (2 an SM)");
-  ForwardVariant<2, 16, true>(s, b, out_ref, "32 x 128, q from shared (2; 8 B spill)");
-  std::printf("-- backward: launch bounds' blocks an SM (table: %d)\n",
-              BackwardBlocksPerSm<kHeadSize>());
-  BackwardVariants<2, true>(s, b, dqkv_ref);
-  BackwardVariants<3, true>(s, b, dqkv_ref);
-  BackwardVariants<4, false>(s, b, dqkv_ref);  // dk dv spills 1 KB at 4's 128 registers
+  // at 255 registers); the table does not offer the two that keep some in local memory.
+  ForwardVariant<1, 8>(s, b, out_ref, "16x64: 16 rows a warp, 64 keys (4 an SM)", &k16x64,
+                       &fastest);
+  ForwardVariant<2, 8>(s, b, out_ref, "32x64: 32 rows a warp (2 an SM)", &k32x64, &fastest);
+  ForwardVariant<1, 16>(s, b, out_ref, "16 x 128 (2 an SM; 64 B local)", nullptr, &fastest);
+  ForwardVariant<2, 8, true>(s, b, out_ref, "32x64s: q read from shared (2)", &k32x64s, &fastest);
+  ForwardVariant<2, 16, true>(s, b, out_ref, "32 x 128, q from shared (2; 8 B spill)", nullptr,
+                              &fastest);
+  std::printf("-- backward: launch bounds' blocks an SM\n");
+  BackwardVariants<2, true>(s, b, dqkv_ref, true, &fastest);
+  BackwardVariants<3, true>(s, b, dqkv_ref, true, &fastest);
+  BackwardVariants<4, false>(s, b, dqkv_ref, false, &fastest);  // dk dv spills 1 KB at 4
+  // What tests/device/speed.sh reads to train with the fastest tiles as well.
+  std::printf(
+      "fastest tiles: DROVER_CUDA_ATTENTION_TILES=%s (%.2f ms a layer against the "
+      "table's defaults, %s)\n",
+      MmaAttentionTilesName(fastest.tiles).c_str(),
+      fastest.forward_ms + fastest.dq_ms + fastest.dkv_ms, MmaAttentionTilesName(table).c_str());
   return 0;
 }
 

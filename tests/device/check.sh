@@ -12,8 +12,9 @@
 #      mma.sync register tiles, attention_mma.cu), 20 training steps on the GPU against the
 #      CPU in fp32 and bf16; nccl_tests: the NCCL communicator (every collective, uneven
 #      chunks, a peer that never joins aborted at the deadline; two ranks on one GPU refused);
-#   2b. attention through the wmma kernels (DROVER_CUDA_ATTENTION=wmma, flash_attention.cu)
-#      and the GEMM version (DROVER_CUDA_ATTENTION=gemms), and every op with
+#   2b. attention through the wmma kernels (DROVER_CUDA_ATTENTION=wmma, flash_attention.cu),
+#      the GEMM version (DROVER_CUDA_ATTENTION=gemms) and the mma kernels' other tile
+#      choices (DROVER_CUDA_ATTENTION_TILES; a malformed one refused), and every op with
 #      float operand buffers and GEMMs on fp32 inputs (DROVER_CUDA_GEMM_INPUTS=fp32), where
 #      mixed precision takes 16-bit ones otherwise;
 #   3. an agent with --device cuda registers the GPU as a slot, named by the driver probe;
@@ -82,6 +83,15 @@ if [[ $no_gpu != 1 ]]; then
     timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*:CudaOpsTest.OpsRead*'
   step "2b cuda ops on fp32 inputs" env DROVER_CUDA_GEMM_INPUTS=fp32 \
     timeout 90 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.*'
+  # The fused attention's other tile choices (DROVER_CUDA_ATTENTION_TILES, which speed.sh
+  # may train with), and a malformed choice refused by name.
+  for tiles in forward=32x64,dq=2,dkv=2 forward=32x64s; do
+    step "2b cuda attention with tiles $tiles" env DROVER_CUDA_ATTENTION_TILES=$tiles \
+      timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.TwentyTrainingSteps*'
+  done
+  step "2b a malformed tile choice is refused by name" env \
+    DROVER_CUDA_ATTENTION_TILES=forward=16x64,dq=4 timeout 60 "$bin/cuda_tests" \
+    --gtest_filter='CudaBackendTest.MalformedAttentionTiles*'
 fi
 
 # A coordinator, a GPU agent and a CPU agent on loopback.

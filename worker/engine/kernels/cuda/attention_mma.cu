@@ -17,7 +17,7 @@
 //            its rows' output (rows x HS), running max and running sum in registers, and
 //            writes out = o / l and lse = m + log2 l, the row's log-sum-exp in log2 units
 //            (ln's times log2 e: what the backward's exp2 takes as it is).
-//            16 rows a warp, 64-row query tiles (kForwardTiles: what was measured).
+//            16 rows a warp, 64-row query tiles by default (MmaAttentionTiles: others).
 //   D:       one pass over dout and out: D = rowsum(dout * out) per row, and dout narrowed to N
 //            (its tiles then load as 16-bit copies, asynchronously, as q, k and v do).
 //   dk, dv:  a block per key tile walks the query tiles from the diagonal on; each warp
@@ -62,6 +62,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "worker/engine/kernels/cuda/async_copy.cuh"
@@ -80,16 +81,15 @@ using namespace attention_tiles;  // NOLINT: the kernels are written in its term
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The forward's shape: 16-row mma tiles a warp (kM) and 8-column blocks a key tile (kNB).
-// Measured on an H200 at GPT-2 124M, B = 32, T = 1024, the forward's kernel time a step:
-// 16 rows a warp and 64 keys a tile 5.4 ms (4 blocks an SM at 128 registers); 32 rows, 64
-// keys 5.8 ms (2 blocks: each k and v fragment feeds two products, but too few warps hide the
-// latencies); 16 x 128 9.1 ms and 32 x 128 8.6 ms (more of each diagonal tile masked, fewer
-// blocks). Those times are from before the split into diagonal and inner paths;
-// tests/bench/attention_tiles_bench.cu (speed.sh runs it) times the shapes again. The kernel
-// keeps both as parameters for other shapes and devices.
-constexpr int kForwardTiles = 1;
-constexpr int kForwardBlocks = kKeys / 8;
+// The forward's shape: 16-row mma tiles a warp (kM) and 8-column blocks a key tile (kNB),
+// chosen at run time from MmaAttentionTiles (ops_cuda.h) at head size 64, 16 rows by 64 keys
+// at any other. Measured on an H200 at GPT-2 124M, B = 32, T = 1024, the forward's kernel
+// time a step: 16 rows a warp and 64 keys a tile 5.4 ms (4 blocks an SM at 128 registers);
+// 32 rows, 64 keys 5.8 ms (2 blocks: each k and v fragment feeds two products, but too few
+// warps hide the latencies); 16 x 128 9.1 ms and 32 x 128 8.6 ms (more of each diagonal tile
+// masked, fewer blocks). Those times are from before the split into diagonal and inner
+// paths; tests/bench/attention_tiles_bench.cu (speed.sh runs it) times the shapes again, and
+// DROVER_CUDA_ATTENTION_TILES picks one for a run without a rebuild.
 
 // The forward's shared tiles with kM 16-row mma tiles a warp and key tiles of kNB 8-column
 // blocks: q (kQueryRows), then k and v (kKeyRows) in each of two stages.
@@ -102,11 +102,34 @@ struct ForwardTiles {
   static constexpr size_t kBytes = kQuery + 4 * kKeyTile;
 };
 
-// The most dynamic shared memory a kernel of the head size takes.
+// Calls f(kM, kNB, kQFromShared), each a std::integral_constant, with the forward shape
+// `tiles` names at head size HS: its choice at 64, 16 rows by 64 keys at any other.
+template <int HS, typename F>
+decltype(auto) WithForwardShape(const MmaAttentionTiles& tiles, F&& f) {
+  using Shape = MmaAttentionTiles::Forward;
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Keys64 = std::integral_constant<int, 8>;
+  if constexpr (HS == 64) {
+    switch (tiles.forward) {
+      case Shape::k32x64:
+        return f(Two{}, Keys64{}, std::false_type{});
+      case Shape::k32x64QShared:
+        return f(Two{}, Keys64{}, std::true_type{});
+      case Shape::k16x64:
+        break;
+    }
+  }
+  return f(One{}, Keys64{}, std::false_type{});
+}
+
+// The most dynamic shared memory a kernel of the head size takes with `tiles`.
 template <int HS>
-constexpr size_t MostShared() {
-  return std::max(
-      {ForwardTiles<HS, kForwardTiles, kForwardBlocks>::kBytes, Tiles<HS>::kDkv, Tiles<HS>::kDq});
+size_t MostShared(const MmaAttentionTiles& tiles) {
+  const size_t forward = WithForwardShape<HS>(tiles, [](auto m, auto nb, auto) {
+    return ForwardTiles<HS, decltype(m)::value, decltype(nb)::value>::kBytes;
+  });
+  return std::max({forward, Tiles<HS>::kDkv, Tiles<HS>::kDq});
 }
 
 // The forward's blocks an SM, which its launch bounds hold the registers to: 4 (128
@@ -272,11 +295,24 @@ __global__ void __launch_bounds__(kThreads, ForwardBlocksPerSm<HS, kM, kNB>())
   }
 }
 
-// The backward kernels' blocks an SM, which their launch bounds hold the registers to (a
-// parameter so that tests/bench/attention_tiles_bench.cu can time others).
+// The backward kernels' blocks an SM, which their launch bounds hold the registers to, where
+// MmaAttentionTiles does not choose (head sizes but 64); 4 spills at HS = 64 (dq 24 bytes,
+// dk dv 1 KB), which the build refuses.
 template <int HS>
 constexpr int BackwardBlocksPerSm() {
   return HS <= 64 ? 3 : 1;
+}
+
+// Calls f(blocks), a std::integral_constant, with `blocks` (2 or 3) at head size 64 and
+// BackwardBlocksPerSm at any other.
+template <int HS, typename F>
+void WithBackwardBlocks(int blocks, F&& f) {
+  if constexpr (HS == 64) {
+    if (blocks == 2) return f(std::integral_constant<int, 2>{});
+    DROVER_CUDA_REQUIRE(blocks == 3);
+    return f(std::integral_constant<int, 3>{});
+  }
+  f(std::integral_constant<int, BackwardBlocksPerSm<HS>()>{});
 }
 
 template <typename N, int HS, int kBlocksPerSm = BackwardBlocksPerSm<HS>()>
@@ -474,18 +510,22 @@ size_t DotFloats(int B, int T, int NH) { return (static_cast<size_t>(B) * NH * T
 
 template <typename N, int HS>
 void Forward(OperandOut out, float* state, OperandIn qkv, int B, int T, int C, int NH,
-             cudaStream_t stream) {
+             const MmaAttentionTiles& tiles, cudaStream_t stream) {
   float* lse = state;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-  using F = ForwardTiles<HS, kForwardTiles, kForwardBlocks>;
-  fused::LaunchWithShared(MmaForwardKernel<N, HS, kForwardTiles, kForwardBlocks>,
-                          Grid(B, T, NH, F::kQueryRows), F::kBytes, stream, out, lse, qkv, T, C, NH,
-                          scale);
+  WithForwardShape<HS>(tiles, [&](auto m, auto nb, auto q_shared) {
+    constexpr int kM = decltype(m)::value, kNB = decltype(nb)::value;
+    using F = ForwardTiles<HS, kM, kNB>;
+    fused::LaunchWithShared(MmaForwardKernel<N, HS, kM, kNB, decltype(q_shared)::value>,
+                            Grid(B, T, NH, F::kQueryRows), F::kBytes, stream, out, lse, qkv, T, C,
+                            NH, scale);
+  });
 }
 
 template <typename N, int HS>
 void Backward(OperandOut dqkv, float* scratch, OperandIn dout, OperandIn out, const float* state,
-              OperandIn qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+              OperandIn qkv, int B, int T, int C, int NH, const MmaAttentionTiles& tiles,
+              cudaStream_t stream) {
   const float* lse = state;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS));
   float* dot = scratch;
@@ -501,22 +541,69 @@ void Backward(OperandOut dqkv, float* scratch, OperandIn dout, OperandIn out, co
     dout_n = copy;
   }
   const dim3 grid = Grid(B, T, NH, kKeys);
-  fused::LaunchWithShared(MmaDqKernel<N, HS>, grid, Tiles<HS>::kDq, stream, dqkv, dout_n, lse,
-                          static_cast<const float*>(dot), qkv, T, C, NH, scale);
-  fused::LaunchWithShared(MmaDkvKernel<N, HS>, grid, Tiles<HS>::kDkv, stream, dqkv, dout_n, lse,
-                          static_cast<const float*>(dot), qkv, T, C, NH, scale);
+  const float* d = dot;
+  WithBackwardBlocks<HS>(tiles.dq_blocks, [&](auto blocks) {
+    fused::LaunchWithShared(MmaDqKernel<N, HS, decltype(blocks)::value>, grid, Tiles<HS>::kDq,
+                            stream, dqkv, dout_n, lse, d, qkv, T, C, NH, scale);
+  });
+  WithBackwardBlocks<HS>(tiles.dkv_blocks, [&](auto blocks) {
+    fused::LaunchWithShared(MmaDkvKernel<N, HS, decltype(blocks)::value>, grid, Tiles<HS>::kDkv,
+                            stream, dqkv, dout_n, lse, d, qkv, T, C, NH, scale);
+  });
 }
+
+// The names ParseMmaAttentionTiles reads, in MmaAttentionTiles::Forward's order.
+constexpr const char* kForwardNames[] = {"16x64", "32x64", "32x64s"};
 
 }  // namespace
 
-bool MmaAttentionApplies(int C, int NH, Precision operands) {
+bool ParseMmaAttentionTiles(const char* text, MmaAttentionTiles* tiles, std::string* error) {
+  MmaAttentionTiles parsed = *tiles;
+  const std::string all(text);
+  const char* const kAllowed = "forward=16x64|32x64|32x64s, dq=2|3, dkv=2|3";
+  size_t at = 0;
+  while (at <= all.size()) {
+    const size_t comma = std::min(all.find(',', at), all.size());
+    const std::string pair = all.substr(at, comma - at);
+    at = comma + 1;
+    if (pair.empty()) continue;
+    const size_t eq = pair.find('=');
+    const std::string key = pair.substr(0, eq),
+                      value = eq == std::string::npos ? "" : pair.substr(eq + 1);
+    bool ok = false;
+    if (key == "forward") {
+      for (int i = 0; i < 3; ++i) {
+        if (value == kForwardNames[i]) {
+          parsed.forward = static_cast<MmaAttentionTiles::Forward>(i);
+          ok = true;
+        }
+      }
+    } else if ((key == "dq" || key == "dkv") && (value == "2" || value == "3")) {
+      (key == "dq" ? parsed.dq_blocks : parsed.dkv_blocks) = value[0] - '0';
+      ok = true;
+    }
+    if (!ok) {
+      *error = "\"" + pair + "\" is not one of " + kAllowed;
+      return false;
+    }
+  }
+  *tiles = parsed;
+  return true;
+}
+
+std::string MmaAttentionTilesName(const MmaAttentionTiles& tiles) {
+  return std::string("forward=") + kForwardNames[static_cast<int>(tiles.forward)] +
+         ",dq=" + std::to_string(tiles.dq_blocks) + ",dkv=" + std::to_string(tiles.dkv_blocks);
+}
+
+bool MmaAttentionApplies(int C, int NH, Precision operands, const MmaAttentionTiles& tiles) {
   if (operands == Precision::kFp32 || NH <= 0 || C % NH != 0) return false;
   if (!fused::FusedHeadSize(C / NH)) return false;
   // The most dynamic shared memory one of the head size's kernels takes: HS = 64 takes
   // 56 KiB, which every GPU with mma.sync for bf16 (sm_80 on) gives a block; HS = 128 takes
   // 105 KiB, past sm_86/sm_89's 99 KiB.
   const size_t bytes =
-      fused::ForHeadSize(C / NH, [](auto hs) { return MostShared<decltype(hs)::value>(); });
+      fused::ForHeadSize(C / NH, [&](auto hs) { return MostShared<decltype(hs)::value>(tiles); });
   return bytes <= fused::SharedOptIn();
 }
 
@@ -525,30 +612,33 @@ size_t MmaAttentionScratchFloats(int B, int T, int C, int NH) {
 }
 
 void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
-                         Precision operands, bool narrow, cudaStream_t stream) {
+                         Precision operands, bool narrow, const MmaAttentionTiles& tiles,
+                         cudaStream_t stream) {
   const OperandOut o{out, narrow, operands};
   const OperandIn q{qkv, narrow, operands};
-  DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands));
+  DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands, tiles));
   fused::RequireShapes(qkv, qkv, B, T, C, NH);
   fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
-    Forward<typename decltype(n)::type, decltype(hs)::value>(o, state, q, B, T, C, NH, stream);
+    Forward<typename decltype(n)::type, decltype(hs)::value>(o, state, q, B, T, C, NH, tiles,
+                                                             stream);
   });
 }
 
 void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, bool dout_narrow,
                           const float* out, const float* state, const float* qkv, int B, int T,
-                          int C, int NH, Precision operands, bool narrow, cudaStream_t stream) {
+                          int C, int NH, Precision operands, bool narrow,
+                          const MmaAttentionTiles& tiles, cudaStream_t stream) {
   DROVER_CUDA_REQUIRE(!dout_narrow || narrow);
   const OperandOut d{dqkv, narrow, operands};
   const OperandIn dy{dout, dout_narrow, operands};
   const OperandIn o{out, narrow, operands};
   const OperandIn q{qkv, narrow, operands};
-  DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands));
+  DROVER_CUDA_REQUIRE(MmaAttentionApplies(C, NH, operands, tiles));
   fused::RequireShapes(qkv, dout, B, T, C, NH);
   DROVER_CUDA_REQUIRE(reinterpret_cast<uintptr_t>(scratch) % 16 == 0);
   fused::ForKernel(operands, C / NH, [&](auto n, auto hs) {
     Backward<typename decltype(n)::type, decltype(hs)::value>(d, scratch, dy, o, state, q, B, T, C,
-                                                              NH, stream);
+                                                              NH, tiles, stream);
   });
 }
 

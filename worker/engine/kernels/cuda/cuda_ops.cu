@@ -122,14 +122,14 @@ class PinnedAllocator final : public Allocator {
 // backward always agree.
 enum class AttentionKernels { kMma, kWmma, kGemms };
 
-AttentionKernels AttentionFor(int C, int NH, Precision operands) {
+AttentionKernels AttentionFor(int C, int NH, Precision operands, const MmaAttentionTiles& tiles) {
   static const int start = [] {
     const char* choice = std::getenv("DROVER_CUDA_ATTENTION");
     if (choice != nullptr && std::strcmp(choice, "gemms") == 0) return 2;
     if (choice != nullptr && std::strcmp(choice, "wmma") == 0) return 1;
     return 0;
   }();
-  if (start == 0 && MmaAttentionApplies(C, NH, operands)) return AttentionKernels::kMma;
+  if (start == 0 && MmaAttentionApplies(C, NH, operands, tiles)) return AttentionKernels::kMma;
   if (start <= 1 && FlashAttentionApplies(C, NH, operands)) return AttentionKernels::kWmma;
   return AttentionKernels::kGemms;
 }
@@ -138,13 +138,16 @@ class CudaOpsImpl final : public Ops {
  public:
   // lt may be null: the forward GEMMs then run through cuBLAS only. staging may be null:
   // mixed-precision GEMMs then read their fp32-stored operands as they are (matmul.cu).
+  // tiles: the fused attention's (attention_mma.cu).
   CudaOpsImpl(cudaStream_t stream, cudaStream_t copy_stream, cublasHandle_t blas,
-              std::unique_ptr<LtMatmul> lt, std::unique_ptr<GemmStaging> staging)
+              std::unique_ptr<LtMatmul> lt, std::unique_ptr<GemmStaging> staging,
+              const MmaAttentionTiles& tiles)
       : stream_(stream),
         copy_stream_(copy_stream),
         blas_(blas),
         lt_(std::move(lt)),
         staging_(std::move(staging)),
+        tiles_(tiles),
         allocator_(stream) {}
 
   const char* name() const override { return "cuda"; }
@@ -270,7 +273,7 @@ class CudaOpsImpl final : public Ops {
                          accumulate, operands, scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
-    if (AttentionFor(C, NH, operands) != AttentionKernels::kGemms) {
+    if (AttentionFor(C, NH, operands, tiles_) != AttentionKernels::kGemms) {
       return FlashAttentionStateFloats(B, T, C, NH);
     }
     return Ops::AttentionStateFloats(B, T, C, NH, operands);
@@ -278,9 +281,10 @@ class CudaOpsImpl final : public Ops {
   void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
                         Precision operands) override {
     const size_t btc = static_cast<size_t>(B) * T * C;
-    const AttentionKernels kernels = AttentionFor(C, NH, operands);
+    const AttentionKernels kernels = AttentionFor(C, NH, operands, tiles_);
     if (kernels == AttentionKernels::kMma) {
-      cuda::MmaAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands), stream_);
+      cuda::MmaAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands), tiles_,
+                                stream_);
     } else if (kernels == AttentionKernels::kWmma) {
       cuda::FlashAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands),
                                   stream_);
@@ -296,11 +300,11 @@ class CudaOpsImpl final : public Ops {
                          const float* state, const float* qkv, int B, int T, int C, int NH,
                          Precision operands) override {
     const bool dout_narrow = dout_operand && Narrow(operands);
-    const AttentionKernels kernels = AttentionFor(C, NH, operands);
+    const AttentionKernels kernels = AttentionFor(C, NH, operands, tiles_);
     if (kernels == AttentionKernels::kMma) {
       float* scratch = datt_.Get(cuda::MmaAttentionScratchFloats(B, T, C, NH));
       cuda::MmaAttentionBackward(dqkv, scratch, dout, dout_narrow, out, state, qkv, B, T, C, NH,
-                                 operands, Narrow(operands), stream_);
+                                 operands, Narrow(operands), tiles_, stream_);
     } else if (kernels == AttentionKernels::kWmma) {
       float* dot = datt_.Get(static_cast<size_t>(B) * NH * T);
       cuda::FlashAttentionBackward(dqkv, dot, dout, dout_narrow, out, state, qkv, B, T, C, NH,
@@ -495,6 +499,7 @@ class CudaOpsImpl final : public Ops {
   cublasHandle_t blas_;
   std::unique_ptr<LtMatmul> lt_;
   std::unique_ptr<GemmStaging> staging_;
+  const MmaAttentionTiles tiles_;
   DeviceAllocator allocator_;
   PinnedAllocator pinned_;
   Scratch<int32_t> tokens_;
@@ -541,6 +546,20 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
                   "(rebuild them together)",
                   drover::engine::kCudaOpsAbi, abi);
     return -1;
+  }
+  // The fused attention's tiles (ops_cuda.h: MmaAttentionTiles), for trying another shape or
+  // occupancy on a GPU without a rebuild (tests/device/speed.sh takes the fastest that
+  // bench_attention_tiles measured); a malformed value stops the table, naming it, before any GPU
+  // is asked for.
+  drover::engine::cuda::MmaAttentionTiles tiles;
+  if (const char* text = std::getenv("DROVER_CUDA_ATTENTION_TILES"); text != nullptr) {
+    std::string why;
+    if (!drover::engine::cuda::ParseMmaAttentionTiles(text, &tiles, &why)) {
+      SetError(error, error_len, "DROVER_CUDA_ATTENTION_TILES", why.c_str());
+      return -1;
+    }
+    std::fprintf(stderr, "drover cuda: fused attention tiles %s (DROVER_CUDA_ATTENTION_TILES)\n",
+                 drover::engine::cuda::MmaAttentionTilesName(tiles).c_str());
   }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
@@ -594,7 +613,7 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     staging = std::make_unique<drover::engine::cuda::GemmStaging>();
   }
   auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas, std::move(lt),
-                                                      std::move(staging));  // until exit
+                                                      std::move(staging), tiles);  // until exit
   {
     drover::MutexLock lock(&drover::engine::cuda::g_tables_mu);
     drover::engine::cuda::g_tables.push_back(table);

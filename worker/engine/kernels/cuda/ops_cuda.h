@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "worker/engine/kernels/cuda/scratch.h"
@@ -206,17 +207,40 @@ void FlashAttentionBackward(float* dqkv, float* dot, const float* dout, bool dou
                             int C, int NH, Precision operands, bool narrow, cudaStream_t stream);
 
 // ---- attention_mma.cu (fused on mma.sync register tiles, for mixed-precision runs) -----
+// The fused kernels' tile shape and occupancy at head size 64 (every GPT-2 size's); other
+// head sizes always take the defaults. Each choice computes the same attention: the
+// backward's only change the launch bounds (bit for bit the same dqkv), the forward's the
+// order of the online softmax over the keys (a few ulps of the run's type).
+struct MmaAttentionTiles {
+  // Query rows a warp x keys a tile; k32x64QShared reads q from shared memory a k step at a
+  // time instead of holding the warp's rows in registers.
+  // (16 x 128 keeps 64 bytes of its scores in local memory at its 2 blocks an SM, which the
+  // build refuses; bench_attention_tiles times it.)
+  enum class Forward { k16x64, k32x64, k32x64QShared };
+  Forward forward = Forward::k16x64;
+  int dq_blocks = 3;   // blocks an SM the dq kernel's launch bounds allow: 2 or 3
+  int dkv_blocks = 3;  // likewise the dk dv kernel's
+};
+// Reads `text`, comma-separated key=value pairs (any subset, any order): forward=16x64 |
+// 32x64 | 32x64s, dq=2 | 3, dkv=2 | 3 (DROVER_CUDA_ATTENTION_TILES, cuda_ops.cu).
+// False, with *error saying which pair and what is allowed, when one is malformed; *tiles is
+// then unchanged.
+bool ParseMmaAttentionTiles(const char* text, MmaAttentionTiles* tiles, std::string* error);
+// `tiles` as ParseMmaAttentionTiles reads it.
+std::string MmaAttentionTilesName(const MmaAttentionTiles& tiles);
 // The same contract as the FlashAttention* functions above (state of
 // FlashAttentionStateFloats), with P and dS narrowed to the run's type for their products.
-bool MmaAttentionApplies(int C, int NH, Precision operands);
+bool MmaAttentionApplies(int C, int NH, Precision operands, const MmaAttentionTiles& tiles);
 void MmaAttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
-                         Precision operands, bool narrow, cudaStream_t stream);
+                         Precision operands, bool narrow, const MmaAttentionTiles& tiles,
+                         cudaStream_t stream);
 // The backward's scratch: each row's sum of dout * out, then dout narrowed to the run's type.
 size_t MmaAttentionScratchFloats(int B, int T, int C, int NH);
 // scratch: MmaAttentionScratchFloats floats, 16-byte aligned.
 void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, bool dout_narrow,
                           const float* out, const float* state, const float* qkv, int B, int T,
-                          int C, int NH, Precision operands, bool narrow, cudaStream_t stream);
+                          int C, int NH, Precision operands, bool narrow,
+                          const MmaAttentionTiles& tiles, cudaStream_t stream);
 
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, Precision store, bool narrow_out,
