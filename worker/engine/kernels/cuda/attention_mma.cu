@@ -62,7 +62,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "worker/engine/kernels/cuda/async_copy.cuh"
@@ -552,49 +551,7 @@ void Backward(OperandOut dqkv, float* scratch, OperandIn dout, OperandIn out, co
   });
 }
 
-// The names ParseMmaAttentionTiles reads, in MmaAttentionTiles::Forward's order.
-constexpr const char* kForwardNames[] = {"16x64", "32x64", "32x64s"};
-
 }  // namespace
-
-bool ParseMmaAttentionTiles(const char* text, MmaAttentionTiles* tiles, std::string* error) {
-  MmaAttentionTiles parsed = *tiles;
-  const std::string all(text);
-  const char* const kAllowed = "forward=16x64|32x64|32x64s, dq=2|3, dkv=2|3";
-  size_t at = 0;
-  while (at <= all.size()) {
-    const size_t comma = std::min(all.find(',', at), all.size());
-    const std::string pair = all.substr(at, comma - at);
-    at = comma + 1;
-    if (pair.empty()) continue;
-    const size_t eq = pair.find('=');
-    const std::string key = pair.substr(0, eq),
-                      value = eq == std::string::npos ? "" : pair.substr(eq + 1);
-    bool ok = false;
-    if (key == "forward") {
-      for (int i = 0; i < 3; ++i) {
-        if (value == kForwardNames[i]) {
-          parsed.forward = static_cast<MmaAttentionTiles::Forward>(i);
-          ok = true;
-        }
-      }
-    } else if ((key == "dq" || key == "dkv") && (value == "2" || value == "3")) {
-      (key == "dq" ? parsed.dq_blocks : parsed.dkv_blocks) = value[0] - '0';
-      ok = true;
-    }
-    if (!ok) {
-      *error = "\"" + pair + "\" is not one of " + kAllowed;
-      return false;
-    }
-  }
-  *tiles = parsed;
-  return true;
-}
-
-std::string MmaAttentionTilesName(const MmaAttentionTiles& tiles) {
-  return std::string("forward=") + kForwardNames[static_cast<int>(tiles.forward)] +
-         ",dq=" + std::to_string(tiles.dq_blocks) + ",dkv=" + std::to_string(tiles.dkv_blocks);
-}
 
 bool MmaAttentionApplies(int C, int NH, Precision operands, const MmaAttentionTiles& tiles) {
   if (operands == Precision::kFp32 || NH <= 0 || C % NH != 0) return false;

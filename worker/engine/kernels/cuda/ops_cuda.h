@@ -221,10 +221,10 @@ struct MmaAttentionTiles {
   int dq_blocks = 3;   // blocks an SM the dq kernel's launch bounds allow: 2 or 3
   int dkv_blocks = 3;  // likewise the dk dv kernel's
 };
-// Reads `text`, comma-separated key=value pairs (any subset, any order): forward=16x64 |
-// 32x64 | 32x64s, dq=2 | 3, dkv=2 | 3 (DROVER_CUDA_ATTENTION_TILES, cuda_ops.cu).
-// False, with *error saying which pair and what is allowed, when one is malformed; *tiles is
-// then unchanged.
+// (attention_tiles_option.cu) Reads `text`, comma-separated key=value pairs (any subset, any
+// order): forward=16x64 | 32x64 | 32x64s, dq=2 | 3, dkv=2 | 3 (DROVER_CUDA_ATTENTION_TILES,
+// cuda_ops.cu). False, with *error saying which pair and what is allowed, when one is malformed;
+// *tiles is then unchanged.
 bool ParseMmaAttentionTiles(const char* text, MmaAttentionTiles* tiles, std::string* error);
 // `tiles` as ParseMmaAttentionTiles reads it.
 std::string MmaAttentionTilesName(const MmaAttentionTiles& tiles);
