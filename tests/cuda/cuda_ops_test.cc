@@ -16,6 +16,29 @@
 namespace drover::engine {
 namespace {
 
+// Ops::device_bytes counts what the table's allocations hold, to the byte, and their peak
+// (metrics.jsonl's device_mib and device_peak_mib; speed.sh compares it with PyTorch's
+// max_memory_allocated).
+TEST_F(CudaOpsTest, DeviceBytesCountWhatTheAllocationsHold) {
+  const Ops::DeviceBytesHeld before = gpu_->device_bytes();
+  const size_t n = 3 << 20;  // floats
+  {
+    Buffer a = gpu_->Allocate(n);
+    const Ops::DeviceBytesHeld held = gpu_->device_bytes();
+    EXPECT_EQ(held.now - before.now, n * sizeof(float));
+    EXPECT_GE(held.peak, before.peak);
+    EXPECT_GE(held.peak, held.now);
+    {
+      Buffer b = gpu_->Allocate(n);
+      EXPECT_EQ(gpu_->device_bytes().now - before.now, 2 * n * sizeof(float));
+    }
+    EXPECT_EQ(gpu_->device_bytes().now - before.now, n * sizeof(float));
+    Buffer c = gpu_->Allocate(16);  // the peak is the most ever held, not the latest sum
+    EXPECT_GE(gpu_->device_bytes().peak, before.now + 2 * n * sizeof(float));
+  }
+  EXPECT_EQ(gpu_->device_bytes().now, before.now);
+}
+
 TEST_F(CudaOpsTest, ElementwiseAndReductions) {
   const size_t n = 100003;  // not a multiple of any block size
   std::vector<float> x = Random(n), y = Random(n);

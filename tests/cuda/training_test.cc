@@ -68,6 +68,13 @@ TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
         if (s >= 2) {
           EXPECT_EQ(m->device_allocations.value_or(0), 0) << dtype << " step " << s + 1;
         }
+        // What the table holds covers the arenas the step reports, and its peak what it holds.
+        EXPECT_EQ(m->device_mib.has_value(), device == "cuda");
+        if (device == "cuda") {
+          const double arenas = m->param_mib + m->grad_mib + m->optimizer_mib + m->activation_mib;
+          EXPECT_GE(m->device_mib.value_or(0), arenas) << dtype << " step " << s + 1;
+          EXPECT_GE(m->device_peak_mib.value_or(0), m->device_mib.value_or(0)) << dtype;
+        }
       }
     }
     // fp16's dynamic loss scaler skips and backs off at the same steps on both.

@@ -2,7 +2,9 @@
 # The device check's speed step (issue 9): drover and PyTorch (eager and torch.compile) train
 # the same GPT-2 shapes at T=1024 in bf16 with the same batch on the same GPU, one after the
 # other. Prints, for each: tokens/s, step time, MFU against the bf16 GEMM rate the PyTorch
-# script measures first on this GPU, and peak GPU memory. Information, not a pass/fail.
+# script measures first on this GPU, and peak GPU memory (what each one's allocations held
+# at most: drover's device_peak_mib, PyTorch's max_memory_allocated; and for drover the whole
+# GPU's as nvidia-smi saw it). Information, not a pass/fail.
 #
 #   tests/device/speed.sh PACK|BIN_DIR [MODEL [BATCH [STEPS]]]     MODEL: 124m | 350m | 774m
 #
@@ -181,6 +183,10 @@ print(json.dumps({"model": model, "mode": mode, "batch": int(batch),
                   "activation_gib": round(rows[-1].get("activation_mib", 0) / 1024, 2),
                   "tokens_per_s": round(tps), "step_ms": round(int(batch) * T / tps * 1e3, 1),
                   "tflops": round(tflops, 1), "mfu": round(tflops / peak, 3) if peak else None,
+                  # What drover's allocations held at most, as PyTorch's peak_mem_gib
+                  # (max_memory_allocated) counts; nvidia-smi's adds the CUDA context, cuBLAS
+                  # and everything else on the GPU.
+                  "peak_mem_gib": round(rows[-1].get("device_peak_mib", 0) / 1024, 2),
                   "peak_mem_gib (nvidia-smi, whole gpu)": round(peak_mib / 1024, 2)}))
 PY
 }

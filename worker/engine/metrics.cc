@@ -58,6 +58,8 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   if (m.device_allocations.has_value()) {
     AppendInt(&s, "device_allocations", *m.device_allocations);
   }
+  if (m.device_mib.has_value()) AppendNumber(&s, "device_mib", *m.device_mib);
+  if (m.device_peak_mib.has_value()) AppendNumber(&s, "device_peak_mib", *m.device_peak_mib);
   s.push_back('}');
   return s;
 }

@@ -48,13 +48,17 @@ struct StepMetrics {
   // Device runs: device allocations (cudaMalloc) made during the step. Each synchronises
   // the GPU; after the first step there should be none (Ops::device_allocations).
   std::optional<int64_t> device_allocations;
+  // Device runs: the device memory the trainer's kernel table holds at the step's end, and
+  // the most it has held at once so far (Ops::device_bytes), in MiB.
+  std::optional<double> device_mib, device_peak_mib;
 };
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
-// activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped and device_allocations when
-// present. Non-finite numbers are written as null (JSON has no NaN).
+// activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped, device_allocations,
+// device_mib and device_peak_mib when present. Non-finite numbers are written as null (JSON has no
+// NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

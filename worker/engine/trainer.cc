@@ -436,6 +436,9 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.skipped = r.skipped;
   if (options_.spec.resources.device != "cpu") {
     m.device_allocations = static_cast<int64_t>(ops_->device_allocations() - allocations);
+    const Ops::DeviceBytesHeld held = ops_->device_bytes();
+    m.device_mib = static_cast<double>(held.now) / kMiB;
+    m.device_peak_mib = static_cast<double>(held.peak) / kMiB;
   }
   if (!std::isfinite(m.loss) && spike_ == nullptr) {
     return InternalError("training loss is not finite at step " + std::to_string(step_));

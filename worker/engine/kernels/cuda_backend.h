@@ -19,8 +19,8 @@ namespace drover::engine {
 // 12: CrossEntropyForwardBackward; 13: AttentionBackward reads the forward's out;
 // 14: MatmulGeluForward and GeluMatmulBackward; 15: LayerNormBackward's dout_operand;
 // 16: AttentionBackward's dout_operand; 17: RoundCopy; 18: LayerNormBackward's dinp_copy,
-// GeluMatmulBackward's dout_operand.
-inline constexpr int kCudaOpsAbi = 18;
+// GeluMatmulBackward's dout_operand; 19: device_bytes.
+inline constexpr int kCudaOpsAbi = 19;
 
 // The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
 // those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a

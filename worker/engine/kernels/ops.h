@@ -119,6 +119,13 @@ class Ops {
   // 0 on the CPU. Each one synchronises the device, so none should come after a run's first
   // step: the trainer reports a step's count (metrics.jsonl: device_allocations).
   virtual uint64_t device_allocations() const { return 0; }
+  // The device memory those tables hold through their allocations now, and the most they
+  // have held at once (as PyTorch's memory_allocated and max_memory_allocated count: the
+  // CUDA context, cuBLAS's and NCCL's own memory are not in it); zeros on the CPU.
+  struct DeviceBytesHeld {
+    uint64_t now = 0, peak = 0;
+  };
+  virtual DeviceBytesHeld device_bytes() const { return {}; }
   // Returns once every op enqueued so far has finished. CpuOps runs each op to completion
   // before it returns, so this returns at once; a backend with a queue (CUDA's streams)
   // waits for it. Training never needs it (the ops that return values wait themselves);

@@ -73,6 +73,7 @@ class ProfiledOps final : public Ops {
   Allocator* host_allocator() override { return inner_->host_allocator(); }
   bool IsDeviceMemory(const void* p) const override { return inner_->IsDeviceMemory(p); }
   uint64_t device_allocations() const override { return inner_->device_allocations(); }
+  DeviceBytesHeld device_bytes() const override { return inner_->device_bytes(); }
   void Synchronize() override { inner_->Synchronize(); }
 
   void Fill(float* x, float value, size_t n) override;

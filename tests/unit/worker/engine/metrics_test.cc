@@ -34,6 +34,12 @@ TEST(StepMetricsToJsonTest, DeviceStepsCarryTheirDeviceAllocations) {
   EXPECT_EQ(StepMetricsToJson(m).find("device_allocations"), std::string::npos);
   m.device_allocations = 0;  // a device step that allocated nothing says so
   EXPECT_NE(StepMetricsToJson(m).find("\"device_allocations\":0"), std::string::npos);
+  EXPECT_EQ(StepMetricsToJson(m).find("device_mib"), std::string::npos);
+  m.device_mib = 1536;
+  m.device_peak_mib = 2048.5;
+  const std::string line = StepMetricsToJson(m);
+  EXPECT_NE(line.find("\"device_mib\":1536"), std::string::npos) << line;
+  EXPECT_NE(line.find("\"device_peak_mib\":2048.5"), std::string::npos) << line;
 }
 
 }  // namespace

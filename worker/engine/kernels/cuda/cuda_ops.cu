@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,11 +37,39 @@ namespace drover::engine::cuda {
 
 namespace {
 std::atomic<uint64_t> g_device_allocations{0};
+
+// The bytes each live allocation holds, their sum and its largest value so far.
+struct DeviceBytes {
+  Mutex mu;
+  std::map<const void*, size_t> sizes GUARDED_BY(mu);
+  uint64_t held GUARDED_BY(mu) = 0;
+  uint64_t peak GUARDED_BY(mu) = 0;
+};
+DeviceBytes g_device_bytes;
 }  // namespace
 
 cudaError_t CountedMalloc(void** p, size_t bytes) {
   g_device_allocations.fetch_add(1, std::memory_order_relaxed);
-  return cudaMalloc(p, bytes);
+  const cudaError_t err = cudaMalloc(p, bytes);
+  if (err == cudaSuccess) {
+    MutexLock lock(&g_device_bytes.mu);
+    g_device_bytes.sizes[*p] = bytes;
+    g_device_bytes.held += bytes;
+    g_device_bytes.peak = std::max(g_device_bytes.peak, g_device_bytes.held);
+  }
+  return err;
+}
+
+cudaError_t CountedFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  {
+    MutexLock lock(&g_device_bytes.mu);
+    auto it = g_device_bytes.sizes.find(p);
+    DROVER_CUDA_REQUIRE(it != g_device_bytes.sizes.end());  // not from CountedMalloc
+    g_device_bytes.held -= it->second;
+    g_device_bytes.sizes.erase(it);
+  }
+  return cudaFree(p);
 }
 
 namespace {
@@ -91,9 +120,7 @@ class DeviceAllocator final : public Allocator {
     DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return static_cast<float*>(p);
   }
-  void Free(float* p) override {
-    if (p != nullptr) DROVER_CUDA_CHECK(cudaFree(p));
-  }
+  void Free(float* p) override { DROVER_CUDA_CHECK(CountedFree(p)); }
 
  private:
   cudaStream_t stream_;
@@ -156,6 +183,10 @@ class CudaOpsImpl final : public Ops {
   Allocator* host_allocator() override { return &pinned_; }
   uint64_t device_allocations() const override {
     return g_device_allocations.load(std::memory_order_relaxed);
+  }
+  DeviceBytesHeld device_bytes() const override {
+    MutexLock lock(&g_device_bytes.mu);
+    return {g_device_bytes.held, g_device_bytes.peak};
   }
 
   void Fill(float* x, float value, size_t n) override { cuda::Fill(x, value, n, stream_); }

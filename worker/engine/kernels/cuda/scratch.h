@@ -13,9 +13,11 @@
 
 namespace drover::engine::cuda {
 
-// cudaMalloc, counted for Ops::device_allocations (cuda_ops.cu). Every device allocation of
-// the plugin goes through it.
+// cudaMalloc and cudaFree, counted for Ops::device_allocations and Ops::device_bytes
+// (cuda_ops.cu): every device allocation of the plugin goes through the first, and every
+// free of one through the second. Any thread.
 cudaError_t CountedMalloc(void** p, size_t bytes);
+cudaError_t CountedFree(void* p);
 
 // CountedMalloc for the training's buffers (arenas, activations, scratch). When the GPU has
 // no room the process says so, with what it asked for, what the GPU has left and what makes
@@ -33,7 +35,7 @@ class Scratch {
   // no kernel still uses it.
   T* Get(size_t n) {
     if (n > size_) {
-      if (data_ != nullptr) DROVER_CUDA_CHECK(cudaFree(data_));
+      if (data_ != nullptr) DROVER_CUDA_CHECK(CountedFree(data_));
       const size_t bytes = (n * sizeof(T) + 15) / 16 * 16;
       data_ = static_cast<T*>(DeviceMallocOrExit(bytes));
       // On the legacy stream, waited for: the table's streams do not wait for it.
