@@ -109,23 +109,5 @@ TEST_F(CudaOpsTest, FusedAttentionKeepsNoProbabilities) {
   EXPECT_EQ(gpu_->AttentionStateFloats(1, 64, 96, 2, Precision::kBf16), size_t{2} * 64 * 64);
 }
 
-// DROVER_CUDA_ATTENTION_TILES, when malformed, stops the table with a message that names the
-// variable, the pair and what is allowed (a misspelt tile choice must not time the defaults
-// unnoticed). The ctest entry Emulated.CudaBackend.MalformedAttentionTilesAreRefusedByName
-// runs it with "forward=16x64,dq=4"; without such a value it has nothing to check.
-TEST(CudaBackendTest, MalformedAttentionTilesAreRefusedByName) {
-  const char* tiles = std::getenv("DROVER_CUDA_ATTENTION_TILES");
-  if (tiles == nullptr || std::string(tiles) != "forward=16x64,dq=4") {
-    GTEST_SKIP() << "run with DROVER_CUDA_ATTENTION_TILES=forward=16x64,dq=4";
-  }
-  if (!CudaPluginSymbol(kCreateCudaOpsSymbol).ok()) GTEST_SKIP() << "no CUDA plugin here";
-  const StatusOr<Ops*> ops = CudaOps();
-  ASSERT_FALSE(ops.ok());
-  const std::string message = ops.status().ToString();
-  EXPECT_NE(message.find("DROVER_CUDA_ATTENTION_TILES"), std::string::npos) << message;
-  EXPECT_NE(message.find("\"dq=4\" is not one of"), std::string::npos) << message;
-  EXPECT_NE(message.find("dq=2|3"), std::string::npos) << message;
-}
-
 }  // namespace
 }  // namespace drover::engine

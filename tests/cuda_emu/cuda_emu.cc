@@ -445,6 +445,13 @@ int OptInDynamicShared() {
 }
 
 bool LaunchAccepted(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel) {
+  // DROVER_EMU_NO_KERNEL_IMAGE stands in for a GPU the plugin's kernels were not compiled
+  // for: every launch fails as it would there.
+  static const bool no_image = std::getenv("DROVER_EMU_NO_KERNEL_IMAGE") != nullptr;
+  if (no_image) {
+    LastError() = cudaErrorNoKernelImageForDevice;
+    return false;
+  }
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
       grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {

@@ -459,9 +459,21 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device != 0 || attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
-  *value = drover_emu::OptInDynamicShared();
-  return cudaSuccess;
+  if (device != 0) return cudaErrorInvalidValue;
+  const char* env = std::getenv("DROVER_EMU_COMPUTE_CAPABILITY");
+  const int capability = env != nullptr ? std::atoi(env) : 90;
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = drover_emu::OptInDynamicShared();
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = capability / 10;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = capability % 10;
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
 }
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
@@ -478,6 +490,8 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "out of memory (emulated)";
     case cudaErrorNoDevice:
       return "no CUDA-capable device (emulated)";
+    case cudaErrorNoKernelImageForDevice:
+      return "no kernel image is available for execution on the device (emulated)";
     case cudaErrorNotReady:
       return "device not ready (emulated)";
   }
@@ -493,6 +507,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorMemoryAllocation";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorNoKernelImageForDevice:
+      return "cudaErrorNoKernelImageForDevice";
     case cudaErrorNotReady:
       return "cudaErrorNotReady";
   }

@@ -12,6 +12,7 @@ enum cudaError_t {
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
   cudaErrorNoDevice = 100,
+  cudaErrorNoKernelImageForDevice = 209,
   cudaErrorNotReady = 600,
 };
 enum cudaMemcpyKind {
@@ -54,9 +55,12 @@ enum cudaFuncAttribute {
 // that much dynamic shared memory.
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
 enum cudaDeviceAttr {
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
-// That limit (DROVER_EMU_SHARED_OPTIN bytes stand in for a smaller GPU's), device 0 only.
+// That limit (DROVER_EMU_SHARED_OPTIN bytes stand in for a smaller GPU's), and the compute
+// capability (9.0, or DROVER_EMU_COMPUTE_CAPABILITY's, e.g. 80 for 8.0), device 0 only.
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 cudaError_t cudaGetDevice(int* device);
 

@@ -610,6 +610,10 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     SetError(error, error_len, "cudaStreamCreate", cudaGetErrorString(err));
     return -1;
   }
+  if (std::string why; !drover::engine::cuda::KernelsRunOnDevice(stream, &why)) {
+    SetError(error, error_len, "unusable GPU", why.c_str());
+    return -1;
+  }
   cublasHandle_t blas = nullptr;
   cublasStatus_t st = cublasCreate(&blas);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(blas, stream);

@@ -31,6 +31,12 @@ namespace drover::engine::cuda {
 // The compute stream of `ops` when it is a table this plugin created, else null.
 cudaStream_t ComputeStreamOf(const Ops* ops);
 
+// ---- device_check.cu -------------------------------------------------------------------
+// Whether this build's kernels run on the current device: a trivial kernel launched on
+// `stream` and waited for. False, with *why naming the build's architectures, the device's
+// compute capability and the cmake setting to rebuild with, when the device cannot run them.
+bool KernelsRunOnDevice(cudaStream_t stream, std::string* why);
+
 // ---- elementwise.cu --------------------------------------------------------------------
 void Fill(float* x, float value, size_t n, cudaStream_t stream);
 void Add(float* y, const float* x, size_t n, cudaStream_t stream);

@@ -1,0 +1,63 @@
+// Making the CUDA kernel table (the plugin's drover_create_cuda_ops): what stops it, each with
+// a message that says what to change. Each case needs the process's first table to fail, so
+// each runs in a process of its own, from a ctest entry that sets its environment (tests/
+// CMakeLists.txt); without that environment a case has nothing to check and skips.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "worker/engine/kernels/cuda_backend.h"
+
+namespace drover::engine {
+namespace {
+
+// The message of the first table's failure; skips unless `variable` is `value` and the plugin
+// can be opened.
+std::string TableFailure(const char* variable, const char* value) {
+  const char* set = std::getenv(variable);
+  if (set == nullptr || std::string(set) != value) return "";
+  if (!CudaPluginSymbol(kCreateCudaOpsSymbol).ok()) return "";
+  const StatusOr<Ops*> ops = CudaOps();
+  return ops.ok() ? "the table was made" : ops.status().ToString();
+}
+
+// DROVER_CUDA_ATTENTION_TILES, when malformed, stops the table with a message that names the
+// variable, the pair and what is allowed (a misspelt tile choice must not time the defaults
+// unnoticed). The ctest entry Emulated.CudaBackend.MalformedAttentionTilesAreRefusedByName
+// runs it with "forward=16x64,dq=4"; without such a value it has nothing to check.
+TEST(CudaBackendTest, MalformedAttentionTilesAreRefusedByName) {
+  const std::string message = TableFailure("DROVER_CUDA_ATTENTION_TILES", "forward=16x64,dq=4");
+  if (message.empty()) GTEST_SKIP() << "run with DROVER_CUDA_ATTENTION_TILES=forward=16x64,dq=4";
+  EXPECT_NE(message.find("DROVER_CUDA_ATTENTION_TILES"), std::string::npos) << message;
+  EXPECT_NE(message.find("\"dq=4\" is not one of"), std::string::npos) << message;
+  EXPECT_NE(message.find("dq=2|3"), std::string::npos) << message;
+}
+
+// A GPU this build's kernels were not compiled for (the emulator's DROVER_EMU_NO_KERNEL_IMAGE
+// and DROVER_EMU_COMPUTE_CAPABILITY=80 stand in for an A100 under the default sm_90 build)
+// stops the table at once, with the build's architectures, the GPU's compute capability and
+// the cmake setting to rebuild with; it failed at the first kernel of the first step before.
+// A GPU older than the kernels allow (70: a V100) is told so instead of how to rebuild.
+TEST(CudaBackendTest, AGpuTheBuildCannotRunIsRefusedWithWhatToRebuild) {
+  const std::string message = TableFailure("DROVER_EMU_NO_KERNEL_IMAGE", "1");
+  if (message.empty())
+    GTEST_SKIP() << "run on the kernel emulator with DROVER_EMU_NO_KERNEL_IMAGE=1";
+  const char* capability = std::getenv("DROVER_EMU_COMPUTE_CAPABILITY");
+  const std::string cc = capability != nullptr ? capability : "90";
+  EXPECT_NE(message.find("unusable GPU"), std::string::npos) << message;
+  EXPECT_NE(message.find("CMAKE_CUDA_ARCHITECTURES=90"), std::string::npos) << message;
+  EXPECT_NE(message.find("compute capability " + cc.substr(0, 1) + "." + cc.substr(1)),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("no kernel image is available"), std::string::npos) << message;
+  if (std::stoi(cc) >= 80) {
+    EXPECT_NE(message.find("-DCMAKE_CUDA_ARCHITECTURES=" + cc), std::string::npos) << message;
+  } else {
+    EXPECT_NE(message.find("need compute capability 8.0 or newer"), std::string::npos) << message;
+    EXPECT_EQ(message.find("rebuild"), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace drover::engine
