@@ -129,11 +129,9 @@ Status Agent::Register() {
     slot->set_device(options_.device);
     std::string what = "cpu";
     if (options_.device == v1::CUDA) {
-      what = "cuda:" + std::to_string(i);
-      if (i < static_cast<int>(options_.gpus.size())) {
-        const GpuInfo& g = options_.gpus[static_cast<size_t>(i)];
-        what += " " + g.name + " (" + std::to_string(g.memory_bytes >> 30) + " GiB)";
-      }
+      what = i < static_cast<int>(options_.gpus.size())
+                 ? GpuSlotDescription(i, options_.gpus[static_cast<size_t>(i)])
+                 : "cuda:" + std::to_string(i);
     }
     slot->set_description(what);
   }

@@ -16,6 +16,9 @@ using CuDeviceGet = int (*)(int*, int);
 using CuDeviceGetName = int (*)(char*, int, int);
 using CuDeviceTotalMem = int (*)(size_t*, int);
 using CuGetErrorName = int (*)(int, const char**);
+using CuDeviceGetAttribute = int (*)(int*, int, int);
+constexpr int kAttributeComputeCapabilityMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_...
+constexpr int kAttributeComputeCapabilityMinor = 76;
 
 // Names of the driver errors a node without a usable GPU meets, for when the driver cannot
 // name them itself (the toolkit's stub library cannot). Values from cuda.h.
@@ -79,6 +82,7 @@ StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library) {
   auto get_name = lib.Get<CuDeviceGetName>("cuDeviceGetName");
   auto total_mem = lib.Get<CuDeviceTotalMem>("cuDeviceTotalMem_v2");
   auto error_name = lib.Get<CuGetErrorName>("cuGetErrorName");
+  auto attribute = lib.Get<CuDeviceGetAttribute>("cuDeviceGetAttribute");
   if (!init || !count || !get || !get_name || !total_mem) {
     return FailedPreconditionError(driver_library +
                                    " is not a usable CUDA driver: it lacks the device queries");
@@ -110,9 +114,39 @@ StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library) {
     }
     size_t bytes = 0;
     if (int rc = total_mem(&bytes, dev); rc != 0) return describe("cuDeviceTotalMem", rc);
-    gpus.push_back({i, name, static_cast<int64_t>(bytes)});
+    int major = 0, minor = 0;
+    if (attribute == nullptr || attribute(&major, kAttributeComputeCapabilityMajor, dev) != 0 ||
+        attribute(&minor, kAttributeComputeCapabilityMinor, dev) != 0) {
+      major = minor = 0;  // not known: the trainer's own check decides (device_check.cu)
+    }
+    gpus.push_back({i, name, static_cast<int64_t>(bytes), major * 10 + minor});
   }
   return gpus;
+}
+
+namespace {
+std::string CapabilityName(int cc) {
+  return std::to_string(cc / 10) + "." + std::to_string(cc % 10);
+}
+}  // namespace
+
+Status CheckComputeCapability(const std::vector<GpuInfo>& gpus) {
+  for (const GpuInfo& g : gpus) {
+    if (g.compute_capability == 0 || g.compute_capability >= kMinComputeCapability) continue;
+    return FailedPreconditionError(
+        "GPU " + std::to_string(g.index) + " (" + g.name + ") has compute capability " +
+        CapabilityName(g.compute_capability) + "; drover's CUDA kernels need " +
+        CapabilityName(kMinComputeCapability) +
+        " or newer (leave it out with CUDA_VISIBLE_DEVICES, or run this node with --device cpu)");
+  }
+  return OkStatus();
+}
+
+std::string GpuSlotDescription(int slot, const GpuInfo& gpu) {
+  std::string what = "cuda:" + std::to_string(slot) + " " + gpu.name + " (" +
+                     std::to_string(gpu.memory_bytes >> 30) + " GiB";
+  if (gpu.compute_capability != 0) what += ", compute " + CapabilityName(gpu.compute_capability);
+  return what + ")";
 }
 
 std::string VisibleDeviceForSlot(int slot, const std::string& agent_visible) {

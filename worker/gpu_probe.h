@@ -18,12 +18,24 @@ struct GpuInfo {
   int index = 0;  // CUDA device ordinal, as this process sees them
   std::string name;
   int64_t memory_bytes = 0;
+  int compute_capability = 0;  // major * 10 + minor (90: an H100 or H200); 0 if not known
 };
+
+// The oldest compute capability drover's CUDA kernels run on (bf16 mma.sync and cp.async
+// came with Ampere, 8.0), whatever the build's CMAKE_CUDA_ARCHITECTURES.
+inline constexpr int kMinComputeCapability = 80;
 
 // The visible GPUs, in ordinal order. FailedPrecondition naming the cause when there are
 // none to use: no driver library (`driver_library` cannot be loaded), the driver refuses
 // to initialise (its error name, e.g. CUDA_ERROR_NO_DEVICE), or no device is visible.
 StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library = "libcuda.so.1");
+
+// FailedPrecondition naming the first GPU of `gpus` older than kMinComputeCapability (its
+// ordinal, name and compute capability), and how to leave it out; OK otherwise.
+Status CheckComputeCapability(const std::vector<GpuInfo>& gpus);
+
+// A slot's description for `drover workers`: "cuda:0 NVIDIA H200 (139 GiB, compute 9.0)".
+std::string GpuSlotDescription(int slot, const GpuInfo& gpu);
 
 // What CUDA_VISIBLE_DEVICES a trainer on `slot` gets: the slot-th entry of the agent's own
 // CUDA_VISIBLE_DEVICES when that is set (`agent_visible`, comma-separated), else the slot

@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
       std::cerr << "drover-worker: --device cuda: " << gpus.status().message() << "\n";
       return 2;
     }
+    if (drover::Status usable = drover::CheckComputeCapability(*gpus); !usable.ok()) {
+      std::cerr << "drover-worker: --device cuda: " << usable.message() << "\n";
+      return 2;
+    }
     const int visible = static_cast<int>(gpus->size());
     if (app.count("--slots") == 0) {
       options.slots = visible;

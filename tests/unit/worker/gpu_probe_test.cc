@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 namespace drover {
@@ -28,6 +29,50 @@ TEST(GpuProbeTest, StubDriverRefusalIsReportedWithTheDriversError) {
   EXPECT_NE(gpus.status().message().find("CUDA driver: cuInit failed: CUDA_ERROR_"),
             std::string::npos)
       << gpus.status();
+}
+
+// A driver that lists GPUs (fake_cuda_driver.cc, as the NVIDIA driver would): each with its
+// name, memory and compute capability, as the agent registers them.
+TEST(GpuProbeTest, DriverListingGpusGivesTheirNamesMemoryAndComputeCapability) {
+  ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H200,141,90;NVIDIA A100-SXM4-80GB,80,80", 1), 0);
+  auto gpus = ProbeGpus(DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  ASSERT_EQ(gpus->size(), 2u);
+  EXPECT_EQ((*gpus)[0].index, 0);
+  EXPECT_EQ((*gpus)[0].name, "NVIDIA H200");
+  EXPECT_EQ((*gpus)[0].memory_bytes, int64_t{141} << 30);
+  EXPECT_EQ((*gpus)[0].compute_capability, 90);
+  EXPECT_EQ((*gpus)[1].index, 1);
+  EXPECT_EQ((*gpus)[1].compute_capability, 80);
+  EXPECT_TRUE(CheckComputeCapability(*gpus).ok());
+  EXPECT_EQ(GpuSlotDescription(1, (*gpus)[1]),
+            "cuda:1 NVIDIA A100-SXM4-80GB (80 GiB, compute 8.0)");
+
+  // No device: the driver's own error, by name.
+  ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "", 1), 0);
+  auto none = ProbeGpus(DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("cuInit failed: CUDA_ERROR_NO_DEVICE (100)"),
+            std::string::npos)
+      << none.status();
+  unsetenv("DROVER_FAKE_GPUS");
+}
+
+// A GPU older than the kernels allow (a V100, 7.0) is refused by ordinal, name and capability,
+// with how to leave it out; a capability the driver did not give (0) is left to the trainer.
+TEST(GpuProbeTest, GpuOlderThanTheKernelsAllowIsRefusedByName) {
+  ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H200,141,90;Tesla V100-SXM2-16GB,16,70", 1), 0);
+  auto gpus = ProbeGpus(DROVER_FAKE_CUDA_DRIVER);
+  unsetenv("DROVER_FAKE_GPUS");
+  ASSERT_TRUE(gpus.ok()) << gpus.status();
+  const Status st = CheckComputeCapability(*gpus);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.message(),
+            "GPU 1 (Tesla V100-SXM2-16GB) has compute capability 7.0; drover's CUDA kernels need "
+            "8.0 or newer (leave it out with CUDA_VISIBLE_DEVICES, or run this node with "
+            "--device cpu)");
+  EXPECT_TRUE(CheckComputeCapability({GpuInfo{0, "unknown", 1 << 30, 0}}).ok());
 }
 
 TEST(GpuProbeTest, EachSlotSeesItsOwnGpu) {

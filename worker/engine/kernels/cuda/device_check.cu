@@ -43,7 +43,8 @@ bool KernelsRunOnDevice(cudaStream_t stream, std::string* why) {
   *why = std::string("this build's CUDA kernels (CMAKE_CUDA_ARCHITECTURES=") + DROVER_CUDA_ARCHS +
          ") cannot run on this GPU, compute capability " + name + " (" + cudaGetErrorString(err) +
          "): ";
-  // bf16 mma.sync and cp.async, which the kernels are built on, came with Ampere.
+  // bf16 mma.sync and cp.async, which the kernels are built on, came with Ampere (the agent
+  // refuses such a GPU at start-up too: gpu_probe.h, kMinComputeCapability).
   if (cc != 0 && cc < 80) {
     *why += "drover's kernels need compute capability 8.0 or newer";
   } else {

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# GPU nodes without a GPU: drover-worker --device cuda against a stand-in for the NVIDIA driver
+# (tests/unit/worker/fake_cuda_driver.cc, found as libcuda.so.1 on the library path), so that
+# the agent's GPU path runs on every commit, where the device check (tests/device/check.sh
+# step 3) runs it only when a GPU is lent:
+#   - two GPUs register as two slots (--slots defaults to the visible GPUs), each described
+#     with its name, memory and compute capability in `drover workers`;
+#   - --slots past the visible GPUs is refused, naming both numbers;
+#   - a node with a GPU older than the kernels allow (a V100, 7.0) refuses to start, naming
+#     the GPU, its compute capability and how to leave it out.
+#
+#   fake_gpu_agent_test.sh BIN_DIR FAKE_DRIVER
+set -euo pipefail
+bin=$1
+driver=$(realpath "$2")
+work=$(mktemp -d)
+cleanup() {
+  jobs -p | xargs -r kill 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir "$work/driver"
+ln -s "$driver" "$work/driver/libcuda.so.1"
+export LD_LIBRARY_PATH=$work/driver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+port=$((20000 + RANDOM % 20000))
+addr=127.0.0.1:$port
+"$bin/drover-coordinator" --listen "$addr" --state-dir "$work/state" > "$work/coordinator.log" 2>&1 &
+DROVER_FAKE_GPUS="NVIDIA H200,141,90;NVIDIA H200,141,90" "$bin/drover-worker" --coordinator "$addr" \
+  --name gpu0 --device cuda --work-dir "$work/gpu0" > "$work/gpu0.log" 2>&1 &
+
+registered=""
+for _ in $(seq 1 100); do
+  if "$bin/drover" --coordinator "$addr" workers --json > "$work/workers.json" 2>/dev/null &&
+    grep -q 'cuda:1 NVIDIA H200 (141 GiB, compute 9.0)' "$work/workers.json"; then
+    registered=1
+    break
+  fi
+  sleep 0.1
+done
+if [[ -z $registered ]]; then
+  echo "FAIL: the fake GPUs were not registered as described"
+  cat "$work/workers.json" "$work/gpu0.log" 2>/dev/null
+  exit 1
+fi
+grep -q 'cuda:0 NVIDIA H200 (141 GiB, compute 9.0)' "$work/workers.json" ||
+  { echo "FAIL: slot 0 missing"; cat "$work/workers.json"; exit 1; }
+echo "two fake H200s registered as two slots"
+
+refused() {  # refused LOG WANT...: the agent exited 2 and said each WANT
+  local log=$1 rc=$2
+  shift 2
+  [[ $rc -eq 2 ]] || { echo "FAIL: exit $rc, want 2"; cat "$log"; return 1; }
+  for want in "$@"; do
+    grep -qF -- "$want" "$log" || { echo "FAIL: '$want' not said"; cat "$log"; return 1; }
+  done
+}
+rc=0
+DROVER_FAKE_GPUS="NVIDIA H200,141,90" timeout 20 "$bin/drover-worker" --coordinator "$addr" \
+  --name gpu1 --device cuda --slots 2 --work-dir "$work/gpu1" > "$work/gpu1.log" 2>&1 || rc=$?
+refused "$work/gpu1.log" $rc "--slots 2 but only 1 GPU(s) are visible"
+rc=0
+DROVER_FAKE_GPUS="NVIDIA H200,141,90;Tesla V100-SXM2-16GB,16,70" timeout 20 "$bin/drover-worker" \
+  --coordinator "$addr" --name gpu2 --device cuda --work-dir "$work/gpu2" > "$work/gpu2.log" 2>&1 ||
+  rc=$?
+refused "$work/gpu2.log" $rc \
+  "drover-worker: --device cuda: GPU 1 (Tesla V100-SXM2-16GB) has compute capability 7.0" \
+  "need 8.0 or newer" "CUDA_VISIBLE_DEVICES"
+echo "too many slots and a V100 refused, by name"
