@@ -43,11 +43,11 @@ name: emulated-gpu-cluster
 output_dir: $work/out
 model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
 data: {train: "$work/train.bin"}
-train: {steps: 8, global_batch: 4, micro_batch: 2, seq_len: 32, eval_every: 0}
+train: {steps: 30, global_batch: 4, micro_batch: 2, seq_len: 32, eval_every: 0}
 precision: {dtype: bf16}
 parallel: {timeout_s: 30}
 resources: {device: cuda, world_size: {min: 2, max: 2}}
-checkpoint: {dir: $work/ckpt, every_steps: 2, async: false}
+checkpoint: {dir: $work/ckpt, every_steps: 5, keep_last: 2}
 fault_tolerance: {max_restarts: 3}
 YAML
 show() {
@@ -64,7 +64,7 @@ done
 # Once a checkpoint is complete, kill one of the two trainers.
 killed=""
 for _ in $(seq 1 600); do
-  if [[ -d $work/ckpt/step_2 || -d $work/ckpt/step_4 ]]; then
+  if compgen -G "$work/ckpt/step_[0-9]*" | grep -vq "\.tmp$"; then
     pid=$(pgrep -f "$work/bin/drover-trainer" | head -1 || true)
     if [[ -n $pid ]]; then
       kill -9 "$pid"
@@ -85,7 +85,7 @@ grep -q "restarts: [1-9]" "$work/status.txt" ||
   { echo "FAIL: no restart recorded"; exit 1; }
 grep -Eq "^ *2 +2 +[0-9]+ " "$work/status.txt" ||
   { echo "FAIL: attempt 2 did not resume on both GPUs from a checkpoint"; exit 1; }
-grep -q '"step":8' "$work/out/metrics.jsonl" || { echo "FAIL: step 8 not reached"; exit 1; }
+grep -q '"step":30' "$work/out/metrics.jsonl" || { echo "FAIL: step 30 not reached"; exit 1; }
 # On the CUDA table (its steps report device allocations), each rank on a GPU of its own, so
 # that the groups went through NCCL.
 grep -q '"device_allocations"' "$work/out/metrics.jsonl" ||
