@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# A GPU cluster on this machine: a coordinator, an agent with --device cuda on two GPUs a
-# stand-in driver lists (tests/unit/worker/fake_cuda_driver.cc), and its trainers on the
-# kernel emulator's CUDA plugin (tests/cuda_emu/), each on its slot's GPU
-# (CUDA_VISIBLE_DEVICES), their groups through the emulated NCCL. A two-rank bf16 job is
-# submitted; once it has a checkpoint one trainer is killed, and the job must recover from
-# that checkpoint on the same GPUs and succeed: the path from `drover submit` to CUDA
-# training and back after a failure, which the device check (tests/device/check.sh step 4)
-# runs only when a GPU is lent and only without the failure.
+# A GPU cluster on this machine: a coordinator, agents with --device cuda on GPUs a stand-in
+# driver lists (tests/unit/worker/fake_cuda_driver.cc), and their trainers on the kernel
+# emulator's CUDA plugin (tests/cuda_emu/), each on its slot's GPU (CUDA_VISIBLE_DEVICES),
+# their groups through the emulated NCCL. A two-rank bf16 job is submitted and, once it has a
+# checkpoint, something dies; the job must resume from that checkpoint and succeed:
+#   trainer: one agent with two GPUs, one of its trainers killed: the job resumes on the same
+#            two GPUs (still through NCCL);
+#   node:    two agents with a GPU each (world_size 1 to 2), one agent killed: the job
+#            resumes on the other's GPU alone, one rank, the global batch kept by
+#            accumulation.
+# The path from `drover submit` to CUDA training and back after a failure, which the device
+# check (tests/device/check.sh step 4) runs only when a GPU is lent, and without a failure.
 #
-#   emulated_gpu_cluster_test.sh BIN_DIR EMULATED_PLUGIN FAKE_DRIVER
+#   emulated_gpu_cluster_test.sh BIN_DIR EMULATED_PLUGIN FAKE_DRIVER trainer|node
 set -euo pipefail
 bin=$1
 plugin=$2
 driver=$(realpath "$3")
+scenario=$4
 work=$(mktemp -d)
 cleanup() {
   jobs -p | xargs -r kill 2>/dev/null || true
@@ -25,7 +30,6 @@ cp "$bin/drover" "$bin/drover-coordinator" "$bin/drover-worker" "$bin/drover-tra
   "$work/bin/"
 ln -s "$driver" "$work/driver/libcuda.so.1"
 export LD_LIBRARY_PATH=$work/driver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export DROVER_FAKE_GPUS="NVIDIA H200,141,90;NVIDIA H200,141,90"
 export DROVER_EMU_NCCL_TIMEOUT_MS=60000
 tests=$(cd "$(dirname "$0")/.." && pwd)
 python3 "$tests/bench/random_shard.py" "$work/train.bin" 50000
@@ -35,8 +39,22 @@ addr=127.0.0.1:$port
 drover() { "$work/bin/drover" --coordinator "$addr" "$@"; }
 "$work/bin/drover-coordinator" --listen "$addr" --state-dir "$work/state" \
   > "$work/coordinator.log" 2>&1 &
-"$work/bin/drover-worker" --coordinator "$addr" --name gpu0 --device cuda \
-  --work-dir "$work/gpu0" > "$work/gpu0.log" 2>&1 &
+agent() {  # agent NAME GPUS [VISIBLE]: an agent on the GPUs DROVER_FAKE_GPUS lists
+  DROVER_FAKE_GPUS=$2 CUDA_VISIBLE_DEVICES=${3:-} "$work/bin/drover-worker" \
+    --coordinator "$addr" --name "$1" --device cuda --work-dir "$work/$1" > "$work/$1.log" 2>&1 &
+}
+h200="NVIDIA H200,141,90"
+if [[ $scenario == trainer ]]; then
+  agent gpu0 "$h200;$h200"
+  world="{min: 2, max: 2}"
+else
+  # Each node's GPU is its device 1 and 2 of the machine (as CUDA_VISIBLE_DEVICES gives an
+  # agent its share), so that the two ranks are on GPUs of their own.
+  agent gpu0 "$h200" 1
+  agent gpu1 "$h200" 2
+  victim=$!
+  world="{min: 1, max: 2}"
+fi
 
 cat > "$work/job.yaml" <<YAML
 name: emulated-gpu-cluster
@@ -46,13 +64,13 @@ data: {train: "$work/train.bin"}
 train: {steps: 30, global_batch: 4, micro_batch: 2, seq_len: 32, eval_every: 0}
 precision: {dtype: bf16}
 parallel: {timeout_s: 30}
-resources: {device: cuda, world_size: {min: 2, max: 2}}
+resources: {device: cuda, world_size: $world}
 checkpoint: {dir: $work/ckpt, every_steps: 5, keep_last: 2}
 fault_tolerance: {max_restarts: 3}
 YAML
 show() {
   drover status "$id" || true
-  tail -20 "$work/gpu0.log" "$work/coordinator.log"
+  tail -20 "$work"/gpu*.log "$work/coordinator.log"
 }
 id=""
 for _ in $(seq 1 100); do
@@ -61,36 +79,48 @@ for _ in $(seq 1 100); do
 done
 [[ -n $id ]] || { echo "FAIL: submit"; show; exit 1; }
 
-# Once a checkpoint is complete, kill one of the two trainers.
+# Once a checkpoint is complete (its step_N renamed from step_N.tmp) and both ranks are
+# training, kill a trainer or a whole node.
 killed=""
 for _ in $(seq 1 600); do
-  if compgen -G "$work/ckpt/step_[0-9]*" | grep -vq "\.tmp$"; then
-    pid=$(pgrep -f "$work/bin/drover-trainer" | head -1 || true)
-    if [[ -n $pid ]]; then
-      kill -9 "$pid"
-      killed=$pid
-      break
+  if compgen -G "$work/ckpt/step_[0-9]*" | grep -vq "\.tmp$" &&
+    [[ $(pgrep -fc "$work/bin/drover-trainer" || true) -ge 2 ]]; then
+    if [[ $scenario == trainer ]]; then
+      killed=$(pgrep -f "$work/bin/drover-trainer" | head -1)
+    else
+      killed=$victim
     fi
+    kill -9 "$killed"
+    break
   fi
   sleep 0.1
 done
-[[ -n $killed ]] || { echo "FAIL: no checkpoint and trainer to kill"; show; exit 1; }
-echo "killed trainer $killed after a checkpoint"
+[[ -n $killed ]] || { echo "FAIL: no checkpoint with both ranks training"; show; exit 1; }
+echo "killed the $scenario ($killed) after a checkpoint"
 
 rc=0
 timeout 240 "$work/bin/drover" --coordinator "$addr" wait "$id" || rc=$?
 drover status "$id" | tee "$work/status.txt"
 [[ $rc -eq 0 ]] || { echo "FAIL: the job did not succeed (wait exited $rc)"; show; exit 1; }
-grep -q "restarts: [1-9]" "$work/status.txt" ||
-  { echo "FAIL: no restart recorded"; exit 1; }
-grep -Eq "^ *2 +2 +[0-9]+ " "$work/status.txt" ||
-  { echo "FAIL: attempt 2 did not resume on both GPUs from a checkpoint"; exit 1; }
+grep -q "restarts: [1-9]" "$work/status.txt" || { echo "FAIL: no restart recorded"; exit 1; }
 grep -q '"step":30' "$work/out/metrics.jsonl" || { echo "FAIL: step 30 not reached"; exit 1; }
-# On the CUDA table (its steps report device allocations), each rank on a GPU of its own, so
-# that the groups went through NCCL.
+# On the CUDA table (its steps report device allocations).
 grep -q '"device_allocations"' "$work/out/metrics.jsonl" ||
   { echo "FAIL: the steps did not run on the CUDA table"; exit 1; }
-drover logs "$id" --rank 0 > "$work/rank0.log"
-grep -q "ranks connected through NCCL (every rank has a GPU of its own" "$work/rank0.log" ||
-  { echo "FAIL: the ranks did not connect through NCCL"; cat "$work/rank0.log"; exit 1; }
-echo "the job recovered on its two GPUs and succeeded"
+if [[ $scenario == trainer ]]; then
+  # Attempt 2: both GPUs again, from a checkpoint, the ranks through NCCL.
+  grep -Eq "^ *2 +2 +[0-9]+ " "$work/status.txt" ||
+    { echo "FAIL: attempt 2 did not resume on both GPUs from a checkpoint"; exit 1; }
+  drover logs "$id" --rank 0 > "$work/rank0.log"
+  grep -q "ranks connected through NCCL (every rank has a GPU of its own" "$work/rank0.log" ||
+    { echo "FAIL: the ranks did not connect through NCCL"; cat "$work/rank0.log"; exit 1; }
+  echo "the job recovered on its two GPUs and succeeded"
+else
+  # Attempt 1 on both nodes; the last one on gpu0's GPU alone, from a checkpoint.
+  grep -Eq "^ *1 +2 +- " "$work/status.txt" || { echo "FAIL: attempt 1 not on two GPUs"; exit 1; }
+  tail -1 "$work/out/metrics.jsonl" | grep -q '"world_size":1' ||
+    { echo "FAIL: the job did not finish on one GPU"; tail -1 "$work/out/metrics.jsonl"; exit 1; }
+  grep -Eq "^ *[2-9] +1 +[0-9]+ .*succeeded" "$work/status.txt" ||
+    { echo "FAIL: no attempt resumed on one GPU from a checkpoint"; exit 1; }
+  echo "the job lost a node, went on on the other's GPU and succeeded"
+fi
