@@ -110,10 +110,13 @@ if [[ $device == cuda && -x $bin/bench_attention_tiles && $((C / NH)) -eq 64 ]];
   timeout 60 "$bin/bench_attention_tiles" "$batch" "$T" "$C" "$NH" "$L" > "$work/tiles.txt" 2>&1 ||
     echo "bench_attention_tiles exited $?"
   cat "$work/tiles.txt"
-  fastest=$(sed -n 's/^fastest tiles: DROVER_CUDA_ATTENTION_TILES=\([^ ]*\) .*/\1/p' "$work/tiles.txt")
+  # "fastest tiles: DROVER_CUDA_ATTENTION_TILES=CHOICE (... the table's defaults, DEFAULTS)"
+  line='^fastest tiles: DROVER_CUDA_ATTENTION_TILES=\([^ ]*\) .* defaults, \([^ ]*\))$'
+  fastest=$(sed -n "s/$line/\1/p" "$work/tiles.txt")
+  defaults=$(sed -n "s/$line/\2/p" "$work/tiles.txt")
 fi
 [[ -n ${DROVER_SPEED_TILES:-} ]] && fastest=$DROVER_SPEED_TILES  # a choice to time, given
-[[ $fastest == "forward=16x64,dq=3,dkv=3" ]] && fastest=""       # the defaults
+[[ $fastest == "${defaults:-}" ]] && fastest=""                   # the table's own
 
 drover_run "$work/out" "$batch"
 if [[ -n $fastest ]]; then

@@ -18,7 +18,6 @@ constexpr int kForwardShapes = sizeof(kForwardNames) / sizeof(kForwardNames[0]);
 bool ParseMmaAttentionTiles(const char* text, MmaAttentionTiles* tiles, std::string* error) {
   MmaAttentionTiles parsed = *tiles;
   const std::string all(text);
-  const char* const kAllowed = "forward=16x64|32x64|32x64s, dq=2|3, dkv=2|3";
   size_t at = 0;
   while (at <= all.size()) {
     const size_t comma = std::min(all.find(',', at), all.size());
@@ -41,7 +40,12 @@ bool ParseMmaAttentionTiles(const char* text, MmaAttentionTiles* tiles, std::str
       ok = true;
     }
     if (!ok) {
-      *error = "\"" + pair + "\" is not one of " + kAllowed;
+      std::string shapes;
+      for (int i = 0; i < kForwardShapes; ++i) {
+        if (i > 0) shapes += '|';
+        shapes += kForwardNames[i];
+      }
+      *error = "\"" + pair + "\" is not one of forward=" + shapes + ", dq=2|3, dkv=2|3";
       return false;
     }
   }
