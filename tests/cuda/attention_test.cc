@@ -1,6 +1,7 @@
 // The CUDA table's attention (the fused mma and wmma kernels, and the GEMM version) against
 // the CPU's, within the error model of narrowed probabilities (CudaOpsTest::
 // AttentionTermMagnitudes), and what each keeps for backward.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,14 +24,16 @@ namespace {
 // mma kernels, as FlashAttention does): hence the looser bound there, and the error model of
 // AttentionTermMagnitudes.
 // Mixed-precision runs take the fused kernels (attention_mma.cu), whose state is not the
-// probabilities, unless DROVER_CUDA_ATTENTION says wmma (flash_attention.cu) or gemms (the
-// ctest entries ...WithTheWmmaKernels and ...WithTheGemms run this test so).
+// probabilities, unless DROVER_CUDA_ATTENTION says wmma (flash_attention.cu), gemms, or cudnn
+// (cudnn_attention.cu, which takes the shapes whose T is a multiple of 128: the last two; the
+// ctest entries ...WithTheWmmaKernels, ...WithTheGemms and ...ThroughCudnn run this test so).
 TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
   struct Shape {
     int B, T, C, NH;
   };
-  for (const Shape& shape : {Shape{2, 40, 48, 3}, Shape{2, 200, 256, 4}, Shape{1, 64, 64, 2},
-                             Shape{1, 130, 256, 2}, Shape{1, 300, 128, 2}, Shape{1, 41, 96, 3}}) {
+  for (const Shape& shape :
+       {Shape{2, 40, 48, 3}, Shape{2, 200, 256, 4}, Shape{1, 64, 64, 2}, Shape{1, 130, 256, 2},
+        Shape{1, 300, 128, 2}, Shape{1, 41, 96, 3}, Shape{2, 128, 128, 2}, Shape{1, 256, 256, 2}}) {
     const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH;
     for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
       const std::string name = std::string(" ") + PrecisionName(p) + " T=" + std::to_string(T) +
@@ -108,6 +111,39 @@ TEST_F(CudaOpsTest, FusedAttentionKeepsNoProbabilities) {
   // A head size the fused kernels do not take (C / NH = 48) keeps the GEMMs.
   EXPECT_EQ(gpu_->AttentionStateFloats(1, 64, 96, 2, Precision::kBf16), size_t{2} * 64 * 64);
 }
+
+#ifdef DROVER_CUDA_EMULATED
+// DROVER_CUDA_ATTENTION=cudnn hands cuDNN the shapes it takes (16-bit runs, T a multiple of 128)
+// and only those, as the emulator's cuDNN counts its executions (tests/cuda_emu/cudnn_emu.cc):
+// AttentionForwardAndBackward alone could pass with the mma kernels doing all the work.
+TEST_F(CudaOpsTest, CudnnTakesTheShapesItApplies) {
+  const char* choice = std::getenv("DROVER_CUDA_ATTENTION");
+  const char* library = std::getenv("DROVER_CUDNN_LIBRARY");
+  if (choice == nullptr || std::string(choice) != "cudnn" || library == nullptr) {
+    GTEST_SKIP() << "run with DROVER_CUDA_ATTENTION=cudnn and the emulator's DROVER_CUDNN_LIBRARY";
+  }
+  void* handle = dlopen(library, RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(handle, nullptr) << library << " is not the plugin this test opened";
+  auto executions = reinterpret_cast<uint64_t (*)()>(dlsym(handle, "drover_emu_cudnn_executions"));
+  ASSERT_NE(executions, nullptr);
+  auto runs = [&](int B, int T, int C, int NH, Precision p) {
+    const std::vector<float> qkv = Random(B * T * 3 * C), dout = Random(B * T * C);
+    float *out = NewOperand(B * T * C, p), *dqkv = NewOperand(qkv.size(), p);
+    float* state = Dev(std::vector<float>(gpu_->AttentionStateFloats(B, T, C, NH, p)));
+    float *gqkv = DevOperand(qkv, p), *gdout = DevOperand(dout, p);
+    const uint64_t before = executions();
+    gpu_->AttentionForward(out, state, gqkv, B, T, C, NH, p);
+    gpu_->AttentionBackward(dqkv, gdout, true, out, state, gqkv, B, T, C, NH, p);
+    Host(out, 1);  // waits for the stream
+    return executions() - before;
+  };
+  EXPECT_EQ(runs(1, 128, 128, 2, Precision::kBf16), 2u);  // forward and backward
+  EXPECT_EQ(runs(1, 128, 128, 2, Precision::kFp16), 2u);
+  EXPECT_EQ(runs(1, 64, 128, 2, Precision::kBf16), 0u);   // T not a multiple of 128
+  EXPECT_EQ(runs(1, 128, 128, 2, Precision::kFp32), 0u);  // fp32 runs take the GEMMs
+  EXPECT_EQ(runs(1, 128, 512, 2, Precision::kBf16), 0u);  // head size 256, past 128
+}
+#endif
 
 }  // namespace
 }  // namespace drover::engine

@@ -34,6 +34,49 @@ TEST(CudaBackendTest, MalformedAttentionTilesAreRefusedByName) {
   EXPECT_NE(message.find("dq=2|3"), std::string::npos) << message;
 }
 
+// DROVER_CUDA_ATTENTION names the attention kernels to start from; a value it does not know
+// stops the table, naming the value and the choices (a misspelt "cudnn" must not time the
+// default kernels unnoticed). Run with "cudnnn" by Emulated.CudaBackend.UnknownAttention*.
+TEST(CudaBackendTest, UnknownAttentionKernelsAreRefusedByName) {
+  const std::string message = TableFailure("DROVER_CUDA_ATTENTION", "cudnnn");
+  if (message.empty()) GTEST_SKIP() << "run with DROVER_CUDA_ATTENTION=cudnnn";
+  EXPECT_NE(message.find("DROVER_CUDA_ATTENTION: \"cudnnn\" is not one of mma (the default), "
+                         "wmma, gemms, cudnn"),
+            std::string::npos)
+      << message;
+}
+
+// DROVER_CUDA_ATTENTION=cudnn with a cuDNN the table cannot use stops the table, rather than
+// failing at the first attention or quietly taking the table's own kernels: one that cannot be
+// opened (the message names the library and DROVER_CUDNN_LIBRARY), or one older than 9.0 (the
+// emulator's cuDNN with DROVER_EMU_CUDNN_VERSION=8907). The ctest entries
+// Emulated.CudaBackend.ACudnnTheTableCannotUse* run it so.
+TEST(CudaBackendTest, ACudnnTheTableCannotUseIsRefusedByName) {
+  const char* library = std::getenv("DROVER_CUDNN_LIBRARY");
+  const char* version = std::getenv("DROVER_EMU_CUDNN_VERSION");
+  const bool missing =
+      library != nullptr && std::string(library).find("no-such") != std::string::npos;
+  const std::string message =
+      missing || version != nullptr ? TableFailure("DROVER_CUDA_ATTENTION", "cudnn") : "";
+  if (message.empty()) {
+    GTEST_SKIP() << "run with DROVER_CUDA_ATTENTION=cudnn and DROVER_CUDNN_LIBRARY=/no-such-"
+                    "libcudnn, or the emulator's cuDNN with DROVER_EMU_CUDNN_VERSION=8907";
+  }
+  if (missing) {
+    EXPECT_NE(message.find("DROVER_CUDA_ATTENTION=cudnn: cannot open " + std::string(library)),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("install cuDNN 9, or name its libcudnn.so.9 in DROVER_CUDNN_LIBRARY"),
+              std::string::npos)
+        << message;
+  } else {
+    EXPECT_NE(message.find("DROVER_CUDA_ATTENTION=cudnn: cuDNN " + std::string(version) +
+                           " is older than 9.0"),
+              std::string::npos)
+        << message;
+  }
+}
+
 // A GPU this build's kernels were not compiled for (the emulator's DROVER_EMU_NO_KERNEL_IMAGE
 // and DROVER_EMU_COMPUTE_CAPABILITY=80 stand in for an A100 under the default sm_90 build)
 // stops the table at once, with the build's architectures, the GPU's compute capability and

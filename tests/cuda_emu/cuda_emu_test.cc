@@ -8,11 +8,15 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
+#include <cudnn_graph.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace {
@@ -604,6 +608,428 @@ TEST_F(CudaEmulatorTest, AKernelTakesNullAndTheEndOfAnAllocation) {
   DROVER_LAUNCH(FillKernel, dim3(1), dim3(32), 0, a_)(nullptr, 1.0f, 0);
   ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
   EXPECT_EQ(pinned_[0], 0.0f);
+}
+
+// ---- The emulated cuDNN (cudnn_emu.cc) ------------------------------------------------------
+
+// Not cuDNN's: the executions the emulated cuDNN has taken (cudnn_emu.cc).
+extern "C" uint64_t drover_emu_cudnn_executions(void);
+
+// Operation graphs built through cuDNN's backend API as the plugin builds them, run on a
+// stream and checked against plain loops. What a test makes is destroyed with it.
+class CudnnEmulatorTest : public ::testing::Test {
+ protected:
+  enum Kind { kInMemory, kVirtual, kByValue };
+
+  void SetUp() override {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudnnCreate(&handle_), CUDNN_STATUS_SUCCESS);
+    ASSERT_EQ(cudnnSetStream(handle_, stream_), CUDNN_STATUS_SUCCESS);
+    workspace_ = Allocate(kWorkspaceBytes);
+  }
+  void TearDown() override {
+    for (cudnnBackendDescriptor_t d : made_) {
+      EXPECT_EQ(cudnnBackendDestroyDescriptor(d), CUDNN_STATUS_SUCCESS);
+    }
+    EXPECT_EQ(cudnnDestroy(handle_), CUDNN_STATUS_SUCCESS);
+    for (void* p : allocated_) EXPECT_EQ(cudaFree(p), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(stream_), cudaSuccess);
+  }
+
+  static std::string LastError() {
+    char message[512];
+    cudnnGetLastErrorString(message, sizeof(message));
+    return message;
+  }
+  static float Bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+  void* Allocate(size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    allocated_.push_back(p);
+    return p;
+  }
+  // Device memory holding `values` as floats, or as bf16 words.
+  void* Upload(const std::vector<float>& values, bool bf16 = false) {
+    std::vector<__nv_bfloat16> words;
+    for (const float v : values) words.push_back(__float2bfloat16_rn(v));
+    const size_t bytes = values.size() * (bf16 ? 2 : 4);
+    void* p = Allocate(bytes);
+    const void* from = bf16 ? static_cast<const void*>(words.data()) : values.data();
+    EXPECT_EQ(cudaMemcpyAsync(p, from, bytes, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+    return p;
+  }
+  // `n` elements of device memory (floats, or bf16 words) once the stream has run.
+  std::vector<float> Download(const void* p, size_t n, bool bf16 = false) {
+    std::vector<float> values(n);
+    std::vector<__nv_bfloat16> words(n);
+    void* to = bf16 ? static_cast<void*>(words.data()) : values.data();
+    EXPECT_EQ(cudaMemcpyAsync(to, p, n * (bf16 ? 2 : 4), cudaMemcpyDeviceToHost, stream_),
+              cudaSuccess);
+    if (bf16) std::transform(words.begin(), words.end(), values.begin(), __bfloat162float);
+    return values;
+  }
+
+  cudnnBackendDescriptor_t Make(cudnnBackendDescriptorType_t type) {
+    cudnnBackendDescriptor_t d = nullptr;
+    EXPECT_EQ(cudnnBackendCreateDescriptor(type, &d), CUDNN_STATUS_SUCCESS);
+    made_.push_back(d);
+    return d;
+  }
+  template <typename T>
+  static void Set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                  cudnnBackendAttributeType_t type, const T& value) {
+    EXPECT_EQ(cudnnBackendSetAttribute(d, name, type, 1, &value), CUDNN_STATUS_SUCCESS)
+        << "attribute " << name << ": " << LastError();
+  }
+  template <typename T>
+  static void SetArray(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                       cudnnBackendAttributeType_t type, const std::vector<T>& values) {
+    EXPECT_EQ(
+        cudnnBackendSetAttribute(d, name, type, static_cast<int64_t>(values.size()), values.data()),
+        CUDNN_STATUS_SUCCESS)
+        << "attribute " << name << ": " << LastError();
+  }
+  static void Finalize(cudnnBackendDescriptor_t d) {
+    EXPECT_EQ(cudnnBackendFinalize(d), CUDNN_STATUS_SUCCESS) << LastError();
+  }
+
+  // A finalized tensor descriptor, its strides packed row-major unless given.
+  cudnnBackendDescriptor_t Tensor(int64_t uid, cudnnDataType_t type, std::vector<int64_t> dims,
+                                  Kind kind = kInMemory, std::vector<int64_t> strides = {}) {
+    if (strides.empty()) {
+      strides.resize(dims.size());
+      int64_t stride = 1;
+      for (size_t k = dims.size(); k-- > 0;) {
+        strides[k] = stride;
+        stride *= dims[k];
+      }
+    }
+    cudnnBackendDescriptor_t t = Make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    Set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, uid);
+    Set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, type);
+    SetArray(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims);
+    SetArray(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides);
+    Set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, int64_t{16});
+    Set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, kind == kVirtual);
+    Set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, kind == kByValue);
+    Finalize(t);
+    return t;
+  }
+  // y = mode(x[, b[, t]]), computed in float; `axis` for GEN_INDEX.
+  cudnnBackendDescriptor_t Pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+                                     cudnnBackendDescriptor_t y,
+                                     cudnnBackendDescriptor_t b = nullptr,
+                                     cudnnBackendDescriptor_t t = nullptr, int64_t axis = -1) {
+    cudnnBackendDescriptor_t pw = Make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    Set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, mode);
+    Set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
+    if (axis >= 0) Set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, axis);
+    Finalize(pw);
+    cudnnBackendDescriptor_t op = Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    Set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, pw);
+    Set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x);
+    if (b != nullptr)
+      Set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, b);
+    if (t != nullptr)
+      Set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, t);
+    Set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y);
+    Finalize(op);
+    return op;
+  }
+  cudnnBackendDescriptor_t Matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+                                  cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t mm = Make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    Set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
+    Finalize(mm);
+    cudnnBackendDescriptor_t op = Make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    Set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, a);
+    Set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, b);
+    Set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, c);
+    Set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, mm);
+    Finalize(op);
+    return op;
+  }
+  cudnnBackendDescriptor_t Reduction(cudnnReduceTensorOp_t reduce, cudnnBackendDescriptor_t x,
+                                     cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t r = Make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    Set(r, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, reduce);
+    Set(r, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, CUDNN_DATA_FLOAT);
+    Finalize(r);
+    cudnnBackendDescriptor_t op = Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    Set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x);
+    Set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y);
+    Set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, r);
+    Finalize(op);
+    return op;
+  }
+  cudnnBackendDescriptor_t Reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = Make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    Set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, x);
+    Set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, y);
+    Finalize(op);
+    return op;
+  }
+  // The graph of `ops` in *graph; the status of its finalization.
+  cudnnStatus_t Graph(const std::vector<cudnnBackendDescriptor_t>& ops,
+                      cudnnBackendDescriptor_t* graph) {
+    *graph = Make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    Set(*graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle_);
+    SetArray(*graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops);
+    return cudnnBackendFinalize(*graph);
+  }
+  // The heuristics for `graph`: how many engine configurations they give, the first in *config.
+  int64_t EngineConfigs(cudnnBackendDescriptor_t graph, cudnnBackendDescriptor_t* config) {
+    cudnnBackendDescriptor_t heur = Make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    Set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, graph);
+    Set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, CUDNN_HEUR_MODE_A);
+    Finalize(heur);
+    *config = Make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    int64_t count = -1;
+    EXPECT_EQ(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, config),
+              CUDNN_STATUS_SUCCESS)
+        << LastError();
+    return count;
+  }
+  // An execution plan for the graph of `ops`, which must finalize; its workspace fits ours.
+  cudnnBackendDescriptor_t Plan(const std::vector<cudnnBackendDescriptor_t>& ops) {
+    cudnnBackendDescriptor_t graph = nullptr, config = nullptr;
+    EXPECT_EQ(Graph(ops, &graph), CUDNN_STATUS_SUCCESS) << LastError();
+    EXPECT_EQ(EngineConfigs(graph, &config), 1);
+    cudnnBackendDescriptor_t plan = Make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    Set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle_);
+    Set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, config);
+    Finalize(plan);
+    int64_t workspace = -1, count = 0;
+    EXPECT_EQ(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                       CUDNN_TYPE_INT64, 1, &count, &workspace),
+              CUDNN_STATUS_SUCCESS);
+    EXPECT_GT(workspace, 0);
+    EXPECT_LE(workspace, kWorkspaceBytes);
+    return plan;
+  }
+  // Runs `plan` on stream_ with the tensors in `data` (unique id, pointer) and the workspace.
+  cudnnStatus_t Execute(cudnnBackendDescriptor_t plan, const std::map<int64_t, void*>& data) {
+    std::vector<int64_t> uids;
+    std::vector<void*> pointers;
+    for (const auto& [uid, p] : data) {
+      uids.push_back(uid);
+      pointers.push_back(p);
+    }
+    cudnnBackendDescriptor_t pack = Make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    SetArray(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids);
+    SetArray(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers);
+    Set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, workspace_);
+    Finalize(pack);
+    return cudnnBackendExecute(handle_, plan, pack);
+  }
+
+  static constexpr size_t kWorkspaceBytes = 1 << 16;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::vector<cudnnBackendDescriptor_t> made_;
+  std::vector<void*> allocated_;
+};
+
+// Y (2, 3, 2) = scale * A (2, 3, 4) B (1, 4, 2): bf16 inputs, B broadcast over the batch, the
+// product a virtual float, the scale a by-value float read at the call. The ops are given
+// consumer first: the graph orders them.
+TEST_F(CudnnEmulatorTest, ABatchedBf16MatmulScaledByAByValueFloatMatchesPlainLoops) {
+  constexpr int kBatch = 2, kM = 3, kK = 4, kN = 2;
+  std::vector<float> a(kBatch * kM * kK), b(kK * kN);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = Bf16(0.37f * static_cast<float>(i) - 1.1f);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = Bf16(0.5f - 0.23f * static_cast<float>(i));
+  cudnnBackendDescriptor_t ta = Tensor(1, CUDNN_DATA_BFLOAT16, {kBatch, kM, kK});
+  cudnnBackendDescriptor_t tb = Tensor(2, CUDNN_DATA_BFLOAT16, {1, kK, kN});
+  cudnnBackendDescriptor_t ts = Tensor(3, CUDNN_DATA_FLOAT, {kBatch, kM, kN}, kVirtual);
+  cudnnBackendDescriptor_t tscale = Tensor(4, CUDNN_DATA_FLOAT, {1, 1, 1}, kByValue);
+  cudnnBackendDescriptor_t ty = Tensor(5, CUDNN_DATA_FLOAT, {kBatch, kM, kN});
+  cudnnBackendDescriptor_t plan =
+      Plan({Pointwise(CUDNN_POINTWISE_MUL, ts, ty, tscale), Matmul(ta, tb, ts)});
+  void* y = Allocate(kBatch * kM * kN * sizeof(float));
+  float scale = 0.25f;
+  const uint64_t executions = drover_emu_cudnn_executions();
+  ASSERT_EQ(Execute(plan, {{1, Upload(a, true)}, {2, Upload(b, true)}, {4, &scale}, {5, y}}),
+            CUDNN_STATUS_SUCCESS)
+      << LastError();
+  EXPECT_EQ(drover_emu_cudnn_executions(), executions + 1);
+  scale = 100.0f;  // after the call: not what the graph reads
+  const std::vector<float> got = Download(y, kBatch * kM * kN);
+  for (int n = 0; n < kBatch; ++n) {
+    for (int i = 0; i < kM; ++i) {
+      for (int j = 0; j < kN; ++j) {
+        double sum = 0.0;
+        for (int k = 0; k < kK; ++k) sum += double{a[(n * kM + i) * kK + k]} * b[k * kN + j];
+        EXPECT_EQ(got[(n * kM + i) * kN + j], static_cast<float>(sum) * 0.25f)
+            << n << ", " << i << ", " << j;
+      }
+    }
+  }
+}
+
+// The causal softmax of attention's forward, one head of T = 4: rows and columns from
+// GEN_INDEX, the mask from CMP_GE, -inf by value where a column is past its row, then
+// exp(s - max) / sum over each row. The ops are given last first.
+TEST_F(CudnnEmulatorTest, ACausallyMaskedSoftmaxMatchesAHandComputation) {
+  constexpr int kT = 4;
+  const std::vector<float> s = {0.5f, 3.0f, -1.0f, 2.0f, 1.5f,  -0.5f, 9.0f, 0.0f,
+                                2.0f, 1.0f, 0.25f, 7.0f, -3.0f, 4.0f,  1.0f, 2.5f};
+  const std::vector<int64_t> square = {1, 1, kT, kT}, column = {1, 1, kT, 1};
+  cudnnBackendDescriptor_t ts = Tensor(10, CUDNN_DATA_FLOAT, square);
+  cudnnBackendDescriptor_t row = Tensor(11, CUDNN_DATA_INT32, square, kVirtual);
+  cudnnBackendDescriptor_t col = Tensor(12, CUDNN_DATA_INT32, square, kVirtual);
+  cudnnBackendDescriptor_t keep = Tensor(13, CUDNN_DATA_BOOLEAN, square, kVirtual);
+  cudnnBackendDescriptor_t minus_inf = Tensor(14, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, kByValue);
+  cudnnBackendDescriptor_t masked = Tensor(15, CUDNN_DATA_FLOAT, square, kVirtual);
+  cudnnBackendDescriptor_t max = Tensor(16, CUDNN_DATA_FLOAT, column, kVirtual);
+  cudnnBackendDescriptor_t centered = Tensor(17, CUDNN_DATA_FLOAT, square, kVirtual);
+  cudnnBackendDescriptor_t e = Tensor(18, CUDNN_DATA_FLOAT, square, kVirtual);
+  cudnnBackendDescriptor_t sum = Tensor(19, CUDNN_DATA_FLOAT, column, kVirtual);
+  cudnnBackendDescriptor_t tp = Tensor(20, CUDNN_DATA_FLOAT, square);
+  cudnnBackendDescriptor_t plan = Plan({
+      Pointwise(CUDNN_POINTWISE_DIV, e, tp, sum),
+      Reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum),
+      Pointwise(CUDNN_POINTWISE_EXP, centered, e),
+      Pointwise(CUDNN_POINTWISE_SUB, masked, centered, max),
+      Reduction(CUDNN_REDUCE_TENSOR_MAX, masked, max),
+      Pointwise(CUDNN_POINTWISE_BINARY_SELECT, ts, masked, minus_inf, keep),
+      Pointwise(CUDNN_POINTWISE_CMP_GE, row, keep, col),
+      Pointwise(CUDNN_POINTWISE_GEN_INDEX, ts, col, nullptr, nullptr, 3),
+      Pointwise(CUDNN_POINTWISE_GEN_INDEX, ts, row, nullptr, nullptr, 2),
+  });
+  void* p = Allocate(kT * kT * sizeof(float));
+  float minus_infinity = -INFINITY;
+  ASSERT_EQ(Execute(plan, {{10, Upload(s)}, {14, &minus_infinity}, {20, p}}), CUDNN_STATUS_SUCCESS)
+      << LastError();
+  const std::vector<float> got = Download(p, kT * kT);
+  for (int i = 0; i < kT; ++i) {
+    const double row_max = *std::max_element(s.begin() + i * kT, s.begin() + i * kT + i + 1);
+    double row_sum = 0.0;
+    for (int j = 0; j <= i; ++j) row_sum += std::exp(s[i * kT + j] - row_max);
+    for (int j = 0; j < kT; ++j) {
+      const double want = j <= i ? std::exp(s[i * kT + j] - row_max) / row_sum : 0.0;
+      EXPECT_NEAR(got[i * kT + j], want, 1e-6) << i << ", " << j;
+    }
+  }
+}
+
+// The attention backward's transpose: a reshape to swapped dimensions and swapped strides
+// views x (1, 2, 3, 4) as (1, 2, 4, 3); stored as bf16, each element rounds.
+TEST_F(CudnnEmulatorTest, AReshapeWithSwappedDimsAndStridesIsATranspose) {
+  constexpr int kH = 2, kT = 3, kD = 4;
+  std::vector<float> x(kH * kT * kD);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + static_cast<float>(i) / 1000.0f;
+  cudnnBackendDescriptor_t tx = Tensor(30, CUDNN_DATA_FLOAT, {1, kH, kT, kD});
+  cudnnBackendDescriptor_t view =
+      Tensor(31, CUDNN_DATA_FLOAT, {1, kH, kD, kT}, kVirtual, {kH * kT * kD, kT * kD, 1, kD});
+  cudnnBackendDescriptor_t tz = Tensor(32, CUDNN_DATA_BFLOAT16, {1, kH, kD, kT});
+  cudnnBackendDescriptor_t plan =
+      Plan({Reshape(tx, view), Pointwise(CUDNN_POINTWISE_IDENTITY, view, tz)});
+  void* z = Allocate(x.size() * 2);
+  ASSERT_EQ(Execute(plan, {{30, Upload(x)}, {32, z}}), CUDNN_STATUS_SUCCESS) << LastError();
+  const std::vector<float> got = Download(z, x.size(), true);
+  for (int h = 0; h < kH; ++h) {
+    for (int d = 0; d < kD; ++d) {
+      for (int t = 0; t < kT; ++t) {
+        EXPECT_EQ(got[(h * kD + d) * kT + t], Bf16(x[(h * kT + t) * kD + d]))
+            << h << ", " << d << ", " << t;
+      }
+    }
+  }
+}
+
+TEST_F(CudnnEmulatorTest, AVirtualTensorThatNoOpWritesFailsTheGraph) {
+  cudnnBackendDescriptor_t graph = nullptr;
+  ASSERT_EQ(
+      Graph({Pointwise(CUDNN_POINTWISE_IDENTITY, Tensor(40, CUDNN_DATA_FLOAT, {1, 4}, kVirtual),
+                       Tensor(41, CUDNN_DATA_FLOAT, {1, 4}))},
+            &graph),
+      CUDNN_STATUS_BAD_PARAM);
+  EXPECT_NE(LastError().find("virtual tensor uid 40 is read by op 0 but no op"), std::string::npos)
+      << LastError();
+}
+
+TEST_F(CudnnEmulatorTest, AnExecutionMissingATensorIsRefusedNamingItsUid) {
+  cudnnBackendDescriptor_t plan =
+      Plan({Pointwise(CUDNN_POINTWISE_IDENTITY, Tensor(50, CUDNN_DATA_FLOAT, {4}),
+                      Tensor(51, CUDNN_DATA_FLOAT, {4}))});
+  EXPECT_EQ(Execute(plan, {{51, Allocate(16)}}), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_NE(LastError().find("tensor uid 50 is not in the variant pack"), std::string::npos)
+      << LastError();
+}
+
+TEST_F(CudnnEmulatorTest, WithDroverEmuCudnnNoEngineTheHeuristicsGiveNoEngine) {
+  cudnnBackendDescriptor_t graph = nullptr, config = nullptr;
+  ASSERT_EQ(Graph({Pointwise(CUDNN_POINTWISE_EXP, Tensor(60, CUDNN_DATA_FLOAT, {4}),
+                             Tensor(61, CUDNN_DATA_FLOAT, {4}))},
+                  &graph),
+            CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(setenv("DROVER_EMU_CUDNN_NO_ENGINE", "1", 1), 0);
+  EXPECT_EQ(EngineConfigs(graph, &config), 0);
+  ASSERT_EQ(unsetenv("DROVER_EMU_CUDNN_NO_ENGINE"), 0);
+  EXPECT_EQ(EngineConfigs(graph, &config), 1);
+}
+
+// What cuDNN refuses as an attribute is set: a finalized descriptor's, one of another type's
+// or of the wrong attribute type, and a descriptor value not yet finalized.
+TEST_F(CudnnEmulatorTest, AttributesCudnnRefusesAreRefusedWithAMessage) {
+  cudnnBackendDescriptor_t t = Tensor(70, CUDNN_DATA_FLOAT, {4});
+  const int64_t uid = 71;
+  EXPECT_EQ(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid),
+            CUDNN_STATUS_BAD_PARAM);
+  EXPECT_NE(LastError().find("finalized"), std::string::npos) << LastError();
+  cudnnBackendDescriptor_t fresh = Make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  EXPECT_EQ(cudnnBackendSetAttribute(fresh, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT32, 1, &uid),
+            CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnBackendSetAttribute(fresh, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &uid),
+            CUDNN_STATUS_BAD_PARAM);
+  EXPECT_EQ(cudnnBackendFinalize(fresh), CUDNN_STATUS_BAD_PARAM);
+  EXPECT_NE(LastError().find("CUDNN_ATTR_TENSOR_DATA_TYPE is not set"), std::string::npos)
+      << LastError();
+  cudnnBackendDescriptor_t op = Make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  EXPECT_EQ(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &fresh),
+            CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED);
+}
+
+TEST_F(CudnnEmulatorTest, ThePlanOverwritesItsWorkspace) {
+  cudnnBackendDescriptor_t plan =
+      Plan({Pointwise(CUDNN_POINTWISE_IDENTITY, Tensor(80, CUDNN_DATA_FLOAT, {4}),
+                      Tensor(81, CUDNN_DATA_FLOAT, {4}))});
+  ASSERT_EQ(cudaMemsetAsync(workspace_, 0, kWorkspaceBytes, stream_), cudaSuccess);
+  ASSERT_EQ(Execute(plan, {{80, Upload({1, 2, 3, 4})}, {81, Allocate(16)}}), CUDNN_STATUS_SUCCESS);
+  EXPECT_TRUE(std::isnan(Download(workspace_, 1)[0]));
+}
+
+TEST_F(CudnnEmulatorTest, TheVersionIsDroverEmuCudnnVersionsWhereSet) {
+  EXPECT_EQ(cudnnGetVersion(), 91000u);
+  ASSERT_EQ(setenv("DROVER_EMU_CUDNN_VERSION", "8907", 1), 0);
+  EXPECT_EQ(cudnnGetVersion(), 8907u);
+  ASSERT_EQ(unsetenv("DROVER_EMU_CUDNN_VERSION"), 0);
+}
+
+using CudnnEmulatorDeathTest = CudnnEmulatorTest;
+
+// A view reaching elements of a strided virtual tensor that no op wrote: (4) at stride 2
+// holds offsets 0, 2, 4, 6; a (4) view at stride 1 reads 1 and 3.
+TEST_F(CudnnEmulatorDeathTest, AVirtualElementNoOpWroteDiesWhenRead) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  cudnnBackendDescriptor_t strided = Tensor(91, CUDNN_DATA_FLOAT, {4}, kVirtual, {2});
+  cudnnBackendDescriptor_t view = Tensor(92, CUDNN_DATA_FLOAT, {4}, kVirtual);
+  cudnnBackendDescriptor_t plan =
+      Plan({Pointwise(CUDNN_POINTWISE_IDENTITY, Tensor(90, CUDNN_DATA_FLOAT, {4}), strided),
+            Reshape(strided, view),
+            Pointwise(CUDNN_POINTWISE_IDENTITY, view, Tensor(93, CUDNN_DATA_FLOAT, {4}))});
+  void* x = Upload({1, 2, 3, 4});
+  void* y = Allocate(16);
+  EXPECT_DEATH(
+      {
+        (void)Execute(plan, {{90, x}, {93, y}});
+        (void)cudaStreamSynchronize(stream_);
+      },
+      "virtual tensor uid 91 is read at offset 1, which no op of the graph wrote");
 }
 
 }  // namespace

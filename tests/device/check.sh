@@ -13,7 +13,8 @@
 #      CPU in fp32 and bf16; nccl_tests: the NCCL communicator (every collective, uneven
 #      chunks, a peer that never joins aborted at the deadline; two ranks on one GPU refused);
 #   2b. attention through the wmma kernels (DROVER_CUDA_ATTENTION=wmma, flash_attention.cu),
-#      the GEMM version (DROVER_CUDA_ATTENTION=gemms) and the mma kernels' other tile
+#      the GEMM version (DROVER_CUDA_ATTENTION=gemms), cuDNN's fused attention
+#      (DROVER_CUDA_ATTENTION=cudnn, cudnn_attention.cu) and the mma kernels' other tile
 #      choices (DROVER_CUDA_ATTENTION_TILES; a malformed one refused), and every op with
 #      float operand buffers and GEMMs on fp32 inputs (DROVER_CUDA_GEMM_INPUTS=fp32), where
 #      mixed precision takes 16-bit ones otherwise;
@@ -81,6 +82,11 @@ if [[ $no_gpu != 1 ]]; then
     timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*:CudaOpsTest.OpsRead*:CudaOpsTest.TwentyTrainingSteps*'
   step "2b cuda attention through the gemms" env DROVER_CUDA_ATTENTION=gemms \
     timeout 60 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*:CudaOpsTest.OpsRead*'
+  # cuDNN's fused attention (cudnn_attention.cu), from the PyTorch environment's libcudnn: its
+  # first run on a GPU decides whether cuDNN's engines take the graphs at all ("no engine of
+  # cuDNN ... takes the graph" names its reasons).
+  step "2b cuda attention through cudnn" env DROVER_CUDA_ATTENTION=cudnn \
+    timeout 90 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.Attention*:CudaOpsTest.Fused*:CudaOpsTest.*TrainingSteps*'
   step "2b cuda ops on fp32 inputs" env DROVER_CUDA_GEMM_INPUTS=fp32 \
     timeout 90 "$bin/cuda_tests" --gtest_filter='CudaOpsTest.*'
   # The fused attention's other tile choices (DROVER_CUDA_ATTENTION_TILES, which speed.sh

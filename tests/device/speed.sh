@@ -24,6 +24,8 @@
 # train.recompute so: a larger batch or model in the same memory, for a forward more.
 # DROVER_SPEED_TILES=forward=..,dq=..,dkv=.. trains a second time with those fused attention
 # tiles (DROVER_CUDA_ATTENTION_TILES) instead of the fastest that bench_attention_tiles names.
+# drover also trains with cuDNN's fused attention (DROVER_CUDA_ATTENTION=cudnn) unless
+# DROVER_SPEED_CUDNN=0.
 set -uo pipefail
 bin=${1:?PACK or BIN_DIR}
 model=${2:-124m}
@@ -123,6 +125,12 @@ if [[ -n $fastest ]]; then
   echo "---- drover with the fastest tiles: DROVER_CUDA_ATTENTION_TILES=$fastest"
   drover_run "$work/out-tiles" "$batch" DROVER_CUDA_ATTENTION_TILES="$fastest"
 fi
+# Attention through cuDNN's fused attention (DROVER_CUDA_ATTENTION=cudnn, cudnn_attention.cu)
+# instead of the table's own kernels; DROVER_SPEED_CUDNN=0 leaves it out.
+if [[ $device == cuda && ${DROVER_SPEED_CUDNN:-1} == 1 ]]; then
+  echo "---- drover with cuDNN's attention: DROVER_CUDA_ATTENTION=cudnn"
+  drover_run "$work/out-cudnn" "$batch" DROVER_CUDA_ATTENTION=cudnn
+fi
 # DROVER_SPEED_PROFILE=0 leaves out the op profiles below, DROVER_SPEED_TORCH=0 PyTorch (the
 # MFU is then against DROVER_SPEED_PEAK_TFLOPS, a GEMM rate measured earlier, if given).
 if [[ ${DROVER_SPEED_PROFILE:-1} == 1 ]]; then
@@ -195,6 +203,7 @@ PY
 }
 drover_summary "$work/out" "$batch" drover
 if [[ -n $fastest ]]; then drover_summary "$work/out-tiles" "$batch" "drover (tiles $fastest)"; fi
+if [[ -d $work/out-cudnn ]]; then drover_summary "$work/out-cudnn" "$batch" "drover (cuDNN attention)"; fi
 if [[ -d $work/out-torch-batch ]]; then
   drover_summary "$work/out-torch-batch" "$torch_batch" "drover (PyTorch's largest batch)"
 fi

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/mutex.h"
@@ -145,20 +146,26 @@ class PinnedAllocator final : public Allocator {
 // (attention_mma.cu), the fused ones on wmma tiles (flash_attention.cu), or the GEMMs
 // (attention.cu), the first that applies. fp32 runs always take the GEMMs (pedantic fp32).
 // DROVER_CUDA_ATTENTION=wmma starts from the wmma kernels and =gemms keeps the GEMMs for
-// every run, to compare them (tests/device/speed.sh); it is read once, so forward and
-// backward always agree.
-enum class AttentionKernels { kMma, kWmma, kGemms };
+// every run, to compare them (tests/device/speed.sh); =cudnn hands the shapes cuDNN takes to
+// its fused attention (cudnn_attention.cu) and the others to the mma kernels. It is read when
+// the table is made, so forward and backward always agree.
+enum class AttentionKernels { kCudnn, kMma, kWmma, kGemms };
 
-AttentionKernels AttentionFor(int C, int NH, Precision operands, const MmaAttentionTiles& tiles) {
-  static const int start = [] {
-    const char* choice = std::getenv("DROVER_CUDA_ATTENTION");
-    if (choice != nullptr && std::strcmp(choice, "gemms") == 0) return 2;
-    if (choice != nullptr && std::strcmp(choice, "wmma") == 0) return 1;
-    return 0;
-  }();
-  if (start == 0 && MmaAttentionApplies(C, NH, operands, tiles)) return AttentionKernels::kMma;
-  if (start <= 1 && FlashAttentionApplies(C, NH, operands)) return AttentionKernels::kWmma;
-  return AttentionKernels::kGemms;
+// DROVER_CUDA_ATTENTION's value: the kernels to start from. False for a value it does not name.
+bool ParseAttentionChoice(const char* text, AttentionKernels* start) {
+  const std::pair<const char*, AttentionKernels> names[] = {{"cudnn", AttentionKernels::kCudnn},
+                                                            {"mma", AttentionKernels::kMma},
+                                                            {"wmma", AttentionKernels::kWmma},
+                                                            {"gemms", AttentionKernels::kGemms}};
+  *start = AttentionKernels::kMma;
+  if (text == nullptr) return true;
+  for (const auto& [name, kernels] : names) {
+    if (std::strcmp(text, name) == 0) {
+      *start = kernels;
+      return true;
+    }
+  }
+  return false;
 }
 
 class CudaOpsImpl final : public Ops {
@@ -168,13 +175,16 @@ class CudaOpsImpl final : public Ops {
   // tiles: the fused attention's (attention_mma.cu).
   CudaOpsImpl(cudaStream_t stream, cudaStream_t copy_stream, cublasHandle_t blas,
               std::unique_ptr<LtMatmul> lt, std::unique_ptr<GemmStaging> staging,
-              const MmaAttentionTiles& tiles)
+              const MmaAttentionTiles& tiles, AttentionKernels attention,
+              std::unique_ptr<CudnnAttention> cudnn)
       : stream_(stream),
         copy_stream_(copy_stream),
         blas_(blas),
         lt_(std::move(lt)),
         staging_(std::move(staging)),
         tiles_(tiles),
+        attention_(attention),
+        cudnn_(std::move(cudnn)),
         allocator_(stream) {}
 
   const char* name() const override { return "cuda"; }
@@ -304,7 +314,7 @@ class CudaOpsImpl final : public Ops {
                          accumulate, operands, scratch, stream_);
   }
   size_t AttentionStateFloats(int B, int T, int C, int NH, Precision operands) const override {
-    if (AttentionFor(C, NH, operands, tiles_) != AttentionKernels::kGemms) {
+    if (AttentionFor(B, T, C, NH, operands) != AttentionKernels::kGemms) {
       return FlashAttentionStateFloats(B, T, C, NH);
     }
     return Ops::AttentionStateFloats(B, T, C, NH, operands);
@@ -312,8 +322,11 @@ class CudaOpsImpl final : public Ops {
   void AttentionForward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
                         Precision operands) override {
     const size_t btc = static_cast<size_t>(B) * T * C;
-    const AttentionKernels kernels = AttentionFor(C, NH, operands, tiles_);
-    if (kernels == AttentionKernels::kMma) {
+    const AttentionKernels kernels = AttentionFor(B, T, C, NH, operands);
+    if (kernels == AttentionKernels::kCudnn) {
+      float* scratch = datt_.Get(cudnn_->ForwardScratchFloats(B, T, C, NH, operands));
+      cudnn_->Forward(out, state, qkv, B, T, C, NH, operands, scratch);
+    } else if (kernels == AttentionKernels::kMma) {
       cuda::MmaAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands), tiles_,
                                 stream_);
     } else if (kernels == AttentionKernels::kWmma) {
@@ -331,8 +344,11 @@ class CudaOpsImpl final : public Ops {
                          const float* state, const float* qkv, int B, int T, int C, int NH,
                          Precision operands) override {
     const bool dout_narrow = dout_operand && Narrow(operands);
-    const AttentionKernels kernels = AttentionFor(C, NH, operands, tiles_);
-    if (kernels == AttentionKernels::kMma) {
+    const AttentionKernels kernels = AttentionFor(B, T, C, NH, operands);
+    if (kernels == AttentionKernels::kCudnn) {
+      float* scratch = datt_.Get(cudnn_->BackwardScratchFloats(B, T, C, NH, operands));
+      cudnn_->Backward(dqkv, dout, dout_narrow, out, state, qkv, B, T, C, NH, operands, scratch);
+    } else if (kernels == AttentionKernels::kMma) {
       float* scratch = datt_.Get(cuda::MmaAttentionScratchFloats(B, T, C, NH));
       cuda::MmaAttentionBackward(dqkv, scratch, dout, dout_narrow, out, state, qkv, B, T, C, NH,
                                  operands, Narrow(operands), tiles_, stream_);
@@ -460,6 +476,22 @@ class CudaOpsImpl final : public Ops {
   // Whether operand buffers of a run in p are 16-bit.
   bool Narrow(Precision p) const { return staging_ != nullptr && p != Precision::kFp32; }
 
+  // The kernels that take an attention of this shape: the first that applies, from those
+  // DROVER_CUDA_ATTENTION starts at (AttentionKernels).
+  AttentionKernels AttentionFor(int B, int T, int C, int NH, Precision operands) const {
+    if (attention_ == AttentionKernels::kCudnn && Narrow(operands) &&
+        cudnn_->Applies(B, T, C, NH, operands)) {
+      return AttentionKernels::kCudnn;
+    }
+    if (attention_ <= AttentionKernels::kMma && MmaAttentionApplies(C, NH, operands, tiles_)) {
+      return AttentionKernels::kMma;
+    }
+    if (attention_ <= AttentionKernels::kWmma && FlashAttentionApplies(C, NH, operands)) {
+      return AttentionKernels::kWmma;
+    }
+    return AttentionKernels::kGemms;
+  }
+
   // The operand buffer `out` (n elements) from the floats cuBLAS wrote to `written`: a
   // narrowing copy where it is 16-bit (written is then a scratch), else rounding in place
   // (written is out).
@@ -531,6 +563,8 @@ class CudaOpsImpl final : public Ops {
   std::unique_ptr<LtMatmul> lt_;
   std::unique_ptr<GemmStaging> staging_;
   const MmaAttentionTiles tiles_;
+  const AttentionKernels attention_;       // where AttentionFor starts
+  std::unique_ptr<CudnnAttention> cudnn_;  // set where attention_ is kCudnn
   DeviceAllocator allocator_;
   PinnedAllocator pinned_;
   Scratch<int32_t> tokens_;
@@ -592,6 +626,15 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     std::fprintf(stderr, "drover cuda: fused attention tiles %s (DROVER_CUDA_ATTENTION_TILES)\n",
                  drover::engine::cuda::MmaAttentionTilesName(tiles).c_str());
   }
+  drover::engine::cuda::AttentionKernels attention;
+  const char* attention_choice = std::getenv("DROVER_CUDA_ATTENTION");
+  if (!drover::engine::cuda::ParseAttentionChoice(attention_choice, &attention)) {
+    std::snprintf(error, error_len,
+                  "DROVER_CUDA_ATTENTION: \"%s\" is not one of mma (the default), wmma, gemms, "
+                  "cudnn",
+                  attention_choice);
+    return -1;
+  }
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -613,6 +656,14 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
   if (std::string why; !drover::engine::cuda::KernelsRunOnDevice(stream, &why)) {
     SetError(error, error_len, "unusable GPU", why.c_str());
     return -1;
+  }
+  std::unique_ptr<drover::engine::cuda::CudnnAttention> cudnn;
+  if (attention == drover::engine::cuda::AttentionKernels::kCudnn) {
+    std::string why;
+    if ((cudnn = drover::engine::cuda::CudnnAttention::Open(stream, &why)) == nullptr) {
+      SetError(error, error_len, "DROVER_CUDA_ATTENTION=cudnn", why.c_str());
+      return -1;
+    }
   }
   cublasHandle_t blas = nullptr;
   cublasStatus_t st = cublasCreate(&blas);
@@ -648,7 +699,8 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     staging = std::make_unique<drover::engine::cuda::GemmStaging>();
   }
   auto* table = new drover::engine::cuda::CudaOpsImpl(stream, copy_stream, blas, std::move(lt),
-                                                      std::move(staging), tiles);  // until exit
+                                                      std::move(staging), tiles, attention,
+                                                      std::move(cudnn));  // until exit
   {
     drover::MutexLock lock(&drover::engine::cuda::g_tables_mu);
     drover::engine::cuda::g_tables.push_back(table);

@@ -248,6 +248,37 @@ void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, bool d
                           int C, int NH, Precision operands, bool narrow,
                           const MmaAttentionTiles& tiles, cudaStream_t stream);
 
+// ---- cudnn_attention.cu (cuDNN's fused attention, DROVER_CUDA_ATTENTION=cudnn) ---------
+// The same contract as the fused kernels above (the state is each row's log-sum-exp, backward
+// reads the forward's out), on 16-bit operand buffers (qkv, out, dqkv). One per kernel table,
+// used by the thread that enqueues its kernels, on its stream.
+class CudnnAttention {
+ public:
+  // Opens cuDNN 9 (DROVER_CUDNN_LIBRARY, else libcudnn.so.9 from the library path) with a
+  // handle on `stream`; null with *why saying what is missing.
+  static std::unique_ptr<CudnnAttention> Open(cudaStream_t stream, std::string* why);
+  ~CudnnAttention();
+  // Whether cuDNN takes this attention: mixed precision, a head size that is a multiple of 8 up
+  // to 128, T a multiple of 128. The shape's graphs and plans are made the first time it is
+  // asked; where cuDNN has no engine for them the process stops, naming cuDNN's reason.
+  bool Applies(int B, int T, int C, int NH, Precision operands);
+  // Device scratch (16-byte aligned floats) that Forward and Backward take, for a shape that
+  // Applies.
+  size_t ForwardScratchFloats(int B, int T, int C, int NH, Precision operands);
+  size_t BackwardScratchFloats(int B, int T, int C, int NH, Precision operands);
+  void Forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
+               Precision operands, float* scratch);
+  // dout_narrow: dout is a 16-bit operand buffer, else floats holding values of `operands`.
+  void Backward(float* dqkv, const float* dout, bool dout_narrow, const float* out,
+                const float* state, const float* qkv, int B, int T, int C, int NH,
+                Precision operands, float* scratch);
+
+ private:
+  CudnnAttention() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // ---- gelu.cu ---------------------------------------------------------------------------
 void GeluForward(float* out, const float* inp, size_t N, Precision store, bool narrow_out,
                  cudaStream_t stream);
