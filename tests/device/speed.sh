@@ -135,10 +135,10 @@ fi
 # MFU is then against DROVER_SPEED_PEAK_TFLOPS, a GEMM rate measured earlier, if given).
 if [[ ${DROVER_SPEED_PROFILE:-1} == 1 ]]; then
   # Where drover's step time goes, op by op (each op synchronised, so no overlap), with the
-  # fused attention on mma.sync register tiles, then on wmma tiles, then with the GEMM version
-  # (which keeps the T x T probabilities), then with fp32 operand buffers.
-  for variant in "" DROVER_CUDA_ATTENTION=wmma DROVER_CUDA_ATTENTION=gemms \
-    DROVER_CUDA_GEMM_INPUTS=fp32; do
+  # fused attention on mma.sync register tiles, then through cuDNN, then on wmma tiles, then
+  # with the GEMM version (which keeps the T x T probabilities), then with fp32 operand buffers.
+  for variant in "" DROVER_CUDA_ATTENTION=cudnn DROVER_CUDA_ATTENTION=wmma \
+    DROVER_CUDA_ATTENTION=gemms DROVER_CUDA_GEMM_INPUTS=fp32; do
     [[ -n $variant ]] && echo "---- the same with $variant"
     drover_train "$work/out-profile${variant:+-${variant##*=}}" "$batch" $variant -- \
       --set train.steps=4 --profile-ops
