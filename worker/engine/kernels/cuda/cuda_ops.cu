@@ -151,19 +151,23 @@ class PinnedAllocator final : public Allocator {
 // the table is made, so forward and backward always agree.
 enum class AttentionKernels { kCudnn, kMma, kWmma, kGemms };
 
-// DROVER_CUDA_ATTENTION's value: the kernels to start from. False for a value it does not name.
-bool ParseAttentionChoice(const char* text, AttentionKernels* start) {
-  const std::pair<const char*, AttentionKernels> names[] = {{"cudnn", AttentionKernels::kCudnn},
-                                                            {"mma", AttentionKernels::kMma},
+// DROVER_CUDA_ATTENTION's value (null: unset): the kernels to start from. False, with *error
+// naming the value and the choices, for a value it does not name.
+bool ParseAttentionChoice(const char* text, AttentionKernels* start, std::string* error) {
+  const std::pair<const char*, AttentionKernels> names[] = {{"mma", AttentionKernels::kMma},
                                                             {"wmma", AttentionKernels::kWmma},
-                                                            {"gemms", AttentionKernels::kGemms}};
+                                                            {"gemms", AttentionKernels::kGemms},
+                                                            {"cudnn", AttentionKernels::kCudnn}};
   *start = AttentionKernels::kMma;
   if (text == nullptr) return true;
+  *error = std::string("\"") + text + "\" is not one of";
   for (const auto& [name, kernels] : names) {
     if (std::strcmp(text, name) == 0) {
       *start = kernels;
       return true;
     }
+    *error += std::string(kernels == AttentionKernels::kMma ? " " : ", ") + name +
+              (kernels == AttentionKernels::kMma ? " (the default)" : "");
   }
   return false;
 }
@@ -324,8 +328,7 @@ class CudaOpsImpl final : public Ops {
     const size_t btc = static_cast<size_t>(B) * T * C;
     const AttentionKernels kernels = AttentionFor(B, T, C, NH, operands);
     if (kernels == AttentionKernels::kCudnn) {
-      float* scratch = datt_.Get(cudnn_->ForwardScratchFloats(B, T, C, NH, operands));
-      cudnn_->Forward(out, state, qkv, B, T, C, NH, operands, scratch);
+      cudnn_->Forward(out, state, qkv, B, T, C, NH, operands, &datt_);
     } else if (kernels == AttentionKernels::kMma) {
       cuda::MmaAttentionForward(out, state, qkv, B, T, C, NH, operands, Narrow(operands), tiles_,
                                 stream_);
@@ -346,8 +349,7 @@ class CudaOpsImpl final : public Ops {
     const bool dout_narrow = dout_operand && Narrow(operands);
     const AttentionKernels kernels = AttentionFor(B, T, C, NH, operands);
     if (kernels == AttentionKernels::kCudnn) {
-      float* scratch = datt_.Get(cudnn_->BackwardScratchFloats(B, T, C, NH, operands));
-      cudnn_->Backward(dqkv, dout, dout_narrow, out, state, qkv, B, T, C, NH, operands, scratch);
+      cudnn_->Backward(dqkv, dout, dout_narrow, out, state, qkv, B, T, C, NH, operands, &datt_);
     } else if (kernels == AttentionKernels::kMma) {
       float* scratch = datt_.Get(cuda::MmaAttentionScratchFloats(B, T, C, NH));
       cuda::MmaAttentionBackward(dqkv, scratch, dout, dout_narrow, out, state, qkv, B, T, C, NH,
@@ -627,12 +629,9 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
                  drover::engine::cuda::MmaAttentionTilesName(tiles).c_str());
   }
   drover::engine::cuda::AttentionKernels attention;
-  const char* attention_choice = std::getenv("DROVER_CUDA_ATTENTION");
-  if (!drover::engine::cuda::ParseAttentionChoice(attention_choice, &attention)) {
-    std::snprintf(error, error_len,
-                  "DROVER_CUDA_ATTENTION: \"%s\" is not one of mma (the default), wmma, gemms, "
-                  "cudnn",
-                  attention_choice);
+  if (std::string why; !drover::engine::cuda::ParseAttentionChoice(
+          std::getenv("DROVER_CUDA_ATTENTION"), &attention, &why)) {
+    SetError(error, error_len, "DROVER_CUDA_ATTENTION", why.c_str());
     return -1;
   }
   int count = 0;

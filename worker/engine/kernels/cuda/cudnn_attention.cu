@@ -57,11 +57,10 @@ std::unique_ptr<CudnnAttention> CudnnAttention::Open(cudaStream_t, std::string* 
 }
 CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::Applies(int, int, int, int, Precision) { return false; }
-size_t CudnnAttention::ForwardScratchFloats(int, int, int, int, Precision) { return 0; }
-size_t CudnnAttention::BackwardScratchFloats(int, int, int, int, Precision) { return 0; }
-void CudnnAttention::Forward(float*, float*, const float*, int, int, int, int, Precision, float*) {}
+void CudnnAttention::Forward(float*, float*, const float*, int, int, int, int, Precision,
+                             Scratch<float>*) {}
 void CudnnAttention::Backward(float*, const float*, bool, const float*, const float*, const float*,
-                              int, int, int, int, Precision, float*) {}
+                              int, int, int, int, Precision, Scratch<float>*) {}
 
 #else
 
@@ -647,20 +646,12 @@ bool CudnnAttention::Applies(int B, int T, int C, int NH, Precision operands) {
   return true;
 }
 
-size_t CudnnAttention::ForwardScratchFloats(int B, int T, int C, int NH, Precision operands) {
-  const Impl::Plans& plans = impl_->Ready(ShapeOf(B, T, C, NH, operands));
-  return Align64((static_cast<size_t>(plans.forward.workspace_bytes) + 3) / 4);
-}
-
-size_t CudnnAttention::BackwardScratchFloats(int B, int T, int C, int NH, Precision operands) {
-  const Shape s = ShapeOf(B, T, C, NH, operands);
-  return BackwardLayout(s, impl_->Ready(s).backward.workspace_bytes).total;
-}
-
 void CudnnAttention::Forward(float* out, float* state, const float* qkv, int B, int T, int C,
-                             int NH, Precision operands, float* scratch) {
+                             int NH, Precision operands, Scratch<float>* scratch) {
   const Shape s = ShapeOf(B, T, C, NH, operands);
   const Impl::Plans& plans = impl_->Ready(s);
+  float* workspace =
+      scratch->Get(Align64((static_cast<size_t>(plans.forward.workspace_bytes) + 3) / 4));
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   const auto* q = reinterpret_cast<const uint16_t*>(qkv);  // 16-bit elements
   impl_->Execute(plans.forward,
@@ -671,15 +662,16 @@ void CudnnAttention::Forward(float* out, float* state, const float* qkv, int B, 
                   {kStats, state},
                   {kScale, &scale},
                   {kNegInf, &impl_->neg_inf}},
-                 scratch);
+                 workspace);
 }
 
 void CudnnAttention::Backward(float* dqkv, const float* dout, bool dout_narrow, const float* out,
                               const float* state, const float* qkv, int B, int T, int C, int NH,
-                              Precision operands, float* scratch) {
+                              Precision operands, Scratch<float>* scratch_buffer) {
   const Shape s = ShapeOf(B, T, C, NH, operands);
   const Impl::Plans& plans = impl_->Ready(s);
   const BackwardScratch l = BackwardLayout(s, plans.backward.workspace_bytes);
+  float* scratch = scratch_buffer->Get(l.total);
   const size_t btc = static_cast<size_t>(B) * T * C;
   const void* dout16 = dout;
   if (!dout_narrow) {  // cuDNN reads dout in the run's type

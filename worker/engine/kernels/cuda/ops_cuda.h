@@ -262,16 +262,14 @@ class CudnnAttention {
   // to 128, T a multiple of 128. The shape's graphs and plans are made the first time it is
   // asked; where cuDNN has no engine for them the process stops, naming cuDNN's reason.
   bool Applies(int B, int T, int C, int NH, Precision operands);
-  // Device scratch (16-byte aligned floats) that Forward and Backward take, for a shape that
-  // Applies.
-  size_t ForwardScratchFloats(int B, int T, int C, int NH, Precision operands);
-  size_t BackwardScratchFloats(int B, int T, int C, int NH, Precision operands);
+  // For a shape that Applies. scratch: the table's, grown to what cuDNN's workspace (and the
+  // backward's fp32 dQ sum, row sums and 16-bit dout) take.
   void Forward(float* out, float* state, const float* qkv, int B, int T, int C, int NH,
-               Precision operands, float* scratch);
+               Precision operands, Scratch<float>* scratch);
   // dout_narrow: dout is a 16-bit operand buffer, else floats holding values of `operands`.
   void Backward(float* dqkv, const float* dout, bool dout_narrow, const float* out,
                 const float* state, const float* qkv, int B, int T, int C, int NH,
-                Precision operands, float* scratch);
+                Precision operands, Scratch<float>* scratch);
 
  private:
   CudnnAttention() = default;
