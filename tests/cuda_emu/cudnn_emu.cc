@@ -694,11 +694,15 @@ cudnnStatus_t FinalizeByType(Descriptor& d) {
     case CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR:
       return FinalizeVariantPack(d);
     case CUDNN_BACKEND_ENGINE_DESCRIPTOR:
+      return Refuse(CUDNN_STATUS_BAD_PARAM,
+                    "an engine comes from CUDNN_ATTR_ENGINEHEUR_RESULTS in the emulator (its "
+                    "CUDNN_ATTR_ENGINE_* attributes are not emulated)");
+    case CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR:
       break;
   }
-  return Refuse(CUDNN_STATUS_BAD_PARAM,
-                "an engine comes from CUDNN_ATTR_ENGINEHEUR_RESULTS in the emulator (its "
-                "CUDNN_ATTR_ENGINE_* attributes are not emulated)");
+  return Refuse(CUDNN_STATUS_NOT_SUPPORTED,
+                "device properties (plans for a GPU that is not there) are not emulated: the "
+                "emulator's plans run on its own device");
 }
 
 // ---- The heuristics ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // Stand-in for cuDNN 9's cudnn_graph.h: the part of the backend (graph) API that the kernel
-// table's cuDNN attention (worker/engine/kernels/cuda/cudnn_attention.cu) uses, with the
-// values cuDNN 9 gives each enumerator, so that the emulated plugin compiles the same code.
+// table's cuDNN attention (worker/engine/kernels/cuda/cudnn_graphs.cu, cudnn_attention.cu)
+// uses, with the values cuDNN 9 gives each enumerator, so that the emulated plugin compiles the
+// same code.
 // The emulator's cuDNN (tests/cuda_emu/cudnn_emu.cc) implements these functions and runs the
 // operation graphs it is given on the CPU; the plugin reaches them, as it reaches the real
 // library, through dlopen (DROVER_CUDNN_LIBRARY names the emulated plugin itself).
@@ -71,12 +72,14 @@ typedef enum {
   CUDNN_ATTR_ENGINEHEUR_MODE = 200,
   CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH = 201,
   CUDNN_ATTR_ENGINEHEUR_RESULTS = 202,
+  CUDNN_ATTR_ENGINEHEUR_DEVICEPROP = 204,
 
   CUDNN_ATTR_ENGINECFG_ENGINE = 300,
 
   CUDNN_ATTR_EXECUTION_PLAN_HANDLE = 400,
   CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG = 401,
   CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE = 402,
+  CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP = 407,
 
   CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR = 750,
   CUDNN_ATTR_OPERATION_POINTWISE_XDESC = 751,
@@ -98,6 +101,8 @@ typedef enum {
   CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS = 1000,
   CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS = 1001,
   CUDNN_ATTR_VARIANT_PACK_WORKSPACE = 1003,
+
+  CUDNN_ATTR_ENGINE_GLOBAL_INDEX = 1301,
 
   CUDNN_ATTR_MATMUL_COMP_TYPE = 1500,
   CUDNN_ATTR_OPERATION_MATMUL_ADESC = 1520,
@@ -145,6 +150,7 @@ typedef enum {
   CUDNN_BACKEND_REDUCTION_DESCRIPTOR = 21,
   CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR = 22,
   CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR = 31,
+  CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR = 38,
 } cudnnBackendDescriptorType_t;
 
 extern "C" {
