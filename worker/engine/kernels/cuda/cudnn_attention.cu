@@ -80,8 +80,10 @@ struct CudnnAttention::Impl {
   cudnnHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;
   // Values the graphs take by value, from the host; cudnnBackendExecute reads them at the call.
-  float neg_inf = -std::numeric_limits<float>::infinity();
-  float one = 1.0f;
+  // 16-byte aligned, as the graphs declare every tensor (cuDNN's documents do not say whether
+  // it holds a by-value pointer to that).
+  alignas(16) float neg_inf = -std::numeric_limits<float>::infinity();
+  alignas(16) float one = 1.0f;
   struct Plans {
     bool ok = false;
     std::string why;
@@ -192,7 +194,7 @@ void CudnnAttention::Forward(float* out, float* state, const float* qkv, int B, 
   const Impl::Plans& plans = impl_->Ready(s);
   float* workspace =
       scratch->Get(Align64((static_cast<size_t>(plans.forward.workspace_bytes) + 3) / 4));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+  alignas(16) const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   const auto* q = reinterpret_cast<const uint16_t*>(qkv);  // 16-bit elements
   impl_->Execute(plans.forward,
                  {{kQ, q},
@@ -220,7 +222,7 @@ void CudnnAttention::Backward(float* dqkv, const float* dout, bool dout_narrow, 
   }
   // cuDNN before 9.6 adds dQ into its sum without clearing it first.
   DROVER_CUDA_CHECK(cudaMemsetAsync(scratch + l.dq_sum, 0, btc * sizeof(float), impl_->stream));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+  alignas(16) const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
   const auto* q = reinterpret_cast<const uint16_t*>(qkv);
   auto* dq = reinterpret_cast<uint16_t*>(dqkv);
   impl_->Execute(plans.backward,
