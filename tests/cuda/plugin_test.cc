@@ -41,7 +41,7 @@ TEST(CudaBackendTest, UnknownAttentionKernelsAreRefusedByName) {
   const std::string message = TableFailure("DROVER_CUDA_ATTENTION", "cudnnn");
   if (message.empty()) GTEST_SKIP() << "run with DROVER_CUDA_ATTENTION=cudnnn";
   EXPECT_NE(message.find("DROVER_CUDA_ATTENTION: \"cudnnn\" is not one of mma (the default), "
-                         "wmma, gemms, cudnn"),
+                         "wmma, gemms, cudnn, auto"),
             std::string::npos)
       << message;
 }
@@ -75,6 +75,15 @@ TEST(CudaBackendTest, ACudnnTheTableCannotUseIsRefusedByName) {
               std::string::npos)
         << message;
   }
+}
+
+// DROVER_CUDA_ATTENTION=auto with a cuDNN the table cannot use (one that cannot be opened, or
+// one older than 9.0) still makes the table, whose own kernels then take every attention. The
+// ctest entries Emulated.CudaBackend.AutoAttentionWithoutAUsableCudnn* run it so.
+TEST(CudaBackendTest, AutoAttentionWithoutAUsableCudnnMakesTheTable) {
+  const std::string message = TableFailure("DROVER_CUDA_ATTENTION", "auto");
+  if (message.empty()) GTEST_SKIP() << "run with DROVER_CUDA_ATTENTION=auto";
+  EXPECT_EQ(message, "the table was made");
 }
 
 // A GPU this build's kernels were not compiled for (the emulator's DROVER_EMU_NO_KERNEL_IMAGE

@@ -147,9 +147,11 @@ class PinnedAllocator final : public Allocator {
 // (attention.cu), the first that applies. fp32 runs always take the GEMMs (pedantic fp32).
 // DROVER_CUDA_ATTENTION=wmma starts from the wmma kernels and =gemms keeps the GEMMs for
 // every run, to compare them (tests/device/speed.sh); =cudnn hands the shapes cuDNN takes to
-// its fused attention (cudnn_attention.cu) and the others to the mma kernels. It is read when
-// the table is made, so forward and backward always agree.
-enum class AttentionKernels { kCudnn, kMma, kWmma, kGemms };
+// its fused attention (cudnn_attention.cu) and the others to the mma kernels, and stops where
+// cuDNN cannot be opened or has no engine for a shape it should take; =auto does the same but
+// leaves to the mma kernels what cuDNN cannot do (kAuto: a choice, never AttentionFor's
+// answer). It is read when the table is made, so forward and backward always agree.
+enum class AttentionKernels { kCudnn, kAuto, kMma, kWmma, kGemms };
 
 // DROVER_CUDA_ATTENTION's value (null: unset): the kernels to start from. False, with *error
 // naming the value and the choices, for a value it does not name.
@@ -157,7 +159,8 @@ bool ParseAttentionChoice(const char* text, AttentionKernels* start, std::string
   const std::pair<const char*, AttentionKernels> names[] = {{"mma", AttentionKernels::kMma},
                                                             {"wmma", AttentionKernels::kWmma},
                                                             {"gemms", AttentionKernels::kGemms},
-                                                            {"cudnn", AttentionKernels::kCudnn}};
+                                                            {"cudnn", AttentionKernels::kCudnn},
+                                                            {"auto", AttentionKernels::kAuto}};
   *start = AttentionKernels::kMma;
   if (text == nullptr) return true;
   *error = std::string("\"") + text + "\" is not one of";
@@ -481,7 +484,7 @@ class CudaOpsImpl final : public Ops {
   // The kernels that take an attention of this shape: the first that applies, from those
   // DROVER_CUDA_ATTENTION starts at (AttentionKernels).
   AttentionKernels AttentionFor(int B, int T, int C, int NH, Precision operands) const {
-    if (attention_ == AttentionKernels::kCudnn && Narrow(operands) &&
+    if (attention_ <= AttentionKernels::kAuto && cudnn_ != nullptr && Narrow(operands) &&
         cudnn_->Applies(B, T, C, NH, operands)) {
       return AttentionKernels::kCudnn;
     }
@@ -566,7 +569,7 @@ class CudaOpsImpl final : public Ops {
   std::unique_ptr<GemmStaging> staging_;
   const MmaAttentionTiles tiles_;
   const AttentionKernels attention_;       // where AttentionFor starts
-  std::unique_ptr<CudnnAttention> cudnn_;  // set where attention_ is kCudnn
+  std::unique_ptr<CudnnAttention> cudnn_;  // set where attention_ is kCudnn, maybe where kAuto
   DeviceAllocator allocator_;
   PinnedAllocator pinned_;
   Scratch<int32_t> tokens_;
@@ -657,11 +660,16 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     return -1;
   }
   std::unique_ptr<drover::engine::cuda::CudnnAttention> cudnn;
-  if (attention == drover::engine::cuda::AttentionKernels::kCudnn) {
+  if (attention <= drover::engine::cuda::AttentionKernels::kAuto) {
+    const bool required = attention == drover::engine::cuda::AttentionKernels::kCudnn;
     std::string why;
-    if ((cudnn = drover::engine::cuda::CudnnAttention::Open(stream, &why)) == nullptr) {
+    cudnn = drover::engine::cuda::CudnnAttention::Open(stream, required, &why);
+    if (cudnn == nullptr && required) {
       SetError(error, error_len, "DROVER_CUDA_ATTENTION=cudnn", why.c_str());
       return -1;
+    }
+    if (cudnn == nullptr) {
+      std::fprintf(stderr, "drover cuda: attention on the table's own kernels: %s\n", why.c_str());
     }
   }
   cublasHandle_t blas = nullptr;

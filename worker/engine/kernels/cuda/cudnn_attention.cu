@@ -37,7 +37,7 @@ namespace drover::engine::cuda {
 #ifndef DROVER_HAVE_CUDNN
 
 struct CudnnAttention::Impl {};
-std::unique_ptr<CudnnAttention> CudnnAttention::Open(cudaStream_t, std::string* why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::Open(cudaStream_t, bool, std::string* why) {
   *why = "this build has no cuDNN headers (cudnn_graph.h): rebuild where cuDNN 9 is installed";
   return nullptr;
 }
@@ -53,6 +53,12 @@ void CudnnAttention::Backward(float*, const float*, bool, const float*, const fl
 using namespace cudnn_graphs;  // NOLINT: the graphs this file runs
 
 namespace {
+
+// "B=4 T=1024 NH=12 HS=64 bf16", for the log.
+std::string Describe(const Shape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " NH=" + std::to_string(s.NH) +
+         " HS=" + std::to_string(s.HS) + (s.type == CUDNN_DATA_HALF ? " fp16" : " bf16");
+}
 
 size_t Align64(size_t floats) { return (floats + 63) / 64 * 64; }
 
@@ -79,6 +85,7 @@ struct CudnnAttention::Impl {
   Api api;
   cudnnHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;
+  bool required = true;  // a shape cuDNN does not take stops the process (Ready)
   // Values the graphs take by value, from the host; cudnnBackendExecute reads them at the call.
   // 16-byte aligned, as the graphs declare every tensor (cuDNN's documents do not say whether
   // it holds a by-value pointer to that).
@@ -91,9 +98,10 @@ struct CudnnAttention::Impl {
   };
   std::map<Shape, Plans> plans;
 
-  // The shape's plans, made the first time it is asked for. A shape cuDNN takes no engine
-  // for stops the process, naming cuDNN's reason: the run asked for cuDNN, and timing the
-  // table's own kernels in its place would answer another question.
+  // The shape's plans, made the first time it is asked for. Where cuDNN takes no engine for
+  // them and cuDNN is required, the process stops, naming cuDNN's reason: the run asked for
+  // cuDNN, and timing the table's own kernels in its place would answer another question.
+  // Otherwise the shape is left to the table's own kernels, said once on stderr.
   Plans& Ready(const Shape& s) {
     auto [it, fresh] = plans.try_emplace(s);
     Plans& p = it->second;
@@ -109,16 +117,21 @@ struct CudnnAttention::Impl {
       }
       if (p.ok) {
         std::fprintf(stderr,
-                     "drover cuda: attention B=%lld T=%lld NH=%lld HS=%lld through cuDNN "
-                     "(workspace %lld bytes forward, %lld backward)\n",
-                     static_cast<long long>(s.B), static_cast<long long>(s.T),
-                     static_cast<long long>(s.NH), static_cast<long long>(s.HS),
-                     static_cast<long long>(p.forward.workspace_bytes),
+                     "drover cuda: attention %s through cuDNN (workspace %lld bytes forward, "
+                     "%lld backward)\n",
+                     Describe(s).c_str(), static_cast<long long>(p.forward.workspace_bytes),
                      static_cast<long long>(p.backward.workspace_bytes));
       }
     }
-    if (!p.ok)
+    if (!p.ok && required) {
       CudaFail("cuDNN attention (DROVER_CUDA_ATTENTION=cudnn)", p.why.c_str(), __FILE__, __LINE__);
+    }
+    if (!p.ok && fresh) {
+      std::fprintf(stderr,
+                   "drover cuda: attention %s on the table's own kernels: cuDNN does not take "
+                   "it (%s)\n",
+                   Describe(s).c_str(), p.why.c_str());
+    }
     return p;
   }
 
@@ -151,8 +164,10 @@ struct CudnnAttention::Impl {
   }
 };
 
-std::unique_ptr<CudnnAttention> CudnnAttention::Open(cudaStream_t stream, std::string* why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::Open(cudaStream_t stream, bool required,
+                                                     std::string* why) {
   auto impl = std::make_unique<Impl>();
+  impl->required = required;
   const char* library = std::getenv("DROVER_CUDNN_LIBRARY");
   if (!LoadApi(library != nullptr ? library : "libcudnn.so.9", &impl->api, why)) return nullptr;
   const size_t version = impl->api.GetVersion();
@@ -184,8 +199,7 @@ bool CudnnAttention::Applies(int B, int T, int C, int NH, Precision operands) {
   // The head sizes cuDNN's flash engines take, and whole 128-row tiles of the sequence (before
   // 9.16, cuDNN needs a padding mask otherwise, which cudnn-frontend adds).
   if (HS % 8 != 0 || HS > 128 || T % 128 != 0) return false;
-  impl_->Ready(ShapeOf(B, T, C, NH, operands));
-  return true;
+  return impl_->Ready(ShapeOf(B, T, C, NH, operands)).ok;
 }
 
 void CudnnAttention::Forward(float* out, float* state, const float* qkv, int B, int T, int C,

@@ -255,12 +255,14 @@ void MmaAttentionBackward(float* dqkv, float* scratch, const float* dout, bool d
 class CudnnAttention {
  public:
   // Opens cuDNN 9 (DROVER_CUDNN_LIBRARY, else libcudnn.so.9 from the library path) with a
-  // handle on `stream`; null with *why saying what is missing.
-  static std::unique_ptr<CudnnAttention> Open(cudaStream_t stream, std::string* why);
+  // handle on `stream`; null with *why saying what is missing. required: a shape whose graphs
+  // no engine takes stops the process (else Applies says no).
+  static std::unique_ptr<CudnnAttention> Open(cudaStream_t stream, bool required, std::string* why);
   ~CudnnAttention();
   // Whether cuDNN takes this attention: mixed precision, a head size that is a multiple of 8 up
-  // to 128, T a multiple of 128. The shape's graphs and plans are made the first time it is
-  // asked; where cuDNN has no engine for them the process stops, naming cuDNN's reason.
+  // to 128, T a multiple of 128, and an engine for the shape's graphs, whose plans are made the
+  // first time it is asked (where none takes them and cuDNN is required, the process stops,
+  // naming cuDNN's reason).
   bool Applies(int B, int T, int C, int NH, Precision operands);
   // For a shape that Applies. scratch: the table's, grown to what cuDNN's workspace (and the
   // backward's fp32 dQ sum, row sums and 16-bit dout) take.
