@@ -59,7 +59,6 @@ class Descriptor {
   Descriptor& operator=(const Descriptor&) = delete;
   Descriptor& operator=(Descriptor&&) = delete;
   ~Descriptor();
-  cudnnBackendDescriptor_t get() const { return d_; }
 
  private:
   const Api* api_;
