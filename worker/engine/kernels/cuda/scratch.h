@@ -10,19 +10,9 @@
 #include <cstddef>
 
 #include "worker/engine/kernels/cuda/cuda_check.h"
+#include "worker/engine/kernels/cuda/device_memory.h"
 
 namespace drover::engine::cuda {
-
-// cudaMalloc and cudaFree, counted for Ops::device_allocations and Ops::device_bytes
-// (cuda_ops.cu): every device allocation of the plugin goes through the first, and every
-// free of one through the second. Any thread.
-cudaError_t CountedMalloc(void** p, size_t bytes);
-cudaError_t CountedFree(void* p);
-
-// CountedMalloc for the training's buffers (arenas, activations, scratch). When the GPU has
-// no room the process says so, with what it asked for, what the GPU has left and what makes
-// a rank need less, and exits 1 (cuda_ops.cu); any other error is a CudaFail.
-void* DeviceMallocOrExit(size_t bytes);
 
 template <typename T>
 class Scratch {
