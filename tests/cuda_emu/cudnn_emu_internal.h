@@ -1,6 +1,7 @@
-// What the emulator's cuDNN files share (tests/cuda_emu/README.md): cudnn_emu.cc, the API,
-// finalizes descriptors into the structs here, and cudnn_graph_run.cc binds an execution's
-// variant pack and runs the graph. Nothing outside tests/cuda_emu includes it.
+// What the emulator's cuDNN files share (tests/cuda_emu/README.md): cudnn_emu_finalize.cc
+// finalizes the API's descriptors (cudnn_emu.cc, cudnn_emu_descriptor.h) into the structs here,
+// and cudnn_graph_run.cc binds an execution's variant pack and runs the graph. Nothing outside
+// tests/cuda_emu includes it.
 //
 // A finalized Tensor, Op or Graph never changes: descriptors' copies and the runs enqueued on a
 // stream share them, from any thread.
