@@ -11,7 +11,7 @@
 // taken here as "this engine takes the graph"; any other (NOT_SUPPORTED_GRAPH_PATTERN, no
 // engine offered) fails the test. With a GPU and its driver, the plan is made outright.
 //
-// Skips where cuDNN 9.8 or later, or the stub, is not installed.
+// Skips where cuDNN 9.8 or later, NVRTC, or the stub is not installed.
 #include "worker/engine/kernels/cuda/cudnn_graphs.h"
 
 #include <dlfcn.h>
@@ -56,6 +56,12 @@ class CudnnGraphsTest : public ::testing::Test {
     if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL) == nullptr &&
         dlopen(DROVER_CUDA_STUB_LIBCUDA, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
       GTEST_SKIP() << "no CUDA driver, and no stub at " << DROVER_CUDA_STUB_LIBCUDA;
+    }
+    // cuDNN compiles its flash engines' kernels with NVRTC, opened by name as it needs it:
+    // without one, it drops every engine before trying it, and there would be nothing to judge.
+    if (dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL) == nullptr &&
+        dlopen("libnvrtc.so.12", RTLD_NOW | RTLD_LOCAL) == nullptr) {
+      GTEST_SKIP() << "no NVRTC (libnvrtc.so.13 or .12) on the library path";
     }
     std::string why;
     if (!LoadApi(DROVER_CUDNN_LIBRARY_PATH, &api_, &why)) GTEST_SKIP() << why;
