@@ -130,8 +130,9 @@ TEST_P(CudnnGraphsForAShapeTest, CudnnCompilesBothGraphsForTheGpu) {
 
 // GPT-2 124M's (head size 64, 12 heads) and 350M's (64, 16) at T=1024, and the shapes the
 // emulated attention tests give cuDNN (T=128 at head size 64, T=256 at 128), and GPT-2 124M on
-// an A100. Each graph takes cuDNN about a second per engine it compiles, so fp16 only where
-// GPT-2 124M trains in it.
+// an A100. cuDNN compiles every config its heuristics offer (6 for a forward graph, 3 for a
+// backward one here), about 3 s a shape on this machine's two cores, so fp16 only where GPT-2
+// 124M trains in it.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudnnGraphsForAShapeTest,
     ::testing::Values(Case{"Gpt2Small_Bf16", 4, 1024, 768, 12, Precision::kBf16},
