@@ -17,45 +17,72 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <ostream>
+#include <sstream>
 #include <string>
 
 namespace drover::engine::cuda::cudnn_graphs {
 namespace {
 
-// GPUs as cudaGetDeviceProperties describes them, in the JSON cuDNN's device-properties
-// descriptor reads, with their driver's CUDA version (580: 13.0). The H200: 132
-// multiprocessors, 227 KiB of shared memory a block may opt in to, 60 MB of L2, 143771 MiB (the
-// GPU machine's PyTorch and nvidia-smi, /work/.library/device/KINDS.md).
-constexpr char kH200[] = R"({
-  "deviceName": "NVIDIA H200", "deviceVer": 900, "driverVer": 13000, "cudaDeviceId": 0,
-  "multiProcessorCount": 132, "maxCtasPerSM": 32, "maxThreadsPerSM": 2048,
-  "maxThreadsPerBlock": 1024, "warpSize": 32, "regsPerBlock": 65536, "maxRegistersPerSM": 65536,
-  "maxSharedMemoryPerBlock": 49152, "maxSharedMemoryPerBlockOptin": 232448,
-  "reservedSharedMemoryPerBlock": 1024, "l2CacheSize": 62914560,
-  "totalGlobalMem": 150754820096, "smClockRateKHz": 1980000, "memClockRateKHz": 3201000,
-  "maxGridSize": [2147483647, 65535, 65535], "maxBlockSize": [1024, 1024, 64],
-  "pciDeviceId": 0, "isTccDriver": 0, "supportCoopLaunch": 1})";
-// An A100 80GB (sm_80): 108 multiprocessors, 163 KiB a block may opt in to, 40 MB of L2, as
-// NVIDIA's A100 datasheet and CUDA programming guide give them.
-constexpr char kA100[] = R"({
-  "deviceName": "NVIDIA A100-SXM4-80GB", "deviceVer": 800, "driverVer": 13000,
-  "cudaDeviceId": 0, "multiProcessorCount": 108, "maxCtasPerSM": 32, "maxThreadsPerSM": 2048,
-  "maxThreadsPerBlock": 1024, "warpSize": 32, "regsPerBlock": 65536, "maxRegistersPerSM": 65536,
-  "maxSharedMemoryPerBlock": 49152, "maxSharedMemoryPerBlockOptin": 166912,
-  "reservedSharedMemoryPerBlock": 1024, "l2CacheSize": 41943040,
-  "totalGlobalMem": 85198045184, "smClockRateKHz": 1410000, "memClockRateKHz": 1593000,
-  "maxGridSize": [2147483647, 65535, 65535], "maxBlockSize": [1024, 1024, 64],
-  "pciDeviceId": 0, "isTccDriver": 0, "supportCoopLaunch": 1})";
+// A GPU as cudaGetDeviceProperties describes it: what differs between the two below.
+struct Gpu {
+  const char* name;
+  int version;  // compute capability x 100
+  int multiprocessors;
+  int64_t shared_optin, l2_bytes, memory_bytes;  // a block's opt-in shared memory
+  int sm_khz, memory_khz;
+};
+// The H200: 132 multiprocessors, 227 KiB of shared memory a block may opt in to, 60 MB of L2,
+// 143771 MiB (the GPU machine's PyTorch and nvidia-smi, /work/.library/device/KINDS.md).
+constexpr Gpu kH200{"NVIDIA H200", 900, 132, 232448, 62914560, 150754820096, 1980000, 3201000};
+// An A100 80GB (sm_80): 108 multiprocessors, 163 KiB, 40 MB of L2, as NVIDIA's A100 datasheet
+// and CUDA programming guide give them.
+constexpr Gpu kA100{
+    "NVIDIA A100-SXM4-80GB", 800, 108, 166912, 41943040, 85198045184, 1410000, 1593000};
+
+// `gpu` in the JSON cuDNN's device-properties descriptor reads (its fields are cudaDeviceProp's;
+// cuDNN names each one missing), with the driver's CUDA version of the GPU machine (580: 13.0)
+// and what every sm_80 and sm_90 part shares.
+std::string Json(const Gpu& gpu) {
+  std::ostringstream json;
+  json << "{\"deviceName\": \"" << gpu.name << "\"";
+  auto field = [&](const char* key, int64_t value) { json << ", \"" << key << "\": " << value; };
+  field("deviceVer", gpu.version);
+  field("driverVer", 13000);
+  field("cudaDeviceId", 0);
+  field("multiProcessorCount", gpu.multiprocessors);
+  field("maxCtasPerSM", 32);
+  field("maxThreadsPerSM", 2048);
+  field("maxThreadsPerBlock", 1024);
+  field("warpSize", 32);
+  field("regsPerBlock", 65536);
+  field("maxRegistersPerSM", 65536);
+  field("maxSharedMemoryPerBlock", 49152);
+  field("maxSharedMemoryPerBlockOptin", gpu.shared_optin);
+  field("reservedSharedMemoryPerBlock", 1024);
+  field("l2CacheSize", gpu.l2_bytes);
+  field("totalGlobalMem", gpu.memory_bytes);
+  field("smClockRateKHz", gpu.sm_khz);
+  field("memClockRateKHz", gpu.memory_khz);
+  field("pciDeviceId", 0);
+  field("isTccDriver", 0);
+  field("supportCoopLaunch", 1);
+  json << ", \"maxGridSize\": [2147483647, 65535, 65535], \"maxBlockSize\": [1024, 1024, 64]}";
+  return json.str();
+}
 
 class CudnnGraphsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // The driver, or the toolkit's stub in its place (its soname is libcuda.so.1, so cuDNN's
     // own dlopen of that name finds the one loaded here).
+    // The build names the stub where it found one (DROVER_CUDA_STUB_LIBCUDA, else empty).
+    const std::string stub = DROVER_CUDA_STUB_LIBCUDA;
     if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL) == nullptr &&
-        dlopen(DROVER_CUDA_STUB_LIBCUDA, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
-      GTEST_SKIP() << "no CUDA driver, and no stub at " << DROVER_CUDA_STUB_LIBCUDA;
+        (stub.empty() || dlopen(stub.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr)) {
+      GTEST_SKIP() << "no CUDA driver, and no toolkit stub libcuda.so"
+                   << (stub.empty() ? " was found at build time" : " at " + stub);
     }
     // cuDNN compiles its flash engines' kernels with NVRTC, opened by name as it needs it:
     // without one, it drops every engine before trying it, and there would be nothing to judge.
@@ -73,11 +100,11 @@ class CudnnGraphsTest : public ::testing::Test {
     if (device_ != nullptr) api_.DestroyDescriptor(device_);
   }
 
-  // Makes `gpu` (a JSON description above) the GPU the plans are made for.
-  void Describe(const char* gpu) {
+  // Makes `gpu` the GPU the plans are made for.
+  void Describe(const Gpu& gpu) {
     ASSERT_EQ(api_.CreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &device_),
               CUDNN_STATUS_SUCCESS);
-    const std::string json = gpu;
+    const std::string json = Json(gpu);
     ASSERT_EQ(api_.SetAttribute(device_, CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR,
                                 json.size(), json.data()),
               CUDNN_STATUS_SUCCESS);
@@ -113,7 +140,7 @@ struct Case {
   const char* name;
   int B, T, C, NH;
   Precision precision;
-  const char* gpu = kH200;
+  Gpu gpu = kH200;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
