@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "common/tls.h"
 
 namespace CLI {
@@ -34,8 +35,6 @@ struct GlobalOptions {
   TlsCredentials tls;
   std::string token;
 };
-
-enum ExitCode : int { kExitOk = 0, kExitFailure = 1, kExitUsage = 2 };
 
 inline constexpr char kDroverVersion[] = "0.1.0";
 

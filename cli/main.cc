@@ -29,6 +29,7 @@ const std::vector<CommandDef>& RegisteredCommands() { return Registry(); }
 
 int main(int argc, char** argv) {
   using namespace drover::cli;
+  using drover::kExitOk, drover::kExitUsage;
   CLI::App app{"drover: train GPT-style models across machines and keep them training"};
   app.require_subcommand(1);
   GlobalOptions globals;

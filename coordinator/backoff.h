@@ -1,4 +1,4 @@
-// Growing delays, the one implementation: a node's cordon (NodeManager) and a job's
+// Growing delays, the one implementation: a node's or a slot's cordon (NodeManager) and a job's
 // restart delay (JobManager) both double from a base up to a cap.
 #pragma once
 

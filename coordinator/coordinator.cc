@@ -110,7 +110,9 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
                                 schedule_due_ = true;  // its slots are free, or it waits
                               },
                               [this](const std::string& node, const std::string& why)
-                                  REQUIRES(mu_) { CordonCutOff(node, why); }}) {}
+                                  REQUIRES(mu_) { CordonCutOff(node, why); },
+                              [this](const std::string& node, int slot, const std::string& why)
+                                  REQUIRES(mu_) { CordonSlot(node, slot, why); }}) {}
 
 Coordinator::~Coordinator() {
   // The writer drains its queue in its destructor, before the store closes.
@@ -123,6 +125,22 @@ void Coordinator::CordonCutOff(const std::string& node, const std::string& why) 
   spdlog::warn("node {} cordoned for {} s: {} (its failures: {})", node,
                (changed->cordon_until_ms() - clock_->WallNowMs() + 999) / 1000, why,
                changed->failures());
+  StoreBatch batch;
+  batch.nodes.push_back(*changed);
+  Persist(std::move(batch));
+  schedule_due_ = true;
+}
+
+void Coordinator::CordonSlot(const std::string& node, int slot, const std::string& why) {
+  std::optional<v1::NodeRecord> changed = nodes_.CordonSlot(node, slot, why);
+  if (!changed) return;
+  for (const v1::SlotFault& f : changed->slot_faults()) {
+    if (f.slot() != slot) continue;
+    spdlog::warn(
+        "node {} slot {} cordoned for {} s, the rest of the node stays in use: its "
+        "device failed: {} (its failures: {})",
+        node, slot, (f.cordon_until_ms() - clock_->WallNowMs() + 999) / 1000, why, f.failures());
+  }
   StoreBatch batch;
   batch.nodes.push_back(*changed);
   Persist(std::move(batch));
@@ -533,6 +551,8 @@ void Coordinator::AppendListedSlots(const std::string& node, std::vector<int>* s
 v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& request) {
   v1::ListWorkersResponse response;
   MutexLock lock(&mu_);
+  const int64_t now = clock_->WallNowMs();
+  response.set_now_ms(now);
   nodes_.ForEach(
       [&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) REQUIRES(mu_) {
         v1::WorkerInfo* w = response.add_workers();
@@ -546,7 +566,8 @@ v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& r
         if (schedulable) {
           const std::vector<int> busy = BusySlots(name);
           for (const auto& s : rec.slots()) {
-            free += std::find(busy.begin(), busy.end(), s.index()) == busy.end() ? 1 : 0;
+            const bool held = std::find(busy.begin(), busy.end(), s.index()) != busy.end();
+            free += !held && !NodeManager::SlotCordoned(rec, s.index(), now) ? 1 : 0;
           }
         }
         w->set_free_slots(free);
@@ -605,6 +626,7 @@ void Coordinator::ScheduleLocked() {
   std::map<v1::DeviceKind, int64_t> ever;
   std::map<v1::DeviceKind, int64_t> releasing;  // held by trainers of ended attempts
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) ever[d] = nodes_.TotalSlotsEver(d);
+  const int64_t now = clock_->WallNowMs();
   nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable)
                      REQUIRES(mu_) {
                        if (!schedulable) return;
@@ -621,6 +643,9 @@ void Coordinator::ScheduleLocked() {
                        NodeCapacity per_device[2];  // CPU, CUDA
                        for (const auto& s : rec.slots()) {
                          const v1::DeviceKind device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
+                         // A cordoned slot is neither free nor about to be: the trainer that
+                         // still holds it gives back a GPU that failed.
+                         if (NodeManager::SlotCordoned(rec, s.index(), now)) continue;
                          if (in(busy, 0, busy.size(), s.index())) {
                            if (!in(busy, 0, reserved, s.index())) ++releasing[device];
                            continue;

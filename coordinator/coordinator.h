@@ -143,6 +143,8 @@ class Coordinator {
   void Persist(StoreBatch batch) REQUIRES(mu_);
   // Cordons a node a job's ranks found cut off from their peers (JobManager's hook).
   void CordonCutOff(const std::string& node, const std::string& why) REQUIRES(mu_);
+  // Cordons one slot of a node whose device failed under a trainer (JobManager's hook).
+  void CordonSlot(const std::string& node, int slot, const std::string& why) REQUIRES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
   int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.

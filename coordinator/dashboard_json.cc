@@ -145,6 +145,12 @@ json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsRespo
         slot["job_name"] = it->second.first->name();
         slot["rank"] = it->second.second;
       }
+      for (const v1::SlotFault& f : n.slot_faults()) {
+        if (f.slot() != s.index()) continue;
+        slot["failures"] = f.failures();
+        slot["fault"] = f.reason();
+        if (f.cordon_until_ms() > now_ms) slot["cordon_until_ms"] = f.cordon_until_ms();
+      }
       node_slots.push_back(std::move(slot));
     }
     const std::string state = NodeState(n, now_ms);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/exit_codes.h"
 #include "common/job_state.h"
 
 namespace drover::coordinator {
@@ -12,10 +13,6 @@ namespace {
 v1::DeviceKind DeviceOf(const JobSpec& spec) {
   return spec.resources.device == "cuda" ? v1::CUDA : v1::CPU;
 }
-
-// The trainer's exit code for input the user must fix (engine/trainer_process.h): another
-// attempt would fail the same way.
-constexpr int kExitInvalidInput = 2;
 
 std::string DescribeExit(const v1::TrainerStatus& t, const std::string& node) {
   std::string s = "rank " + std::to_string(t.rank()) + " on " + node;
@@ -385,6 +382,7 @@ const JobManager::Rank* JobManager::CurrentRank(const std::string& node,
 
 void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatus& t) {
   const TrainerKey key = TrainerKey::Of(t);
+  NoteDeviceFault(node, t);
   if (!CurrentRank(node, key)) return;  // fenced: an older attempt, or not placed there
   Job& job = *Get(key.job_id);
   Rank& rank = job.ranks[key.rank];
@@ -411,7 +409,18 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
     FailCutOff(job, t, node);
     return;
   }
-  FailAttempt(job, DescribeExit(t, node), node, /*retry=*/t.exit_code() != kExitInvalidInput);
+  if (t.signal() == 0 && t.exit_code() == kExitDeviceFault) {
+    // The slot's GPU failed (NoteDeviceFault has cordoned it). The restart is not counted
+    // against max_restarts, for FailCutOff's reason: the slot's growing cool-down bounds
+    // how often a job meets that GPU again, and a job that grew back onto it each time
+    // would otherwise spend its restarts on the cluster's fault.
+    const std::string why = "the GPU of " + node + " slot " +
+                            std::to_string(job.rec.placement(key.rank).slot()) + " failed (" +
+                            DescribeExit(t, node) + ")";
+    FailAttempt(job, why, node, /*retry=*/true, /*counted=*/false);
+    return;
+  }
+  FailAttempt(job, DescribeExit(t, node), node, /*retry=*/t.exit_code() != kExitUsage);
 }
 
 void JobManager::FailCutOff(Job& job, const v1::TrainerStatus& t, const std::string& reporter) {
@@ -436,6 +445,21 @@ void JobManager::FailCutOff(Job& job, const v1::TrainerStatus& t, const std::str
     for (const std::string& n : nodes) {
       hooks_.node_cut_off(n, "job " + job.rec.job_id() + "'s ranks could not reach it");
     }
+  }
+}
+
+void JobManager::NoteDeviceFault(const std::string& node, const v1::TrainerStatus& t) {
+  if (t.state() != v1::TRAINER_EXITED || t.signal() != 0 || t.exit_code() != kExitDeviceFault) {
+    return;
+  }
+  const TrainerKey key = TrainerKey::Of(t);
+  Job* job = Get(key.job_id);
+  const std::optional<int> slot = SlotOf(node, key);
+  if (job == nullptr || !slot || !job->device_faults.insert(key).second) return;
+  if (hooks_.slot_failed) {
+    hooks_.slot_failed(node, *slot,
+                       "job " + key.job_id + " attempt " + std::to_string(key.attempt) + ": " +
+                           DescribeExit(t, node));
   }
 }
 

@@ -93,6 +93,9 @@ class JobManager {
     // A node the ranks of an attempt found cut off from its peers (the trainers' peer
     // check): it is broken for every job, not this one only. May be null.
     std::function<void(const std::string& node, const std::string& why)> node_cut_off;
+    // A slot whose device failed under a rank of an attempt (the trainer exited with
+    // kExitDeviceFault): the GPU is broken for every job. May be null.
+    std::function<void(const std::string& node, int slot, const std::string& why)> slot_failed;
   };
   using Orders = google::protobuf::RepeatedPtrField<v1::Order>;
 
@@ -239,6 +242,9 @@ class JobManager {
     int64_t last_request_id = 0;
     int hold_size = 0;          // after a resize: placed only at this size or larger...
     int64_t hold_until_ms = 0;  // ...until this wall time
+    // Trainers of any attempt whose exit said their GPU failed, each handed to slot_failed
+    // once (an agent lists an exited trainer in several heartbeats).
+    std::set<TrainerKey> device_faults;
   };
 
   Job* Get(const std::string& job_id);
@@ -260,6 +266,11 @@ class JobManager {
   // grows back onto a node still cut off would otherwise spend its restarts, one per
   // cool-down, until it failed.
   void FailCutOff(Job& job, const v1::TrainerStatus& t, const std::string& reporter);
+  // A trainer of any attempt, current or not, that exited with kExitDeviceFault: its slot
+  // (the one its attempt placed it on) is handed to slot_failed, once per trainer. Any
+  // attempt's: the GPU failed whichever attempt ran on it, and a peer that lost its
+  // collective may have ended the attempt first.
+  void NoteDeviceFault(const std::string& node, const v1::TrainerStatus& t);
   // Says in the job's reason how long its restart delay still lasts at wall time now_ms.
   void ShowRestartDelay(Job& job, int64_t now_ms);
   void Succeed(Job& job);

@@ -60,6 +60,12 @@ int main(int argc, char** argv) {
                  "reach) is kept out of scheduling; twice as long at each further failure")
       ->check(CLI::Range(0, 86400000))
       ->capture_default_str();
+  app.add_option("--slot-cordon-ms", options.nodes.slot_cordon_base_ms,
+                 "how long a slot whose GPU failed under a trainer is kept out of scheduling "
+                 "(the rest of its node stays in use); twice as long at each further failure "
+                 "of that slot, up to a day")
+      ->check(CLI::Range(0, 86400000))
+      ->capture_default_str();
   std::string retention = "0";
   app.add_option("--job-retention", retention,
                  "delete a finished job from the state (record, attempts, logs; not its "

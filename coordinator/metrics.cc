@@ -7,6 +7,7 @@
 #include <cctype>
 
 #include "common/mutex.h"
+#include "coordinator/node_manager.h"
 
 namespace drover::coordinator {
 namespace {
@@ -94,8 +95,14 @@ class StateSeries {
         unavailable += slots;
       } else {
         ++alive;
+        // A cordoned slot (its GPU failed) is unavailable while the rest of its node works.
+        int64_t off = 0;
+        for (const v1::Slot& slot : n.slots()) {
+          off += NodeManager::SlotCordoned(n, slot.index(), s.now_ms) ? 1 : 0;
+        }
         free += w.free_slots();
-        in_use += slots - w.free_slots();
+        in_use += slots - w.free_slots() - off;
+        unavailable += off;
       }
       node_slots_.Add(node).Set(static_cast<double>(slots));
       node_free_.Add(node).Set(w.free_slots());

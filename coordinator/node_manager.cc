@@ -16,6 +16,11 @@ void NodeManager::Restore(const v1::NodeRecord& record) {
   if (record.cordon_until_ms() > 0) {
     next_cordon_check_ms_ = std::min(next_cordon_check_ms_, record.cordon_until_ms());
   }
+  for (const v1::SlotFault& f : record.slot_faults()) {
+    if (f.cordon_until_ms() > 0) {
+      next_cordon_check_ms_ = std::min(next_cordon_check_ms_, f.cordon_until_ms());
+    }
+  }
 }
 
 std::string NodeManager::RegistrationConflict(const v1::RegisterRequest& request) const {
@@ -113,6 +118,40 @@ std::optional<v1::NodeRecord> NodeManager::CordonCutOff(const std::string& name)
   return node.record;
 }
 
+std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, int slot,
+                                                      const std::string& why) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return std::nullopt;
+  v1::NodeRecord& r = it->second.record;
+  const bool known = std::any_of(r.slots().begin(), r.slots().end(),
+                                 [slot](const v1::Slot& s) { return s.index() == slot; });
+  if (!known) return std::nullopt;
+  v1::SlotFault* fault = nullptr;
+  for (v1::SlotFault& f : *r.mutable_slot_faults()) {
+    if (f.slot() == slot) fault = &f;
+  }
+  if (fault == nullptr) {
+    fault = r.add_slot_faults();
+    fault->set_slot(slot);
+  }
+  const int64_t now = clock_->WallNowMs();
+  const int64_t ms =
+      DoublingDelayMs(fault->failures(), options_.slot_cordon_base_ms, options_.slot_cordon_max_ms);
+  fault->set_failures(fault->failures() + 1);
+  fault->set_cordon_until_ms(now + ms);
+  fault->set_reason(why);
+  fault->set_failed_ms(now);
+  next_cordon_check_ms_ = std::min(next_cordon_check_ms_, fault->cordon_until_ms());
+  return r;
+}
+
+bool NodeManager::SlotCordoned(const v1::NodeRecord& record, int slot, int64_t now_ms) {
+  for (const v1::SlotFault& f : record.slot_faults()) {
+    if (f.slot() == slot) return f.cordon_until_ms() > now_ms;
+  }
+  return false;
+}
+
 void NodeManager::Cordon(Node& node) {
   const int over = node.record.failures() - options_.cordon_after_failures;
   const int64_t ms = DoublingDelayMs(over, options_.cordon_base_ms, options_.cordon_max_ms);
@@ -125,16 +164,24 @@ std::vector<v1::NodeRecord> NodeManager::ExpireCordons() {
   const int64_t now = clock_->WallNowMs();
   if (now < next_cordon_check_ms_) return changed;
   next_cordon_check_ms_ = INT64_MAX;
+  auto ends = [&](int64_t until_ms) {
+    if (until_ms > now) next_cordon_check_ms_ = std::min(next_cordon_check_ms_, until_ms);
+    return until_ms > 0 && until_ms <= now;
+  };
   for (auto& [name, node] : nodes_) {
     v1::NodeRecord& r = node.record;
-    if (r.cordon_until_ms() <= 0) continue;
-    if (r.cordon_until_ms() > now) {
-      next_cordon_check_ms_ = std::min(next_cordon_check_ms_, r.cordon_until_ms());
-    } else if (r.state() == v1::NODE_CORDONED) {
+    bool ended = false;
+    if (ends(r.cordon_until_ms()) && r.state() == v1::NODE_CORDONED) {
       r.set_state(v1::NODE_ALIVE);
       r.set_cordon_until_ms(0);
-      changed.push_back(r);
+      ended = true;
     }
+    for (v1::SlotFault& f : *r.mutable_slot_faults()) {
+      if (!ends(f.cordon_until_ms())) continue;
+      f.set_cordon_until_ms(0);  // its failures stay: the next cordon is longer
+      ended = true;
+    }
+    if (ended) changed.push_back(r);
   }
   return changed;
 }

@@ -24,6 +24,12 @@ struct NodeManagerOptions {
   int cordon_after_failures = 2;
   int64_t cordon_base_ms = 30'000;
   int64_t cordon_max_ms = 600'000;
+  // A slot whose GPU failed is cordoned at its first failure, for slot_cordon_base_ms,
+  // doubled by each earlier failure of that slot up to slot_cordon_max_ms. Longer than a
+  // node's: a GPU that reported an uncorrectable error usually needs a reset or a repair,
+  // and each return to use costs the job that grows onto it a restart.
+  int64_t slot_cordon_base_ms = 300'000;
+  int64_t slot_cordon_max_ms = 86'400'000;
 };
 
 class NodeManager {
@@ -70,7 +76,19 @@ class NodeManager {
   // the node is unknown or dead.
   std::optional<v1::NodeRecord> CordonCutOff(const std::string& name);
 
-  // Returns cordoned nodes whose cool-down has passed, now ALIVE again (to persist).
+  // A slot whose device failed under a trainer (the trainer exited with kExitDeviceFault):
+  // counts a failure against that slot and cordons it alone, at once, for the cool-down its
+  // failures have earned (slot_cordon_*); the node's other slots stay in use. `why` is kept
+  // for `drover workers`. Returns the record to persist, or nullopt when the node is unknown
+  // or has no such slot.
+  std::optional<v1::NodeRecord> CordonSlot(const std::string& name, int slot,
+                                           const std::string& why);
+
+  // Whether `slot` of `record` is cordoned (CordonSlot) at wall time `now_ms`.
+  static bool SlotCordoned(const v1::NodeRecord& record, int slot, int64_t now_ms);
+
+  // Returns the nodes whose cool-down, or one of whose slots' cool-down, has passed (to
+  // persist): a cordoned node is ALIVE again, a cordoned slot usable again.
   std::vector<v1::NodeRecord> ExpireCordons();
 
   // Alive, connected and not cordoned.

@@ -3,7 +3,8 @@
 // newest valid checkpoint in checkpoint.dir unless DROVER_FRESH=1 (DROVER_RESUME_CHECKPOINT
 // is only a hint: the directory is the truth, since a newer checkpoint may have completed
 // after the coordinator chose), trains, and reports through DROVER_STATUS_FD. Exit: 0 finished, 1
-// runtime failure or stopped by SIGTERM, 2 invalid spec, data or environment.
+// runtime failure or stopped by SIGTERM, 2 invalid spec, data or environment, 3 its GPU
+// failed or cannot be used (common/exit_codes.h).
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -13,9 +14,11 @@
 #include <filesystem>
 #include <memory>
 
+#include "common/exit_codes.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "worker/attempt_lease.h"
+#include "worker/engine/kernels/cuda_backend.h"
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
 #include "worker/engine/trainer_process.h"
@@ -121,7 +124,11 @@ int main(int, char**) {
                env->job_id, env->attempt, env->rank, env->world_size, getpid(),
                engine::NumThreads(), env->resume_checkpoint);
   auto trainer = engine::Trainer::Create(options);
-  if (!trainer.ok()) return Fail(trainer.status(), "trainer start-up");
+  if (!trainer.ok()) {
+    const int code = Fail(trainer.status(), "trainer start-up");
+    // This slot's GPU, not the job, is at fault: the coordinator cordons it.
+    return engine::CudaDeviceFailed() ? kExitDeviceFault : code;
+  }
   if (!env->fresh && !env->resume_checkpoint.empty() && (*trainer)->resumed_from() < 0) {
     // The coordinator recorded a complete checkpoint and the directory now holds none:
     // starting from scratch would silently throw the job's progress away.

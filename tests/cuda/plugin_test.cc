@@ -109,6 +109,22 @@ TEST(CudaBackendTest, AGpuTheBuildCannotRunIsRefusedWithWhatToRebuild) {
     EXPECT_NE(message.find("need compute capability 8.0 or newer"), std::string::npos) << message;
     EXPECT_EQ(message.find("rebuild"), std::string::npos) << message;
   }
+  // The build's fault, not the GPU's: no slot is to be cordoned for it.
+  EXPECT_FALSE(CudaDeviceFailed());
+}
+
+// A GPU that has failed before the table is made (the emulator's DROVER_EMU_GPU_FAULT, set to
+// fail device 0 at once: the trigger file is /) stops the table with the error, and says that
+// the GPU is at fault (CudaDeviceFailed), so that a trainer under an agent exits with
+// kExitDeviceFault and the coordinator cordons its slot. Run so by
+// Emulated.CudaBackend.AGpuThatFailedIsTheSlotsFault.
+TEST(CudaBackendTest, AGpuThatFailedBeforeTheTableIsMadeIsTheSlotsFault) {
+  const std::string message = TableFailure("DROVER_EMU_GPU_FAULT", "0@/");
+  if (message.empty()) GTEST_SKIP() << "run on the kernel emulator with DROVER_EMU_GPU_FAULT=0@/";
+  EXPECT_NE(message.find("unusable GPU: the GPU failed: cudaErrorECCUncorrectable"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(CudaDeviceFailed());
 }
 
 }  // namespace

@@ -14,5 +14,11 @@ namespace drover_emu {
 cudaError_t& LastError();
 // The dynamic shared memory a kernel may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 int OptInDynamicShared();
+// A GPU failure a test injects: DROVER_EMU_GPU_FAULT=DEVICE@FILE fails the GPU of a process
+// whose CUDA_VISIBLE_DEVICES starts with DEVICE (as the agent gives each slot's trainer
+// one), from the first call that finds FILE exists: cudaErrorECCUncorrectable from then
+// on, from every synchronisation, query and launch check, as a real GPU's error is sticky.
+// cudaSuccess otherwise.
+cudaError_t InjectedFault();
 
 }  // namespace drover_emu

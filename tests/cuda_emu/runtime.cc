@@ -1,7 +1,10 @@
 // The kernel emulator's CUDA runtime (tests/cuda_emu/README.md): device and pinned memory
 // (NaN-filled, guarded), streams whose work runs behind the host on a thread each, events,
 // copies with the runtime's documented guarantees, and the device queries the table makes.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -400,13 +403,45 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
   *stream = reinterpret_cast<cudaStream_t>(new Stream);
   return cudaSuccess;
 }
+namespace drover_emu {
+
+cudaError_t InjectedFault() {
+  struct Fault {
+    bool armed = false;  // this process's GPU is the one named
+    std::string file;
+  };
+  static const Fault fault = [] {
+    Fault f;
+    const char* spec = std::getenv("DROVER_EMU_GPU_FAULT");
+    if (spec == nullptr) return f;
+    const std::string text = spec;
+    const size_t at = text.find('@');
+    if (at == std::string::npos || at == 0 || at + 1 == text.size()) {
+      Die("DROVER_EMU_GPU_FAULT must be DEVICE@FILE");
+    }
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    std::string device = visible != nullptr && *visible != '\0' ? visible : "0";
+    device = device.substr(0, device.find(','));
+    f.armed = device == text.substr(0, at);
+    f.file = text.substr(at + 1);
+    return f;
+  }();
+  static std::atomic<bool> failed{false};
+  if (!fault.armed) return cudaSuccess;
+  if (!failed.load() && access(fault.file.c_str(), F_OK) == 0) failed = true;
+  return failed.load() ? cudaErrorECCUncorrectable : cudaSuccess;
+}
+
+}  // namespace drover_emu
+
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   Drain(stream);
   CheckGuards();
-  return cudaSuccess;
+  return drover_emu::InjectedFault();
 }
 // A query that finds work pending has it run (the host is waiting for it); it does not wait.
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (cudaError_t fault = drover_emu::InjectedFault(); fault != cudaSuccess) return fault;
   if (stream == nullptr) return cudaSuccess;
   Stream* s = AsStream(stream);
   const uint64_t last = s->last();
@@ -419,6 +454,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (cudaError_t fault = drover_emu::InjectedFault(); fault != cudaSuccess) return fault;
   const Event* e = AsEvent(event);
   if (Done(e)) return cudaSuccess;
   e->stream->Force(e->ticket);
@@ -479,7 +515,10 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
   return static_cast<cudaError_t>(drover_emu::SetMaxDynamicShared(func, value));
 }
-cudaError_t cudaGetLastError() { return std::exchange(drover_emu::LastError(), cudaSuccess); }
+cudaError_t cudaGetLastError() {
+  const cudaError_t last = std::exchange(drover_emu::LastError(), cudaSuccess);
+  return last != cudaSuccess ? last : drover_emu::InjectedFault();
+}
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
     case cudaSuccess:
@@ -494,6 +533,22 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "no kernel image is available for execution on the device (emulated)";
     case cudaErrorNotReady:
       return "device not ready (emulated)";
+    case cudaErrorECCUncorrectable:
+      return "uncorrectable ECC error encountered (emulated)";
+    case cudaErrorNvlinkUncorrectable:
+      return "uncorrectable NVLink error detected during the execution (emulated)";
+    case cudaErrorDevicesUnavailable:
+      return "CUDA-capable device(s) is/are busy or unavailable (emulated)";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal (emulated)";
+    case cudaErrorSystemNotReady:
+      return "system not yet initialized (emulated)";
+    case cudaErrorInsufficientDriver:
+      return "CUDA driver version is insufficient for CUDA runtime version (emulated)";
+    case cudaErrorSystemDriverMismatch:
+      return "system has unsupported display driver / cuda driver combination (emulated)";
+    case cudaErrorStubLibrary:
+      return "CUDA driver is a stub library (emulated)";
   }
   return "unknown error (emulated)";
 }
@@ -511,6 +566,22 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorNoKernelImageForDevice";
     case cudaErrorNotReady:
       return "cudaErrorNotReady";
+    case cudaErrorECCUncorrectable:
+      return "cudaErrorECCUncorrectable";
+    case cudaErrorNvlinkUncorrectable:
+      return "cudaErrorNvlinkUncorrectable";
+    case cudaErrorDevicesUnavailable:
+      return "cudaErrorDevicesUnavailable";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorSystemNotReady:
+      return "cudaErrorSystemNotReady";
+    case cudaErrorInsufficientDriver:
+      return "cudaErrorInsufficientDriver";
+    case cudaErrorSystemDriverMismatch:
+      return "cudaErrorSystemDriverMismatch";
+    case cudaErrorStubLibrary:
+      return "cudaErrorStubLibrary";
   }
   return "cudaErrorUnknown";
 }

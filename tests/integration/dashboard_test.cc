@@ -117,7 +117,7 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
   EXPECT_THAT(dom, HasSubstr("live · updated"));  // the poll succeeded
   EXPECT_THAT(dom, HasSubstr("placed "));
   EXPECT_THAT(dom, HasSubstr("training again after"));
-  EXPECT_THAT(dom, HasSubstr("exited with code 3"));
+  EXPECT_THAT(dom, HasSubstr("exited with code 4"));
   // Each chart is an SVG whose paths have points: M x,y, then L x,y for every further one.
   for (const char* chart : {"chart-loss", "chart-val", "chart-lr", "chart-tps"}) {
     const size_t begin = dom.find(std::string("<svg id=\"") + chart + "\"");

@@ -9,10 +9,14 @@
 #   node:    two agents with a GPU each (world_size 1 to 2), one agent killed: the job
 #            resumes on the other's GPU alone, one rank, the global batch kept by
 #            accumulation.
+#   gpu:     one agent with two GPUs (world_size 1 to 2), one GPU fails (the emulator's
+#            DROVER_EMU_GPU_FAULT: an uncorrectable ECC error): its trainer exits with code 3,
+#            the coordinator cordons that slot alone, and the job resumes on the node's other
+#            GPU, while the node stays in use.
 # The path from `drover submit` to CUDA training and back after a failure, which the device
 # check (tests/device/check.sh step 4) runs only when a GPU is lent, and without a failure.
 #
-#   emulated_gpu_cluster_test.sh BIN_DIR EMULATED_PLUGIN FAKE_DRIVER trainer|node
+#   emulated_gpu_cluster_test.sh BIN_DIR EMULATED_PLUGIN FAKE_DRIVER trainer|node|gpu
 set -euo pipefail
 bin=$1
 plugin=$2
@@ -47,6 +51,11 @@ h200="NVIDIA H200,141,90"
 if [[ $scenario == trainer ]]; then
   agent gpu0 "$h200;$h200"
   world="{min: 2, max: 2}"
+elif [[ $scenario == gpu ]]; then
+  # The machine's GPUs 1 and 2: slot 1's trainer gets GPU 2, which fails once the file exists.
+  export DROVER_EMU_GPU_FAULT="2@$work/gpu-fault"
+  agent gpu0 "$h200;$h200" 1,2
+  world="{min: 1, max: 2}"
 else
   # Each node's GPU is its device 1 and 2 of the machine (as CUDA_VISIBLE_DEVICES gives an
   # agent its share), so that the two ranks are on GPUs of their own.
@@ -89,6 +98,12 @@ killed=""
 for _ in $(seq 1 600); do
   if compgen -G "$work/ckpt/step_[0-9]*" | grep -vq "\.tmp$" &&
     [[ $(pgrep -fc "$work/bin/drover-trainer" || true) -ge 2 ]]; then
+    if [[ $scenario == gpu ]]; then
+      touch "$work/gpu-fault"
+      killed="GPU 2"
+      echo "failed GPU 2 (slot 1's) after a checkpoint"
+      break
+    fi
     if [[ $scenario == trainer ]]; then
       killed=$(pgrep -f "$work/bin/drover-trainer" | head -1)
     else
@@ -100,17 +115,25 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [[ -n $killed ]] || { echo "FAIL: no checkpoint with both ranks training"; show; exit 1; }
-echo "killed the $scenario ($killed) after a checkpoint"
+[[ $scenario == gpu ]] || echo "killed the $scenario ($killed) after a checkpoint"
 
 rc=0
 timeout 240 "$work/bin/drover" --coordinator "$addr" wait "$id" || rc=$?
 drover status "$id" | tee "$work/status.txt"
 [[ $rc -eq 0 ]] || { echo "FAIL: the job did not succeed (wait exited $rc)"; show; exit 1; }
-grep -q "restarts: [1-9]" "$work/status.txt" || { echo "FAIL: no restart recorded"; exit 1; }
+if [[ $scenario != gpu ]]; then
+  grep -q "restarts: [1-9]" "$work/status.txt" || { echo "FAIL: no restart recorded"; exit 1; }
+fi
 grep -q '"step":30' "$work/out/metrics.jsonl" || { echo "FAIL: step 30 not reached"; exit 1; }
 # On the CUDA table (its steps report device allocations).
 grep -q '"device_allocations"' "$work/out/metrics.jsonl" ||
   { echo "FAIL: the steps did not run on the CUDA table"; exit 1; }
+finished_on_one_gpu() {  # the last attempt, on one GPU, resumed from a checkpoint
+  tail -1 "$work/out/metrics.jsonl" | grep -q '"world_size":1' ||
+    { echo "FAIL: the job did not finish on one GPU"; tail -1 "$work/out/metrics.jsonl"; exit 1; }
+  grep -Eq "^ *[2-9] +1 +[0-9]+ .*succeeded" "$work/status.txt" ||
+    { echo "FAIL: no attempt resumed on one GPU from a checkpoint"; exit 1; }
+}
 if [[ $scenario == trainer ]]; then
   # Attempt 2: both GPUs again, from a checkpoint, the ranks through NCCL.
   grep -Eq "^ *2 +2 +[0-9]+ " "$work/status.txt" ||
@@ -119,14 +142,24 @@ if [[ $scenario == trainer ]]; then
   grep -q "ranks connected through NCCL (every rank has a GPU of its own" "$work/rank0.log" ||
     { echo "FAIL: the ranks did not connect through NCCL"; cat "$work/rank0.log"; exit 1; }
   echo "the job recovered on its two GPUs and succeeded"
+elif [[ $scenario == gpu ]]; then
+  # The failed GPU's trainer exited with code 3, naming the error; its slot alone is
+  # cordoned (the node alive, one slot free of two once the job is done), and the job went
+  # on on the other GPU from a checkpoint.
+  drover workers | tee "$work/workers.txt"
+  grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +1 +0 " "$work/workers.txt" ||
+    { echo "FAIL: gpu0 is not alive with one of its two slots free"; exit 1; }
+  grep -Eq "^gpu0 slot 1 cordoned for [0-9]+m[0-9]+s \(1 failure\): job $id attempt [0-9]+: rank 1 on gpu0 exited with code 3: .*the GPU failed: .*cudaErrorECCUncorrectable" \
+    "$work/workers.txt" || { echo "FAIL: slot 1 is not cordoned for its GPU's failure"; exit 1; }
+  grep -q "node gpu0 slot 1 cordoned" "$work/coordinator.log" ||
+    { echo "FAIL: the coordinator did not log the slot's cordon"; exit 1; }
+  finished_on_one_gpu
+  echo "a GPU failed: its slot was cordoned and the job finished on the node's other GPU"
 else
   # An attempt on both nodes ended with gpu1's death; the last one, on gpu0's GPU alone,
   # resumed from a checkpoint.
   grep -Eq "^ *[0-9]+ +2 +.*node gpu1 is dead" "$work/status.txt" ||
     { echo "FAIL: no attempt on two GPUs ended with the node's death"; exit 1; }
-  tail -1 "$work/out/metrics.jsonl" | grep -q '"world_size":1' ||
-    { echo "FAIL: the job did not finish on one GPU"; tail -1 "$work/out/metrics.jsonl"; exit 1; }
-  grep -Eq "^ *[2-9] +1 +[0-9]+ .*succeeded" "$work/status.txt" ||
-    { echo "FAIL: no attempt resumed on one GPU from a checkpoint"; exit 1; }
+  finished_on_one_gpu
   echo "the job lost a node, went on on the other's GPU and succeeded"
 fi

@@ -9,7 +9,7 @@
 //   DROVER_FAKE_CRASH_AT_STEP   crash when about to run this step ...
 //   DROVER_FAKE_CRASH_ATTEMPT   ... only in this attempt (default 1; 0 = every attempt)
 //   DROVER_FAKE_CRASH_RANK      ... only on this rank (default 0; -1 = every rank)
-//   DROVER_FAKE_CRASH_MODE      exit:N (default exit:3) | abort
+//   DROVER_FAKE_CRASH_MODE      exit:N (default exit:4: a crash, not a GPU fault) | abort
 //   DROVER_FAKE_HANG_AT_STEP    stop making progress at this step (same attempt/rank
 //   DROVER_FAKE_HANG_ATTEMPT    filters as crash; default attempt 1, rank 0)
 //   DROVER_FAKE_HANG_RANK
@@ -138,7 +138,7 @@ int main() {
       std::printf("fake-trainer: crashing at step %lld as scripted\n",
                   static_cast<long long>(step));
       std::fflush(stdout);
-      std::string mode = Get(conf, "crash_mode", "exit:3");
+      std::string mode = Get(conf, "crash_mode", "exit:4");
       if (mode == "abort") std::abort();
       return std::stoi(mode.substr(mode.find(':') + 1));
     }

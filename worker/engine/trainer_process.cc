@@ -6,6 +6,8 @@
 
 #include <thread>
 
+#include "common/exit_codes.h"
+
 namespace drover::engine {
 namespace {
 
@@ -39,14 +41,14 @@ TrainerSignals InstallTrainerSignalHandlers() {
 int ExitCodeFor(const Status& status) {
   switch (status.code()) {
     case StatusCode::kOk:
-      return 0;
+      return kExitOk;
     case StatusCode::kInvalidArgument:
     case StatusCode::kNotFound:
     case StatusCode::kFailedPrecondition:
     case StatusCode::kOutOfRange:
-      return 2;
+      return kExitUsage;
     default:
-      return 1;
+      return kExitFailure;
   }
 }
 

@@ -11,9 +11,17 @@ enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorStubLibrary = 34,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorDevicesUnavailable = 46,
   cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
   cudaErrorNoKernelImageForDevice = 209,
+  cudaErrorECCUncorrectable = 214,
+  cudaErrorNvlinkUncorrectable = 220,
   cudaErrorNotReady = 600,
+  cudaErrorSystemNotReady = 802,
+  cudaErrorSystemDriverMismatch = 803,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "coordinator/server.h"
 #include "coordinator/store/sqlite_store.h"
 #include "proto/drover.grpc.pb.h"
@@ -450,6 +451,55 @@ TEST_F(CoordinatorTest, ANodeItsPeersCannotReachIsCordonedAndTheJobShrinksAround
   const v1::JobRecord job = Job(id);
   ASSERT_EQ(job.placement_size(), 2);
   for (const auto& p : job.placement()) EXPECT_NE(p.node(), node[0]);
+}
+
+TEST_F(CoordinatorTest, AGpuThatFailedIsCordonedAloneAndTheJobGoesOnOnTheNodesOthers) {
+  ASSERT_TRUE(c_->Register(RegisterReq("g1", 3, "agent-1", v1::CUDA)).ok());
+  const std::string id = Submit(SpecYaml(1, 3, 2, 120, "cuda"));
+  c_->Tick();
+  ASSERT_EQ(Job(id).placement_size(), 3);
+  ASSERT_EQ(Beat("g1", {}).orders_size(), 3);
+  Beat("g1", {Trainer(id, 1, 0), Trainer(id, 1, 1), Trainer(id, 1, 2)});
+  const int slot = Job(id).placement(2).slot();
+
+  v1::TrainerExitRequest exit;
+  exit.set_name("g1");
+  exit.set_agent_id("agent-1");
+  *exit.mutable_trainer() = Exited(id, 1, 2, kExitDeviceFault);
+  exit.mutable_trainer()->set_last_error("the GPU failed: cudaErrorECCUncorrectable");
+  ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_EQ(Job(id).restarts(), 0);
+  EXPECT_THAT(Job(id).reason(),
+              HasSubstr("the GPU of g1 slot " + std::to_string(slot) + " failed"));
+  v1::ListWorkersResponse workers = c_->ListWorkers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  const v1::NodeRecord& node = workers.workers(0).node();
+  EXPECT_EQ(node.state(), v1::NODE_ALIVE);
+  ASSERT_EQ(node.slot_faults_size(), 1);
+  EXPECT_EQ(node.slot_faults(0).slot(), slot);
+  EXPECT_GT(node.slot_faults(0).cordon_until_ms(), workers.now_ms());
+  EXPECT_THAT(node.slot_faults(0).reason(), HasSubstr("cudaErrorECCUncorrectable"));
+
+  // The survivors exit; the next attempt takes the node's two other GPUs, not the failed one.
+  Beat("g1", {Exited(id, 1, 0, 0, 15), Exited(id, 1, 1, 0, 15), Exited(id, 1, 2, 3)});
+  c_->Tick();
+  const v1::JobRecord next = Job(id);
+  ASSERT_EQ(next.state(), v1::RUNNING) << next.reason();
+  ASSERT_EQ(next.placement_size(), 2);
+  for (const auto& p : next.placement()) EXPECT_NE(p.slot(), slot);
+  workers = c_->ListWorkers();
+  EXPECT_EQ(workers.workers(0).free_slots(), 0);  // two running, one cordoned
+  // The cordon survives a coordinator restart, and ends on time (5 minutes by default).
+  Reopen();
+  workers = c_->ListWorkers();
+  ASSERT_EQ(workers.workers(0).node().slot_faults_size(), 1);
+  EXPECT_GT(workers.workers(0).node().slot_faults(0).cordon_until_ms(), clock_.WallNowMs());
+  clock_.AdvanceMs(300'000);
+  c_->Tick();
+  ASSERT_TRUE(c_->Flush().ok());
+  EXPECT_EQ(c_->ListWorkers().workers(0).node().slot_faults(0).cordon_until_ms(), 0);
 }
 
 TEST_F(CoordinatorTest, HangDetectedFromStalledHeartbeats) {

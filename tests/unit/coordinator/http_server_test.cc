@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/exit_codes.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/dashboard/page.h"
 #include "tests/unit/coordinator/test_util.h"
@@ -154,18 +155,41 @@ TEST_F(HttpServerTest, JobShowsPlacementAttemptsAndItsHistory) {
   EXPECT_DOUBLE_EQ(h["val"][0][3].get<double>(), 3.5);
 }
 
+TEST_F(HttpServerTest, ASlotWhoseDeviceFailedShowsItsCordonAndWhy) {
+  const int slot = c_->GetJob(job_)->job().placement(0).slot();
+  v1::TrainerExitRequest exit;
+  exit.set_name("node-a");
+  exit.set_agent_id("agent-1");
+  *exit.mutable_trainer() = testing::Exited(job_, 1, 0, kExitDeviceFault);
+  exit.mutable_trainer()->set_last_error("the GPU failed: cudaErrorECCUncorrectable");
+  ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
+  c_->Tick();  // the next attempt, on the other slot
+  ASSERT_TRUE(c_->Flush().ok());
+  json c = GetJson("/api/cluster");
+  const json& n = c["nodes"][0];
+  EXPECT_EQ(n["state"], "alive");
+  EXPECT_EQ(n["free_slots"], 0);  // one slot runs the next attempt, the other is cordoned
+  const json& failed = n["slots"][slot];
+  EXPECT_EQ(failed["failures"], 1);
+  EXPECT_THAT(failed["fault"].get<std::string>(), HasSubstr("cudaErrorECCUncorrectable"));
+  EXPECT_GT(failed["cordon_until_ms"].get<int64_t>(), c["now_ms"].get<int64_t>());
+  EXPECT_FALSE(failed.contains("job_id"));
+  EXPECT_EQ(n["slots"][1 - slot]["job_id"], job_);
+  EXPECT_FALSE(n["slots"][1 - slot].contains("failures"));
+}
+
 TEST_F(HttpServerTest, RecoveryTimeIsShownOnTheRestartedAttempt) {
   v1::TrainerExitRequest exit;
   exit.set_name("node-a");
   exit.set_agent_id("agent-1");
-  *exit.mutable_trainer() = testing::Exited(job_, 1, 0, 3);
+  *exit.mutable_trainer() = testing::Exited(job_, 1, 0, 1);
   ASSERT_TRUE(c_->ReportTrainerExit(exit).ok());
   clock_.AdvanceMs(1500);
   c_->Tick();
   ASSERT_TRUE(c_->Flush().ok());
   json j = GetJson("/api/jobs/" + job_);
   ASSERT_EQ(j["attempts"].size(), 2u);
-  EXPECT_THAT(j["attempts"][0]["end_reason"].get<std::string>(), HasSubstr("exited with code 3"));
+  EXPECT_THAT(j["attempts"][0]["end_reason"].get<std::string>(), HasSubstr("exited with code 1"));
   EXPECT_EQ(j["attempts"][1]["recovery_ms"], 1500);
   EXPECT_FALSE(j["attempts"][0].contains("recovery_ms"));
   EXPECT_FALSE(j["attempts"][1].contains("training_again_ms"));  // no step of it yet

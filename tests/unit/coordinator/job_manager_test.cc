@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/exit_codes.h"
 #include "tests/unit/coordinator/test_util.h"
 
 namespace drover::coordinator {
@@ -26,7 +27,10 @@ class JobManagerTest : public ::testing::Test {
               {.stop_grace_ms = 5000, .coordinator_address = "127.0.0.1:1", .restart_backoff = {}},
               {[this](StoreBatch b) { batches_.push_back(std::move(b)); },
                [this](const std::string& j, int64_t a) { started_.emplace_back(j, a); },
-               [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }, nullptr}) {}
+               [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }, nullptr,
+               [this](const std::string& node, int slot, const std::string& why) {
+                 failed_slots_.push_back({node, slot, why});
+               }}) {}
 
   // Submits a job the way the coordinator does once its record is durable.
   StatusOr<std::string> Submit(const std::string& yaml, const std::string& id, int64_t seq) {
@@ -69,6 +73,12 @@ class JobManagerTest : public ::testing::Test {
   FakeClock clock_;
   std::vector<StoreBatch> batches_;
   std::vector<std::pair<std::string, int64_t>> started_, ended_;
+  struct FailedSlot {
+    std::string node;
+    int slot;
+    std::string why;
+  };
+  std::vector<FailedSlot> failed_slots_;
   JobManager jobs_;
 };
 
@@ -174,7 +184,7 @@ TEST_F(JobManagerTest, OldAttemptReportsAreFenced) {
   Listing("n1", {Trainer(id, 2, 0)});
   // A late exit 0 of attempt 1 must not finish attempt 2, nor a crash fail it.
   jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 0));
-  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 3));
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
   EXPECT_EQ(State(id), v1::RUNNING);
   EXPECT_EQ(jobs_.Find(id)->attempt(), 2);
   EXPECT_FALSE(jobs_.IsCurrent({id, 1, 0}));
@@ -191,10 +201,10 @@ TEST_F(JobManagerTest, OldAttemptReportsAreFenced) {
 
 TEST_F(JobManagerTest, MaxRestartsHonouredThenFailedWithReason) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/1);
-  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 3));
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
   EXPECT_EQ(State(id), v1::RECOVERING);
   Place(id, 1, {Node("n1", 1)});
-  jobs_.OnTrainerStatus("n1", Exited(id, 2, 0, 3));
+  jobs_.OnTrainerStatus("n1", Exited(id, 2, 0, 1));
   EXPECT_EQ(State(id), v1::FAILED);
   EXPECT_EQ(jobs_.Find(id)->restarts(), 1);
   EXPECT_NE(jobs_.Find(id)->reason().find("max_restarts (1) used up"), std::string::npos);
@@ -228,6 +238,50 @@ TEST_F(JobManagerTest, TrainerThatRejectsItsInputFailsTheJobAtOnceWithItsMessage
   jobs_.OnTrainerStatus("n3", crashed);
   EXPECT_EQ(State(other), v1::RECOVERING);
   EXPECT_NE(jobs_.Find(other)->reason().find("peer closed the connection"), std::string::npos);
+}
+
+TEST_F(JobManagerTest, ATrainerWhoseGpuFailedHasItsSlotCordonedAndTheRestartIsNotCounted) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 2)}, /*max_restarts=*/1);
+  Listing("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  v1::TrainerStatus failed = Exited(id, 1, 1, kExitDeviceFault);
+  failed.set_last_error(
+      "lt_matmul.cu:208: the GPU failed: cudaStreamSynchronize(stream_): "
+      "cudaErrorECCUncorrectable (uncorrectable ECC error encountered)");
+  jobs_.OnTrainerStatus("n1", failed);
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 0);
+  const std::string reason = jobs_.Find(id)->reason();
+  EXPECT_NE(reason.find("the GPU of n1 slot 1 failed (rank 1 on n1 exited with code 3: "
+                        "lt_matmul.cu:208: the GPU failed"),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.find("not counted against max_restarts"), std::string::npos) << reason;
+  ASSERT_EQ(failed_slots_.size(), 1u);
+  EXPECT_EQ(failed_slots_[0].node, "n1");
+  EXPECT_EQ(failed_slots_[0].slot, 1);
+  EXPECT_NE(failed_slots_[0].why.find("job j1 attempt 1: rank 1 on n1 exited with code 3"),
+            std::string::npos)
+      << failed_slots_[0].why;
+  // Listed again by the next heartbeats: handed over once.
+  Listing("n1", {Trainer(id, 1, 0), failed});
+  EXPECT_EQ(failed_slots_.size(), 1u);
+  // The survivor's own failure, after the attempt ended, is no GPU fault...
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 0, 1));
+  EXPECT_EQ(failed_slots_.size(), 1u);
+  // ...but an ended attempt's trainer whose GPU failed has its slot cordoned all the same:
+  // its peer, which lost the collective, may have reported first.
+  Place(id, 2, {Node("n2", 2)});
+  jobs_.OnTrainerStatus("n2", Exited(id, 2, 0, 1));
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 1);
+  jobs_.OnTrainerStatus("n2", Exited(id, 2, 1, kExitDeviceFault));
+  ASSERT_EQ(failed_slots_.size(), 2u);
+  EXPECT_EQ(failed_slots_[1].node, "n2");
+  EXPECT_EQ(failed_slots_[1].slot, 1);
+  // A trainer killed by a signal is not a GPU fault, whatever its number.
+  Place(id, 1, {Node("n1", 1)});
+  jobs_.OnTrainerStatus("n1", Exited(id, 3, 0, 0, kExitDeviceFault));
+  EXPECT_EQ(State(id), v1::FAILED);  // max_restarts (1) used up
+  EXPECT_EQ(failed_slots_.size(), 2u);
 }
 
 TEST_F(JobManagerTest, NodeLossHangAndVanishedRankFailTheAttempt) {

@@ -60,7 +60,7 @@ ClusterSnapshot KnownState() {
   a1->set_attempt(1);
   a1->set_started_ms(kNow - 20'000);
   a1->set_ended_ms(kNow - 10'000);
-  a1->set_end_reason("rank 0 exited with code 3");
+  a1->set_end_reason("rank 0 exited with code 4");
   v1::AttemptRecord* a2 = job.add_attempts();
   a2->set_attempt(2);
   a2->set_started_ms(kNow - 7'500);
@@ -133,6 +133,28 @@ TEST(CoordinatorMetricsTest, RendersTheKnownStateWithItsNamesLabelsAndValues) {
   EXPECT_THAT(text, HasSubstr("# TYPE drover_rpc_requests_total counter"));
   EXPECT_THAT(text, HasSubstr("# TYPE drover_job_recovery_seconds histogram"));
   EXPECT_THAT(text, HasSubstr("# HELP drover_jobs "));
+}
+
+TEST(CoordinatorMetricsTest, ASlotCordonedForItsGpuIsUnavailableWhileItsNodeIsAlive) {
+  ClusterSnapshot s = KnownState();
+  // w0: slot 0 runs a trainer, slot 1's GPU failed and is out for another minute.
+  v1::WorkerInfo& w0 = s.workers[0];
+  w0.set_free_slots(0);
+  v1::SlotFault* f = w0.mutable_node()->add_slot_faults();
+  f->set_slot(1);
+  f->set_failures(1);
+  f->set_cordon_until_ms(kNow + 60'000);
+  std::string text = CoordinatorMetrics().Render(s);
+  EXPECT_EQ(Value(text, R"(drover_nodes{state="alive"})"), 1);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="free"})"), 0);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="in_use"})"), 1);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="unavailable"})"), 2);  // w1's, and w0's slot 1
+  // Its cordon over, the slot counts as any other.
+  f->set_cordon_until_ms(kNow);
+  w0.set_free_slots(1);
+  text = CoordinatorMetrics().Render(s);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="free"})"), 1);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="unavailable"})"), 1);
 }
 
 TEST(CoordinatorMetricsTest, RecoveryIsCountedOnceHoweverOftenItIsScraped) {

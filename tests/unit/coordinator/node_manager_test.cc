@@ -73,6 +73,53 @@ TEST(NodeManagerTest, ANodeCutOffFromItsPeersIsCordonedAtOnce) {
   EXPECT_FALSE(nodes.CordonCutOff("n1").has_value());
 }
 
+TEST(NodeManagerTest, ASlotWhoseGpuFailedIsCordonedAloneWithGrowingCoolDown) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.slot_cordon_base_ms = 300'000, .slot_cordon_max_ms = 1'000'000});
+  nodes.Register(RegisterReq("n1", 2, "a1", v1::CUDA));
+  auto rec = nodes.CordonSlot("n1", 1, "job j's rank 1: ECC");
+  ASSERT_TRUE(rec.has_value());
+  ASSERT_EQ(rec->slot_faults_size(), 1);
+  EXPECT_EQ(rec->slot_faults(0).slot(), 1);
+  EXPECT_EQ(rec->slot_faults(0).failures(), 1);
+  EXPECT_EQ(rec->slot_faults(0).reason(), "job j's rank 1: ECC");
+  EXPECT_EQ(rec->slot_faults(0).cordon_until_ms(), clock.WallNowMs() + 300'000);
+  // The node works on; only that slot is out.
+  EXPECT_EQ(rec->state(), v1::NODE_ALIVE);
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  EXPECT_EQ(rec->failures(), 0);
+  const int64_t now = clock.WallNowMs();
+  EXPECT_TRUE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, now));
+  EXPECT_FALSE(NodeManager::SlotCordoned(*nodes.Find("n1"), 0, now));
+  // Its cordon ends on time, reported once; its failures stay.
+  clock.AdvanceMs(299'999);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  clock.AdvanceMs(1);
+  auto ended = nodes.ExpireCordons();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].slot_faults(0).cordon_until_ms(), 0);
+  EXPECT_EQ(ended[0].slot_faults(0).failures(), 1);
+  EXPECT_FALSE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  // Each further failure doubles the cool-down, up to the cap.
+  nodes.CordonSlot("n1", 1, "again");
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).cordon_until_ms(), clock.WallNowMs() + 600'000);
+  nodes.CordonSlot("n1", 1, "and again");
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).cordon_until_ms(), clock.WallNowMs() + 1'000'000);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).failures(), 3);
+  // A re-registration (a restarted agent) keeps it; a restored record's cordon ends on time.
+  v1::NodeRecord again = nodes.Register(RegisterReq("n1", 2, "a2", v1::CUDA));
+  ASSERT_EQ(again.slot_faults_size(), 1);
+  EXPECT_TRUE(NodeManager::SlotCordoned(again, 1, clock.WallNowMs()));
+  NodeManager restored(&clock, {});
+  restored.Restore(again);
+  clock.AdvanceMs(1'000'000);
+  ASSERT_EQ(restored.ExpireCordons().size(), 1u);
+  // Unknown nodes and slots are left alone.
+  EXPECT_FALSE(nodes.CordonSlot("n2", 0, "x").has_value());
+  EXPECT_FALSE(nodes.CordonSlot("n1", 2, "x").has_value());
+}
+
 TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
   FakeClock clock;
   NodeManager nodes(

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <mutex>
 #include <string>
@@ -48,12 +49,16 @@ StatusOr<void*> Handle() {
   return *opened;
 }
 
+std::atomic<bool> g_device_failed{false};
+
 StatusOr<Ops*> Load() {
   ASSIGN_OR_RETURN(void* symbol, CudaPluginSymbol(kCreateCudaOpsSymbol));
   auto create = reinterpret_cast<CreateCudaOpsFn>(symbol);
   Ops* ops = nullptr;
   char error[512] = {0};
-  if (create(kCudaOpsAbi, &ops, error, sizeof(error)) != 0 || ops == nullptr) {
+  const int rc = create(kCudaOpsAbi, &ops, error, sizeof(error));
+  if (rc != 0 || ops == nullptr) {
+    g_device_failed = rc == kCreateDeviceFault;
     return FailedPreconditionError(std::string("resources.device cuda: ") + error);
   }
   return ops;
@@ -77,5 +82,7 @@ StatusOr<Ops*> CudaOps() {
   std::call_once(once, [] { loaded = new StatusOr<Ops*>(Load()); });
   return *loaded;
 }
+
+bool CudaDeviceFailed() { return g_device_failed; }
 
 }  // namespace drover::engine

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "worker/engine/kernels/cuda/cuda_check.h"
+
 namespace drover::engine::parallel {
 namespace {
 
@@ -29,8 +31,12 @@ Status CudaNcclStatus(ncclResult_t result, const char* call, const std::string& 
   return InternalError(std::move(message));
 }
 
+// A GPU that failed (an uncorrectable ECC error seen while polling a collective's stream)
+// stops the process as it does in the kernel table: its slot, not the job, is at fault.
 Status CudaNcclStatus(cudaError_t error, const char* call, const std::string& where) {
   if (error == cudaSuccess) return OkStatus();
+  if (cuda::IsDeviceFault(error))
+    cuda::DeviceFailed((where + ": " + call).c_str(), error, __FILE__, __LINE__);
   return InternalError(where + ": " + call + ": " + cudaGetErrorName(error) + " (" +
                        cudaGetErrorString(error) + ")");
 }

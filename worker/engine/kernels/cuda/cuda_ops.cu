@@ -530,27 +530,32 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
     SetError(error, error_len, "DROVER_CUDA_ATTENTION", why.c_str());
     return -1;
   }
+  // From here on a failure of the GPU itself (IsDeviceFault) returns kCreateDeviceFault.
+  auto failed = [](cudaError_t err) {
+    return drover::engine::cuda::IsDeviceFault(err) ? drover::engine::kCreateDeviceFault : -1;
+  };
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
     SetError(error, error_len, "no usable GPU",
              err != cudaSuccess ? cudaGetErrorString(err)
                                 : "the driver lists none (check CUDA_VISIBLE_DEVICES)");
-    return -1;
+    return err != cudaSuccess ? failed(err) : drover::engine::kCreateDeviceFault;
   }
   if ((err = cudaSetDevice(0)) != cudaSuccess) {
     SetError(error, error_len, "cudaSetDevice(0)", cudaGetErrorString(err));
-    return -1;
+    return failed(err);
   }
   cudaStream_t stream = nullptr, copy_stream = nullptr;
   if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (err = cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking)) != cudaSuccess) {
     SetError(error, error_len, "cudaStreamCreate", cudaGetErrorString(err));
-    return -1;
+    return failed(err);
   }
-  if (std::string why; !drover::engine::cuda::KernelsRunOnDevice(stream, &why)) {
+  if (std::string why;
+      (err = drover::engine::cuda::KernelsRunOnDevice(stream, &why)) != cudaSuccess) {
     SetError(error, error_len, "unusable GPU", why.c_str());
-    return -1;
+    return failed(err);
   }
   std::unique_ptr<drover::engine::cuda::CudnnAttention> cudnn;
   if (attention <= drover::engine::cuda::AttentionKernels::kAuto) {

@@ -4,6 +4,7 @@
 // failed at the first kernel of the first step with "no kernel image is available".
 #include <string>
 
+#include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
 
@@ -32,11 +33,16 @@ int ComputeCapability() {
 
 }  // namespace
 
-bool KernelsRunOnDevice(cudaStream_t stream, std::string* why) {
+cudaError_t KernelsRunOnDevice(cudaStream_t stream, std::string* why) {
   DROVER_LAUNCH(ProbeKernel, 1, 1, 0, stream)();
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-  if (err == cudaSuccess) return true;
+  if (err == cudaSuccess) return err;
+  if (IsDeviceFault(err)) {
+    *why = std::string("the GPU failed: ") + cudaGetErrorName(err) + " (" +
+           cudaGetErrorString(err) + ")";
+    return err;
+  }
   const int cc = ComputeCapability();
   const std::string name =
       cc == 0 ? std::string("unknown") : std::to_string(cc / 10) + "." + std::to_string(cc % 10);
@@ -52,7 +58,7 @@ bool KernelsRunOnDevice(cudaStream_t stream, std::string* why) {
             (cc == 0 ? std::string("<this GPU's>") : std::to_string(cc)) +
             " (a list such as \"80;90\" serves both kinds)";
   }
-  return false;
+  return err;
 }
 
 }  // namespace drover::engine::cuda

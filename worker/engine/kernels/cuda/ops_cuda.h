@@ -33,9 +33,10 @@ cudaStream_t ComputeStreamOf(const Ops* ops);
 
 // ---- device_check.cu -------------------------------------------------------------------
 // Whether this build's kernels run on the current device: a trivial kernel launched on
-// `stream` and waited for. False, with *why naming the build's architectures, the device's
-// compute capability and the cmake setting to rebuild with, when the device cannot run them.
-bool KernelsRunOnDevice(cudaStream_t stream, std::string* why);
+// `stream` and waited for. cudaSuccess when they do; otherwise the error, with *why naming
+// the build's architectures, the device's compute capability and the cmake setting to
+// rebuild with (or, for a GPU that failed, IsDeviceFault, the error alone).
+cudaError_t KernelsRunOnDevice(cudaStream_t stream, std::string* why);
 
 // ---- elementwise.cu --------------------------------------------------------------------
 void Fill(float* x, float value, size_t n, cudaStream_t stream);
