@@ -192,6 +192,16 @@ StatusOr<v1::ReadLogsResponse> RpcClient::ReadLogs(const std::string& job_id, in
   return resp;
 }
 
+StatusOr<v1::UncordonResponse> RpcClient::Uncordon(const std::string& node, int slot) {
+  v1::UncordonRequest req;
+  req.set_node(node);
+  req.set_slot_only(slot >= 0);
+  req.set_slot(std::max(slot, 0));
+  v1::UncordonResponse resp;
+  DROVER_RPC_CALL(Uncordon, req, resp, "uncordon " + node);
+  return resp;
+}
+
 #undef DROVER_RPC_CALL
 
 int ReportError(const Status& st) {

@@ -41,6 +41,8 @@ class RpcClient {
   Status DeleteJob(const std::string& job_id);
   StatusOr<v1::ListWorkersResponse> ListWorkers(bool include_exited = false);
   StatusOr<v1::ReadLogsResponse> ReadLogs(const std::string& job_id, int rank, int64_t offset);
+  // slot < 0: the whole node.
+  StatusOr<v1::UncordonResponse> Uncordon(const std::string& node, int slot);
 
   const std::string& request_id() const { return request_id_; }
 

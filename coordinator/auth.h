@@ -7,7 +7,7 @@
 //   signature; a call here only asks whether a checked certificate came with it.
 //   people and scripts (JobService) send a bearer token from the --tokens file; its role
 //   decides between reading (status, jobs, logs, workers, wait) and changing (submit,
-//   cancel, rm).
+//   cancel, rm, uncordon).
 // A credential that is not configured is not asked for: without TLS agents are not
 // checked, without --tokens JobService is open. That is today's loopback set-up, and
 // CheckExposure keeps it on loopback unless the operator says --insecure.

@@ -469,6 +469,40 @@ StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
                           " times while being cancelled; try again");
 }
 
+StatusOr<v1::UncordonResponse> Coordinator::Uncordon(const v1::UncordonRequest& request) {
+  const int slot = request.slot_only() ? request.slot() : -1;
+  const std::string what = "node " + request.node() +
+                           (slot >= 0 ? " slot " + std::to_string(slot) : std::string()) +
+                           " not uncordoned";
+  // As a cancel: if the node changed under the write (a failure, a re-registration), its
+  // newer record was queued after this one and wins on disk; plan again from it.
+  constexpr int kTries = 10;
+  for (int i = 0; i < kTries; ++i) {
+    NodeManager::UncordonPlan plan;
+    int64_t seq;
+    {
+      MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(plan, nodes_.PlanUncordon(request.node(), slot));
+      StoreBatch batch;
+      batch.nodes.push_back(plan.after);
+      seq = Propose(std::move(batch));
+    }
+    if (Status st = writer_->WaitProposal(seq); !st.ok()) return Refused(what, st);
+    MutexLock lock(&mu_);
+    if (!nodes_.ApplyUncordon(plan)) continue;
+    spdlog::info("{}{} put back in service by an operator{}", request.node(),
+                 slot >= 0 ? " slot " + std::to_string(slot) : std::string(),
+                 plan.was_cordoned ? "" : " (it was not cordoned)");
+    schedule_due_ = true;
+    v1::UncordonResponse response;
+    *response.mutable_node() = *nodes_.Find(request.node());
+    response.set_was_cordoned(plan.was_cordoned);
+    return response;
+  }
+  return UnavailableError(what + ": it changed " + std::to_string(kTries) +
+                          " times while being uncordoned; try again");
+}
+
 StatusOr<int64_t> Coordinator::CheckpointJob(const std::string& job_id) {
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(int64_t after, jobs_.RequestCheckpoint(job_id, "requested by a user"));

@@ -114,6 +114,9 @@ class Coordinator {
   Status DeleteJob(const std::string& job_id);
   v1::ListWorkersResponse ListWorkers(const v1::ListWorkersRequest& request = {});
   StatusOr<v1::ReadLogsResponse> ReadLogs(const v1::ReadLogsRequest& request);
+  // An operator puts a node, or one slot of it, back in service (NodeManager::PlanUncordon):
+  // written first, made once durable, as a cancel.
+  StatusOr<v1::UncordonResponse> Uncordon(const v1::UncordonRequest& request);
 
   // For the dashboard and /metrics (coordinator/http_server.h).
   std::map<v1::JobState, int64_t> CountJobsByState() const;

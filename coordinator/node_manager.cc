@@ -145,6 +145,58 @@ std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, i
   return r;
 }
 
+namespace {
+
+// Whether a node's record is as an uncordon was planned from, but for the time of its last
+// heartbeat (which changes in memory at every heartbeat and is written only with other
+// changes). Any other change was queued for the disk after the uncordon's proposal, so it
+// would win there over the uncordon made here in memory.
+bool Unchanged(v1::NodeRecord now, v1::NodeRecord planned) {
+  now.clear_last_heartbeat_ms();
+  planned.clear_last_heartbeat_ms();
+  return now.SerializeAsString() == planned.SerializeAsString();
+}
+
+}  // namespace
+
+StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string& name,
+                                                              int slot) const {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return NotFoundError("no node " + name);
+  UncordonPlan plan{it->second.record, it->second.record};
+  v1::NodeRecord& r = plan.after;
+  const int64_t now = clock_->WallNowMs();
+  if (slot >= 0) {
+    const bool known = std::any_of(r.slots().begin(), r.slots().end(),
+                                   [slot](const v1::Slot& s) { return s.index() == slot; });
+    if (!known) {
+      return NotFoundError("node " + name + " has no slot " + std::to_string(slot) + " (it has " +
+                           std::to_string(r.slots_size()) + ")");
+    }
+  } else {
+    plan.was_cordoned = r.state() == v1::NODE_CORDONED || r.cordon_until_ms() > now;
+    if (r.state() == v1::NODE_CORDONED) r.set_state(v1::NODE_ALIVE);
+    r.set_cordon_until_ms(0);
+    r.set_failures(0);
+  }
+  auto* faults = r.mutable_slot_faults();
+  for (int i = faults->size() - 1; i >= 0; --i) {
+    if (slot >= 0 && faults->Get(i).slot() != slot) continue;
+    plan.was_cordoned = plan.was_cordoned || faults->Get(i).cordon_until_ms() > now;
+    faults->DeleteSubrange(i, 1);
+  }
+  return plan;
+}
+
+bool NodeManager::ApplyUncordon(const UncordonPlan& plan) {
+  auto it = nodes_.find(plan.before.name());
+  if (it == nodes_.end() || !Unchanged(it->second.record, plan.before)) return false;
+  const int64_t heartbeat = it->second.record.last_heartbeat_ms();
+  it->second.record = plan.after;
+  it->second.record.set_last_heartbeat_ms(heartbeat);
+  return true;
+}
+
 bool NodeManager::SlotCordoned(const v1::NodeRecord& record, int slot, int64_t now_ms) {
   for (const v1::SlotFault& f : record.slot_faults()) {
     if (f.slot() == slot) return f.cordon_until_ms() > now_ms;

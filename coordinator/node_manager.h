@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/status.h"
 #include "proto/drover.pb.h"
 
 namespace drover::coordinator {
@@ -83,6 +84,19 @@ class NodeManager {
   // or has no such slot.
   std::optional<v1::NodeRecord> CordonSlot(const std::string& name, int slot,
                                            const std::string& why);
+
+  // An operator's uncordon, worked out but not made: node `name` with its cordon ended and
+  // its failures forgotten, with every slot's too (`slot` < 0), or only that slot's.
+  // NotFound for an unknown node or slot. The caller makes `after` durable, then Apply()s.
+  struct UncordonPlan {
+    v1::NodeRecord before;  // as it was planned from
+    v1::NodeRecord after;
+    bool was_cordoned = false;  // a cordon ended (else only failure counts were forgotten)
+  };
+  StatusOr<UncordonPlan> PlanUncordon(const std::string& name, int slot) const;
+  // Makes a planned uncordon; false, changing nothing, when the node's record changed since
+  // it was planned (another failure, a re-registration: plan again).
+  bool ApplyUncordon(const UncordonPlan& plan);
 
   // Whether `slot` of `record` is cordoned (CordonSlot) at wall time `now_ms`.
   static bool SlotCordoned(const v1::NodeRecord& record, int slot, int64_t now_ms);

@@ -28,6 +28,7 @@ constexpr char kCancelJob[] = "/drover.v1.JobService/CancelJob";
 constexpr char kCheckpointJob[] = "/drover.v1.JobService/CheckpointJob";
 constexpr char kDeleteJob[] = "/drover.v1.JobService/DeleteJob";
 constexpr char kListWorkers[] = "/drover.v1.JobService/ListWorkers";
+constexpr char kUncordon[] = "/drover.v1.JobService/Uncordon";
 constexpr char kReadLogs[] = "/drover.v1.JobService/ReadLogs";
 
 // Returns the refusal from the enclosing handler when `auth` refuses the call.
@@ -140,6 +141,14 @@ class JobServiceImpl final : public v1::JobService::Service {
                            v1::ListWorkersResponse* resp) override {
     DROVER_AUTHORIZE(auth_, ctx, kListWorkers);
     *resp = c_->ListWorkers(*req);
+    return grpc::Status::OK;
+  }
+  grpc::Status Uncordon(grpc::ServerContext* ctx, const v1::UncordonRequest* req,
+                        v1::UncordonResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kUncordon);
+    auto r = c_->Uncordon(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
     return grpc::Status::OK;
   }
   grpc::Status ReadLogs(grpc::ServerContext* ctx, const v1::ReadLogsRequest* req,

@@ -154,6 +154,16 @@ elif [[ $scenario == gpu ]]; then
   grep -q "node gpu0 slot 1 cordoned" "$work/coordinator.log" ||
     { echo "FAIL: the coordinator did not log the slot's cordon"; exit 1; }
   finished_on_one_gpu
+  # Repaired, the GPU is put back in service by an operator: both slots free again.
+  drover uncordon gpu0 --slot 1 | grep -qx "gpu0 slot 1 is back in service" ||
+    { echo "FAIL: drover uncordon gpu0 --slot 1"; exit 1; }
+  drover workers > "$work/workers.txt"
+  grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +2 +0 " "$work/workers.txt" && ! grep -q cordoned "$work/workers.txt" ||
+    { echo "FAIL: slot 1 is not back in service"; cat "$work/workers.txt"; exit 1; }
+  rc=0
+  drover uncordon gpu0 --slot 7 2> "$work/uncordon.err" || rc=$?
+  [[ $rc -ne 0 ]] && grep -q "node gpu0 has no slot 7" "$work/uncordon.err" ||
+    { echo "FAIL: an unknown slot was not refused by name"; cat "$work/uncordon.err"; exit 1; }
   echo "a GPU failed: its slot was cordoned and the job finished on the node's other GPU"
 else
   # An attempt on both nodes ended with gpu1's death; the last one, on gpu0's GPU alone,

@@ -94,7 +94,7 @@ TEST(AuthorizeTest, ReadOnlyTokenReadsButCannotChangeJobs) {
     EXPECT_TRUE(Authorize(FullPolicy(), m, reader).ok()) << m;
   }
   for (const char* m : {"/drover.v1.JobService/SubmitJob", "/drover.v1.JobService/CancelJob",
-                        "/drover.v1.JobService/DeleteJob"}) {
+                        "/drover.v1.JobService/DeleteJob", "/drover.v1.JobService/Uncordon"}) {
     Status st = Authorize(FullPolicy(), m, reader);
     EXPECT_EQ(st.code(), StatusCode::kPermissionDenied) << m;
     EXPECT_THAT(st.message(), HasSubstr("the token of 'grafana' is read-only")) << m;

@@ -502,6 +502,39 @@ TEST_F(CoordinatorTest, AGpuThatFailedIsCordonedAloneAndTheJobGoesOnOnTheNodesOt
   EXPECT_EQ(c_->ListWorkers().workers(0).node().slot_faults(0).cordon_until_ms(), 0);
 }
 
+TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOntoIt) {
+  ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
+  const std::string id = Submit(SpecYaml(1, 2, 2, 120, "cuda"));
+  c_->Tick();
+  ASSERT_EQ(Beat("g1", {}).orders_size(), 2);
+  Beat("g1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  const int slot = Job(id).placement(1).slot();
+  Beat("g1", {Exited(id, 1, 0, 0, 15), Exited(id, 1, 1, kExitDeviceFault)});
+  c_->Tick();
+  ASSERT_EQ(Job(id).placement_size(), 1);  // on the other GPU
+
+  v1::UncordonRequest request;
+  request.set_node("g1");
+  request.set_slot_only(true);
+  request.set_slot(slot);
+  auto done = c_->Uncordon(request);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->was_cordoned());
+  EXPECT_EQ(done->node().slot_faults_size(), 0);
+  EXPECT_EQ(c_->ListWorkers().workers(0).free_slots(), 1);
+  // The job, one rank below its largest size, is asked for a checkpoint to grow at.
+  c_->Tick();
+  const v1::HeartbeatResponse hb = Beat("g1", {Trainer(id, 2, 0, v1::TRAINER_RUNNING, 5)});
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_TRUE(hb.orders(0).has_checkpoint());
+  // Durable: a restarted coordinator has it back in service too.
+  Reopen();
+  EXPECT_EQ(c_->ListWorkers().workers(0).node().slot_faults_size(), 0);
+  // Unknown names are refused by name.
+  request.set_node("g2");
+  EXPECT_EQ(c_->Uncordon(request).status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(CoordinatorTest, HangDetectedFromStalledHeartbeats) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
   const std::string id = Submit(SpecYaml(1, 1, 2, /*hang_s=*/5));
@@ -699,6 +732,37 @@ TEST_F(CoordinatorTest, CancelTheStoreCannotWriteIsRefusedAndTheJobRunsOn) {
   ASSERT_TRUE(c_->Flush().ok());
   Reopen();
   EXPECT_EQ(Job(id).state(), v1::CANCELLED);
+}
+
+TEST_F(CoordinatorTest, UncordonTheStoreCannotWriteIsRefusedAndTheCordonStays) {
+  ReopenWithFaults();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  v1::TrainerExitRequest cut;  // a peer check that names n1: cordoned at once
+  const std::string id = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  Beat("n1", {Trainer(id, 1, 0)});
+  cut.set_name("n1");
+  cut.set_agent_id("agent-1");
+  *cut.mutable_trainer() = Exited(id, 1, 0, 1);
+  cut.mutable_trainer()->mutable_progress()->add_cut_off_ranks(0);
+  ASSERT_TRUE(c_->ReportTrainerExit(cut).ok());
+  ASSERT_TRUE(c_->Flush().ok());
+  ASSERT_EQ(c_->ListWorkers().workers(0).node().state(), v1::NODE_CORDONED);
+  store_->FailAllWrites(DiskFull());
+  v1::UncordonRequest request;
+  request.set_node("n1");
+  auto refused = c_->Uncordon(request);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("node n1 not uncordoned"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("database or disk is full"));
+  EXPECT_EQ(c_->ListWorkers().workers(0).node().state(), v1::NODE_CORDONED);
+  EXPECT_TRUE(Fatal().empty());
+  store_->HealWrites();
+  auto done = c_->Uncordon(request);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->was_cordoned());
+  EXPECT_EQ(done->node().state(), v1::NODE_ALIVE);
+  EXPECT_EQ(done->node().failures(), 0);
 }
 
 TEST_F(CoordinatorTest, HeartbeatDrivenChangeThatCannotBeWrittenStopsTheCoordinator) {

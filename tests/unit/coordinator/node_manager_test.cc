@@ -120,6 +120,64 @@ TEST(NodeManagerTest, ASlotWhoseGpuFailedIsCordonedAloneWithGrowingCoolDown) {
   EXPECT_FALSE(nodes.CordonSlot("n1", 2, "x").has_value());
 }
 
+TEST(NodeManagerTest, AnOperatorsUncordonEndsTheCordonsAndForgetsTheFailures) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.cordon_after_failures = 1, .slot_cordon_base_ms = 300'000});
+  nodes.Register(RegisterReq("n1", 2, "a1", v1::CUDA));
+  nodes.CordonSlot("n1", 0, "ECC");
+  nodes.CordonSlot("n1", 1, "ECC");
+  nodes.CordonSlot("n1", 1, "ECC again");
+  // One slot: only its entry goes; nothing changes until the plan is applied.
+  auto plan = nodes.PlanUncordon("n1", 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->was_cordoned);
+  ASSERT_EQ(plan->after.slot_faults_size(), 1);
+  EXPECT_EQ(plan->after.slot_faults(0).slot(), 0);
+  EXPECT_TRUE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  EXPECT_FALSE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  EXPECT_TRUE(NodeManager::SlotCordoned(*nodes.Find("n1"), 0, clock.WallNowMs()));
+  // Its next failure starts from the base cool-down again.
+  nodes.CordonSlot("n1", 1, "ECC once more");
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(1).cordon_until_ms(), clock.WallNowMs() + 300'000);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(1).failures(), 1);
+
+  // A plan made stale by a change under it (another failure) is not applied.
+  plan = nodes.PlanUncordon("n1", -1);
+  ASSERT_TRUE(plan.ok());
+  nodes.CordonSlot("n1", 0, "while the write went on");
+  EXPECT_FALSE(nodes.ApplyUncordon(*plan));
+  EXPECT_EQ(nodes.Find("n1")->slot_faults_size(), 2);
+  // A heartbeat is no change.
+  plan = nodes.PlanUncordon("n1", -1);
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("a1");
+  clock.AdvanceMs(1000);
+  nodes.OnHeartbeat(hb);
+  // The whole node: its own cordon and every slot's.
+  nodes.CordonCutOff("n1");
+  EXPECT_FALSE(nodes.ApplyUncordon(*plan));
+  plan = nodes.PlanUncordon("n1", -1);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->was_cordoned);
+  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  const v1::NodeRecord* r = nodes.Find("n1");
+  EXPECT_EQ(r->state(), v1::NODE_ALIVE);
+  EXPECT_EQ(r->failures(), 0);
+  EXPECT_EQ(r->cordon_until_ms(), 0);
+  EXPECT_EQ(r->slot_faults_size(), 0);
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  // Again: nothing was cordoned. Unknown nodes and slots are named.
+  plan = nodes.PlanUncordon("n1", -1);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->was_cordoned);
+  EXPECT_EQ(nodes.PlanUncordon("n2", -1).status().code(), StatusCode::kNotFound);
+  const Status no_slot = nodes.PlanUncordon("n1", 2).status();
+  EXPECT_EQ(no_slot.code(), StatusCode::kNotFound);
+  EXPECT_NE(no_slot.message().find("node n1 has no slot 2"), std::string::npos) << no_slot;
+}
+
 TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
   FakeClock clock;
   NodeManager nodes(
