@@ -38,9 +38,11 @@ cudaError_t KernelsRunOnDevice(cudaStream_t stream, std::string* why) {
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err == cudaSuccess) return err;
-  if (IsDeviceFault(err)) {
-    *why = std::string("the GPU failed: ") + cudaGetErrorName(err) + " (" +
-           cudaGetErrorString(err) + ")";
+  // Only a missing kernel image says the build does not fit the GPU; a GPU that failed
+  // (IsDeviceFault) or another error is told as it is, not as a rebuild to make.
+  if (err != cudaErrorNoKernelImageForDevice) {
+    *why = std::string(IsDeviceFault(err) ? "the GPU failed: " : "a trivial kernel failed: ") +
+           cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
     return err;
   }
   const int cc = ComputeCapability();
