@@ -5,6 +5,24 @@
 #include "coordinator/backoff.h"
 
 namespace drover::coordinator {
+namespace {
+
+bool HasSlot(const v1::NodeRecord& r, int slot) {
+  return std::any_of(r.slots().begin(), r.slots().end(),
+                     [slot](const v1::Slot& s) { return s.index() == slot; });
+}
+
+// Whether a node's record is as an uncordon was planned from, but for the time of its last
+// heartbeat (which changes in memory at every heartbeat and is written only with other
+// changes). Any other change was queued for the disk after the uncordon's proposal, so it
+// would win there over the uncordon made here in memory.
+bool Unchanged(v1::NodeRecord now, v1::NodeRecord planned) {
+  now.clear_last_heartbeat_ms();
+  planned.clear_last_heartbeat_ms();
+  return now.SerializeAsString() == planned.SerializeAsString();
+}
+
+}  // namespace
 
 NodeManager::NodeManager(const Clock* clock, NodeManagerOptions options)
     : clock_(clock), options_(options) {}
@@ -123,9 +141,7 @@ std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, i
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return std::nullopt;
   v1::NodeRecord& r = it->second.record;
-  const bool known = std::any_of(r.slots().begin(), r.slots().end(),
-                                 [slot](const v1::Slot& s) { return s.index() == slot; });
-  if (!known) return std::nullopt;
+  if (!HasSlot(r, slot)) return std::nullopt;
   v1::SlotFault* fault = nullptr;
   for (v1::SlotFault& f : *r.mutable_slot_faults()) {
     if (f.slot() == slot) fault = &f;
@@ -145,20 +161,6 @@ std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, i
   return r;
 }
 
-namespace {
-
-// Whether a node's record is as an uncordon was planned from, but for the time of its last
-// heartbeat (which changes in memory at every heartbeat and is written only with other
-// changes). Any other change was queued for the disk after the uncordon's proposal, so it
-// would win there over the uncordon made here in memory.
-bool Unchanged(v1::NodeRecord now, v1::NodeRecord planned) {
-  now.clear_last_heartbeat_ms();
-  planned.clear_last_heartbeat_ms();
-  return now.SerializeAsString() == planned.SerializeAsString();
-}
-
-}  // namespace
-
 StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string& name,
                                                               int slot) const {
   auto it = nodes_.find(name);
@@ -167,9 +169,7 @@ StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string&
   v1::NodeRecord& r = plan.after;
   const int64_t now = clock_->WallNowMs();
   if (slot >= 0) {
-    const bool known = std::any_of(r.slots().begin(), r.slots().end(),
-                                   [slot](const v1::Slot& s) { return s.index() == slot; });
-    if (!known) {
+    if (!HasSlot(r, slot)) {
       return NotFoundError("node " + name + " has no slot " + std::to_string(slot) + " (it has " +
                            std::to_string(r.slots_size()) + ")");
     }
