@@ -69,6 +69,17 @@ TEST(RenderTopTest, NodesAndJobsWithProgressLossSpeedAndEtaAtTheSlowestRank) {
             "j-1  shakespeare  RUNNING  2        2      150/300  50.0%     1.2346  5120   30.0s\n");
 }
 
+TEST(RenderTopTest, ASlotOutForItsFailedGpuIsCountedOnItsNode) {
+  TopSnapshot s = Cluster();
+  s.workers.set_now_ms(kNow + 5);  // the coordinator's clock decides
+  v1::NodeRecord& w1 = *s.workers.mutable_workers(0)->mutable_node();
+  w1.add_slot_faults()->set_cordon_until_ms(kNow + 6);
+  w1.add_slot_faults()->set_cordon_until_ms(kNow + 5);  // ended
+  const std::string frame = RenderTop(s, 0);
+  EXPECT_NE(frame.find("w1    ALIVE  2/2 (1 out)  0.4s\n"), std::string::npos) << frame;
+  EXPECT_NE(frame.find("w2    DEAD   0/1          1m15s\n"), std::string::npos) << frame;
+}
+
 TEST(RenderTopTest, StepBelowTheFurthestReachedIsMarkedRecomputed) {
   TopSnapshot s = Cluster();
   s.jobs.push_back(Job("j-1", v1::RUNNING, 140, 160, 1, 100));
