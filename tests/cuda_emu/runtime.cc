@@ -519,71 +519,52 @@ cudaError_t cudaGetLastError() {
   const cudaError_t last = std::exchange(drover_emu::LastError(), cudaSuccess);
   return last != cudaSuccess ? last : drover_emu::InjectedFault();
 }
-const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument (emulated)";
-    case cudaErrorMemoryAllocation:
-      return "out of memory (emulated)";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device (emulated)";
-    case cudaErrorNoKernelImageForDevice:
-      return "no kernel image is available for execution on the device (emulated)";
-    case cudaErrorNotReady:
-      return "device not ready (emulated)";
-    case cudaErrorECCUncorrectable:
-      return "uncorrectable ECC error encountered (emulated)";
-    case cudaErrorNvlinkUncorrectable:
-      return "uncorrectable NVLink error detected during the execution (emulated)";
-    case cudaErrorDevicesUnavailable:
-      return "CUDA-capable device(s) is/are busy or unavailable (emulated)";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal (emulated)";
-    case cudaErrorSystemNotReady:
-      return "system not yet initialized (emulated)";
-    case cudaErrorInsufficientDriver:
-      return "CUDA driver version is insufficient for CUDA runtime version (emulated)";
-    case cudaErrorSystemDriverMismatch:
-      return "system has unsupported display driver / cuda driver combination (emulated)";
-    case cudaErrorStubLibrary:
-      return "CUDA driver is a stub library (emulated)";
+namespace {
+
+// Each error the emulator returns: its name and its words, as the runtime's.
+struct ErrorText {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrorTexts[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument (emulated)"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory (emulated)"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device (emulated)"},
+    {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
+     "no kernel image is available for execution on the device (emulated)"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready (emulated)"},
+    {cudaErrorECCUncorrectable, "cudaErrorECCUncorrectable",
+     "uncorrectable ECC error encountered (emulated)"},
+    {cudaErrorNvlinkUncorrectable, "cudaErrorNvlinkUncorrectable",
+     "uncorrectable NVLink error detected during the execution (emulated)"},
+    {cudaErrorDevicesUnavailable, "cudaErrorDevicesUnavailable",
+     "CUDA-capable device(s) is/are busy or unavailable (emulated)"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal (emulated)"},
+    {cudaErrorSystemNotReady, "cudaErrorSystemNotReady", "system not yet initialized (emulated)"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version (emulated)"},
+    {cudaErrorSystemDriverMismatch, "cudaErrorSystemDriverMismatch",
+     "system has unsupported display driver / cuda driver combination (emulated)"},
+    {cudaErrorStubLibrary, "cudaErrorStubLibrary", "CUDA driver is a stub library (emulated)"},
+};
+const ErrorText* TextOf(cudaError_t error) {
+  for (const ErrorText& e : kErrorTexts) {
+    if (e.code == error) return &e;
   }
-  return "unknown error (emulated)";
+  return nullptr;
+}
+
+}  // namespace
+
+const char* cudaGetErrorString(cudaError_t error) {
+  const ErrorText* e = TextOf(error);
+  return e != nullptr ? e->text : "unknown error (emulated)";
 }
 const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorNoKernelImageForDevice:
-      return "cudaErrorNoKernelImageForDevice";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    case cudaErrorECCUncorrectable:
-      return "cudaErrorECCUncorrectable";
-    case cudaErrorNvlinkUncorrectable:
-      return "cudaErrorNvlinkUncorrectable";
-    case cudaErrorDevicesUnavailable:
-      return "cudaErrorDevicesUnavailable";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorSystemNotReady:
-      return "cudaErrorSystemNotReady";
-    case cudaErrorInsufficientDriver:
-      return "cudaErrorInsufficientDriver";
-    case cudaErrorSystemDriverMismatch:
-      return "cudaErrorSystemDriverMismatch";
-    case cudaErrorStubLibrary:
-      return "cudaErrorStubLibrary";
-  }
-  return "cudaErrorUnknown";
+  const ErrorText* e = TextOf(error);
+  return e != nullptr ? e->name : "cudaErrorUnknown";
 }
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
   if (device != 0 || len <= 0) return cudaErrorInvalidValue;
