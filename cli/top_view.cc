@@ -6,6 +6,7 @@
 #include "cli/progress.h"
 #include "cli/rpc_client.h"
 #include "common/job_spec.h"
+#include "common/node_slots.h"
 
 namespace drover::cli {
 namespace {
@@ -31,12 +32,10 @@ std::string NodeTable(const TopSnapshot& s) {
     // A node that never beat has no age to show; a clock step backwards shows 0.
     const std::string age =
         n.last_heartbeat_ms() > 0 ? FormatDurationMs(s.now_ms - n.last_heartbeat_ms()) : "-";
-    // Slots whose GPU failed and that are out until their cordon ends, by the coordinator's
+    // Slots whose GPU failed or fails its node's health check (SlotOut), by the coordinator's
     // clock (ListWorkersResponse.now_ms) where it sent one.
     const int64_t now = s.workers.now_ms() > 0 ? s.workers.now_ms() : s.now_ms;
-    const auto out =
-        std::count_if(n.slot_faults().begin(), n.slot_faults().end(),
-                      [now](const v1::SlotFault& f) { return f.cordon_until_ms() > now; });
+    const int out = SlotsOut(n, now);
     rows.push_back({n.name(), Trimmed(v1::NodeState_Name(n.state()), "NODE_"),
                     std::to_string(used) + "/" + std::to_string(n.slots_size()) +
                         (out > 0 ? " (" + std::to_string(out) + " out)" : ""),

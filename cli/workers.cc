@@ -56,6 +56,10 @@ CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
                   << FormatDurationMs(f.cordon_until_ms() - now) << " (" << f.failures()
                   << (f.failures() == 1 ? " failure" : " failures") << "): " << f.reason() << "\n";
       }
+      for (const v1::SlotHealth& h : w.node().unhealthy_slots()) {
+        std::cout << w.node().name() << " slot " << h.slot()
+                  << " out until its GPU passes the health check: " << h.fault() << "\n";
+      }
     }
     return kExitOk;
   };

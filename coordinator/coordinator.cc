@@ -147,6 +147,28 @@ void Coordinator::CordonSlot(const std::string& node, int slot, const std::strin
   schedule_due_ = true;
 }
 
+void Coordinator::TakeSlotHealth(
+    const std::string& node, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy) {
+  const v1::NodeRecord* record = nodes_.Find(node);
+  if (record == nullptr || (unhealthy.empty() && record->unhealthy_slots().empty())) return;
+  const auto before = record->unhealthy_slots();  // rarely more than empty
+  bool changed = false;
+  for (const v1::SlotHealth& h : nodes_.TakeHealth(node, unhealthy, &changed)) {
+    const std::string why = "its GPU failed the node's health check: " + h.fault();
+    CordonSlot(node, h.slot(), why);  // counts the failure: a GPU that comes and goes waits longer
+    jobs_.OnSlotFailed(node, h.slot(), why);
+  }
+  if (!changed) return;
+  for (const v1::SlotHealth& h : before) {
+    const auto& now = record->unhealthy_slots();
+    if (std::none_of(now.begin(), now.end(),
+                     [&](const v1::SlotHealth& n) { return n.slot() == h.slot(); })) {
+      spdlog::info("node {} slot {}: its GPU passes the node's health check again", node, h.slot());
+    }
+  }
+  schedule_due_ = true;  // a slot may be back
+}
+
 void Coordinator::Persist(StoreBatch batch) {
   last_write_seq_ = std::max(last_write_seq_, writer_->Commit(std::move(batch)));
 }
@@ -235,6 +257,7 @@ StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& 
     StoreBatch batch;
     batch.nodes.push_back(nodes_.Register(request));
     Persist(std::move(batch));
+    TakeSlotHealth(request.name(), request.unhealthy_slots());
     health_.OnHeartbeat(request.name(), clock_->NowMs());
     ObserveTrainers(request.name());
     schedule_due_ = true;
@@ -270,6 +293,7 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
     batch.nodes.push_back(*changed);
     Persist(std::move(batch));
   }
+  TakeSlotHealth(request.name(), request.unhealthy_slots());
   // Slots may be free now: a restored node's first heartbeat or a dead node's return
   // offers its slots again; a trainer listed as exited (or no longer listed) frees one.
   if ((!was_schedulable && nodes_.Schedulable(request.name())) ||
@@ -601,7 +625,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& r
           const std::vector<int> busy = BusySlots(name);
           for (const auto& s : rec.slots()) {
             const bool held = std::find(busy.begin(), busy.end(), s.index()) != busy.end();
-            free += !held && !NodeManager::SlotCordoned(rec, s.index(), now) ? 1 : 0;
+            free += !held && !SlotOut(rec, s.index(), now) ? 1 : 0;
           }
         }
         w->set_free_slots(free);
@@ -679,7 +703,7 @@ void Coordinator::ScheduleLocked() {
                          const v1::DeviceKind device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
                          // A cordoned slot is neither free nor about to be: the trainer that
                          // still holds it gives back a GPU that failed.
-                         if (NodeManager::SlotCordoned(rec, s.index(), now)) continue;
+                         if (SlotOut(rec, s.index(), now)) continue;
                          if (in(busy, 0, busy.size(), s.index())) {
                            if (!in(busy, 0, reserved, s.index())) ++releasing[device];
                            continue;

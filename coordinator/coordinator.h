@@ -148,6 +148,12 @@ class Coordinator {
   void CordonCutOff(const std::string& node, const std::string& why) REQUIRES(mu_);
   // Cordons one slot of a node whose device failed under a trainer (JobManager's hook).
   void CordonSlot(const std::string& node, int slot, const std::string& why) REQUIRES(mu_);
+  // What `node`'s agent reports of its GPUs (NodeManager::TakeHealth): a slot reported unfit
+  // for the first time is cordoned (CordonSlot) and the attempt running on it fails
+  // (JobManager::OnSlotFailed); one no longer reported may be scheduled again.
+  void TakeSlotHealth(const std::string& node,
+                      const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy)
+      REQUIRES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
   int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.

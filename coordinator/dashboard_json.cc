@@ -151,6 +151,9 @@ json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsRespo
         slot["fault"] = f.reason();
         if (f.cordon_until_ms() > now_ms) slot["cordon_until_ms"] = f.cordon_until_ms();
       }
+      for (const v1::SlotHealth& h : n.unhealthy_slots()) {
+        if (h.slot() == s.index()) slot["unfit"] = h.fault();  // out while its agent says so
+      }
       node_slots.push_back(std::move(slot));
     }
     const std::string state = NodeState(n, now_ms);

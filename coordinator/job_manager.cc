@@ -508,6 +508,27 @@ void JobManager::OnHang(const TrainerKey& key) {
               node);
 }
 
+void JobManager::OnSlotFailed(const std::string& node, int slot, const std::string& why) {
+  auto it = ranks_on_node_.find(node);
+  if (it == ranks_on_node_.end()) return;
+  std::vector<std::pair<std::string, int>> hit;  // FailAttempt changes ranks_on_node_
+  for (const auto& [id, ranks] : it->second) {
+    const Job& job = *Get(id);
+    for (int r : ranks) {
+      if (job.rec.placement(r).slot() == slot && !job.ranks[r].done) hit.emplace_back(id, r);
+    }
+  }
+  for (const auto& [id, r] : hit) {
+    Job& job = *Get(id);
+    if (job.rec.state() != v1::RUNNING) continue;
+    job.device_faults.insert({id, job.rec.attempt(), r});
+    FailAttempt(
+        job,
+        "rank " + std::to_string(r) + " on " + node + " slot " + std::to_string(slot) + ": " + why,
+        node, /*retry=*/true, /*counted=*/false);
+  }
+}
+
 bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
   Job* job = Get(record.job_id());
   if (!job || record.attempt() != job->rec.attempt()) return false;

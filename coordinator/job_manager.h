@@ -177,6 +177,12 @@ class JobManager {
   void OnNodeLost(const std::string& node, const std::string& why);
   // A trainer's step did not move for the hang timeout.
   void OnHang(const TrainerKey& key);
+  // `slot` of `node` went out of use under whatever runs there (its agent's health check
+  // found its GPU unfit: `why`): the RUNNING attempt with a rank on it fails at once, its
+  // restart not counted against max_restarts (as for a trainer's own kExitDeviceFault: the
+  // slot's growing cool-down bounds how often a job meets that GPU again), and that rank's
+  // own exit with kExitDeviceFault, which may follow, is not handed to slot_failed again.
+  void OnSlotFailed(const std::string& node, int slot, const std::string& why);
   // A complete checkpoint reported by a trainer. False when fenced (older attempt). A new
   // one ends the attempt of a job planned to resize (see above).
   bool OnCheckpoint(const v1::CheckpointRecord& record);

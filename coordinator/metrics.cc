@@ -98,7 +98,7 @@ class StateSeries {
         // A cordoned slot (its GPU failed) is unavailable while the rest of its node works.
         int64_t off = 0;
         for (const v1::Slot& slot : n.slots()) {
-          off += NodeManager::SlotCordoned(n, slot.index(), s.now_ms) ? 1 : 0;
+          off += SlotOut(n, slot.index(), s.now_ms) ? 1 : 0;
         }
         free += w.free_slots();
         in_use += slots - w.free_slots() - off;

@@ -161,6 +161,32 @@ std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, i
   return r;
 }
 
+std::vector<v1::SlotHealth> NodeManager::TakeHealth(
+    const std::string& name, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy,
+    bool* changed) {
+  std::vector<v1::SlotHealth> first;
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return first;
+  v1::NodeRecord& r = it->second.record;
+  google::protobuf::RepeatedPtrField<v1::SlotHealth> now;
+  for (const v1::SlotHealth& h : unhealthy) {
+    if (!HasSlot(r, h.slot())) continue;
+    *now.Add() = h;
+    const bool known =
+        std::any_of(r.unhealthy_slots().begin(), r.unhealthy_slots().end(),
+                    [&](const v1::SlotHealth& was) { return was.slot() == h.slot(); });
+    if (!known) first.push_back(h);
+  }
+  const bool same = now.size() == r.unhealthy_slots().size() &&
+                    std::equal(now.begin(), now.end(), r.unhealthy_slots().begin(),
+                               [](const v1::SlotHealth& a, const v1::SlotHealth& b) {
+                                 return a.SerializeAsString() == b.SerializeAsString();
+                               });
+  if (changed != nullptr) *changed = !same;
+  if (!same) r.mutable_unhealthy_slots()->Swap(&now);
+  return first;
+}
+
 StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string& name,
                                                               int slot) const {
   auto it = nodes_.find(name);
@@ -172,6 +198,13 @@ StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string&
     if (!HasSlot(r, slot)) {
       return NotFoundError("node " + name + " has no slot " + std::to_string(slot) + " (it has " +
                            std::to_string(r.slots_size()) + ")");
+    }
+    for (const v1::SlotHealth& h : r.unhealthy_slots()) {
+      if (h.slot() != slot) continue;
+      return FailedPreconditionError(
+          "node " + name + " slot " + std::to_string(slot) +
+          " stays out of use while its agent's health check reports its GPU unfit (" + h.fault() +
+          "); it returns to service by itself once the check passes");
     }
   } else {
     plan.was_cordoned = r.state() == v1::NODE_CORDONED || r.cordon_until_ms() > now;
@@ -195,13 +228,6 @@ bool NodeManager::ApplyUncordon(const UncordonPlan& plan) {
   it->second.record = plan.after;
   it->second.record.set_last_heartbeat_ms(heartbeat);
   return true;
-}
-
-bool NodeManager::SlotCordoned(const v1::NodeRecord& record, int slot, int64_t now_ms) {
-  for (const v1::SlotFault& f : record.slot_faults()) {
-    if (f.slot() == slot) return f.cordon_until_ms() > now_ms;
-  }
-  return false;
 }
 
 void NodeManager::Cordon(Node& node) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/node_slots.h"
 #include "common/status.h"
 #include "proto/drover.pb.h"
 
@@ -85,9 +86,21 @@ class NodeManager {
   std::optional<v1::NodeRecord> CordonSlot(const std::string& name, int slot,
                                            const std::string& why);
 
+  // What the node's agent reports of its GPUs' health (Register or Heartbeat): the slots
+  // whose GPU its check finds unfit replace those it reported before, and stay out of use
+  // (drover::SlotOut) until it no longer reports them. Returns the slots it reports that it
+  // did not report last time (each one's first report: the caller cordons it, CordonSlot);
+  // `changed`, when given, says whether the list changed at all. Entries naming a slot the
+  // node does not have are dropped.
+  std::vector<v1::SlotHealth> TakeHealth(
+      const std::string& name, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy,
+      bool* changed = nullptr);
+
   // An operator's uncordon, worked out but not made: node `name` with its cordon ended and
   // its failures forgotten, with every slot's too (`slot` < 0), or only that slot's.
-  // NotFound for an unknown node or slot. The caller makes `after` durable, then Apply()s.
+  // NotFound for an unknown node or slot; FailedPrecondition for a slot its agent reports
+  // unfit (it returns by itself once the agent no longer does: its cordon would not end
+  // anything). The caller makes `after` durable, then Apply()s.
   struct UncordonPlan {
     v1::NodeRecord before;  // as it was planned from
     v1::NodeRecord after;
@@ -97,9 +110,6 @@ class NodeManager {
   // Makes a planned uncordon; false, changing nothing, when the node's record changed since
   // it was planned (another failure, a re-registration: plan again).
   bool ApplyUncordon(const UncordonPlan& plan);
-
-  // Whether `slot` of `record` is cordoned (CordonSlot) at wall time `now_ms`.
-  static bool SlotCordoned(const v1::NodeRecord& record, int slot, int64_t now_ms);
 
   // Returns the nodes whose cool-down, or one of whose slots' cool-down, has passed (to
   // persist): a cordoned node is ALIVE again, a cordoned slot usable again.

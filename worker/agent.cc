@@ -137,6 +137,7 @@ Status Agent::Register() {
   }
   req.set_seq(++seq_);
   for (const v1::TrainerStatus& st : supervisor_->Snapshot()) *req.add_running() = st;
+  AddGpuHealth(req.mutable_unhealthy_slots());
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
   SetDeadlineMs(&ctx, options_.rpc_timeout_ms);
@@ -160,6 +161,7 @@ Status Agent::Heartbeat() {
   for (const v1::TrainerStatus& st : supervisor_->Snapshot()) *req.add_trainers() = st;
   std::vector<v1::CheckpointRecord> pending = supervisor_->PendingCheckpoints();
   for (const v1::CheckpointRecord& c : pending) *req.add_checkpoints() = c;
+  AddGpuHealth(req.mutable_unhealthy_slots());
   v1::HeartbeatResponse resp;
   grpc::ClientContext ctx;
   SetDeadlineMs(&ctx, options_.rpc_timeout_ms);
@@ -185,6 +187,32 @@ Status Agent::Heartbeat() {
   }
   if (resp.reregister()) return AbortedError("coordinator asked to register again");
   return OkStatus();
+}
+
+void Agent::AddGpuHealth(google::protobuf::RepeatedPtrField<v1::SlotHealth>* out) {
+  const int64_t now = std::max<int64_t>(1, clock_->NowMs());
+  if (gpu_health_ &&
+      (gpu_checked_ms_ == 0 || now - gpu_checked_ms_ >= options_.gpu_health_interval_ms)) {
+    gpu_checked_ms_ = now;
+    std::vector<v1::SlotHealth> unfit = gpu_health_->Check();
+    auto in = [](const std::vector<v1::SlotHealth>& list, const v1::SlotHealth& h) {
+      return std::any_of(list.begin(), list.end(), [&](const v1::SlotHealth& x) {
+        return x.slot() == h.slot() && x.fault() == h.fault();
+      });
+    };
+    for (const v1::SlotHealth& h : unfit) {
+      if (!in(unhealthy_, h))
+        spdlog::warn("slot {} is unfit for training: {}", h.slot(), h.fault());
+    }
+    for (const v1::SlotHealth& h : unhealthy_) {
+      if (std::none_of(unfit.begin(), unfit.end(),
+                       [&](const v1::SlotHealth& x) { return x.slot() == h.slot(); })) {
+        spdlog::info("slot {}: its GPU passes the health check again", h.slot());
+      }
+    }
+    unhealthy_ = std::move(unfit);
+  }
+  for (const v1::SlotHealth& h : unhealthy_) *out->Add() = h;
 }
 
 void Agent::StartTrainer(const v1::StartTrainerOrder& order) {
@@ -268,6 +296,18 @@ void Agent::OnTrainerExit(const v1::TrainerStatus& status) {
 }
 
 Status Agent::Run() {
+  if (options_.device == v1::CUDA && options_.gpu_health_interval_ms > 0) {
+    auto check = GpuHealthCheck::Open(options_.gpus, options_.nvml_library);
+    if (check.ok()) {
+      gpu_health_ = std::move(*check);
+      spdlog::info("checking the health of {} of {} GPU(s) through NVML every {} ms",
+                   gpu_health_->checked(), options_.gpus.size(), options_.gpu_health_interval_ms);
+    } else {
+      spdlog::warn(
+          "GPU health checks are off: {}; a failed GPU is found only when a trainer meets it",
+          check.status().message());
+    }
+  }
   bool registered = false;
   bool warned = false;
   int64_t backoff_ms = 100;

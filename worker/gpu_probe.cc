@@ -1,9 +1,9 @@
 #include "worker/gpu_probe.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 #include <sstream>
+
+#include "worker/shared_library.h"
 
 namespace drover {
 namespace {
@@ -17,6 +17,7 @@ using CuDeviceGetName = int (*)(char*, int, int);
 using CuDeviceTotalMem = int (*)(size_t*, int);
 using CuGetErrorName = int (*)(int, const char**);
 using CuDeviceGetAttribute = int (*)(int*, int, int);
+using CuDeviceGetPciBusId = int (*)(char*, int, int);
 constexpr int kAttributeComputeCapabilityMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_...
 constexpr int kAttributeComputeCapabilityMinor = 76;
 
@@ -49,32 +50,13 @@ const char* KnownErrorName(int rc) {
   }
 }
 
-class Library {
- public:
-  explicit Library(const std::string& name) : handle_(::dlopen(name.c_str(), RTLD_NOW)) {}
-  ~Library() {
-    if (handle_ != nullptr) ::dlclose(handle_);
-  }
-  Library(const Library&) = delete;
-  Library& operator=(const Library&) = delete;
-  bool ok() const { return handle_ != nullptr; }
-  template <typename Fn>
-  Fn Get(const char* symbol) const {
-    return reinterpret_cast<Fn>(::dlsym(handle_, symbol));
-  }
-
- private:
-  void* handle_;
-};
-
 }  // namespace
 
 StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library) {
-  Library lib(driver_library);
+  SharedLibrary lib(driver_library);
   if (!lib.ok()) {
-    const char* why = ::dlerror();
     return FailedPreconditionError("no NVIDIA driver on this node: " + driver_library +
-                                   " cannot be loaded (" + (why ? why : "unknown error") + ")");
+                                   " cannot be loaded (" + lib.error() + ")");
   }
   auto init = lib.Get<CuInit>("cuInit");
   auto count = lib.Get<CuDeviceGetCount>("cuDeviceGetCount");
@@ -83,6 +65,7 @@ StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library) {
   auto total_mem = lib.Get<CuDeviceTotalMem>("cuDeviceTotalMem_v2");
   auto error_name = lib.Get<CuGetErrorName>("cuGetErrorName");
   auto attribute = lib.Get<CuDeviceGetAttribute>("cuDeviceGetAttribute");
+  auto bus_id = lib.Get<CuDeviceGetPciBusId>("cuDeviceGetPCIBusId");
   if (!init || !count || !get || !get_name || !total_mem) {
     return FailedPreconditionError(driver_library +
                                    " is not a usable CUDA driver: it lacks the device queries");
@@ -119,7 +102,9 @@ StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library) {
         attribute(&minor, kAttributeComputeCapabilityMinor, dev) != 0) {
       major = minor = 0;  // not known: the trainer's own check decides (device_check.cu)
     }
-    gpus.push_back({i, name, static_cast<int64_t>(bytes), major * 10 + minor});
+    char bus[32] = {};
+    if (bus_id == nullptr || bus_id(bus, sizeof(bus) - 1, dev) != 0) bus[0] = '\0';
+    gpus.push_back({i, name, static_cast<int64_t>(bytes), major * 10 + minor, bus});
   }
   return gpus;
 }

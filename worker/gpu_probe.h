@@ -19,6 +19,9 @@ struct GpuInfo {
   std::string name;
   int64_t memory_bytes = 0;
   int compute_capability = 0;  // major * 10 + minor (90: an H100 or H200); 0 if not known
+  // "0000:19:00.0": how NVML finds the same GPU (gpu_health.h), whatever the ordinals; empty
+  // when the driver does not say.
+  std::string pci_bus_id;
 };
 
 // The oldest compute capability drover's CUDA kernels run on (bf16 mma.sync and cp.async

@@ -34,6 +34,12 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", options.heartbeat_interval_ms,
                  "heartbeat period (default: the coordinator's)")
       ->check(CLI::Range(1, 600000));
+  app.add_option("--gpu-health-interval-ms", options.gpu_health_interval_ms,
+                 "with --device cuda: how often the GPUs' health is checked through NVML "
+                 "(libnvidia-ml.so.1); a GPU found unfit is taken out of use until it passes "
+                 "again. 0: never")
+      ->check(CLI::Range(0, 3600000))
+      ->capture_default_str();
   app.add_option("--address", options.address,
                  "this node's address: shown to people, and where its trainers accept their "
                  "peers (default: the address of the interface toward --coordinator; 127.0.0.1 "

@@ -13,10 +13,14 @@
 #            DROVER_EMU_GPU_FAULT: an uncorrectable ECC error): its trainer exits with code 3,
 #            the coordinator cordons that slot alone, and the job resumes on the node's other
 #            GPU, while the node stays in use.
+#   health:  as gpu, but the GPU's failure is found by the agent's health check (the stand-in
+#            NVML of fake_cuda_driver.cc reports an uncorrectable ECC error): the coordinator
+#            cordons the slot and stops the attempt on it before any trainer meets the fault;
+#            the slot stays out while the check fails, and is back once it passes.
 # The path from `drover submit` to CUDA training and back after a failure, which the device
 # check (tests/device/check.sh step 4) runs only when a GPU is lent, and without a failure.
 #
-#   emulated_gpu_cluster_test.sh BIN_DIR EMULATED_PLUGIN FAKE_DRIVER trainer|node|gpu
+#   emulated_gpu_cluster_test.sh BIN_DIR EMULATED_PLUGIN FAKE_DRIVER trainer|node|gpu|health
 set -euo pipefail
 bin=$1
 plugin=$2
@@ -33,6 +37,9 @@ mkdir "$work/bin" "$work/driver"
 cp "$bin/drover" "$bin/drover-coordinator" "$bin/drover-worker" "$bin/drover-trainer" "$plugin" \
   "$work/bin/"
 ln -s "$driver" "$work/driver/libcuda.so.1"
+# The same stand-in is the node's NVML, for the agent's GPU health check (health only: the
+# other scenarios' agents run without one, as on a node without NVML).
+[[ $scenario == health ]] && ln -s "$driver" "$work/driver/libnvidia-ml.so.1"
 export LD_LIBRARY_PATH=$work/driver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export DROVER_EMU_NCCL_TIMEOUT_MS=60000
 tests=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,9 +50,10 @@ addr=127.0.0.1:$port
 drover() { "$work/bin/drover" --coordinator "$addr" "$@"; }
 "$work/bin/drover-coordinator" --listen "$addr" --state-dir "$work/state" \
   > "$work/coordinator.log" 2>&1 &
-agent() {  # agent NAME GPUS [VISIBLE]: an agent on the GPUs DROVER_FAKE_GPUS lists
+agent() {  # agent NAME GPUS [VISIBLE [FLAGS...]]: an agent on the GPUs DROVER_FAKE_GPUS lists
   DROVER_FAKE_GPUS=$2 CUDA_VISIBLE_DEVICES=${3:-} "$work/bin/drover-worker" \
-    --coordinator "$addr" --name "$1" --device cuda --work-dir "$work/$1" > "$work/$1.log" 2>&1 &
+    --coordinator "$addr" --name "$1" --device cuda --work-dir "$work/$1" "${@:4}" \
+    > "$work/$1.log" 2>&1 &
 }
 h200="NVIDIA H200,141,90"
 if [[ $scenario == trainer ]]; then
@@ -55,6 +63,13 @@ elif [[ $scenario == gpu ]]; then
   # The machine's GPUs 1 and 2: slot 1's trainer gets GPU 2, which fails once the file exists.
   export DROVER_EMU_GPU_FAULT="2@$work/gpu-fault"
   agent gpu0 "$h200;$h200" 1,2
+  world="{min: 1, max: 2}"
+elif [[ $scenario == health ]]; then
+  # What NVML says of the GPUs: nothing wrong until the file says otherwise. Slot 1 is the
+  # stand-in driver's device 1, bus id 00000000:01:00.0.
+  export DROVER_FAKE_NVML=$work/nvml
+  : > "$DROVER_FAKE_NVML"
+  agent gpu0 "$h200;$h200" 1,2 --gpu-health-interval-ms 200
   world="{min: 1, max: 2}"
 else
   # Each node's GPU is its device 1 and 2 of the machine (as CUDA_VISIBLE_DEVICES gives an
@@ -104,6 +119,12 @@ for _ in $(seq 1 600); do
       echo "failed GPU 2 (slot 1's) after a checkpoint"
       break
     fi
+    if [[ $scenario == health ]]; then
+      echo "00000000:01:00.0 ecc=1" > "$DROVER_FAKE_NVML"
+      killed="slot 1's GPU"
+      echo "NVML reports an uncorrectable ECC error on slot 1's GPU after a checkpoint"
+      break
+    fi
     if [[ $scenario == trainer ]]; then
       killed=$(pgrep -f "$work/bin/drover-trainer" | head -1)
     else
@@ -115,13 +136,13 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [[ -n $killed ]] || { echo "FAIL: no checkpoint with both ranks training"; show; exit 1; }
-[[ $scenario == gpu ]] || echo "killed the $scenario ($killed) after a checkpoint"
+[[ $scenario == gpu || $scenario == health ]] || echo "killed the $scenario ($killed) after a checkpoint"
 
 rc=0
 timeout 240 "$work/bin/drover" --coordinator "$addr" wait "$id" || rc=$?
 drover status "$id" | tee "$work/status.txt"
 [[ $rc -eq 0 ]] || { echo "FAIL: the job did not succeed (wait exited $rc)"; show; exit 1; }
-if [[ $scenario != gpu ]]; then
+if [[ $scenario != gpu && $scenario != health ]]; then
   grep -q "restarts: [1-9]" "$work/status.txt" || { echo "FAIL: no restart recorded"; exit 1; }
 fi
 grep -q '"step":30' "$work/out/metrics.jsonl" || { echo "FAIL: step 30 not reached"; exit 1; }
@@ -165,6 +186,44 @@ elif [[ $scenario == gpu ]]; then
   [[ $rc -ne 0 ]] && grep -q "node gpu0 has no slot 7" "$work/uncordon.err" ||
     { echo "FAIL: an unknown slot was not refused by name"; cat "$work/uncordon.err"; exit 1; }
   echo "a GPU failed: its slot was cordoned and the job finished on the node's other GPU"
+elif [[ $scenario == health ]]; then
+  # The agent's check found the GPU unfit: the coordinator cordoned slot 1 and stopped the
+  # attempt on it (its trainer never met the fault: no exit 3), the job went on on the other
+  # GPU from a checkpoint, and the slot stays out while the check fails, past any uncordon.
+  grep -q "checking the health of 2 of 2 GPU(s) through NVML every 200 ms" "$work/gpu0.log" ||
+    { echo "FAIL: the agent did not check its GPUs"; cat "$work/gpu0.log"; exit 1; }
+  grep -Eq "its GPU failed the node's health check: GPU 00000000:01:00.0: 1 uncorrectable ECC error" \
+    "$work/status.txt" || { echo "FAIL: no attempt ended for the health check"; exit 1; }
+  grep -q "restarts: 0" "$work/status.txt" || { echo "FAIL: the restart was counted"; exit 1; }
+  ! grep -q "exited with code 3" "$work/status.txt" ||
+    { echo "FAIL: a trainer met the fault"; exit 1; }
+  drover workers | tee "$work/workers.txt"
+  grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +1 +0 " "$work/workers.txt" ||
+    { echo "FAIL: gpu0 is not alive with one of its two slots free"; exit 1; }
+  grep -q "^gpu0 slot 1 out until its GPU passes the health check: GPU 00000000:01:00.0: 1 uncorrectable ECC error since its last reset (NVML): reset the GPU (nvidia-smi -r)" \
+    "$work/workers.txt" || { echo "FAIL: slot 1 is not shown out for its health check"; exit 1; }
+  finished_on_one_gpu
+  rc=0
+  drover uncordon gpu0 --slot 1 2> "$work/uncordon.err" || rc=$?
+  [[ $rc -ne 0 ]] && grep -q "stays out of use while its agent's health check reports its GPU unfit" \
+    "$work/uncordon.err" || { echo "FAIL: uncordon of an unfit GPU"; cat "$work/uncordon.err"; exit 1; }
+  # Reset: the check passes, the slot is out only for its cordon, which an operator ends.
+  : > "$DROVER_FAKE_NVML"
+  for _ in $(seq 1 100); do
+    drover workers > "$work/workers.txt"
+    grep -q "passes the health check" "$work/workers.txt" || break
+    sleep 0.1
+  done
+  ! grep -q "passes the health check" "$work/workers.txt" ||
+    { echo "FAIL: slot 1 is still reported unfit"; cat "$work/workers.txt"; exit 1; }
+  grep -q "its GPU passes the health check again" "$work/gpu0.log" ||
+    { echo "FAIL: the agent did not say the GPU passes again"; exit 1; }
+  drover uncordon gpu0 --slot 1 | grep -qx "gpu0 slot 1 is back in service" ||
+    { echo "FAIL: drover uncordon gpu0 --slot 1 after the reset"; exit 1; }
+  drover workers > "$work/workers.txt"
+  grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +2 +0 " "$work/workers.txt" ||
+    { echo "FAIL: slot 1 is not back in service"; cat "$work/workers.txt"; exit 1; }
+  echo "the health check found a GPU unfit: its slot was taken out under the job, which finished on the other GPU"
 else
   # An attempt on both nodes ended with gpu1's death; the last one, on gpu0's GPU alone,
   # resumed from a checkpoint.

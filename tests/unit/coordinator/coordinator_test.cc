@@ -502,6 +502,82 @@ TEST_F(CoordinatorTest, AGpuThatFailedIsCordonedAloneAndTheJobGoesOnOnTheNodesOt
   EXPECT_EQ(c_->ListWorkers().workers(0).node().slot_faults(0).cordon_until_ms(), 0);
 }
 
+// A GPU its agent's health check finds unfit, under a running job: the slot is cordoned at
+// once and the attempt stopped (its restart not counted), the next attempt leaves the slot
+// out for as long as the agent reports it, past its cordon; once the report ends it is
+// back. A node that registers with a slot unfit never has it used.
+TEST_F(CoordinatorTest, AGpuItsAgentFindsUnfitIsTakenOutUnderTheJobUntilItPassesAgain) {
+  ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
+  const std::string id = Submit(SpecYaml(1, 2, 2, /*hang_s=*/1000, "cuda"));
+  c_->Tick();
+  ASSERT_EQ(Beat("g1", {}).orders_size(), 2);
+  Beat("g1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  const int slot = Job(id).placement(1).slot();
+
+  v1::HeartbeatRequest hb;
+  hb.set_name("g1");
+  hb.set_agent_id("agent-1");
+  *hb.add_trainers() = Trainer(id, 1, 0);
+  *hb.add_trainers() = Trainer(id, 1, 1);
+  v1::SlotHealth* unfit = hb.add_unhealthy_slots();
+  unfit->set_slot(slot);
+  unfit->set_fault("GPU 0000:19:00.0: 1 uncorrectable ECC error since its last reset (NVML)");
+  c_->Heartbeat(hb);
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_EQ(Job(id).restarts(), 0);
+  EXPECT_THAT(Job(id).reason(),
+              HasSubstr("rank 1 on g1 slot " + std::to_string(slot) +
+                        ": its GPU failed the node's health check: GPU 0000:19:00.0: 1 "
+                        "uncorrectable ECC error"));
+  v1::NodeRecord node = c_->ListWorkers().workers(0).node();
+  ASSERT_EQ(node.slot_faults_size(), 1);
+  EXPECT_EQ(node.slot_faults(0).failures(), 1);
+  EXPECT_THAT(node.slot_faults(0).reason(), HasSubstr("the node's health check"));
+  ASSERT_EQ(node.unhealthy_slots_size(), 1);
+
+  // The survivors stopped, the next attempt takes the other GPU alone; reported again and
+  // again, the slot is not cordoned again.
+  hb.clear_trainers();
+  *hb.add_trainers() = Exited(id, 1, 0, 0, 15);
+  *hb.add_trainers() = Exited(id, 1, 1, 0, 15);
+  c_->Heartbeat(hb);
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING) << Job(id).reason();
+  ASSERT_EQ(Job(id).placement_size(), 1);
+  EXPECT_NE(Job(id).placement(0).slot(), slot);
+  hb.clear_trainers();
+  *hb.add_trainers() = Trainer(id, 2, 0);
+  c_->Heartbeat(hb);
+  EXPECT_EQ(c_->ListWorkers().workers(0).node().slot_faults(0).failures(), 1);
+  // Its cordon ends; reported still, it stays out.
+  clock_.AdvanceMs(300'000);
+  c_->Heartbeat(hb);
+  c_->Tick();
+  EXPECT_EQ(c_->ListWorkers().workers(0).free_slots(), 0);
+  EXPECT_EQ(Job(id).placement_size(), 1);
+  // Mended (reset): the report ends and the slot is free.
+  hb.clear_unhealthy_slots();
+  c_->Heartbeat(hb);
+  EXPECT_EQ(c_->ListWorkers().workers(0).free_slots(), 1);
+
+  // A node whose agent reports a slot unfit as it registers: that slot is never placed on.
+  v1::RegisterRequest reg = RegisterReq("g2", 2, "agent-2", v1::CUDA);
+  v1::SlotHealth* lost = reg.add_unhealthy_slots();
+  lost->set_slot(0);
+  lost->set_fault("GPU 0000:3b:00.0: it has fallen off the bus");
+  ASSERT_TRUE(c_->Register(reg).ok());
+  v1::ListWorkersResponse workers = c_->ListWorkers();
+  ASSERT_EQ(workers.workers_size(), 2);
+  EXPECT_EQ(workers.workers(1).free_slots(), 1);
+  const std::string two = Submit(SpecYaml(2, 2, 2, 120, "cuda"));
+  c_->Tick();
+  const v1::JobRecord placed = Job(two);
+  ASSERT_EQ(placed.state(), v1::RUNNING) << placed.reason();
+  for (const auto& p : placed.placement()) {
+    EXPECT_FALSE(p.node() == "g2" && p.slot() == 0) << "placed on the lost GPU";
+  }
+}
+
 TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOntoIt) {
   ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
   const std::string id = Submit(SpecYaml(1, 2, 2, 120, "cuda"));

@@ -284,6 +284,27 @@ TEST_F(JobManagerTest, ATrainerWhoseGpuFailedHasItsSlotCordonedAndTheRestartIsNo
   EXPECT_EQ(failed_slots_.size(), 2u);
 }
 
+// A slot its agent's health check found unfit, under a running rank: the attempt fails at
+// once, the restart not counted; the rank's own exit with kExitDeviceFault that may follow
+// does not cordon the slot a second time; a slot no rank holds fails nothing.
+TEST_F(JobManagerTest, ASlotFoundUnfitUnderARankFailsItsAttemptUncounted) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 2)}, /*max_restarts=*/1);
+  Listing("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  jobs_.OnSlotFailed("n1", 5, "no rank here");
+  EXPECT_EQ(State(id), v1::RUNNING);
+  jobs_.OnSlotFailed("n1", 1, "its GPU failed the node's health check: GPU 0000:19:00.0: ECC");
+  EXPECT_EQ(State(id), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 0);
+  const std::string reason = jobs_.Find(id)->reason();
+  EXPECT_NE(reason.find("attempt 1 failed: rank 1 on n1 slot 1: its GPU failed the node's "
+                        "health check: GPU 0000:19:00.0: ECC"),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.find("not counted against max_restarts"), std::string::npos) << reason;
+  jobs_.OnTrainerStatus("n1", Exited(id, 1, 1, kExitDeviceFault));
+  EXPECT_TRUE(failed_slots_.empty());
+}
+
 TEST_F(JobManagerTest, NodeLossHangAndVanishedRankFailTheAttempt) {
   const std::string id = SubmitAndPlace(2, {Node("n1", 1), Node("n2", 1)}, 5);
   jobs_.OnNodeLost("n2", "is dead");

@@ -89,8 +89,8 @@ TEST(NodeManagerTest, ASlotWhoseGpuFailedIsCordonedAloneWithGrowingCoolDown) {
   EXPECT_TRUE(nodes.Schedulable("n1"));
   EXPECT_EQ(rec->failures(), 0);
   const int64_t now = clock.WallNowMs();
-  EXPECT_TRUE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, now));
-  EXPECT_FALSE(NodeManager::SlotCordoned(*nodes.Find("n1"), 0, now));
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 1, now));
+  EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 0, now));
   // Its cordon ends on time, reported once; its failures stay.
   clock.AdvanceMs(299'999);
   EXPECT_TRUE(nodes.ExpireCordons().empty());
@@ -99,7 +99,7 @@ TEST(NodeManagerTest, ASlotWhoseGpuFailedIsCordonedAloneWithGrowingCoolDown) {
   ASSERT_EQ(ended.size(), 1u);
   EXPECT_EQ(ended[0].slot_faults(0).cordon_until_ms(), 0);
   EXPECT_EQ(ended[0].slot_faults(0).failures(), 1);
-  EXPECT_FALSE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
   EXPECT_TRUE(nodes.ExpireCordons().empty());
   // Each further failure doubles the cool-down, up to the cap.
   nodes.CordonSlot("n1", 1, "again");
@@ -110,7 +110,7 @@ TEST(NodeManagerTest, ASlotWhoseGpuFailedIsCordonedAloneWithGrowingCoolDown) {
   // A re-registration (a restarted agent) keeps it; a restored record's cordon ends on time.
   v1::NodeRecord again = nodes.Register(RegisterReq("n1", 2, "a2", v1::CUDA));
   ASSERT_EQ(again.slot_faults_size(), 1);
-  EXPECT_TRUE(NodeManager::SlotCordoned(again, 1, clock.WallNowMs()));
+  EXPECT_TRUE(SlotOut(again, 1, clock.WallNowMs()));
   NodeManager restored(&clock, {});
   restored.Restore(again);
   clock.AdvanceMs(1'000'000);
@@ -133,10 +133,10 @@ TEST(NodeManagerTest, AnOperatorsUncordonEndsTheCordonsAndForgetsTheFailures) {
   EXPECT_TRUE(plan->was_cordoned);
   ASSERT_EQ(plan->after.slot_faults_size(), 1);
   EXPECT_EQ(plan->after.slot_faults(0).slot(), 0);
-  EXPECT_TRUE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
   ASSERT_TRUE(nodes.ApplyUncordon(*plan));
-  EXPECT_FALSE(NodeManager::SlotCordoned(*nodes.Find("n1"), 1, clock.WallNowMs()));
-  EXPECT_TRUE(NodeManager::SlotCordoned(*nodes.Find("n1"), 0, clock.WallNowMs()));
+  EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 0, clock.WallNowMs()));
   // Its next failure starts from the base cool-down again.
   nodes.CordonSlot("n1", 1, "ECC once more");
   EXPECT_EQ(nodes.Find("n1")->slot_faults(1).cordon_until_ms(), clock.WallNowMs() + 300'000);
@@ -176,6 +176,55 @@ TEST(NodeManagerTest, AnOperatorsUncordonEndsTheCordonsAndForgetsTheFailures) {
   const Status no_slot = nodes.PlanUncordon("n1", 2).status();
   EXPECT_EQ(no_slot.code(), StatusCode::kNotFound);
   EXPECT_NE(no_slot.message().find("node n1 has no slot 2"), std::string::npos) << no_slot;
+}
+
+// What an agent's GPU health check reports: each slot's first report is handed back (for the
+// coordinator to cordon it); the slot is out for as long as it is reported, however long ago
+// its cordon ended, and back once it is not; an operator's uncordon of it is refused while
+// it is reported, and a report of a slot the node lacks is dropped.
+TEST(NodeManagerTest, ASlotItsAgentReportsUnfitIsOutUntilItIsReportedFitAgain) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.slot_cordon_base_ms = 300'000});
+  nodes.Register(RegisterReq("n1", 2, "a1", v1::CUDA));
+  google::protobuf::RepeatedPtrField<v1::SlotHealth> report;
+  v1::SlotHealth* ecc = report.Add();
+  ecc->set_slot(1);
+  ecc->set_fault("GPU 0000:19:00.0: 1 uncorrectable ECC error");
+  report.Add()->set_slot(7);  // no such slot
+  bool changed = false;
+  std::vector<v1::SlotHealth> first = nodes.TakeHealth("n1", report, &changed);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].slot(), 1);
+  EXPECT_TRUE(changed);
+  EXPECT_EQ(nodes.Find("n1")->unhealthy_slots_size(), 1);
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 0, clock.WallNowMs()));
+  EXPECT_TRUE(nodes.Schedulable("n1"));  // the node works on
+  // Reported again: not a first report, no change.
+  EXPECT_TRUE(nodes.TakeHealth("n1", report, &changed).empty());
+  EXPECT_FALSE(changed);
+  // Its cordon (the coordinator's, at the first report) ends; the slot stays out.
+  nodes.CordonSlot("n1", 1, "health check");
+  clock.AdvanceMs(300'000);
+  nodes.ExpireCordons();
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  const Status refused = nodes.PlanUncordon("n1", 1).status();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("node n1 slot 1 stays out of use while its agent's health "
+                                   "check reports its GPU unfit (GPU 0000:19:00.0: 1 "
+                                   "uncorrectable ECC error)"),
+            std::string::npos)
+      << refused;
+  // A re-registration keeps the report until the agent says otherwise.
+  nodes.Register(RegisterReq("n1", 2, "a2", v1::CUDA));
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  // Mended: the next report leaves it out, and it is back.
+  EXPECT_TRUE(nodes.TakeHealth("n1", {}, &changed).empty());
+  EXPECT_TRUE(changed);
+  EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
+  EXPECT_TRUE(nodes.PlanUncordon("n1", 1).ok());
+  // Unfit again: a first report again.
+  EXPECT_EQ(nodes.TakeHealth("n1", report).size(), 1u);
 }
 
 TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {

@@ -1,12 +1,27 @@
 // A stand-in for the NVIDIA driver library (libcuda.so.1) with the entry points the agent's GPU
 // probe calls (worker/gpu_probe.cc), so that the probe's success path is tested where no GPU
 // is: the devices are DROVER_FAKE_GPUS, "name,GiB,compute capability" entries separated by
-// ';' (e.g. "NVIDIA H200,141,90;Tesla V100-SXM2-16GB,16,70"), read at each call. Errors are
+// ';' (e.g. "NVIDIA H200,141,90;Tesla V100-SXM2-16GB,16,70"), read at each call. Device i's
+// PCI bus id is "00000000:0i:00.0" unless its entry gives one as a fourth field. Errors are
 // the driver's codes (cuda.h): CUDA_ERROR_NO_DEVICE (100) with no devices, INVALID_DEVICE
 // (101) for an ordinal past them, INVALID_VALUE (1) otherwise.
+//
+// It is also the node's NVML (libnvidia-ml.so.1, which the NVIDIA driver ships beside
+// libcuda.so.1) for the agent's GPU health check (worker/gpu_health.cc): it finds the same
+// devices by their bus ids, and reads what is wrong with them from the file DROVER_FAKE_NVML
+// names, at each call: one line per GPU, its bus id then any of "lost" (NVML's GPU_IS_LOST
+// from every query), "ecc=N" (N uncorrectable errors since its reset), "remap=pending",
+// "remap=failed"; a line "init N" makes nvmlInit_v2 fail with N. A device handle is its
+// ordinal + 1; the codes are nvml.h's: SUCCESS 0, INVALID_ARGUMENT 2, NOT_FOUND 6,
+// GPU_IS_LOST 15.
+#include <strings.h>
+
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +32,7 @@ struct Device {
   std::string name;
   long long gib = 0;
   int capability = 0;
+  std::string bus_id;
 };
 
 std::vector<Device> Devices() {
@@ -32,6 +48,11 @@ std::vector<Device> Devices() {
         std::getline(fields, capability, ',')) {
       d.gib = std::atoll(gib.c_str());
       d.capability = std::atoi(capability.c_str());
+      if (!std::getline(fields, d.bus_id, ',')) {
+        char id[32];
+        std::snprintf(id, sizeof(id), "00000000:%02zx:00.0", devices.size());
+        d.bus_id = id;
+      }
       devices.push_back(d);
     }
   }
@@ -84,10 +105,124 @@ int cuDeviceGetAttribute(int* value, int attribute, int device) {
   return 0;
 }
 
+int cuDeviceGetPCIBusId(char* id, int len, int device) {
+  if (!Valid(device) || len <= 0) return 1;
+  std::strncpy(id, Devices()[static_cast<size_t>(device)].bus_id.c_str(), len - 1);
+  id[len - 1] = '\0';
+  return 0;
+}
+
 int cuGetErrorName(int error, const char** name) {
   *name = error == 100   ? "CUDA_ERROR_NO_DEVICE"
           : error == 101 ? "CUDA_ERROR_INVALID_DEVICE"
                          : "CUDA_ERROR_INVALID_VALUE";
+  return 0;
+}
+
+}  // extern "C"
+
+namespace {
+
+struct NvmlState {
+  int init_error = 0;
+  std::map<std::string, std::string> faults;  // bus id -> the rest of its line
+};
+
+NvmlState ReadNvmlState() {
+  NvmlState state;
+  const char* path = std::getenv("DROVER_FAKE_NVML");
+  if (path == nullptr) return state;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::stringstream words(line);
+    std::string first, rest;
+    words >> first;
+    std::getline(words, rest);
+    if (first == "init") {
+      state.init_error = std::atoi(rest.c_str());
+    } else if (!first.empty()) {
+      state.faults[first] = rest + " ";
+    }
+  }
+  return state;
+}
+
+// The device behind `handle`, or -1.
+int Ordinal(void* handle) {
+  const long ordinal = reinterpret_cast<long>(handle) - 1;
+  return ordinal >= 0 && ordinal < static_cast<long>(Devices().size()) ? static_cast<int>(ordinal)
+                                                                       : -1;
+}
+
+// What the state file says of the device behind `handle` ("" when nothing).
+std::string Faults(void* handle) {
+  const int ordinal = Ordinal(handle);
+  if (ordinal < 0) return "";
+  NvmlState state = ReadNvmlState();
+  auto it = state.faults.find(Devices()[static_cast<size_t>(ordinal)].bus_id);
+  return it == state.faults.end() ? "" : it->second;
+}
+
+// The number after `key` ("ecc=") in `faults`, 0 when absent.
+long long Value(const std::string& faults, const std::string& key) {
+  const size_t at = faults.find(key);
+  return at == std::string::npos ? 0 : std::atoll(faults.c_str() + at + key.size());
+}
+
+}  // namespace
+
+extern "C" {
+
+int nvmlInit_v2() { return ReadNvmlState().init_error; }
+
+int nvmlShutdown() { return 0; }
+
+const char* nvmlErrorString(int result) {
+  switch (result) {
+    case 0:
+      return "Success";
+    case 6:
+      return "Not Found";
+    case 9:
+      return "Driver Not Loaded";
+    case 15:
+      return "GPU is lost";
+    default:
+      return "Unknown Error";
+  }
+}
+
+int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, void** device) {
+  if (bus_id == nullptr || device == nullptr) return 2;
+  const std::vector<Device> devices = Devices();
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (strcasecmp(devices[i].bus_id.c_str(), bus_id) != 0) continue;
+    *device = reinterpret_cast<void*>(static_cast<long>(i) + 1);
+    return 0;
+  }
+  return 6;
+}
+
+// NVML_MEMORY_ERROR_TYPE_UNCORRECTED (1) and NVML_VOLATILE_ECC (0) only: the agent's query.
+int nvmlDeviceGetTotalEccErrors(void* device, int error_type, int counter_type,
+                                unsigned long long* count) {
+  if (Ordinal(device) < 0 || error_type != 1 || counter_type != 0 || count == nullptr) return 2;
+  const std::string faults = Faults(device);
+  if (faults.find("lost ") != std::string::npos) return 15;
+  *count = static_cast<unsigned long long>(Value(faults, "ecc="));
+  return 0;
+}
+
+int nvmlDeviceGetRemappedRows(void* device, unsigned int* corrected, unsigned int* uncorrected,
+                              unsigned int* pending, unsigned int* failed) {
+  if (Ordinal(device) < 0) return 2;
+  const std::string faults = Faults(device);
+  if (faults.find("lost ") != std::string::npos) return 15;
+  *corrected = 0;
+  *uncorrected = faults.find("remap=") != std::string::npos ? 1 : 0;
+  *pending = faults.find("remap=pending") != std::string::npos ? 1 : 0;
+  *failed = faults.find("remap=failed") != std::string::npos ? 1 : 0;
   return 0;
 }
 

@@ -44,6 +44,9 @@ TEST(GpuProbeTest, DriverListingGpusGivesTheirNamesMemoryAndComputeCapability) {
   EXPECT_EQ((*gpus)[0].compute_capability, 90);
   EXPECT_EQ((*gpus)[1].index, 1);
   EXPECT_EQ((*gpus)[1].compute_capability, 80);
+  // Their PCI bus ids, by which NVML finds them (gpu_health.h).
+  EXPECT_EQ((*gpus)[0].pci_bus_id, "00000000:00:00.0");
+  EXPECT_EQ((*gpus)[1].pci_bus_id, "00000000:01:00.0");
   EXPECT_TRUE(CheckComputeCapability(*gpus).ok());
   EXPECT_EQ(GpuSlotDescription(1, (*gpus)[1]),
             "cuda:1 NVIDIA A100-SXM4-80GB (80 GiB, compute 8.0)");
@@ -72,7 +75,7 @@ TEST(GpuProbeTest, GpuOlderThanTheKernelsAllowIsRefusedByName) {
             "GPU 1 (Tesla V100-SXM2-16GB) has compute capability 7.0; drover's CUDA kernels need "
             "8.0 or newer (leave it out with CUDA_VISIBLE_DEVICES, or run this node with "
             "--device cpu)");
-  EXPECT_TRUE(CheckComputeCapability({GpuInfo{0, "unknown", 1 << 30, 0}}).ok());
+  EXPECT_TRUE(CheckComputeCapability({GpuInfo{0, "unknown", 1 << 30, 0, ""}}).ok());
 }
 
 TEST(GpuProbeTest, EachSlotSeesItsOwnGpu) {

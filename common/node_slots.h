@@ -1,0 +1,29 @@
+// What the coordinator and the CLI both need to know about a node's slots.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "proto/drover.pb.h"
+
+namespace drover {
+
+// Whether `slot` of `node` is out of use at wall time `now_ms`: a cordon for its GPU's
+// failure has not ended (NodeRecord.slot_faults), or its agent reports its GPU unfit
+// (NodeRecord.unhealthy_slots), however long ago its cordon ended.
+inline bool SlotOut(const v1::NodeRecord& node, int slot, int64_t now_ms) {
+  for (const v1::SlotFault& f : node.slot_faults()) {
+    if (f.slot() == slot && f.cordon_until_ms() > now_ms) return true;
+  }
+  return std::any_of(node.unhealthy_slots().begin(), node.unhealthy_slots().end(),
+                     [slot](const v1::SlotHealth& h) { return h.slot() == slot; });
+}
+
+// How many of `node`'s slots are out of use at `now_ms` (SlotOut).
+inline int SlotsOut(const v1::NodeRecord& node, int64_t now_ms) {
+  return static_cast<int>(
+      std::count_if(node.slots().begin(), node.slots().end(),
+                    [&](const v1::Slot& s) { return SlotOut(node, s.index(), now_ms); }));
+}
+
+}  // namespace drover

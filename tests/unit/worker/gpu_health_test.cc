@@ -1,0 +1,122 @@
+#include "worker/gpu_health.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace drover {
+namespace {
+
+// Each state NVML reports that makes a GPU unfit, with what mends it; a healthy reading,
+// "".
+TEST(GpuHealthTest, EachFaultNvmlReportsNamesWhatMendsIt) {
+  EXPECT_EQ(GpuFault({}), "");
+  EXPECT_EQ(GpuFault({.lost = true}),
+            "it has fallen off the bus (NVML: GPU is lost): the node needs a GPU reset or a "
+            "reboot");
+  EXPECT_EQ(GpuFault({.uncorrected_errors = 1}),
+            "1 uncorrectable ECC error since its last reset (NVML): reset the GPU (nvidia-smi -r)");
+  EXPECT_EQ(GpuFault({.uncorrected_errors = 3, .row_remap_pending = true}),
+            "3 uncorrectable ECC errors since its last reset (NVML), and a row remap of its "
+            "memory waits for a reset: reset the GPU (nvidia-smi -r)");
+  EXPECT_EQ(GpuFault({.row_remap_pending = true}),
+            "a row remap of its memory waits for a reset (NVML): reset the GPU (nvidia-smi -r)");
+  EXPECT_EQ(GpuFault({.uncorrected_errors = 2, .row_remap_failed = true}),
+            "a row of its memory could not be remapped (NVML): the GPU needs service");
+}
+
+// The check through NVML (the stand-in, fake_cuda_driver.cc): GPUs found by their bus ids,
+// whatever their order in NVML; each fault reported for its slot, naming the GPU; a GPU
+// that is mended passes again.
+class GpuHealthCheckTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_ = std::filesystem::path(::testing::TempDir()) / "nvml_state";
+    std::filesystem::remove(state_);
+    ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H200,141,90;NVIDIA H200,141,90", 1), 0);
+    ASSERT_EQ(setenv("DROVER_FAKE_NVML", state_.c_str(), 1), 0);
+  }
+  void TearDown() override {
+    unsetenv("DROVER_FAKE_GPUS");
+    unsetenv("DROVER_FAKE_NVML");
+  }
+  void Say(const std::string& what) { std::ofstream(state_) << what; }
+
+  std::filesystem::path state_;
+};
+
+TEST_F(GpuHealthCheckTest, AFaultyGpuIsReportedForItsSlotUntilItIsMended) {
+  // Slot 0 is the node's GPU 00000000:01:00.0, slot 1 its 00000000:00:00.0 (as
+  // CUDA_VISIBLE_DEVICES=1,0 would give them).
+  std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:01:00.0"},
+                               {1, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"}};
+  auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_EQ((*check)->checked(), 2);
+  EXPECT_TRUE((*check)->Check().empty());
+
+  Say("00000000:00:00.0 ecc=2\n");
+  std::vector<v1::SlotHealth> unfit = (*check)->Check();
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].slot(), 1);
+  EXPECT_EQ(unfit[0].fault(),
+            "GPU 00000000:00:00.0: 2 uncorrectable ECC errors since its last reset (NVML): "
+            "reset the GPU (nvidia-smi -r)");
+
+  Say("00000000:00:00.0 remap=pending\n00000000:01:00.0 lost\n");
+  unfit = (*check)->Check();
+  ASSERT_EQ(unfit.size(), 2u);
+  EXPECT_EQ(unfit[0].slot(), 0);
+  EXPECT_NE(unfit[0].fault().find("GPU 00000000:01:00.0: it has fallen off the bus"),
+            std::string::npos)
+      << unfit[0].fault();
+  EXPECT_EQ(unfit[1].slot(), 1);
+  EXPECT_NE(unfit[1].fault().find("a row remap of its memory waits for a reset"), std::string::npos)
+      << unfit[1].fault();
+
+  Say("00000000:01:00.0 remap=failed\n");
+  unfit = (*check)->Check();
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].slot(), 0);
+  EXPECT_NE(unfit[0].fault().find("could not be remapped"), std::string::npos);
+
+  Say("");  // reset and repaired
+  EXPECT_TRUE((*check)->Check().empty());
+}
+
+// A GPU NVML does not know (no bus id from the driver, or one NVML cannot find) is left
+// unchecked, and the others are checked.
+TEST_F(GpuHealthCheckTest, AGpuNvmlCannotFindIsLeftUnchecked) {
+  std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:42:00.0"},
+                               {1, "NVIDIA H200", 141LL << 30, 90, ""},
+                               {2, "NVIDIA H200", 141LL << 30, 90, "00000000:01:00.0"}};
+  auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_EQ((*check)->checked(), 1);
+  Say("00000000:42:00.0 lost\n00000000:01:00.0 ecc=1\n");
+  std::vector<v1::SlotHealth> unfit = (*check)->Check();
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].slot(), 2);
+}
+
+// No NVML, or one that will not start: refused with the cause, for the agent to say that its
+// health checks are off.
+TEST_F(GpuHealthCheckTest, NoUsableNvmlIsRefusedWithTheCause) {
+  std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"}};
+  auto missing = GpuHealthCheck::Open(gpus, "libdrover-no-such-nvml.so.1");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.status().message().find("libdrover-no-such-nvml.so.1 cannot be loaded"),
+            std::string::npos)
+      << missing.status();
+
+  Say("init 9\n");
+  auto refused = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "nvmlInit_v2 failed: Driver Not Loaded (9)");
+}
+
+}  // namespace
+}  // namespace drover

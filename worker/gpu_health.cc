@@ -1,0 +1,152 @@
+#include "worker/gpu_health.h"
+
+#include <spdlog/spdlog.h>
+
+#include "worker/shared_library.h"
+
+namespace drover {
+namespace {
+
+// The NVML entry points used, by their C signatures (nvml.h: nvmlReturn_t and the counter
+// kinds are enums, nvmlDevice_t an opaque pointer). Declared here so that the agent builds
+// without NVML's header, which the CUDA toolkit does not ship.
+using NvmlDevice = void*;
+using NvmlInit = int (*)();
+using NvmlShutdown = int (*)();
+using NvmlErrorString = const char* (*)(int);
+using NvmlGetHandleByPciBusId = int (*)(const char*, NvmlDevice*);
+using NvmlGetTotalEccErrors = int (*)(NvmlDevice, int, int, unsigned long long*);
+using NvmlGetRemappedRows = int (*)(NvmlDevice, unsigned int*, unsigned int*, unsigned int*,
+                                    unsigned int*);
+constexpr int kNvmlSuccess = 0;
+constexpr int kNvmlErrorGpuIsLost = 15;
+constexpr int kNvmlMemoryErrorUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+constexpr int kNvmlVolatileEcc = 0;             // NVML_VOLATILE_ECC: since the last reset
+
+}  // namespace
+
+std::string GpuFault(const GpuHealthReading& r) {
+  if (r.lost) {
+    return "it has fallen off the bus (NVML: GPU is lost): the node needs a GPU reset or a "
+           "reboot";
+  }
+  if (r.row_remap_failed) {
+    return "a row of its memory could not be remapped (NVML): the GPU needs service";
+  }
+  if (r.uncorrected_errors > 0) {
+    return std::to_string(r.uncorrected_errors) + " uncorrectable ECC error" +
+           (r.uncorrected_errors == 1 ? "" : "s") + " since its last reset (NVML)" +
+           (r.row_remap_pending ? ", and a row remap of its memory waits for a reset" : "") +
+           ": reset the GPU (nvidia-smi -r)";
+  }
+  if (r.row_remap_pending) {
+    return "a row remap of its memory waits for a reset (NVML): reset the GPU (nvidia-smi -r)";
+  }
+  return "";
+}
+
+struct GpuHealthCheck::Nvml {
+  explicit Nvml(const std::string& library) : lib(library) {}
+  ~Nvml() {
+    if (initialised && shutdown != nullptr) shutdown();
+  }
+  std::string Error(int rc) const {
+    const char* what = error_string != nullptr ? error_string(rc) : nullptr;
+    return std::string(what != nullptr ? what : "NVML error") + " (" + std::to_string(rc) + ")";
+  }
+
+  SharedLibrary lib;
+  bool initialised = false;
+  NvmlShutdown shutdown = nullptr;
+  NvmlErrorString error_string = nullptr;
+  NvmlGetHandleByPciBusId get_handle = nullptr;
+  NvmlGetTotalEccErrors ecc_errors = nullptr;   // may be missing: not checked
+  NvmlGetRemappedRows remapped_rows = nullptr;  // may be missing (an old driver): not checked
+  struct Gpu {
+    int slot = 0;
+    std::string bus_id;
+    NvmlDevice device = nullptr;  // null: NVML did not find it, not checked...
+    bool lost = false;            // ...unless because it is lost already
+  };
+  std::vector<Gpu> gpus;
+};
+
+GpuHealthCheck::GpuHealthCheck(std::unique_ptr<Nvml> nvml) : nvml_(std::move(nvml)) {}
+GpuHealthCheck::~GpuHealthCheck() = default;
+
+StatusOr<std::unique_ptr<GpuHealthCheck>> GpuHealthCheck::Open(const std::vector<GpuInfo>& gpus,
+                                                               const std::string& library) {
+  auto nvml = std::make_unique<Nvml>(library);
+  if (!nvml->lib.ok()) {
+    return FailedPreconditionError(library + " cannot be loaded (" + nvml->lib.error() + ")");
+  }
+  auto init = nvml->lib.Get<NvmlInit>("nvmlInit_v2");
+  nvml->shutdown = nvml->lib.Get<NvmlShutdown>("nvmlShutdown");
+  nvml->error_string = nvml->lib.Get<NvmlErrorString>("nvmlErrorString");
+  nvml->get_handle = nvml->lib.Get<NvmlGetHandleByPciBusId>("nvmlDeviceGetHandleByPciBusId_v2");
+  nvml->ecc_errors = nvml->lib.Get<NvmlGetTotalEccErrors>("nvmlDeviceGetTotalEccErrors");
+  nvml->remapped_rows = nvml->lib.Get<NvmlGetRemappedRows>("nvmlDeviceGetRemappedRows");
+  if (init == nullptr || nvml->get_handle == nullptr) {
+    return FailedPreconditionError(library + " is not a usable NVML: it lacks nvmlInit_v2 or " +
+                                   "nvmlDeviceGetHandleByPciBusId_v2");
+  }
+  if (int rc = init(); rc != kNvmlSuccess) {
+    return FailedPreconditionError("nvmlInit_v2 failed: " + nvml->Error(rc));
+  }
+  nvml->initialised = true;
+  for (const GpuInfo& g : gpus) {
+    Nvml::Gpu gpu{g.index, g.pci_bus_id};
+    const int rc = g.pci_bus_id.empty() ? -1 : nvml->get_handle(g.pci_bus_id.c_str(), &gpu.device);
+    gpu.lost = rc == kNvmlErrorGpuIsLost;  // checked: Check reports it
+    if (rc != kNvmlSuccess) {
+      gpu.device = nullptr;
+      if (!gpu.lost) {
+        spdlog::warn("GPU {} ({}) is not health-checked: {}", g.index, g.name,
+                     g.pci_bus_id.empty()
+                         ? "the driver gave no PCI bus id to find it by in NVML"
+                         : "NVML cannot find " + g.pci_bus_id + ": " + nvml->Error(rc));
+      }
+    }
+    nvml->gpus.push_back(std::move(gpu));
+  }
+  return std::unique_ptr<GpuHealthCheck>(new GpuHealthCheck(std::move(nvml)));
+}
+
+int GpuHealthCheck::checked() const {
+  int n = 0;
+  for (const Nvml::Gpu& g : nvml_->gpus) n += g.device != nullptr || g.lost ? 1 : 0;
+  return n;
+}
+
+std::vector<v1::SlotHealth> GpuHealthCheck::Check() {
+  std::vector<v1::SlotHealth> unfit;
+  for (const Nvml::Gpu& g : nvml_->gpus) {
+    if (g.device == nullptr && !g.lost) continue;
+    GpuHealthReading r;
+    r.lost = g.lost;
+    if (!r.lost && nvml_->ecc_errors != nullptr) {
+      unsigned long long count = 0;
+      const int rc =
+          nvml_->ecc_errors(g.device, kNvmlMemoryErrorUncorrected, kNvmlVolatileEcc, &count);
+      r.lost = rc == kNvmlErrorGpuIsLost;
+      if (rc == kNvmlSuccess) r.uncorrected_errors = count;
+    }
+    if (!r.lost && nvml_->remapped_rows != nullptr) {
+      unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
+      const int rc = nvml_->remapped_rows(g.device, &corrected, &uncorrected, &pending, &failed);
+      r.lost = rc == kNvmlErrorGpuIsLost;
+      if (rc == kNvmlSuccess) {
+        r.row_remap_pending = pending != 0;
+        r.row_remap_failed = failed != 0;
+      }
+    }
+    std::string fault = GpuFault(r);
+    if (fault.empty()) continue;
+    v1::SlotHealth& h = unfit.emplace_back();
+    h.set_slot(g.slot);
+    h.set_fault("GPU " + g.bus_id + ": " + fault);
+  }
+  return unfit;
+}
+
+}  // namespace drover
