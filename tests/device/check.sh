@@ -121,10 +121,19 @@ gpu_refused() {
   ! kill -0 "$gpu_agent" 2>/dev/null && cat "$work/gpu0.log" &&
     grep -q "drover-worker: --device cuda: " "$work/gpu0.log"
 }
+# The agent's GPU health check on the real NVML (worker/gpu_health.h): the library loads,
+# finds the GPU by the bus id the CUDA driver gave, and finds nothing wrong with it.
+gpu_health_checked() {
+  grep -E "checking the health|health checks are off|not health-checked|unfit" "$work/gpu0.log"
+  grep -q "checking the health of 1 of 1 GPU(s) through NVML" "$work/gpu0.log" &&
+    ! grep -q "unfit for training" "$work/gpu0.log" &&
+    ! drover workers | grep -q "passes the health check"
+}
 if [[ $no_gpu == 1 ]]; then
   step "3 agent without a gpu refuses --device cuda" gpu_refused
 else
   step "3 agent registers the gpu" gpu_registered
+  step "3 agent checks the gpu's health through NVML" gpu_health_checked
 fi
 
 # A tiny model on data made here.
