@@ -701,8 +701,9 @@ void Coordinator::ScheduleLocked() {
                        NodeCapacity per_device[2];  // CPU, CUDA
                        for (const auto& s : rec.slots()) {
                          const v1::DeviceKind device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
-                         // A cordoned slot is neither free nor about to be: the trainer that
-                         // still holds it gives back a GPU that failed.
+                         // A slot out of use (cordoned, or its GPU reported unfit) is neither
+                         // free nor about to be: the trainer that still holds it gives back a
+                         // GPU that failed.
                          if (SlotOut(rec, s.index(), now)) continue;
                          if (in(busy, 0, busy.size(), s.index())) {
                            if (!in(busy, 0, reserved, s.index())) ++releasing[device];

@@ -78,6 +78,10 @@ TEST(RenderTopTest, ASlotOutForItsFailedGpuIsCountedOnItsNode) {
   const std::string frame = RenderTop(s, 0);
   EXPECT_NE(frame.find("w1    ALIVE  2/2 (1 out)  0.4s\n"), std::string::npos) << frame;
   EXPECT_NE(frame.find("w2    DEAD   0/1          1m15s\n"), std::string::npos) << frame;
+  // A slot its agent's health check reports unfit is out too, whatever its cordon.
+  w1.add_unhealthy_slots()->set_slot(1);
+  const std::string unfit = RenderTop(s, 0);
+  EXPECT_NE(unfit.find("w1    ALIVE  2/2 (2 out)  0.4s\n"), std::string::npos) << unfit;
 }
 
 TEST(RenderTopTest, StepBelowTheFurthestReachedIsMarkedRecomputed) {

@@ -178,6 +178,25 @@ TEST_F(HttpServerTest, ASlotWhoseDeviceFailedShowsItsCordonAndWhy) {
   EXPECT_FALSE(n["slots"][1 - slot].contains("failures"));
 }
 
+// A slot its agent's health check reports unfit: the dashboard marks it with the fault, and
+// the node's free count leaves it out.
+TEST_F(HttpServerTest, ASlotItsAgentReportsUnfitShowsTheFault) {
+  const int slot = c_->GetJob(job_)->job().placement(0).slot();
+  v1::HeartbeatRequest hb;
+  hb.set_name("node-a");
+  hb.set_agent_id("agent-1");
+  v1::SlotHealth* unfit = hb.add_unhealthy_slots();
+  unfit->set_slot(slot);
+  unfit->set_fault("GPU 00000000:19:00.0: it has fallen off the bus");
+  c_->Heartbeat(hb);
+  ASSERT_TRUE(c_->Flush().ok());
+  json c = GetJson("/api/cluster");
+  const json& n = c["nodes"][0];
+  EXPECT_EQ(n["slots"][slot]["unfit"], "GPU 00000000:19:00.0: it has fallen off the bus");
+  EXPECT_FALSE(n["slots"][1 - slot].contains("unfit"));
+  EXPECT_EQ(n["free_slots"], 1);  // the other slot; the unfit one's job is stopped
+}
+
 TEST_F(HttpServerTest, RecoveryTimeIsShownOnTheRestartedAttempt) {
   v1::TrainerExitRequest exit;
   exit.set_name("node-a");
