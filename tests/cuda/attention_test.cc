@@ -36,6 +36,7 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
         Shape{1, 300, 128, 2}, Shape{1, 41, 96, 3}, Shape{2, 128, 128, 2}, Shape{1, 256, 256, 2}}) {
     const int B = shape.B, T = shape.T, C = shape.C, NH = shape.NH;
     for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16}) {
+      if (Fp32GemmInputs() && p == Precision::kFp32) continue;  // the default run's
       const std::string name = std::string(" ") + PrecisionName(p) + " T=" + std::to_string(T) +
                                " HS=" + std::to_string(C / NH);
       // out and dqkv are stored in p too: a rounding step of it on top.

@@ -23,6 +23,14 @@ namespace drover::engine {
 
 class CudaOpsTest : public ::testing::Test {
  protected:
+  // Whether this run's GEMMs read fp32-stored inputs (DROVER_CUDA_GEMM_INPUTS=fp32, the
+  // ctest entry ...EveryOpOnFp32Inputs and the device check's step 2b): then only the 16-bit
+  // precisions change, since an fp32 run stages nothing either way (matmul.cu's InputsOf, the
+  // table's Narrow), and a test may leave fp32 to the default run.
+  static bool Fp32GemmInputs() {
+    const char* inputs = std::getenv("DROVER_CUDA_GEMM_INPUTS");
+    return inputs != nullptr && std::strcmp(inputs, "fp32") == 0;
+  }
   void SetUp() override {
     auto ops = CudaOps();
     if (!ops.ok()) GTEST_SKIP() << ops.status();

@@ -88,15 +88,11 @@ void CompareWithTheCpu(std::mt19937& rng, const std::string& dtype, double rtol,
 // 20 steps in fp32, in bf16 and in fp16 with the dynamic loss scaler (both store floats
 // rounded to the 16-bit type; a value next to a rounding boundary may land on the other side
 // on one of them, hence the looser bound).
-// With DROVER_CUDA_GEMM_INPUTS=fp32 (the emulator's ctest entry ...EveryOpOnFp32Inputs) only
-// the 16-bit runs change: an fp32 run stages nothing either way (matmul.cu's InputsOf, the
-// table's Narrow), so it would repeat the default entry's fp32 run, a third of this test.
+// On fp32 GEMM inputs (Fp32GemmInputs) the fp32 run would repeat the default one's.
 TEST_F(CudaOpsTest, TwentyTrainingStepsMatchTheCpu) {
-  const char* inputs = std::getenv("DROVER_CUDA_GEMM_INPUTS");
-  const bool fp32_inputs = inputs != nullptr && std::string(inputs) == "fp32";
   for (const auto& [dtype, rtol] : std::vector<std::pair<std::string, double>>{
            {"fp32", 1e-4}, {"bf16", 5e-3}, {"fp16", 5e-3}}) {
-    if (fp32_inputs && dtype == "fp32") continue;
+    if (Fp32GemmInputs() && dtype == "fp32") continue;
     CompareWithTheCpu(rng_, dtype, rtol, 32, 20);
   }
 }
