@@ -190,28 +190,23 @@ Status Agent::Heartbeat() {
 }
 
 void Agent::AddGpuHealth(google::protobuf::RepeatedPtrField<v1::SlotHealth>* out) {
-  const int64_t now = std::max<int64_t>(1, clock_->NowMs());
-  if (gpu_health_ &&
-      (gpu_checked_ms_ == 0 || now - gpu_checked_ms_ >= options_.gpu_health_interval_ms)) {
-    gpu_checked_ms_ = now;
-    std::vector<v1::SlotHealth> unfit = gpu_health_->Check();
-    auto in = [](const std::vector<v1::SlotHealth>& list, const v1::SlotHealth& h) {
-      return std::any_of(list.begin(), list.end(), [&](const v1::SlotHealth& x) {
-        return x.slot() == h.slot() && x.fault() == h.fault();
-      });
-    };
-    for (const v1::SlotHealth& h : unfit) {
-      if (!in(unhealthy_, h))
-        spdlog::warn("slot {} is unfit for training: {}", h.slot(), h.fault());
-    }
-    for (const v1::SlotHealth& h : unhealthy_) {
-      if (std::none_of(unfit.begin(), unfit.end(),
-                       [&](const v1::SlotHealth& x) { return x.slot() == h.slot(); })) {
-        spdlog::info("slot {}: its GPU passes the health check again", h.slot());
-      }
-    }
-    unhealthy_ = std::move(unfit);
+  if (!gpu_health_) return;
+  std::vector<v1::SlotHealth> unfit = gpu_health_->Unfit();
+  auto in = [](const std::vector<v1::SlotHealth>& list, const v1::SlotHealth& h) {
+    return std::any_of(list.begin(), list.end(), [&](const v1::SlotHealth& x) {
+      return x.slot() == h.slot() && x.fault() == h.fault();
+    });
+  };
+  for (const v1::SlotHealth& h : unfit) {
+    if (!in(unhealthy_, h)) spdlog::warn("slot {} is unfit for training: {}", h.slot(), h.fault());
   }
+  for (const v1::SlotHealth& h : unhealthy_) {
+    if (std::none_of(unfit.begin(), unfit.end(),
+                     [&](const v1::SlotHealth& x) { return x.slot() == h.slot(); })) {
+      spdlog::info("slot {}: its GPU passes the health check again", h.slot());
+    }
+  }
+  unhealthy_ = std::move(unfit);
   for (const v1::SlotHealth& h : unhealthy_) *out->Add() = h;
 }
 
@@ -299,9 +294,12 @@ Status Agent::Run() {
   if (options_.device == v1::CUDA && options_.gpu_health_interval_ms > 0) {
     auto check = GpuHealthCheck::Open(options_.gpus, options_.nvml_library);
     if (check.ok()) {
-      gpu_health_ = std::move(*check);
       spdlog::info("checking the health of {} of {} GPU(s) through NVML every {} ms",
-                   gpu_health_->checked(), options_.gpus.size(), options_.gpu_health_interval_ms);
+                   (*check)->checked(), options_.gpus.size(), options_.gpu_health_interval_ms);
+      gpu_health_ =
+          std::make_unique<GpuHealthMonitor>(std::move(*check), options_.gpu_health_interval_ms,
+                                             options_.gpu_health_timeout_ms, clock_);
+      gpu_health_->WaitForFirstRound();  // registering with its findings
     } else {
       spdlog::warn(
           "GPU health checks are off: {}; a failed GPU is found only when a trainer meets it",

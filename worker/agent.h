@@ -35,7 +35,7 @@
 #include "common/tls.h"
 #include "proto/drover.grpc.pb.h"
 #include "worker/coordinator_watch.h"
-#include "worker/gpu_health.h"
+#include "worker/gpu_health_monitor.h"
 #include "worker/gpu_probe.h"
 #include "worker/log_shipper.h"
 #include "worker/trainer_supervisor.h"
@@ -53,6 +53,9 @@ struct AgentOptions {
   // its findings sent with every Register and Heartbeat; 0: never (the coordinator then
   // learns of a failed GPU only from a trainer that meets it).
   int gpu_health_interval_ms = 5000;
+  // A GPU whose NVML query has not returned within this is reported unfit itself
+  // (gpu_health_monitor.h: the queries run on a thread of their own, never the heartbeat's).
+  int gpu_health_timeout_ms = 15000;
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string work_dir;
   std::string node_uid;           // node_identity.h: the same across restarts of this node's agent
@@ -85,7 +88,7 @@ class Agent {
   Status Register();
   // One heartbeat; on success carries out the orders.
   Status Heartbeat();
-  // The GPUs' health as of at most gpu_health_interval_ms ago, into `out`: the slots unfit.
+  // The GPUs' health as of their last check (GpuHealthMonitor), into `out`: the slots unfit.
   void AddGpuHealth(google::protobuf::RepeatedPtrField<v1::SlotHealth>* out);
   void StartTrainer(const v1::StartTrainerOrder& order);
   void OnTrainerExit(const v1::TrainerStatus& status);
@@ -115,10 +118,9 @@ class Agent {
   int64_t node_timeout_ms_ = 3000;  // the coordinator's, from registration
   int64_t seq_ = 0;                 // HeartbeatRequest.seq of the last Register or Heartbeat sent
 
-  // Run()'s thread only: the NVML check (null: none) and its last findings.
-  std::unique_ptr<GpuHealthCheck> gpu_health_;
+  // Run()'s thread only: the NVML checks (null: none) and the findings last reported.
+  std::unique_ptr<GpuHealthMonitor> gpu_health_;
   std::vector<v1::SlotHealth> unhealthy_;
-  int64_t gpu_checked_ms_ = 0;  // steady ms of the last check; 0: none yet
 
   std::unique_ptr<CoordinatorWatch> watch_;  // from the first registration on
   // Declared last: destroyed first, while the stub its callbacks use is still alive.

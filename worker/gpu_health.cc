@@ -118,10 +118,12 @@ int GpuHealthCheck::checked() const {
   return n;
 }
 
-std::vector<v1::SlotHealth> GpuHealthCheck::Check() {
+std::vector<v1::SlotHealth> GpuHealthCheck::Check(
+    const std::function<void(int slot, const std::string& bus_id)>& querying) {
   std::vector<v1::SlotHealth> unfit;
   for (const Nvml::Gpu& g : nvml_->gpus) {
     if (g.device == nullptr && !g.lost) continue;
+    if (querying) querying(g.slot, g.bus_id);
     GpuHealthReading r;
     r.lost = g.lost;
     if (!r.lost && nvml_->ecc_errors != nullptr) {

@@ -10,10 +10,11 @@
 // service by itself. NVLink and other Xid events are not watched.
 //
 // NVML is loaded at run time (dlopen), never linked: one build serves nodes with and without
-// GPUs. Not thread-safe: one thread calls Check (the agent's).
+// GPUs. Not thread-safe: one thread calls Check (GpuHealthMonitor's, in the agent).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,7 +51,11 @@ class GpuHealthCheck {
   // Every slot (an index of `gpus`) whose GPU is unfit now, with GpuFault's reason, which
   // names the GPU. A query that fails otherwise than with a lost GPU (not supported, no
   // permission) counts as a healthy answer: only what NVML reports as wrong takes a GPU out.
-  std::vector<v1::SlotHealth> Check();
+  // `querying(slot, bus_id)`, when given, is called before NVML is asked about each GPU, so
+  // that a watcher can tell which GPU a query that never returns is stuck on
+  // (gpu_health_monitor.h).
+  std::vector<v1::SlotHealth> Check(
+      const std::function<void(int slot, const std::string& bus_id)>& querying = nullptr);
 
   // How many of the GPUs NVML found (the others are not checked).
   int checked() const;

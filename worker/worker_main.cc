@@ -40,6 +40,11 @@ int main(int argc, char** argv) {
                  "again. 0: never")
       ->check(CLI::Range(0, 3600000))
       ->capture_default_str();
+  app.add_option("--gpu-health-timeout-ms", options.gpu_health_timeout_ms,
+                 "with --device cuda: a GPU whose NVML query has not returned within this is "
+                 "reported unfit (a wedged driver); the queries never hold up heartbeats")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
   app.add_option("--address", options.address,
                  "this node's address: shown to people, and where its trainers accept their "
                  "peers (default: the address of the interface toward --coordinator; 127.0.0.1 "

@@ -16,7 +16,9 @@
 #   health:  as gpu, but the GPU's failure is found by the agent's health check (the stand-in
 #            NVML of fake_cuda_driver.cc reports an uncorrectable ECC error): the coordinator
 #            cordons the slot and stops the attempt on it before any trainer meets the fault;
-#            the slot stays out while the check fails, and is back once it passes.
+#            the slot stays out while the check fails, and is back once it passes. Then
+#            NVML stops answering about the other GPU (a wedged driver): the agent goes on
+#            heartbeating, and reports that slot unfit once its query is overdue.
 # The path from `drover submit` to CUDA training and back after a failure, which the device
 # check (tests/device/check.sh step 4) runs only when a GPU is lent, and without a failure.
 #
@@ -69,7 +71,7 @@ elif [[ $scenario == health ]]; then
   # stand-in driver's device 1, bus id 00000000:01:00.0.
   export DROVER_FAKE_NVML=$work/nvml
   : > "$DROVER_FAKE_NVML"
-  agent gpu0 "$h200;$h200" 1,2 --gpu-health-interval-ms 200
+  agent gpu0 "$h200;$h200" 1,2 --gpu-health-interval-ms 200 --gpu-health-timeout-ms 1000
   world="{min: 1, max: 2}"
 else
   # Each node's GPU is its device 1 and 2 of the machine (as CUDA_VISIBLE_DEVICES gives an
@@ -224,6 +226,29 @@ elif [[ $scenario == health ]]; then
   grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +2 +0 " "$work/workers.txt" ||
     { echo "FAIL: slot 1 is not back in service"; cat "$work/workers.txt"; exit 1; }
   echo "the health check found a GPU unfit: its slot was taken out under the job, which finished on the other GPU"
+  # NVML's queries about slot 0's GPU stop returning. The agent's heartbeats go on (its node
+  # is never dead), and it reports the slot once the query is a second overdue.
+  echo "00000000:00:00.0 hang" > "$DROVER_FAKE_NVML"
+  for _ in $(seq 1 100); do
+    drover workers > "$work/workers.txt"
+    grep -q "^gpu0 slot 0 out until" "$work/workers.txt" && break
+    sleep 0.1
+  done
+  grep -q "^gpu0 slot 0 out until its GPU passes the health check: GPU 00000000:00:00.0: NVML has not answered a query about it within 1 s (a wedged driver or GPU)" \
+    "$work/workers.txt" || { echo "FAIL: the overdue NVML query was not reported"; cat "$work/workers.txt"; exit 1; }
+  sleep 3.5  # past the coordinator's heartbeat timeout (3 s)
+  drover workers > "$work/workers.txt"
+  grep -Eq "^gpu0 +ALIVE " "$work/workers.txt" && ! grep -q "node gpu0 is dead" "$work/coordinator.log" ||
+    { echo "FAIL: the node went silent while NVML hung"; cat "$work/workers.txt"; exit 1; }
+  : > "$DROVER_FAKE_NVML"  # the query returns
+  for _ in $(seq 1 100); do
+    drover workers > "$work/workers.txt"
+    grep -q "passes the health check" "$work/workers.txt" || break
+    sleep 0.1
+  done
+  ! grep -q "passes the health check" "$work/workers.txt" ||
+    { echo "FAIL: slot 0 is still reported unfit once NVML answered"; cat "$work/workers.txt"; exit 1; }
+  echo "NVML hung on a GPU: the agent went on heartbeating and reported that GPU unfit"
 else
   # An attempt on both nodes ended with gpu1's death; the last one, on gpu0's GPU alone,
   # resumed from a checkpoint.

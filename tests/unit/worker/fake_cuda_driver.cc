@@ -11,11 +11,13 @@
 // devices by their bus ids, and reads what is wrong with them from the file DROVER_FAKE_NVML
 // names, at each call: one line per GPU, its bus id then any of "lost" (NVML's GPU_IS_LOST
 // from every query), "ecc=N" (N uncorrectable errors since its reset), "remap=pending",
-// "remap=failed"; a line "init N" makes nvmlInit_v2 fail with N. A device handle is its
-// ordinal + 1; the codes are nvml.h's: SUCCESS 0, INVALID_ARGUMENT 2, NOT_FOUND 6,
-// GPU_IS_LOST 15.
+// "remap=failed", "hang" (a query does not return until the line says otherwise, as NVML's
+// do on a wedged driver; the file's name + ".hung" is created once one waits); a line "init N"
+// makes nvmlInit_v2 fail with N. A device handle is its ordinal + 1; the codes are nvml.h's:
+// SUCCESS 0, INVALID_ARGUMENT 2, NOT_FOUND 6, GPU_IS_LOST 15.
 #include <strings.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +26,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -164,6 +167,19 @@ std::string Faults(void* handle) {
   return it == state.faults.end() ? "" : it->second;
 }
 
+// What the state file says of the device behind `handle`, once it no longer says "hang".
+std::string FaultsOnceAnswered(void* handle) {
+  std::string faults = Faults(handle);
+  if (faults.find("hang ") != std::string::npos) {
+    std::ofstream(std::string(std::getenv("DROVER_FAKE_NVML")) + ".hung") << "waiting\n";
+  }
+  while (faults.find("hang ") != std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    faults = Faults(handle);
+  }
+  return faults;
+}
+
 // The number after `key` ("ecc=") in `faults`, 0 when absent.
 long long Value(const std::string& faults, const std::string& key) {
   const size_t at = faults.find(key);
@@ -208,7 +224,7 @@ int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, void** device) {
 int nvmlDeviceGetTotalEccErrors(void* device, int error_type, int counter_type,
                                 unsigned long long* count) {
   if (Ordinal(device) < 0 || error_type != 1 || counter_type != 0 || count == nullptr) return 2;
-  const std::string faults = Faults(device);
+  const std::string faults = FaultsOnceAnswered(device);
   if (faults.find("lost ") != std::string::npos) return 15;
   *count = static_cast<unsigned long long>(Value(faults, "ecc="));
   return 0;
@@ -217,7 +233,7 @@ int nvmlDeviceGetTotalEccErrors(void* device, int error_type, int counter_type,
 int nvmlDeviceGetRemappedRows(void* device, unsigned int* corrected, unsigned int* uncorrected,
                               unsigned int* pending, unsigned int* failed) {
   if (Ordinal(device) < 0) return 2;
-  const std::string faults = Faults(device);
+  const std::string faults = FaultsOnceAnswered(device);
   if (faults.find("lost ") != std::string::npos) return 15;
   *corrected = 0;
   *uncorrected = faults.find("remap=") != std::string::npos ? 1 : 0;

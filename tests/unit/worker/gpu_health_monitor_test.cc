@@ -1,0 +1,136 @@
+#include "worker/gpu_health_monitor.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "common/clock.h"
+
+namespace drover {
+namespace {
+
+// The monitor's thread asks the stand-in NVML (fake_cuda_driver.cc) about two GPUs: slot 0 is
+// bus 00000000:00:00.0, slot 1 is 00000000:01:00.0. "hang" in the state file keeps a query
+// about that GPU from returning until the file says otherwise (and creates the file + ".hung").
+class GpuHealthMonitorTest : public ::testing::Test {
+ protected:
+  static constexpr int kTimeoutMs = 15000;
+
+  void SetUp() override {
+    state_ = std::filesystem::path(::testing::TempDir()) / "nvml_monitor_state";
+    Say("");
+    std::filesystem::remove(Hung());
+    ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H200,141,90;NVIDIA H200,141,90", 1), 0);
+    ASSERT_EQ(setenv("DROVER_FAKE_NVML", state_.c_str(), 1), 0);
+  }
+  void TearDown() override {
+    Say("");  // a query still waiting returns
+    unsetenv("DROVER_FAKE_GPUS");
+    unsetenv("DROVER_FAKE_NVML");
+  }
+  void Say(const std::string& what) { std::ofstream(state_) << what; }
+  std::filesystem::path Hung() const { return state_.string() + ".hung"; }
+  // Waits (real time, up to 20 s) until a query is waiting in the stand-in NVML.
+  void UntilAQueryHangs() {
+    for (int i = 0; i < 4000 && !std::filesystem::exists(Hung()); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(std::filesystem::exists(Hung()));
+  }
+
+  std::unique_ptr<GpuHealthMonitor> Start() {
+    std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"},
+                                 {1, "NVIDIA H200", 141LL << 30, 90, "00000000:01:00.0"}};
+    auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+    EXPECT_TRUE(check.ok()) << check.status();
+    if (!check.ok()) return nullptr;
+    return std::make_unique<GpuHealthMonitor>(std::move(*check), /*interval_ms=*/5, kTimeoutMs,
+                                              &clock_);
+  }
+
+  // Polls `monitor` (real time, up to 20 s) until `done` holds of its findings; the fake
+  // clock moves a second at each poll, so a query that never returns becomes overdue.
+  std::vector<v1::SlotHealth> Until(
+      GpuHealthMonitor& monitor,
+      const std::function<bool(const std::vector<v1::SlotHealth>&)>& done) {
+    std::vector<v1::SlotHealth> unfit;
+    for (int i = 0; i < 4000; ++i) {
+      unfit = monitor.Unfit();
+      if (done(unfit)) break;
+      clock_.AdvanceMs(1000);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return unfit;
+  }
+
+  std::filesystem::path state_;
+  FakeClock clock_;
+};
+
+// The first round's findings are there once WaitForFirstRound returns (the agent registers
+// with them); a GPU whose query does not return is reported unfit once it is overdue, while
+// the other keeps its last finding and the caller is never held up; when the query returns,
+// the finding clears.
+TEST_F(GpuHealthMonitorTest, AQueryThatDoesNotReturnReportsItsGpuUnfitOnceOverdue) {
+  Say("00000000:00:00.0 ecc=2\n");
+  auto monitor = Start();
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  std::vector<v1::SlotHealth> unfit = monitor->Unfit();
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].slot(), 0);
+  EXPECT_NE(unfit[0].fault().find("2 uncorrectable ECC errors"), std::string::npos)
+      << unfit[0].fault();
+
+  Say("00000000:00:00.0 ecc=2\n00000000:01:00.0 hang\n");
+  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return u.size() == 2; });
+  ASSERT_EQ(unfit.size(), 2u);
+  EXPECT_EQ(unfit[0].slot(), 0);
+  EXPECT_NE(unfit[0].fault().find("2 uncorrectable ECC errors"), std::string::npos);
+  EXPECT_EQ(unfit[1].slot(), 1);
+  EXPECT_EQ(unfit[1].fault(),
+            "GPU 00000000:01:00.0: NVML has not answered a query about it within 15 s (a wedged "
+            "driver or GPU): the node needs a GPU reset or a reboot");
+  EXPECT_EQ(unfit[1].fault(), NvmlStallFault("00000000:01:00.0", kTimeoutMs));
+
+  Say("");  // the query returns, and the GPUs are mended
+  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return u.empty(); });
+  EXPECT_TRUE(unfit.empty()) << unfit[0].fault();
+}
+
+// A query under way for less than the timeout is no finding: a slow answer is not a fault.
+TEST_F(GpuHealthMonitorTest, AQueryUnderWayForLessThanTheTimeoutIsNoFinding) {
+  auto monitor = Start();
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  Say("00000000:01:00.0 hang\n");
+  UntilAQueryHangs();
+  clock_.AdvanceMs(kTimeoutMs - 1);
+  EXPECT_TRUE(monitor->Unfit().empty());
+  clock_.AdvanceMs(1);
+  std::vector<v1::SlotHealth> unfit = monitor->Unfit();
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].slot(), 1);
+  Say("");  // the query returns: the monitor's end need not leave it behind
+}
+
+// Only a crash or a hang fails this: the monitor's end does not wait for a query that never
+// returns (the agent's own exit would hang on it).
+TEST_F(GpuHealthMonitorTest, ItsEndDoesNotHangOnAQueryThatNeverReturns) {
+  auto monitor = Start();
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  Say("00000000:00:00.0 hang\n");
+  UntilAQueryHangs();
+  monitor.reset();
+  Say("");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the thread left behind ends
+}
+
+}  // namespace
+}  // namespace drover
