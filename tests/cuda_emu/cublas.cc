@@ -115,6 +115,34 @@ struct Epilogue {
   int64_t ld = 0;
 };
 
+// op(X)'s `rows` rows of `k` elements (op(X) is X, column-major with leading dimension ld,
+// or its transpose), each as the compute type reads it, packed row after row: a GEMM reads
+// every element n (or m) times, and rounding it once per read, through a strided column,
+// made the GEMMs most of the emulated tests' time.
+std::vector<float> PackRows(Input x, int ld, bool transposed, int rows, int k,
+                            cublasComputeType_t compute) {
+  std::vector<float> packed(static_cast<size_t>(rows) * k);
+  for (int r = 0; r < rows; ++r) {
+    for (int p = 0; p < k; ++p) {
+      const size_t at =
+          transposed ? p + static_cast<size_t>(r) * ld : r + static_cast<size_t>(p) * ld;
+      packed[static_cast<size_t>(r) * k + p] = AsRead(x[at], compute);
+    }
+  }
+  return packed;
+}
+
+// The dot product of k floats, in double (each product is exact there), in four running sums.
+double Dot(const float* a, const float* b, int k) {
+  double s[4] = {0, 0, 0, 0};
+  int p = 0;
+  for (; p + 4 <= k; p += 4) {
+    for (int q = 0; q < 4; ++q) s[q] += double{a[p + q]} * b[p + q];
+  }
+  for (; p < k; ++p) s[0] += double{a[p]} * b[p];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 // D = alpha op(A) op(B) + beta C, plus bias[i] on row i where there is a bias (bias.data
 // set), then the epilogue: each element summed in double and rounded to float (the fp32
 // accumulator), then stored once in D's type. beta 0 ignores C, as cuBLAS does (it may hold
@@ -122,16 +150,12 @@ struct Epilogue {
 void Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, Input A,
           int lda, Input B, int ldb, float beta, Input C, int ldc, Input bias, Output D, int ldd,
           cublasComputeType_t compute, const Epilogue& epilogue = {}) {
+  const std::vector<float> a = PackRows(A, lda, ta == CUBLAS_OP_T, m, k, compute);  // op(A)
+  const std::vector<float> b = PackRows(B, ldb, tb != CUBLAS_OP_T, n, k, compute);  // op(B)^T
   for (int j = 0; j < n; ++j) {
     for (int i = 0; i < m; ++i) {
-      double sum = 0;
-      for (int p = 0; p < k; ++p) {
-        const float a = ta == CUBLAS_OP_T ? A[p + static_cast<size_t>(i) * lda]
-                                          : A[i + static_cast<size_t>(p) * lda];
-        const float b = tb == CUBLAS_OP_T ? B[j + static_cast<size_t>(p) * ldb]
-                                          : B[p + static_cast<size_t>(j) * ldb];
-        sum += double{AsRead(a, compute)} * AsRead(b, compute);
-      }
+      const double sum =
+          Dot(a.data() + static_cast<size_t>(i) * k, b.data() + static_cast<size_t>(j) * k, k);
       const double c = beta == 0.0f ? 0.0 : double{beta} * C[i + static_cast<size_t>(j) * ldc];
       float v = static_cast<float>(alpha * sum + c);
       if (bias.data != nullptr) v += bias[i];
