@@ -114,6 +114,9 @@ struct Fiber {
   // scheduler resumes a fiber only once it can go on: a switch costs a system call.
   const uint64_t* generation = nullptr;
   uint64_t waits_for = 0;
+  // Warp exchanges (shuffles, ldmatrix, mma) this thread has made: exchange n goes through
+  // its warp's buffers n % 2 (Exchange).
+  uint64_t exchanges = 0;
   // cp.async copies issued and not yet landed: `open` since the last commit, `groups`
   // committed, oldest first (CpAsync).
   struct AsyncCopy {
@@ -127,10 +130,12 @@ struct Fiber {
 struct Warp {
   int live = 0, arrived = 0;
   uint64_t generation = 0;
-  double slots[32] = {};
-  float tile[256] = {};                // WarpTile()
-  uint32_t mma[32][6] = {};            // MmaM16N8K16: each lane's a and b registers
-  const unsigned char* rows[32] = {};  // LdMatrixX4: each lane's row address
+  // Each exchange's buffers, two of each (Exchange): ShuffleXor's values, MmaM16N8K16's a
+  // and b registers, LdMatrixX4's row addresses, by lane.
+  double slots[2][32] = {};
+  uint32_t mma[2][32][6] = {};
+  const unsigned char* rows[2][32] = {};
+  float tile[256] = {};  // WarpTile()
 };
 
 // One block in flight on this host thread.
@@ -238,7 +243,16 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
   const unsigned n = block.x * block.y * block.z;
   PoisonShared(b);
   while (g_stacks.size() < n) g_stacks.push_back(std::make_unique<char[]>(kStackBytes));
-  b.fibers.assign(n, Fiber{});
+  // Fibers are reset, not made anew: each holds containers, and a block runs per launch.
+  b.fibers.resize(n);
+  for (Fiber& f : b.fibers) {
+    f.done = false;
+    f.generation = nullptr;
+    f.waits_for = 0;
+    f.exchanges = 0;
+    f.open.clear();
+    f.groups.clear();
+  }
   b.warps.assign((n + 31) / 32, Warp{});
   b.live = static_cast<int>(n);
   b.arrived = 0;
@@ -304,16 +318,27 @@ unsigned char* DynamicShared() {
   return g_block->shared;
 }
 
+namespace {
+
+// Which of its warp's two buffers this thread's next exchange goes through. Every lane
+// stores its part, meets the others at one barrier, and reads theirs. No second barrier is
+// needed before the buffers are written again: the exchange after next, the next to write
+// these, stores only once its lane has passed the next exchange's barrier, which every lane
+// reaches only after reading this one. (Two barriers per exchange made the shuffles and
+// mma's a fifth of the emulated tests' time.)
+int Exchange() { return static_cast<int>(g_block->current->exchanges++ % 2); }
+
+}  // namespace
+
 double ShuffleXor(double value, int offset) {
   CheckSynchronisable("a warp shuffle");
   Block& b = *g_block;
   const unsigned lane = static_cast<unsigned>(b.current - b.fibers.data()) % 32;
   Warp& w = b.warps[b.current->warp];
-  w.slots[lane] = value;
+  double* slots = w.slots[Exchange()];
+  slots[lane] = value;
   WarpBarrier();  // every lane has stored
-  const double got = w.slots[lane ^ static_cast<unsigned>(offset)];
-  WarpBarrier();  // every lane has read, before any stores again
-  return got;
+  return slots[lane ^ static_cast<unsigned>(offset)];
 }
 
 namespace {
@@ -331,28 +356,31 @@ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], 
   Block& blk = *g_block;
   const unsigned lane = static_cast<unsigned>(blk.current - blk.fibers.data()) % 32;
   Warp& w = blk.warps[blk.current->warp];
-  for (int i = 0; i < 4; ++i) w.mma[lane][i] = a[i];
-  w.mma[lane][4] = b[0];
-  w.mma[lane][5] = b[1];
+  uint32_t(&regs)[32][6] = w.mma[Exchange()];
+  for (int i = 0; i < 4; ++i) regs[lane][i] = a[i];
+  regs[lane][4] = b[0];
+  regs[lane][5] = b[1];
   WarpBarrier();  // every lane's fragments are in
   // A(r, k): lane (r % 8) * 4 + (k % 8) / 2, register (k / 8) * 2 + r / 8, half k % 2.
-  auto A = [&](int r, int k) {
-    return MmaElement(w.mma[(r % 8) * 4 + (k % 8) / 2][(k / 8) * 2 + r / 8], k % 2, fp16);
-  };
   // B(k, n): lane n * 4 + (k % 8) / 2, register 4 + k / 8, half k % 2.
-  auto B = [&](int k, int n) {
-    return MmaElement(w.mma[n * 4 + (k % 8) / 2][4 + k / 8], k % 2, fp16);
-  };
+  // This lane's outputs are rows g and g + 8 by columns 2t and 2t + 1: it decodes those
+  // rows of A and columns of B once each.
   const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
-  const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-  float out[4];
-  for (int e = 0; e < 4; ++e) {
-    float sum = d[e];
-    for (int k = 0; k < 16; ++k) sum += A(rows[e], k) * B(k, cols[e]);
-    out[e] = sum;
+  float a_rows[2][16], b_cols[2][16];
+  for (int k = 0; k < 16; ++k) {
+    const int half = k % 2, lane_k = (k % 8) / 2;
+    for (int h = 0; h < 2; ++h) {
+      a_rows[h][k] = MmaElement(regs[g * 4 + lane_k][(k / 8) * 2 + h], half, fp16);
+      b_cols[h][k] = MmaElement(regs[(2 * t + h) * 4 + lane_k][4 + k / 8], half, fp16);
+    }
   }
-  WarpBarrier();  // every lane has read the fragments, before any lane writes them again
-  for (int e = 0; e < 4; ++e) d[e] = out[e];
+  for (int e = 0; e < 4; ++e) {  // rows g, g, g + 8, g + 8; columns 2t, 2t + 1, 2t, 2t + 1
+    const float* row = a_rows[e / 2];
+    const float* col = b_cols[e % 2];
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += row[k] * col[k];
+    d[e] = sum;
+  }
 }
 
 namespace {
@@ -377,22 +405,20 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
     Die("ldmatrix: a row address not 16-byte aligned");
   CheckShared(row, 16, "ldmatrix: a row");
-  w.rows[lane] = static_cast<const unsigned char*>(row);
+  const unsigned char** rows = w.rows[Exchange()];
+  rows[lane] = static_cast<const unsigned char*>(row);
   WarpBarrier();  // every lane's address is in
   // Element (i, j) of matrix m: the j-th 16-bit value of the row lane 8m + i gave.
   auto element = [&](int m, int i, int j) {
     uint16_t v;
-    std::memcpy(&v, w.rows[8 * m + i] + 2 * j, sizeof(v));
+    std::memcpy(&v, rows[8 * m + i] + 2 * j, sizeof(v));
     return static_cast<uint32_t>(v);
   };
   const int a = static_cast<int>(lane / 4), c = static_cast<int>(2 * (lane % 4));
-  uint32_t got[4];
   for (int m = 0; m < 4; ++m) {
-    got[m] = trans ? element(m, c, a) | element(m, c + 1, a) << 16
-                   : element(m, a, c) | element(m, a, c + 1) << 16;
+    r[m] = trans ? element(m, c, a) | element(m, c + 1, a) << 16
+                 : element(m, a, c) | element(m, a, c + 1) << 16;
   }
-  WarpBarrier();  // every lane has read, before any lane gives an address again
-  for (int m = 0; m < 4; ++m) r[m] = got[m];
 }
 
 void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {
@@ -552,16 +578,23 @@ __half __float2half_rn(float x) {
 }
 
 float __half2float(__half x) {
-  const bool negative = (x.bits & 0x8000u) != 0;
-  const int biased = (x.bits >> 10) & 0x1F;
-  const int significand = x.bits & 0x3FF;
-  float a;
+  // Widened bit for bit: a normal value's exponent rebiased (15 -> 127), its significand
+  // shifted into place; a subnormal one, k 2^-24, is exact as a float product. (ldexp here
+  // made the conversions a tenth of the mma-heavy tests' time.)
+  const uint32_t sign = static_cast<uint32_t>(x.bits & 0x8000u) << 16;
+  const uint32_t biased = (x.bits >> 10) & 0x1Fu;
+  const uint32_t significand = x.bits & 0x3FFu;
+  uint32_t u;
   if (biased == 0x1F) {
-    a = significand != 0 ? NAN : INFINITY;
+    u = sign | 0x7F800000u | (significand != 0 ? 0x400000u : 0u);  // inf, or a quiet NaN
   } else if (biased == 0) {
-    a = std::ldexp(static_cast<float>(significand), -24);
+    const float a = static_cast<float>(significand) * 0x1p-24f;
+    std::memcpy(&u, &a, 4);
+    u |= sign;
   } else {
-    a = std::ldexp(static_cast<float>(significand + 1024), biased - 15 - 10);
+    u = sign | (biased - 15 + 127) << 23 | significand << 13;
   }
-  return negative ? -a : a;
+  float a;
+  std::memcpy(&a, &u, 4);
+  return a;
 }
