@@ -162,7 +162,7 @@ thread_local ThreadIndex g_direct;  // the index of a thread run as a plain call
 thread_local std::vector<std::unique_ptr<char[]>> g_stacks;
 thread_local uint64_t g_launches = 0;  // kernels run on this thread (Run's thread orders)
 
-void Yield() { Switch(&g_block->current->context, &g_block->scheduler); }
+void Yield(Block& b) { Switch(&b.current->context, &b.scheduler); }
 
 void Release(Warp& w) {
   if (w.live > 0 && w.arrived == w.live) {
@@ -177,37 +177,40 @@ void ReleaseBlock(Block& b) {
   }
 }
 
-void CheckSynchronisable(const char* what) {
-  if (g_block == nullptr) Die("a barrier outside a kernel");
-  if (g_block->direct) {
+// The block in flight, which `what` may synchronise. (Each read of g_block is a
+// __tls_get_addr call in this dlopen'ed library: the barriers pass the block on instead.)
+Block& CheckSynchronisable(const char* what) {
+  Block* b = g_block;
+  if (b == nullptr) Die("a barrier outside a kernel");
+  if (b->direct) {
     std::fprintf(stderr,
                  "cuda emulator: %s in a kernel whose first block never synchronised (its "
                  "blocks after the first run as plain calls)\n",
                  what);
     std::abort();
   }
-  g_block->synchronised = true;
+  b->synchronised = true;
+  return *b;
 }
 
 // Arrives at the barrier whose generation is *generation (already counted by the caller)
 // and waits until it is released.
-void Wait(const uint64_t* generation, uint64_t mine) {
-  Fiber& f = *g_block->current;
+void Wait(Block& b, const uint64_t* generation, uint64_t mine) {
+  Fiber& f = *b.current;
   if (*generation != mine) return;  // this arrival released it
   f.generation = generation;
   f.waits_for = mine;
-  Yield();
+  Yield(b);
   f.generation = nullptr;
 }
 
-void WarpBarrier() {
-  Block& b = *g_block;
+void WarpBarrier(Block& b) {
   Warp& w = b.warps[b.current->warp];
   const uint64_t mine = w.generation;
   ++w.arrived;
   ++b.progress;
   Release(w);
-  Wait(&w.generation, mine);
+  Wait(b, &w.generation, mine);
 }
 
 void Entry() {
@@ -221,7 +224,7 @@ void Entry() {
   Release(w);
   --b.live;
   ReleaseBlock(b);
-  Yield();  // for good: the scheduler never resumes a finished fiber
+  Yield(b);  // for good: the scheduler never resumes a finished fiber
   Die("a finished thread was resumed");
 }
 
@@ -253,7 +256,12 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
     f.open.clear();
     f.groups.clear();
   }
-  b.warps.assign((n + 31) / 32, Warp{});
+  b.warps.resize((n + 31) / 32);  // their buffers are written before they are read
+  for (Warp& w : b.warps) {
+    w.live = 0;
+    w.arrived = 0;
+    w.generation = 0;
+  }
   b.live = static_cast<int>(n);
   b.arrived = 0;
   for (unsigned t = 0; t < n; ++t) {
@@ -283,24 +291,21 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
 }  // namespace
 
 const ThreadIndex& Current() {
-  if (g_block == nullptr) Die("a thread index read outside a kernel");
-  return g_block->direct ? g_direct : g_block->current->index;
+  const Block* b = g_block;
+  if (b == nullptr) Die("a thread index read outside a kernel");
+  return b->direct ? g_direct : b->current->index;
 }
 
 void SyncThreads() {
-  CheckSynchronisable("__syncthreads");
-  Block& b = *g_block;
+  Block& b = CheckSynchronisable("__syncthreads");
   const uint64_t mine = b.generation;
   ++b.arrived;
   ++b.progress;
   ReleaseBlock(b);
-  Wait(&b.generation, mine);
+  Wait(b, &b.generation, mine);
 }
 
-void SyncWarp() {
-  CheckSynchronisable("__syncwarp");
-  WarpBarrier();
-}
+void SyncWarp() { WarpBarrier(CheckSynchronisable("__syncwarp")); }
 
 unsigned Lane() {
   if (g_block == nullptr || g_block->direct)
@@ -309,8 +314,8 @@ unsigned Lane() {
 }
 
 float* WarpTile() {
-  CheckSynchronisable("a warp-wide matrix operation");
-  return g_block->warps[g_block->current->warp].tile;
+  Block& b = CheckSynchronisable("a warp-wide matrix operation");
+  return b.warps[b.current->warp].tile;
 }
 
 unsigned char* DynamicShared() {
@@ -326,18 +331,17 @@ namespace {
 // these, stores only once its lane has passed the next exchange's barrier, which every lane
 // reaches only after reading this one. (Two barriers per exchange made the shuffles and
 // mma's a fifth of the emulated tests' time.)
-int Exchange() { return static_cast<int>(g_block->current->exchanges++ % 2); }
+int Exchange(Block& b) { return static_cast<int>(b.current->exchanges++ % 2); }
 
 }  // namespace
 
 double ShuffleXor(double value, int offset) {
-  CheckSynchronisable("a warp shuffle");
-  Block& b = *g_block;
+  Block& b = CheckSynchronisable("a warp shuffle");
   const unsigned lane = static_cast<unsigned>(b.current - b.fibers.data()) % 32;
   Warp& w = b.warps[b.current->warp];
-  double* slots = w.slots[Exchange()];
+  double* slots = w.slots[Exchange(b)];
   slots[lane] = value;
-  WarpBarrier();  // every lane has stored
+  WarpBarrier(b);  // every lane has stored
   return slots[lane ^ static_cast<unsigned>(offset)];
 }
 
@@ -352,15 +356,14 @@ float MmaElement(uint32_t reg, int half, bool fp16) {
 }  // namespace
 
 void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool fp16) {
-  CheckSynchronisable("mma.sync");
-  Block& blk = *g_block;
+  Block& blk = CheckSynchronisable("mma.sync");
   const unsigned lane = static_cast<unsigned>(blk.current - blk.fibers.data()) % 32;
   Warp& w = blk.warps[blk.current->warp];
-  uint32_t(&regs)[32][6] = w.mma[Exchange()];
+  uint32_t(&regs)[32][6] = w.mma[Exchange(blk)];
   for (int i = 0; i < 4; ++i) regs[lane][i] = a[i];
   regs[lane][4] = b[0];
   regs[lane][5] = b[1];
-  WarpBarrier();  // every lane's fragments are in
+  WarpBarrier(blk);  // every lane's fragments are in
   // A(r, k): lane (r % 8) * 4 + (k % 8) / 2, register (k / 8) * 2 + r / 8, half k % 2.
   // B(k, n): lane n * 4 + (k % 8) / 2, register 4 + k / 8, half k % 2.
   // This lane's outputs are rows g and g + 8 by columns 2t and 2t + 1: it decodes those
@@ -398,16 +401,15 @@ void CheckShared(const void* p, size_t bytes, const char* what) {
 }  // namespace
 
 void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
-  CheckSynchronisable("ldmatrix");
-  Block& blk = *g_block;
+  Block& blk = CheckSynchronisable("ldmatrix");
   const unsigned lane = static_cast<unsigned>(blk.current - blk.fibers.data()) % 32;
   Warp& w = blk.warps[blk.current->warp];
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
     Die("ldmatrix: a row address not 16-byte aligned");
   CheckShared(row, 16, "ldmatrix: a row");
-  const unsigned char** rows = w.rows[Exchange()];
+  const unsigned char** rows = w.rows[Exchange(blk)];
   rows[lane] = static_cast<const unsigned char*>(row);
-  WarpBarrier();  // every lane's address is in
+  WarpBarrier(blk);  // every lane's address is in
   // Element (i, j) of matrix m: the j-th 16-bit value of the row lane 8m + i gave.
   auto element = [&](int m, int i, int j) {
     uint16_t v;
@@ -422,7 +424,7 @@ void LdMatrixX4(uint32_t (&r)[4], const void* row, bool trans) {
 }
 
 void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {
-  CheckSynchronisable("cp.async");
+  Block& b = CheckSynchronisable("cp.async");
   if (bytes != 4 && bytes != 8 && bytes != 16)
     Die("cp.async: a copy of other than 4, 8 or 16 bytes");
   if (src_bytes < 0 || src_bytes > bytes) Die("cp.async: a source size past the copy");
@@ -435,19 +437,17 @@ void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {
     Die("cp.async: a source outside device memory");
   Fiber::AsyncCopy copy{static_cast<unsigned char*>(dst), {}, bytes};
   if (src_bytes > 0) std::memcpy(copy.bytes, src, src_bytes);
-  g_block->current->open.push_back(copy);
+  b.current->open.push_back(copy);
 }
 
 void CpAsyncCommit() {
-  CheckSynchronisable("cp.async.commit_group");
-  Fiber& f = *g_block->current;
+  Fiber& f = *CheckSynchronisable("cp.async.commit_group").current;
   f.groups.push_back(std::move(f.open));
   f.open.clear();
 }
 
 void CpAsyncWait(int n) {
-  CheckSynchronisable("cp.async.wait_group");
-  Fiber& f = *g_block->current;
+  Fiber& f = *CheckSynchronisable("cp.async.wait_group").current;
   while (f.groups.size() > static_cast<size_t>(std::max(n, 0))) {
     for (const Fiber::AsyncCopy& c : f.groups.front()) std::memcpy(c.dst, c.bytes, c.size);
     f.groups.pop_front();
