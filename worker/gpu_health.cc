@@ -18,10 +18,22 @@ using NvmlGetHandleByPciBusId = int (*)(const char*, NvmlDevice*);
 using NvmlGetTotalEccErrors = int (*)(NvmlDevice, int, int, unsigned long long*);
 using NvmlGetRemappedRows = int (*)(NvmlDevice, unsigned int*, unsigned int*, unsigned int*,
                                     unsigned int*);
+using NvmlGetNvLinkState = int (*)(NvmlDevice, unsigned int, int*);  // nvmlEnableState_t*
 constexpr int kNvmlSuccess = 0;
 constexpr int kNvmlErrorGpuIsLost = 15;
 constexpr int kNvmlMemoryErrorUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 constexpr int kNvmlVolatileEcc = 0;             // NVML_VOLATILE_ECC: since the last reset
+constexpr int kNvmlFeatureEnabled = 1;          // NVML_FEATURE_ENABLED: an active link
+constexpr unsigned kNvmlMaxLinks = 18;          // NVML_NVLINK_MAX_LINKS (Hopper's 18)
+
+// "NVLink 3" or "NVLinks 3, 5": the links of `links`.
+std::string LinkList(const std::vector<int>& links) {
+  std::string list = links.size() == 1 ? "NVLink " : "NVLinks ";
+  for (size_t i = 0; i < links.size(); ++i) {
+    list += (i > 0 ? ", " : "") + std::to_string(links[i]);
+  }
+  return list;
+}
 
 }  // namespace
 
@@ -41,6 +53,13 @@ std::string GpuFault(const GpuHealthReading& r) {
   }
   if (r.row_remap_pending) {
     return "a row remap of its memory waits for a reset (NVML): reset the GPU (nvidia-smi -r)";
+  }
+  if (!r.nvlinks_down.empty()) {
+    const bool one = r.nvlinks_down.size() == 1;
+    return LinkList(r.nvlinks_down) + (one ? " is" : " are") + " down (" +
+           (one ? "it was" : "they were") +
+           " up when the agent began checking; NVML): reset the GPU (nvidia-smi -r), or have "
+           "its NVLink serviced";
   }
   return "";
 }
@@ -62,11 +81,13 @@ struct GpuHealthCheck::Nvml {
   NvmlGetHandleByPciBusId get_handle = nullptr;
   NvmlGetTotalEccErrors ecc_errors = nullptr;   // may be missing: not checked
   NvmlGetRemappedRows remapped_rows = nullptr;  // may be missing (an old driver): not checked
+  NvmlGetNvLinkState nvlink_state = nullptr;    // may be missing: not checked
   struct Gpu {
     int slot = 0;
     std::string bus_id;
-    NvmlDevice device = nullptr;  // null: NVML did not find it, not checked...
-    bool lost = false;            // ...unless because it is lost already
+    NvmlDevice device = nullptr;    // null: NVML did not find it, not checked...
+    bool lost = false;              // ...unless because it is lost already
+    std::vector<int> nvlinks = {};  // active when Open looked: each checked
   };
   std::vector<Gpu> gpus;
 };
@@ -86,6 +107,7 @@ StatusOr<std::unique_ptr<GpuHealthCheck>> GpuHealthCheck::Open(const std::vector
   nvml->get_handle = nvml->lib.Get<NvmlGetHandleByPciBusId>("nvmlDeviceGetHandleByPciBusId_v2");
   nvml->ecc_errors = nvml->lib.Get<NvmlGetTotalEccErrors>("nvmlDeviceGetTotalEccErrors");
   nvml->remapped_rows = nvml->lib.Get<NvmlGetRemappedRows>("nvmlDeviceGetRemappedRows");
+  nvml->nvlink_state = nvml->lib.Get<NvmlGetNvLinkState>("nvmlDeviceGetNvLinkState");
   if (init == nullptr || nvml->get_handle == nullptr) {
     return FailedPreconditionError(library + " is not a usable NVML: it lacks nvmlInit_v2 or " +
                                    "nvmlDeviceGetHandleByPciBusId_v2");
@@ -105,6 +127,18 @@ StatusOr<std::unique_ptr<GpuHealthCheck>> GpuHealthCheck::Open(const std::vector
                      g.pci_bus_id.empty()
                          ? "the driver gave no PCI bus id to find it by in NVML"
                          : "NVML cannot find " + g.pci_bus_id + ": " + nvml->Error(rc));
+      }
+    }
+    if (gpu.device != nullptr && nvml->nvlink_state != nullptr) {
+      std::vector<int> down;
+      for (unsigned link = 0; link < kNvmlMaxLinks; ++link) {
+        int active = 0;
+        if (nvml->nvlink_state(gpu.device, link, &active) != kNvmlSuccess) continue;
+        (active == kNvmlFeatureEnabled ? gpu.nvlinks : down).push_back(static_cast<int>(link));
+      }
+      if (!down.empty()) {
+        spdlog::warn("GPU {} ({}): {} down already; only its links up now are checked", g.index,
+                     g.pci_bus_id, LinkList(down));
       }
     }
     nvml->gpus.push_back(std::move(gpu));
@@ -141,6 +175,13 @@ std::vector<v1::SlotHealth> GpuHealthCheck::Check(
         r.row_remap_pending = pending != 0;
         r.row_remap_failed = failed != 0;
       }
+    }
+    for (int link : g.nvlinks) {
+      if (r.lost) break;
+      int active = kNvmlFeatureEnabled;
+      const int rc = nvml_->nvlink_state(g.device, static_cast<unsigned>(link), &active);
+      r.lost = rc == kNvmlErrorGpuIsLost;
+      if (rc == kNvmlSuccess && active != kNvmlFeatureEnabled) r.nvlinks_down.push_back(link);
     }
     std::string fault = GpuFault(r);
     if (fault.empty()) continue;

@@ -7,7 +7,9 @@
 //
 // The states checked are the GPU's own, not events: each clears when the GPU is mended (a
 // reset clears the volatile error count and makes a pending remap), so the slot returns to
-// service by itself. NVLink and other Xid events are not watched.
+// service by itself. So does an NVLink that was up when the check began and is down now
+// (links down from the start are left alone: a GPU cabled so, or with links unused, is
+// not unfit for it). Xid events are not watched.
 //
 // NVML is loaded at run time (dlopen), never linked: one build serves nodes with and without
 // GPUs. Not thread-safe: one thread calls Check (GpuHealthMonitor's, in the agent).
@@ -27,10 +29,11 @@ namespace drover {
 
 // What NVML says of one GPU, the parts that tell one unfit for training.
 struct GpuHealthReading {
-  bool lost = false;                // NVML_ERROR_GPU_IS_LOST: fallen off the bus
-  uint64_t uncorrected_errors = 0;  // volatile: since the driver loaded or its last reset
-  bool row_remap_pending = false;   // a row of its memory is remapped at its next reset
-  bool row_remap_failed = false;    // a row could not be remapped: it needs service
+  bool lost = false;                   // NVML_ERROR_GPU_IS_LOST: fallen off the bus
+  uint64_t uncorrected_errors = 0;     // volatile: since the driver loaded or its last reset
+  bool row_remap_pending = false;      // a row of its memory is remapped at its next reset
+  bool row_remap_failed = false;       // a row could not be remapped: it needs service
+  std::vector<int> nvlinks_down = {};  // links up when the check began, down now
 };
 
 // Why a GPU reading `r` must not run trainers, with what would mend it; "" when it may.

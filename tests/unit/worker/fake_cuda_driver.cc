@@ -11,10 +11,11 @@
 // devices by their bus ids, and reads what is wrong with them from the file DROVER_FAKE_NVML
 // names, at each call: one line per GPU, its bus id then any of "lost" (NVML's GPU_IS_LOST
 // from every query), "ecc=N" (N uncorrectable errors since its reset), "remap=pending",
-// "remap=failed", "hang" (a query does not return until the line says otherwise, as NVML's
-// do on a wedged driver; the file's name + ".hung" is created once one waits); a line "init N"
-// makes nvmlInit_v2 fail with N. A device handle is its ordinal + 1; the codes are nvml.h's:
-// SUCCESS 0, INVALID_ARGUMENT 2, NOT_FOUND 6, GPU_IS_LOST 15.
+// "remap=failed", "nvlinks=N" (links 0 to N-1 exist; without it NVLink is not supported),
+// "down=I,J" (those links inactive), "hang" (a query does not return until the line says otherwise,
+// as NVML's do on a wedged driver; the file's name + ".hung" is created once one waits); a line
+// "init N" makes nvmlInit_v2 fail with N. A device handle is its ordinal + 1; the codes are
+// nvml.h's: SUCCESS 0, INVALID_ARGUMENT 2, NOT_FOUND 6, GPU_IS_LOST 15.
 #include <strings.h>
 
 #include <chrono>
@@ -239,6 +240,27 @@ int nvmlDeviceGetRemappedRows(void* device, unsigned int* corrected, unsigned in
   *uncorrected = faults.find("remap=") != std::string::npos ? 1 : 0;
   *pending = faults.find("remap=pending") != std::string::npos ? 1 : 0;
   *failed = faults.find("remap=failed") != std::string::npos ? 1 : 0;
+  return 0;
+}
+
+// NVML_FEATURE_ENABLED (1) for an active link, DISABLED (0) for one listed as down;
+// INVALID_ARGUMENT past the links the GPU has, NOT_SUPPORTED without NVLink (3).
+int nvmlDeviceGetNvLinkState(void* device, unsigned int link, int* is_active) {
+  if (Ordinal(device) < 0 || is_active == nullptr) return 2;
+  const std::string faults = FaultsOnceAnswered(device);
+  if (faults.find("lost ") != std::string::npos) return 15;
+  const long long links = Value(faults, "nvlinks=");
+  if (links == 0) return 3;
+  if (static_cast<long long>(link) >= links) return 2;
+  *is_active = 1;
+  const size_t at = faults.find("down=");
+  if (at != std::string::npos) {
+    std::stringstream down(faults.substr(at + 5, faults.find(' ', at) - at - 5));
+    std::string one;
+    while (std::getline(down, one, ',')) {
+      if (!one.empty() && std::atoll(one.c_str()) == static_cast<long long>(link)) *is_active = 0;
+    }
+  }
   return 0;
 }
 

@@ -25,6 +25,12 @@ TEST(GpuHealthTest, EachFaultNvmlReportsNamesWhatMendsIt) {
             "a row remap of its memory waits for a reset (NVML): reset the GPU (nvidia-smi -r)");
   EXPECT_EQ(GpuFault({.uncorrected_errors = 2, .row_remap_failed = true}),
             "a row of its memory could not be remapped (NVML): the GPU needs service");
+  EXPECT_EQ(GpuFault({.nvlinks_down = {3}}),
+            "NVLink 3 is down (it was up when the agent began checking; NVML): reset the GPU "
+            "(nvidia-smi -r), or have its NVLink serviced");
+  EXPECT_EQ(GpuFault({.nvlinks_down = {0, 17}}),
+            "NVLinks 0, 17 are down (they were up when the agent began checking; NVML): reset "
+            "the GPU (nvidia-smi -r), or have its NVLink serviced");
 }
 
 // The check through NVML (the stand-in, fake_cuda_driver.cc): GPUs found by their bus ids,
@@ -83,6 +89,33 @@ TEST_F(GpuHealthCheckTest, AFaultyGpuIsReportedForItsSlotUntilItIsMended) {
   EXPECT_NE(unfit[0].fault().find("could not be remapped"), std::string::npos);
 
   Say("");  // reset and repaired
+  EXPECT_TRUE((*check)->Check().empty());
+}
+
+// An NVLink that was up when the check began and is down now makes its GPU unfit until it is
+// up again; one down from the start, or a GPU without NVLink, is never a finding.
+TEST_F(GpuHealthCheckTest, AnNvLinkUpAtTheStartAndDownNowMakesItsGpuUnfit) {
+  std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"},
+                               {1, "NVIDIA H200", 141LL << 30, 90, "00000000:01:00.0"},
+                               {2, "NVIDIA H200", 141LL << 30, 90, "00000000:02:00.0"}};
+  ASSERT_EQ(
+      setenv("DROVER_FAKE_GPUS", "NVIDIA H200,141,90;NVIDIA H200,141,90;NVIDIA H200,141,90", 1), 0);
+  Say("00000000:00:00.0 nvlinks=18 down=1\n00000000:01:00.0 nvlinks=18\n");
+  auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_TRUE((*check)->Check().empty());
+
+  Say("00000000:00:00.0 nvlinks=18 down=1,2\n00000000:01:00.0 nvlinks=18 down=0,17\n");
+  std::vector<v1::SlotHealth> unfit = (*check)->Check();
+  ASSERT_EQ(unfit.size(), 2u);
+  EXPECT_EQ(unfit[0].slot(), 0);
+  EXPECT_EQ(unfit[0].fault(),
+            "GPU 00000000:00:00.0: NVLink 2 is down (it was up when the agent began checking; "
+            "NVML): reset the GPU (nvidia-smi -r), or have its NVLink serviced");
+  EXPECT_EQ(unfit[1].slot(), 1);
+  EXPECT_NE(unfit[1].fault().find("NVLinks 0, 17 are down"), std::string::npos) << unfit[1].fault();
+
+  Say("00000000:00:00.0 nvlinks=18 down=1\n00000000:01:00.0 nvlinks=18\n");  // serviced
   EXPECT_TRUE((*check)->Check().empty());
 }
 
