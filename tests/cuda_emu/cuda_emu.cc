@@ -271,6 +271,7 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
     ++b.warps[f.warp].live;
     Prepare(&f.context, g_stacks[t].get(), kStackBytes, Entry);
   }
+  const ThreadIndex** index = &g_current_index;  // this thread's, looked up once
   unsigned remaining = n;
   while (remaining > 0) {
     const uint64_t before = b.progress;
@@ -278,6 +279,7 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
       Fiber& f = b.fibers[reverse ? n - 1 - i : i];
       if (f.done || (f.generation != nullptr && *f.generation == f.waits_for)) continue;
       b.current = &f;
+      *index = &f.index;
       Switch(&b.scheduler, &f.context);
       if (f.done) --remaining;
     }
@@ -286,15 +288,14 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
     }
   }
   b.current = nullptr;
+  *index = nullptr;
 }
 
 }  // namespace
 
-const ThreadIndex& Current() {
-  const Block* b = g_block;
-  if (b == nullptr) Die("a thread index read outside a kernel");
-  return b->direct ? g_direct : b->current->index;
-}
+thread_local constinit const ThreadIndex* g_current_index = nullptr;
+
+void DieOutsideKernel() { Die("a thread index read outside a kernel"); }
 
 void SyncThreads() {
   Block& b = CheckSynchronisable("__syncthreads");
@@ -529,6 +530,7 @@ void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
       // The first block never synchronised: the rest run as plain calls, far faster; a
       // barrier met there aborts (CheckSynchronisable) rather than misbehave.
       b.direct = true;
+      g_current_index = &g_direct;
       PoisonShared(b);
       for (unsigned i = 0; i < threads; ++i) {
         g_direct = IndexOf(reverse ? threads - 1 - i : i, block, block_index, grid);
@@ -537,6 +539,7 @@ void Run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>
     }
     first = false;
   }
+  g_current_index = nullptr;
   g_block = nullptr;
 }
 

@@ -51,8 +51,21 @@ struct ThreadIndex {
   uint3 thread, block;
   dim3 block_dim, grid_dim;
 };
+// The running emulated thread's indices, set by the block scheduler at each switch into a
+// thread (cuda_emu.cc); null outside a kernel. Hidden and constant-initialised, so that
+// Current() inlines into the kernels: their threadIdx reads then share one __tls_get_addr
+// a function, where a call into the runtime cost one per read (a fifth of an emulated
+// trainer's time).
+extern thread_local constinit const ThreadIndex* g_current_index
+    __attribute__((visibility("hidden")));
+[[noreturn]] void DieOutsideKernel();
 // The running emulated thread's indices (aborts outside a kernel).
-const ThreadIndex& Current();
+inline const ThreadIndex& Current() {
+  const ThreadIndex* index = g_current_index;
+  if (index == nullptr) [[unlikely]]
+    DieOutsideKernel();
+  return *index;
+}
 void SyncThreads();
 // __syncwarp: every live lane of the running thread's warp arrives before any goes on.
 void SyncWarp();
