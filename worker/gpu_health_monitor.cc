@@ -1,6 +1,7 @@
 #include "worker/gpu_health_monitor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -16,6 +17,12 @@ std::string NvmlStallFault(const std::string& bus_id, int64_t waited_ms) {
   return "GPU " + bus_id + ": NVML has not answered a query about it within " + waited +
          " (a wedged driver or GPU): the node needs a GPU reset or a reboot";
 }
+
+namespace {
+std::atomic<int> g_running_threads{0};
+}  // namespace
+
+int GpuHealthMonitor::RunningThreads() { return g_running_threads.load(); }
 
 struct GpuHealthMonitor::State {
   State(std::unique_ptr<GpuHealthCheck> c, int interval, int timeout, const Clock* clk)
@@ -41,7 +48,7 @@ struct GpuHealthMonitor::State {
 GpuHealthMonitor::GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, int interval_ms,
                                    int timeout_ms, const Clock* clock)
     : state_(std::make_shared<State>(std::move(check), interval_ms, timeout_ms, clock)),
-      thread_(&GpuHealthMonitor::Loop, state_) {}
+      thread_((++g_running_threads, std::thread(&GpuHealthMonitor::Loop, state_))) {}
 
 GpuHealthMonitor::~GpuHealthMonitor() {
   bool exited = false;
@@ -79,9 +86,13 @@ void GpuHealthMonitor::Loop(std::shared_ptr<State> s) {
       break;
     }
   }
-  MutexLock lock(&st->mu);
-  st->exited = true;
-  st->cv.SignalAll();
+  {
+    MutexLock lock(&st->mu);
+    st->exited = true;
+    st->cv.SignalAll();
+  }
+  s.reset();  // NVML shut down and unloaded here when the monitor is gone
+  --g_running_threads;
 }
 
 void GpuHealthMonitor::WaitForFirstRound() {

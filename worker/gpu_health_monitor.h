@@ -48,6 +48,10 @@ class GpuHealthMonitor {
   // unanswered for timeout_ms, in place of its earlier one.
   std::vector<v1::SlotHealth> Unfit() const;
 
+  // Monitors' threads in this process that have not ended, those left behind by a monitor's
+  // end included.
+  static int RunningThreads();
+
  private:
   struct State;
   static void Loop(std::shared_ptr<State> state);

@@ -2,11 +2,13 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "common/clock.h"
@@ -22,7 +24,10 @@ class GpuHealthMonitorTest : public ::testing::Test {
   static constexpr int kTimeoutMs = 15000;
 
   void SetUp() override {
-    state_ = std::filesystem::path(::testing::TempDir()) / "nvml_monitor_state";
+    // Its own per test: ctest runs the tests side by side, each in a process of its own.
+    state_ = std::filesystem::path(::testing::TempDir()) /
+             ("nvml_monitor_state_" + std::to_string(getpid()) + "_" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name());
     Say("");
     std::filesystem::remove(Hung());
     ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H200,141,90;NVIDIA H200,141,90", 1), 0);
@@ -128,8 +133,14 @@ TEST_F(GpuHealthMonitorTest, ItsEndDoesNotHangOnAQueryThatNeverReturns) {
   Say("00000000:00:00.0 hang\n");
   UntilAQueryHangs();
   monitor.reset();
+  EXPECT_EQ(GpuHealthMonitor::RunningThreads(), 1);  // left behind, in NVML
   Say("");
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the thread left behind ends
+  // The query returns and the thread ends, before the fixture's end changes the environment
+  // the stand-in NVML reads.
+  for (int i = 0; i < 4000 && GpuHealthMonitor::RunningThreads() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(GpuHealthMonitor::RunningThreads(), 0);
 }
 
 }  // namespace

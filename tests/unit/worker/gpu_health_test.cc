@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 namespace drover {
 namespace {
@@ -39,7 +41,10 @@ TEST(GpuHealthTest, EachFaultNvmlReportsNamesWhatMendsIt) {
 class GpuHealthCheckTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_ = std::filesystem::path(::testing::TempDir()) / "nvml_state";
+    // Its own per test: ctest runs the tests side by side, each in a process of its own.
+    state_ = std::filesystem::path(::testing::TempDir()) /
+             ("nvml_state_" + std::to_string(getpid()) + "_" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove(state_);
     ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H200,141,90;NVIDIA H200,141,90", 1), 0);
     ASSERT_EQ(setenv("DROVER_FAKE_NVML", state_.c_str(), 1), 0);
