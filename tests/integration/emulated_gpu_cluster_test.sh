@@ -209,15 +209,19 @@ elif [[ $scenario == health ]]; then
   drover uncordon gpu0 --slot 1 2> "$work/uncordon.err" || rc=$?
   [[ $rc -ne 0 ]] && grep -q "stays out of use while its agent's health check reports its GPU unfit" \
     "$work/uncordon.err" || { echo "FAIL: uncordon of an unfit GPU"; cat "$work/uncordon.err"; exit 1; }
+  # NVML reports nothing wrong any more: within 10 s no slot is listed as failing the check.
+  nvml_mended() {  # nvml_mended SLOT
+    : > "$DROVER_FAKE_NVML"
+    for _ in $(seq 1 100); do
+      drover workers > "$work/workers.txt"
+      grep -q "passes the health check" "$work/workers.txt" || break
+      sleep 0.1
+    done
+    ! grep -q "passes the health check" "$work/workers.txt" ||
+      { echo "FAIL: slot $1 is still reported unfit"; cat "$work/workers.txt"; exit 1; }
+  }
   # Reset: the check passes, the slot is out only for its cordon, which an operator ends.
-  : > "$DROVER_FAKE_NVML"
-  for _ in $(seq 1 100); do
-    drover workers > "$work/workers.txt"
-    grep -q "passes the health check" "$work/workers.txt" || break
-    sleep 0.1
-  done
-  ! grep -q "passes the health check" "$work/workers.txt" ||
-    { echo "FAIL: slot 1 is still reported unfit"; cat "$work/workers.txt"; exit 1; }
+  nvml_mended 1
   grep -q "its GPU passes the health check again" "$work/gpu0.log" ||
     { echo "FAIL: the agent did not say the GPU passes again"; exit 1; }
   drover uncordon gpu0 --slot 1 | grep -qx "gpu0 slot 1 is back in service" ||
@@ -240,14 +244,7 @@ elif [[ $scenario == health ]]; then
   drover workers > "$work/workers.txt"
   grep -Eq "^gpu0 +ALIVE " "$work/workers.txt" && ! grep -q "node gpu0 is dead" "$work/coordinator.log" ||
     { echo "FAIL: the node went silent while NVML hung"; cat "$work/workers.txt"; exit 1; }
-  : > "$DROVER_FAKE_NVML"  # the query returns
-  for _ in $(seq 1 100); do
-    drover workers > "$work/workers.txt"
-    grep -q "passes the health check" "$work/workers.txt" || break
-    sleep 0.1
-  done
-  ! grep -q "passes the health check" "$work/workers.txt" ||
-    { echo "FAIL: slot 0 is still reported unfit once NVML answered"; cat "$work/workers.txt"; exit 1; }
+  nvml_mended 0  # the query returns
   echo "NVML hung on a GPU: the agent went on heartbeating and reported that GPU unfit"
 else
   # An attempt on both nodes ended with gpu1's death; the last one, on gpu0's GPU alone,
