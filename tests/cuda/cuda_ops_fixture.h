@@ -1,8 +1,9 @@
 // The fixture of the CUDA op tests (tests/cuda/*_test.cc but the NCCL ones): the CUDA table
 // and the CPU reference, device buffers the test keeps alive, random inputs, and the
 // comparisons and error models the tests share. Skips the test where the CUDA backend cannot
-// load or no GPU is usable (it says why); on the kernel emulator, fails it. Tolerances: the GPU sums in other orders and uses
-// its own exp/tanh, so results agree to float rounding, not bit for bit.
+// load or no GPU is usable (it says why); on the kernel emulator, fails it. Tolerances: the GPU
+// sums in other orders and uses its own exp/tanh, so results agree to float rounding, not bit for
+// bit.
 #pragma once
 
 #include <gtest/gtest.h>
