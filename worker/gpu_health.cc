@@ -146,50 +146,67 @@ StatusOr<std::unique_ptr<GpuHealthCheck>> GpuHealthCheck::Open(const std::vector
   return std::unique_ptr<GpuHealthCheck>(new GpuHealthCheck(std::move(nvml)));
 }
 
+int GpuHealthCheck::size() const { return static_cast<int>(nvml_->gpus.size()); }
+
+bool GpuHealthCheck::checked(int i) const {
+  const Nvml::Gpu& g = nvml_->gpus[static_cast<size_t>(i)];
+  return g.device != nullptr || g.lost;
+}
+
 int GpuHealthCheck::checked() const {
   int n = 0;
-  for (const Nvml::Gpu& g : nvml_->gpus) n += g.device != nullptr || g.lost ? 1 : 0;
+  for (int i = 0; i < size(); ++i) n += checked(i) ? 1 : 0;
   return n;
 }
 
-std::vector<v1::SlotHealth> GpuHealthCheck::Check(
-    const std::function<void(int slot, const std::string& bus_id)>& querying) {
+int GpuHealthCheck::slot(int i) const { return nvml_->gpus[static_cast<size_t>(i)].slot; }
+
+const std::string& GpuHealthCheck::bus_id(int i) const {
+  return nvml_->gpus[static_cast<size_t>(i)].bus_id;
+}
+
+std::vector<v1::SlotHealth> GpuHealthCheck::Check() {
   std::vector<v1::SlotHealth> unfit;
-  for (const Nvml::Gpu& g : nvml_->gpus) {
-    if (g.device == nullptr && !g.lost) continue;
-    if (querying) querying(g.slot, g.bus_id);
-    GpuHealthReading r;
-    r.lost = g.lost;
-    if (!r.lost && nvml_->ecc_errors != nullptr) {
-      unsigned long long count = 0;
-      const int rc =
-          nvml_->ecc_errors(g.device, kNvmlMemoryErrorUncorrected, kNvmlVolatileEcc, &count);
-      r.lost = rc == kNvmlErrorGpuIsLost;
-      if (rc == kNvmlSuccess) r.uncorrected_errors = count;
-    }
-    if (!r.lost && nvml_->remapped_rows != nullptr) {
-      unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
-      const int rc = nvml_->remapped_rows(g.device, &corrected, &uncorrected, &pending, &failed);
-      r.lost = rc == kNvmlErrorGpuIsLost;
-      if (rc == kNvmlSuccess) {
-        r.row_remap_pending = pending != 0;
-        r.row_remap_failed = failed != 0;
-      }
-    }
-    for (int link : g.nvlinks) {
-      if (r.lost) break;
-      int active = kNvmlFeatureEnabled;
-      const int rc = nvml_->nvlink_state(g.device, static_cast<unsigned>(link), &active);
-      r.lost = rc == kNvmlErrorGpuIsLost;
-      if (rc == kNvmlSuccess && active != kNvmlFeatureEnabled) r.nvlinks_down.push_back(link);
-    }
-    std::string fault = GpuFault(r);
-    if (fault.empty()) continue;
-    v1::SlotHealth& h = unfit.emplace_back();
-    h.set_slot(g.slot);
-    h.set_fault("GPU " + g.bus_id + ": " + fault);
+  for (int i = 0; i < size(); ++i) {
+    if (std::optional<v1::SlotHealth> h = CheckOne(i)) unfit.push_back(std::move(*h));
   }
   return unfit;
+}
+
+std::optional<v1::SlotHealth> GpuHealthCheck::CheckOne(int i) {
+  if (!checked(i)) return std::nullopt;
+  const Nvml::Gpu& g = nvml_->gpus[static_cast<size_t>(i)];
+  GpuHealthReading r;
+  r.lost = g.lost;
+  if (!r.lost && nvml_->ecc_errors != nullptr) {
+    unsigned long long count = 0;
+    const int rc =
+        nvml_->ecc_errors(g.device, kNvmlMemoryErrorUncorrected, kNvmlVolatileEcc, &count);
+    r.lost = rc == kNvmlErrorGpuIsLost;
+    if (rc == kNvmlSuccess) r.uncorrected_errors = count;
+  }
+  if (!r.lost && nvml_->remapped_rows != nullptr) {
+    unsigned int corrected = 0, uncorrected = 0, pending = 0, failed = 0;
+    const int rc = nvml_->remapped_rows(g.device, &corrected, &uncorrected, &pending, &failed);
+    r.lost = rc == kNvmlErrorGpuIsLost;
+    if (rc == kNvmlSuccess) {
+      r.row_remap_pending = pending != 0;
+      r.row_remap_failed = failed != 0;
+    }
+  }
+  for (int link : g.nvlinks) {
+    if (r.lost) break;
+    int active = kNvmlFeatureEnabled;
+    const int rc = nvml_->nvlink_state(g.device, static_cast<unsigned>(link), &active);
+    r.lost = rc == kNvmlErrorGpuIsLost;
+    if (rc == kNvmlSuccess && active != kNvmlFeatureEnabled) r.nvlinks_down.push_back(link);
+  }
+  const std::string fault = GpuFault(r);
+  if (fault.empty()) return std::nullopt;
+  v1::SlotHealth h;
+  h.set_slot(g.slot);
+  h.set_fault("GPU " + g.bus_id + ": " + fault);
+  return h;
 }
 
 }  // namespace drover

@@ -12,12 +12,12 @@
 // not unfit for it). Xid events are not watched.
 //
 // NVML is loaded at run time (dlopen), never linked: one build serves nodes with and without
-// GPUs. Not thread-safe: one thread calls Check (GpuHealthMonitor's, in the agent).
+// GPUs.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,17 +51,21 @@ class GpuHealthCheck {
   GpuHealthCheck(const GpuHealthCheck&) = delete;
   GpuHealthCheck& operator=(const GpuHealthCheck&) = delete;
 
-  // Every slot (an index of `gpus`) whose GPU is unfit now, with GpuFault's reason, which
-  // names the GPU. A query that fails otherwise than with a lost GPU (not supported, no
-  // permission) counts as a healthy answer: only what NVML reports as wrong takes a GPU out.
-  // `querying(slot, bus_id)`, when given, is called before NVML is asked about each GPU, so
-  // that a watcher can tell which GPU a query that never returns is stuck on
-  // (gpu_health_monitor.h).
-  std::vector<v1::SlotHealth> Check(
-      const std::function<void(int slot, const std::string& bus_id)>& querying = nullptr);
+  // Every slot (an index of `gpus`) whose GPU is unfit now: CheckOne of each, in order.
+  std::vector<v1::SlotHealth> Check();
 
-  // How many of the GPUs NVML found (the others are not checked).
-  int checked() const;
+  // gpus[i]'s finding if it is unfit now, with GpuFault's reason, which names the GPU;
+  // nullopt when it is fit or not checked. A query that fails otherwise than with a lost GPU
+  // (not supported, no permission) counts as a healthy answer: only what NVML reports as
+  // wrong takes a GPU out. May be called from several threads at once (NVML is thread-safe;
+  // this object is not changed after Open), as GpuHealthMonitor does, one per GPU.
+  std::optional<v1::SlotHealth> CheckOne(int i);
+
+  int size() const;           // the GPUs Open was given
+  bool checked(int i) const;  // whether NVML found gpus[i] (or found it lost)
+  int checked() const;        // how many it found
+  int slot(int i) const;      // gpus[i].index, the slot its findings name
+  const std::string& bus_id(int i) const;
 
  private:
   struct Nvml;

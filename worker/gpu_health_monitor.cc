@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,58 +29,86 @@ struct GpuHealthMonitor::State {
   State(std::unique_ptr<GpuHealthCheck> c, int interval, int timeout, const Clock* clk)
       : check(std::move(c)), interval_ms(interval), timeout_ms(timeout), clock(clk) {}
 
-  const std::unique_ptr<GpuHealthCheck> check;  // used by the thread alone
+  const std::unique_ptr<GpuHealthCheck> check;  // CheckOne(i) from GPU i's thread alone
   const int interval_ms;
   const int timeout_ms;
   const Clock* const clock;
 
+  struct Gpu {
+    int index = 0;                          // in `check`
+    int checks = 0;                         // finished
+    bool querying = false;                  // a query is under way...
+    int64_t since_ms = 0;                   // ...since then (clock ms)
+    std::optional<v1::SlotHealth> finding;  // the last finished check's
+    bool exited = false;                    // its thread is past its last use of `check`
+  };
   Mutex mu;
   CondVar cv;
   bool stop GUARDED_BY(mu) = false;
-  bool exited GUARDED_BY(mu) = false;                // the thread is past its last use of `check`
-  int rounds GUARDED_BY(mu) = 0;                     // finished
-  std::vector<v1::SlotHealth> unfit GUARDED_BY(mu);  // the last finished round's
-  // The query under way: its slot (-1: none), its GPU and when it began (clock ms).
-  int querying_slot GUARDED_BY(mu) = -1;
-  std::string querying_bus_id GUARDED_BY(mu);
-  int64_t querying_since_ms GUARDED_BY(mu) = 0;
+  std::vector<Gpu> gpus GUARDED_BY(mu);  // those checked, each with a thread
 };
 
 GpuHealthMonitor::GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, int interval_ms,
                                    int timeout_ms, const Clock* clock)
-    : state_(std::make_shared<State>(std::move(check), interval_ms, timeout_ms, clock)),
-      thread_((++g_running_threads, std::thread(&GpuHealthMonitor::Loop, state_))) {}
+    : state_(std::make_shared<State>(std::move(check), interval_ms, timeout_ms, clock)) {
+  size_t n = 0;
+  {
+    MutexLock lock(&state_->mu);
+    for (int i = 0; i < state_->check->size(); ++i) {
+      if (!state_->check->checked(i)) continue;
+      State::Gpu& g = state_->gpus.emplace_back();
+      g.index = i;
+    }
+    n = state_->gpus.size();
+  }
+  for (size_t g = 0; g < n; ++g) {
+    ++g_running_threads;
+    threads_.emplace_back(&GpuHealthMonitor::Loop, state_, static_cast<int>(g));
+  }
+}
 
 GpuHealthMonitor::~GpuHealthMonitor() {
-  bool exited = false;
+  std::vector<bool> exited;
   {
     MutexLock lock(&state_->mu);
     state_->stop = true;
     state_->cv.SignalAll();
-    // A round of healthy queries takes milliseconds.
-    exited = state_->cv.WaitFor(&state_->mu, std::chrono::seconds(2),
-                                [this]() REQUIRES(state_->mu) { return state_->exited; });
+    // A healthy query takes milliseconds.
+    state_->cv.WaitFor(&state_->mu, std::chrono::seconds(2), [this]() REQUIRES(state_->mu) {
+      return std::all_of(state_->gpus.begin(), state_->gpus.end(),
+                         [](const State::Gpu& g) { return g.exited; });
+    });
+    for (const State::Gpu& g : state_->gpus) exited.push_back(g.exited);
   }
-  if (exited) {
-    thread_.join();
-  } else {
-    thread_.detach();  // it holds its own reference to the state, NVML's library with it
+  for (size_t g = 0; g < threads_.size(); ++g) {
+    if (exited[g]) {
+      threads_[g].join();
+    } else {
+      threads_[g].detach();  // it holds its own reference to the state, NVML's library with it
+    }
   }
 }
 
-void GpuHealthMonitor::Loop(std::shared_ptr<State> s) {
+void GpuHealthMonitor::Loop(std::shared_ptr<State> s, int gpu) {
   State* const st = s.get();
-  while (true) {
-    std::vector<v1::SlotHealth> unfit = st->check->Check([st](int slot, const std::string& bus_id) {
-      MutexLock lock(&st->mu);
-      st->querying_slot = slot;
-      st->querying_bus_id = bus_id;
-      st->querying_since_ms = st->clock->NowMs();
-    });
+  int index = 0;
+  {
     MutexLock lock(&st->mu);
-    st->querying_slot = -1;
-    st->unfit = std::move(unfit);
-    ++st->rounds;
+    index = st->gpus[static_cast<size_t>(gpu)].index;
+  }
+  while (true) {
+    {
+      MutexLock lock(&st->mu);
+      State::Gpu& g = st->gpus[static_cast<size_t>(gpu)];
+      g.querying = true;
+      g.since_ms = st->clock->NowMs();
+    }
+    std::optional<v1::SlotHealth> finding = st->check->CheckOne(index);
+    MutexLock lock(&st->mu);
+    State::Gpu& g = st->gpus[static_cast<size_t>(gpu)];
+    g.querying = false;
+    g.finding = std::move(finding);
+    ++g.checks;
     st->cv.SignalAll();
     if (st->stop || st->cv.WaitFor(&st->mu, std::chrono::milliseconds(st->interval_ms),
                                    [st]() REQUIRES(st->mu) { return st->stop; })) {
@@ -88,30 +117,34 @@ void GpuHealthMonitor::Loop(std::shared_ptr<State> s) {
   }
   {
     MutexLock lock(&st->mu);
-    st->exited = true;
+    st->gpus[static_cast<size_t>(gpu)].exited = true;
     st->cv.SignalAll();
   }
-  s.reset();  // NVML shut down and unloaded here when the monitor is gone
+  s.reset();  // NVML shut down and unloaded here when the monitor and the other threads are gone
   --g_running_threads;
 }
 
 void GpuHealthMonitor::WaitForFirstRound() {
   MutexLock lock(&state_->mu);
   state_->cv.WaitFor(&state_->mu, std::chrono::milliseconds(state_->timeout_ms),
-                     [this]() REQUIRES(state_->mu) { return state_->rounds > 0; });
+                     [this]() REQUIRES(state_->mu) {
+                       return std::all_of(state_->gpus.begin(), state_->gpus.end(),
+                                          [](const State::Gpu& g) { return g.checks > 0; });
+                     });
 }
 
 std::vector<v1::SlotHealth> GpuHealthMonitor::Unfit() const {
   MutexLock lock(&state_->mu);
-  std::vector<v1::SlotHealth> unfit = state_->unfit;
-  const int slot = state_->querying_slot;
-  if (slot >= 0 && state_->clock->NowMs() - state_->querying_since_ms >= state_->timeout_ms) {
-    std::erase_if(unfit, [slot](const v1::SlotHealth& h) { return h.slot() == slot; });
-    v1::SlotHealth& h = unfit.emplace_back();
-    h.set_slot(slot);
-    h.set_fault(NvmlStallFault(state_->querying_bus_id, state_->timeout_ms));
-    std::sort(unfit.begin(), unfit.end(),
-              [](const v1::SlotHealth& a, const v1::SlotHealth& b) { return a.slot() < b.slot(); });
+  const int64_t now = state_->clock->NowMs();
+  std::vector<v1::SlotHealth> unfit;
+  for (const State::Gpu& g : state_->gpus) {
+    if (g.querying && now - g.since_ms >= state_->timeout_ms) {
+      v1::SlotHealth& h = unfit.emplace_back();
+      h.set_slot(state_->check->slot(g.index));
+      h.set_fault(NvmlStallFault(state_->check->bus_id(g.index), state_->timeout_ms));
+    } else if (g.finding) {
+      unfit.push_back(*g.finding);
+    }
   }
   return unfit;
 }

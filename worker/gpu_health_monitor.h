@@ -5,12 +5,13 @@
 // whole node, the coordinator would declare it dead after heartbeat_timeout and restart every
 // job on it, and the agent could neither report its trainers' exits nor carry out orders.
 //
-// A query unanswered for `timeout_ms` is itself a finding: its GPU is reported unfit ("NVML
-// has not answered ... for 15 s"), so the coordinator takes out that slot and stops the
-// attempt on it, as for any other fault, while the node's other slots stay in service. The
-// other GPUs keep the findings of their last finished check until the query returns (one
-// thread asks about the GPUs one after another; a wedged driver rarely spares the rest).
-// When it returns, the checks go on and the finding clears by itself.
+// Each GPU is checked on a thread of its own, so that a query stuck on one GPU does not stop
+// the checks of the others. A query unanswered for `timeout_ms` is itself a finding: its GPU
+// is reported unfit ("NVML has not answered ... within 15 s"), so the coordinator takes out
+// that slot and stops the attempt on it, as for any other fault. A driver wedged for every
+// GPU (NVML's calls share locks in the driver) shows on each of them; one that hangs on a
+// single GPU leaves the node's other slots in service. When the query returns, the checks
+// go on and the finding clears by itself.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -29,23 +30,23 @@ namespace drover {
 
 class GpuHealthMonitor {
  public:
-  // Checks `check`'s GPUs every `interval_ms` (> 0) from a thread started here, the first
-  // round at once; a query is overdue after `timeout_ms` (> 0) by `clock`, which must
-  // outlive the thread (SystemClock's does).
+  // Checks each of `check`'s GPUs every `interval_ms` (> 0) from a thread of its own started
+  // here, the first time at once; a query is overdue after `timeout_ms` (> 0) by `clock`, which
+  // must outlive the thread (SystemClock's does).
   GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, int interval_ms, int timeout_ms,
                    const Clock* clock = SystemClock::Get());
-  // Stops the thread. One stuck in NVML is left to return (or to die with the process), with
+  // Stops the threads. One stuck in NVML is left to return (or to die with the process), with
   // what it uses: waiting for it would hang the agent's exit as it hung the query.
   ~GpuHealthMonitor();
   GpuHealthMonitor(const GpuHealthMonitor&) = delete;
   GpuHealthMonitor& operator=(const GpuHealthMonitor&) = delete;
 
-  // Waits (real time) until the first round of checks has finished, at most timeout_ms: the
-  // agent registers with its findings, so a job is never placed on a GPU already lost.
+  // Waits (real time) until every GPU's first check has finished, at most timeout_ms: the
+  // agent registers with their findings, so a job is never placed on a GPU already lost.
   void WaitForFirstRound();
 
-  // The slots unfit: the last finished round's findings, and the slot whose query has gone
-  // unanswered for timeout_ms, in place of its earlier one.
+  // The slots unfit, by slot: each GPU's last finding, or, where its query has gone
+  // unanswered for timeout_ms, that.
   std::vector<v1::SlotHealth> Unfit() const;
 
   // Monitors' threads in this process that have not ended, those left behind by a monitor's
@@ -54,9 +55,9 @@ class GpuHealthMonitor {
 
  private:
   struct State;
-  static void Loop(std::shared_ptr<State> state);
-  std::shared_ptr<State> state_;  // shared with the thread, which may outlive this object
-  std::thread thread_;            // after state_, which it starts with
+  static void Loop(std::shared_ptr<State> state, int gpu);
+  std::shared_ptr<State> state_;      // shared with the threads, which may outlive this object
+  std::vector<std::thread> threads_;  // one per GPU checked, by index in state_->gpus
 };
 
 // The finding for a GPU whose NVML query has gone unanswered for `waited_ms`.

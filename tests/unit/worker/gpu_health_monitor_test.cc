@@ -58,8 +58,9 @@ class GpuHealthMonitorTest : public ::testing::Test {
                                               &clock_);
   }
 
-  // Polls `monitor` (real time, up to 20 s) until `done` holds of its findings; the fake
-  // clock moves a second at each poll, so a query that never returns becomes overdue.
+  // Polls `monitor` (real time, up to 20 s) until `done` holds of its findings. The fake
+  // clock stands still meanwhile: a healthy GPU's query that was under way when the test
+  // moved it can look overdue, but only until it returns, and the next start after the move.
   std::vector<v1::SlotHealth> Until(
       GpuHealthMonitor& monitor,
       const std::function<bool(const std::vector<v1::SlotHealth>&)>& done) {
@@ -67,10 +68,16 @@ class GpuHealthMonitorTest : public ::testing::Test {
     for (int i = 0; i < 4000; ++i) {
       unfit = monitor.Unfit();
       if (done(unfit)) break;
-      clock_.AdvanceMs(1000);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     return unfit;
+  }
+  static bool Is(const std::vector<v1::SlotHealth>& unfit, std::vector<int> slots) {
+    if (unfit.size() != slots.size()) return false;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (unfit[i].slot() != slots[i]) return false;
+    }
+    return true;
   }
 
   std::filesystem::path state_;
@@ -79,8 +86,8 @@ class GpuHealthMonitorTest : public ::testing::Test {
 
 // The first round's findings are there once WaitForFirstRound returns (the agent registers
 // with them); a GPU whose query does not return is reported unfit once it is overdue, while
-// the other keeps its last finding and the caller is never held up; when the query returns,
-// the finding clears.
+// the other GPU goes on being checked on its own thread and the caller is never held up;
+// when the query returns, the finding clears.
 TEST_F(GpuHealthMonitorTest, AQueryThatDoesNotReturnReportsItsGpuUnfitOnceOverdue) {
   Say("00000000:00:00.0 ecc=2\n");
   auto monitor = Start();
@@ -93,7 +100,11 @@ TEST_F(GpuHealthMonitorTest, AQueryThatDoesNotReturnReportsItsGpuUnfitOnceOverdu
       << unfit[0].fault();
 
   Say("00000000:00:00.0 ecc=2\n00000000:01:00.0 hang\n");
-  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return u.size() == 2; });
+  UntilAQueryHangs();
+  clock_.AdvanceMs(kTimeoutMs);
+  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) {
+    return Is(u, {0, 1}) && u[0].fault().find("ECC") != std::string::npos;
+  });
   ASSERT_EQ(unfit.size(), 2u);
   EXPECT_EQ(unfit[0].slot(), 0);
   EXPECT_NE(unfit[0].fault().find("2 uncorrectable ECC errors"), std::string::npos);
@@ -102,6 +113,11 @@ TEST_F(GpuHealthMonitorTest, AQueryThatDoesNotReturnReportsItsGpuUnfitOnceOverdu
             "GPU 00000000:01:00.0: NVML has not answered a query about it within 15 s (a wedged "
             "driver or GPU): the node needs a GPU reset or a reboot");
   EXPECT_EQ(unfit[1].fault(), NvmlStallFault("00000000:01:00.0", kTimeoutMs));
+
+  Say("00000000:01:00.0 hang\n");  // slot 0 mended while slot 1's query still waits
+  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {1}); });
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].slot(), 1);
 
   Say("");  // the query returns, and the GPUs are mended
   unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return u.empty(); });
@@ -118,7 +134,8 @@ TEST_F(GpuHealthMonitorTest, AQueryUnderWayForLessThanTheTimeoutIsNoFinding) {
   clock_.AdvanceMs(kTimeoutMs - 1);
   EXPECT_TRUE(monitor->Unfit().empty());
   clock_.AdvanceMs(1);
-  std::vector<v1::SlotHealth> unfit = monitor->Unfit();
+  std::vector<v1::SlotHealth> unfit =
+      Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {1}); });
   ASSERT_EQ(unfit.size(), 1u);
   EXPECT_EQ(unfit[0].slot(), 1);
   Say("");  // the query returns: the monitor's end need not leave it behind
