@@ -291,14 +291,15 @@ void Agent::OnTrainerExit(const v1::TrainerStatus& status) {
 }
 
 Status Agent::Run() {
-  if (options_.device == v1::CUDA && options_.gpu_health_interval_ms > 0) {
+  if (options_.device == v1::CUDA && options_.gpu_health.interval_ms > 0) {
     auto check = GpuHealthCheck::Open(options_.gpus, options_.nvml_library);
     if (check.ok()) {
-      spdlog::info("checking the health of {} of {} GPU(s) through NVML every {} ms",
-                   (*check)->checked(), options_.gpus.size(), options_.gpu_health_interval_ms);
+      spdlog::info(
+          "checking the health of {} of {} GPU(s) through NVML every {} ms; {}",
+          (*check)->checked(), options_.gpus.size(), options_.gpu_health.interval_ms,
+          (*check)->watches_xids() ? "watching their Xid events" : "not watching Xid events");
       gpu_health_ =
-          std::make_unique<GpuHealthMonitor>(std::move(*check), options_.gpu_health_interval_ms,
-                                             options_.gpu_health_timeout_ms, clock_);
+          std::make_unique<GpuHealthMonitor>(std::move(*check), options_.gpu_health, clock_);
       gpu_health_->WaitForFirstRound();  // registering with its findings
     } else {
       spdlog::warn(

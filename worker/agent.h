@@ -49,13 +49,10 @@ struct AgentOptions {
   int slots = 1;
   v1::DeviceKind device = v1::CPU;
   std::vector<GpuInfo> gpus;  // with device CUDA: slot i is gpus[i] (ProbeGpus)
-  // With device CUDA: how often the GPUs' health is checked through NVML (gpu_health.h),
-  // its findings sent with every Register and Heartbeat; 0: never (the coordinator then
-  // learns of a failed GPU only from a trainer that meets it).
-  int gpu_health_interval_ms = 5000;
-  // A GPU whose NVML query has not returned within this is reported unfit itself
-  // (gpu_health_monitor.h: the queries run on a thread of their own, never the heartbeat's).
-  int gpu_health_timeout_ms = 15000;
+  // With device CUDA: the GPUs' health check through NVML (gpu_health_monitor.h), its
+  // findings sent with every Register and Heartbeat. interval_ms 0: never (the coordinator
+  // then learns of a failed GPU only from a trainer that meets it).
+  GpuHealthMonitor::Options gpu_health;
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string work_dir;
   std::string node_uid;           // node_identity.h: the same across restarts of this node's agent

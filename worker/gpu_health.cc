@@ -2,6 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <thread>
+#include <utility>
+
 #include "worker/shared_library.h"
 
 namespace drover {
@@ -19,7 +25,21 @@ using NvmlGetTotalEccErrors = int (*)(NvmlDevice, int, int, unsigned long long*)
 using NvmlGetRemappedRows = int (*)(NvmlDevice, unsigned int*, unsigned int*, unsigned int*,
                                     unsigned int*);
 using NvmlGetNvLinkState = int (*)(NvmlDevice, unsigned int, int*);  // nvmlEnableState_t*
+using NvmlEventSet = void*;
+struct NvmlEventData {  // nvmlEventData_t, as nvmlEventSetWait_v2 fills it
+  NvmlDevice device;
+  unsigned long long event_type;
+  unsigned long long event_data;  // the Xid, for an Xid event
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+using NvmlEventSetCreate = int (*)(NvmlEventSet*);
+using NvmlEventSetFree = int (*)(NvmlEventSet);
+using NvmlGetSupportedEventTypes = int (*)(NvmlDevice, unsigned long long*);
+using NvmlRegisterEvents = int (*)(NvmlDevice, unsigned long long, NvmlEventSet);
+using NvmlEventSetWait = int (*)(NvmlEventSet, NvmlEventData*, unsigned int);
 constexpr int kNvmlSuccess = 0;
+constexpr unsigned long long kNvmlEventTypeXidCriticalError = 0x8;
 constexpr int kNvmlErrorGpuIsLost = 15;
 constexpr int kNvmlMemoryErrorUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 constexpr int kNvmlVolatileEcc = 0;             // NVML_VOLATILE_ECC: since the last reset
@@ -35,7 +55,61 @@ std::string LinkList(const std::vector<int>& links) {
   return list;
 }
 
+// What NVIDIA's Xid catalogue says an Xid means, for the Xids a GPU fault gives; "" for others.
+std::string XidMeaning(uint64_t xid) {
+  static constexpr std::pair<uint64_t, const char*> kMeanings[] = {
+      {48, "a double-bit ECC error"},
+      {63, "a row remap or page retirement recorded"},
+      {64, "a row remap or page retirement that failed"},
+      {74, "an NVLink error"},
+      {79, "fallen off the bus"},
+      {92, "a high single-bit ECC error rate"},
+      {94, "a contained ECC error"},
+      {95, "an uncontained ECC error"},
+      {119, "a GSP RPC timeout"},
+      {120, "a GSP error"},
+      {999, "an Xid NVML does not know"},
+  };
+  for (const auto& [number, meaning] : kMeanings) {
+    if (number == xid) return meaning;
+  }
+  return "";
+}
+
 }  // namespace
+
+std::string XidFault(const std::string& bus_id, uint64_t xid, int64_t wall_ms) {
+  const std::time_t seconds = static_cast<std::time_t>(wall_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char when[32];
+  std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  const std::string meaning = XidMeaning(xid);
+  return "GPU " + bus_id + ": Xid " + std::to_string(xid) +
+         (meaning.empty() ? "" : " (" + meaning + ")") + " at " + when +
+         " (an NVML event): its slot stays out of use until the agent restarts; reset the GPU "
+         "(nvidia-smi -r) or reboot the node, then restart the agent";
+}
+
+StatusOr<std::vector<int>> ParseXidList(const std::string& text) {
+  std::vector<int> xids;
+  if (text.empty() || text == "none") return xids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string one = text.substr(start, comma - start);
+    const bool digits =
+        !one.empty() && one.size() <= 9 && one.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) {
+      return InvalidArgumentError("--gpu-ignored-xids: '" + one +
+                                  "' is not an Xid; give numbers separated by commas "
+                                  "(e.g. 13,31,43), or none");
+    }
+    xids.push_back(std::stoi(one));
+    start = comma + 1;
+  }
+  return xids;
+}
 
 std::string GpuFault(const GpuHealthReading& r) {
   if (r.lost) {
@@ -67,6 +141,7 @@ std::string GpuFault(const GpuHealthReading& r) {
 struct GpuHealthCheck::Nvml {
   explicit Nvml(const std::string& library) : lib(library) {}
   ~Nvml() {
+    if (events != nullptr) event_set_free(events);
     if (initialised && shutdown != nullptr) shutdown();
   }
   std::string Error(int rc) const {
@@ -82,12 +157,16 @@ struct GpuHealthCheck::Nvml {
   NvmlGetTotalEccErrors ecc_errors = nullptr;   // may be missing: not checked
   NvmlGetRemappedRows remapped_rows = nullptr;  // may be missing (an old driver): not checked
   NvmlGetNvLinkState nvlink_state = nullptr;    // may be missing: not checked
+  NvmlEventSetFree event_set_free = nullptr;
+  NvmlEventSetWait event_set_wait = nullptr;
+  NvmlEventSet events = nullptr;  // the GPUs' Xid events; null: none watched
   struct Gpu {
     int slot = 0;
     std::string bus_id;
     NvmlDevice device = nullptr;    // null: NVML did not find it, not checked...
     bool lost = false;              // ...unless because it is lost already
     std::vector<int> nvlinks = {};  // active when Open looked: each checked
+    bool xids = false;              // watched for Xid events
   };
   std::vector<Gpu> gpus;
 };
@@ -143,7 +222,71 @@ StatusOr<std::unique_ptr<GpuHealthCheck>> GpuHealthCheck::Open(const std::vector
     }
     nvml->gpus.push_back(std::move(gpu));
   }
+  WatchXids(nvml.get());
   return std::unique_ptr<GpuHealthCheck>(new GpuHealthCheck(std::move(nvml)));
+}
+
+void GpuHealthCheck::WatchXids(Nvml* nvml) {
+  auto create = nvml->lib.Get<NvmlEventSetCreate>("nvmlEventSetCreate");
+  auto supported = nvml->lib.Get<NvmlGetSupportedEventTypes>("nvmlDeviceGetSupportedEventTypes");
+  auto register_events = nvml->lib.Get<NvmlRegisterEvents>("nvmlDeviceRegisterEvents");
+  nvml->event_set_free = nvml->lib.Get<NvmlEventSetFree>("nvmlEventSetFree");
+  nvml->event_set_wait = nvml->lib.Get<NvmlEventSetWait>("nvmlEventSetWait_v2");
+  if (create == nullptr || supported == nullptr || register_events == nullptr ||
+      nvml->event_set_free == nullptr || nvml->event_set_wait == nullptr) {
+    spdlog::warn(
+        "Xid events are not watched: this NVML lacks its event API "
+        "(nvmlEventSetWait_v2 and the calls beside it)");
+    return;
+  }
+  if (int rc = create(&nvml->events); rc != kNvmlSuccess) {
+    nvml->events = nullptr;
+    spdlog::warn("Xid events are not watched: nvmlEventSetCreate failed: {}", nvml->Error(rc));
+    return;
+  }
+  for (Nvml::Gpu& gpu : nvml->gpus) {
+    if (gpu.device == nullptr) continue;
+    unsigned long long types = 0;
+    int rc = supported(gpu.device, &types);
+    if (rc == kNvmlSuccess && (types & kNvmlEventTypeXidCriticalError) == 0) {
+      spdlog::warn("GPU {}: its Xid events are not watched: its driver does not offer them",
+                   gpu.bus_id);
+      continue;
+    }
+    if (rc == kNvmlSuccess) {
+      rc = register_events(gpu.device, kNvmlEventTypeXidCriticalError, nvml->events);
+    }
+    if (rc != kNvmlSuccess) {
+      spdlog::warn("GPU {}: its Xid events are not watched: {}", gpu.bus_id, nvml->Error(rc));
+      continue;
+    }
+    gpu.xids = true;
+  }
+}
+
+bool GpuHealthCheck::watches_xids() const {
+  return std::any_of(nvml_->gpus.begin(), nvml_->gpus.end(),
+                     [](const Nvml::Gpu& g) { return g.xids; });
+}
+
+std::optional<XidEvent> GpuHealthCheck::WaitForXid(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  NvmlEventData data{};
+  const int rc = watches_xids() ? nvml_->event_set_wait(nvml_->events, &data,
+                                                        static_cast<unsigned>(timeout_ms))
+                                : -1;
+  if (rc != kNvmlSuccess || (data.event_type & kNvmlEventTypeXidCriticalError) == 0) {
+    std::this_thread::sleep_until(deadline);  // at once on a failed wait: never spin
+    return std::nullopt;
+  }
+  XidEvent event;
+  event.xid = data.event_data;
+  for (size_t i = 0; i < nvml_->gpus.size(); ++i) {
+    if (nvml_->gpus[i].device != nullptr && nvml_->gpus[i].device == data.device) {
+      event.gpu = static_cast<int>(i);
+    }
+  }
+  return event;
 }
 
 int GpuHealthCheck::size() const { return static_cast<int>(nvml_->gpus.size()); }

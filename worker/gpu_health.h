@@ -9,7 +9,14 @@
 // reset clears the volatile error count and makes a pending remap), so the slot returns to
 // service by itself. So does an NVLink that was up when the check began and is down now
 // (links down from the start are left alone: a GPU cabled so, or with links unused, is
-// not unfit for it). Xid events are not watched.
+// not unfit for it).
+//
+// Xid events are the driver's reports of an error, by number (NVIDIA's Xid catalogue), and
+// unlike the states above they are gone once read: WaitForXid hands them on, and the
+// monitor (gpu_health_monitor.h) keeps a GPU that had a critical one out of use until the
+// agent restarts, as NVIDIA's Kubernetes device plugin does. Some Xids name an application's
+// fault, not the GPU's (an illegal address, a kernel past its time slice): the trainer that
+// caused one fails by itself, and they are left alone (kApplicationXids).
 //
 // NVML is loaded at run time (dlopen), never linked: one build serves nodes with and without
 // GPUs.
@@ -39,6 +46,25 @@ struct GpuHealthReading {
 // Why a GPU reading `r` must not run trainers, with what would mend it; "" when it may.
 std::string GpuFault(const GpuHealthReading& r);
 
+// The Xids an application's own error causes, left alone by default (--gpu-ignored-xids):
+// 13 graphics engine exception, 31 memory page fault, 43 GPU stopped processing, 45
+// preemptive cleanup, 68 video processor exception, 109 context switch timeout.
+inline constexpr int kApplicationXids[] = {13, 31, 43, 45, 68, 109};
+
+// The finding for critical Xid `xid` on the GPU at `bus_id`, seen at `wall_ms` (Unix ms).
+std::string XidFault(const std::string& bus_id, uint64_t xid, int64_t wall_ms);
+
+// A list of Xids as --gpu-ignored-xids takes it: "13,31,43" (numbers, commas), or "none" or
+// "" for none. InvalidArgument naming the entry otherwise.
+StatusOr<std::vector<int>> ParseXidList(const std::string& text);
+
+// One Xid event: `gpu` is an index into the GPUs Open was given, or -1 when NVML did not
+// say which GPU (it may then be any of them); `xid` is 999 when NVML does not know it.
+struct XidEvent {
+  int gpu = -1;
+  uint64_t xid = 0;
+};
+
 class GpuHealthCheck {
  public:
   // Loads NVML from `library` and finds each of `gpus` by its PCI bus id (GpuInfo.pci_bus_id:
@@ -61,6 +87,15 @@ class GpuHealthCheck {
   // this object is not changed after Open), as GpuHealthMonitor does, one per GPU.
   std::optional<v1::SlotHealth> CheckOne(int i);
 
+  // Whether some GPU is watched for Xid events (its driver offers them, Open registered it).
+  bool watches_xids() const;
+
+  // Waits up to `timeout_ms` for NVML's next Xid event about a watched GPU; nullopt when
+  // none came. A wait that fails (a GPU lost, NVML's error) returns nullopt after the
+  // whole timeout, so that a caller's loop never spins. One thread at a time; beside
+  // CheckOne's callers.
+  std::optional<XidEvent> WaitForXid(int timeout_ms);
+
   int size() const;           // the GPUs Open was given
   bool checked(int i) const;  // whether NVML found gpus[i] (or found it lost)
   int checked() const;        // how many it found
@@ -70,6 +105,8 @@ class GpuHealthCheck {
  private:
   struct Nvml;
   explicit GpuHealthCheck(std::unique_ptr<Nvml> nvml);
+  // Registers each GPU found for Xid events, where its driver offers them (a warning where not).
+  static void WatchXids(Nvml* nvml);
   std::unique_ptr<Nvml> nvml_;
 };
 

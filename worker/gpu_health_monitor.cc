@@ -1,5 +1,7 @@
 #include "worker/gpu_health_monitor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -21,17 +23,26 @@ std::string NvmlStallFault(const std::string& bus_id, int64_t waited_ms) {
 
 namespace {
 std::atomic<int> g_running_threads{0};
+
+// How long the Xid thread waits in NVML at a time: the longest a monitor's end waits for it.
+constexpr int kXidWaitMs = 100;
 }  // namespace
 
 int GpuHealthMonitor::RunningThreads() { return g_running_threads.load(); }
 
 struct GpuHealthMonitor::State {
-  State(std::unique_ptr<GpuHealthCheck> c, int interval, int timeout, const Clock* clk)
-      : check(std::move(c)), interval_ms(interval), timeout_ms(timeout), clock(clk) {}
+  State(std::unique_ptr<GpuHealthCheck> c, Options o, const Clock* clk)
+      : check(std::move(c)),
+        interval_ms(o.interval_ms),
+        timeout_ms(o.timeout_ms),
+        ignored_xids(std::move(o.ignored_xids)),
+        clock(clk) {}
 
-  const std::unique_ptr<GpuHealthCheck> check;  // CheckOne(i) from GPU i's thread alone
+  // CheckOne(i) from GPU i's thread alone, WaitForXid from the Xid thread alone.
+  const std::unique_ptr<GpuHealthCheck> check;
   const int interval_ms;
   const int timeout_ms;
+  const std::vector<int> ignored_xids;
   const Clock* const clock;
 
   struct Gpu {
@@ -40,18 +51,21 @@ struct GpuHealthMonitor::State {
     bool querying = false;                  // a query is under way...
     int64_t since_ms = 0;                   // ...since then (clock ms)
     std::optional<v1::SlotHealth> finding;  // the last finished check's
+    std::optional<std::string> xid_fault;   // its first critical Xid's, kept to the end
     bool exited = false;                    // its thread is past its last use of `check`
   };
   Mutex mu;
   CondVar cv;
   bool stop GUARDED_BY(mu) = false;
-  std::vector<Gpu> gpus GUARDED_BY(mu);  // those checked, each with a thread
+  std::vector<Gpu> gpus GUARDED_BY(mu);    // those checked, each with a thread
+  bool xids_exited GUARDED_BY(mu) = true;  // the Xid thread, where there is one, likewise
 };
 
-GpuHealthMonitor::GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, int interval_ms,
-                                   int timeout_ms, const Clock* clock)
-    : state_(std::make_shared<State>(std::move(check), interval_ms, timeout_ms, clock)) {
+GpuHealthMonitor::GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, Options options,
+                                   const Clock* clock)
+    : state_(std::make_shared<State>(std::move(check), std::move(options), clock)) {
   size_t n = 0;
+  const bool xids = state_->check->watches_xids();
   {
     MutexLock lock(&state_->mu);
     for (int i = 0; i < state_->check->size(); ++i) {
@@ -60,10 +74,15 @@ GpuHealthMonitor::GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, int in
       g.index = i;
     }
     n = state_->gpus.size();
+    state_->xids_exited = !xids;
   }
   for (size_t g = 0; g < n; ++g) {
     ++g_running_threads;
     threads_.emplace_back(&GpuHealthMonitor::Loop, state_, static_cast<int>(g));
+  }
+  if (xids) {
+    ++g_running_threads;
+    threads_.emplace_back(&GpuHealthMonitor::WatchXids, state_);
   }
 }
 
@@ -73,12 +92,13 @@ GpuHealthMonitor::~GpuHealthMonitor() {
     MutexLock lock(&state_->mu);
     state_->stop = true;
     state_->cv.SignalAll();
-    // A healthy query takes milliseconds.
+    // A healthy query takes milliseconds; the Xid thread's wait, kXidWaitMs.
     state_->cv.WaitFor(&state_->mu, std::chrono::seconds(2), [this]() REQUIRES(state_->mu) {
-      return std::all_of(state_->gpus.begin(), state_->gpus.end(),
-                         [](const State::Gpu& g) { return g.exited; });
+      return state_->xids_exited && std::all_of(state_->gpus.begin(), state_->gpus.end(),
+                                                [](const State::Gpu& g) { return g.exited; });
     });
     for (const State::Gpu& g : state_->gpus) exited.push_back(g.exited);
+    exited.push_back(state_->xids_exited);  // read only where that thread exists
   }
   for (size_t g = 0; g < threads_.size(); ++g) {
     if (exited[g]) {
@@ -124,6 +144,50 @@ void GpuHealthMonitor::Loop(std::shared_ptr<State> s, int gpu) {
   --g_running_threads;
 }
 
+void GpuHealthMonitor::WatchXids(std::shared_ptr<State> s) {
+  State* const st = s.get();
+  while (true) {
+    {
+      MutexLock lock(&st->mu);
+      if (st->stop) break;
+    }
+    const std::optional<XidEvent> event = st->check->WaitForXid(kXidWaitMs);
+    if (!event) continue;
+    const std::string on =
+        event->gpu >= 0 ? "GPU " + st->check->bus_id(event->gpu) : "a GPU NVML did not name";
+    if (std::find(st->ignored_xids.begin(), st->ignored_xids.end(),
+                  static_cast<int64_t>(event->xid)) != st->ignored_xids.end()) {
+      spdlog::info(
+          "Xid {} on {} (an NVML event): an application's fault, not the GPU's "
+          "(--gpu-ignored-xids); the GPU stays in use",
+          event->xid, on);
+      continue;
+    }
+    if (event->gpu < 0) {
+      spdlog::warn("Xid {} on {} (an NVML event): every GPU of this node is taken out", event->xid,
+                   on);
+    }
+    MutexLock lock(&st->mu);
+    for (State::Gpu& g : st->gpus) {
+      if (event->gpu >= 0 && g.index != event->gpu) continue;
+      if (g.xid_fault) {
+        spdlog::warn("GPU {}: Xid {} as well (an NVML event)", st->check->bus_id(g.index),
+                     event->xid);
+        continue;
+      }
+      g.xid_fault = XidFault(st->check->bus_id(g.index), event->xid, st->clock->WallNowMs());
+      spdlog::error("{}", *g.xid_fault);
+    }
+  }
+  {
+    MutexLock lock(&st->mu);
+    st->xids_exited = true;
+    st->cv.SignalAll();
+  }
+  s.reset();
+  --g_running_threads;
+}
+
 void GpuHealthMonitor::WaitForFirstRound() {
   MutexLock lock(&state_->mu);
   state_->cv.WaitFor(&state_->mu, std::chrono::milliseconds(state_->timeout_ms),
@@ -138,7 +202,11 @@ std::vector<v1::SlotHealth> GpuHealthMonitor::Unfit() const {
   const int64_t now = state_->clock->NowMs();
   std::vector<v1::SlotHealth> unfit;
   for (const State::Gpu& g : state_->gpus) {
-    if (g.querying && now - g.since_ms >= state_->timeout_ms) {
+    if (g.xid_fault) {
+      v1::SlotHealth& h = unfit.emplace_back();
+      h.set_slot(state_->check->slot(g.index));
+      h.set_fault(*g.xid_fault);
+    } else if (g.querying && now - g.since_ms >= state_->timeout_ms) {
       v1::SlotHealth& h = unfit.emplace_back();
       h.set_slot(state_->check->slot(g.index));
       h.set_fault(NvmlStallFault(state_->check->bus_id(g.index), state_->timeout_ms));

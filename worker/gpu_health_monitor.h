@@ -13,10 +13,16 @@
 // single GPU leaves the node's other slots in service. When the query returns, the checks
 // go on and the finding clears by itself.
 //
+// One more thread waits for the GPUs' Xid events (GpuHealthCheck::WaitForXid). A critical one
+// (any Xid not in Options::ignored_xids) marks its GPU unfit from then until the agent
+// restarts: an event is not a state that clears when the GPU is mended, and NVML says nothing
+// more once it is read. An Xid NVML gives no GPU for marks every GPU watched.
+//
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,10 +36,18 @@ namespace drover {
 
 class GpuHealthMonitor {
  public:
-  // Checks each of `check`'s GPUs every `interval_ms` (> 0) from a thread of its own started
-  // here, the first time at once; a query is overdue after `timeout_ms` (> 0) by `clock`, which
-  // must outlive the thread (SystemClock's does).
-  GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, int interval_ms, int timeout_ms,
+  // The agent's flags --gpu-health-interval-ms, --gpu-health-timeout-ms, --gpu-ignored-xids.
+  struct Options {
+    int interval_ms = 5000;  // how often each GPU is checked; the agent checks none for 0
+    int timeout_ms = 15000;  // a query unanswered this long is a finding
+    std::vector<int> ignored_xids = {std::begin(kApplicationXids), std::end(kApplicationXids)};
+  };
+
+  // Checks each of `check`'s GPUs every options.interval_ms (> 0) from a thread of its own
+  // started here, the first time at once, and waits for their Xid events on another; a query
+  // is overdue after options.timeout_ms (> 0) by `clock`, which must outlive the threads
+  // (SystemClock's does).
+  GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, Options options,
                    const Clock* clock = SystemClock::Get());
   // Stops the threads. One stuck in NVML is left to return (or to die with the process), with
   // what it uses: waiting for it would hang the agent's exit as it hung the query.
@@ -45,8 +59,8 @@ class GpuHealthMonitor {
   // agent registers with their findings, so a job is never placed on a GPU already lost.
   void WaitForFirstRound();
 
-  // The slots unfit, by slot: each GPU's last finding, or, where its query has gone
-  // unanswered for timeout_ms, that.
+  // The slots unfit, by slot: a GPU that had a critical Xid, that; else one whose query has
+  // gone unanswered for timeout_ms, that; else its last check's finding.
   std::vector<v1::SlotHealth> Unfit() const;
 
   // Monitors' threads in this process that have not ended, those left behind by a monitor's
@@ -56,8 +70,10 @@ class GpuHealthMonitor {
  private:
   struct State;
   static void Loop(std::shared_ptr<State> state, int gpu);
+  static void WatchXids(std::shared_ptr<State> state);
   std::shared_ptr<State> state_;      // shared with the threads, which may outlive this object
-  std::vector<std::thread> threads_;  // one per GPU checked, by index in state_->gpus
+  std::vector<std::thread> threads_;  // one per GPU checked, by index in state_->gpus, then the
+                                      // Xid events' where some GPU is watched for them
 };
 
 // The finding for a GPU whose NVML query has gone unanswered for `waited_ms`.

@@ -12,6 +12,7 @@
 #include "common/net.h"
 #include "common/tls.h"
 #include "worker/agent.h"
+#include "worker/gpu_health.h"
 #include "worker/gpu_probe.h"
 #include "worker/node_identity.h"
 #include "worker/process.h"
@@ -34,16 +35,25 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-interval-ms", options.heartbeat_interval_ms,
                  "heartbeat period (default: the coordinator's)")
       ->check(CLI::Range(1, 600000));
-  app.add_option("--gpu-health-interval-ms", options.gpu_health_interval_ms,
+  app.add_option("--gpu-health-interval-ms", options.gpu_health.interval_ms,
                  "with --device cuda: how often the GPUs' health is checked through NVML "
                  "(libnvidia-ml.so.1); a GPU found unfit is taken out of use until it passes "
                  "again. 0: never")
       ->check(CLI::Range(0, 3600000))
       ->capture_default_str();
-  app.add_option("--gpu-health-timeout-ms", options.gpu_health_timeout_ms,
+  app.add_option("--gpu-health-timeout-ms", options.gpu_health.timeout_ms,
                  "with --device cuda: a GPU whose NVML query has not returned within this is "
                  "reported unfit (a wedged driver); the queries never hold up heartbeats")
       ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
+  std::string ignored_xids;  // shown as the default: GpuHealthMonitor::Options'
+  for (int xid : options.gpu_health.ignored_xids) {
+    ignored_xids += (ignored_xids.empty() ? "" : ",") + std::to_string(xid);
+  }
+  app.add_option("--gpu-ignored-xids", ignored_xids,
+                 "with --device cuda: the Xids (NVML events) that do not take a GPU out of use, "
+                 "those an application's own error causes; any other Xid keeps its GPU out "
+                 "until the agent restarts. Numbers separated by commas, or none")
       ->capture_default_str();
   app.add_option("--address", options.address,
                  "this node's address: shown to people, and where its trainers accept their "
@@ -76,6 +86,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.device = *kind;
+  auto xids = drover::ParseXidList(ignored_xids);
+  if (!xids.ok()) {
+    std::cerr << "drover-worker: " << xids.status().message() << "\n";
+    return 2;
+  }
+  options.gpu_health.ignored_xids = std::move(*xids);
   // Absolute: trainers, which run in other directories, read the same files.
   for (std::string* path :
        {&options.tls_files.cert, &options.tls_files.key, &options.tls_files.ca}) {

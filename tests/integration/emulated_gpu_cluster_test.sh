@@ -71,7 +71,9 @@ elif [[ $scenario == health ]]; then
   # stand-in driver's device 1, bus id 00000000:01:00.0.
   export DROVER_FAKE_NVML=$work/nvml
   : > "$DROVER_FAKE_NVML"
-  agent gpu0 "$h200;$h200" 1,2 --gpu-health-interval-ms 200 --gpu-health-timeout-ms 1000
+  health_agent() { agent gpu0 "$h200;$h200" 1,2 --gpu-health-interval-ms 200 --gpu-health-timeout-ms 1000; }
+  health_agent
+  agent_pid=$!
   world="{min: 1, max: 2}"
 else
   # Each node's GPU is its device 1 and 2 of the machine (as CUDA_VISIBLE_DEVICES gives an
@@ -192,7 +194,7 @@ elif [[ $scenario == health ]]; then
   # The agent's check found the GPU unfit: the coordinator cordoned slot 1 and stopped the
   # attempt on it (its trainer never met the fault: no exit 3), the job went on on the other
   # GPU from a checkpoint, and the slot stays out while the check fails, past any uncordon.
-  grep -q "checking the health of 2 of 2 GPU(s) through NVML every 200 ms" "$work/gpu0.log" ||
+  grep -q "checking the health of 2 of 2 GPU(s) through NVML every 200 ms; watching their Xid events" "$work/gpu0.log" ||
     { echo "FAIL: the agent did not check its GPUs"; cat "$work/gpu0.log"; exit 1; }
   grep -Eq "its GPU failed the node's health check: GPU 00000000:01:00.0: 1 uncorrectable ECC error" \
     "$work/status.txt" || { echo "FAIL: no attempt ended for the health check"; exit 1; }
@@ -220,15 +222,18 @@ elif [[ $scenario == health ]]; then
     ! grep -q "passes the health check" "$work/workers.txt" ||
       { echo "FAIL: slot $1 is still reported unfit"; cat "$work/workers.txt"; exit 1; }
   }
+  back_in_service() {  # back_in_service SLOT AFTER: an operator ends its cordon; both slots free
+    drover uncordon gpu0 --slot "$1" | grep -qx "gpu0 slot $1 is back in service" ||
+      { echo "FAIL: drover uncordon gpu0 --slot $1 after $2"; exit 1; }
+    drover workers > "$work/workers.txt"
+    grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +2 +0 " "$work/workers.txt" ||
+      { echo "FAIL: slot $1 is not back in service after $2"; cat "$work/workers.txt"; exit 1; }
+  }
   # Reset: the check passes, the slot is out only for its cordon, which an operator ends.
   nvml_mended 1
   grep -q "its GPU passes the health check again" "$work/gpu0.log" ||
     { echo "FAIL: the agent did not say the GPU passes again"; exit 1; }
-  drover uncordon gpu0 --slot 1 | grep -qx "gpu0 slot 1 is back in service" ||
-    { echo "FAIL: drover uncordon gpu0 --slot 1 after the reset"; exit 1; }
-  drover workers > "$work/workers.txt"
-  grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +2 +0 " "$work/workers.txt" ||
-    { echo "FAIL: slot 1 is not back in service"; cat "$work/workers.txt"; exit 1; }
+  back_in_service 1 "the reset"
   echo "the health check found a GPU unfit: its slot was taken out under the job, which finished on the other GPU"
   # NVML's queries about slot 0's GPU stop returning. The agent's heartbeats go on (its node
   # is never dead), and it reports the slot once the query is a second overdue.
@@ -245,7 +250,43 @@ elif [[ $scenario == health ]]; then
   grep -Eq "^gpu0 +ALIVE " "$work/workers.txt" && ! grep -q "node gpu0 is dead" "$work/coordinator.log" ||
     { echo "FAIL: the node went silent while NVML hung"; cat "$work/workers.txt"; exit 1; }
   nvml_mended 0  # the query returns
+  back_in_service 0 "NVML answered again"
   echo "NVML hung on a GPU: the agent went on heartbeating and reported that GPU unfit"
+  # Xid events on slot 1's GPU. An application's (13) leaves it in service; a critical one (79)
+  # takes it out, and it stays out once NVML has nothing more to say, until the agent restarts.
+  until_logged() {  # until_logged PATTERN: waits up to 10 s for the agent's log to say it
+    for _ in $(seq 1 100); do grep -q "$1" "$work/gpu0.log" && return 0; sleep 0.1; done
+    echo "FAIL: the agent never logged: $1"; tail "$work/gpu0.log"; exit 1
+  }
+  echo "00000000:01:00.0 xid=13" > "$DROVER_FAKE_NVML"
+  until_logged "Xid 13 on GPU 00000000:01:00.0 (an NVML event): an application's fault"
+  drover workers > "$work/workers.txt"
+  grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +2 +0 " "$work/workers.txt" ||
+    { echo "FAIL: Xid 13 took a slot out"; cat "$work/workers.txt"; exit 1; }
+  echo "00000000:01:00.0 xid=13,79" > "$DROVER_FAKE_NVML"
+  until_logged "Xid 79 (fallen off the bus)"
+  : > "$DROVER_FAKE_NVML"
+  for _ in $(seq 1 100); do
+    drover workers > "$work/workers.txt"
+    grep -q "^gpu0 slot 1 out until" "$work/workers.txt" && break
+    sleep 0.1
+  done
+  sleep 1  # five checks of the GPU, each finding nothing wrong
+  drover workers > "$work/workers.txt"
+  grep -q "^gpu0 slot 1 out until its GPU passes the health check: GPU 00000000:01:00.0: Xid 79 (fallen off the bus) at .* UTC (an NVML event): its slot stays out of use until the agent restarts" \
+    "$work/workers.txt" || { echo "FAIL: Xid 79 did not keep slot 1 out"; cat "$work/workers.txt"; exit 1; }
+  rc=0
+  drover uncordon gpu0 --slot 1 2> "$work/uncordon.err" || rc=$?
+  [[ $rc -ne 0 ]] && grep -q "stays out of use while its agent's health check reports its GPU unfit" \
+    "$work/uncordon.err" || { echo "FAIL: uncordon after an Xid"; cat "$work/uncordon.err"; exit 1; }
+  # The agent restarts (after the GPU's reset): the slot is out only for its cordon.
+  kill "$agent_pid"
+  wait "$agent_pid" || true
+  health_agent
+  until_logged "checking the health of 2 of 2 GPU(s)"
+  nvml_mended 1
+  back_in_service 1 "the agent's restart"
+  echo "a critical Xid kept its GPU out until the agent restarted; an application's Xid did not"
 else
   # An attempt on both nodes ended with gpu1's death; the last one, on gpu0's GPU alone,
   # resumed from a checkpoint.

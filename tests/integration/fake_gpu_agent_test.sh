@@ -66,4 +66,9 @@ DROVER_FAKE_GPUS="NVIDIA H200,141,90;Tesla V100-SXM2-16GB,16,70" timeout 20 "$bi
 refused "$work/gpu2.log" $rc \
   "drover-worker: --device cuda: GPU 1 (Tesla V100-SXM2-16GB) has compute capability 7.0" \
   "need 8.0 or newer" "CUDA_VISIBLE_DEVICES"
-echo "too many slots and a V100 refused, by name"
+rc=0
+DROVER_FAKE_GPUS="NVIDIA H200,141,90" timeout 20 "$bin/drover-worker" --coordinator "$addr" \
+  --name gpu3 --device cuda --gpu-ignored-xids 13,thirty --work-dir "$work/gpu3" \
+  > "$work/gpu3.log" 2>&1 || rc=$?
+refused "$work/gpu3.log" $rc "drover-worker: --gpu-ignored-xids: 'thirty' is not an Xid"
+echo "too many slots, a V100 and a malformed Xid list refused, by name"

@@ -13,9 +13,12 @@
 // from every query), "ecc=N" (N uncorrectable errors since its reset), "remap=pending",
 // "remap=failed", "nvlinks=N" (links 0 to N-1 exist; without it NVLink is not supported),
 // "down=I,J" (those links inactive), "hang" (a query does not return until the line says otherwise,
-// as NVML's do on a wedged driver; the file's name + ".hung" is created once one waits); a line
-// "init N" makes nvmlInit_v2 fail with N. A device handle is its ordinal + 1; the codes are
-// nvml.h's: SUCCESS 0, INVALID_ARGUMENT 2, NOT_FOUND 6, GPU_IS_LOST 15.
+// as NVML's do on a wedged driver; the file's name + ".hung" is created once one waits),
+// "xid=N,M" (Xid events, each delivered once to each event set that has the GPU, in order),
+// "noxid" (its driver offers no Xid events); a line "unattributed xid=N" is an Xid event NVML
+// names no GPU for; a line "init N" makes nvmlInit_v2 fail with N. A device handle is its
+// ordinal + 1; the codes are nvml.h's: SUCCESS 0, INVALID_ARGUMENT 2, NOT_SUPPORTED 3,
+// NOT_FOUND 6, TIMEOUT 10, GPU_IS_LOST 15.
 #include <strings.h>
 
 #include <chrono>
@@ -25,6 +28,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -187,9 +192,101 @@ long long Value(const std::string& faults, const std::string& key) {
   return at == std::string::npos ? 0 : std::atoll(faults.c_str() + at + key.size());
 }
 
+// The numbers of the "key=" list in `faults` ("xid=" of "xid=79,48": 79 and 48).
+std::vector<long long> Values(const std::string& faults, const std::string& key) {
+  std::vector<long long> values;
+  const size_t at = faults.find(key);
+  if (at == std::string::npos) return values;
+  const size_t from = at + key.size();
+  std::stringstream list(faults.substr(from, faults.find(' ', from) - from));
+  std::string one;
+  while (std::getline(list, one, ',')) {
+    if (!one.empty()) values.push_back(std::atoll(one.c_str()));
+  }
+  return values;
+}
+
+constexpr unsigned long long kXidEvents = 0x8;        // nvmlEventTypeXidCriticalError
+constexpr unsigned long long kEccEvents = 0x1 | 0x2;  // single- and double-bit ECC
+
+// nvmlEventSet_t: the devices registered, and how many of each one's Xids it has delivered.
+struct EventSet {
+  std::mutex mu;
+  std::vector<void*> devices;
+  std::map<std::string, size_t> delivered;  // by bus id, or "unattributed"
+};
+
+struct EventData {  // nvmlEventData_t
+  void* device;
+  unsigned long long event_type;
+  unsigned long long event_data;
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+
+// The next Xid `set` has not delivered, into `data`; false when there is none.
+bool NextXid(EventSet* set, EventData* data) {
+  std::lock_guard<std::mutex> lock(set->mu);
+  NvmlState state = ReadNvmlState();
+  std::vector<std::pair<std::string, void*>> sources = {{"unattributed", nullptr}};
+  for (void* device : set->devices) {
+    sources.emplace_back(Devices()[static_cast<size_t>(Ordinal(device))].bus_id, device);
+  }
+  for (const auto& [key, device] : sources) {
+    const std::vector<long long> xids = Values(state.faults[key], "xid=");
+    size_t& delivered = set->delivered[key];
+    if (delivered >= xids.size()) continue;
+    *data = {device, kXidEvents, static_cast<unsigned long long>(xids[delivered]), 0xFFFFFFFFu,
+             0xFFFFFFFFu};
+    ++delivered;
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 extern "C" {
+
+int nvmlEventSetCreate(void** set) {
+  if (set == nullptr) return 2;
+  *set = new EventSet;
+  return 0;
+}
+
+int nvmlEventSetFree(void* set) {
+  delete static_cast<EventSet*>(set);
+  return 0;
+}
+
+int nvmlDeviceGetSupportedEventTypes(void* device, unsigned long long* types) {
+  if (Ordinal(device) < 0 || types == nullptr) return 2;
+  const std::string faults = Faults(device);
+  if (faults.find("lost ") != std::string::npos) return 15;
+  *types = faults.find("noxid ") != std::string::npos ? kEccEvents : kEccEvents | kXidEvents;
+  return 0;
+}
+
+int nvmlDeviceRegisterEvents(void* device, unsigned long long types, void* set) {
+  if (Ordinal(device) < 0 || set == nullptr) return 2;
+  unsigned long long supported = 0;
+  if (int rc = nvmlDeviceGetSupportedEventTypes(device, &supported); rc != 0) return rc;
+  if ((types & ~supported) != 0) return 3;
+  auto* events = static_cast<EventSet*>(set);
+  std::lock_guard<std::mutex> lock(events->mu);
+  events->devices.push_back(device);
+  return 0;
+}
+
+int nvmlEventSetWait_v2(void* set, EventData* data, unsigned int timeout_ms) {
+  if (set == nullptr || data == nullptr) return 2;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!NextXid(static_cast<EventSet*>(set), data)) {
+    if (std::chrono::steady_clock::now() >= deadline) return 10;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return 0;
+}
 
 int nvmlInit_v2() { return ReadNvmlState().init_error; }
 
@@ -253,13 +350,8 @@ int nvmlDeviceGetNvLinkState(void* device, unsigned int link, int* is_active) {
   if (links == 0) return 3;
   if (static_cast<long long>(link) >= links) return 2;
   *is_active = 1;
-  const size_t at = faults.find("down=");
-  if (at != std::string::npos) {
-    std::stringstream down(faults.substr(at + 5, faults.find(' ', at) - at - 5));
-    std::string one;
-    while (std::getline(down, one, ',')) {
-      if (!one.empty() && std::atoll(one.c_str()) == static_cast<long long>(link)) *is_active = 0;
-    }
+  for (long long down : Values(faults, "down=")) {
+    if (down == static_cast<long long>(link)) *is_active = 0;
   }
   return 0;
 }

@@ -48,14 +48,15 @@ class GpuHealthMonitorTest : public ::testing::Test {
     ASSERT_TRUE(std::filesystem::exists(Hung()));
   }
 
-  std::unique_ptr<GpuHealthMonitor> Start() {
+  std::unique_ptr<GpuHealthMonitor> Start(GpuHealthMonitor::Options options = {}) {
     std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"},
                                  {1, "NVIDIA H200", 141LL << 30, 90, "00000000:01:00.0"}};
     auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
     EXPECT_TRUE(check.ok()) << check.status();
     if (!check.ok()) return nullptr;
-    return std::make_unique<GpuHealthMonitor>(std::move(*check), /*interval_ms=*/5, kTimeoutMs,
-                                              &clock_);
+    options.interval_ms = 5;
+    options.timeout_ms = kTimeoutMs;
+    return std::make_unique<GpuHealthMonitor>(std::move(*check), std::move(options), &clock_);
   }
 
   // Polls `monitor` (real time, up to 20 s) until `done` holds of its findings. The fake
@@ -139,6 +140,61 @@ TEST_F(GpuHealthMonitorTest, AQueryUnderWayForLessThanTheTimeoutIsNoFinding) {
   ASSERT_EQ(unfit.size(), 1u);
   EXPECT_EQ(unfit[0].slot(), 1);
   Say("");  // the query returns: the monitor's end need not leave it behind
+}
+
+// A critical Xid keeps its GPU out from then on, whatever its checks find later: the event is
+// gone once read, and nothing NVML says afterwards shows that it was mended.
+TEST_F(GpuHealthMonitorTest, ACriticalXidKeepsItsGpuOutFromThenOn) {
+  auto monitor = Start();
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  Say("00000000:01:00.0 xid=79\n");
+  std::vector<v1::SlotHealth> unfit =
+      Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {1}); });
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].fault(), XidFault("00000000:01:00.0", 79, clock_.WallNowMs()));
+
+  // Its checks find a fault too (the Xid's finding is the one shown), and the other GPU's
+  // shows: the checks went on.
+  Say("00000000:01:00.0 ecc=1\n00000000:00:00.0 ecc=1\n");
+  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {0, 1}); });
+  ASSERT_EQ(unfit.size(), 2u);
+  EXPECT_EQ(unfit[1].fault(), XidFault("00000000:01:00.0", 79, clock_.WallNowMs()));
+  // Then they find nothing: the other GPU is back, this one stays out (40 rounds later).
+  Say("");
+  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {1}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  unfit = monitor->Unfit();
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].fault(), XidFault("00000000:01:00.0", 79, clock_.WallNowMs()));
+}
+
+// The Xids an application's error causes (13, 31, 43... by default) leave their GPU in use;
+// the first critical one after them is the finding.
+TEST_F(GpuHealthMonitorTest, AnApplicationsXidsLeaveTheGpuInUse) {
+  auto monitor = Start();
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  // Delivered in this order: slot 0's, then slot 1's (the stand-in's order).
+  Say("00000000:00:00.0 xid=43,109\n00000000:01:00.0 xid=13,31,94,48\n");
+  std::vector<v1::SlotHealth> unfit =
+      Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {1}); });
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].fault(), XidFault("00000000:01:00.0", 94, clock_.WallNowMs()));
+}
+
+// The Xids left alone are the options', and an Xid NVML names no GPU for takes out every GPU.
+TEST_F(GpuHealthMonitorTest, TheXidsLeftAloneAreTheOptionsOnes) {
+  auto monitor = Start({.ignored_xids = {79}});
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  Say("unattributed xid=79,13\n");
+  std::vector<v1::SlotHealth> unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) {
+    return Is(u, {0, 1});
+  });
+  ASSERT_EQ(unfit.size(), 2u);
+  EXPECT_EQ(unfit[0].fault(), XidFault("00000000:00:00.0", 13, clock_.WallNowMs()));
+  EXPECT_EQ(unfit[1].fault(), XidFault("00000000:01:00.0", 13, clock_.WallNowMs()));
 }
 
 // Only a crash or a hang fails this: the monitor's end does not wait for a query that never

@@ -6,7 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace drover {
 namespace {
@@ -33,6 +35,37 @@ TEST(GpuHealthTest, EachFaultNvmlReportsNamesWhatMendsIt) {
   EXPECT_EQ(GpuFault({.nvlinks_down = {0, 17}}),
             "NVLinks 0, 17 are down (they were up when the agent began checking; NVML): reset "
             "the GPU (nvidia-smi -r), or have its NVLink serviced");
+}
+
+// A critical Xid's finding names the GPU, the Xid (with its meaning where NVIDIA's catalogue
+// gives one for a GPU fault), when it came (UTC), and that only the agent's restart ends it.
+TEST(GpuHealthTest, AnXidFindingNamesTheXidWhenItCameAndWhatEndsIt) {
+  const int64_t at = 1'764'950'624'000;  // 2025-12-05 16:03:44 UTC
+  EXPECT_EQ(XidFault("00000000:01:00.0", 79, at),
+            "GPU 00000000:01:00.0: Xid 79 (fallen off the bus) at 2025-12-05 16:03:44 UTC (an "
+            "NVML event): its slot stays out of use until the agent restarts; reset the GPU "
+            "(nvidia-smi -r) or reboot the node, then restart the agent");
+  EXPECT_EQ(XidFault("00000000:01:00.0", 62, at + 999).substr(0, 70),
+            "GPU 00000000:01:00.0: Xid 62 at 2025-12-05 16:03:44 UTC (an NVML event");
+  EXPECT_NE(XidFault("b", 999, at).find("Xid 999 (an Xid NVML does not know)"), std::string::npos);
+}
+
+// --gpu-ignored-xids: numbers separated by commas, or none; anything else is refused naming
+// the entry.
+TEST(GpuHealthTest, AnXidListIsNumbersSeparatedByCommasOrNone) {
+  EXPECT_EQ(*ParseXidList("13,31,109"), (std::vector<int>{13, 31, 109}));
+  EXPECT_EQ(*ParseXidList("79"), (std::vector<int>{79}));
+  EXPECT_TRUE(ParseXidList("none")->empty());
+  EXPECT_TRUE(ParseXidList("")->empty());
+  for (const char* bad : {"13,x", "13,,31", "-1", "13 ,31", "1e3", "13,", "9999999999"}) {
+    StatusOr<std::vector<int>> xids = ParseXidList(bad);
+    ASSERT_FALSE(xids.ok()) << bad;
+    EXPECT_EQ(xids.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(xids.status().message().find("is not an Xid"), std::string::npos) << xids.status();
+  }
+  EXPECT_EQ(ParseXidList("13,x").status().message(),
+            "--gpu-ignored-xids: 'x' is not an Xid; give numbers separated by commas (e.g. "
+            "13,31,43), or none");
 }
 
 // The check through NVML (the stand-in, fake_cuda_driver.cc): GPUs found by their bus ids,
@@ -121,6 +154,47 @@ TEST_F(GpuHealthCheckTest, AnNvLinkUpAtTheStartAndDownNowMakesItsGpuUnfit) {
   EXPECT_NE(unfit[1].fault().find("NVLinks 0, 17 are down"), std::string::npos) << unfit[1].fault();
 
   Say("00000000:00:00.0 nvlinks=18 down=1\n00000000:01:00.0 nvlinks=18\n");  // serviced
+  EXPECT_TRUE((*check)->Check().empty());
+}
+
+// Each Xid event is handed on once, in order, naming the GPU by its index in the list given
+// to Open; one NVML names no GPU for, with -1; no event, nothing once the wait is over.
+TEST_F(GpuHealthCheckTest, EachXidEventIsHandedOnOnceForItsGpu) {
+  std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:01:00.0"},
+                               {1, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"}};
+  auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(check.ok()) << check.status();
+  ASSERT_TRUE((*check)->watches_xids());
+  EXPECT_FALSE((*check)->WaitForXid(10).has_value());
+
+  Say("00000000:00:00.0 xid=79,13\n");
+  std::optional<XidEvent> event = (*check)->WaitForXid(10000);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->gpu, 1);
+  EXPECT_EQ(event->xid, 79u);
+  event = (*check)->WaitForXid(10000);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->gpu, 1);
+  EXPECT_EQ(event->xid, 13u);
+  EXPECT_FALSE((*check)->WaitForXid(10).has_value());
+
+  Say("00000000:00:00.0 xid=79,13\nunattributed xid=48\n");
+  event = (*check)->WaitForXid(10000);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->gpu, -1);
+  EXPECT_EQ(event->xid, 48u);
+}
+
+// A GPU whose driver offers no Xid events is not watched for them, and with none watched a
+// wait only waits.
+TEST_F(GpuHealthCheckTest, AGpuWhoseDriverOffersNoXidEventsIsNotWatched) {
+  std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"}};
+  Say("00000000:00:00.0 noxid\n");
+  auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(check.ok()) << check.status();
+  EXPECT_FALSE((*check)->watches_xids());
+  Say("00000000:00:00.0 noxid xid=79\n");
+  EXPECT_FALSE((*check)->WaitForXid(20).has_value());
   EXPECT_TRUE((*check)->Check().empty());
 }
 
