@@ -6,6 +6,7 @@
 #include "cli/command.h"
 #include "cli/progress.h"
 #include "cli/rpc_client.h"
+#include "cli/slots_out.h"
 
 namespace drover::cli {
 namespace {
@@ -47,18 +48,9 @@ CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
     }
     std::cout << FormatTable(
         {"NAME", "STATE", "DEVICE", "SLOTS", "FREE", "FAILURES", "ADDRESS", "TRAINERS"}, rows);
-    // Slots out of use on nodes that work on: each with how long, and why.
-    const int64_t now = resp->now_ms();
     for (const v1::WorkerInfo& w : resp->workers()) {
-      for (const v1::SlotFault& f : w.node().slot_faults()) {
-        if (f.cordon_until_ms() <= now) continue;
-        std::cout << w.node().name() << " slot " << f.slot() << " cordoned for "
-                  << FormatDurationMs(f.cordon_until_ms() - now) << " (" << f.failures()
-                  << (f.failures() == 1 ? " failure" : " failures") << "): " << f.reason() << "\n";
-      }
-      for (const v1::SlotHealth& h : w.node().unhealthy_slots()) {
-        std::cout << w.node().name() << " slot " << h.slot()
-                  << " out until its GPU passes the health check: " << h.fault() << "\n";
+      for (const std::string& line : SlotsOutLines(w.node(), resp->now_ms())) {
+        std::cout << line << "\n";
       }
     }
     return kExitOk;

@@ -1,0 +1,51 @@
+#include "cli/slots_out.h"
+
+#include "cli/progress.h"
+
+namespace drover::cli {
+namespace {
+
+// "cordoned for 4m49s (1 failure)".
+std::string Cordon(const v1::SlotFault& f, int64_t now_ms) {
+  return "cordoned for " + FormatDurationMs(f.cordon_until_ms() - now_ms) + " (" +
+         std::to_string(f.failures()) + (f.failures() == 1 ? " failure)" : " failures)");
+}
+
+// Whether cordon `f` is for health finding `fault` (the coordinator's reason ends with it).
+bool ForFinding(const v1::SlotFault& f, const std::string& fault) {
+  const std::string& reason = f.reason();
+  return reason.size() >= fault.size() &&
+         reason.compare(reason.size() - fault.size(), fault.size(), fault) == 0;
+}
+
+}  // namespace
+
+std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) {
+  std::vector<std::string> lines;
+  auto unfit = [&](int slot) -> const v1::SlotHealth* {
+    for (const v1::SlotHealth& h : n.unhealthy_slots()) {
+      if (h.slot() == slot) return &h;
+    }
+    return nullptr;
+  };
+  for (const v1::SlotFault& f : n.slot_faults()) {
+    if (f.cordon_until_ms() <= now_ms) continue;
+    const v1::SlotHealth* h = unfit(f.slot());
+    if (h != nullptr && ForFinding(f, h->fault())) continue;  // told with the finding below
+    lines.push_back(n.name() + " slot " + std::to_string(f.slot()) + " " + Cordon(f, now_ms) +
+                    ": " + f.reason());
+  }
+  for (const v1::SlotHealth& h : n.unhealthy_slots()) {
+    std::string line = n.name() + " slot " + std::to_string(h.slot()) +
+                       " out until its GPU passes the health check";
+    for (const v1::SlotFault& f : n.slot_faults()) {
+      if (f.slot() == h.slot() && f.cordon_until_ms() > now_ms && ForFinding(f, h.fault())) {
+        line += ", and " + Cordon(f, now_ms);
+      }
+    }
+    lines.push_back(line + ": " + h.fault());
+  }
+  return lines;
+}
+
+}  // namespace drover::cli

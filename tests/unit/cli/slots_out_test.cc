@@ -1,0 +1,61 @@
+// cli/slots_out.h: the lines under `drover workers`' table.
+#include "cli/slots_out.h"
+
+#include <gtest/gtest.h>
+
+namespace drover::cli {
+namespace {
+
+constexpr int64_t kNow = 1'000'000;
+constexpr char kEcc[] =
+    "GPU 00000000:01:00.0: 1 uncorrectable ECC error since its last reset (NVML): reset the GPU "
+    "(nvidia-smi -r)";
+
+v1::SlotFault Cordon(int slot, int64_t until_ms, int failures, const std::string& reason) {
+  v1::SlotFault f;
+  f.set_slot(slot);
+  f.set_cordon_until_ms(until_ms);
+  f.set_failures(failures);
+  f.set_reason(reason);
+  return f;
+}
+
+v1::SlotHealth Unfit(int slot, const std::string& fault) {
+  v1::SlotHealth h;
+  h.set_slot(slot);
+  h.set_fault(fault);
+  return h;
+}
+
+// A slot cordoned for the health check's finding that still holds: one line, naming both
+// what keeps it out; a cordon for another cause, or one ended, is its own line or none.
+TEST(SlotsOutTest, ASlotCordonedForTheFindingThatStillHoldsIsOneLine) {
+  v1::NodeRecord n;
+  n.set_name("gpu0");
+  *n.add_slot_faults() =
+      Cordon(1, kNow + 289'000, 1, std::string("its GPU failed the node's health check: ") + kEcc);
+  *n.add_unhealthy_slots() = Unfit(1, kEcc);
+  EXPECT_EQ(SlotsOutLines(n, kNow),
+            (std::vector<std::string>{
+                std::string("gpu0 slot 1 out until its GPU passes the health check, and cordoned "
+                            "for 4m49s (1 failure): ") +
+                kEcc}));
+
+  // Its cordon over: the finding alone.
+  EXPECT_EQ(SlotsOutLines(n, kNow + 289'000),
+            (std::vector<std::string>{
+                std::string("gpu0 slot 1 out until its GPU passes the health check: ") + kEcc}));
+
+  // Cordoned for a trainer's exit, then found unfit for something else: two lines.
+  *n.mutable_slot_faults(0) = Cordon(1, kNow + 60'000, 2, "job 7 attempt 2: rank 1 exited with 3");
+  *n.add_slot_faults() = Cordon(0, kNow + 1'000, 1, "job 7 attempt 1: rank 0 exited with 3");
+  EXPECT_EQ(
+      SlotsOutLines(n, kNow),
+      (std::vector<std::string>{
+          "gpu0 slot 1 cordoned for 1m00s (2 failures): job 7 attempt 2: rank 1 exited with 3",
+          "gpu0 slot 0 cordoned for 1.0s (1 failure): job 7 attempt 1: rank 0 exited with 3",
+          std::string("gpu0 slot 1 out until its GPU passes the health check: ") + kEcc}));
+}
+
+}  // namespace
+}  // namespace drover::cli
