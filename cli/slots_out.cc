@@ -1,5 +1,7 @@
 #include "cli/slots_out.h"
 
+#include <cstdio>
+
 #include "cli/progress.h"
 
 namespace drover::cli {
@@ -18,7 +20,47 @@ bool ForFinding(const v1::SlotFault& f, const std::string& fault) {
          reason.compare(reason.size() - fault.size(), fault.size(), fault) == 0;
 }
 
+// "61.2/141.0 GiB".
+std::string Memory(const v1::GpuTelemetry& g) {
+  if (g.memory_total_bytes() == 0) return "-";
+  char buf[48];
+  snprintf(buf, sizeof(buf), "%.1f/%.1f GiB",
+           static_cast<double>(g.memory_used_bytes()) / (1 << 30),
+           static_cast<double>(g.memory_total_bytes()) / (1 << 30));
+  return buf;
+}
+
 }  // namespace
+
+std::vector<std::string> SlowedGpuLines(const v1::WorkerInfo& w) {
+  std::vector<std::string> lines;
+  for (const v1::GpuTelemetry& g : w.gpus()) {
+    if (g.slowdown().empty()) continue;
+    lines.push_back(
+        w.node().name() + " slot " + std::to_string(g.slot()) + ": its GPU is slowed down (" +
+        g.slowdown() +
+        (g.has_temperature_c() ? ", at " + std::to_string(g.temperature_c()) + " C" : "") +
+        "): every rank of its job waits for it at each step");
+  }
+  return lines;
+}
+
+std::vector<std::string> GpuTableHeader() {
+  return {"NODE", "SLOT", "BUSY", "MEMORY", "TEMP", "POWER", "SLOWDOWN"};
+}
+
+std::vector<std::vector<std::string>> GpuRows(const v1::WorkerInfo& w) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::GpuTelemetry& g : w.gpus()) {
+    rows.push_back({w.node().name(), std::to_string(g.slot()),
+                    g.has_utilization_pct() ? std::to_string(g.utilization_pct()) + "%" : "-",
+                    Memory(g),
+                    g.has_temperature_c() ? std::to_string(g.temperature_c()) + " C" : "-",
+                    g.has_power_mw() ? std::to_string((g.power_mw() + 500) / 1000) + " W" : "-",
+                    g.slowdown().empty() ? "-" : g.slowdown()});
+  }
+  return rows;
+}
 
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) {
   std::vector<std::string> lines;

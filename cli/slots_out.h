@@ -1,6 +1,8 @@
-// The lines `drover workers` prints under its table for the slots out of use on nodes that
-// work on: cordoned ones with how long and why, and those whose agent's health check reports
-// their GPU unfit. A slot cordoned for the finding that still holds is one line, not two.
+// What `drover workers` prints beside its table of nodes: a line for each slot out of use on
+// a node that works on (cordoned, with how long and why, or reported unfit by its agent's
+// health check; a slot cordoned for the finding that still holds is one line, not two), a
+// line for each GPU its hardware slows down, and with --gpus a table of what NVML reads of
+// each GPU.
 #pragma once
 
 #include <cstdint>
@@ -13,5 +15,14 @@ namespace drover::cli {
 
 // Node `n`'s lines at `now_ms` (the coordinator's clock), each "NODE slot S ...".
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms);
+
+// Node `w`'s GPUs whose clocks the hardware or driver holds down, each "NODE slot S: its GPU
+// is slowed down (REASONS, at T C) ...": a slow GPU holds back every rank of its job.
+std::vector<std::string> SlowedGpuLines(const v1::WorkerInfo& w);
+
+// The --gpus table's header, and node `w`'s rows for it: NODE SLOT BUSY MEMORY TEMP POWER
+// SLOWDOWN ("-" where NVML did not answer).
+std::vector<std::string> GpuTableHeader();
+std::vector<std::vector<std::string>> GpuRows(const v1::WorkerInfo& w);
 
 }  // namespace drover::cli

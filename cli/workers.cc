@@ -1,5 +1,6 @@
-// drover workers [--all] [--json]: every node, its state, slots and the trainers it runs
-// now (--all: also those that exited, as long as their agents still report them).
+// drover workers [--all] [--gpus] [--json]: every node, its state, slots and the trainers it
+// runs now (--all: also those that exited, as long as their agents still report them; --gpus:
+// what NVML reads of each GPU).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -13,9 +14,13 @@ namespace {
 
 CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
   auto all = std::make_shared<bool>(false);
+  auto gpus = std::make_shared<bool>(false);
   app->add_flag("--json", globals->json, "protobuf JSON for scripts");
   app->add_flag("--all", *all, "also list trainers that exited");
-  return [globals, all]() -> int {
+  app->add_flag("--gpus", *gpus,
+                "also a table of each GPU as its agent's NVML read it last: busy, memory, "
+                "temperature, power, and what slows it down");
+  return [globals, all, gpus]() -> int {
     RpcClient client(*globals);
     auto resp = client.ListWorkers(*all);
     if (!resp.ok()) return ReportError(resp.status());
@@ -52,6 +57,17 @@ CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
       for (const std::string& line : SlotsOutLines(w.node(), resp->now_ms())) {
         std::cout << line << "\n";
       }
+      for (const std::string& line : SlowedGpuLines(w)) std::cout << line << "\n";
+    }
+    if (*gpus) {
+      std::vector<std::vector<std::string>> gpu_rows;
+      for (const v1::WorkerInfo& w : resp->workers()) {
+        for (std::vector<std::string>& row : GpuRows(w)) gpu_rows.push_back(std::move(row));
+      }
+      std::cout << "\n"
+                << (gpu_rows.empty() ? "no GPU readings: agents send them with --device cuda "
+                                       "where NVML answers\n"
+                                     : FormatTable(GpuTableHeader(), gpu_rows));
     }
     return kExitOk;
   };

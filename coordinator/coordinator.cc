@@ -620,6 +620,9 @@ v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& r
         for (const auto& t : *nodes_.Trainers(name)) {
           if (request.include_exited() || (!dead && IsLive(t))) *w->add_trainers() = t;
         }
+        if (!dead) {
+          for (const v1::GpuTelemetry& g : *nodes_.Gpus(name)) *w->add_gpus() = g;
+        }
         int free = 0;
         if (schedulable) {
           const std::vector<int> busy = BusySlots(name);

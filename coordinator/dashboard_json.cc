@@ -154,6 +154,16 @@ json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsRespo
       for (const v1::SlotHealth& h : n.unhealthy_slots()) {
         if (h.slot() == s.index()) slot["unfit"] = h.fault();  // out while its agent says so
       }
+      for (const v1::GpuTelemetry& g : w.gpus()) {
+        if (g.slot() != s.index()) continue;
+        json gpu{{"memory_used_bytes", g.memory_used_bytes()},
+                 {"memory_total_bytes", g.memory_total_bytes()},
+                 {"slowdown", g.slowdown()}};
+        if (g.has_utilization_pct()) gpu["utilization_pct"] = g.utilization_pct();
+        if (g.has_temperature_c()) gpu["temperature_c"] = g.temperature_c();
+        if (g.has_power_mw()) gpu["power_w"] = g.power_mw() / 1000.0;
+        slot["gpu"] = std::move(gpu);
+      }
       node_slots.push_back(std::move(slot));
     }
     const std::string state = NodeState(n, now_ms);

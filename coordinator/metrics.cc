@@ -50,6 +50,15 @@ class StateSeries {
                               "Failures counted against the node (they lead to cordons)")),
         node_age_(
             Family(r, "drover_node_heartbeat_age_seconds", "Time since the node's last heartbeat")),
+        gpu_busy_(Family(r, "drover_gpu_utilization_ratio",
+                         "Share of NVML's last sample period the slot's GPU was busy")),
+        gpu_memory_used_(Family(r, "drover_gpu_memory_used_bytes", "GPU memory in use (NVML)")),
+        gpu_memory_total_(Family(r, "drover_gpu_memory_total_bytes", "GPU memory (NVML)")),
+        gpu_temperature_(Family(r, "drover_gpu_temperature_celsius", "GPU temperature (NVML)")),
+        gpu_power_(Family(r, "drover_gpu_power_watts", "GPU power draw (NVML)")),
+        gpu_slowed_(Family(r, "drover_gpu_slowed_down",
+                           "1 while the hardware or driver holds the GPU's clocks down (thermal, "
+                           "power brake), its power cap aside")),
         attempt_(Family(r, "drover_job_attempt", "Number of the job's current attempt")),
         restarts_(Family(r, "drover_job_restarts", "Restarts used, against max_restarts")),
         step_(Family(r, "drover_job_step",
@@ -108,6 +117,7 @@ class StateSeries {
       node_free_.Add(node).Set(w.free_slots());
       node_failures_.Add(node).Set(n.failures());
       node_age_.Add(node).Set(Seconds(std::max<int64_t>(0, s.now_ms - n.last_heartbeat_ms())));
+      for (const v1::GpuTelemetry& g : w.gpus()) AddGpu(n.name(), g);
     }
     nodes_.Add({{"state", "alive"}}).Set(static_cast<double>(alive));
     nodes_.Add({{"state", "dead"}}).Set(static_cast<double>(dead));
@@ -115,6 +125,18 @@ class StateSeries {
     slots_.Add({{"state", "free"}}).Set(static_cast<double>(free));
     slots_.Add({{"state", "in_use"}}).Set(static_cast<double>(in_use));
     slots_.Add({{"state", "unavailable"}}).Set(static_cast<double>(unavailable));
+  }
+
+  void AddGpu(const std::string& node, const v1::GpuTelemetry& g) {
+    const Labels l{{"node", node}, {"slot", std::to_string(g.slot())}};
+    if (g.has_utilization_pct()) gpu_busy_.Add(l).Set(g.utilization_pct() / 100.0);
+    if (g.memory_total_bytes() > 0) {
+      gpu_memory_used_.Add(l).Set(static_cast<double>(g.memory_used_bytes()));
+      gpu_memory_total_.Add(l).Set(static_cast<double>(g.memory_total_bytes()));
+    }
+    if (g.has_temperature_c()) gpu_temperature_.Add(l).Set(g.temperature_c());
+    if (g.has_power_mw()) gpu_power_.Add(l).Set(g.power_mw() / 1000.0);
+    gpu_slowed_.Add(l).Set(g.slowdown().empty() ? 0 : 1);
   }
 
   void AddJob(const v1::JobInfo& info, int64_t now_ms) {
@@ -154,6 +176,12 @@ class StateSeries {
   prometheus::Family<Gauge>& node_free_;
   prometheus::Family<Gauge>& node_failures_;
   prometheus::Family<Gauge>& node_age_;
+  prometheus::Family<Gauge>& gpu_busy_;
+  prometheus::Family<Gauge>& gpu_memory_used_;
+  prometheus::Family<Gauge>& gpu_memory_total_;
+  prometheus::Family<Gauge>& gpu_temperature_;
+  prometheus::Family<Gauge>& gpu_power_;
+  prometheus::Family<Gauge>& gpu_slowed_;
   prometheus::Family<Gauge>& attempt_;
   prometheus::Family<Gauge>& restarts_;
   prometheus::Family<Gauge>& step_;

@@ -94,6 +94,7 @@ std::optional<v1::NodeRecord> NodeManager::OnHeartbeat(const v1::HeartbeatReques
   node.connected = true;
   node.record.set_last_heartbeat_ms(clock_->WallNowMs());
   node.trainers.assign(request.trainers().begin(), request.trainers().end());
+  node.gpus.assign(request.gpus().begin(), request.gpus().end());
   if (node.record.state() != v1::NODE_DEAD) return std::nullopt;
   // A dead node whose agent kept its id came back (a partition healed).
   bool cordoned = node.record.cordon_until_ms() > clock_->WallNowMs();
@@ -277,6 +278,11 @@ const v1::NodeRecord* NodeManager::Find(const std::string& name) const {
 const std::vector<v1::TrainerStatus>* NodeManager::Trainers(const std::string& name) const {
   auto it = nodes_.find(name);
   return it == nodes_.end() ? nullptr : &it->second.trainers;
+}
+
+const std::vector<v1::GpuTelemetry>* NodeManager::Gpus(const std::string& name) const {
+  auto it = nodes_.find(name);
+  return it == nodes_.end() ? nullptr : &it->second.gpus;
 }
 
 void NodeManager::ForEach(

@@ -121,6 +121,9 @@ class NodeManager {
   const v1::NodeRecord* Find(const std::string& name) const;
   // Trainers the node's agent listed last (live or just exited).
   const std::vector<v1::TrainerStatus>* Trainers(const std::string& name) const;
+  // What the node's agent read of its GPUs in its last heartbeat (none from an agent that
+  // checks none); nullptr for an unknown node.
+  const std::vector<v1::GpuTelemetry>* Gpus(const std::string& name) const;
 
   // Calls fn(name, record, schedulable) for every node, ordered by name, without copying.
   void ForEach(
@@ -134,6 +137,7 @@ class NodeManager {
     v1::NodeRecord record;
     bool connected = false;  // heartbeating since this coordinator started
     std::vector<v1::TrainerStatus> trainers;
+    std::vector<v1::GpuTelemetry> gpus;  // memory only: a reading is stale in seconds
     int64_t seq = 0;  // of the newest Register or Heartbeat taken from record.agent_id()
   };
   void Cordon(Node& node);

@@ -162,6 +162,9 @@ Status Agent::Heartbeat() {
   std::vector<v1::CheckpointRecord> pending = supervisor_->PendingCheckpoints();
   for (const v1::CheckpointRecord& c : pending) *req.add_checkpoints() = c;
   AddGpuHealth(req.mutable_unhealthy_slots());
+  if (gpu_health_) {
+    for (v1::GpuTelemetry& t : gpu_health_->Telemetry()) *req.add_gpus() = std::move(t);
+  }
   v1::HeartbeatResponse resp;
   grpc::ClientContext ctx;
   SetDeadlineMs(&ctx, options_.rpc_timeout_ms);

@@ -25,6 +25,20 @@ using NvmlGetTotalEccErrors = int (*)(NvmlDevice, int, int, unsigned long long*)
 using NvmlGetRemappedRows = int (*)(NvmlDevice, unsigned int*, unsigned int*, unsigned int*,
                                     unsigned int*);
 using NvmlGetNvLinkState = int (*)(NvmlDevice, unsigned int, int*);  // nvmlEnableState_t*
+struct NvmlUtilization {                                             // nvmlUtilization_t
+  unsigned int gpu;
+  unsigned int memory;
+};
+struct NvmlMemory {  // nvmlMemory_t
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+using NvmlGetUtilization = int (*)(NvmlDevice, NvmlUtilization*);
+using NvmlGetMemoryInfo = int (*)(NvmlDevice, NvmlMemory*);
+using NvmlGetTemperature = int (*)(NvmlDevice, int, unsigned int*);  // nvmlTemperatureSensors_t
+using NvmlGetPowerUsage = int (*)(NvmlDevice, unsigned int*);        // milliwatts
+using NvmlGetClocksReasons = int (*)(NvmlDevice, unsigned long long*);
 using NvmlEventSet = void*;
 struct NvmlEventData {  // nvmlEventData_t, as nvmlEventSetWait_v2 fills it
   NvmlDevice device;
@@ -40,6 +54,7 @@ using NvmlRegisterEvents = int (*)(NvmlDevice, unsigned long long, NvmlEventSet)
 using NvmlEventSetWait = int (*)(NvmlEventSet, NvmlEventData*, unsigned int);
 constexpr int kNvmlSuccess = 0;
 constexpr unsigned long long kNvmlEventTypeXidCriticalError = 0x8;
+constexpr int kNvmlTemperatureGpu = 0;  // NVML_TEMPERATURE_GPU
 constexpr int kNvmlErrorGpuIsLost = 15;
 constexpr int kNvmlMemoryErrorUncorrected = 1;  // NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 constexpr int kNvmlVolatileEcc = 0;             // NVML_VOLATILE_ECC: since the last reset
@@ -77,6 +92,18 @@ std::string XidMeaning(uint64_t xid) {
 }
 
 }  // namespace
+
+std::string SlowdownReasons(uint64_t reasons) {
+  // nvmlClocksEventReason*: HwThermalSlowdown 0x40 and HwPowerBrakeSlowdown 0x80 also set
+  // HwSlowdown 0x8 on some drivers, so it is named alone only when neither is set.
+  std::string why;
+  auto add = [&](const char* what) { why += (why.empty() ? "" : ", ") + std::string(what); };
+  if (reasons & 0x40) add("thermal (hardware)");
+  if (reasons & 0x80) add("power brake (hardware)");
+  if (reasons & 0x20) add("thermal (driver)");
+  if ((reasons & 0x8) && !(reasons & (0x40 | 0x80))) add("hardware slowdown");
+  return why;
+}
 
 std::string XidFault(const std::string& bus_id, uint64_t xid, int64_t wall_ms) {
   const std::time_t seconds = static_cast<std::time_t>(wall_ms / 1000);
@@ -157,6 +184,11 @@ struct GpuHealthCheck::Nvml {
   NvmlGetTotalEccErrors ecc_errors = nullptr;   // may be missing: not checked
   NvmlGetRemappedRows remapped_rows = nullptr;  // may be missing (an old driver): not checked
   NvmlGetNvLinkState nvlink_state = nullptr;    // may be missing: not checked
+  NvmlGetUtilization utilization = nullptr;     // each may be missing: that field not read
+  NvmlGetMemoryInfo memory_info = nullptr;
+  NvmlGetTemperature temperature = nullptr;
+  NvmlGetPowerUsage power_usage = nullptr;
+  NvmlGetClocksReasons clocks_reasons = nullptr;
   NvmlEventSetFree event_set_free = nullptr;
   NvmlEventSetWait event_set_wait = nullptr;
   NvmlEventSet events = nullptr;  // the GPUs' Xid events; null: none watched
@@ -187,6 +219,17 @@ StatusOr<std::unique_ptr<GpuHealthCheck>> GpuHealthCheck::Open(const std::vector
   nvml->ecc_errors = nvml->lib.Get<NvmlGetTotalEccErrors>("nvmlDeviceGetTotalEccErrors");
   nvml->remapped_rows = nvml->lib.Get<NvmlGetRemappedRows>("nvmlDeviceGetRemappedRows");
   nvml->nvlink_state = nvml->lib.Get<NvmlGetNvLinkState>("nvmlDeviceGetNvLinkState");
+  nvml->utilization = nvml->lib.Get<NvmlGetUtilization>("nvmlDeviceGetUtilizationRates");
+  nvml->memory_info = nvml->lib.Get<NvmlGetMemoryInfo>("nvmlDeviceGetMemoryInfo");
+  nvml->temperature = nvml->lib.Get<NvmlGetTemperature>("nvmlDeviceGetTemperature");
+  nvml->power_usage = nvml->lib.Get<NvmlGetPowerUsage>("nvmlDeviceGetPowerUsage");
+  // Renamed from "throttle" in CUDA 12.2's NVML; older drivers have only the old name.
+  nvml->clocks_reasons =
+      nvml->lib.Get<NvmlGetClocksReasons>("nvmlDeviceGetCurrentClocksEventReasons");
+  if (nvml->clocks_reasons == nullptr) {
+    nvml->clocks_reasons =
+        nvml->lib.Get<NvmlGetClocksReasons>("nvmlDeviceGetCurrentClocksThrottleReasons");
+  }
   if (init == nullptr || nvml->get_handle == nullptr) {
     return FailedPreconditionError(library + " is not a usable NVML: it lacks nvmlInit_v2 or " +
                                    "nvmlDeviceGetHandleByPciBusId_v2");
@@ -262,6 +305,37 @@ void GpuHealthCheck::WatchXids(Nvml* nvml) {
     }
     gpu.xids = true;
   }
+}
+
+std::optional<v1::GpuTelemetry> GpuHealthCheck::Telemetry(int i) {
+  const Nvml::Gpu& g = nvml_->gpus[static_cast<size_t>(i)];
+  if (g.device == nullptr) return std::nullopt;
+  v1::GpuTelemetry t;
+  t.set_slot(g.slot);
+  NvmlUtilization busy{};
+  if (nvml_->utilization != nullptr && nvml_->utilization(g.device, &busy) == kNvmlSuccess) {
+    t.set_utilization_pct(static_cast<int32_t>(busy.gpu));
+  }
+  NvmlMemory memory{};
+  if (nvml_->memory_info != nullptr && nvml_->memory_info(g.device, &memory) == kNvmlSuccess) {
+    t.set_memory_used_bytes(memory.used);
+    t.set_memory_total_bytes(memory.total);
+  }
+  unsigned int celsius = 0;
+  if (nvml_->temperature != nullptr &&
+      nvml_->temperature(g.device, kNvmlTemperatureGpu, &celsius) == kNvmlSuccess) {
+    t.set_temperature_c(static_cast<int32_t>(celsius));
+  }
+  unsigned int milliwatts = 0;
+  if (nvml_->power_usage != nullptr && nvml_->power_usage(g.device, &milliwatts) == kNvmlSuccess) {
+    t.set_power_mw(static_cast<int32_t>(milliwatts));
+  }
+  unsigned long long reasons = 0;
+  if (nvml_->clocks_reasons != nullptr &&
+      nvml_->clocks_reasons(g.device, &reasons) == kNvmlSuccess) {
+    t.set_slowdown(SlowdownReasons(reasons));
+  }
+  return t;
 }
 
 bool GpuHealthCheck::watches_xids() const {

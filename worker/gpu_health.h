@@ -58,6 +58,12 @@ std::string XidFault(const std::string& bus_id, uint64_t xid, int64_t wall_ms);
 // "" for none. InvalidArgument naming the entry otherwise.
 StatusOr<std::vector<int>> ParseXidList(const std::string& text);
 
+// Why clocks held down by `reasons` (NVML's clocks event reasons, a bit mask) slow a GPU, for
+// people: "thermal (hardware)", "power brake (hardware)", "thermal (driver)", "hardware
+// slowdown", joined by ", "; "" when none of those bits is set. Idling, application clocks,
+// sync boost and the power cap are left out: a GPU under full load sits at its power cap.
+std::string SlowdownReasons(uint64_t reasons);
+
 // One Xid event: `gpu` is an index into the GPUs Open was given, or -1 when NVML did not
 // say which GPU (it may then be any of them); `xid` is 999 when NVML does not know it.
 struct XidEvent {
@@ -86,6 +92,11 @@ class GpuHealthCheck {
   // wrong takes a GPU out. May be called from several threads at once (NVML is thread-safe;
   // this object is not changed after Open), as GpuHealthMonitor does, one per GPU.
   std::optional<v1::SlotHealth> CheckOne(int i);
+
+  // What NVML reads of gpus[i] now (utilisation, memory, temperature, power, slowdown);
+  // nullopt when it is not checked or lost. Fields NVML does not answer are left absent.
+  // Thread-safe as CheckOne.
+  std::optional<v1::GpuTelemetry> Telemetry(int i);
 
   // Whether some GPU is watched for Xid events (its driver offers them, Open registered it).
   bool watches_xids() const;

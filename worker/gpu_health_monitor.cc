@@ -46,13 +46,14 @@ struct GpuHealthMonitor::State {
   const Clock* const clock;
 
   struct Gpu {
-    int index = 0;                          // in `check`
-    int checks = 0;                         // finished
-    bool querying = false;                  // a query is under way...
-    int64_t since_ms = 0;                   // ...since then (clock ms)
-    std::optional<v1::SlotHealth> finding;  // the last finished check's
-    std::optional<std::string> xid_fault;   // its first critical Xid's, kept to the end
-    bool exited = false;                    // its thread is past its last use of `check`
+    int index = 0;                              // in `check`
+    int checks = 0;                             // finished
+    bool querying = false;                      // a query is under way...
+    int64_t since_ms = 0;                       // ...since then (clock ms)
+    std::optional<v1::SlotHealth> finding;      // the last finished check's
+    std::optional<std::string> xid_fault;       // its first critical Xid's, kept to the end
+    std::optional<v1::GpuTelemetry> telemetry;  // the last finished check's reading
+    bool exited = false;                        // its thread is past its last use of `check`
   };
   Mutex mu;
   CondVar cv;
@@ -124,10 +125,12 @@ void GpuHealthMonitor::Loop(std::shared_ptr<State> s, int gpu) {
       g.since_ms = st->clock->NowMs();
     }
     std::optional<v1::SlotHealth> finding = st->check->CheckOne(index);
+    std::optional<v1::GpuTelemetry> telemetry = st->check->Telemetry(index);
     MutexLock lock(&st->mu);
     State::Gpu& g = st->gpus[static_cast<size_t>(gpu)];
     g.querying = false;
     g.finding = std::move(finding);
+    g.telemetry = std::move(telemetry);
     ++g.checks;
     st->cv.SignalAll();
     if (st->stop || st->cv.WaitFor(&st->mu, std::chrono::milliseconds(st->interval_ms),
@@ -215,6 +218,17 @@ std::vector<v1::SlotHealth> GpuHealthMonitor::Unfit() const {
     }
   }
   return unfit;
+}
+
+std::vector<v1::GpuTelemetry> GpuHealthMonitor::Telemetry() const {
+  MutexLock lock(&state_->mu);
+  const int64_t now = state_->clock->NowMs();
+  std::vector<v1::GpuTelemetry> readings;
+  for (const State::Gpu& g : state_->gpus) {
+    const bool overdue = g.querying && now - g.since_ms >= state_->timeout_ms;
+    if (g.telemetry && !overdue) readings.push_back(*g.telemetry);
+  }
+  return readings;
 }
 
 }  // namespace drover

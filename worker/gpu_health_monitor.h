@@ -63,6 +63,10 @@ class GpuHealthMonitor {
   // gone unanswered for timeout_ms, that; else its last check's finding.
   std::vector<v1::SlotHealth> Unfit() const;
 
+  // Each GPU's reading as of its last check (GpuHealthCheck::Telemetry), by slot; none for a
+  // GPU whose query has gone unanswered for timeout_ms (what it read last is stale).
+  std::vector<v1::GpuTelemetry> Telemetry() const;
+
   // Monitors' threads in this process that have not ended, those left behind by a monitor's
   // end included.
   static int RunningThreads();

@@ -124,9 +124,15 @@ gpu_refused() {
 # The agent's GPU health check on the real NVML (worker/gpu_health.h): the library loads,
 # finds the GPU by the bus id the CUDA driver gave, and finds nothing wrong with it (its
 # NVLinks, if any, named in the log when some are down from the start). Whether it watches
-# the GPU's Xid events is printed, not required: a container may not be allowed them.
+# the GPU's Xid events, and what it reads of the GPU (drover workers --gpus), are printed,
+# not required: a container may not be allowed events.
 gpu_health_checked() {
   grep -E "checking the health|health checks are off|not health-checked|unfit|NVLink|NVML|Xid" "$work/gpu0.log"
+  for _ in $(seq 1 30); do  # a heartbeat brings them, within a second of registering
+    drover workers --json | grep -q '"gpus"' && break
+    sleep 0.1
+  done
+  drover workers --gpus || true  # NVML's readings of the GPU
   grep -q "checking the health of 1 of 1 GPU(s) through NVML" "$work/gpu0.log" &&
     ! grep -q "unfit for training" "$work/gpu0.log" &&
     ! drover workers | grep -q "passes the health check"

@@ -289,6 +289,20 @@ elif [[ $scenario == health ]]; then
   nvml_mended 1
   back_in_service 1 "the agent's restart"
   echo "a critical Xid kept its GPU out until the agent restarted; an application's Xid did not"
+  # What NVML reads of the GPUs reaches drover workers: a GPU held back by its temperature is
+  # named under the table, and --gpus shows every reading ("-" where NVML gives none).
+  echo "00000000:00:00.0 util=97 used=61 temp=91 power=512 reasons=72" > "$DROVER_FAKE_NVML"
+  for _ in $(seq 1 100); do
+    drover workers --gpus > "$work/workers.txt"
+    grep -q "slowed down" "$work/workers.txt" && break
+    sleep 0.1
+  done
+  grep -q "^gpu0 slot 0: its GPU is slowed down (thermal (hardware), at 91 C): every rank of its job waits for it at each step$" \
+    "$work/workers.txt" &&
+    grep -Eq "^gpu0 +0 +97% +61.0/141.0 GiB +91 C +512 W +thermal \(hardware\)$" "$work/workers.txt" &&
+    grep -Eq "^gpu0 +1 +- +0.0/141.0 GiB +- +- +-$" "$work/workers.txt" ||
+    { echo "FAIL: drover workers --gpus does not show what NVML read"; cat "$work/workers.txt"; exit 1; }
+  echo "drover workers --gpus showed each GPU's readings, and named the one slowed down"
 else
   # An attempt on both nodes ended with gpu1's death; the last one, on gpu0's GPU alone,
   # resumed from a checkpoint.

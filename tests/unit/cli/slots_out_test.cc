@@ -57,5 +57,30 @@ TEST(SlotsOutTest, ASlotCordonedForTheFindingThatStillHoldsIsOneLine) {
           std::string("gpu0 slot 1 out until its GPU passes the health check: ") + kEcc}));
 }
 
+// A GPU the hardware slows down is named under the table, whatever --gpus says; --gpus'
+// table shows each reading, "-" where NVML did not answer.
+TEST(SlotsOutTest, ASlowedGpuIsNamedAndTheGpuTableShowsEachReading) {
+  v1::WorkerInfo w;
+  w.mutable_node()->set_name("gpu0");
+  v1::GpuTelemetry* hot = w.add_gpus();
+  hot->set_slot(0);
+  hot->set_utilization_pct(97);
+  hot->set_memory_used_bytes(61LL << 30);
+  hot->set_memory_total_bytes(141LL << 30);
+  hot->set_temperature_c(91);
+  hot->set_power_mw(511'600);
+  hot->set_slowdown("thermal (hardware)");
+  w.add_gpus()->set_slot(1);
+  EXPECT_EQ(SlowedGpuLines(w),
+            (std::vector<std::string>{
+                "gpu0 slot 0: its GPU is slowed down (thermal (hardware), at 91 C): every rank of "
+                "its job waits for it at each step"}));
+  EXPECT_EQ(GpuRows(w),
+            (std::vector<std::vector<std::string>>{
+                {"gpu0", "0", "97%", "61.0/141.0 GiB", "91 C", "512 W", "thermal (hardware)"},
+                {"gpu0", "1", "-", "-", "-", "-", "-"}}));
+  EXPECT_EQ(GpuTableHeader().size(), GpuRows(w)[0].size());
+}
+
 }  // namespace
 }  // namespace drover::cli

@@ -578,6 +578,39 @@ TEST_F(CoordinatorTest, AGpuItsAgentFindsUnfitIsTakenOutUnderTheJobUntilItPasses
   }
 }
 
+// What an agent's NVML read of its GPUs is listed with its node as of its last heartbeat,
+// replaced by each one; a dead node lists none.
+TEST_F(CoordinatorTest, EachNodesGpuReadingsAreListedAsItsLastHeartbeatSentThem) {
+  ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
+  v1::HeartbeatRequest hb;
+  hb.set_name("g1");
+  hb.set_agent_id("agent-1");
+  v1::GpuTelemetry* g = hb.add_gpus();
+  g->set_slot(1);
+  g->set_utilization_pct(97);
+  g->set_slowdown("thermal (hardware)");
+  c_->Heartbeat(hb);
+  v1::ListWorkersResponse workers = c_->ListWorkers();
+  ASSERT_EQ(workers.workers(0).gpus_size(), 1);
+  EXPECT_EQ(workers.workers(0).gpus(0).slot(), 1);
+  EXPECT_EQ(workers.workers(0).gpus(0).utilization_pct(), 97);
+  EXPECT_EQ(workers.workers(0).gpus(0).slowdown(), "thermal (hardware)");
+
+  g->set_utilization_pct(12);
+  g->clear_slowdown();
+  c_->Heartbeat(hb);
+  workers = c_->ListWorkers();
+  ASSERT_EQ(workers.workers(0).gpus_size(), 1);
+  EXPECT_EQ(workers.workers(0).gpus(0).utilization_pct(), 12);
+  EXPECT_EQ(workers.workers(0).gpus(0).slowdown(), "");
+
+  clock_.AdvanceMs(10'000);  // past the heartbeat timeout
+  c_->Tick();
+  workers = c_->ListWorkers();
+  ASSERT_EQ(workers.workers(0).node().state(), v1::NODE_DEAD);
+  EXPECT_EQ(workers.workers(0).gpus_size(), 0);
+}
+
 TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOntoIt) {
   ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
   const std::string id = Submit(SpecYaml(1, 2, 2, 120, "cuda"));

@@ -39,6 +39,16 @@ ClusterSnapshot KnownState() {
   alive->mutable_node()->add_slots()->set_index(0);
   alive->mutable_node()->add_slots()->set_index(1);
   alive->set_free_slots(1);
+  v1::GpuTelemetry* g0 = alive->add_gpus();  // every reading, and slowed down
+  g0->set_slot(0);
+  g0->set_utilization_pct(97);
+  g0->set_memory_used_bytes(61LL << 30);
+  g0->set_memory_total_bytes(141LL << 30);
+  g0->set_temperature_c(88);
+  g0->set_power_mw(512'300);
+  g0->set_slowdown("thermal (hardware)");
+  v1::GpuTelemetry* g1 = alive->add_gpus();  // NVML answered nothing but its slot
+  g1->set_slot(1);
   v1::WorkerInfo* dead = &s.workers.emplace_back();
   dead->mutable_node()->set_name("w1");
   dead->mutable_node()->set_state(v1::NODE_DEAD);
@@ -155,6 +165,23 @@ TEST(CoordinatorMetricsTest, ASlotCordonedForItsGpuIsUnavailableWhileItsNodeIsAl
   text = CoordinatorMetrics().Render(s);
   EXPECT_EQ(Value(text, R"(drover_slots{state="free"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_slots{state="unavailable"})"), 1);
+}
+
+// Each GPU's readings are series labelled by node and slot; a reading NVML did not answer
+// is left out, not zero.
+TEST(CoordinatorMetricsTest, GpuReadingsAreSeriesBySlotAndUnansweredOnesAreLeftOut) {
+  const std::string text = CoordinatorMetrics().Render(KnownState());
+  EXPECT_EQ(Value(text, R"(drover_gpu_utilization_ratio{node="w0",slot="0"})"), 0.97);
+  EXPECT_EQ(Value(text, R"(drover_gpu_memory_used_bytes{node="w0",slot="0"})"), 61.0 * (1 << 30));
+  EXPECT_EQ(Value(text, R"(drover_gpu_memory_total_bytes{node="w0",slot="0"})"), 141.0 * (1 << 30));
+  EXPECT_EQ(Value(text, R"(drover_gpu_temperature_celsius{node="w0",slot="0"})"), 88);
+  EXPECT_EQ(Value(text, R"(drover_gpu_power_watts{node="w0",slot="0"})"), 512.3);
+  EXPECT_EQ(Value(text, R"(drover_gpu_slowed_down{node="w0",slot="0"})"), 1);
+  EXPECT_EQ(Value(text, R"(drover_gpu_slowed_down{node="w0",slot="1"})"), 0);
+  EXPECT_THAT(text, Not(HasSubstr(R"(drover_gpu_utilization_ratio{node="w0",slot="1"})")));
+  EXPECT_THAT(text, Not(HasSubstr(R"(drover_gpu_memory_used_bytes{node="w0",slot="1"})")));
+  EXPECT_THAT(text, Not(HasSubstr(R"(drover_gpu_temperature_celsius{node="w0",slot="1"})")));
+  EXPECT_THAT(text, Not(HasSubstr(R"(drover_gpu_power_watts{node="w0",slot="1"})")));
 }
 
 TEST(CoordinatorMetricsTest, RecoveryIsCountedOnceHoweverOftenItIsScraped) {

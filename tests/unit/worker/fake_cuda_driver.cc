@@ -15,7 +15,10 @@
 // "down=I,J" (those links inactive), "hang" (a query does not return until the line says otherwise,
 // as NVML's do on a wedged driver; the file's name + ".hung" is created once one waits),
 // "xid=N,M" (Xid events, each delivered once to each event set that has the GPU, in order),
-// "noxid" (its driver offers no Xid events); a line "unattributed xid=N" is an Xid event NVML
+// "noxid" (its driver offers no Xid events), "util=N" (% busy), "used=N" (GiB of memory in
+// use, of the GiB DROVER_FAKE_GPUS gives), "temp=N" (C), "power=N" (W), "reasons=N" (clocks
+// event reasons, a decimal bit mask; 0 without it) — utilisation, temperature and power are
+// NOT_SUPPORTED without their keyword; a line "unattributed xid=N" is an Xid event NVML
 // names no GPU for; a line "init N" makes nvmlInit_v2 fail with N. A device handle is its
 // ordinal + 1; the codes are nvml.h's: SUCCESS 0, INVALID_ARGUMENT 2, NOT_SUPPORTED 3,
 // NOT_FOUND 6, TIMEOUT 10, GPU_IS_LOST 15.
@@ -285,6 +288,64 @@ int nvmlEventSetWait_v2(void* set, EventData* data, unsigned int timeout_ms) {
     if (std::chrono::steady_clock::now() >= deadline) return 10;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  return 0;
+}
+
+struct Utilization {  // nvmlUtilization_t
+  unsigned int gpu;
+  unsigned int memory;
+};
+struct Memory {  // nvmlMemory_t
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+
+// The value of `key` on the device's line into `out`: SUCCESS, or NOT_SUPPORTED without it,
+// GPU_IS_LOST for a lost GPU, INVALID_ARGUMENT for an unknown handle.
+int Reading(void* device, const std::string& key, unsigned int* out) {
+  if (Ordinal(device) < 0 || out == nullptr) return 2;
+  const std::string faults = FaultsOnceAnswered(device);
+  if (faults.find("lost ") != std::string::npos) return 15;
+  if (faults.find(key) == std::string::npos) return 3;
+  *out = static_cast<unsigned int>(Value(faults, key));
+  return 0;
+}
+
+int nvmlDeviceGetUtilizationRates(void* device, Utilization* busy) {
+  if (busy == nullptr) return 2;
+  busy->memory = 0;
+  return Reading(device, "util=", &busy->gpu);
+}
+
+int nvmlDeviceGetMemoryInfo(void* device, Memory* memory) {
+  const int ordinal = Ordinal(device);
+  if (ordinal < 0 || memory == nullptr) return 2;
+  const std::string faults = FaultsOnceAnswered(device);
+  if (faults.find("lost ") != std::string::npos) return 15;
+  memory->total = static_cast<unsigned long long>(Devices()[static_cast<size_t>(ordinal)].gib)
+                  << 30;
+  memory->used = static_cast<unsigned long long>(Value(faults, "used=")) << 30;
+  memory->free = memory->total - memory->used;
+  return 0;
+}
+
+// NVML_TEMPERATURE_GPU (0) only: the agent's query.
+int nvmlDeviceGetTemperature(void* device, int sensor, unsigned int* celsius) {
+  return sensor != 0 ? 2 : Reading(device, "temp=", celsius);
+}
+
+int nvmlDeviceGetPowerUsage(void* device, unsigned int* milliwatts) {
+  const int rc = Reading(device, "power=", milliwatts);
+  if (rc == 0) *milliwatts *= 1000;
+  return rc;
+}
+
+int nvmlDeviceGetCurrentClocksEventReasons(void* device, unsigned long long* reasons) {
+  unsigned int bits = 0;
+  const int rc = Reading(device, "reasons=", &bits);
+  if (rc != 0 && rc != 3) return rc;
+  *reasons = bits;
   return 0;
 }
 

@@ -197,6 +197,30 @@ TEST_F(GpuHealthMonitorTest, TheXidsLeftAloneAreTheOptionsOnes) {
   EXPECT_EQ(unfit[1].fault(), XidFault("00000000:01:00.0", 13, clock_.WallNowMs()));
 }
 
+// Each GPU's reading is its last check's; a GPU whose query is overdue has none (what it read
+// before is stale).
+TEST_F(GpuHealthMonitorTest, TelemetryIsTheLastChecksAndNoneForAnOverdueGpu) {
+  Say("00000000:00:00.0 util=97\n00000000:01:00.0 util=3\n");
+  auto monitor = Start();
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  std::vector<v1::GpuTelemetry> readings = monitor->Telemetry();
+  ASSERT_EQ(readings.size(), 2u);
+  EXPECT_EQ(readings[0].slot(), 0);
+  EXPECT_EQ(readings[0].utilization_pct(), 97);
+  EXPECT_EQ(readings[1].slot(), 1);
+  EXPECT_EQ(readings[1].utilization_pct(), 3);
+
+  Say("00000000:00:00.0 util=97\n00000000:01:00.0 hang\n");
+  UntilAQueryHangs();
+  clock_.AdvanceMs(kTimeoutMs);
+  Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {1}); });
+  readings = monitor->Telemetry();
+  ASSERT_EQ(readings.size(), 1u);
+  EXPECT_EQ(readings[0].slot(), 0);
+  Say("");  // the query returns
+}
+
 // Only a crash or a hang fails this: the monitor's end does not wait for a query that never
 // returns (the agent's own exit would hang on it).
 TEST_F(GpuHealthMonitorTest, ItsEndDoesNotHangOnAQueryThatNeverReturns) {

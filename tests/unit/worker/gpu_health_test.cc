@@ -68,6 +68,18 @@ TEST(GpuHealthTest, AnXidListIsNumbersSeparatedByCommasOrNone) {
             "13,31,43), or none");
 }
 
+// The clocks event reasons that slow a GPU down are named; idling, application clocks, sync
+// boost and the power cap (where a GPU under full load sits) are not.
+TEST(GpuHealthTest, SlowdownNamesOnlyTheReasonsThatHoldAGpuBack) {
+  EXPECT_EQ(SlowdownReasons(0), "");
+  EXPECT_EQ(SlowdownReasons(0x1 | 0x2 | 0x4 | 0x10 | 0x100), "");
+  EXPECT_EQ(SlowdownReasons(0x40 | 0x8), "thermal (hardware)");
+  EXPECT_EQ(SlowdownReasons(0x80 | 0x8 | 0x4), "power brake (hardware)");
+  EXPECT_EQ(SlowdownReasons(0x20), "thermal (driver)");
+  EXPECT_EQ(SlowdownReasons(0x8), "hardware slowdown");
+  EXPECT_EQ(SlowdownReasons(0x40 | 0x20), "thermal (hardware), thermal (driver)");
+}
+
 // The check through NVML (the stand-in, fake_cuda_driver.cc): GPUs found by their bus ids,
 // whatever their order in NVML; each fault reported for its slot, naming the GPU; a GPU
 // that is mended passes again.
@@ -196,6 +208,37 @@ TEST_F(GpuHealthCheckTest, AGpuWhoseDriverOffersNoXidEventsIsNotWatched) {
   Say("00000000:00:00.0 noxid xid=79\n");
   EXPECT_FALSE((*check)->WaitForXid(20).has_value());
   EXPECT_TRUE((*check)->Check().empty());
+}
+
+// What NVML answers of each GPU is read for its slot; what it does not answer is left absent.
+TEST_F(GpuHealthCheckTest, TelemetryReadsWhatNvmlAnswersForTheSlot) {
+  std::vector<GpuInfo> gpus = {{0, "NVIDIA H200", 141LL << 30, 90, "00000000:01:00.0"},
+                               {1, "NVIDIA H200", 141LL << 30, 90, "00000000:00:00.0"},
+                               {2, "NVIDIA H200", 141LL << 30, 90, "00000000:42:00.0"}};
+  auto check = GpuHealthCheck::Open(gpus, DROVER_FAKE_CUDA_DRIVER);
+  ASSERT_TRUE(check.ok()) << check.status();
+  Say("00000000:00:00.0 util=97 used=61 temp=91 power=512 reasons=72\n");
+  std::optional<v1::GpuTelemetry> hot = (*check)->Telemetry(1);
+  ASSERT_TRUE(hot.has_value());
+  EXPECT_EQ(hot->slot(), 1);
+  EXPECT_EQ(hot->utilization_pct(), 97);
+  EXPECT_EQ(hot->memory_used_bytes(), 61ULL << 30);
+  EXPECT_EQ(hot->memory_total_bytes(), 141ULL << 30);
+  EXPECT_EQ(hot->temperature_c(), 91);
+  EXPECT_EQ(hot->power_mw(), 512'000);
+  EXPECT_EQ(hot->slowdown(), "thermal (hardware)");
+
+  std::optional<v1::GpuTelemetry> quiet = (*check)->Telemetry(0);
+  ASSERT_TRUE(quiet.has_value());
+  EXPECT_EQ(quiet->slot(), 0);
+  EXPECT_FALSE(quiet->has_utilization_pct());
+  EXPECT_FALSE(quiet->has_temperature_c());
+  EXPECT_FALSE(quiet->has_power_mw());
+  EXPECT_EQ(quiet->memory_used_bytes(), 0u);
+  EXPECT_EQ(quiet->memory_total_bytes(), 141ULL << 30);
+  EXPECT_EQ(quiet->slowdown(), "");
+
+  EXPECT_FALSE((*check)->Telemetry(2).has_value());  // NVML does not know it
 }
 
 // A GPU NVML does not know (no bus id from the driver, or one NVML cannot find) is left
