@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/progress.h"
+#include "common/node_slots.h"
 
 namespace drover::cli {
 namespace {
@@ -35,12 +36,10 @@ std::string Memory(const v1::GpuTelemetry& g) {
 std::vector<std::string> SlowedGpuLines(const v1::WorkerInfo& w) {
   std::vector<std::string> lines;
   for (const v1::GpuTelemetry& g : w.gpus()) {
-    if (g.slowdown().empty()) continue;
-    lines.push_back(
-        w.node().name() + " slot " + std::to_string(g.slot()) + ": its GPU is slowed down (" +
-        g.slowdown() +
-        (g.has_temperature_c() ? ", at " + std::to_string(g.temperature_c()) + " C" : "") +
-        "): every rank of its job waits for it at each step");
+    const std::string notice = SlowdownNotice(g);
+    if (notice.empty()) continue;
+    lines.push_back(w.node().name() + " slot " + std::to_string(g.slot()) + ": " + notice +
+                    ": every rank of its job waits for it at each step");
   }
   return lines;
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "proto/drover.pb.h"
 
@@ -24,6 +25,15 @@ inline int SlotsOut(const v1::NodeRecord& node, int64_t now_ms) {
   return static_cast<int>(
       std::count_if(node.slots().begin(), node.slots().end(),
                     [&](const v1::Slot& s) { return SlotOut(node, s.index(), now_ms); }));
+}
+
+// "its GPU is slowed down (thermal (hardware), at 91 C)" for a GPU whose clocks its hardware
+// or driver holds down (GpuTelemetry.slowdown), "" for one they do not: said under drover
+// workers and as a notice of the job whose rank runs there.
+inline std::string SlowdownNotice(const v1::GpuTelemetry& g) {
+  if (g.slowdown().empty()) return "";
+  return "its GPU is slowed down (" + g.slowdown() +
+         (g.has_temperature_c() ? ", at " + std::to_string(g.temperature_c()) + " C" : "") + ")";
 }
 
 }  // namespace drover

@@ -10,6 +10,7 @@
 
 #include "common/job_state.h"
 #include "common/mutex.h"
+#include "common/node_slots.h"
 #include "coordinator/ids.h"
 #include "coordinator/store/sqlite_store.h"
 
@@ -455,6 +456,18 @@ StatusOr<v1::JobInfo> Coordinator::GetJob(const std::string& job_id) {
   for (auto& a : jobs_.Attempts(job_id)) *info.add_attempts() = std::move(a);
   for (auto& t : jobs_.CurrentTrainers(job_id)) *info.add_trainers() = std::move(t);
   for (auto& c : checkpoints_.ForJob(job_id)) *info.add_checkpoints() = std::move(c);
+  if (rec->state() == v1::RUNNING) {
+    for (const v1::RankAssignment& p : rec->placement()) {
+      const std::vector<v1::GpuTelemetry>* gpus = nodes_.Gpus(p.node());
+      if (gpus == nullptr) continue;
+      for (const v1::GpuTelemetry& g : *gpus) {
+        const std::string notice = g.slot() == p.slot() ? SlowdownNotice(g) : "";
+        if (notice.empty()) continue;
+        info.add_notices("rank " + std::to_string(p.rank()) + " on " + p.node() + " slot " +
+                         std::to_string(p.slot()) + ": " + notice);
+      }
+    }
+  }
   return info;
 }
 

@@ -214,6 +214,7 @@ json JobJson(const v1::JobInfo& info, const ProgressHistory::Series& history, in
               {"placement", Placement(info)},
               {"attempts", Attempts(info, history)},
               {"checkpoints", std::move(checkpoints)},
+              {"notices", std::vector<std::string>(info.notices().begin(), info.notices().end())},
               {"history", History(history)}};
 }
 

@@ -611,6 +611,49 @@ TEST_F(CoordinatorTest, EachNodesGpuReadingsAreListedAsItsLastHeartbeatSentThem)
   EXPECT_EQ(workers.workers(0).gpus_size(), 0);
 }
 
+// A running job whose rank's GPU its hardware slows down has a notice naming the rank, the
+// slot and why; it ends with the slowdown.
+TEST_F(CoordinatorTest, ARankOnASlowedGpuIsANoticeOfItsJob) {
+  ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
+  const std::string id = Submit(SpecYaml(2, 2, 2, 120, "cuda"));
+  c_->Tick();
+  ASSERT_EQ(Beat("g1", {}).orders_size(), 2);
+  Beat("g1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  int rank = -1;
+  const v1::JobRecord job = Job(id);  // a copy: the loop below outlives Job()'s temporary
+  for (const v1::RankAssignment& p : job.placement()) {
+    if (p.slot() == 1) rank = p.rank();
+  }
+  ASSERT_GE(rank, 0);
+
+  v1::HeartbeatRequest hb;
+  hb.set_name("g1");
+  hb.set_agent_id("agent-1");
+  *hb.add_trainers() = Trainer(id, 1, 0);
+  *hb.add_trainers() = Trainer(id, 1, 1);
+  v1::GpuTelemetry* cool = hb.add_gpus();
+  cool->set_slot(0);
+  cool->set_temperature_c(60);
+  v1::GpuTelemetry* hot = hb.add_gpus();
+  hot->set_slot(1);
+  hot->set_temperature_c(91);
+  hot->set_slowdown("thermal (hardware)");
+  c_->Heartbeat(hb);
+  auto info = c_->GetJob(id);
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->notices_size(), 1);
+  EXPECT_EQ(info->notices(0), "rank " + std::to_string(rank) +
+                                  " on g1 slot 1: its GPU is slowed down (thermal (hardware), "
+                                  "at 91 C)");
+
+  hot->clear_slowdown();
+  c_->Heartbeat(hb);
+  info = c_->GetJob(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->notices_size(), 0);
+}
+
 TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOntoIt) {
   ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
   const std::string id = Submit(SpecYaml(1, 2, 2, 120, "cuda"));

@@ -38,5 +38,16 @@ TEST(DashboardJsonTest, AGpuSlotCarriesItsLastReading) {
   EXPECT_FALSE(gpu.contains("temperature_c"));
 }
 
+// A job's notices (what slows it where it runs) reach the page as they are.
+TEST(DashboardJsonTest, AJobsNoticesAreListed) {
+  v1::JobInfo info;
+  info.mutable_job()->set_job_id("j1");
+  info.add_notices("rank 1 on g1 slot 1: its GPU is slowed down (thermal (hardware), at 91 C)");
+  const nlohmann::json job = JobJson(info, {}, 1'700'000'000'000);
+  ASSERT_EQ(job["notices"].size(), 1u);
+  EXPECT_EQ(job["notices"][0],
+            "rank 1 on g1 slot 1: its GPU is slowed down (thermal (hardware), at 91 C)");
+}
+
 }  // namespace
 }  // namespace drover::coordinator
