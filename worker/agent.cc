@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <random>
 
 #include "common/files.h"
 #include "common/net.h"
+#include "worker/call_within.h"
 #include "worker/grpc_util.h"
 #include "worker/process.h"
 #include "worker/trainer_env.h"
@@ -295,7 +297,18 @@ void Agent::OnTrainerExit(const v1::TrainerStatus& status) {
 
 Status Agent::Run() {
   if (options_.device == v1::CUDA && options_.gpu_health.interval_ms > 0) {
-    auto check = GpuHealthCheck::Open(options_.gpus, options_.nvml_library);
+    // nvmlInit_v2 waits on the driver like any query: on a wedged one the agent registers
+    // without health checks rather than never.
+    using Opened = StatusOr<std::unique_ptr<GpuHealthCheck>>;
+    std::optional<Opened> opened = CallWithin<Opened>(
+        [gpus = options_.gpus, library = options_.nvml_library] {
+          return GpuHealthCheck::Open(gpus, library);
+        },
+        options_.gpu_health.timeout_ms);
+    Opened check = opened ? std::move(*opened)
+                          : Opened(UnavailableError("NVML has not answered within " +
+                                                    std::to_string(options_.gpu_health.timeout_ms) +
+                                                    " ms as it started (a wedged driver or GPU)"));
     if (check.ok()) {
       spdlog::info(
           "checking the health of {} of {} GPU(s) through NVML every {} ms; {}",

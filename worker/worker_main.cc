@@ -5,13 +5,16 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "common/net.h"
 #include "common/tls.h"
 #include "worker/agent.h"
+#include "worker/call_within.h"
 #include "worker/gpu_health.h"
 #include "worker/gpu_probe.h"
 #include "worker/node_identity.h"
@@ -125,7 +128,19 @@ int main(int argc, char** argv) {
   }
   if (options.device == drover::v1::CUDA) {
     // A GPU node registers its GPUs: refused here, with the reason, when it has none to use.
-    auto gpus = drover::ProbeGpus();
+    // A wedged driver can hold cuInit for minutes: the agent says so, not hangs silently.
+    using Probe = drover::StatusOr<std::vector<drover::GpuInfo>>;
+    std::optional<Probe> probe = drover::CallWithin<Probe>([] { return drover::ProbeGpus(); },
+                                                           options.gpu_health.timeout_ms);
+    if (!probe) {
+      std::cerr << "drover-worker: --device cuda: the NVIDIA driver has not answered within "
+                << options.gpu_health.timeout_ms
+                << " ms (--gpu-health-timeout-ms) while the GPUs were listed (cuInit and its "
+                   "queries): a wedged driver or GPU; reset the GPUs (nvidia-smi -r) or reboot "
+                   "the node\n";
+      std::_Exit(1);  // the probe's thread is stuck in the driver: exit without waiting for it
+    }
+    Probe& gpus = *probe;
     if (!gpus.ok()) {
       std::cerr << "drover-worker: --device cuda: " << gpus.status().message() << "\n";
       return 2;

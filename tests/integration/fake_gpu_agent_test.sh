@@ -7,7 +7,10 @@
 #     with its name, memory and compute capability in `drover workers`;
 #   - --slots past the visible GPUs is refused, naming both numbers;
 #   - a node with a GPU older than the kernels allow (a V100, 7.0) refuses to start, naming
-#     the GPU, its compute capability and how to leave it out.
+#     the GPU, its compute capability and how to leave it out;
+#   - a malformed --gpu-ignored-xids is refused, naming the entry;
+#   - a driver whose cuInit never returns: the agent says so and exits (1);
+#   - an NVML whose nvmlInit_v2 never returns: the agent registers without health checks.
 #
 #   fake_gpu_agent_test.sh BIN_DIR FAKE_DRIVER
 set -euo pipefail
@@ -72,3 +75,30 @@ DROVER_FAKE_GPUS="NVIDIA H200,141,90" timeout 20 "$bin/drover-worker" --coordina
   > "$work/gpu3.log" 2>&1 || rc=$?
 refused "$work/gpu3.log" $rc "drover-worker: --gpu-ignored-xids: 'thirty' is not an Xid"
 echo "too many slots, a V100 and a malformed Xid list refused, by name"
+# A wedged driver: cuInit never returns. The agent says so within --gpu-health-timeout-ms and
+# exits, where it would hang silently.
+rc=0
+DROVER_FAKE_CUDA_HANG=1 DROVER_FAKE_GPUS="NVIDIA H200,141,90" timeout 20 "$bin/drover-worker" \
+  --coordinator "$addr" --name gpu4 --device cuda --gpu-health-timeout-ms 300 \
+  --work-dir "$work/gpu4" > "$work/gpu4.log" 2>&1 || rc=$?
+[[ $rc -eq 1 ]] && grep -qF "drover-worker: --device cuda: the NVIDIA driver has not answered within 300 ms (--gpu-health-timeout-ms) while the GPUs were listed" "$work/gpu4.log" ||
+  { echo "FAIL: a wedged driver, rc $rc (want 1)"; cat "$work/gpu4.log"; exit 1; }
+echo "a driver that never answers: the agent said so and exited"
+# NVML that never starts (nvmlInit_v2 hangs): the agent registers without health checks
+# after --gpu-health-timeout-ms, and says why, where it would never register.
+mkdir "$work/nvml"
+ln -s "$driver" "$work/nvml/libnvidia-ml.so.1"
+echo "init hang" > "$work/nvml-state"
+DROVER_FAKE_NVML=$work/nvml-state DROVER_FAKE_GPUS="NVIDIA H200,141,90" \
+  LD_LIBRARY_PATH=$work/nvml:$LD_LIBRARY_PATH "$bin/drover-worker" --coordinator "$addr" \
+  --name gpu5 --device cuda --gpu-health-timeout-ms 300 --work-dir "$work/gpu5" \
+  > "$work/gpu5.log" 2>&1 &
+for _ in $(seq 1 100); do
+  "$bin/drover" --coordinator "$addr" workers | grep -q "^gpu5 *ALIVE" && break
+  sleep 0.1
+done
+"$bin/drover" --coordinator "$addr" workers | grep -q "^gpu5 *ALIVE" &&
+  grep -qF "GPU health checks are off: NVML has not answered within 300 ms as it started (a wedged driver or GPU)" "$work/gpu5.log" ||
+  { echo "FAIL: an NVML that never starts held up the agent"; cat "$work/gpu5.log"; exit 1; }
+echo > "$work/nvml-state"  # the init returns, on a thread nobody waits for
+echo "an NVML that never starts: the agent registered without health checks, saying why"

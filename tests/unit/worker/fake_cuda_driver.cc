@@ -17,11 +17,12 @@
 // "xid=N,M" (Xid events, each delivered once to each event set that has the GPU, in order),
 // "noxid" (its driver offers no Xid events), "util=N" (% busy), "used=N" (GiB of memory in
 // use, of the GiB DROVER_FAKE_GPUS gives), "temp=N" (C), "power=N" (W), "reasons=N" (clocks
-// event reasons, a decimal bit mask; 0 without it) — utilisation, temperature and power are
+// event reasons, a decimal bit mask; 0 without it); utilisation, temperature and power are
 // NOT_SUPPORTED without their keyword; a line "unattributed xid=N" is an Xid event NVML
-// names no GPU for; a line "init N" makes nvmlInit_v2 fail with N. A device handle is its
-// ordinal + 1; the codes are nvml.h's: SUCCESS 0, INVALID_ARGUMENT 2, NOT_SUPPORTED 3,
-// NOT_FOUND 6, TIMEOUT 10, GPU_IS_LOST 15.
+// names no GPU for; a line "init N" makes nvmlInit_v2 fail with N, "init hang" never return
+// while it is there. A device handle is its ordinal + 1; the codes are nvml.h's: SUCCESS 0,
+// INVALID_ARGUMENT 2, NOT_SUPPORTED 3, NOT_FOUND 6, TIMEOUT 10, GPU_IS_LOST 15.
+// DROVER_FAKE_CUDA_HANG set: cuInit never returns (a wedged driver).
 #include <strings.h>
 
 #include <chrono>
@@ -77,7 +78,13 @@ bool Valid(int device) { return device >= 0 && device < static_cast<int>(Devices
 
 extern "C" {
 
-int cuInit(unsigned int) { return Devices().empty() ? 100 : 0; }
+// DROVER_FAKE_CUDA_HANG set: never returns, as on a wedged driver.
+int cuInit(unsigned int) {
+  while (std::getenv("DROVER_FAKE_CUDA_HANG") != nullptr) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Devices().empty() ? 100 : 0;
+}
 
 int cuDeviceGetCount(int* count) {
   *count = static_cast<int>(Devices().size());
@@ -137,6 +144,7 @@ namespace {
 
 struct NvmlState {
   int init_error = 0;
+  bool init_hangs = false;  // "init hang": nvmlInit_v2 does not return while the line is there
   std::map<std::string, std::string> faults;  // bus id -> the rest of its line
 };
 
@@ -153,6 +161,7 @@ NvmlState ReadNvmlState() {
     std::getline(words, rest);
     if (first == "init") {
       state.init_error = std::atoi(rest.c_str());
+      state.init_hangs = rest.find("hang") != std::string::npos;
     } else if (!first.empty()) {
       state.faults[first] = rest + " ";
     }
@@ -349,7 +358,10 @@ int nvmlDeviceGetCurrentClocksEventReasons(void* device, unsigned long long* rea
   return 0;
 }
 
-int nvmlInit_v2() { return ReadNvmlState().init_error; }
+int nvmlInit_v2() {
+  while (ReadNvmlState().init_hangs) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return ReadNvmlState().init_error;
+}
 
 int nvmlShutdown() { return 0; }
 
