@@ -6,13 +6,13 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
+
+#include "common/mutex.h"
 
 namespace drover {
 
@@ -20,20 +20,20 @@ namespace drover {
 template <typename T>
 std::optional<T> CallWithin(std::function<T()> fn, int timeout_ms) {
   struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<T> result;  // guarded by mu
+    Mutex mu;
+    CondVar cv;
+    std::optional<T> result GUARDED_BY(mu);
   };
   auto shared = std::make_shared<Shared>();
   std::thread([shared, fn = std::move(fn)]() {
     T value = fn();
-    std::lock_guard<std::mutex> lock(shared->mu);
+    MutexLock lock(&shared->mu);
     shared->result.emplace(std::move(value));
-    shared->cv.notify_all();
+    shared->cv.SignalAll();
   }).detach();
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                      [&] { return shared->result.has_value(); });
+  MutexLock lock(&shared->mu);
+  shared->cv.WaitFor(&shared->mu, std::chrono::milliseconds(timeout_ms),
+                     [&]() REQUIRES(shared->mu) { return shared->result.has_value(); });
   if (!shared->result) return std::nullopt;
   return std::move(shared->result);
 }
