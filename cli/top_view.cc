@@ -23,7 +23,27 @@ std::string Fixed(const char* format, double value) {
 
 bool IsLive(const v1::TrainerStatus& t) { return t.state() != v1::TRAINER_EXITED; }
 
+// A GPU node's GPUs at a glance: "97% busy" (the mean of those NVML answered for), and
+// ", 1 slowed" where the hardware holds some down; "-" for a node without readings.
+std::string GpuSummary(const v1::WorkerInfo& w) {
+  int answered = 0, busy = 0, slowed = 0;
+  for (const v1::GpuTelemetry& g : w.gpus()) {
+    if (g.has_utilization_pct()) {
+      ++answered;
+      busy += g.utilization_pct();
+    }
+    slowed += g.slowdown().empty() ? 0 : 1;
+  }
+  std::string summary = answered > 0 ? std::to_string((busy + answered / 2) / answered) + "% busy"
+                                     : (w.gpus().empty() ? "-" : "busy ?");
+  if (slowed > 0) summary += ", " + std::to_string(slowed) + " slowed";
+  return summary;
+}
+
 std::string NodeTable(const TopSnapshot& s) {
+  // The GPUS column only where some agent sends GPU readings: a CPU cluster's table is as it was.
+  const bool gpus = std::any_of(s.workers.workers().begin(), s.workers.workers().end(),
+                                [](const v1::WorkerInfo& w) { return w.gpus_size() > 0; });
   std::vector<std::vector<std::string>> rows;
   for (const v1::WorkerInfo& w : s.workers.workers()) {
     const v1::NodeRecord& n = w.node();
@@ -40,9 +60,12 @@ std::string NodeTable(const TopSnapshot& s) {
                     std::to_string(used) + "/" + std::to_string(n.slots_size()) +
                         (out > 0 ? " (" + std::to_string(out) + " out)" : ""),
                     age});
+    if (gpus) rows.back().push_back(GpuSummary(w));
   }
   if (rows.empty()) return "no worker nodes\n";
-  return FormatTable({"NODE", "STATE", "SLOTS", "HEARTBEAT"}, rows);
+  std::vector<std::string> header = {"NODE", "STATE", "SLOTS", "HEARTBEAT"};
+  if (gpus) header.push_back("GPUS");
+  return FormatTable(header, rows);
 }
 
 // One job's row; sets *recomputed when its step is being trained again after a restart.

@@ -69,6 +69,23 @@ TEST(RenderTopTest, NodesAndJobsWithProgressLossSpeedAndEtaAtTheSlowestRank) {
             "j-1  shakespeare  RUNNING  2        2      150/300  50.0%     1.2346  5120   30.0s\n");
 }
 
+// Where an agent sends GPU readings, a GPUS column gives each node's mean busy share and how
+// many of its GPUs are slowed down; a node without readings shows "-".
+TEST(RenderTopTest, GpuNodesShowHowBusyTheirGpusAreAndHowManyAreSlowed) {
+  TopSnapshot s = Cluster();
+  v1::WorkerInfo& w1 = *s.workers.mutable_workers(0);
+  w1.add_gpus()->set_utilization_pct(97);
+  v1::GpuTelemetry* hot = w1.add_gpus();
+  hot->set_utilization_pct(90);
+  hot->set_slowdown("thermal (hardware)");
+  const std::string frame = RenderTop(s, 0);
+  EXPECT_NE(frame.find("NODE  STATE  SLOTS  HEARTBEAT  GPUS\n"
+                       "w1    ALIVE  2/2    0.4s       94% busy, 1 slowed\n"
+                       "w2    DEAD   0/1    1m15s      -\n"),
+            std::string::npos)
+      << frame;
+}
+
 TEST(RenderTopTest, ASlotOutForItsFailedGpuIsCountedOnItsNode) {
   TopSnapshot s = Cluster();
   s.workers.set_now_ms(kNow + 5);  // the coordinator's clock decides
