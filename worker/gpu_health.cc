@@ -265,11 +265,11 @@ StatusOr<std::unique_ptr<GpuHealthCheck>> GpuHealthCheck::Open(const std::vector
     }
     nvml->gpus.push_back(std::move(gpu));
   }
-  WatchXids(nvml.get());
+  RegisterForXids(nvml.get());
   return std::unique_ptr<GpuHealthCheck>(new GpuHealthCheck(std::move(nvml)));
 }
 
-void GpuHealthCheck::WatchXids(Nvml* nvml) {
+void GpuHealthCheck::RegisterForXids(Nvml* nvml) {
   auto create = nvml->lib.Get<NvmlEventSetCreate>("nvmlEventSetCreate");
   auto supported = nvml->lib.Get<NvmlGetSupportedEventTypes>("nvmlDeviceGetSupportedEventTypes");
   auto register_events = nvml->lib.Get<NvmlRegisterEvents>("nvmlDeviceRegisterEvents");

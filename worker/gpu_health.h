@@ -117,7 +117,7 @@ class GpuHealthCheck {
   struct Nvml;
   explicit GpuHealthCheck(std::unique_ptr<Nvml> nvml);
   // Registers each GPU found for Xid events, where its driver offers them (a warning where not).
-  static void WatchXids(Nvml* nvml);
+  static void RegisterForXids(Nvml* nvml);
   std::unique_ptr<Nvml> nvml_;
 };
 
