@@ -94,14 +94,17 @@ std::string XidMeaning(uint64_t xid) {
 }  // namespace
 
 std::string SlowdownReasons(uint64_t reasons) {
-  // nvmlClocksEventReason*: HwThermalSlowdown 0x40 and HwPowerBrakeSlowdown 0x80 also set
-  // HwSlowdown 0x8 on some drivers, so it is named alone only when neither is set.
+  // nvmlClocksEventReason* bits. HwThermalSlowdown and HwPowerBrakeSlowdown also set
+  // HwSlowdown on some drivers, so it is named alone only when neither is set.
+  constexpr uint64_t kHwSlowdown = 0x8, kSwThermal = 0x20, kHwThermal = 0x40, kHwPowerBrake = 0x80;
   std::string why;
   auto add = [&](const char* what) { why += (why.empty() ? "" : ", ") + std::string(what); };
-  if (reasons & 0x40) add("thermal (hardware)");
-  if (reasons & 0x80) add("power brake (hardware)");
-  if (reasons & 0x20) add("thermal (driver)");
-  if ((reasons & 0x8) && !(reasons & (0x40 | 0x80))) add("hardware slowdown");
+  if (reasons & kHwThermal) add("thermal (hardware)");
+  if (reasons & kHwPowerBrake) add("power brake (hardware)");
+  if (reasons & kSwThermal) add("thermal (driver)");
+  if ((reasons & kHwSlowdown) && !(reasons & (kHwThermal | kHwPowerBrake))) {
+    add("hardware slowdown");
+  }
   return why;
 }
 
