@@ -43,7 +43,7 @@ void PrintJob(const v1::JobInfo& info) {
             << "\n"
             << "output_dir:  " << j.output_dir() << "\n";
   if (j.rollbacks() > 0) std::cout << "rollbacks:   " << j.rollbacks() << " (loss spikes)\n";
-  for (const std::string& notice : info.notices()) std::cout << "slowed:      " << notice << "\n";
+  for (const std::string& notice : info.notices()) std::cout << "notice:      " << notice << "\n";
   if (!info.attempts().empty()) {
     std::vector<std::vector<std::string>> rows;
     for (const v1::AttemptRecord& a : info.attempts()) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 
@@ -13,6 +14,7 @@
 #include "common/node_slots.h"
 #include "coordinator/ids.h"
 #include "coordinator/store/sqlite_store.h"
+#include "coordinator/straggler.h"
 
 namespace drover::coordinator {
 namespace {
@@ -456,19 +458,36 @@ StatusOr<v1::JobInfo> Coordinator::GetJob(const std::string& job_id) {
   for (auto& a : jobs_.Attempts(job_id)) *info.add_attempts() = std::move(a);
   for (auto& t : jobs_.CurrentTrainers(job_id)) *info.add_trainers() = std::move(t);
   for (auto& c : checkpoints_.ForJob(job_id)) *info.add_checkpoints() = std::move(c);
-  if (rec->state() == v1::RUNNING) {
-    for (const v1::RankAssignment& p : rec->placement()) {
-      const std::vector<v1::GpuTelemetry>* gpus = nodes_.Gpus(p.node());
-      if (gpus == nullptr) continue;
-      for (const v1::GpuTelemetry& g : *gpus) {
-        const std::string notice = g.slot() == p.slot() ? SlowdownNotice(g) : "";
-        if (notice.empty()) continue;
-        info.add_notices("rank " + std::to_string(p.rank()) + " on " + p.node() + " slot " +
-                         std::to_string(p.slot()) + ": " + notice);
-      }
+  if (rec->state() == v1::RUNNING) AddNotices(*rec, &info);
+  return info;
+}
+
+void Coordinator::AddNotices(const v1::JobRecord& rec, v1::JobInfo* info) const {
+  std::map<int, const v1::RankAssignment*> placed;
+  for (const v1::RankAssignment& p : rec.placement()) placed[p.rank()] = &p;
+  const auto where = [&](int rank) {
+    const auto it = placed.find(rank);
+    if (it == placed.end()) return "rank " + std::to_string(rank);
+    return "rank " + std::to_string(rank) + " on " + it->second->node() + " slot " +
+           std::to_string(it->second->slot());
+  };
+  for (const v1::RankAssignment& p : rec.placement()) {
+    const std::vector<v1::GpuTelemetry>* gpus = nodes_.Gpus(p.node());
+    if (gpus == nullptr) continue;
+    for (const v1::GpuTelemetry& g : *gpus) {
+      const std::string notice = g.slot() == p.slot() ? SlowdownNotice(g) : "";
+      if (!notice.empty()) info->add_notices(where(p.rank()) + ": " + notice);
     }
   }
-  return info;
+  std::vector<RankPace> paces;
+  for (const v1::TrainerStatus& t : info->trainers()) {
+    if (t.attempt() != rec.attempt() || t.state() != v1::TRAINER_RUNNING) continue;
+    paces.push_back({t.rank(), t.progress().pp_stage(), t.progress().busy_ms()});
+  }
+  for (const Straggler& s : FindStragglers(paces)) {
+    info->add_notices(where(s.rank) + " is a straggler: " + StragglerNotice(s));
+    info->add_straggler_ranks(s.rank);
+  }
 }
 
 v1::ListJobsResponse Coordinator::ListJobs(const v1::ListJobsRequest& request) {

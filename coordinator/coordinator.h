@@ -154,6 +154,9 @@ class Coordinator {
   void TakeSlotHealth(const std::string& node,
                       const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy)
       REQUIRES(mu_);
+  // A RUNNING job's notices (JobInfo.notices), from `info`'s trainers and the agents' last
+  // GPU readings: a rank on a slowed GPU, a rank its stage waits for (straggler.h).
+  void AddNotices(const v1::JobRecord& rec, v1::JobInfo* info) const REQUIRES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
   int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.

@@ -62,10 +62,13 @@ json Placement(const v1::JobInfo& info) {
       rank["pid"] = t.pid();
       rank["step"] = t.progress().step();
       rank["step_ms"] = Number(t.progress().step_ms());
+      if (t.progress().busy_ms() > 0) rank["busy_ms"] = Number(t.progress().busy_ms());
       rank["message"] = t.progress().message();
     } else {
       rank["state"] = "not started";
     }
+    rank["straggler"] = std::find(info.straggler_ranks().begin(), info.straggler_ranks().end(),
+                                  r.rank()) != info.straggler_ranks().end();
     ranks.push_back(std::move(rank));
   }
   return ranks;

@@ -71,6 +71,12 @@ class StateSeries {
         lr_(Family(r, "drover_job_learning_rate", "Learning rate rank 0 reported last")),
         val_loss_(Family(r, "drover_job_val_loss", "Newest validation loss")),
         mfu_(Family(r, "drover_job_mfu_ratio", "Model FLOPs utilisation, where known")),
+        rank_busy_(Family(r, "drover_job_rank_busy_seconds",
+                          "A rank's own time a step, without waiting for its peers (median of "
+                          "its last steps): the stage's slowest sets the pace")),
+        stragglers_(Family(r, "drover_job_stragglers",
+                           "Ranks the others of their pipeline stage wait for (drover status "
+                           "names them)")),
         ckpt_age_(Family(r, "drover_job_checkpoint_age_seconds",
                          "Time since the job's newest complete checkpoint was created")) {}
 
@@ -155,9 +161,16 @@ class StateSeries {
         last_recovery_.Add(l).Set(Seconds(cur.started_ms() - prev.ended_ms()));
       }
     }
+    stragglers_.Add(l).Set(info.straggler_ranks_size());
     for (const v1::TrainerStatus& t : info.trainers()) {
-      if (t.rank() != 0 || t.attempt() != j.attempt()) continue;
+      if (t.attempt() != j.attempt()) continue;
       const v1::TrainerProgress& p = t.progress();
+      if (p.busy_ms() > 0) {
+        rank_busy_
+            .Add({{"job_id", j.job_id()}, {"name", j.name()}, {"rank", std::to_string(t.rank())}})
+            .Set(p.busy_ms() / 1000.0);
+      }
+      if (t.rank() != 0) continue;
       if (p.step() > 0) lr_.Add(l).Set(p.lr());
       if (p.val_step() > 0) val_loss_.Add(l).Set(p.val_loss());
       if (p.mfu() > 0) mfu_.Add(l).Set(p.mfu());
@@ -191,6 +204,8 @@ class StateSeries {
   prometheus::Family<Gauge>& lr_;
   prometheus::Family<Gauge>& val_loss_;
   prometheus::Family<Gauge>& mfu_;
+  prometheus::Family<Gauge>& rank_busy_;
+  prometheus::Family<Gauge>& stragglers_;
   prometheus::Family<Gauge>& ckpt_age_;
 };
 

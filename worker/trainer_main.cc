@@ -33,7 +33,12 @@ class ReporterListener final : public drover::engine::TrainerListener {
  public:
   explicit ReporterListener(drover::TrainerReporter* reporter) : reporter_(reporter) {}
   void OnStep(const drover::engine::StepMetrics& m) override {
-    reporter_->Progress(m.step, m.step_ms, m.loss, m.tokens_per_s, {m.lr, m.val_loss, 0.0});
+    reporter_->Progress(m.step, m.step_ms, m.loss, m.tokens_per_s,
+                        {.lr = m.lr,
+                         .val_loss = m.val_loss,
+                         .mfu = 0,
+                         .busy_ms = m.busy_ms,
+                         .pp_stage = m.pp_stage});
   }
   void OnCheckpoint(const drover::v1::CheckpointRecord& record) override {
     reporter_->Checkpoint(record);

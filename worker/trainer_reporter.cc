@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/median.h"
 #include "worker/trainer_env.h"
 
 namespace drover {
@@ -35,6 +36,14 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
     MutexLock lock(&mu_);
     last_step_ = step;
     last_extras_ = extras;
+    if (first_step_seen_) {
+      busy_window_.push_back(extras.busy_ms);
+      if (busy_window_.size() > kBusyWindow) busy_window_.pop_front();
+    }
+    first_step_seen_ = true;
+    busy_median_ = busy_window_.size() >= kBusyMinSteps
+                       ? Median({busy_window_.begin(), busy_window_.end()})
+                       : 0;
     if (extras.val_loss.has_value()) {
       val_loss_ = *extras.val_loss;
       val_step_ = step;
@@ -47,6 +56,8 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
 void TrainerReporter::FillSticky(v1::TrainerProgress* p) const {
   p->set_lr(last_extras_.lr);
   p->set_mfu(last_extras_.mfu);
+  p->set_busy_ms(busy_median_);
+  p->set_pp_stage(last_extras_.pp_stage);
   p->set_val_loss(val_loss_);
   p->set_val_step(val_step_);
   p->set_last_checkpoint_step(last_checkpoint_step_);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,8 @@ struct TrainerStepExtras {
   double lr = 0;
   std::optional<double> val_loss;  // set on evaluation steps
   double mfu = 0;                  // 0: unknown
+  double busy_ms = 0;              // the step's own time (engine/metrics.h)
+  int pp_stage = 0;                // this rank's pipeline stage
 };
 
 class TrainerReporter {
@@ -40,7 +43,9 @@ class TrainerReporter {
   // Reports the last completed optimizer step. last_checkpoint_step is filled in from the
   // last Checkpoint() call (-1 before any); the newest validation loss is carried by every
   // report from the step that measured it on (with its step), so that a heartbeat that
-  // misses the eval step still forwards it.
+  // misses the eval step still forwards it. busy_ms is reported as the median of the last
+  // kBusyWindow steps' (one slow step, a checkpoint's or a page fault's, is no straggler),
+  // once kBusyMinSteps steps after the attempt's first are in, else 0.
   void Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
                 const StepExtras& extras = {}, const std::string& message = "");
   // Reports a phase without a step change ("loading data", "rendezvous").
@@ -60,6 +65,9 @@ class TrainerReporter {
   // Training finished; the process exits 0 next.
   void Done();
 
+  static constexpr size_t kBusyWindow = 16;
+  static constexpr size_t kBusyMinSteps = 4;
+
  private:
   void Write(const v1::TrainerReport& report);
   // Sets what every report carries from earlier calls.
@@ -75,6 +83,9 @@ class TrainerReporter {
   double val_loss_ GUARDED_BY(mu_) = 0;
   int64_t val_step_ GUARDED_BY(mu_) = 0;  // 0 before the first evaluation
   std::vector<int> cut_off_ranks_ GUARDED_BY(mu_);
+  bool first_step_seen_ GUARDED_BY(mu_) = false;  // its busy_ms holds the warm-up: left out
+  std::deque<double> busy_window_ GUARDED_BY(mu_);
+  double busy_median_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace drover

@@ -281,6 +281,36 @@ TEST(NcclCommunicatorTest, OnlyTheFirstCallWaitsForALatePeerUpToTheConnectTimeou
   EXPECT_EQ(results[1], "");
 }
 
+// A rank's wait counts from the compute before the call having finished to the transfer's
+// end: the rank that comes late waits little, the one kept waiting about as long as it was.
+TEST(NcclCommunicatorTest, WaitSecondsIsTheTimeEachRankSpentWaitingForTheLateOne) {
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    Ops* ops = *CudaOps();
+    auto comm = ConnectNcclThroughPlugin(ops, store, "g", rank, 2,
+                                         CommOptions{milliseconds(10'000)}, milliseconds(20'000));
+    if (!comm.ok()) return comm.status().ToString();
+    Status st;
+    // The first call also connects: it is left out.
+    OnDevice(ops, {1},
+             [&](float* d) { st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum); });
+    RANK_EXPECT(st.ok(), "first all-reduce: " + st.ToString());
+    const double before = (*comm)->wait_seconds();
+    if (rank == 1) std::this_thread::sleep_for(milliseconds(500));
+    OnDevice(ops, {1},
+             [&](float* d) { st = (*comm)->AllReduce(d, 1, DataType::kFloat32, ReduceOp::kSum); });
+    RANK_EXPECT(st.ok(), "second all-reduce: " + st.ToString());
+    const double waited = (*comm)->wait_seconds() - before;
+    if (rank == 0) RANK_EXPECT(waited >= 0.4, "waited " + std::to_string(waited) + " s");
+    if (rank == 1)
+      RANK_EXPECT(waited < 0.2, "the late rank waited " + std::to_string(waited) + " s");
+    return "";
+  });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
+}
+
 TEST(NcclCommunicatorTest, TwoRanksOnOneGpuAreRefused) {
   SKIP_UNLESS_NCCL_GROUPS_RUN();
   auto results = OnRanks({"0", "0"}, [](int rank, KvStore* store) -> std::string {

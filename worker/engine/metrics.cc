@@ -45,6 +45,8 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendNumber(&s, "comm_wait_ms", m.comm_wait_ms);
   AppendNumber(&s, "publish_ms", m.publish_ms);
   AppendNumber(&s, "pp_wait_ms", m.pp_wait_ms);
+  AppendNumber(&s, "peer_wait_ms", m.peer_wait_ms);
+  AppendNumber(&s, "busy_ms", m.busy_ms);
   AppendNumber(&s, "param_mib", m.param_mib);
   AppendNumber(&s, "grad_mib", m.grad_mib);
   AppendNumber(&s, "optimizer_mib", m.optimizer_mib);

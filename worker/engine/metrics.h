@@ -32,6 +32,15 @@ struct StepMetrics {
   double comm_wait_ms = 0;  // of which the step waited for (the rest hid behind compute)
   double publish_ms = 0;    // ZeRO-1/2's all-gather of the updated parameters
   double pp_wait_ms = 0;    // time blocked receiving from neighbouring pipeline stages
+  // From the previous step's end to this one's (the first: this step alone): the time this
+  // rank's collectives and transfers took once its part of each was ready, every group
+  // summed (Communicator::wait_seconds; the dp group's run beside backward, so this may
+  // overlap compute), and the rest of that time, at least 0: the rank's own, computing,
+  // reading data, and whatever it did between the steps. A rank its peers wait for shows the
+  // most busy_ms of them (coordinator/straggler.h).
+  double peer_wait_ms = 0;
+  double busy_ms = 0;
+  int pp_stage = 0;  // this rank's pipeline stage: ranks of one stage do the same work
   // MiB rank 0 holds for parameters, gradients, AdamW state and ZeRO's transient buffers.
   double param_mib = 0, grad_mib = 0, optimizer_mib = 0, working_mib = 0;
   // MiB rank 0 holds for activations (every micro-batch in flight; train.recompute).
@@ -55,10 +64,10 @@ struct StepMetrics {
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
-// comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, param_mib, grad_mib, optimizer_mib, working_mib,
-// activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped, device_allocations,
-// device_mib and device_peak_mib when present. Non-finite numbers are written as null (JSON has no
-// NaN).
+// comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, peer_wait_ms, busy_ms, param_mib, grad_mib,
+// optimizer_mib, working_mib, activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped,
+// device_allocations, device_mib and device_peak_mib when present. Non-finite numbers are written
+// as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

@@ -400,6 +400,10 @@ StatusOr<StepMetrics> Trainer::Step() {
                                 ? options_.checkpoint_requests->load(std::memory_order_relaxed)
                                 : 0;
   const bool vote = requests != requests_served_;
+  if (!last_step_end_.has_value()) {
+    last_step_end_ = t0;
+    last_step_waited_s_ = parallel::WaitSeconds(groups_);
+  }
   ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr, vote));
   ++step_;
   if (vote) requests_voted_ = requests;
@@ -425,6 +429,15 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.comm_wait_ms = r.comm_blocked_s * 1000.0;
   m.publish_ms = r.publish_s * 1000.0;
   m.pp_wait_ms = r.pp_wait_s * 1000.0;
+  const auto end = Clock::now();
+  const double waited_s = parallel::WaitSeconds(groups_);
+  m.peer_wait_ms = (waited_s - last_step_waited_s_) * 1000.0;
+  m.busy_ms =
+      std::max(0.0, std::chrono::duration<double, std::milli>(end - *last_step_end_).count() -
+                        m.peer_wait_ms);
+  m.pp_stage = mesh_->CoordOf(options_.rank).pp;
+  last_step_end_ = end;
+  last_step_waited_s_ = waited_s;
   constexpr double kMiB = 1 << 20;
   m.param_mib = static_cast<double>(r.param_bytes) / kMiB;
   m.grad_mib = static_cast<double>(r.grad_bytes) / kMiB;

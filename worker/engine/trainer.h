@@ -217,6 +217,11 @@ class Trainer {
   uint64_t requests_served_ = 0;
   bool checkpoint_voted_ = false;
   bool warned_no_checkpoints_ = false;
+  // When the last step ended, and WaitSeconds(groups_) then: busy_ms spans from there to the
+  // next step's end, so what a rank does between steps (evaluation, checkpoint snapshots,
+  // its listener) counts too. Unset before the first step.
+  std::optional<std::chrono::steady_clock::time_point> last_step_end_;
+  double last_step_waited_s_ = 0;
 };
 
 }  // namespace drover::engine

@@ -654,6 +654,42 @@ TEST_F(CoordinatorTest, ARankOnASlowedGpuIsANoticeOfItsJob) {
   EXPECT_EQ(info->notices_size(), 0);
 }
 
+TEST_F(CoordinatorTest, ARankItsStageWaitsForIsAStragglerNoticeOfItsJob) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 3)).ok());
+  const std::string id = Submit(SpecYaml(3, 3));
+  c_->Tick();
+  ASSERT_EQ(Beat("n1", {}).orders_size(), 3);
+  const auto paced = [&](int rank, double busy_ms) {
+    v1::TrainerStatus t = Trainer(id, 1, rank, v1::TRAINER_RUNNING, 20);
+    t.mutable_progress()->set_busy_ms(busy_ms);
+    return t;
+  };
+  Beat("n1", {paced(0, 80), paced(1, 150), paced(2, 82)});
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  int slot = -1;
+  const v1::JobRecord job = Job(id);
+  for (const v1::RankAssignment& p : job.placement()) {
+    if (p.rank() == 1) slot = p.slot();
+  }
+  ASSERT_GE(slot, 0);
+  auto info = c_->GetJob(id);
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->notices_size(), 1);
+  EXPECT_EQ(info->notices(0), "rank 1 on n1 slot " + std::to_string(slot) +
+                                  " is a straggler: busy 150 ms a step, against 81 ms for the "
+                                  "other 2 ranks of its stage (median): they wait for it at every "
+                                  "step");
+  EXPECT_EQ(std::vector<int>(info->straggler_ranks().begin(), info->straggler_ranks().end()),
+            (std::vector<int>{1}));
+
+  // Back in step with the others: no notice.
+  Beat("n1", {paced(0, 80), paced(1, 84), paced(2, 82)});
+  info = c_->GetJob(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->notices_size(), 0);
+  EXPECT_EQ(info->straggler_ranks_size(), 0);
+}
+
 TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOntoIt) {
   ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
   const std::string id = Submit(SpecYaml(1, 2, 2, 120, "cuda"));

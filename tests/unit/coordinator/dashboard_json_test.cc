@@ -49,5 +49,33 @@ TEST(DashboardJsonTest, AJobsNoticesAreListed) {
             "rank 1 on g1 slot 1: its GPU is slowed down (thermal (hardware), at 91 C)");
 }
 
+// Each placed rank shows its busy time once it has one, and whether it is a straggler.
+TEST(DashboardJsonTest, EachRankShowsItsBusyTimeAndWhetherItIsAStraggler) {
+  v1::JobInfo info;
+  info.mutable_job()->set_job_id("j1");
+  info.mutable_job()->set_attempt(3);
+  for (int rank = 0; rank < 3; ++rank) {
+    v1::RankAssignment* p = info.mutable_job()->add_placement();
+    p->set_rank(rank);
+    p->set_node("n1");
+    p->set_slot(rank);
+    v1::TrainerStatus* t = info.add_trainers();
+    t->set_attempt(3);
+    t->set_rank(rank);
+    t->set_state(v1::TRAINER_RUNNING);
+    t->mutable_progress()->set_busy_ms(rank == 2 ? 0 : 80.0 + 70 * rank);
+  }
+  info.add_straggler_ranks(1);
+  const nlohmann::json job = JobJson(info, {}, 1'700'000'000'000);
+  const nlohmann::json& ranks = job["placement"];
+  ASSERT_EQ(ranks.size(), 3u);
+  EXPECT_EQ(ranks[0]["busy_ms"], 80.0);
+  EXPECT_EQ(ranks[1]["busy_ms"], 150.0);
+  EXPECT_FALSE(ranks[2].contains("busy_ms"));  // too few steps yet
+  EXPECT_EQ(ranks[0]["straggler"], false);
+  EXPECT_EQ(ranks[1]["straggler"], true);
+  EXPECT_EQ(ranks[2]["straggler"], false);
+}
+
 }  // namespace
 }  // namespace drover::coordinator

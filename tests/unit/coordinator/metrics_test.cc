@@ -83,6 +83,19 @@ ClusterSnapshot KnownState() {
   t->mutable_progress()->set_val_step(30);
   t->mutable_progress()->set_val_loss(2.5);
   t->mutable_progress()->set_mfu(0.25);
+  t->mutable_progress()->set_busy_ms(80);
+  v1::TrainerStatus* slow = job.add_trainers();
+  slow->set_job_id("j1");
+  slow->set_attempt(2);
+  slow->set_rank(1);
+  slow->mutable_progress()->set_step(40);
+  slow->mutable_progress()->set_busy_ms(150);
+  v1::TrainerStatus* early = job.add_trainers();  // of the last attempt: no series
+  early->set_job_id("j1");
+  early->set_attempt(1);
+  early->set_rank(2);
+  early->mutable_progress()->set_busy_ms(70);
+  job.add_straggler_ranks(1);
   v1::CheckpointRecord* c = job.add_checkpoints();
   c->set_step(30);
   c->set_created_ms(kNow - 30'000);
@@ -182,6 +195,14 @@ TEST(CoordinatorMetricsTest, GpuReadingsAreSeriesBySlotAndUnansweredOnesAreLeftO
   EXPECT_THAT(text, Not(HasSubstr(R"(drover_gpu_memory_used_bytes{node="w0",slot="1"})")));
   EXPECT_THAT(text, Not(HasSubstr(R"(drover_gpu_temperature_celsius{node="w0",slot="1"})")));
   EXPECT_THAT(text, Not(HasSubstr(R"(drover_gpu_power_watts{node="w0",slot="1"})")));
+}
+
+TEST(CoordinatorMetricsTest, EachRanksBusyTimeIsASeriesAndStragglersAreCounted) {
+  const std::string text = CoordinatorMetrics().Render(KnownState());
+  EXPECT_EQ(Value(text, R"(drover_job_rank_busy_seconds{job_id="j1",name="gpt",rank="0"})"), 0.08);
+  EXPECT_EQ(Value(text, R"(drover_job_rank_busy_seconds{job_id="j1",name="gpt",rank="1"})"), 0.15);
+  EXPECT_THAT(text, Not(HasSubstr(R"(rank="2")")));
+  EXPECT_EQ(Value(text, R"(drover_job_stragglers{job_id="j1",name="gpt"})"), 1);
 }
 
 TEST(CoordinatorMetricsTest, RecoveryIsCountedOnceHoweverOftenItIsScraped) {

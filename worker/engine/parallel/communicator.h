@@ -22,8 +22,10 @@
 // Thread-safety: one thread at a time per Communicator (the engine gives a communicator to
 // one thread: the dp group's to its CommStream, the others to the training thread).
 // Different communicators of one process may be used from different threads at once.
+// wait_seconds() alone may be read from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +56,20 @@ class Request {
  public:
   virtual ~Request() = default;
   virtual Status Wait() = 0;
+};
+
+// Time a rank spent waiting in a group's calls: added to by the thread that uses the
+// group, read by any (the training thread reads the dp group's while its CommStream adds).
+class WaitTally {
+ public:
+  void Add(std::chrono::steady_clock::duration waited) {
+    ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count(),
+                  std::memory_order_relaxed);
+  }
+  double seconds() const { return static_cast<double>(ns_.load(std::memory_order_relaxed)) * 1e-9; }
+
+ private:
+  std::atomic<int64_t> ns_{0};
 };
 
 class Communicator {
@@ -97,6 +113,14 @@ class Communicator {
 
   // The deadline of every call.
   virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Seconds this rank has spent in the group's calls since it connected, counted from the
+  // moment its own part of each call was ready: the whole call for Gloo; for NCCL from the
+  // compute the call follows having finished on the GPU to the transfer's end (the GPU runs
+  // behind the host, so the call's host time would count this rank's own kernels too). It
+  // is waiting for the slowest peer plus the transfer itself: in a group where one rank is
+  // slow, that rank waits least, which is how a straggler shows (trainer.h's busy_ms).
+  virtual double wait_seconds() const = 0;
 };
 
 }  // namespace drover::engine::parallel

@@ -123,6 +123,7 @@ class GlooCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   const std::string& name() const override { return group_->name(); }
   std::chrono::milliseconds timeout() const override { return group_->timeout(); }
+  double wait_seconds() const override { return group_->wait_seconds(); }
 
   Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
     const uint32_t tag = group_->NextCollectiveTag();

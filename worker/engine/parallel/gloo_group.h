@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "worker/engine/parallel/communicator.h"
 
 namespace gloo {
 class Context;
@@ -75,17 +76,24 @@ class GlooGroup {
   // the same order, so every rank draws the same tag for the same call.
   uint32_t NextCollectiveTag() { return next_tag_++; }
 
-  // Runs `fn` (which calls into Gloo and may update op.peer) unless the group is broken.
+  // Runs `fn` (which calls into Gloo and may update op.peer) unless the group is broken,
+  // adding its time to wait_seconds().
   template <typename Fn>
   Status Run(GlooOp& op, Fn&& fn) {
     if (!error_.ok()) return error_;
+    const auto started = GlooClock::now();
     try {
       fn();
+      waited_.Add(GlooClock::now() - started);
       return OkStatus();
     } catch (...) {
+      waited_.Add(GlooClock::now() - started);
       return Break(op, std::current_exception());
     }
   }
+
+  // Seconds spent in Run so far (Communicator::wait_seconds); any thread may read it.
+  double wait_seconds() const { return waited_.seconds(); }
 
   // The remaining time until `deadline`, at least 1 ms: Gloo reads 0 as "no wait" and
   // throws its own "Timed out" at once, which is what an expired deadline should do.
@@ -101,6 +109,7 @@ class GlooGroup {
   const std::shared_ptr<gloo::Context> context_;
   Status error_;
   uint32_t next_tag_ = 0;
+  WaitTally waited_;
 };
 
 // "gloo group "dp" (rank 1 of 4) AllReduce with peer 2" (no peer part when unknown).

@@ -174,13 +174,21 @@ class NcclGroup {
           },
           "the kernels it follows on the compute stream did not finish"));
     }
-    return Poll(op, NextDeadline(), [&]() -> StatusOr<bool> {
+    // From here on the rank waits for its peers and the transfer (wait_seconds).
+    const auto ready = NcclClock::now();
+    Status drained = Poll(op, NextDeadline(), [&]() -> StatusOr<bool> {
       const cudaError_t state = cudaStreamQuery(stream_);
       if (state == cudaErrorNotReady) return false;
       DROVER_CUDA_NCCL(where, state);
       return true;
     });
+    waited_.Add(NcclClock::now() - ready);
+    return drained;
   }
+
+  // Communicator::wait_seconds: Run's transfers and the requests' waits.
+  double wait_seconds() const { return waited_.seconds(); }
+  void AddWait(NcclClock::duration waited) { waited_.Add(waited); }
 
   // The deadline of a transfer starting now: first_timeout_ for the group's first one.
   NcclClock::time_point NextDeadline() {
@@ -259,6 +267,7 @@ class NcclGroup {
   ncclComm_t comm_ = nullptr;      // null before Init and after an abort
   float* scalar_ = nullptr;        // device memory: the barrier's all-reduce operand
   Status error_;
+  WaitTally waited_;
 };
 
 // An Isend or Irecv: an event recorded on the stream after the transfer.
@@ -281,6 +290,10 @@ class NcclRequest final : public Request {
     if (waited_) return status_;
     waited_ = true;
     const std::string where = group_->Where(op_);
+    // The whole wait counts: a request has no event of its own for the compute it follows
+    // (OrderAfterCompute's is shared by every call), so this rank's kernels still running
+    // count too. Pipeline stages alone use requests, and compare with their own stage.
+    const auto started = NcclClock::now();
     status_ = group_->Poll(op_, deadline_, [&]() -> StatusOr<bool> {
       if (event_ == nullptr) return true;  // an empty message: nothing was enqueued
       const cudaError_t state = cudaEventQuery(event_);
@@ -288,6 +301,7 @@ class NcclRequest final : public Request {
       DROVER_CUDA_NCCL(where, state);
       return true;
     });
+    group_->AddWait(NcclClock::now() - started);
     return status_;
   }
 
@@ -308,6 +322,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   const std::string& name() const override { return group_->name(); }
   std::chrono::milliseconds timeout() const override { return group_->timeout(); }
+  double wait_seconds() const override { return group_->wait_seconds(); }
 
   Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
     if (count == 0) return group_->error();

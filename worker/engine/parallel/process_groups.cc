@@ -22,6 +22,15 @@ std::string Coords(const char* a, int x, const char* b, int y) {
 
 }  // namespace
 
+double WaitSeconds(const ProcessGroups& groups) {
+  double seconds = 0;
+  for (const auto* group : {&groups.world, &groups.dp, &groups.pp, &groups.pp_grad, &groups.pp_wrap,
+                            &groups.pp_grad_wrap, &groups.tp, &groups.emb}) {
+    if (*group != nullptr) seconds += (*group)->wait_seconds();
+  }
+  return seconds;
+}
+
 StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
                                              const GroupConnector& connect) {
   ProcessGroups groups;

@@ -52,6 +52,11 @@ struct ConnectOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
 };
 
+// Seconds this rank has waited in all its groups (Communicator::wait_seconds, summed; the
+// dp group's waits on its CommStream count too, though backward may run beside them). Any
+// thread.
+double WaitSeconds(const ProcessGroups& groups);
+
 // Connects this rank to the group `name` of `size` ranks as its member `rank_in_group`
 // (blocking until every member joined): one backend's way to make a communicator.
 using GroupConnector = std::function<StatusOr<std::unique_ptr<Communicator>>(

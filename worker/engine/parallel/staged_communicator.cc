@@ -97,6 +97,9 @@ class StagedCommunicator final : public Communicator {
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  // The host group's time: copying in and out of device memory waits for this rank's own
+  // kernels, which is not waiting for the peers.
+  double wait_seconds() const override { return inner_->wait_seconds(); }
 
   Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
     return Staged(data, count * SizeOf(type),

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -488,6 +489,40 @@ TEST_F(TrainerTest, ACheckpointRequestToOneRankIsSavedByEveryRankAtTheStepTheyAg
   }
   EXPECT_FALSE(fs::exists(ckpt / "step_2"));
   EXPECT_FALSE(fs::exists(ckpt / "step_7"));
+}
+
+// Rank 1 takes 40 ms more than rank 0 at every step (its listener sleeps, as a slow node
+// would compute): rank 0 waits for it in the step's collectives, and busy_ms, which leaves
+// that wait out, tells the slow rank from the one kept waiting.
+TEST_F(TrainerTest, TheRankItsPeerWaitsForIsTheBusierByTheTimeItTakesLonger) {
+  static constexpr int kLateMs = 40;
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics& m) override {
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(kLateMs));
+      if (m.step > 2) {  // the first steps warm up
+        busy.push_back(m.busy_ms);
+        waited.push_back(m.peer_wait_ms);
+      }
+    }
+    void OnCheckpoint(const v1::CheckpointRecord&) override {}
+    void OnDone() override {}
+    bool late = false;
+    std::vector<double> busy, waited;
+  };
+  JobSpec spec = Spec({"train.eval_every=0", "train.micro_batch=2"});
+  Listener listeners[2];
+  listeners[1].late = true;
+  const std::vector<Status> results =
+      RunTwoRanks(spec, [&](TrainerOptions& o) { o.listener = &listeners[o.rank]; });
+  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank];
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double busy0 = median(listeners[0].busy), busy1 = median(listeners[1].busy);
+  EXPECT_GE(busy1 - busy0, 0.75 * kLateMs) << busy0 << " ms, " << busy1 << " ms";
+  EXPECT_GE(median(listeners[0].waited), 0.75 * kLateMs);
+  EXPECT_LT(median(listeners[1].waited), median(listeners[0].waited) - 0.5 * kLateMs);
 }
 
 // A job that saves no checkpoints (every_steps 0) is not made to by a request.

@@ -282,6 +282,31 @@ TEST_P(GlooCommunicatorTest, BarrierReturnsOnlyOnceEveryRankHasArrived) {
   });
 }
 
+TEST_P(GlooCommunicatorTest, WaitSecondsIsTheTimeEachRankSpentWaitingForTheLateOne) {
+  // The last rank comes 300 ms late to a Gloo all-reduce and to a ring reduce-scatter (a
+  // collective of drover's own, on the group's Run too): every other rank waits about
+  // 600 ms in them, the late one little. Time spent outside the calls is not counted.
+  constexpr milliseconds kLate{300};
+  std::vector<double> waited(size());
+  OnEveryRank(size(), [&](int rank) {
+    EXPECT_EQ(comm(rank).wait_seconds(), 0);
+    std::vector<float> data = Input<float>(1000, rank);
+    if (rank == size() - 1) std::this_thread::sleep_for(kLate);
+    ASSERT_TRUE(
+        comm(rank).AllReduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum).ok());
+    if (rank == size() - 1) std::this_thread::sleep_for(kLate);
+    const std::vector<size_t> counts(size(), 1000 / size());
+    ASSERT_TRUE(
+        comm(rank).ReduceScatter(data.data(), counts, DataType::kFloat32, ReduceOp::kSum).ok());
+    waited[rank] = comm(rank).wait_seconds();
+  });
+  const double late = waited[size() - 1];
+  for (int rank = 0; rank < size() - 1; ++rank) {
+    EXPECT_GE(waited[rank], 0.55) << "rank " << rank;
+    EXPECT_LT(late, waited[rank] - 0.4) << "rank " << rank << " waited " << waited[rank];
+  }
+}
+
 TEST_P(GlooCommunicatorTest, ConsecutiveOperationsOfEveryKindDoNotMix) {
   // Back to back, without barriers, with point-to-point traffic between the collectives:
   // a message matched to the wrong operation would corrupt one of the results.

@@ -18,6 +18,8 @@ class DeviceOnlyCommunicator final : public Communicator {
   int size() const override { return 1; }
   const std::string& name() const override { return name_; }
   std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
+  // A quarter second per collective, as if each had waited for a peer.
+  double wait_seconds() const override { return 0.25 * static_cast<double>(seen.size()); }
 
   Status AllReduce(void* data, size_t count, DataType type, ReduceOp) override {
     return Double(data, count * SizeOf(type));
@@ -89,6 +91,17 @@ TEST(StagedCommunicatorTest, ThroughDeviceHostBuffersMakeTheRoundTripDeviceBuffe
   EXPECT_EQ(received, (std::vector<float>{7, 7}));
   const std::vector<float> message = {3, 4};
   EXPECT_TRUE(comm->Send(message.data(), 2 * sizeof(float), 0, 0).ok());
+}
+
+TEST(StagedCommunicatorTest, WaitSecondsAreTheInnerGroupsNotTheStagingCopies) {
+  testing::EmulatedDeviceOps ops;
+  std::unique_ptr<Communicator> comm =
+      StageThroughDevice(std::make_unique<DeviceOnlyCommunicator>(&ops), &ops);
+  EXPECT_EQ(comm->wait_seconds(), 0);
+  std::vector<float> host = {1, 2, 3};
+  ASSERT_TRUE(comm->AllReduce(host.data(), 3, DataType::kFloat32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(comm->Broadcast(host.data(), 3, DataType::kFloat32, 0).ok());
+  EXPECT_EQ(comm->wait_seconds(), 0.5);
 }
 
 }  // namespace

@@ -1,0 +1,47 @@
+// Which ranks of a running job the others wait for: a pure function of the ranks' last
+// reported pace, so that it is tested without trainers (STYLE.md: deciders return values).
+//
+// In data and tensor parallelism every rank of a pipeline stage does the same work and
+// meets the others at each collective, so the whole stage moves at its slowest rank's pace:
+// a GPU held at low clocks, a node whose CPUs something else uses, a slow disk under the
+// data. Each trainer reports its busy time (TrainerProgress.busy_ms: the step without what
+// it waited for its peers, a median of its last steps). A rank that keeps the others
+// waiting waits least itself, so its busy time stands out from its stage's; ranks of
+// different stages do different work (the last holds the LM head) and are not compared.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace drover::coordinator {
+
+// A rank as its trainer last reported it.
+struct RankPace {
+  int rank = 0;
+  int pp_stage = 0;
+  double busy_ms = 0;  // 0: not known yet (too few steps)
+};
+
+struct Straggler {
+  int rank = 0;
+  double busy_ms = 0;
+  double peers_busy_ms = 0;  // the median of the other known ranks of its stage
+  int peers = 0;             // how many those are
+};
+
+// A rank is a straggler when its busy time exceeds the median of its stage's other ranks
+// by kStragglerFactor and by kStragglerMinExcessMs: a fifth more is well outside the few
+// percent that ranks doing the same work differ by, and a few milliseconds keep tiny steps'
+// jitter out. Several ranks can be stragglers at once; when most of a stage is slow, none is.
+inline constexpr double kStragglerFactor = 1.2;
+inline constexpr double kStragglerMinExcessMs = 5;
+
+// The stragglers among `ranks`, by rank. Ranks with busy_ms 0 are left out, and so is a
+// stage with fewer than two known ranks.
+std::vector<Straggler> FindStragglers(const std::vector<RankPace>& ranks);
+
+// "busy 152 ms a step, against 80 ms for the other 3 ranks of its stage (median): they
+// wait for it at every step" (what follows "rank R on NODE slot S: " in a job's notices).
+std::string StragglerNotice(const Straggler& s);
+
+}  // namespace drover::coordinator
