@@ -62,11 +62,15 @@ void PrintJob(const v1::JobInfo& info) {
       if (state.rfind("TRAINER_", 0) == 0) state = state.substr(8);
       char loss[32];
       snprintf(loss, sizeof(loss), "%.4f", t.progress().loss());
+      // The rank's own time a step, without its peer waits ("-" until it has a few steps).
+      const double busy = t.progress().busy_ms();
       rows.push_back({std::to_string(t.rank()), std::to_string(t.pid()), state,
                       std::to_string(t.progress().step()), loss,
-                      std::to_string(static_cast<int64_t>(t.progress().step_ms()))});
+                      std::to_string(static_cast<int64_t>(t.progress().step_ms())),
+                      busy > 0 ? std::to_string(static_cast<int64_t>(busy)) : "-"});
     }
-    std::cout << "\n" << FormatTable({"RANK", "PID", "STATE", "STEP", "LOSS", "STEP_MS"}, rows);
+    std::cout << "\n"
+              << FormatTable({"RANK", "PID", "STATE", "STEP", "LOSS", "STEP_MS", "BUSY_MS"}, rows);
   }
 }
 

@@ -36,11 +36,10 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
     MutexLock lock(&mu_);
     last_step_ = step;
     last_extras_ = extras;
-    if (first_step_seen_) {
+    if (++steps_seen_ > kBusyWarmupSteps) {
       busy_window_.push_back(extras.busy_ms);
       if (busy_window_.size() > kBusyWindow) busy_window_.pop_front();
     }
-    first_step_seen_ = true;
     busy_median_ = busy_window_.size() >= kBusyMinSteps
                        ? Median({busy_window_.begin(), busy_window_.end()})
                        : 0;

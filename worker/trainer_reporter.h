@@ -45,7 +45,7 @@ class TrainerReporter {
   // report from the step that measured it on (with its step), so that a heartbeat that
   // misses the eval step still forwards it. busy_ms is reported as the median of the last
   // kBusyWindow steps' (one slow step, a checkpoint's or a page fault's, is no straggler),
-  // once kBusyMinSteps steps after the attempt's first are in, else 0.
+  // once kBusyMinSteps steps after the attempt's first kBusyWarmupSteps are in, else 0.
   void Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
                 const StepExtras& extras = {}, const std::string& message = "");
   // Reports a phase without a step change ("loading data", "rendezvous").
@@ -66,7 +66,9 @@ class TrainerReporter {
   void Done();
 
   static constexpr size_t kBusyWindow = 16;
-  static constexpr size_t kBusyMinSteps = 4;
+  static constexpr size_t kBusyMinSteps = 8;
+  // Left out: the first steps allocate, fill caches and wait on peers still starting.
+  static constexpr int64_t kBusyWarmupSteps = 3;
 
  private:
   void Write(const v1::TrainerReport& report);
@@ -83,7 +85,7 @@ class TrainerReporter {
   double val_loss_ GUARDED_BY(mu_) = 0;
   int64_t val_step_ GUARDED_BY(mu_) = 0;  // 0 before the first evaluation
   std::vector<int> cut_off_ranks_ GUARDED_BY(mu_);
-  bool first_step_seen_ GUARDED_BY(mu_) = false;  // its busy_ms holds the warm-up: left out
+  int64_t steps_seen_ GUARDED_BY(mu_) = 0;
   std::deque<double> busy_window_ GUARDED_BY(mu_);
   double busy_median_ GUARDED_BY(mu_) = 0;
 };

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -199,6 +200,89 @@ TEST_F(ParallelTrainTest, TwoRankJobOnTwoAgentsMatchesDroverTrainNproc2) {
   ASSERT_EQ(want.size(), 8u);
   ASSERT_EQ(got.size(), want.size());
   for (size_t s = 0; s < want.size(); ++s) EXPECT_NEAR(got[s], want[s], 1e-6 * want[s]);
+}
+
+// A rank slowed on its node (stopped and continued every 10 ms, as if something else held
+// its CPU half the time) is named a straggler by `drover status` while the job runs, and
+// the rank that waits for it is not.
+TEST_F(ParallelTrainTest, ARankSlowedOnItsNodeIsNamedAStragglerByDroverStatus) {
+  testing::ClusterOptions o;
+  o.agents = 2;
+  o.slots_per_agent = 1;
+  o.trainer = "drover-trainer";
+  o.name = "straggler";
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  // Steps of about 50 ms here: the 5 ms a straggler must be slower by is well inside them.
+  const std::string yaml =
+      "name: straggler\noutput_dir: " + (dir_ / "straggler").string() +
+      "\nmodel: {n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 32}\n"
+      "data: {train: " +
+      (dir_ / "train.bin").string() +
+      "}\n"
+      "train: {steps: 100000, global_batch: 8, micro_batch: 4, seq_len: 64, lr: 0.005, "
+      "warmup_steps: 2, eval_every: 0}\n"
+      "checkpoint: {every_steps: 0}\n"
+      "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n";
+  auto id = cluster.Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+
+  // Both ranks have reported a busy time: the job runs in step.
+  pid_t rank1 = -1;
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster.WaitJob(
+      *id,
+      [&](const v1::JobInfo& i) {
+        int known = 0;
+        for (const v1::TrainerStatus& t : i.trainers()) {
+          if (t.progress().busy_ms() > 0) ++known;
+          if (t.rank() == 1) rank1 = t.pid();
+        }
+        return known == 2 || i.job().state() == v1::SUCCEEDED || i.job().state() == v1::FAILED ||
+               i.job().state() == v1::CANCELLED;
+      },
+      60000, &info))
+      << cluster.DebugLogs();
+  ASSERT_EQ(info.job().state(), v1::RUNNING) << info.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(info.straggler_ranks_size(), 0) << info.notices(0);
+  ASSERT_GT(rank1, 0);
+
+  std::atomic<bool> stop{false};
+  std::thread slow([&] {
+    while (!stop) {
+      kill(rank1, SIGSTOP);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      kill(rank1, SIGCONT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  bool rank0_named = false;
+  const bool named = cluster.WaitJob(
+      *id,
+      [&](const v1::JobInfo& i) {
+        for (int r : i.straggler_ranks()) rank0_named = rank0_named || r == 0;
+        return i.straggler_ranks_size() == 1 && i.straggler_ranks(0) == 1;
+      },
+      30000, &info);
+  const std::string status = (dir_ / "status.txt").string();
+  testing::Process cli(testing::Cluster::Bin("drover"),
+                       {"--coordinator", cluster.address(), "status", *id}, status);
+  const bool listed = cli.Wait(20000);
+  stop = true;
+  slow.join();
+  kill(rank1, SIGCONT);
+  EXPECT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(named) << "rank 1 was not named; notices: "
+                     << (info.notices_size() > 0 ? info.notices(0) : "none") << cluster.DebugLogs();
+  EXPECT_FALSE(rank0_named) << "the rank kept waiting was named a straggler";
+  ASSERT_TRUE(listed);
+  EXPECT_THAT(
+      testing::ReadAll(status),
+      ::testing::MatchesRegex("(.|\n)*notice: +rank 1 on [a-z0-9-]+ slot 0 is a "
+                              "straggler: busy [0-9]+ ms a step, against [0-9]+ ms for "
+                              "the other rank of its stage: they wait for it at every "
+                              "step(.|\n)*RANK +PID +STATE +STEP +LOSS +STEP_MS +BUSY_MS(.|\n)*"))
+      << testing::ReadAll(status);
 }
 
 }  // namespace

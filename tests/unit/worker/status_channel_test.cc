@@ -147,40 +147,37 @@ TEST(TrainerReporterTest, ValidationLossRidesAlongUntilTheNextEvaluation) {
 }
 
 // What the coordinator compares ranks by (coordinator/straggler.h) must not turn on one
-// step: the first (warm-up) is left out, nothing is said before a few steps, then the
+// step: the warm-up steps are left out, nothing is said before a few steps, then the
 // median of the last kBusyWindow.
-TEST(TrainerReporterTest, BusyTimeIsTheMedianOfTheLastStepsAfterTheFirst) {
+TEST(TrainerReporterTest, BusyTimeIsTheMedianOfTheLastStepsAfterTheWarmUp) {
+  static_assert(TrainerReporter::kBusyWarmupSteps == 3 && TrainerReporter::kBusyMinSteps == 8);
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   TrainerReporter reporter(sv[1]);
-  const auto step = [&](int64_t n, double busy_ms) {
+  std::vector<double> busy = {5000, 900, 700};                       // steps 1-3: the warm-up
+  for (double b : {40, 44, 42, 400, 41, 43, 45}) busy.push_back(b);  // 4-10, one slow
+  busy.push_back(46);  // 11: the eighth after the warm-up
+  busy.push_back(90);  // 12
+  for (size_t i = 0; i < TrainerReporter::kBusyWindow; ++i) busy.push_back(90);
+  for (size_t i = 0; i < busy.size(); ++i) {
     reporter.Progress(
-        n, busy_ms + 5, 3.0, 100.0,
-        {.lr = 1e-3, .val_loss = std::nullopt, .mfu = 0, .busy_ms = busy_ms, .pp_stage = 2});
-  };
-  step(1, 5000);  // the warm-up
-  step(2, 40);
-  step(3, 44);
-  step(4, 42);
-  step(5, 400);  // one slow step (a checkpoint's snapshot)
-  for (int64_t n = 6; n < 6 + static_cast<int64_t>(TrainerReporter::kBusyWindow); ++n) {
-    step(n, 90);
+        static_cast<int64_t>(i + 1), busy[i] + 5, 3.0, 100.0,
+        {.lr = 1e-3, .val_loss = std::nullopt, .mfu = 0, .busy_ms = busy[i], .pp_stage = 2});
   }
   std::string data = DrainSocketPair(sv);
   std::vector<std::string> lines = TakeLines(&data);
-  ASSERT_EQ(lines.size(), 5 + TrainerReporter::kBusyWindow);
-  std::vector<v1::TrainerProgress> seen;
+  ASSERT_EQ(lines.size(), busy.size());
+  std::vector<v1::TrainerProgress> seen;  // seen[i]: after step i + 1
   v1::TrainerStatus st = Starting();
   std::vector<v1::CheckpointRecord> ckpts;
   for (const auto& line : lines) {
     ASSERT_TRUE(ApplyReportLine(line, 50, &st, &ckpts).ok()) << line;
     seen.push_back(st.progress());
   }
-  static_assert(TrainerReporter::kBusyMinSteps == 4);
-  EXPECT_EQ(seen[3].busy_ms(), 0);   // steps 2-4: three, too few yet
-  EXPECT_EQ(seen[4].busy_ms(), 43);  // steps 2-5: {40, 44, 42, 400}, without 5000
-  EXPECT_EQ(seen[4].pp_stage(), 2);
-  EXPECT_EQ(seen[5].busy_ms(), 44);      // {40, 44, 42, 400, 90}
+  EXPECT_EQ(seen[9].busy_ms(), 0);      // step 10: seven after the warm-up, too few yet
+  EXPECT_EQ(seen[10].busy_ms(), 43.5);  // {40, 44, 42, 400, 41, 43, 45, 46}: no warm-up
+  EXPECT_EQ(seen[10].pp_stage(), 2);
+  EXPECT_EQ(seen[11].busy_ms(), 44);     // one 90 more
   EXPECT_EQ(seen.back().busy_ms(), 90);  // the window holds only the last 16, all 90
 }
 
