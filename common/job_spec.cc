@@ -250,6 +250,8 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(fault_tolerance.spike_rollback.factor),
       DROVER_SPEC_FIELD(fault_tolerance.spike_rollback.window),
       DROVER_SPEC_FIELD(fault_tolerance.spike_rollback.skip_steps),
+      DROVER_SPEC_FIELD(fault_tolerance.straggler_factor),
+      DROVER_SPEC_FIELD(fault_tolerance.replace_stragglers_after_s),
   };
   return *fields;
 }

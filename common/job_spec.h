@@ -125,6 +125,14 @@ struct FaultToleranceSpec {
   int max_restarts = 10;
   double hang_timeout_s = 120;
   SpikeRollbackSpec spike_rollback;
+  // A rank whose own time a step is this many times its pipeline stage's others' is a
+  // straggler (coordinator/straggler.h): named by drover status, and replaced when
+  // replace_stragglers_after_s says so. Above 1.
+  double straggler_factor = 1.2;
+  // A rank named a straggler (coordinator/straggler.h) this long without a break is moved:
+  // at the job's next checkpoint, asked for at once, its slot is cordoned and the job
+  // resumes on a free one. Only while a free slot exists. 0: stragglers are only named.
+  double replace_stragglers_after_s = 0;
 };
 
 struct JobSpec {

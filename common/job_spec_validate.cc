@@ -340,7 +340,22 @@ class Rules {
                       "times the recent mean counts as a spike)");
     }
     RETURN_IF_ERROR(AtLeast("fault_tolerance.spike_rollback.window", r.window, 1));
-    return AtLeast("fault_tolerance.spike_rollback.skip_steps", r.skip_steps, 0);
+    RETURN_IF_ERROR(AtLeast("fault_tolerance.spike_rollback.skip_steps", r.skip_steps, 0));
+    if (!(std::isfinite(f.straggler_factor) && f.straggler_factor > 1)) {
+      return Fail("fault_tolerance.straggler_factor",
+                  Num(f.straggler_factor) +
+                      " is out of range; must be greater than 1 (a rank this many times "
+                      "slower than its stage's others is a straggler)");
+    }
+    RETURN_IF_ERROR(
+        NonNegative("fault_tolerance.replace_stragglers_after_s", f.replace_stragglers_after_s));
+    if (f.replace_stragglers_after_s > 0 && s_.checkpoint.every_steps == 0) {
+      return Fail("fault_tolerance.replace_stragglers_after_s",
+                  Num(f.replace_stragglers_after_s) +
+                      " needs checkpoints: a straggler is replaced at a checkpoint, and "
+                      "checkpoint.every_steps is 0");
+    }
+    return OkStatus();
   }
 
   // At least one world size in [min, max] must admit the dp x pp x tp layout.

@@ -99,23 +99,26 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
       health_(options.heartbeat_timeout_ms),
       jobs_(clock, JobManagerOptions{options.stop_grace_ms, "", options.restart_backoff},
             // The job manager calls its hooks from methods this class calls with mu_ held.
-            JobManager::Hooks{[this](StoreBatch b) REQUIRES(mu_) { Persist(std::move(b)); },
-                              [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
-                                rendezvous_.OpenAttempt(job, attempt);
-                                // Its start orders wait until it is durable (OnDurable).
-                                undurable_attempts_[job] = last_write_seq_;
-                              },
-                              [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
-                                undurable_attempts_.erase(job);
-                                NudgeNodesOf(job);  // stop orders for the survivors
-                                rendezvous_.CloseAttempt(job, attempt);
-                                health_.ForgetAttempt(job, attempt);
-                                schedule_due_ = true;  // its slots are free, or it waits
-                              },
-                              [this](const std::string& node, const std::string& why)
-                                  REQUIRES(mu_) { CordonCutOff(node, why); },
-                              [this](const std::string& node, int slot, const std::string& why)
-                                  REQUIRES(mu_) { CordonSlot(node, slot, why); }}) {}
+            JobManager::Hooks{
+                [this](StoreBatch b) REQUIRES(mu_) { Persist(std::move(b)); },
+                [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
+                  rendezvous_.OpenAttempt(job, attempt);
+                  // Its start orders wait until it is durable (OnDurable).
+                  undurable_attempts_[job] = last_write_seq_;
+                },
+                [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
+                  undurable_attempts_.erase(job);
+                  NudgeNodesOf(job);  // stop orders for the survivors
+                  rendezvous_.CloseAttempt(job, attempt);
+                  health_.ForgetAttempt(job, attempt);
+                  schedule_due_ = true;  // its slots are free, or it waits
+                },
+                [this](const std::string& node, const std::string& why)
+                    REQUIRES(mu_) { CordonCutOff(node, why); },
+                [this](const std::string& node, int slot, const std::string& why)
+                    REQUIRES(mu_) { CordonSlot(node, slot, why); },
+                [this](const std::string& node, int slot, const std::string& why)
+                    REQUIRES(mu_) { CordonSlot(node, slot, why, "its rank was a straggler"); }}) {}
 
 Coordinator::~Coordinator() {
   // The writer drains its queue in its destructor, before the store closes.
@@ -134,15 +137,17 @@ void Coordinator::CordonCutOff(const std::string& node, const std::string& why) 
   schedule_due_ = true;
 }
 
-void Coordinator::CordonSlot(const std::string& node, int slot, const std::string& why) {
+void Coordinator::CordonSlot(const std::string& node, int slot, const std::string& why,
+                             const char* cause) {
   std::optional<v1::NodeRecord> changed = nodes_.CordonSlot(node, slot, why);
   if (!changed) return;
   for (const v1::SlotFault& f : changed->slot_faults()) {
     if (f.slot() != slot) continue;
     spdlog::warn(
-        "node {} slot {} cordoned for {} s, the rest of the node stays in use: its "
-        "device failed: {} (its failures: {})",
-        node, slot, (f.cordon_until_ms() - clock_->WallNowMs() + 999) / 1000, why, f.failures());
+        "node {} slot {} cordoned for {} s, the rest of the node stays in use: {}: {} (its "
+        "failures: {})",
+        node, slot, (f.cordon_until_ms() - clock_->WallNowMs() + 999) / 1000, cause, why,
+        f.failures());
   }
   StoreBatch batch;
   batch.nodes.push_back(*changed);
@@ -484,7 +489,9 @@ void Coordinator::AddNotices(const v1::JobRecord& rec, v1::JobInfo* info) const 
     if (t.attempt() != rec.attempt() || t.state() != v1::TRAINER_RUNNING) continue;
     paces.push_back({t.rank(), t.progress().pp_stage(), t.progress().busy_ms()});
   }
-  for (const Straggler& s : FindStragglers(paces)) {
+  const JobSpec* spec = jobs_.SpecOf(rec.job_id());
+  if (spec == nullptr) return;
+  for (const Straggler& s : FindStragglers(paces, spec->fault_tolerance.straggler_factor)) {
     info->add_notices(where(s.rank) + " is a straggler: " + StragglerNotice(s));
     info->add_straggler_ranks(s.rank);
   }
@@ -629,6 +636,26 @@ std::vector<int> Coordinator::BusySlots(const std::string& node) const {
   std::vector<int> busy = jobs_.ReservedSlots(node);
   AppendListedSlots(node, &busy);
   return busy;
+}
+
+bool Coordinator::HasFreeSlot(v1::DeviceKind device) const {
+  const int64_t now = clock_->WallNowMs();
+  bool found = false;
+  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable)
+                     REQUIRES(mu_) {
+                       if (found || !schedulable) return;
+                       std::vector<int> busy = jobs_.ReservedSlots(name);
+                       if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
+                       AppendListedSlots(name, &busy);
+                       for (const v1::Slot& s : rec.slots()) {
+                         if ((s.device() == v1::CUDA) != (device == v1::CUDA)) continue;
+                         if (SlotOut(rec, s.index(), now)) continue;
+                         if (std::find(busy.begin(), busy.end(), s.index()) != busy.end()) continue;
+                         found = true;
+                         return;
+                       }
+                     });
+  return found;
 }
 
 void Coordinator::AppendListedSlots(const std::string& node, std::vector<int>* slots) const {
@@ -815,6 +842,11 @@ void Coordinator::TickLocked() {
     batch.nodes.push_back(std::move(rec));
     Persist(std::move(batch));
     schedule_due_ = true;
+  }
+  for (const std::string& job : jobs_.CheckStragglers(
+           clock_->WallNowMs(),
+           [this](v1::DeviceKind device) REQUIRES(mu_) { return HasFreeSlot(device); })) {
+    NudgeNodesOf(job);  // "checkpoint now"
   }
   if (!events.dead_nodes.empty()) schedule_due_ = true;
   if (clock_->WallNowMs() >= jobs_.NextRestartMs()) schedule_due_ = true;  // a delay is over

@@ -146,8 +146,13 @@ class Coordinator {
   void Persist(StoreBatch batch) REQUIRES(mu_);
   // Cordons a node a job's ranks found cut off from their peers (JobManager's hook).
   void CordonCutOff(const std::string& node, const std::string& why) REQUIRES(mu_);
-  // Cordons one slot of a node whose device failed under a trainer (JobManager's hook).
-  void CordonSlot(const std::string& node, int slot, const std::string& why) REQUIRES(mu_);
+  // Cordons one slot of a node whose device failed under a trainer, or whose rank was
+  // replaced as a straggler (JobManager's hooks); `cause` says which in the log.
+  void CordonSlot(const std::string& node, int slot, const std::string& why,
+                  const char* cause = "its device failed") REQUIRES(mu_);
+  // Whether a slot of `device`'s kind is free: on a schedulable node, in use, held by no
+  // trainer (JobManager::CheckStragglers' spare).
+  bool HasFreeSlot(v1::DeviceKind device) const REQUIRES(mu_);
   // What `node`'s agent reports of its GPUs (NodeManager::TakeHealth): a slot reported unfit
   // for the first time is cordoned (CordonSlot) and the attempt running on it fails
   // (JobManager::OnSlotFailed); one no longer reported may be scheduled again.

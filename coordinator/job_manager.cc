@@ -319,6 +319,8 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   job.resize.reset();
   job.checkpoint_asked.reset();
   job.waiting.clear();
+  job.straggling_since.clear();
+  job.replace.reset();
   return a;
 }
 
@@ -538,7 +540,10 @@ bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
   if (record.step() > job->rec.latest_checkpoint_step()) {
     job->rec.set_latest_checkpoint_step(record.step());
     // A resize at the final step would only delay the end (and free the slots no sooner).
-    if (job->rec.state() == v1::RUNNING && job->resize && record.step() < job->spec.train.steps) {
+    const bool before_end = record.step() < job->spec.train.steps;
+    if (job->rec.state() == v1::RUNNING && job->replace && before_end) {
+      Replace(*job, record.step());  // a planned resize is made again by the next pass
+    } else if (job->rec.state() == v1::RUNNING && job->resize && before_end) {
       Resize(*job, record.step());  // persists the new latest step with the resize
     } else {
       Persist(*job, nullptr);
@@ -598,6 +603,11 @@ void JobManager::AppendOrders(const std::string& node, const std::vector<v1::Tra
       start->set_threads(job.spec.resources.threads_per_rank);
     }
   }
+}
+
+const JobSpec* JobManager::SpecOf(const std::string& job_id) const {
+  const Job* job = Get(job_id);
+  return job ? &job->spec : nullptr;
 }
 
 const v1::JobRecord* JobManager::Find(const std::string& job_id) const {

@@ -44,6 +44,15 @@
 // In memory only: a coordinator restart forgets it (a resize plan is made again by the
 // first scheduling pass, and asks again).
 //
+// Stragglers (fault_tolerance.replace_stragglers_after_s > 0; CheckStragglers): a rank the
+// others of its pipeline stage have waited for (straggler.h) in every check for that long
+// is moved at the job's next checkpoint, asked for at once, as a resize is: its slot is
+// cordoned for every job (hooks.slot_straggling; its node's other slots stay in use), the
+// attempt ends ("replacing straggler rank R ..."; no restart counted, no back-off) and the
+// next one resumes from that checkpoint on a free slot. Planned only while a free slot of
+// the job's device kind exists: without one the job would shrink or wait, which costs more
+// than the straggler does. In memory only, like checkpoint requests.
+//
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
 // lists a live trainer that is not part of a current attempt (which also covers trainers
@@ -96,6 +105,9 @@ class JobManager {
     // A slot whose device failed under a rank of an attempt (the trainer exited with
     // kExitDeviceFault): the GPU is broken for every job. May be null.
     std::function<void(const std::string& node, int slot, const std::string& why)> slot_failed;
+    // A slot whose rank was replaced as a straggler (see above): slow for every job. May be
+    // null.
+    std::function<void(const std::string& node, int slot, const std::string& why)> slot_straggling;
   };
   using Orders = google::protobuf::RepeatedPtrField<v1::Order>;
 
@@ -164,6 +176,12 @@ class JobManager {
   // attempt ends. Idempotent while one is pending (the same step returned). NotFound for an
   // unknown job; FailedPrecondition when it is not RUNNING or saves no checkpoints.
   StatusOr<int64_t> RequestCheckpoint(const std::string& job_id, const std::string& reason);
+  // Checks the RUNNING jobs that replace stragglers (see above) at wall time now_ms: plans
+  // the move of a rank straggling for replace_stragglers_after_s when `spare(device)` says a
+  // free slot of the job's kind exists, and asks for the checkpoint it happens at. Returns
+  // the jobs it asked (their nodes have orders waiting).
+  std::vector<std::string> CheckStragglers(int64_t now_ms,
+                                           const std::function<bool(v1::DeviceKind)>& spare);
   // Starts the next attempt of a pending job on `placement`, resuming from `resume`
   // (nullptr: fresh start).
   void StartAttempt(const Placement& placement, const v1::CheckpointRecord* resume);
@@ -200,6 +218,8 @@ class JobManager {
 
   // Queries.
   const v1::JobRecord* Find(const std::string& job_id) const;
+  // The job's spec as submitted (after --set overrides), or nullptr for an unknown job.
+  const JobSpec* SpecOf(const std::string& job_id) const;
   // The job a submit with this (non-empty) request id made, or nullptr.
   const v1::JobRecord* FindByRequestId(const std::string& request_id) const;
   // How many of `submitter`'s jobs are PENDING (queued, never placed yet).
@@ -251,6 +271,16 @@ class JobManager {
     // Trainers of any attempt whose exit said their GPU failed, each handed to slot_failed
     // once (an agent lists an exited trainer in several heartbeats).
     std::set<TrainerKey> device_faults;
+    // RUNNING, replacing stragglers: each rank of the current attempt found straggling in
+    // every check since this wall time, and the one to move at the next checkpoint.
+    std::map<int, int64_t> straggling_since;
+    struct Replacement {
+      int rank = 0;
+      std::string node;
+      int slot = 0;
+      std::string why;  // "straggler rank 1 on w1 slot 0 (busy 81 ms a step, ...)"
+    };
+    std::optional<Replacement> replace;
   };
 
   Job* Get(const std::string& job_id);
@@ -284,6 +314,8 @@ class JobManager {
   int64_t AskCheckpoint(Job& job, const std::string& reason, bool for_resize);
   // Ends the attempt at the complete checkpoint of `step` to restart it as job.resize says.
   void Resize(Job& job, int64_t step);
+  // Ends the attempt at the complete checkpoint of `step` to move job.replace's rank.
+  void Replace(Job& job, int64_t step);
   void Persist(Job& job, const v1::AttemptRecord* attempt);
   // Keeps live_ and finished_counts_ in step with job.rec's state after a change (every
   // change is persisted, or is a cancel; finished states are final).

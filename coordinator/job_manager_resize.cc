@@ -1,11 +1,13 @@
-// JobManager's resizes (growth, shrink, preemption: job_manager.h) and the checkpoint
-// requests that make them prompt.
+// JobManager's resizes (growth, shrink, preemption: job_manager.h), its replacements of
+// stragglers, and the checkpoint requests that make them prompt.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "coordinator/job_manager.h"
+#include "coordinator/straggler.h"
 
 namespace drover::coordinator {
 namespace {
@@ -114,6 +116,80 @@ void JobManager::Resize(Job& job, int64_t step) {
   job.hold_size = to;
   job.hold_until_ms = to > 0 ? clock_->WallNowMs() + options_.stop_grace_ms + 1000 : 0;
   if (to > 0) next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
+  UpdateReason(job);
+  spdlog::info("job {}: {}", job.rec.job_id(), what);
+  Persist(job, &a);
+}
+
+std::vector<std::string> JobManager::CheckStragglers(
+    int64_t now_ms, const std::function<bool(v1::DeviceKind)>& spare) {
+  std::vector<std::string> asked;
+  for (const auto& [seq, id] : live_) {
+    Job& job = *Get(id);
+    const double after_s = job.spec.fault_tolerance.replace_stragglers_after_s;
+    if (job.rec.state() != v1::RUNNING || after_s <= 0) continue;
+    std::vector<RankPace> paces;
+    for (const Rank& r : job.ranks) {
+      if (r.status.state() != v1::TRAINER_RUNNING) continue;
+      const v1::TrainerProgress& p = r.status.progress();
+      paces.push_back({r.status.rank(), p.pp_stage(), p.busy_ms()});
+    }
+    // A rank that falls back in step starts its count again.
+    const std::vector<Straggler> found =
+        FindStragglers(paces, job.spec.fault_tolerance.straggler_factor);
+    std::map<int, int64_t> since;
+    for (const Straggler& s : found) {
+      auto it = job.straggling_since.find(s.rank);
+      since[s.rank] = it == job.straggling_since.end() ? now_ms : it->second;
+    }
+    job.straggling_since = std::move(since);
+    if (job.replace) continue;  // planned: it moves at the checkpoint asked for
+    const Straggler* longest = nullptr;
+    for (const Straggler& s : found) {
+      if (!longest || job.straggling_since[s.rank] < job.straggling_since[longest->rank]) {
+        longest = &s;
+      }
+    }
+    if (!longest) continue;
+    const int64_t for_ms = now_ms - job.straggling_since[longest->rank];
+    if (static_cast<double>(for_ms) < after_s * 1000.0 || !spare(job.rec.device())) continue;
+    const auto placed =
+        std::find_if(job.rec.placement().begin(), job.rec.placement().end(),
+                     [&](const v1::RankAssignment& a) { return a.rank() == longest->rank; });
+    if (placed == job.rec.placement().end()) continue;
+    job.replace = Job::Replacement{
+        longest->rank, placed->node(), placed->slot(),
+        "straggler rank " + std::to_string(longest->rank) + " on " + placed->node() + " slot " +
+            std::to_string(placed->slot()) + " (busy " +
+            std::to_string(std::llround(longest->busy_ms)) + " ms a step against " +
+            std::to_string(std::llround(longest->peers_busy_ms)) +
+            " ms for the others of its stage, for " + std::to_string(for_ms / 1000) + " s)"};
+    job.waiting = "replacing " + job.replace->why + " at its next checkpoint";
+    UpdateReason(job);
+    AskCheckpoint(job, job.waiting, /*for_resize=*/false);
+    asked.push_back(id);
+  }
+  return asked;
+}
+
+void JobManager::Replace(Job& job, int64_t step) {
+  const Job::Replacement r = *job.replace;
+  if (hooks_.slot_straggling) {
+    hooks_.slot_straggling(r.node, r.slot, "job " + job.rec.job_id() + ": " + r.why);
+  }
+  const int size = job.rec.placement_size();
+  const std::string what =
+      "replacing " + r.why + " at the checkpoint of step " + std::to_string(step);
+  const int64_t now = clock_->WallNowMs();
+  v1::AttemptRecord& a = EndAttempt(job, what, now);
+  job.rec.set_state(v1::RECOVERING);
+  job.rec.set_restart_not_before_ms(0);
+  job.failure = what;
+  // As after a resize: at its size, on the old ranks' slots but the cordoned one and a free
+  // one, once they are given back; after that, whatever fits.
+  job.hold_size = size;
+  job.hold_until_ms = now + options_.stop_grace_ms + 1000;
+  next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
   UpdateReason(job);
   spdlog::info("job {}: {}", job.rec.job_id(), what);
   Persist(job, &a);

@@ -8,7 +8,7 @@
 
 namespace drover::coordinator {
 
-std::vector<Straggler> FindStragglers(const std::vector<RankPace>& ranks) {
+std::vector<Straggler> FindStragglers(const std::vector<RankPace>& ranks, double factor) {
   std::map<int, std::vector<const RankPace*>> stages;
   for (const RankPace& r : ranks) {
     if (r.busy_ms > 0) stages[r.pp_stage].push_back(&r);
@@ -22,7 +22,7 @@ std::vector<Straggler> FindStragglers(const std::vector<RankPace>& ranks) {
         if (o != r) others.push_back(o->busy_ms);
       }
       const double peers = Median(others);
-      if (r->busy_ms > kStragglerFactor * peers && r->busy_ms - peers >= kStragglerMinExcessMs) {
+      if (r->busy_ms > factor * peers && r->busy_ms - peers >= kStragglerMinExcessMs) {
         found.push_back({r->rank, r->busy_ms, peers, static_cast<int>(others.size())});
       }
     }

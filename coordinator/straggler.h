@@ -30,15 +30,13 @@ struct Straggler {
 };
 
 // A rank is a straggler when its busy time exceeds the median of its stage's other ranks
-// by kStragglerFactor and by kStragglerMinExcessMs: a fifth more is well outside the few
-// percent that ranks doing the same work differ by, and a few milliseconds keep tiny steps'
-// jitter out. Several ranks can be stragglers at once; when most of a stage is slow, none is.
-inline constexpr double kStragglerFactor = 1.2;
+// `factor` times (fault_tolerance.straggler_factor, 1.2 unless the job says otherwise: a
+// fifth more is well outside the few percent that ranks doing the same work differ by on
+// machines of their own) and by kStragglerMinExcessMs, which keeps tiny steps' jitter out.
+// Several ranks can be stragglers at once; when most of a stage is slow, none is. Ranks
+// with busy_ms 0 are left out, and so is a stage with fewer than two known ranks. By rank.
 inline constexpr double kStragglerMinExcessMs = 5;
-
-// The stragglers among `ranks`, by rank. Ranks with busy_ms 0 are left out, and so is a
-// stage with fewer than two known ranks.
-std::vector<Straggler> FindStragglers(const std::vector<RankPace>& ranks);
+std::vector<Straggler> FindStragglers(const std::vector<RankPace>& ranks, double factor);
 
 // "busy 152 ms a step, against 80 ms for the other 3 ranks of its stage (median): they
 // wait for it at every step" (what follows "rank R on NODE slot S: " in a job's notices).

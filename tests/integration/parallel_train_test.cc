@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/job_state.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/train_process.h"
 
@@ -202,8 +203,67 @@ TEST_F(ParallelTrainTest, TwoRankJobOnTwoAgentsMatchesDroverTrainNproc2) {
   for (size_t s = 0; s < want.size(); ++s) EXPECT_NEAR(got[s], want[s], 1e-6 * want[s]);
 }
 
-// A rank slowed on its node (stopped and continued every 10 ms, as if something else held
-// its CPU half the time) is named a straggler by `drover status` while the job runs, and
+// A job of two ranks whose steps take about 50 ms here, so that the 5 ms a straggler must be
+// slower by is well inside them, with `extra` lines appended. The tests set the straggler
+// factor to 1.5: on this 2-core machine, with the coordinator and agents beside them, two
+// balanced ranks' busy times have differed by up to a quarter.
+std::string StragglerJobYaml(const fs::path& dir, const std::string& name,
+                             const std::string& extra = "") {
+  return "name: " + name + "\noutput_dir: " + (dir / name).string() +
+         "\nmodel: {n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 32}\n"
+         "data: {train: " +
+         (dir / "train.bin").string() +
+         "}\n"
+         "train: {steps: 100000, global_batch: 8, micro_batch: 4, seq_len: 64, lr: 0.005, "
+         "warmup_steps: 2, eval_every: 0}\n"
+         "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n" +
+         extra;
+}
+
+// Stops `pid` for 15 ms of every 25 while it lives, as if something else held its CPU: it
+// takes 2.5 times as long for its work.
+class Slowed {
+ public:
+  explicit Slowed(pid_t pid)
+      : pid_(pid), thread_([this] {
+          while (!stop_) {
+            kill(pid_, SIGSTOP);
+            std::this_thread::sleep_for(std::chrono::milliseconds(15));
+            kill(pid_, SIGCONT);
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          }
+        }) {}
+  ~Slowed() {
+    stop_ = true;
+    thread_.join();
+    kill(pid_, SIGCONT);
+  }
+
+ private:
+  const pid_t pid_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Waits until both ranks of `id` have reported a busy time (the job runs in step); the pid
+// of rank 1 then.
+pid_t WaitForPacedRanks(testing::Cluster& cluster, const std::string& id, v1::JobInfo* info) {
+  pid_t rank1 = -1;
+  const bool paced = cluster.WaitJob(
+      id,
+      [&](const v1::JobInfo& i) {
+        int known = 0;
+        for (const v1::TrainerStatus& t : i.trainers()) {
+          if (t.progress().busy_ms() > 0) ++known;
+          if (t.rank() == 1) rank1 = t.pid();
+        }
+        return known == 2 || IsTerminal(i.job().state());
+      },
+      60000, info);
+  return paced && info->job().state() == v1::RUNNING ? rank1 : -1;
+}
+
+// A rank slowed on its node is named a straggler by `drover status` while the job runs, and
 // the rank that waits for it is not.
 TEST_F(ParallelTrainTest, ARankSlowedOnItsNodeIsNamedAStragglerByDroverStatus) {
   testing::ClusterOptions o;
@@ -213,76 +273,99 @@ TEST_F(ParallelTrainTest, ARankSlowedOnItsNodeIsNamedAStragglerByDroverStatus) {
   o.name = "straggler";
   testing::Cluster cluster(o);
   ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  // Steps of about 50 ms here: the 5 ms a straggler must be slower by is well inside them.
-  const std::string yaml =
-      "name: straggler\noutput_dir: " + (dir_ / "straggler").string() +
-      "\nmodel: {n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 32}\n"
-      "data: {train: " +
-      (dir_ / "train.bin").string() +
-      "}\n"
-      "train: {steps: 100000, global_batch: 8, micro_batch: 4, seq_len: 64, lr: 0.005, "
-      "warmup_steps: 2, eval_every: 0}\n"
-      "checkpoint: {every_steps: 0}\n"
-      "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n";
-  auto id = cluster.Submit(yaml);
+  auto id = cluster.Submit(StragglerJobYaml(dir_, "straggler",
+                                            "checkpoint: {every_steps: 0}\n"
+                                            "fault_tolerance: {straggler_factor: 1.5}\n"));
   ASSERT_TRUE(id.ok()) << id.status();
-
-  // Both ranks have reported a busy time: the job runs in step.
-  pid_t rank1 = -1;
   v1::JobInfo info;
-  ASSERT_TRUE(cluster.WaitJob(
-      *id,
-      [&](const v1::JobInfo& i) {
-        int known = 0;
-        for (const v1::TrainerStatus& t : i.trainers()) {
-          if (t.progress().busy_ms() > 0) ++known;
-          if (t.rank() == 1) rank1 = t.pid();
-        }
-        return known == 2 || i.job().state() == v1::SUCCEEDED || i.job().state() == v1::FAILED ||
-               i.job().state() == v1::CANCELLED;
-      },
-      60000, &info))
-      << cluster.DebugLogs();
-  ASSERT_EQ(info.job().state(), v1::RUNNING) << info.job().reason() << cluster.DebugLogs();
+  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &info);
+  ASSERT_GT(rank1, 0) << info.job().reason() << cluster.DebugLogs();
   EXPECT_EQ(info.straggler_ranks_size(), 0) << info.notices(0);
-  ASSERT_GT(rank1, 0);
 
-  std::atomic<bool> stop{false};
-  std::thread slow([&] {
-    while (!stop) {
-      kill(rank1, SIGSTOP);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      kill(rank1, SIGCONT);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  });
-  bool rank0_named = false;
-  const bool named = cluster.WaitJob(
-      *id,
-      [&](const v1::JobInfo& i) {
-        for (int r : i.straggler_ranks()) rank0_named = rank0_named || r == 0;
-        return i.straggler_ranks_size() == 1 && i.straggler_ranks(0) == 1;
-      },
-      30000, &info);
+  bool named = false, rank0_named = false, listed = false;
   const std::string status = (dir_ / "status.txt").string();
-  testing::Process cli(testing::Cluster::Bin("drover"),
-                       {"--coordinator", cluster.address(), "status", *id}, status);
-  const bool listed = cli.Wait(20000);
-  stop = true;
-  slow.join();
-  kill(rank1, SIGCONT);
+  {
+    Slowed slowed(rank1);
+    named = cluster.WaitJob(
+        *id,
+        [&](const v1::JobInfo& i) {
+          for (int r : i.straggler_ranks()) rank0_named = rank0_named || r == 0;
+          return i.straggler_ranks_size() == 1 && i.straggler_ranks(0) == 1;
+        },
+        30000, &info);
+    testing::Process cli(testing::Cluster::Bin("drover"),
+                         {"--coordinator", cluster.address(), "status", *id}, status);
+    listed = cli.Wait(20000);
+  }
   EXPECT_TRUE(cluster.Cancel(*id).ok());
   ASSERT_TRUE(named) << "rank 1 was not named; notices: "
                      << (info.notices_size() > 0 ? info.notices(0) : "none") << cluster.DebugLogs();
   EXPECT_FALSE(rank0_named) << "the rank kept waiting was named a straggler";
   ASSERT_TRUE(listed);
-  EXPECT_THAT(
-      testing::ReadAll(status),
-      ::testing::MatchesRegex("(.|\n)*notice: +rank 1 on [a-z0-9-]+ slot 0 is a "
-                              "straggler: busy [0-9]+ ms a step, against [0-9]+ ms for "
-                              "the other rank of its stage: they wait for it at every "
-                              "step(.|\n)*RANK +PID +STATE +STEP +LOSS +STEP_MS +BUSY_MS(.|\n)*"))
+  EXPECT_THAT(testing::ReadAll(status),
+              ::testing::MatchesRegex("(.|\n)*notice: +rank 1 on [a-z0-9-]+ slot 0 is a "
+                                      "straggler: busy [0-9]+ ms a step, against [0-9]+ ms for "
+                                      "the other rank of its stage: they wait for it at every "
+                                      "step(.|\n)*RANK +PID +STATE +STEP +LOSS +STEP_MS "
+                                      "+BUSY_MS(.|\n)*"))
       << testing::ReadAll(status);
+}
+
+// A job that replaces its stragglers moves a rank slowed on its node to the free agent at a
+// checkpoint it asks for, without spending a restart, and the slow slot is cordoned.
+TEST_F(ParallelTrainTest, AJobThatReplacesStragglersMovesTheSlowRankToAFreeSlot) {
+  testing::ClusterOptions o;
+  o.agents = 3;
+  o.slots_per_agent = 1;
+  o.trainer = "drover-trainer";
+  o.name = "replace";
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  auto id = cluster.Submit(StragglerJobYaml(
+      dir_, "replace",
+      "checkpoint: {every_steps: 100000, keep_last: 2}\n"
+      "fault_tolerance: {straggler_factor: 1.5, replace_stragglers_after_s: 1}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobInfo info;
+  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &info);
+  ASSERT_GT(rank1, 0) << info.job().reason() << cluster.DebugLogs();
+  std::string slow_node;
+  for (const v1::RankAssignment& p : info.job().placement()) {
+    if (p.rank() == 1) slow_node = p.node();
+  }
+  bool moved = false;
+  {
+    Slowed slowed(rank1);
+    moved = cluster.WaitJob(
+        *id,
+        [](const v1::JobInfo& i) {
+          return i.job().attempt() >= 2 && i.job().state() == v1::RUNNING;
+        },
+        60000, &info);
+  }
+  EXPECT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(moved) << info.job().state() << " " << info.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(info.job().restarts(), 0);
+  ASSERT_GE(info.attempts_size(), 2);
+  EXPECT_THAT(info.attempts(0).end_reason(),
+              ::testing::MatchesRegex("replacing straggler rank 1 on " + slow_node +
+                                      " slot 0 \\(busy [0-9]+ ms a step against [0-9]+ ms for "
+                                      "the others of its stage, for [0-9]+ s\\) at the "
+                                      "checkpoint of step [0-9]+"));
+  EXPECT_GT(info.attempts(1).resume_step(), 0);  // from the checkpoint it asked for
+  for (const v1::RankAssignment& p : info.job().placement()) {
+    EXPECT_NE(p.node(), slow_node) << "rank " << p.rank() << " placed on the slow node again";
+  }
+  auto workers = cluster.ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  bool cordoned = false;
+  for (const v1::WorkerInfo& w : workers->workers()) {
+    for (const v1::SlotFault& f : w.node().slot_faults()) {
+      cordoned = cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
+                              f.reason().find("straggler rank 1") != std::string::npos);
+    }
+  }
+  EXPECT_TRUE(cordoned) << "the slow slot was not cordoned";
 }
 
 }  // namespace

@@ -30,6 +30,9 @@ class JobManagerTest : public ::testing::Test {
                [this](const std::string& j, int64_t a) { ended_.emplace_back(j, a); }, nullptr,
                [this](const std::string& node, int slot, const std::string& why) {
                  failed_slots_.push_back({node, slot, why});
+               },
+               [this](const std::string& node, int slot, const std::string& why) {
+                 straggling_slots_.push_back({node, slot, why});
                }}) {}
 
   // Submits a job the way the coordinator does once its record is durable.
@@ -79,6 +82,7 @@ class JobManagerTest : public ::testing::Test {
     std::string why;
   };
   std::vector<FailedSlot> failed_slots_;
+  std::vector<FailedSlot> straggling_slots_;
   JobManager jobs_;
 };
 
@@ -736,6 +740,89 @@ TEST_F(JobManagerTest, APlannedResizeAsksForACheckpointThatGoesWithThePlan) {
   jobs_.OnCheckpoint(Checkpoint("j1", 1, 3));
   EXPECT_EQ(State("j1"), v1::RECOVERING);
   EXPECT_TRUE(CheckpointOrders(OrdersFor("n1", {})).empty());
+}
+
+TEST_F(JobManagerTest, ARankStragglingLongEnoughIsReplacedAtACheckpointWithoutCountingARestart) {
+  std::string yaml = SpecYaml(3, 3, 2);
+  yaml.replace(yaml.rfind('}'), 1, ", replace_stragglers_after_s: 10}");
+  ASSERT_TRUE(Submit(yaml, "j1", 1).ok());
+  Place("j1", 3, {Node("n1", 1), Node("n2", 1), Node("n3", 1)});
+  const auto paced = [](int rank, double busy_ms) {
+    v1::TrainerStatus t = Trainer("j1", 1, rank, v1::TRAINER_RUNNING, 4);
+    t.mutable_progress()->set_busy_ms(busy_ms);
+    return t;
+  };
+  Listing("n1", {paced(0, 80)});
+  Listing("n2", {paced(1, 150)});
+  Listing("n3", {paced(2, 82)});
+  bool spare = true;
+  int spare_asked = 0;
+  const auto check = [&] {
+    return jobs_.CheckStragglers(clock_.WallNowMs(), [&](v1::DeviceKind device) {
+      EXPECT_EQ(device, v1::CPU);
+      ++spare_asked;
+      return spare;
+    });
+  };
+  EXPECT_TRUE(check().empty());  // straggling from now on
+  clock_.AdvanceMs(9000);
+  EXPECT_TRUE(check().empty());
+  // Back in step for a moment: its count starts again.
+  Listing("n2", {paced(1, 85)});
+  EXPECT_TRUE(check().empty());
+  Listing("n2", {paced(1, 150)});
+  EXPECT_TRUE(check().empty());
+  clock_.AdvanceMs(9000);
+  EXPECT_TRUE(check().empty());
+  EXPECT_EQ(spare_asked, 0);
+  // 11 s in a row, but no free slot to move it to: it stays.
+  clock_.AdvanceMs(2000);
+  spare = false;
+  EXPECT_TRUE(check().empty());
+  EXPECT_EQ(spare_asked, 1);
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "");
+  spare = true;
+  EXPECT_EQ(check(), std::vector<std::string>{"j1"});
+  const std::string who =
+      "straggler rank 1 on n2 slot 0 (busy 150 ms a step against 81 ms for the others of its "
+      "stage, for 11 s)";
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "replacing " + who + " at its next checkpoint");
+  const auto orders = CheckpointOrders(OrdersFor("n2", {paced(1, 150)}));
+  ASSERT_EQ(orders.size(), 1u);
+  EXPECT_EQ(orders[0].reason(), "replacing " + who + " at its next checkpoint");
+  EXPECT_TRUE(check().empty());  // planned once
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 5));
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find("j1")->restarts(), 0);
+  EXPECT_EQ(jobs_.Find("j1")->failures_in_a_row(), 0);
+  EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(),
+            "replacing " + who + " at the checkpoint of step 5");
+  ASSERT_EQ(straggling_slots_.size(), 1u);
+  EXPECT_EQ(straggling_slots_[0].node, "n2");
+  EXPECT_EQ(straggling_slots_[0].slot, 0);
+  EXPECT_EQ(straggling_slots_[0].why, "job j1: " + who);
+  EXPECT_TRUE(failed_slots_.empty());
+  // As after a resize: placed at its size while its old ranks' slots come back.
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, std::vector<int>{3});
+}
+
+TEST_F(JobManagerTest, StragglersOfAJobThatDoesNotReplaceThemAreLeftWhereTheyAre) {
+  ASSERT_TRUE(Submit(SpecYaml(2, 2, 2), "j1", 1).ok());
+  Place("j1", 2, {Node("n1", 1), Node("n2", 1)});
+  v1::TrainerStatus slow = Trainer("j1", 1, 1, v1::TRAINER_RUNNING, 20);
+  slow.mutable_progress()->set_busy_ms(500);
+  v1::TrainerStatus fast = Trainer("j1", 1, 0, v1::TRAINER_RUNNING, 20);
+  fast.mutable_progress()->set_busy_ms(50);
+  Listing("n1", {fast});
+  Listing("n2", {slow});
+  const auto spare = [](v1::DeviceKind) { return true; };
+  EXPECT_TRUE(jobs_.CheckStragglers(clock_.WallNowMs(), spare).empty());
+  clock_.AdvanceMs(3'600'000);
+  EXPECT_TRUE(jobs_.CheckStragglers(clock_.WallNowMs(), spare).empty());
+  EXPECT_EQ(State("j1"), v1::RUNNING);
 }
 
 TEST_F(JobManagerTest, ListPagesGoNewestFirstWithoutSpecsAndFilter) {
