@@ -20,7 +20,9 @@
 //   job_attempt, job_restarts, job_step, job_loss, job_tokens_per_second,
 //   job_last_recovery_seconds (after a restart), job_learning_rate, job_val_loss (once
 //   evaluated), job_mfu_ratio (where the trainer knows it), job_checkpoint_age_seconds
-//   (once one is complete)
+//   (once one is complete), job_stragglers (ranks named as stragglers: straggler.h)
+//   per rank of those jobs' current attempts, labels {job_id,name,rank}:
+//   job_rank_busy_seconds (its own time a step, once it has reported one)
 //
 // Thread-safe: ObserveRpc from any RPC thread, Render from the HTTP server's.
 #pragma once
