@@ -254,8 +254,9 @@ class JobManager {
     std::string failure;      // why it is recovering
     std::string waiting;      // why it is not placed yet
     int64_t version = 0;      // counts Persist calls: what a CancelPlan was worked out from
-    // Nodes where ranks of its failing attempts (this run of failures in a row) failed.
-    // In memory only: a preference, lost with a coordinator restart.
+    // Nodes where ranks of its failing attempts (this run of failures in a row) failed, and
+    // those of the stragglers it moved (Replace) since. In memory only: a preference, lost
+    // with a coordinator restart.
     std::set<std::string> avoid;
     std::optional<ResizePlan> resize;  // RUNNING: what it becomes at its next checkpoint
     struct CheckpointAsked {

@@ -190,6 +190,9 @@ void JobManager::Replace(Job& job, int64_t step) {
   job.hold_size = size;
   job.hold_until_ms = now + options_.stop_grace_ms + 1000;
   next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
+  // What slows a rank is often its node's (CPUs something else uses, a slow disk), not its
+  // slot's alone: the next placement prefers other nodes where the gang fits.
+  job.avoid.insert(r.node);
   UpdateReason(job);
   spdlog::info("job {}: {}", job.rec.job_id(), what);
   Persist(job, &a);

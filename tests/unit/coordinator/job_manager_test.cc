@@ -804,9 +804,11 @@ TEST_F(JobManagerTest, ARankStragglingLongEnoughIsReplacedAtACheckpointWithoutCo
   EXPECT_EQ(straggling_slots_[0].slot, 0);
   EXPECT_EQ(straggling_slots_[0].why, "job j1: " + who);
   EXPECT_TRUE(failed_slots_.empty());
-  // As after a resize: placed at its size while its old ranks' slots come back.
+  // As after a resize: placed at its size while its old ranks' slots come back, and away
+  // from the straggler's node where it fits.
   ASSERT_EQ(jobs_.Pending().size(), 1u);
   EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, std::vector<int>{3});
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, std::set<std::string>{"n2"});
 }
 
 TEST_F(JobManagerTest, StragglersOfAJobThatDoesNotReplaceThemAreLeftWhereTheyAre) {
