@@ -171,7 +171,12 @@ std::vector<bool> Probe(const std::vector<std::string>& addresses,
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string list;
-  for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+  for (int r : ranks) {
+    // Appended piecewise: GCC 12 reads `"," + std::to_string(r)` as an overlapping memcpy
+    // (a false -Wrestrict).
+    if (!list.empty()) list += ',';
+    list += std::to_string(r);
+  }
   return list.empty() ? "none" : list;
 }
 
