@@ -638,22 +638,40 @@ std::vector<int> Coordinator::BusySlots(const std::string& node) const {
   return busy;
 }
 
+void Coordinator::ForEachFreeSlot(const std::string& name, const v1::NodeRecord& rec,
+                                  int64_t now_ms, const std::function<bool(const v1::Slot&)>& free,
+                                  const std::function<void(const v1::Slot&)>& releasing) const {
+  std::vector<int> busy = jobs_.ReservedSlots(name);
+  // Full nodes are the common case while jobs queue: skip them before the listing walk.
+  if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
+  const size_t reserved = busy.size();
+  AppendListedSlots(name, &busy);
+  auto in = [&](size_t to, int s) {
+    return std::find(busy.begin(), busy.begin() + static_cast<std::ptrdiff_t>(to), s) !=
+           busy.begin() + static_cast<std::ptrdiff_t>(to);
+  };
+  for (const v1::Slot& s : rec.slots()) {
+    // A slot out of use (cordoned, or its GPU reported unfit) is neither free nor about to
+    // be: the trainer that still holds it gives back a GPU that failed.
+    if (SlotOut(rec, s.index(), now_ms)) continue;
+    if (in(busy.size(), s.index())) {
+      if (releasing && !in(reserved, s.index())) releasing(s);
+      continue;
+    }
+    if (!free(s)) return;
+  }
+}
+
 bool Coordinator::HasFreeSlot(v1::DeviceKind device) const {
   const int64_t now = clock_->WallNowMs();
   bool found = false;
   nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable)
                      REQUIRES(mu_) {
                        if (found || !schedulable) return;
-                       std::vector<int> busy = jobs_.ReservedSlots(name);
-                       if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
-                       AppendListedSlots(name, &busy);
-                       for (const v1::Slot& s : rec.slots()) {
-                         if ((s.device() == v1::CUDA) != (device == v1::CUDA)) continue;
-                         if (SlotOut(rec, s.index(), now)) continue;
-                         if (std::find(busy.begin(), busy.end(), s.index()) != busy.end()) continue;
-                         found = true;
-                         return;
-                       }
+                       ForEachFreeSlot(name, rec, now, [&](const v1::Slot& s) {
+                         found = (s.device() == v1::CUDA) == (device == v1::CUDA);
+                         return !found;
+                       });
                      });
   return found;
 }
@@ -747,41 +765,28 @@ void Coordinator::ScheduleLocked() {
   std::map<v1::DeviceKind, int64_t> releasing;  // held by trainers of ended attempts
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) ever[d] = nodes_.TotalSlotsEver(d);
   const int64_t now = clock_->WallNowMs();
-  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable)
-                     REQUIRES(mu_) {
-                       if (!schedulable) return;
-                       std::vector<int> busy = jobs_.ReservedSlots(name);
-                       // Full nodes are the common case while jobs queue: skip them before the
-                       // listing walk.
-                       if (static_cast<int>(busy.size()) >= rec.slots_size()) return;
-                       const size_t reserved = busy.size();
-                       AppendListedSlots(name, &busy);
-                       auto in = [](const std::vector<int>& v, size_t from, size_t to, int s) {
-                         return std::find(v.begin() + from, v.begin() + to, s) != v.begin() + to;
-                       };
-                       // A node offers one device kind per slot; group its free slots per kind.
-                       NodeCapacity per_device[2];  // CPU, CUDA
-                       for (const auto& s : rec.slots()) {
-                         const v1::DeviceKind device = s.device() == v1::CUDA ? v1::CUDA : v1::CPU;
-                         // A slot out of use (cordoned, or its GPU reported unfit) is neither
-                         // free nor about to be: the trainer that still holds it gives back a
-                         // GPU that failed.
-                         if (SlotOut(rec, s.index(), now)) continue;
-                         if (in(busy, 0, busy.size(), s.index())) {
-                           if (!in(busy, 0, reserved, s.index())) ++releasing[device];
-                           continue;
-                         }
-                         NodeCapacity& c = per_device[device == v1::CUDA ? 1 : 0];
-                         c.device = device;
-                         c.free_slots.push_back(s.index());
-                       }
-                       for (NodeCapacity& c : per_device) {
-                         if (c.free_slots.empty()) continue;
-                         c.name = name;
-                         std::sort(c.free_slots.begin(), c.free_slots.end());
-                         capacity.push_back(std::move(c));
-                       }
-                     });
+  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec,
+                     bool schedulable) REQUIRES(mu_) {
+    if (!schedulable) return;
+    // A node offers one device kind per slot; group its free slots per kind.
+    NodeCapacity per_device[2];  // CPU, CUDA
+    const auto kind = [](const v1::Slot& s) { return s.device() == v1::CUDA ? v1::CUDA : v1::CPU; };
+    ForEachFreeSlot(
+        name, rec, now,
+        [&](const v1::Slot& s) {
+          NodeCapacity& c = per_device[kind(s) == v1::CUDA ? 1 : 0];
+          c.device = kind(s);
+          c.free_slots.push_back(s.index());
+          return true;
+        },
+        [&](const v1::Slot& s) { ++releasing[kind(s)]; });
+    for (NodeCapacity& c : per_device) {
+      if (c.free_slots.empty()) continue;
+      c.name = name;
+      std::sort(c.free_slots.begin(), c.free_slots.end());
+      capacity.push_back(std::move(c));
+    }
+  });
   ScheduleResult result = Schedule(std::move(pending), std::move(capacity), ever);
   for (const Placement& p : result.placements) {
     jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));

@@ -150,8 +150,16 @@ class Coordinator {
   // replaced as a straggler (JobManager's hooks); `cause` says which in the log.
   void CordonSlot(const std::string& node, int slot, const std::string& why,
                   const char* cause = "its device failed") REQUIRES(mu_);
-  // Whether a slot of `device`'s kind is free: on a schedulable node, in use, held by no
-  // trainer (JobManager::CheckStragglers' spare).
+  // Calls `free` for each slot of node `name` (record `rec`) a new rank could take at wall
+  // time now_ms, until it returns false: in use (neither cordoned nor unfit: SlotOut) and
+  // held by no rank of a running attempt nor by a trainer its agent still lists. Slots held
+  // only by listed trainers (of ended attempts, stopping) go to `releasing`, when given.
+  void ForEachFreeSlot(const std::string& name, const v1::NodeRecord& rec, int64_t now_ms,
+                       const std::function<bool(const v1::Slot&)>& free,
+                       const std::function<void(const v1::Slot&)>& releasing = nullptr) const
+      REQUIRES(mu_);
+  // Whether a slot of `device`'s kind is free on a schedulable node (ForEachFreeSlot):
+  // JobManager::CheckStragglers' spare.
   bool HasFreeSlot(v1::DeviceKind device) const REQUIRES(mu_);
   // What `node`'s agent reports of its GPUs (NodeManager::TakeHealth): a slot reported unfit
   // for the first time is cordoned (CordonSlot) and the attempt running on it fails
