@@ -131,7 +131,9 @@ struct FaultToleranceSpec {
   double straggler_factor = 1.2;
   // A rank named a straggler (coordinator/straggler.h) this long without a break is moved:
   // at the job's next checkpoint, asked for at once, its slot is cordoned and the job
-  // resumes on a free one. Only while a free slot exists. 0: stragglers are only named.
+  // resumes on a free one. Without a free slot, an elastic job whose other ranks would step
+  // sooner without its stragglers shrinks to leave them out (coordinator/job_manager.h).
+  // 0: stragglers are only named.
   double replace_stragglers_after_s = 0;
 };
 

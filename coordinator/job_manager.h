@@ -49,9 +49,14 @@
 // is moved at the job's next checkpoint, asked for at once, as a resize is: its slot is
 // cordoned for every job (hooks.slot_straggling; its node's other slots stay in use), the
 // attempt ends ("replacing straggler rank R ..."; no restart counted, no back-off) and the
-// next one resumes from that checkpoint on a free slot. Planned only while a free slot of
-// the job's device kind exists: without one the job would shrink or wait, which costs more
-// than the straggler does. In memory only, like checkpoint requests.
+// next one resumes from that checkpoint on a free slot. Without a free slot of the job's
+// device kind, an elastic job drops its stragglers instead (every rank found straggling,
+// each for that long), when its other ranks would step sooner without them at the largest
+// feasible world size that leaves them out (ShrinkWithout, straggler.h): the same, but
+// "dropping straggler rank R ..., shrinking from N to M ranks", and the next attempt takes
+// M. It grows back when slots come free, the dropped ones at the end of their cordon (a
+// slot still slow is then dropped again, for a longer cordon). A job that cannot shrink, or
+// for which it does not pay, keeps its stragglers. In memory only, like checkpoint requests.
 //
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
@@ -81,6 +86,7 @@
 #include "coordinator/limits.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/store/store.h"
+#include "coordinator/straggler.h"
 #include "coordinator/trainer_key.h"
 #include "proto/drover.pb.h"
 
@@ -178,8 +184,9 @@ class JobManager {
   StatusOr<int64_t> RequestCheckpoint(const std::string& job_id, const std::string& reason);
   // Checks the RUNNING jobs that replace stragglers (see above) at wall time now_ms: plans
   // the move of a rank straggling for replace_stragglers_after_s when `spare(device)` says a
-  // free slot of the job's kind exists, and asks for the checkpoint it happens at. Returns
-  // the jobs it asked (their nodes have orders waiting).
+  // free slot of the job's kind exists, or else the drop of its stragglers where that pays,
+  // and asks for the checkpoint it happens at. Returns the jobs it asked (their nodes have
+  // orders waiting).
   std::vector<std::string> CheckStragglers(int64_t now_ms,
                                            const std::function<bool(v1::DeviceKind)>& spare);
   // Starts the next attempt of a pending job on `placement`, resuming from `resume`
@@ -275,11 +282,19 @@ class JobManager {
     // RUNNING, replacing stragglers: each rank of the current attempt found straggling in
     // every check since this wall time, and the one to move at the next checkpoint.
     std::map<int, int64_t> straggling_since;
+    // RUNNING, replacing stragglers: the current attempt's pace (its ranks' slowest
+    // TrainerProgress.pace_ms) when last every rank reported one and none straggled; 0 before.
+    double healthy_pace_ms = 0;
     struct Replacement {
-      int rank = 0;
-      std::string node;
-      int slot = 0;
-      std::string why;  // "straggler rank 1 on w1 slot 0 (busy 81 ms a step, ...)"
+      struct Straggler {
+        std::string node;
+        int slot = 0;
+        std::string why;  // "straggler rank 1 on w1 slot 0 (busy 81 ms a step, ...)"
+      };
+      std::vector<Straggler> stragglers;  // their slots are cordoned at the checkpoint
+      int world_size = 0;                 // the next attempt's: the job's (moved) or fewer
+      std::string what;  // "replacing straggler rank 1 ..." / "dropping straggler rank 1 ..."
+      std::string how;   // after a shrink's "at the checkpoint of step N": ", shrinking ..."
     };
     std::optional<Replacement> replace;
   };
@@ -315,7 +330,14 @@ class JobManager {
   int64_t AskCheckpoint(Job& job, const std::string& reason, bool for_resize);
   // Ends the attempt at the complete checkpoint of `step` to restart it as job.resize says.
   void Resize(Job& job, int64_t step);
-  // Ends the attempt at the complete checkpoint of `step` to move job.replace's rank.
+  // Plans the move (a spare slot exists) or the drop (ShrinkWithout pays) of `found`, the
+  // stragglers of RUNNING `job`, those of them straggling for its replace_stragglers_after_s
+  // at wall time now_ms, and asks for the checkpoint it happens at. True when it did.
+  // pace_ms: the job's pace now (its ranks' slowest TrainerProgress.pace_ms).
+  bool PlanReplacement(Job& job, const std::vector<Straggler>& found, double pace_ms,
+                       int64_t now_ms, const std::function<bool(v1::DeviceKind)>& spare);
+  // Ends the attempt at the complete checkpoint of `step` to move or drop job.replace's
+  // stragglers.
   void Replace(Job& job, int64_t step);
   void Persist(Job& job, const v1::AttemptRecord* attempt);
   // Keeps live_ and finished_counts_ in step with job.rec's state after a change (every

@@ -126,73 +126,120 @@ std::vector<std::string> JobManager::CheckStragglers(
   std::vector<std::string> asked;
   for (const auto& [seq, id] : live_) {
     Job& job = *Get(id);
-    const double after_s = job.spec.fault_tolerance.replace_stragglers_after_s;
-    if (job.rec.state() != v1::RUNNING || after_s <= 0) continue;
+    if (job.rec.state() != v1::RUNNING ||
+        job.spec.fault_tolerance.replace_stragglers_after_s <= 0) {
+      continue;
+    }
     std::vector<RankPace> paces;
+    double pace_ms = 0;
+    int paced = 0;  // ranks that report a pace
     for (const Rank& r : job.ranks) {
       if (r.status.state() != v1::TRAINER_RUNNING) continue;
       const v1::TrainerProgress& p = r.status.progress();
       paces.push_back({r.status.rank(), p.pp_stage(), p.busy_ms()});
+      pace_ms = std::max(pace_ms, p.pace_ms());
+      paced += p.pace_ms() > 0 ? 1 : 0;
     }
     // A rank that falls back in step starts its count again.
     const std::vector<Straggler> found =
         FindStragglers(paces, job.spec.fault_tolerance.straggler_factor);
+    if (found.empty() && paced == job.rec.placement_size()) job.healthy_pace_ms = pace_ms;
     std::map<int, int64_t> since;
     for (const Straggler& s : found) {
       auto it = job.straggling_since.find(s.rank);
       since[s.rank] = it == job.straggling_since.end() ? now_ms : it->second;
     }
     job.straggling_since = std::move(since);
-    if (job.replace) continue;  // planned: it moves at the checkpoint asked for
-    const Straggler* longest = nullptr;
-    for (const Straggler& s : found) {
-      if (!longest || job.straggling_since[s.rank] < job.straggling_since[longest->rank]) {
-        longest = &s;
-      }
-    }
-    if (!longest) continue;
-    const int64_t for_ms = now_ms - job.straggling_since[longest->rank];
-    if (static_cast<double>(for_ms) < after_s * 1000.0 || !spare(job.rec.device())) continue;
-    const auto placed =
-        std::find_if(job.rec.placement().begin(), job.rec.placement().end(),
-                     [&](const v1::RankAssignment& a) { return a.rank() == longest->rank; });
-    if (placed == job.rec.placement().end()) continue;
-    job.replace = Job::Replacement{
-        longest->rank, placed->node(), placed->slot(),
-        "straggler rank " + std::to_string(longest->rank) + " on " + placed->node() + " slot " +
-            std::to_string(placed->slot()) + " (busy " +
-            std::to_string(std::llround(longest->busy_ms)) + " ms a step against " +
-            std::to_string(std::llround(longest->peers_busy_ms)) +
-            " ms for the others of its stage, for " + std::to_string(for_ms / 1000) + " s)"};
-    job.waiting = "replacing " + job.replace->why + " at its next checkpoint";
-    UpdateReason(job);
-    AskCheckpoint(job, job.waiting, /*for_resize=*/false);
-    asked.push_back(id);
+    if (job.replace) continue;  // planned: it happens at the checkpoint asked for
+    if (PlanReplacement(job, found, pace_ms, now_ms, spare)) asked.push_back(id);
   }
   return asked;
 }
 
+bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, double pace_ms,
+                                 int64_t now_ms, const std::function<bool(v1::DeviceKind)>& spare) {
+  const double after_ms = job.spec.fault_tolerance.replace_stragglers_after_s * 1000.0;
+  auto for_ms = [&](const Straggler& s) { return now_ms - job.straggling_since.at(s.rank); };
+  auto long_enough = [&](const Straggler& s) { return static_cast<double>(for_ms(s)) >= after_ms; };
+  // The straggler's slot, and "straggler rank 1 on n2 slot 0 (busy 150 ms a step ...)".
+  auto describe = [&](const Straggler& s) -> std::optional<Job::Replacement::Straggler> {
+    for (const v1::RankAssignment& a : job.rec.placement()) {
+      if (a.rank() != s.rank) continue;
+      return Job::Replacement::Straggler{
+          a.node(), a.slot(),
+          "straggler rank " + std::to_string(s.rank) + " on " + a.node() + " slot " +
+              std::to_string(a.slot()) + " (busy " + std::to_string(std::llround(s.busy_ms)) +
+              " ms a step against " + std::to_string(std::llround(s.peers_busy_ms)) +
+              " ms for the others of its stage, for " + std::to_string(for_ms(s) / 1000) + " s)"};
+    }
+    return std::nullopt;
+  };
+  const Straggler* longest = nullptr;
+  for (const Straggler& s : found) {
+    if (!longest || for_ms(s) > for_ms(*longest)) longest = &s;
+  }
+  if (!longest || !long_enough(*longest)) return false;
+  const int size = job.rec.placement_size();
+  Job::Replacement plan;
+  if (spare(job.rec.device())) {
+    // Moved to the free slot, the longest straggling first: one at a time.
+    auto moved = describe(*longest);
+    if (!moved) return false;
+    plan.stragglers.push_back(*moved);
+    plan.world_size = size;
+    plan.what = "replacing " + moved->why;
+  } else {
+    // Dropped, when the others would step sooner without them: all at once, since the job
+    // keeps the pace of the slowest one left.
+    if (!std::all_of(found.begin(), found.end(), long_enough)) return false;
+    const std::optional<Shrink> shrink = ShrinkWithout(static_cast<int>(found.size()), size,
+                                                       job.feasible, job.healthy_pace_ms, pace_ms);
+    if (!shrink) return false;
+    std::string who;
+    for (const Straggler& s : found) {
+      auto dropped = describe(s);
+      if (!dropped) return false;
+      who += (who.empty() ? "" : " and ") + dropped->why.substr(std::string("straggler ").size());
+      plan.stragglers.push_back(*dropped);
+    }
+    const bool one = found.size() == 1;
+    plan.world_size = shrink->world_size;
+    plan.what = (one ? "dropping straggler " : "dropping stragglers ") + who;
+    const auto ms = [](double v) { return std::to_string(std::llround(v)) + " ms"; };
+    plan.how = ", shrinking from " + std::to_string(size) + " to " +
+               std::to_string(shrink->world_size) + " ranks: no free slot to move " +
+               (one ? "it" : "them") + " to, and a step without " + (one ? "it" : "them") +
+               " should take about " + ms(shrink->step_ms_after) + " (" + ms(job.healthy_pace_ms) +
+               " at " + std::to_string(size) + " ranks before " + (one ? "it" : "they") +
+               " straggled) against " + ms(pace_ms) + " now";
+  }
+  job.replace = std::move(plan);
+  job.waiting = job.replace->what + " at its next checkpoint" + job.replace->how;
+  UpdateReason(job);
+  AskCheckpoint(job, job.waiting, /*for_resize=*/false);
+  return true;
+}
+
 void JobManager::Replace(Job& job, int64_t step) {
   const Job::Replacement r = *job.replace;
-  if (hooks_.slot_straggling) {
-    hooks_.slot_straggling(r.node, r.slot, "job " + job.rec.job_id() + ": " + r.why);
+  for (const Job::Replacement::Straggler& s : r.stragglers) {
+    if (hooks_.slot_straggling)
+      hooks_.slot_straggling(s.node, s.slot, "job " + job.rec.job_id() + ": " + s.why);
+    // What slows a rank is often its node's (CPUs something else uses, a slow disk), not its
+    // slot's alone: the next placement prefers other nodes where the gang fits.
+    job.avoid.insert(s.node);
   }
-  const int size = job.rec.placement_size();
-  const std::string what =
-      "replacing " + r.why + " at the checkpoint of step " + std::to_string(step);
+  const std::string what = r.what + " at the checkpoint of step " + std::to_string(step) + r.how;
   const int64_t now = clock_->WallNowMs();
   v1::AttemptRecord& a = EndAttempt(job, what, now);
   job.rec.set_state(v1::RECOVERING);
   job.rec.set_restart_not_before_ms(0);
   job.failure = what;
-  // As after a resize: at its size, on the old ranks' slots but the cordoned one and a free
-  // one, once they are given back; after that, whatever fits.
-  job.hold_size = size;
+  // As after a resize: at its new size (the same, for a move), on the old ranks' slots but
+  // the cordoned ones (and a free one), once they are given back; after that, whatever fits.
+  job.hold_size = r.world_size;
   job.hold_until_ms = now + options_.stop_grace_ms + 1000;
   next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
-  // What slows a rank is often its node's (CPUs something else uses, a slow disk), not its
-  // slot's alone: the next placement prefers other nodes where the gang fits.
-  job.avoid.insert(r.node);
   UpdateReason(job);
   spdlog::info("job {}: {}", job.rec.job_id(), what);
   Persist(job, &a);

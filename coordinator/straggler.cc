@@ -40,4 +40,18 @@ std::string StragglerNotice(const Straggler& s) {
          " of its stage" + (s.peers > 1 ? " (median)" : "") + ": they wait for it at every step";
 }
 
+std::optional<Shrink> ShrinkWithout(int stragglers, int world_size,
+                                    const std::vector<int>& feasible, double healthy_step_ms,
+                                    double step_ms_now) {
+  if (stragglers <= 0 || healthy_step_ms <= 0) return std::nullopt;
+  int smaller = 0;
+  for (int s : feasible) {
+    if (s <= world_size - stragglers) smaller = s;
+  }
+  if (smaller <= 0) return std::nullopt;
+  const double after = healthy_step_ms * world_size / smaller;
+  if (after * (1 + kShrinkMargin) > step_ms_now) return std::nullopt;
+  return Shrink{smaller, after};
+}
+
 }  // namespace drover::coordinator

@@ -38,11 +38,13 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
     last_extras_ = extras;
     if (++steps_seen_ > kBusyWarmupSteps) {
       busy_window_.push_back(extras.busy_ms);
+      pace_window_.push_back(step_ms);
       if (busy_window_.size() > kBusyWindow) busy_window_.pop_front();
+      if (pace_window_.size() > kBusyWindow) pace_window_.pop_front();
     }
-    busy_median_ = busy_window_.size() >= kBusyMinSteps
-                       ? Median({busy_window_.begin(), busy_window_.end()})
-                       : 0;
+    const bool enough = busy_window_.size() >= kBusyMinSteps;
+    busy_median_ = enough ? Median({busy_window_.begin(), busy_window_.end()}) : 0;
+    pace_median_ = enough ? Median({pace_window_.begin(), pace_window_.end()}) : 0;
     if (extras.val_loss.has_value()) {
       val_loss_ = *extras.val_loss;
       val_step_ = step;
@@ -56,6 +58,7 @@ void TrainerReporter::FillSticky(v1::TrainerProgress* p) const {
   p->set_lr(last_extras_.lr);
   p->set_mfu(last_extras_.mfu);
   p->set_busy_ms(busy_median_);
+  p->set_pace_ms(pace_median_);
   p->set_pp_stage(last_extras_.pp_stage);
   p->set_val_loss(val_loss_);
   p->set_val_step(val_step_);

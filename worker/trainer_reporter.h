@@ -45,7 +45,8 @@ class TrainerReporter {
   // report from the step that measured it on (with its step), so that a heartbeat that
   // misses the eval step still forwards it. busy_ms is reported as the median of the last
   // kBusyWindow steps' (one slow step, a checkpoint's or a page fault's, is no straggler),
-  // once kBusyMinSteps steps after the attempt's first kBusyWarmupSteps are in, else 0.
+  // once kBusyMinSteps steps after the attempt's first kBusyWarmupSteps are in, else 0;
+  // pace_ms likewise, of the same steps' step_ms.
   void Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
                 const StepExtras& extras = {}, const std::string& message = "");
   // Reports a phase without a step change ("loading data", "rendezvous").
@@ -87,7 +88,9 @@ class TrainerReporter {
   std::vector<int> cut_off_ranks_ GUARDED_BY(mu_);
   int64_t steps_seen_ GUARDED_BY(mu_) = 0;
   std::deque<double> busy_window_ GUARDED_BY(mu_);
+  std::deque<double> pace_window_ GUARDED_BY(mu_);  // the same steps' step_ms
   double busy_median_ GUARDED_BY(mu_) = 0;
+  double pace_median_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace drover

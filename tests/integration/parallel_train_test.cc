@@ -208,7 +208,7 @@ TEST_F(ParallelTrainTest, TwoRankJobOnTwoAgentsMatchesDroverTrainNproc2) {
 // factor to 1.5: on this 2-core machine, with the coordinator and agents beside them, two
 // balanced ranks' busy times have differed by up to a quarter.
 std::string StragglerJobYaml(const fs::path& dir, const std::string& name,
-                             const std::string& extra = "") {
+                             const std::string& extra = "", int min_world_size = 2) {
   return "name: " + name + "\noutput_dir: " + (dir / name).string() +
          "\nmodel: {n_layer: 4, n_head: 4, n_embd: 128, block_size: 64, vocab_size: 32}\n"
          "data: {train: " +
@@ -216,21 +216,21 @@ std::string StragglerJobYaml(const fs::path& dir, const std::string& name,
          "}\n"
          "train: {steps: 100000, global_batch: 8, micro_batch: 4, seq_len: 64, lr: 0.005, "
          "warmup_steps: 2, eval_every: 0}\n"
-         "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n" +
-         extra;
+         "resources: {world_size: {min: " +
+         std::to_string(min_world_size) + ", max: 2}, threads_per_rank: 1}\n" + extra;
 }
 
-// Stops `pid` for 15 ms of every 25 while it lives, as if something else held its CPU: it
-// takes 2.5 times as long for its work.
+// Stops `pid` for `stopped_ms` of every 25 (15: it takes 2.5 times as long for its work)
+// while it lives, as if something else held its CPU.
 class Slowed {
  public:
-  explicit Slowed(pid_t pid)
-      : pid_(pid), thread_([this] {
+  explicit Slowed(pid_t pid, int stopped_ms = 15)
+      : pid_(pid), thread_([this, stopped_ms] {
           while (!stop_) {
             kill(pid_, SIGSTOP);
-            std::this_thread::sleep_for(std::chrono::milliseconds(15));
+            std::this_thread::sleep_for(std::chrono::milliseconds(stopped_ms));
             kill(pid_, SIGCONT);
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            std::this_thread::sleep_for(std::chrono::milliseconds(25 - stopped_ms));
           }
         }) {}
   ~Slowed() {
@@ -356,6 +356,69 @@ TEST_F(ParallelTrainTest, AJobThatReplacesStragglersMovesTheSlowRankToAFreeSlot)
   for (const v1::RankAssignment& p : info.job().placement()) {
     EXPECT_NE(p.node(), slow_node) << "rank " << p.rank() << " placed on the slow node again";
   }
+  auto workers = cluster.ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  bool cordoned = false;
+  for (const v1::WorkerInfo& w : workers->workers()) {
+    for (const v1::SlotFault& f : w.node().slot_faults()) {
+      cordoned = cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
+                              f.reason().find("straggler rank 1") != std::string::npos);
+    }
+  }
+  EXPECT_TRUE(cordoned) << "the slow slot was not cordoned";
+}
+
+// An elastic job with no free slot drops a rank slowed on its node: at a checkpoint it
+// asks for, it shrinks to the one rank left, without spending a restart, and the slow slot
+// is cordoned.
+TEST_F(ParallelTrainTest, AnElasticJobWithoutAFreeSlotDropsItsSlowRank) {
+  testing::ClusterOptions o;
+  o.agents = 2;
+  o.slots_per_agent = 1;
+  o.trainer = "drover-trainer";
+  o.name = "drop";
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  auto id = cluster.Submit(
+      StragglerJobYaml(dir_, "drop",
+                       "checkpoint: {every_steps: 100000, keep_last: 2}\n"
+                       "fault_tolerance: {straggler_factor: 1.5, replace_stragglers_after_s: 1}\n",
+                       /*min_world_size=*/1));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobInfo info;
+  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &info);
+  ASSERT_GT(rank1, 0) << info.job().reason() << cluster.DebugLogs();
+  std::string slow_node;
+  for (const v1::RankAssignment& p : info.job().placement()) {
+    if (p.rank() == 1) slow_node = p.node();
+  }
+  bool dropped = false;
+  {
+    // Five times as slow: rank 0 alone, with twice its work, should beat it. The job's pace
+    // before is known: both ranks have reported one.
+    Slowed slowed(rank1, /*stopped_ms=*/20);
+    dropped = cluster.WaitJob(
+        *id,
+        [](const v1::JobInfo& i) {
+          return i.job().attempt() >= 2 && i.job().state() == v1::RUNNING;
+        },
+        60000, &info);
+  }
+  EXPECT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(dropped) << info.job().state() << " " << info.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(info.job().restarts(), 0);
+  ASSERT_GE(info.attempts_size(), 2);
+  EXPECT_THAT(info.attempts(0).end_reason(),
+              ::testing::MatchesRegex(
+                  "dropping straggler rank 1 on " + slow_node +
+                  " slot 0 \\(busy [0-9]+ ms a step against [0-9]+ ms for the others of its "
+                  "stage, for [0-9]+ s\\) at the checkpoint of step [0-9]+, shrinking from 2 to "
+                  "1 ranks: no free slot to move it to, and a step without it should take about "
+                  "[0-9]+ ms \\([0-9]+ ms at 2 ranks before it straggled\\) against [0-9]+ ms "
+                  "now"));
+  EXPECT_GT(info.attempts(1).resume_step(), 0);  // from the checkpoint it asked for
+  ASSERT_EQ(info.job().placement_size(), 1);
+  EXPECT_NE(info.job().placement(0).node(), slow_node);
   auto workers = cluster.ListWorkers();
   ASSERT_TRUE(workers.ok()) << workers.status();
   bool cordoned = false;

@@ -811,6 +811,113 @@ TEST_F(JobManagerTest, ARankStragglingLongEnoughIsReplacedAtACheckpointWithoutCo
   EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, std::set<std::string>{"n2"});
 }
 
+// Without a free slot, an elastic job drops its stragglers at a checkpoint when the pace it
+// had before they straggled, scaled to its smaller size, beats its pace now: every straggler
+// at once, once each has straggled long enough.
+TEST_F(JobManagerTest, WithoutAFreeSlotAnElasticJobDropsItsStragglersWhenThatPays) {
+  std::string yaml = SpecYaml(2, 4, 2);
+  yaml.replace(yaml.rfind('}'), 1, ", replace_stragglers_after_s: 10}");
+  ASSERT_TRUE(Submit(yaml, "j1", 1).ok());
+  Place("j1", 4, {Node("n1", 1), Node("n2", 1), Node("n3", 1), Node("n4", 1)});
+  // Every rank steps at the job's pace; a straggler's busy time is most of it.
+  const auto paced = [](int rank, double busy_ms, double pace_ms) {
+    v1::TrainerStatus t = Trainer("j1", 1, rank, v1::TRAINER_RUNNING, 4);
+    t.mutable_progress()->set_busy_ms(busy_ms);
+    t.mutable_progress()->set_pace_ms(pace_ms);
+    return t;
+  };
+  const auto check = [&] {
+    return jobs_.CheckStragglers(clock_.WallNowMs(), [](v1::DeviceKind) { return false; });
+  };
+  const std::string nodes[] = {"n1", "n2", "n3", "n4"};
+  for (int r = 0; r < 4; ++r) Listing(nodes[r], {paced(r, 80, 85)});
+  EXPECT_TRUE(check().empty());  // its pace without stragglers: 85 ms
+  Listing("n1", {paced(0, 80, 305)});
+  Listing("n2", {paced(1, 300, 305)});
+  Listing("n3", {paced(2, 80, 305)});
+  Listing("n4", {paced(3, 80, 305)});
+  EXPECT_TRUE(check().empty());
+  clock_.AdvanceMs(5000);
+  Listing("n4", {paced(3, 300, 305)});  // a second straggler, 5 s later
+  EXPECT_TRUE(check().empty());
+  clock_.AdvanceMs(5000);
+  // Rank 1 has straggled for 10 s, rank 3 for 5: dropping rank 1 alone would leave the job
+  // at rank 3's pace, so nothing yet.
+  EXPECT_TRUE(check().empty());
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "");
+  clock_.AdvanceMs(5000);
+  EXPECT_EQ(check(), std::vector<std::string>{"j1"});
+  const std::string who =
+      "stragglers rank 1 on n2 slot 0 (busy 300 ms a step against 80 ms for the others of its "
+      "stage, for 15 s) and rank 3 on n4 slot 0 (busy 300 ms a step against 80 ms for the "
+      "others of its stage, for 10 s)";
+  // 4 ranks to 2: its 85 ms a step doubles.
+  const std::string how =
+      ", shrinking from 4 to 2 ranks: no free slot to move them to, and a step without them "
+      "should take about 170 ms (85 ms at 4 ranks before they straggled) against 305 ms now";
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "dropping " + who + " at its next checkpoint" + how);
+  EXPECT_TRUE(check().empty());  // planned once
+
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 5));
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_EQ(jobs_.Find("j1")->restarts(), 0);
+  EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(),
+            "dropping " + who + " at the checkpoint of step 5" + how);
+  ASSERT_EQ(straggling_slots_.size(), 2u);
+  EXPECT_EQ(straggling_slots_[0].node, "n2");
+  EXPECT_EQ(straggling_slots_[0].why,
+            "job j1: straggler rank 1 on n2 slot 0 (busy 300 ms a step against 80 ms for the "
+            "others of its stage, for 15 s)");
+  EXPECT_EQ(straggling_slots_[1].node, "n4");
+  EXPECT_EQ(straggling_slots_[1].slot, 0);
+  // Placed at the smaller size or larger while the ranks' slots come back.
+  ASSERT_EQ(jobs_.Pending().size(), 1u);
+  EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, (std::vector<int>{2, 3, 4}));
+  EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, (std::set<std::string>{"n2", "n4"}));
+}
+
+// A straggler is kept where dropping it would slow its job down (a little slow), where the
+// job cannot shrink, and where the job never ran without it: its pace then is unknown.
+TEST_F(JobManagerTest, AStragglerIsKeptWhereDroppingItWouldNotPayOrCannotBeTold) {
+  struct Case {
+    std::string id;
+    int min;
+    double healthy_pace, busy;  // healthy_pace 0: slow from the start
+  };
+  int seq = 0;
+  for (const Case& c :
+       {Case{"little", 1, 80, 150}, Case{"rigid", 2, 80, 300}, Case{"from-the-start", 1, 0, 300}}) {
+    SCOPED_TRACE(c.id);
+    std::string yaml = SpecYaml(c.min, 2, 2);
+    yaml.replace(yaml.rfind('}'), 1, ", replace_stragglers_after_s: 1}");
+    ASSERT_TRUE(Submit(yaml, c.id, ++seq).ok());
+    std::string a = c.id, b = c.id;  // not c.id + "-a": GCC 12 warns (-Wrestrict) falsely
+    a += "-a";
+    b += "-b";
+    Place(c.id, 2, {Node(a, 1), Node(b, 1)});
+    const auto paced = [&](int rank, double busy_ms, double pace_ms) {
+      v1::TrainerStatus t = Trainer(c.id, 1, rank, v1::TRAINER_RUNNING, 20);
+      t.mutable_progress()->set_busy_ms(busy_ms);
+      t.mutable_progress()->set_pace_ms(pace_ms);
+      return t;
+    };
+    const auto none = [](v1::DeviceKind) { return false; };
+    if (c.healthy_pace > 0) {
+      Listing(a, {paced(0, 78, c.healthy_pace)});
+      Listing(b, {paced(1, 79, c.healthy_pace)});
+      EXPECT_TRUE(jobs_.CheckStragglers(clock_.WallNowMs(), none).empty());
+    }
+    Listing(a, {paced(0, 78, c.busy + 2)});
+    Listing(b, {paced(1, c.busy, c.busy + 2)});
+    EXPECT_TRUE(jobs_.CheckStragglers(clock_.WallNowMs(), none).empty());
+    clock_.AdvanceMs(3'600'000);
+    // "little": alone, rank 0 would take 160 ms a step against 152 now.
+    EXPECT_TRUE(jobs_.CheckStragglers(clock_.WallNowMs(), none).empty());
+    EXPECT_EQ(State(c.id), v1::RUNNING);
+    EXPECT_EQ(jobs_.Find(c.id)->reason(), "");
+  }
+}
+
 TEST_F(JobManagerTest, StragglersOfAJobThatDoesNotReplaceThemAreLeftWhereTheyAre) {
   ASSERT_TRUE(Submit(SpecYaml(2, 2, 2), "j1", 1).ok());
   Place("j1", 2, {Node("n1", 1), Node("n2", 1)});

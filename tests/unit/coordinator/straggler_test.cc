@@ -68,5 +68,42 @@ TEST(StragglerTest, SeveralSlowRanksAreEachNamedUnlessMostOfTheStageIsSlow) {
   EXPECT_TRUE(FindStragglers({{0, 0, 100}, {1, 0, 100}, {2, 0, 100}, {3, 0, 60}}, kFactor).empty());
 }
 
+TEST(StragglerTest, DroppingAStragglerPaysWhenTheOthersTakeOnItsShareSooner) {
+  // 4 ranks to 3: the job's 80 ms a step before its straggler grows by 4/3, to about 107 ms,
+  // against 200 now.
+  const std::optional<Shrink> s = ShrinkWithout(1, 4, {1, 2, 3, 4}, 80, 200);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->world_size, 3);
+  EXPECT_NEAR(s->step_ms_after, 80.0 * 4 / 3, 1e-9);
+  // 2 ranks to 1: 80 ms doubles, to 160, which beats 200 but not 150.
+  EXPECT_EQ(ShrinkWithout(1, 2, {1, 2}, 80, 200)->world_size, 1);
+  EXPECT_FALSE(ShrinkWithout(1, 2, {1, 2}, 80, 150).has_value());
+}
+
+TEST(StragglerTest, AShrinkMustPromiseATenthShorterStep) {
+  // 90 ms times 4/3 is 120; 120 and a tenth is 132.
+  EXPECT_TRUE(ShrinkWithout(1, 4, {3, 4}, 90, 133).has_value());
+  EXPECT_FALSE(ShrinkWithout(1, 4, {3, 4}, 90, 131).has_value());
+}
+
+TEST(StragglerTest, AShrinkTakesTheLargestFeasibleSizeWithoutEveryStraggler) {
+  // Two stragglers of 8: at most 6 ranks; 6 is not feasible (its dp does not divide the
+  // batch, say), 4 is.
+  const std::optional<Shrink> s = ShrinkWithout(2, 8, {1, 2, 4, 8}, 50, 400);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->world_size, 4);
+  EXPECT_EQ(s->step_ms_after, 100);
+  // Pipeline stages of 2: one straggler takes its whole data-parallel replica with it.
+  EXPECT_EQ(ShrinkWithout(1, 8, {2, 4, 6, 8}, 50, 400)->world_size, 6);
+  // No feasible size below the job's: nothing to shrink to.
+  EXPECT_FALSE(ShrinkWithout(2, 8, {8}, 50, 400).has_value());
+  EXPECT_FALSE(ShrinkWithout(0, 8, {1, 2, 4, 8}, 50, 400).has_value());
+}
+
+TEST(StragglerTest, WithoutAPaceFromBeforeTheStragglerNothingIsDropped) {
+  // A job whose rank was slow from its attempt's start has never run without it.
+  EXPECT_FALSE(ShrinkWithout(1, 4, {1, 2, 3, 4}, 0, 1000).has_value());
+}
+
 }  // namespace
 }  // namespace drover::coordinator

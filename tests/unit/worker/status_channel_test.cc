@@ -149,7 +149,7 @@ TEST(TrainerReporterTest, ValidationLossRidesAlongUntilTheNextEvaluation) {
 // What the coordinator compares ranks by (coordinator/straggler.h) must not turn on one
 // step: the warm-up steps are left out, nothing is said before a few steps, then the
 // median of the last kBusyWindow.
-TEST(TrainerReporterTest, BusyTimeIsTheMedianOfTheLastStepsAfterTheWarmUp) {
+TEST(TrainerReporterTest, BusyTimeAndPaceAreTheMediansOfTheLastStepsAfterTheWarmUp) {
   static_assert(TrainerReporter::kBusyWarmupSteps == 3 && TrainerReporter::kBusyMinSteps == 8);
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
@@ -174,11 +174,14 @@ TEST(TrainerReporterTest, BusyTimeIsTheMedianOfTheLastStepsAfterTheWarmUp) {
     ASSERT_TRUE(ApplyReportLine(line, 50, &st, &ckpts).ok()) << line;
     seen.push_back(st.progress());
   }
-  EXPECT_EQ(seen[9].busy_ms(), 0);      // step 10: seven after the warm-up, too few yet
+  EXPECT_EQ(seen[9].busy_ms(), 0);  // step 10: seven after the warm-up, too few yet
+  EXPECT_EQ(seen[9].pace_ms(), 0);
   EXPECT_EQ(seen[10].busy_ms(), 43.5);  // {40, 44, 42, 400, 41, 43, 45, 46}: no warm-up
+  EXPECT_EQ(seen[10].pace_ms(), 48.5);  // the same steps' step_ms, each 5 ms more
   EXPECT_EQ(seen[10].pp_stage(), 2);
   EXPECT_EQ(seen[11].busy_ms(), 44);     // one 90 more
   EXPECT_EQ(seen.back().busy_ms(), 90);  // the window holds only the last 16, all 90
+  EXPECT_EQ(seen.back().pace_ms(), 95);
 }
 
 TEST(TrainerReporterTest, ACheckpointFailureIsCarriedUntilASaveSucceeds) {
