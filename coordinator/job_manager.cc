@@ -320,7 +320,6 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   job.checkpoint_asked.reset();
   job.waiting.clear();
   job.straggling_since.clear();
-  job.healthy_pace_ms = 0;
   job.replace.reset();
   return a;
 }

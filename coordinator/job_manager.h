@@ -51,12 +51,13 @@
 // attempt ends ("replacing straggler rank R ..."; no restart counted, no back-off) and the
 // next one resumes from that checkpoint on a free slot. Without a free slot of the job's
 // device kind, an elastic job drops its stragglers instead (every rank found straggling,
-// each for that long), when its other ranks would step sooner without them at the largest
-// feasible world size that leaves them out (ShrinkWithout, straggler.h): the same, but
-// "dropping straggler rank R ..., shrinking from N to M ranks", and the next attempt takes
-// M. It grows back when slots come free, the dropped ones at the end of their cordon (a
-// slot still slow is then dropped again, for a longer cordon). A job that cannot shrink, or
-// for which it does not pay, keeps its stragglers. In memory only, like checkpoint requests.
+// each for that long), when by the paces it had without stragglers it would step sooner at
+// the largest feasible world size that leaves them out (ShrinkWithout, straggler.h): the
+// same, but "dropping straggler rank R ..., shrinking from N to M ranks", and the next
+// attempt takes M. It grows back when slots come free, the dropped ones at the end of their
+// cordon (a slot still slow is then dropped again, for a longer cordon). A job that cannot
+// shrink, or for which it does not pay, keeps its stragglers. In memory only, like
+// checkpoint requests, and the paces too.
 //
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
@@ -282,9 +283,11 @@ class JobManager {
     // RUNNING, replacing stragglers: each rank of the current attempt found straggling in
     // every check since this wall time, and the one to move at the next checkpoint.
     std::map<int, int64_t> straggling_since;
-    // RUNNING, replacing stragglers: the current attempt's pace (its ranks' slowest
-    // TrainerProgress.pace_ms) when last every rank reported one and none straggled; 0 before.
-    double healthy_pace_ms = 0;
+    // Replacing stragglers: the job's pace (its ranks' slowest TrainerProgress.pace_ms) at
+    // each world size, when last every rank of an attempt of that size reported one and none
+    // straggled. Kept across attempts (a job grown back onto a slot still slow has a pace to
+    // drop it by); in memory only.
+    std::map<int, double> healthy_paces;
     struct Replacement {
       struct Straggler {
         std::string node;

@@ -18,6 +18,15 @@ std::string ForJob(const BlockedJob& j) {
   return " for job " + j.job_id + " (priority " + std::to_string(j.priority) + ")";
 }
 
+// Where a shrink's estimate comes from: "as at 3 ranks without stragglers", or "85 ms at 4
+// ranks without stragglers, times 4/2".
+std::string Basis(const Shrink& s) {
+  const std::string at = " at " + std::to_string(s.from_size) + " ranks without stragglers";
+  if (s.from_size == s.world_size) return "as" + at;
+  return std::to_string(std::llround(s.from_pace_ms)) + " ms" + at + ", times " +
+         std::to_string(s.from_size) + "/" + std::to_string(s.world_size);
+}
+
 }  // namespace
 
 std::vector<RunningJob> JobManager::Resizable() const {
@@ -143,7 +152,9 @@ std::vector<std::string> JobManager::CheckStragglers(
     // A rank that falls back in step starts its count again.
     const std::vector<Straggler> found =
         FindStragglers(paces, job.spec.fault_tolerance.straggler_factor);
-    if (found.empty() && paced == job.rec.placement_size()) job.healthy_pace_ms = pace_ms;
+    if (found.empty() && paced == job.rec.placement_size()) {
+      job.healthy_paces[job.rec.placement_size()] = pace_ms;
+    }
     std::map<int, int64_t> since;
     for (const Straggler& s : found) {
       auto it = job.straggling_since.find(s.rank);
@@ -193,7 +204,7 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
     // keeps the pace of the slowest one left.
     if (!std::all_of(found.begin(), found.end(), long_enough)) return false;
     const std::optional<Shrink> shrink = ShrinkWithout(static_cast<int>(found.size()), size,
-                                                       job.feasible, job.healthy_pace_ms, pace_ms);
+                                                       job.feasible, job.healthy_paces, pace_ms);
     if (!shrink) return false;
     std::string who;
     for (const Straggler& s : found) {
@@ -209,9 +220,8 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
     plan.how = ", shrinking from " + std::to_string(size) + " to " +
                std::to_string(shrink->world_size) + " ranks: no free slot to move " +
                (one ? "it" : "them") + " to, and a step without " + (one ? "it" : "them") +
-               " should take about " + ms(shrink->step_ms_after) + " (" + ms(job.healthy_pace_ms) +
-               " at " + std::to_string(size) + " ranks before " + (one ? "it" : "they") +
-               " straggled) against " + ms(pace_ms) + " now";
+               " should take about " + ms(shrink->step_ms_after) + " (" + Basis(*shrink) +
+               ") against " + ms(pace_ms) + " now";
   }
   job.replace = std::move(plan);
   job.waiting = job.replace->what + " at its next checkpoint" + job.replace->how;

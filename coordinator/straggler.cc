@@ -41,17 +41,26 @@ std::string StragglerNotice(const Straggler& s) {
 }
 
 std::optional<Shrink> ShrinkWithout(int stragglers, int world_size,
-                                    const std::vector<int>& feasible, double healthy_step_ms,
-                                    double step_ms_now) {
-  if (stragglers <= 0 || healthy_step_ms <= 0) return std::nullopt;
+                                    const std::vector<int>& feasible,
+                                    const std::map<int, double>& healthy, double step_ms_now) {
+  if (stragglers <= 0) return std::nullopt;
   int smaller = 0;
   for (int s : feasible) {
     if (s <= world_size - stragglers) smaller = s;
   }
   if (smaller <= 0) return std::nullopt;
-  const double after = healthy_step_ms * world_size / smaller;
-  if (after * (1 + kShrinkMargin) > step_ms_now) return std::nullopt;
-  return Shrink{smaller, after};
+  Shrink shrink{smaller, 0, 0, 0};
+  for (int from : {smaller, world_size}) {
+    auto it = healthy.find(from);
+    if (it == healthy.end() || it->second <= 0) continue;
+    shrink.from_size = from;
+    shrink.from_pace_ms = it->second;
+    shrink.step_ms_after = it->second * from / smaller;
+    break;
+  }
+  if (shrink.from_size == 0) return std::nullopt;
+  if (shrink.step_ms_after * (1 + kShrinkMargin) > step_ms_now) return std::nullopt;
+  return shrink;
 }
 
 }  // namespace drover::coordinator

@@ -10,6 +10,7 @@
 // different stages do different work (the last holds the LM head) and are not compared.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,24 +45,28 @@ std::vector<Straggler> FindStragglers(const std::vector<RankPace>& ranks, double
 std::string StragglerNotice(const Straggler& s);
 
 // Dropping stragglers, when no free slot can take them: the job shrinks to the largest of its
-// feasible world sizes that leaves them out, and its other ranks take on their share. With
-// the global batch kept (more gradient accumulation), a rank's work a step grows by
-// world_size / smaller, so a step should take about the job's pace before it straggled
-// (TrainerProgress.pace_ms, the median step time, while none of its ranks straggled) times
-// that. Ranks' busy times would understate it: a rank that waits for a straggler counts as
-// waiting its bucket reductions that run beside its own backward. The estimate leaves out
-// the restart and whatever of a step does not grow with its work (the reductions): a shrink
-// is planned only when it promises a step at least kShrinkMargin shorter than now.
+// feasible world sizes that leaves them out, and its other ranks take on their share. A step
+// should then take what it took when the job last ran at that size without stragglers; or,
+// never having run so, its pace without stragglers at its size now times world_size /
+// smaller, since with the global batch kept (more gradient accumulation) a rank's work a
+// step grows by that. Paces are TrainerProgress.pace_ms, the median step time. Ranks' busy
+// times would understate it: a rank that waits for a straggler counts as waiting its bucket
+// reductions that run beside its own backward. The scaled estimate leaves out whatever of a
+// step does not grow with its work (the reductions), and neither counts the restart: a
+// shrink is planned only when it promises a step at least kShrinkMargin shorter than now.
 inline constexpr double kShrinkMargin = 0.1;
 struct Shrink {
   int world_size = 0;        // the job's size without the stragglers
-  double step_ms_after = 0;  // healthy_step_ms times the job's size / world_size
+  double step_ms_after = 0;  // the estimate
+  int from_size = 0;         // the size of the pace it was made from...
+  double from_pace_ms = 0;   // ...and that pace
 };
-// `stragglers` ranks of a job of `world_size`, whose step took healthy_step_ms before they
-// straggled and takes step_ms_now; `feasible` ascending. nullopt when no feasible size leaves
-// them out, when healthy_step_ms is unknown (0), or when dropping them does not pay.
+// `stragglers` ranks of a job of `world_size` whose step takes step_ms_now; `healthy`: its
+// pace without stragglers at each world size it ran at so; `feasible` ascending. nullopt
+// when no feasible size leaves them out, when neither the smaller size's pace nor this
+// size's is known, or when dropping them does not pay.
 std::optional<Shrink> ShrinkWithout(int stragglers, int world_size,
-                                    const std::vector<int>& feasible, double healthy_step_ms,
-                                    double step_ms_now);
+                                    const std::vector<int>& feasible,
+                                    const std::map<int, double>& healthy, double step_ms_now);
 
 }  // namespace drover::coordinator

@@ -812,8 +812,9 @@ TEST_F(JobManagerTest, ARankStragglingLongEnoughIsReplacedAtACheckpointWithoutCo
 }
 
 // Without a free slot, an elastic job drops its stragglers at a checkpoint when the pace it
-// had before they straggled, scaled to its smaller size, beats its pace now: every straggler
-// at once, once each has straggled long enough.
+// had without them, scaled to its smaller size, beats its pace now: every straggler at once,
+// once each has straggled long enough. Grown back onto a slot still slow, it drops it again
+// by the pace it had at the smaller size.
 TEST_F(JobManagerTest, WithoutAFreeSlotAnElasticJobDropsItsStragglersWhenThatPays) {
   std::string yaml = SpecYaml(2, 4, 2);
   yaml.replace(yaml.rfind('}'), 1, ", replace_stragglers_after_s: 10}");
@@ -854,7 +855,8 @@ TEST_F(JobManagerTest, WithoutAFreeSlotAnElasticJobDropsItsStragglersWhenThatPay
   // 4 ranks to 2: its 85 ms a step doubles.
   const std::string how =
       ", shrinking from 4 to 2 ranks: no free slot to move them to, and a step without them "
-      "should take about 170 ms (85 ms at 4 ranks before they straggled) against 305 ms now";
+      "should take about 170 ms (85 ms at 4 ranks without stragglers, times 4/2) against 305 ms "
+      "now";
   EXPECT_EQ(jobs_.Find("j1")->reason(), "dropping " + who + " at its next checkpoint" + how);
   EXPECT_TRUE(check().empty());  // planned once
 
@@ -874,6 +876,33 @@ TEST_F(JobManagerTest, WithoutAFreeSlotAnElasticJobDropsItsStragglersWhenThatPay
   ASSERT_EQ(jobs_.Pending().size(), 1u);
   EXPECT_EQ(jobs_.Pending()[0].feasible_world_sizes, (std::vector<int>{2, 3, 4}));
   EXPECT_EQ(jobs_.Pending()[0].avoid_nodes, (std::set<std::string>{"n2", "n4"}));
+
+  // At 2 ranks, then grown back to 4 once the cordons end (the scheduler's plan), with rank
+  // 1's slot still slow from the attempt's start: the pace it had at 4 ranks without
+  // stragglers, in the first attempt, is what it is dropped by again.
+  Place("j1", 2, {Node("n1", 1), Node("n3", 1)});
+  const auto attempt = [](int64_t a, int rank, double busy_ms, double pace_ms) {
+    v1::TrainerStatus t = Trainer("j1", a, rank, v1::TRAINER_RUNNING, 8);
+    t.mutable_progress()->set_busy_ms(busy_ms);
+    t.mutable_progress()->set_pace_ms(pace_ms);
+    return t;
+  };
+  Listing("n1", {attempt(2, 0, 150, 160)});
+  Listing("n3", {attempt(2, 1, 150, 160)});
+  EXPECT_TRUE(check().empty());
+  jobs_.PlanResize("j1", ResizePlan{4, {}});
+  jobs_.OnCheckpoint(Checkpoint("j1", 2, 8));
+  ASSERT_EQ(State("j1"), v1::RECOVERING);
+  Place("j1", 4, {Node("n1", 1), Node("n2", 1), Node("n3", 1), Node("n4", 1)});
+  for (int r = 0; r < 4; ++r) Listing(nodes[r], {attempt(3, r, r == 1 ? 300 : 80, 305)});
+  EXPECT_TRUE(check().empty());
+  clock_.AdvanceMs(10'000);
+  EXPECT_EQ(check(), std::vector<std::string>{"j1"});
+  EXPECT_EQ(jobs_.Find("j1")->reason(),
+            "dropping straggler rank 1 on n2 slot 0 (busy 300 ms a step against 80 ms for the "
+            "others of its stage, for 10 s) at its next checkpoint, shrinking from 4 to 3 ranks: "
+            "no free slot to move it to, and a step without it should take about 113 ms (85 ms "
+            "at 4 ranks without stragglers, times 4/3) against 305 ms now");
 }
 
 // A straggler is kept where dropping it would slow its job down (a little slow), where the

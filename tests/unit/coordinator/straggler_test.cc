@@ -71,38 +71,52 @@ TEST(StragglerTest, SeveralSlowRanksAreEachNamedUnlessMostOfTheStageIsSlow) {
 TEST(StragglerTest, DroppingAStragglerPaysWhenTheOthersTakeOnItsShareSooner) {
   // 4 ranks to 3: the job's 80 ms a step before its straggler grows by 4/3, to about 107 ms,
   // against 200 now.
-  const std::optional<Shrink> s = ShrinkWithout(1, 4, {1, 2, 3, 4}, 80, 200);
+  const std::optional<Shrink> s = ShrinkWithout(1, 4, {1, 2, 3, 4}, {{4, 80}}, 200);
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->world_size, 3);
   EXPECT_NEAR(s->step_ms_after, 80.0 * 4 / 3, 1e-9);
   // 2 ranks to 1: 80 ms doubles, to 160, which beats 200 but not 150.
-  EXPECT_EQ(ShrinkWithout(1, 2, {1, 2}, 80, 200)->world_size, 1);
-  EXPECT_FALSE(ShrinkWithout(1, 2, {1, 2}, 80, 150).has_value());
+  EXPECT_EQ(ShrinkWithout(1, 2, {1, 2}, {{2, 80}}, 200)->world_size, 1);
+  EXPECT_FALSE(ShrinkWithout(1, 2, {1, 2}, {{2, 80}}, 150).has_value());
 }
 
 TEST(StragglerTest, AShrinkMustPromiseATenthShorterStep) {
   // 90 ms times 4/3 is 120; 120 and a tenth is 132.
-  EXPECT_TRUE(ShrinkWithout(1, 4, {3, 4}, 90, 133).has_value());
-  EXPECT_FALSE(ShrinkWithout(1, 4, {3, 4}, 90, 131).has_value());
+  EXPECT_TRUE(ShrinkWithout(1, 4, {3, 4}, {{4, 90}}, 133).has_value());
+  EXPECT_FALSE(ShrinkWithout(1, 4, {3, 4}, {{4, 90}}, 131).has_value());
 }
 
 TEST(StragglerTest, AShrinkTakesTheLargestFeasibleSizeWithoutEveryStraggler) {
   // Two stragglers of 8: at most 6 ranks; 6 is not feasible (its dp does not divide the
   // batch, say), 4 is.
-  const std::optional<Shrink> s = ShrinkWithout(2, 8, {1, 2, 4, 8}, 50, 400);
+  const std::optional<Shrink> s = ShrinkWithout(2, 8, {1, 2, 4, 8}, {{8, 50}}, 400);
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->world_size, 4);
   EXPECT_EQ(s->step_ms_after, 100);
   // Pipeline stages of 2: one straggler takes its whole data-parallel replica with it.
-  EXPECT_EQ(ShrinkWithout(1, 8, {2, 4, 6, 8}, 50, 400)->world_size, 6);
+  EXPECT_EQ(ShrinkWithout(1, 8, {2, 4, 6, 8}, {{8, 50}}, 400)->world_size, 6);
   // No feasible size below the job's: nothing to shrink to.
-  EXPECT_FALSE(ShrinkWithout(2, 8, {8}, 50, 400).has_value());
-  EXPECT_FALSE(ShrinkWithout(0, 8, {1, 2, 4, 8}, 50, 400).has_value());
+  EXPECT_FALSE(ShrinkWithout(2, 8, {8}, {{8, 50}}, 400).has_value());
+  EXPECT_FALSE(ShrinkWithout(0, 8, {1, 2, 4, 8}, {{8, 50}}, 400).has_value());
+}
+
+TEST(StragglerTest, APaceMeasuredAtTheSmallerSizeIsTakenAsItIs) {
+  // The job ran at 3 ranks without stragglers at 110 ms a step (more than 80 * 4/3: the
+  // reductions do not shrink with the work), and at 4 ranks at 80 ms.
+  const std::optional<Shrink> s = ShrinkWithout(1, 4, {1, 2, 3, 4}, {{3, 110}, {4, 80}}, 200);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->step_ms_after, 110);
+  EXPECT_EQ(s->from_size, 3);
+  EXPECT_EQ(s->from_pace_ms, 110);
+  // Which may be what says a shrink does not pay.
+  EXPECT_FALSE(ShrinkWithout(1, 4, {1, 2, 3, 4}, {{3, 190}, {4, 80}}, 200).has_value());
 }
 
 TEST(StragglerTest, WithoutAPaceFromBeforeTheStragglerNothingIsDropped) {
-  // A job whose rank was slow from its attempt's start has never run without it.
-  EXPECT_FALSE(ShrinkWithout(1, 4, {1, 2, 3, 4}, 0, 1000).has_value());
+  // A job whose rank was slow from its attempt's start has never run without it; a pace at
+  // another size than this one or the smaller one is not scaled from.
+  EXPECT_FALSE(ShrinkWithout(1, 4, {1, 2, 3, 4}, {}, 1000).has_value());
+  EXPECT_FALSE(ShrinkWithout(1, 4, {1, 2, 3, 4}, {{2, 50}}, 1000).has_value());
 }
 
 }  // namespace
