@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "worker/engine/parallel/communicator.h"
+
 namespace drover::engine::parallel {
 namespace {
 
@@ -70,6 +72,8 @@ void CommStream::Loop() {
   // Kernels this thread runs (shard accumulation) stay serial: the training thread's
   // OpenMP team already owns the cores.
   omp_set_num_threads(1);
+  // Its collectives run beside the training thread's compute.
+  OverlappedCalls::Enter(&host_timed_);
   MutexLock lock(&mu_);
   while (true) {
     cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });

@@ -11,6 +11,7 @@
 // single-threaded (OpenMP) so that they do not compete with the training thread's team.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -46,6 +47,12 @@ class CommStream {
   double busy_seconds() const;
   double blocked_seconds() const { return blocked_s_; }
   void ResetTimes();
+  // blocked_seconds() where the stream's work ran collectives of a group that times its
+  // waits on the host and left them to the stream (communicator.h, OverlappedCalls): what
+  // the rank waited for them. 0 otherwise (a device-timed group counts its own).
+  double host_waits_seconds() const {
+    return host_timed_.load(std::memory_order_relaxed) ? blocked_s_ : 0;
+  }
 
  private:
   void Loop();
@@ -60,8 +67,9 @@ class CommStream {
   Status error_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   double busy_s_ GUARDED_BY(mu_) = 0;
-  double blocked_s_ = 0;  // touched by the caller's thread only
-  std::thread thread_;    // started last
+  double blocked_s_ = 0;                 // touched by the caller's thread only
+  std::atomic<bool> host_timed_{false};  // OverlappedCalls' flag of the stream's thread
+  std::thread thread_;                   // started last
 };
 
 }  // namespace drover::engine::parallel

@@ -12,6 +12,14 @@ size_t SizeOf(DataType type) {
   DROVER_CHECK_MSG(false, "unknown DataType");
 }
 
+namespace {
+thread_local std::atomic<bool>* t_overlapped = nullptr;
+}  // namespace
+
+void OverlappedCalls::Enter(std::atomic<bool>* host_timed) { t_overlapped = host_timed; }
+
+std::atomic<bool>* OverlappedCalls::Current() { return t_overlapped; }
+
 Status Communicator::Send(const void* data, size_t bytes, int peer, uint64_t tag) {
   ASSIGN_OR_RETURN(std::unique_ptr<Request> request, Isend(data, bytes, peer, tag));
   return request->Wait();

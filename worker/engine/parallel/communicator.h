@@ -72,6 +72,24 @@ class WaitTally {
   std::atomic<int64_t> ns_{0};
 };
 
+// Collectives a rank runs beside its own compute: a CommStream's thread reduces gradient
+// buckets while the training thread goes on with backward. A group that times its waits on
+// the host (Gloo) would count all of such a call as waiting, the compute it overlapped
+// included: a rank kept waiting by a straggler then looks idle for most of its backward.
+// So it leaves those calls out of wait_seconds() and marks the thread's flag instead; the
+// stream then counts what its caller blocked for them (CommStream::host_waits_seconds),
+// which is what the rank waited. A group that times its waits on the device (NCCL: from
+// the compute reaching the call) counts them as ever: the host's blocked time there would
+// include the GPU's own backlog.
+class OverlappedCalls {
+ public:
+  // From now on the calling thread's collectives run beside the rank's compute; a
+  // host-timed group that leaves one uncounted sets *host_timed.
+  static void Enter(std::atomic<bool>* host_timed);
+  // The flag of the calling thread; nullptr where Enter was not called.
+  static std::atomic<bool>* Current();
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -115,11 +133,12 @@ class Communicator {
   virtual std::chrono::milliseconds timeout() const = 0;
 
   // Seconds this rank has spent in the group's calls since it connected, counted from the
-  // moment its own part of each call was ready: the whole call for Gloo; for NCCL from the
-  // compute the call follows having finished on the GPU to the transfer's end (the GPU runs
-  // behind the host, so the call's host time would count this rank's own kernels too). It
-  // is waiting for the slowest peer plus the transfer itself: in a group where one rank is
-  // slow, that rank waits least, which is how a straggler shows (trainer.h's busy_ms).
+  // moment its own part of each call was ready: the whole call for Gloo, except calls made
+  // beside the rank's compute (OverlappedCalls); for NCCL from the compute the call follows
+  // having finished on the GPU to the transfer's end (the GPU runs behind the host, so the
+  // call's host time would count this rank's own kernels too). It is waiting for the
+  // slowest peer plus the transfer itself: in a group where one rank is slow, that rank
+  // waits least, which is how a straggler shows (trainer.h's busy_ms).
   virtual double wait_seconds() const = 0;
 };
 

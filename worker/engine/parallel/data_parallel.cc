@@ -164,6 +164,10 @@ double DataParallelMemory::comm_busy_seconds() const {
   return stream_ == nullptr ? 0 : stream_->busy_seconds();
 }
 
+double DataParallelMemory::comm_host_waits_seconds() const {
+  return stream_ == nullptr ? 0 : stream_->host_waits_seconds();
+}
+
 double DataParallelMemory::comm_blocked_seconds() const {
   return stream_ == nullptr ? 0 : stream_->blocked_seconds();
 }

@@ -77,17 +77,17 @@ class GlooGroup {
   uint32_t NextCollectiveTag() { return next_tag_++; }
 
   // Runs `fn` (which calls into Gloo and may update op.peer) unless the group is broken,
-  // adding its time to wait_seconds().
+  // adding its time to wait_seconds() (on a thread of OverlappedCalls, marking its flag).
   template <typename Fn>
   Status Run(GlooOp& op, Fn&& fn) {
     if (!error_.ok()) return error_;
     const auto started = GlooClock::now();
     try {
       fn();
-      waited_.Add(GlooClock::now() - started);
+      Count(GlooClock::now() - started);
       return OkStatus();
     } catch (...) {
-      waited_.Add(GlooClock::now() - started);
+      Count(GlooClock::now() - started);
       return Break(op, std::current_exception());
     }
   }
@@ -101,6 +101,13 @@ class GlooGroup {
 
  private:
   Status Break(const GlooOp& op, std::exception_ptr error);
+  void Count(GlooClock::duration waited) {
+    if (std::atomic<bool>* overlapped = OverlappedCalls::Current()) {
+      overlapped->store(true, std::memory_order_relaxed);
+    } else {
+      waited_.Add(waited);
+    }
+  }
 
   const std::string name_;
   const int rank_;

@@ -138,6 +138,9 @@ class TrainingMemory : public StageMemory {
   // Seconds the stream spent reducing / the trainer spent waiting for it this step.
   virtual double comm_busy_seconds() const = 0;
   virtual double comm_blocked_seconds() const = 0;
+  // What of comm_blocked_seconds() is the rank's wait for its dp peers that its dp group
+  // left uncounted (CommStream::host_waits_seconds).
+  virtual double comm_host_waits_seconds() const = 0;
 };
 
 }  // namespace drover::engine::parallel

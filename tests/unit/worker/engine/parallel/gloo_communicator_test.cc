@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "worker/engine/parallel/comm_stream.h"
 #include "worker/engine/parallel/kv_store.h"
 
 namespace drover::engine::parallel {
@@ -304,6 +305,36 @@ TEST_P(GlooCommunicatorTest, WaitSecondsIsTheTimeEachRankSpentWaitingForTheLateO
   for (int rank = 0; rank < size() - 1; ++rank) {
     EXPECT_GE(waited[rank], 0.55) << "rank " << rank;
     EXPECT_LT(late, waited[rank] - 0.4) << "rank " << rank << " waited " << waited[rank];
+  }
+}
+
+TEST_P(GlooCommunicatorTest, CallsBesideComputeCountOnlyWhatTheCallerBlockedForThem) {
+  // As a gradient bucket's reduction: an all-reduce on a CommStream while the rank computes
+  // (sleeps) 200 ms. The last rank comes 300 ms late, so the others' calls take about
+  // 300 ms, of which their training threads block for about 100. That is what they waited;
+  // the group counts none of it itself.
+  constexpr milliseconds kLate{300}, kCompute{200};
+  std::vector<double> host_waits(size()), group_waits(size());
+  OnEveryRank(size(), [&](int rank) {
+    CommStream stream("dp reduction");
+    std::vector<float> data = Input<float>(1000, rank);
+    if (rank == size() - 1) std::this_thread::sleep_for(kLate);
+    const CommStream::Ticket t = stream.Submit([&] {
+      return comm(rank).AllReduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
+    });
+    if (rank != size() - 1) std::this_thread::sleep_for(kCompute);
+    ASSERT_TRUE(stream.Wait(t).ok());
+    host_waits[rank] = stream.host_waits_seconds();
+    group_waits[rank] = comm(rank).wait_seconds();
+  });
+  for (int rank = 0; rank < size(); ++rank) {
+    EXPECT_EQ(group_waits[rank], 0) << "rank " << rank;
+    if (rank == size() - 1) {
+      EXPECT_LT(host_waits[rank], 0.05) << "the late rank";
+    } else {
+      EXPECT_GE(host_waits[rank], 0.05) << "rank " << rank;
+      EXPECT_LT(host_waits[rank], 0.2) << "rank " << rank << ": its compute counted as waiting";
+    }
   }
 }
 
