@@ -1,5 +1,6 @@
 #include "cli/slots_out.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "cli/progress.h"
@@ -8,10 +9,20 @@
 namespace drover::cli {
 namespace {
 
-// "cordoned for 4m49s (1 failure)".
+// "cordoned for 4m49s (1 failure)", "(slow once)", "(2 failures, slow once)": its
+// cordons so far, those of a straggler's slot told apart (it was slow, not broken).
 std::string Cordon(const v1::SlotFault& f, int64_t now_ms) {
-  return "cordoned for " + FormatDurationMs(f.cordon_until_ms() - now_ms) + " (" +
-         std::to_string(f.failures()) + (f.failures() == 1 ? " failure)" : " failures)");
+  const int slow = std::clamp(f.slow(), 0, f.failures());
+  const int failed = f.failures() - slow;
+  std::string counts;
+  if (failed > 0 || slow == 0) {
+    counts = std::to_string(failed) + (failed == 1 ? " failure" : " failures");
+  }
+  if (slow > 0) {
+    counts += std::string(counts.empty() ? "" : ", ") + "slow " +
+              (slow == 1 ? std::string("once") : std::to_string(slow) + " times");
+  }
+  return "cordoned for " + FormatDurationMs(f.cordon_until_ms() - now_ms) + " (" + counts + ")";
 }
 
 // Whether cordon `f` is for health finding `fault` (the coordinator's reason ends with it).

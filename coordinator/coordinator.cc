@@ -99,26 +99,25 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
       health_(options.heartbeat_timeout_ms),
       jobs_(clock, JobManagerOptions{options.stop_grace_ms, "", options.restart_backoff},
             // The job manager calls its hooks from methods this class calls with mu_ held.
-            JobManager::Hooks{
-                [this](StoreBatch b) REQUIRES(mu_) { Persist(std::move(b)); },
-                [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
-                  rendezvous_.OpenAttempt(job, attempt);
-                  // Its start orders wait until it is durable (OnDurable).
-                  undurable_attempts_[job] = last_write_seq_;
-                },
-                [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
-                  undurable_attempts_.erase(job);
-                  NudgeNodesOf(job);  // stop orders for the survivors
-                  rendezvous_.CloseAttempt(job, attempt);
-                  health_.ForgetAttempt(job, attempt);
-                  schedule_due_ = true;  // its slots are free, or it waits
-                },
-                [this](const std::string& node, const std::string& why)
-                    REQUIRES(mu_) { CordonCutOff(node, why); },
-                [this](const std::string& node, int slot, const std::string& why)
-                    REQUIRES(mu_) { CordonSlot(node, slot, why); },
-                [this](const std::string& node, int slot, const std::string& why)
-                    REQUIRES(mu_) { CordonSlot(node, slot, why, "its rank was a straggler"); }}) {}
+            JobManager::Hooks{[this](StoreBatch b) REQUIRES(mu_) { Persist(std::move(b)); },
+                              [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
+                                rendezvous_.OpenAttempt(job, attempt);
+                                // Its start orders wait until it is durable (OnDurable).
+                                undurable_attempts_[job] = last_write_seq_;
+                              },
+                              [this](const std::string& job, int64_t attempt) REQUIRES(mu_) {
+                                undurable_attempts_.erase(job);
+                                NudgeNodesOf(job);  // stop orders for the survivors
+                                rendezvous_.CloseAttempt(job, attempt);
+                                health_.ForgetAttempt(job, attempt);
+                                schedule_due_ = true;  // its slots are free, or it waits
+                              },
+                              [this](const std::string& node, const std::string& why)
+                                  REQUIRES(mu_) { CordonCutOff(node, why); },
+                              [this](const std::string& node, int slot, const std::string& why)
+                                  REQUIRES(mu_) { CordonSlot(node, slot, why); },
+                              [this](const std::string& node, int slot, const std::string& why)
+                                  REQUIRES(mu_) { CordonSlot(node, slot, why, /*slow=*/true); }}) {}
 
 Coordinator::~Coordinator() {
   // The writer drains its queue in its destructor, before the store closes.
@@ -137,9 +136,9 @@ void Coordinator::CordonCutOff(const std::string& node, const std::string& why) 
   schedule_due_ = true;
 }
 
-void Coordinator::CordonSlot(const std::string& node, int slot, const std::string& why,
-                             const char* cause) {
-  std::optional<v1::NodeRecord> changed = nodes_.CordonSlot(node, slot, why);
+void Coordinator::CordonSlot(const std::string& node, int slot, const std::string& why, bool slow) {
+  std::optional<v1::NodeRecord> changed = nodes_.CordonSlot(node, slot, why, slow);
+  const char* cause = slow ? "its rank was a straggler" : "its device failed";
   if (!changed) return;
   for (const v1::SlotFault& f : changed->slot_faults()) {
     if (f.slot() != slot) continue;

@@ -146,10 +146,10 @@ class Coordinator {
   void Persist(StoreBatch batch) REQUIRES(mu_);
   // Cordons a node a job's ranks found cut off from their peers (JobManager's hook).
   void CordonCutOff(const std::string& node, const std::string& why) REQUIRES(mu_);
-  // Cordons one slot of a node whose device failed under a trainer, or whose rank was
-  // replaced as a straggler (JobManager's hooks); `cause` says which in the log.
-  void CordonSlot(const std::string& node, int slot, const std::string& why,
-                  const char* cause = "its device failed") REQUIRES(mu_);
+  // Cordons one slot of a node whose device failed under a trainer, or (`slow`) whose rank
+  // was moved off or dropped as a straggler (JobManager's hooks).
+  void CordonSlot(const std::string& node, int slot, const std::string& why, bool slow = false)
+      REQUIRES(mu_);
   // Calls `free` for each slot of node `name` (record `rec`) a new rank could take at wall
   // time now_ms, until it returns false: in use (neither cordoned nor unfit: SlotOut) and
   // held by no rank of a running attempt nor by a trainer its agent still lists. Slots held

@@ -151,6 +151,7 @@ json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsRespo
       for (const v1::SlotFault& f : n.slot_faults()) {
         if (f.slot() != s.index()) continue;
         slot["failures"] = f.failures();
+        if (f.slow() > 0) slot["slow"] = f.slow();  // of those, cordons as a straggler's
         slot["fault"] = f.reason();
         if (f.cordon_until_ms() > now_ms) slot["cordon_until_ms"] = f.cordon_until_ms();
       }

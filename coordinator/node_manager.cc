@@ -138,7 +138,7 @@ std::optional<v1::NodeRecord> NodeManager::CordonCutOff(const std::string& name)
 }
 
 std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, int slot,
-                                                      const std::string& why) {
+                                                      const std::string& why, bool slow) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return std::nullopt;
   v1::NodeRecord& r = it->second.record;
@@ -155,6 +155,7 @@ std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, i
   const int64_t ms =
       DoublingDelayMs(fault->failures(), options_.slot_cordon_base_ms, options_.slot_cordon_max_ms);
   fault->set_failures(fault->failures() + 1);
+  if (slow) fault->set_slow(fault->slow() + 1);
   fault->set_cordon_until_ms(now + ms);
   fault->set_reason(why);
   fault->set_failed_ms(now);

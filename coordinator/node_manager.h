@@ -78,13 +78,14 @@ class NodeManager {
   // the node is unknown or dead.
   std::optional<v1::NodeRecord> CordonCutOff(const std::string& name);
 
-  // A slot whose device failed under a trainer (the trainer exited with kExitDeviceFault):
-  // counts a failure against that slot and cordons it alone, at once, for the cool-down its
+  // A slot whose device failed under a trainer (the trainer exited with kExitDeviceFault),
+  // or, `slow`, whose rank was a straggler moved off it: counts a failure against that slot
+  // (SlotFault.slow too, when slow) and cordons it alone, at once, for the cool-down its
   // failures have earned (slot_cordon_*); the node's other slots stay in use. `why` is kept
   // for `drover workers`. Returns the record to persist, or nullopt when the node is unknown
   // or has no such slot.
   std::optional<v1::NodeRecord> CordonSlot(const std::string& name, int slot,
-                                           const std::string& why);
+                                           const std::string& why, bool slow = false);
 
   // What the node's agent reports of its GPUs' health (Register or Heartbeat): the slots
   // whose GPU its check finds unfit replace those it reported before, and stay out of use

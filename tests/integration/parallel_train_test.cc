@@ -361,8 +361,9 @@ TEST_F(ParallelTrainTest, AJobThatReplacesStragglersMovesTheSlowRankToAFreeSlot)
   bool cordoned = false;
   for (const v1::WorkerInfo& w : workers->workers()) {
     for (const v1::SlotFault& f : w.node().slot_faults()) {
-      cordoned = cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
-                              f.reason().find("straggler rank 1") != std::string::npos);
+      cordoned =
+          cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
+                       f.reason().find("straggler rank 1") != std::string::npos && f.slow() == 1);
     }
   }
   EXPECT_TRUE(cordoned) << "the slow slot was not cordoned";
@@ -426,8 +427,9 @@ TEST_F(ParallelTrainTest, AnElasticJobWithoutAFreeSlotDropsItsSlowRank) {
   bool cordoned = false;
   for (const v1::WorkerInfo& w : workers->workers()) {
     for (const v1::SlotFault& f : w.node().slot_faults()) {
-      cordoned = cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
-                              f.reason().find("straggler rank 1") != std::string::npos);
+      cordoned =
+          cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
+                       f.reason().find("straggler rank 1") != std::string::npos && f.slow() == 1);
     }
   }
   EXPECT_TRUE(cordoned) << "the slow slot was not cordoned";

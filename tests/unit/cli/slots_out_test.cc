@@ -57,6 +57,23 @@ TEST(SlotsOutTest, ASlotCordonedForTheFindingThatStillHoldsIsOneLine) {
           std::string("gpu0 slot 1 out until its GPU passes the health check: ") + kEcc}));
 }
 
+// A slot cordoned because its rank was a straggler says it was slow, not that it failed.
+TEST(SlotsOutTest, AStragglersSlotIsToldSlowNotFailed) {
+  v1::NodeRecord n;
+  n.set_name("w1");
+  const std::string why = "job 9: straggler rank 1 on w1 slot 0 (busy 81 ms a step ...)";
+  v1::SlotFault f = Cordon(0, kNow + 299'000, 1, why);
+  f.set_slow(1);
+  *n.add_slot_faults() = f;
+  EXPECT_EQ(SlotsOutLines(n, kNow),
+            std::vector<std::string>{"w1 slot 0 cordoned for 4m59s (slow once): " + why});
+  n.mutable_slot_faults(0)->set_failures(3);
+  n.mutable_slot_faults(0)->set_slow(2);
+  EXPECT_EQ(
+      SlotsOutLines(n, kNow),
+      std::vector<std::string>{"w1 slot 0 cordoned for 4m59s (1 failure, slow 2 times): " + why});
+}
+
 // A GPU the hardware slows down is named under the table, whatever --gpus says; --gpus'
 // table shows each reading, "-" where NVML did not answer.
 TEST(SlotsOutTest, ASlowedGpuIsNamedAndTheGpuTableShowsEachReading) {

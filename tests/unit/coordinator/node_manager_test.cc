@@ -107,6 +107,12 @@ TEST(NodeManagerTest, ASlotWhoseGpuFailedIsCordonedAloneWithGrowingCoolDown) {
   nodes.CordonSlot("n1", 1, "and again");
   EXPECT_EQ(nodes.Find("n1")->slot_faults(0).cordon_until_ms(), clock.WallNowMs() + 1'000'000);
   EXPECT_EQ(nodes.Find("n1")->slot_faults(0).failures(), 3);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).slow(), 0);
+  // A straggler's slot: a cordon like the others, told apart.
+  nodes.CordonSlot("n1", 1, "job j: straggler rank 1 on n1 slot 1", /*slow=*/true);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).failures(), 4);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).slow(), 1);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).reason(), "job j: straggler rank 1 on n1 slot 1");
   // A re-registration (a restarted agent) keeps it; a restored record's cordon ends on time.
   v1::NodeRecord again = nodes.Register(RegisterReq("n1", 2, "a2", v1::CUDA));
   ASSERT_EQ(again.slot_faults_size(), 1);
