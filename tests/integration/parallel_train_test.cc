@@ -311,128 +311,109 @@ TEST_F(ParallelTrainTest, ARankSlowedOnItsNodeIsNamedAStragglerByDroverStatus) {
       << testing::ReadAll(status);
 }
 
-// A job that replaces its stragglers moves a rank slowed on its node to the free agent at a
-// checkpoint it asks for, without spending a restart, and the slow slot is cordoned.
-TEST_F(ParallelTrainTest, AJobThatReplacesStragglersMovesTheSlowRankToAFreeSlot) {
+// What slowing rank 1 of a job that replaces its stragglers led to (RunWithRankOneSlowed).
+struct SlowedRankOutcome {
+  bool next_attempt = false;   // a second attempt ran within a minute
+  v1::JobInfo info;            // the job then (cancelled right after)
+  std::string slow_node;       // where rank 1 ran, slowed
+  bool cordoned_slow = false;  // that node's slot 0 is cordoned as a straggler's
+  std::string logs;
+};
+
+// Runs a straggler job that replaces stragglers after 1 s on `agents` one-slot agents, its
+// world size in [min_world_size, 2]; once both ranks are in step, stops rank 1 for
+// `stopped_ms` of every 25 (Slowed) until a second attempt runs.
+void RunWithRankOneSlowed(const fs::path& dir, int agents, const std::string& name,
+                          int min_world_size, int stopped_ms, SlowedRankOutcome* out) {
   testing::ClusterOptions o;
-  o.agents = 3;
+  o.agents = agents;
   o.slots_per_agent = 1;
   o.trainer = "drover-trainer";
-  o.name = "replace";
+  o.name = name;
   testing::Cluster cluster(o);
   ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  auto id = cluster.Submit(StragglerJobYaml(
-      dir_, "replace",
-      "checkpoint: {every_steps: 100000, keep_last: 2}\n"
-      "fault_tolerance: {straggler_factor: 1.5, replace_stragglers_after_s: 1}\n"));
+  auto id = cluster.Submit(
+      StragglerJobYaml(dir, name,
+                       "checkpoint: {every_steps: 100000, keep_last: 2}\n"
+                       "fault_tolerance: {straggler_factor: 1.5, replace_stragglers_after_s: 1}\n",
+                       min_world_size));
   ASSERT_TRUE(id.ok()) << id.status();
-  v1::JobInfo info;
-  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &info);
-  ASSERT_GT(rank1, 0) << info.job().reason() << cluster.DebugLogs();
-  std::string slow_node;
-  for (const v1::RankAssignment& p : info.job().placement()) {
-    if (p.rank() == 1) slow_node = p.node();
+  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &out->info);
+  ASSERT_GT(rank1, 0) << out->info.job().reason() << cluster.DebugLogs();
+  for (const v1::RankAssignment& p : out->info.job().placement()) {
+    if (p.rank() == 1) out->slow_node = p.node();
   }
-  bool moved = false;
   {
-    Slowed slowed(rank1);
-    moved = cluster.WaitJob(
+    Slowed slowed(rank1, stopped_ms);
+    out->next_attempt = cluster.WaitJob(
         *id,
         [](const v1::JobInfo& i) {
           return i.job().attempt() >= 2 && i.job().state() == v1::RUNNING;
         },
-        60000, &info);
+        60000, &out->info);
   }
   EXPECT_TRUE(cluster.Cancel(*id).ok());
-  ASSERT_TRUE(moved) << info.job().state() << " " << info.job().reason() << cluster.DebugLogs();
+  out->logs = cluster.DebugLogs();
+  auto workers = cluster.ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  for (const v1::WorkerInfo& w : workers->workers()) {
+    for (const v1::SlotFault& f : w.node().slot_faults()) {
+      out->cordoned_slow =
+          out->cordoned_slow ||
+          (w.node().name() == out->slow_node && f.slot() == 0 &&
+           f.reason().find("straggler rank 1") != std::string::npos && f.slow() == 1);
+    }
+  }
+}
+
+// A job that replaces its stragglers moves a rank slowed on its node to the free agent at a
+// checkpoint it asks for, without spending a restart, and the slow slot is cordoned.
+TEST_F(ParallelTrainTest, AJobThatReplacesStragglersMovesTheSlowRankToAFreeSlot) {
+  SlowedRankOutcome run;
+  RunWithRankOneSlowed(dir_, /*agents=*/3, "replace", /*min_world_size=*/2, /*stopped_ms=*/15,
+                       &run);
+  if (HasFatalFailure()) return;
+  const v1::JobInfo& info = run.info;
+  ASSERT_TRUE(run.next_attempt) << info.job().state() << " " << info.job().reason() << run.logs;
   EXPECT_EQ(info.job().restarts(), 0);
   ASSERT_GE(info.attempts_size(), 2);
   EXPECT_THAT(info.attempts(0).end_reason(),
-              ::testing::MatchesRegex("replacing straggler rank 1 on " + slow_node +
+              ::testing::MatchesRegex("replacing straggler rank 1 on " + run.slow_node +
                                       " slot 0 \\(busy [0-9]+ ms a step against [0-9]+ ms for "
                                       "the others of its stage, for [0-9]+ s\\) at the "
                                       "checkpoint of step [0-9]+"));
   EXPECT_GT(info.attempts(1).resume_step(), 0);  // from the checkpoint it asked for
   for (const v1::RankAssignment& p : info.job().placement()) {
-    EXPECT_NE(p.node(), slow_node) << "rank " << p.rank() << " placed on the slow node again";
+    EXPECT_NE(p.node(), run.slow_node) << "rank " << p.rank() << " placed on the slow node again";
   }
-  auto workers = cluster.ListWorkers();
-  ASSERT_TRUE(workers.ok()) << workers.status();
-  bool cordoned = false;
-  for (const v1::WorkerInfo& w : workers->workers()) {
-    for (const v1::SlotFault& f : w.node().slot_faults()) {
-      cordoned =
-          cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
-                       f.reason().find("straggler rank 1") != std::string::npos && f.slow() == 1);
-    }
-  }
-  EXPECT_TRUE(cordoned) << "the slow slot was not cordoned";
+  EXPECT_TRUE(run.cordoned_slow) << "the slow slot was not cordoned";
 }
 
 // An elastic job with no free slot drops a rank slowed on its node: at a checkpoint it
 // asks for, it shrinks to the one rank left, without spending a restart, and the slow slot
 // is cordoned.
 TEST_F(ParallelTrainTest, AnElasticJobWithoutAFreeSlotDropsItsSlowRank) {
-  testing::ClusterOptions o;
-  o.agents = 2;
-  o.slots_per_agent = 1;
-  o.trainer = "drover-trainer";
-  o.name = "drop";
-  testing::Cluster cluster(o);
-  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  auto id = cluster.Submit(
-      StragglerJobYaml(dir_, "drop",
-                       "checkpoint: {every_steps: 100000, keep_last: 2}\n"
-                       "fault_tolerance: {straggler_factor: 1.5, replace_stragglers_after_s: 1}\n",
-                       /*min_world_size=*/1));
-  ASSERT_TRUE(id.ok()) << id.status();
-  v1::JobInfo info;
-  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &info);
-  ASSERT_GT(rank1, 0) << info.job().reason() << cluster.DebugLogs();
-  std::string slow_node;
-  for (const v1::RankAssignment& p : info.job().placement()) {
-    if (p.rank() == 1) slow_node = p.node();
-  }
-  bool dropped = false;
-  {
-    // Five times as slow: rank 0 alone, with twice its work, should beat it. The job's pace
-    // before is known: both ranks have reported one.
-    Slowed slowed(rank1, /*stopped_ms=*/20);
-    dropped = cluster.WaitJob(
-        *id,
-        [](const v1::JobInfo& i) {
-          return i.job().attempt() >= 2 && i.job().state() == v1::RUNNING;
-        },
-        60000, &info);
-  }
-  EXPECT_TRUE(cluster.Cancel(*id).ok());
-  ASSERT_TRUE(dropped) << info.job().state() << " " << info.job().reason() << cluster.DebugLogs();
+  // Five times as slow: rank 0 alone, with twice its work, should beat it. The job's pace
+  // before is known: both ranks have reported one.
+  SlowedRankOutcome run;
+  RunWithRankOneSlowed(dir_, /*agents=*/2, "drop", /*min_world_size=*/1, /*stopped_ms=*/20, &run);
+  if (HasFatalFailure()) return;
+  const v1::JobInfo& info = run.info;
+  ASSERT_TRUE(run.next_attempt) << info.job().state() << " " << info.job().reason() << run.logs;
   EXPECT_EQ(info.job().restarts(), 0);
   ASSERT_GE(info.attempts_size(), 2);
-  EXPECT_THAT(
-      info.attempts(0).end_reason(),
-      ::testing::MatchesRegex(
-          "dropping straggler rank 1 on " + slow_node +
-          " slot 0 \\(busy [0-9]+ ms a step against [0-9]+ ms for the others of its "
-          "stage, for [0-9]+ s\\) at the checkpoint of step [0-9]+, shrinking from 2 to "
-          "1 ranks: no free slot to move it to, and a step without it should take about "
-          "[0-9]+ ms \\([0-9]+ ms at 2 ranks without stragglers, times 2/1\\) against [0-9]+ "
-          "ms "
-          "now"));
+  EXPECT_THAT(info.attempts(0).end_reason(),
+              ::testing::MatchesRegex(
+                  "dropping straggler rank 1 on " + run.slow_node +
+                  " slot 0 \\(busy [0-9]+ ms a step against [0-9]+ ms for the others of its "
+                  "stage, for [0-9]+ s\\) at the checkpoint of step [0-9]+, shrinking from 2 to "
+                  "1 ranks: no free slot to move it to, and a step without it should take about "
+                  "[0-9]+ ms \\([0-9]+ ms at 2 ranks without stragglers, times 2/1\\) against "
+                  "[0-9]+ ms now"));
   EXPECT_GT(info.attempts(1).resume_step(), 0);  // from the checkpoint it asked for
   ASSERT_EQ(info.job().placement_size(), 1);
-  EXPECT_NE(info.job().placement(0).node(), slow_node);
-  auto workers = cluster.ListWorkers();
-  ASSERT_TRUE(workers.ok()) << workers.status();
-  bool cordoned = false;
-  for (const v1::WorkerInfo& w : workers->workers()) {
-    for (const v1::SlotFault& f : w.node().slot_faults()) {
-      cordoned =
-          cordoned || (w.node().name() == slow_node && f.slot() == 0 &&
-                       f.reason().find("straggler rank 1") != std::string::npos && f.slow() == 1);
-    }
-  }
-  EXPECT_TRUE(cordoned) << "the slow slot was not cordoned";
+  EXPECT_NE(info.job().placement(0).node(), run.slow_node);
+  EXPECT_TRUE(run.cordoned_slow) << "the slow slot was not cordoned";
 }
 
 }  // namespace
