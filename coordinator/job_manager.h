@@ -292,7 +292,7 @@ class JobManager {
       struct Straggler {
         std::string node;
         int slot = 0;
-        std::string why;  // "straggler rank 1 on w1 slot 0 (busy 81 ms a step, ...)"
+        std::string who;  // "rank 1 on w1 slot 0 (busy 81 ms a step, ...)"
       };
       std::vector<Straggler> stragglers;  // their slots are cordoned at the checkpoint
       int world_size = 0;                 // the next attempt's: the job's (moved) or fewer

@@ -172,13 +172,13 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
   const double after_ms = job.spec.fault_tolerance.replace_stragglers_after_s * 1000.0;
   auto for_ms = [&](const Straggler& s) { return now_ms - job.straggling_since.at(s.rank); };
   auto long_enough = [&](const Straggler& s) { return static_cast<double>(for_ms(s)) >= after_ms; };
-  // The straggler's slot, and "straggler rank 1 on n2 slot 0 (busy 150 ms a step ...)".
+  // The straggler's slot, and "rank 1 on n2 slot 0 (busy 150 ms a step ...)".
   auto describe = [&](const Straggler& s) -> std::optional<Job::Replacement::Straggler> {
     for (const v1::RankAssignment& a : job.rec.placement()) {
       if (a.rank() != s.rank) continue;
       return Job::Replacement::Straggler{
           a.node(), a.slot(),
-          "straggler rank " + std::to_string(s.rank) + " on " + a.node() + " slot " +
+          "rank " + std::to_string(s.rank) + " on " + a.node() + " slot " +
               std::to_string(a.slot()) + " (busy " + std::to_string(std::llround(s.busy_ms)) +
               " ms a step against " + std::to_string(std::llround(s.peers_busy_ms)) +
               " ms for the others of its stage, for " + std::to_string(for_ms(s) / 1000) + " s)"};
@@ -198,7 +198,7 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
     if (!moved) return false;
     plan.stragglers.push_back(*moved);
     plan.world_size = size;
-    plan.what = "replacing " + moved->why;
+    plan.what = "replacing straggler " + moved->who;
   } else {
     // Dropped, when the others would step sooner without them: all at once, since the job
     // keeps the pace of the slowest one left.
@@ -210,7 +210,7 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
     for (const Straggler& s : found) {
       auto dropped = describe(s);
       if (!dropped) return false;
-      who += (who.empty() ? "" : " and ") + dropped->why.substr(std::string("straggler ").size());
+      who += (who.empty() ? "" : " and ") + dropped->who;
       plan.stragglers.push_back(*dropped);
     }
     const bool one = found.size() == 1;
@@ -233,8 +233,9 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
 void JobManager::Replace(Job& job, int64_t step) {
   const Job::Replacement r = *job.replace;
   for (const Job::Replacement::Straggler& s : r.stragglers) {
-    if (hooks_.slot_straggling)
-      hooks_.slot_straggling(s.node, s.slot, "job " + job.rec.job_id() + ": " + s.why);
+    if (hooks_.slot_straggling) {
+      hooks_.slot_straggling(s.node, s.slot, "job " + job.rec.job_id() + ": straggler " + s.who);
+    }
     // What slows a rank is often its node's (CPUs something else uses, a slow disk), not its
     // slot's alone: the next placement prefers other nodes where the gang fits.
     job.avoid.insert(s.node);

@@ -50,8 +50,9 @@ std::string StragglerNotice(const Straggler& s);
 // never having run so, its pace without stragglers at its size now times world_size /
 // smaller, since with the global batch kept (more gradient accumulation) a rank's work a
 // step grows by that. Paces are TrainerProgress.pace_ms, the median step time. Ranks' busy
-// times would understate it: a rank that waits for a straggler counts as waiting its bucket
-// reductions that run beside its own backward. The scaled estimate leaves out whatever of a
+// times would understate it: they leave out the collectives' own time, and under NCCL a rank
+// that waits for a straggler counts as waiting the bucket reductions that run beside its
+// backward (communicator.h's wait_seconds). The scaled estimate leaves out whatever of a
 // step does not grow with its work (the reductions), and neither counts the restart: a
 // shrink is planned only when it promises a step at least kShrinkMargin shorter than now.
 inline constexpr double kShrinkMargin = 0.1;
