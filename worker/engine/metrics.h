@@ -36,9 +36,9 @@ struct StepMetrics {
   // rank's collectives and transfers took once its part of each was ready, every group
   // summed (Communicator::wait_seconds; for Gloo's dp reductions, which run beside
   // backward, what the step blocked for them; NCCL's count from the GPU reaching each, and
-  // may overlap the backward after it), and the rest of that time, at least 0: the rank's own,
-  // computing, reading data, and whatever it did between the steps. A rank its peers wait for shows
-  // the most busy_ms of them (coordinator/straggler.h).
+  // may overlap the backward after it), and the rest of that time, at least 0: the rank's
+  // own, computing, reading data, and whatever it did between the steps. A rank its peers
+  // wait for shows the most busy_ms of them (coordinator/straggler.h).
   double peer_wait_ms = 0;
   double busy_ms = 0;
   int pp_stage = 0;  // this rank's pipeline stage: ranks of one stage do the same work
