@@ -42,7 +42,9 @@ constexpr size_t kStackBytes = 64 * 1024;
 // Switching fibers: ucontext's swapcontext makes a system call per switch (it saves the
 // signal mask), and a block's barrier switches every one of its threads, which made a
 // 20-step training test take minutes. On x86-64 a switch is saved callee-saved registers and
-// a stack pointer swap instead; elsewhere, ucontext.
+// a stack pointer swap instead; elsewhere, ucontext. The SSE and x87 control words, callee-saved
+// too, are left alone: every fiber of a block runs on the one host thread, and no kernel
+// changes them (RunBlockAsFibers checks; loading them back at each switch was half of its time).
 #if defined(__x86_64__)
 extern "C" void drover_emu_switch(void** save_sp, void* load_sp);
 asm(R"(
@@ -56,14 +58,8 @@ drover_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -77,6 +73,15 @@ struct Context {
   void* sp = nullptr;
 };
 void Switch(Context* from, Context* to) { drover_emu_switch(&from->sp, to->sp); }
+// The SSE and x87 control words (rounding, exception masks, precision) as one value, without
+// MXCSR's exception flags (its low 6 bits), which computing sets.
+uint64_t ControlWords() {
+  uint32_t mxcsr = 0;
+  uint16_t x87 = 0;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(x87));
+  return uint64_t{mxcsr & ~0x3Fu} << 16 | x87;
+}
 // A fresh stack whose first switch-in "returns" into entry(), as if called.
 void Prepare(Context* c, char* stack, size_t bytes, void (*entry)()) {
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
@@ -84,11 +89,6 @@ void Prepare(Context* c, char* stack, size_t bytes, void (*entry)()) {
   *--slot = 0;                                  // entry's own return address (never used)
   *--slot = reinterpret_cast<uint64_t>(entry);  // popped by the switch's ret
   for (int i = 0; i < 6; ++i) *--slot = 0;      // rbp rbx r12 r13 r14 r15
-  uint32_t control[2];
-  asm volatile("stmxcsr %0" : "=m"(control[0]));
-  asm volatile("fnstcw %0" : "=m"(control[1]));
-  --slot;
-  std::memcpy(slot, control, 8);
   c->sp = slot;
 }
 #else
@@ -96,6 +96,7 @@ struct Context {
   ucontext_t uc;
 };
 void Switch(Context* from, Context* to) { swapcontext(&from->uc, &to->uc); }
+uint64_t ControlWords() { return 0; }  // swapcontext keeps them
 void Prepare(Context* c, char* stack, size_t bytes, void (*entry)()) {
   getcontext(&c->uc);
   c->uc.uc_stack.ss_sp = stack;
@@ -111,7 +112,7 @@ struct Fiber {
   int warp = 0;
   bool done = false;
   // Waiting at a barrier until *generation moves past `waits_for` (nullptr: runnable). The
-  // scheduler resumes a fiber only once it can go on: a switch costs a system call.
+  // round-robin (Next) resumes a fiber only once it can go on.
   const uint64_t* generation = nullptr;
   uint64_t waits_for = 0;
   // Warp exchanges (shuffles, ldmatrix, mma) this thread has made: exchange n goes through
@@ -154,7 +155,14 @@ struct Block {
   bool synchronised = false;  // a barrier or shuffle ran
   bool direct = false;        // threads run as plain calls: they must not synchronise
   Fiber* current = nullptr;
-  Context scheduler;
+  // The round-robin (Next): fibers run in rounds, first to last (or last to first when
+  // `reverse`), each runnable one until it waits or ends; `position` is the running one's
+  // place in the round, `round_progress` the progress when the round began.
+  bool reverse = false;
+  unsigned position = 0;
+  uint64_t round_progress = 0;
+  const ThreadIndex** index = nullptr;  // g_current_index of the host thread, looked up once
+  Context scheduler;                    // RunBlockAsFibers, until every fiber has ended
 };
 
 thread_local Block* g_block = nullptr;
@@ -162,7 +170,44 @@ thread_local ThreadIndex g_direct;  // the index of a thread run as a plain call
 thread_local std::vector<std::unique_ptr<char[]>> g_stacks;
 thread_local uint64_t g_launches = 0;  // kernels run on this thread (Run's thread orders)
 
-void Yield(Block& b) { Switch(&b.current->context, &b.scheduler); }
+bool Runnable(const Fiber& f) {
+  return !f.done && (f.generation == nullptr || *f.generation != f.waits_for);
+}
+
+// The fiber to run after the current one: the next runnable one in this round, else the first
+// of the next round; null once every fiber has ended. A round in which none could run is a
+// deadlock.
+Fiber* Next(Block& b) {
+  const auto n = static_cast<unsigned>(b.fibers.size());
+  for (;;) {
+    while (++b.position < n) {
+      Fiber& f = b.fibers[b.reverse ? n - 1 - b.position : b.position];
+      if (Runnable(f)) return &f;
+    }
+    if (b.live == 0) return nullptr;
+    if (b.progress == b.round_progress) {
+      Die("deadlock: the threads of a block wait at barriers that not all of them reach");
+    }
+    b.round_progress = b.progress;
+    b.position = ~0u;  // the next round starts at 0
+  }
+}
+
+// Leaves the current fiber (waiting, or ended) for the next one, straight from its stack to
+// the next one's. Through the scheduler's stack instead, every switch would return to where a
+// different call was made, and mispredict: one switch in two (the fibers mostly wait at the
+// same call) and that scheduler loop were two fifths of an emulated trainer's time.
+void Yield(Block& b) {
+  Fiber* from = b.current;
+  Fiber* to = Next(b);
+  if (to == nullptr) {
+    Switch(&from->context, &b.scheduler);
+    return;
+  }
+  b.current = to;
+  *b.index = &to->index;
+  Switch(&from->context, &to->context);
+}
 
 void Release(Warp& w) {
   if (w.live > 0 && w.arrived == w.live) {
@@ -271,24 +316,21 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
     ++b.warps[f.warp].live;
     Prepare(&f.context, g_stacks[t].get(), kStackBytes, Entry);
   }
-  const ThreadIndex** index = &g_current_index;  // this thread's, looked up once
-  unsigned remaining = n;
-  while (remaining > 0) {
-    const uint64_t before = b.progress;
-    for (unsigned i = 0; i < n; ++i) {
-      Fiber& f = b.fibers[reverse ? n - 1 - i : i];
-      if (f.done || (f.generation != nullptr && *f.generation == f.waits_for)) continue;
-      b.current = &f;
-      *index = &f.index;
-      Switch(&b.scheduler, &f.context);
-      if (f.done) --remaining;
-    }
-    if (remaining > 0 && b.progress == before) {
-      Die("deadlock: the threads of a block wait at barriers that not all of them reach");
-    }
-  }
+  // The first fiber; the fibers then switch among themselves (Yield), and the last to end
+  // switches back here.
+  b.index = &g_current_index;
+  b.reverse = reverse;
+  b.position = 0;
+  b.round_progress = b.progress;
+  b.current = &b.fibers[reverse ? n - 1 : 0];
+  *b.index = &b.current->index;
+  const uint64_t control = ControlWords();
+  Switch(&b.scheduler, &b.current->context);
   b.current = nullptr;
-  *index = nullptr;
+  *b.index = nullptr;
+  // The switches keep no floating-point control words: a kernel that set some would leak
+  // them into the block's other threads.
+  if (ControlWords() != control) Die("a kernel changed the floating-point control words");
 }
 
 }  // namespace

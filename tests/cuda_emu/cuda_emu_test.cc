@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +38,30 @@ __global__ void BlockOrderKernel(int* order, int* counter) {
 }
 
 __global__ void ReadKernel(const float* x, int i, float* out) { *out = x[i]; }
+
+// Records the order in which the block's threads pass each of two barriers: pass p's from
+// order[p * blockDim.x], counted in counter[p].
+__global__ void BarrierOrderKernel(int* order, int* counter) {
+  for (int pass = 0; pass < 2; ++pass) {
+    __syncthreads();
+    order[pass * blockDim.x + counter[pass]++] = static_cast<int>(threadIdx.x);
+  }
+}
+
+// A deadlock: the first half of the warp waits for the block, the second for the warp.
+__global__ void SplitBarrierKernel() {
+  if (threadIdx.x < 16) {
+    __syncthreads();
+  } else {
+    __syncwarp();
+  }
+}
+
+// Leaves the rounding mode upward: what a kernel must not do to its host thread.
+__global__ void RoundingModeKernel() {
+  if (threadIdx.x == 0) std::fesetround(FE_UPWARD);
+  __syncthreads();
+}
 
 // One warp: d (16 x 8, row-major) = a (16 x 16) b (16 x 8), both row-major floats holding
 // values exact in 16 bits, through drover_emu::MmaM16N8K16 with every lane's fragments taken
@@ -504,7 +529,55 @@ TEST_F(CudaEmulatorTest, OneLaunchRunsItsBlocksFirstToLastAndTheNextLastToFirst)
   ASSERT_EQ(cudaFreeHost(order), cudaSuccess);
 }
 
+// The threads of a block run in rounds, each until it waits or ends, in the block's order;
+// the thread whose arrival releases a barrier goes on at once. Four threads first to last:
+// 3 releases the first barrier and goes on (to wait at the second), then 0, 1 and 2 pass it
+// in the next round, 2 releasing the second and going on, then 3 in the same round, 0 and 1
+// in the one after; last to first, the mirror image. (The switches between the threads are
+// the emulator's hottest code: this pins that a faster one keeps the order.)
+TEST_F(CudaEmulatorTest, ThreadsPassABarrierInRoundsWithTheOneThatReleasedItFirst) {
+  int* order = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&order), 10 * sizeof(int)), cudaSuccess);
+  std::map<std::vector<int>, int> seen;  // each block order's first launch
+  for (int launch = 0; launch < 2; ++launch) {
+    std::fill(order, order + 10, 0);
+    DROVER_LAUNCH(BarrierOrderKernel, dim3(1), dim3(4), 0, a_)(order, order + 8);
+    ASSERT_EQ(cudaStreamSynchronize(a_), cudaSuccess);
+    seen.emplace(std::vector<int>(order, order + 8), launch);
+  }
+  const std::vector<int> up = {3, 0, 1, 2, 2, 3, 0, 1}, down = {0, 3, 2, 1, 1, 0, 3, 2};
+  EXPECT_EQ(seen.size(), 2u);
+  for (const auto& [o, launch] : seen) {
+    std::string text;
+    for (int t : o) text += std::to_string(t);
+    EXPECT_TRUE(o == up || o == down) << "launch " << launch << ": " << text;
+  }
+  ASSERT_EQ(cudaFreeHost(order), cudaSuccess);
+}
+
 using CudaEmulatorDeathTest = CudaEmulatorTest;
+
+TEST_F(CudaEmulatorDeathTest, ThreadsWaitingAtBarriersNotAllOfThemReachDie) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        DROVER_LAUNCH(SplitBarrierKernel, dim3(1), dim3(32), 0, a_)();
+        (void)cudaStreamSynchronize(a_);
+      },
+      "deadlock: the threads of a block wait at barriers that not all of them reach");
+}
+
+// The fibers' switches keep no floating-point control words (cuda_emu.cc): a kernel that
+// changes them is stopped at its block's end.
+TEST_F(CudaEmulatorDeathTest, AKernelThatChangesTheRoundingModeDies) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        DROVER_LAUNCH(RoundingModeKernel, dim3(1), dim3(32), 0, a_)();
+        (void)cudaStreamSynchronize(a_);
+      },
+      "a kernel changed the floating-point control words");
+}
 
 TEST_F(CudaEmulatorDeathTest, AKernelWritingPastItsBufferDiesAtTheNextSynchronisation) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
