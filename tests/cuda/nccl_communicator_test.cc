@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "worker/engine/kernels/cuda_backend.h"
+#include "worker/engine/parallel/comm_stream.h"
 #include "worker/engine/parallel/cuda_groups.h"
 #include "worker/engine/parallel/staged_communicator.h"
 
@@ -305,6 +306,78 @@ TEST(NcclCommunicatorTest, WaitSecondsIsTheTimeEachRankSpentWaitingForTheLateOne
     if (rank == 0) RANK_EXPECT(waited >= 0.4, "waited " + std::to_string(waited) + " s");
     if (rank == 1)
       RANK_EXPECT(waited < 0.2, "the late rank waited " + std::to_string(waited) + " s");
+    return "";
+  });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
+}
+
+// Device work of at least about 200 ms: `repeats` scalings of `x` (n floats), `repeats`
+// doubled until one run, synchronised, takes that long (an emulated GPU is slow, a real one
+// fast).
+int CalibrateRepeats(Ops* ops, float* x, size_t n) {
+  for (int repeats = 1;; repeats *= 2) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < repeats; ++i) ops->Scale(x, n, 1.0f);
+    ops->Synchronize();
+    if (std::chrono::steady_clock::now() - t0 >= milliseconds(200) || repeats >= (1 << 20)) {
+      return repeats;
+    }
+  }
+}
+
+// As a gradient bucket's reduction beside backward: rank 0 hands an all-reduce to a CommStream
+// and enqueues about 200 ms of device work; rank 1 comes 600 ms late. The group counts none
+// of the call (it was beside the compute), and the stream counts what rank 0 stalled: from
+// its device work having finished to the transfer's end, about 600 - 200 ms, not the 600 ms
+// of the call nor (before) the whole call from the GPU reaching it. The late rank stalls
+// only for the transfer.
+TEST(NcclCommunicatorTest, CallsBesideComputeCountOnlyWhatTheRankStalledForThem) {
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    constexpr auto kLate = milliseconds(600);
+    Ops* ops = *CudaOps();
+    auto comm = ConnectNcclThroughPlugin(ops, store, "g", rank, 2,
+                                         CommOptions{milliseconds(10'000)}, milliseconds(20'000));
+    if (!comm.ok()) return comm.status().ToString();
+    constexpr size_t kN = 1 << 20;
+    Buffer work = ops->Allocate(kN);
+    ops->Fill(work.data(), 1.0f, kN);
+    Buffer data = ops->Allocate(4);
+    ops->Fill(data.data(), 1.0f, 4);
+    // The first call also connects: it is left out.
+    Status st = (*comm)->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    RANK_EXPECT(st.ok(), "first all-reduce: " + st.ToString());
+    const int repeats = rank == 0 ? CalibrateRepeats(ops, work.data(), kN) : 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < repeats; ++i) ops->Scale(work.data(), kN, 1.0f);
+    ops->Synchronize();
+    const double compute =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Both ranks meet here, so that the lateness is rank 1's alone.
+    st = (*comm)->Barrier();
+    RANK_EXPECT(st.ok(), "barrier: " + st.ToString());
+    const double group_before = (*comm)->wait_seconds();
+    CommStream stream("dp reduction", ops);
+    if (rank == 1) std::this_thread::sleep_for(kLate);
+    const CommStream::Ticket t = stream.Submit(
+        [&] { return (*comm)->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum); });
+    for (int i = 0; i < repeats; ++i) ops->Scale(work.data(), kN, 1.0f);
+    st = stream.Wait(t);
+    RANK_EXPECT(st.ok(), "all-reduce beside compute: " + st.ToString());
+    const double stalled = stream.overlapped_waits_seconds();
+    const double group = (*comm)->wait_seconds() - group_before;
+    RANK_EXPECT(group < 1e-6, "the group counted " + std::to_string(group) + " s of the call");
+    const std::string seen = "stalled " + std::to_string(stalled) + " s beside " +
+                             std::to_string(compute) + " s of device work";
+    if (rank == 0) {
+      const double late = std::chrono::duration<double>(kLate).count();
+      RANK_EXPECT(stalled >= 0.05, seen);
+      RANK_EXPECT(stalled <= late - compute / 2, seen + ": its compute counted as stalling");
+    } else {
+      RANK_EXPECT(stalled < 0.1, "the late rank " + seen);
+    }
     return "";
   });
   EXPECT_EQ(results[0], "");

@@ -431,7 +431,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.pp_wait_ms = r.pp_wait_s * 1000.0;
   const auto end = Clock::now();
   const double waited_s = parallel::WaitSeconds(groups_);
-  m.peer_wait_ms = (waited_s - last_step_waited_s_ + r.comm_host_waits_s) * 1000.0;
+  m.peer_wait_ms = (waited_s - last_step_waited_s_ + r.comm_overlapped_waits_s) * 1000.0;
   m.busy_ms =
       std::max(0.0, std::chrono::duration<double, std::milli>(end - *last_step_end_).count() -
                         m.peer_wait_ms);

@@ -81,7 +81,20 @@ class Buffer {
 // Thread-safe.
 Allocator* HostAllocator();
 
-class Ops {
+// When a backend's own work has run out. MarkWork notes every op enqueued so far;
+// MarkedWorkDone says whether those have finished. A thread that blocks for something else
+// (CommStream::Wait, for the collectives beside backward) tells by them when the rank began
+// to stall. CpuOps finishes each op before it returns, so its work is always done (these
+// defaults); a queue (CUDA's compute stream) may still be running. One mark at a time: the
+// training thread's.
+class WorkMarks {
+ public:
+  virtual ~WorkMarks() = default;
+  virtual void MarkWork() {}
+  virtual bool MarkedWorkDone() { return true; }
+};
+
+class Ops : public WorkMarks {
  public:
   virtual ~Ops() = default;
 

@@ -75,6 +75,8 @@ class ProfiledOps final : public Ops {
   uint64_t device_allocations() const override { return inner_->device_allocations(); }
   DeviceBytesHeld device_bytes() const override { return inner_->device_bytes(); }
   void Synchronize() override { inner_->Synchronize(); }
+  void MarkWork() override { inner_->MarkWork(); }
+  bool MarkedWorkDone() override { return inner_->MarkedWorkDone(); }
 
   void Fill(float* x, float value, size_t n) override;
   void Copy(float* dst, const float* src, size_t n) override;

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <chrono>
+#include <optional>
 
 #include "worker/engine/parallel/communicator.h"
 
@@ -11,13 +12,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// How often Wait asks whether a device has finished the caller's compute: the bound on the
+// error of each stall it counts.
+constexpr std::chrono::microseconds kProbeInterval{200};
+
 double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 }  // namespace
 
-CommStream::CommStream(std::string name) : name_(std::move(name)), thread_([this] { Loop(); }) {}
+CommStream::CommStream(std::string name, WorkMarks* compute)
+    : name_(std::move(name)), compute_(compute), thread_([this] { Loop(); }) {}
 
 CommStream::~CommStream() {
   {
@@ -42,8 +48,27 @@ CommStream::Ticket CommStream::Submit(std::function<Status()> work) {
 Status CommStream::Wait(Ticket ticket) {
   const auto t0 = Clock::now();
   MutexLock lock(&mu_);
-  cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return done_ >= ticket; });
-  blocked_s_ += SecondsSince(t0);
+  if (done_ < ticket) {
+    // The rank stalls from when its own work has run out. On the CPU that is now: an op has
+    // finished when it returns. A GPU may still be running the backward the work overlaps,
+    // and the host cannot see it finish without asking: it asks every kProbeInterval until
+    // it has (a work item done before then stalled nothing).
+    std::optional<Clock::time_point> idle;
+    if (compute_ == nullptr) {
+      idle = t0;
+    } else {
+      compute_->MarkWork();
+    }
+    while (done_ < ticket) {
+      if (!idle && compute_->MarkedWorkDone()) idle = Clock::now();
+      if (idle) {
+        cv_.Wait(&mu_);
+      } else {
+        cv_.WaitFor(&mu_, kProbeInterval);
+      }
+    }
+    if (idle) blocked_s_ += SecondsSince(*idle);
+  }
   if (failed_at_ != 0 && failed_at_ <= ticket) return error_;
   return OkStatus();
 }
@@ -73,7 +98,7 @@ void CommStream::Loop() {
   // OpenMP team already owns the cores.
   omp_set_num_threads(1);
   // Its collectives run beside the training thread's compute.
-  OverlappedCalls::Enter(&host_timed_);
+  OverlappedCalls::Enter(&left_uncounted_);
   MutexLock lock(&mu_);
   while (true) {
     cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });

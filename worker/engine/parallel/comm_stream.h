@@ -20,6 +20,7 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
+#include "worker/engine/kernels/ops.h"
 
 namespace drover::engine::parallel {
 
@@ -27,7 +28,9 @@ class CommStream {
  public:
   using Ticket = uint64_t;
 
-  explicit CommStream(std::string name);
+  // compute: the rank's kernel table, through which Wait tells when the rank's own work has
+  // run out (ops.h's WorkMarks); null: at the call, as on the CPU. Not owned; outlives this.
+  explicit CommStream(std::string name, WorkMarks* compute = nullptr);
   // Finishes the queued work, then joins the thread.
   ~CommStream();
   CommStream(const CommStream&) = delete;
@@ -36,22 +39,23 @@ class CommStream {
   // Queues `work`; its ticket is larger than every earlier one.
   Ticket Submit(std::function<Status()> work);
   // Blocks until the work of `ticket` (and everything before it) has run. Returns the
-  // stream's first error if one happened at or before `ticket`.
+  // stream's first error if one happened at or before `ticket`. The caller counts as
+  // blocked (blocked_seconds) only once the compute it enqueued before the call has
+  // finished: a GPU may still be running the backward that the work overlaps.
   Status Wait(Ticket ticket);
   // Blocks until the queue is empty; returns the stream's first error, if any.
   Status WaitAll();
 
-  // Seconds spent running work, and seconds callers spent blocked in Wait/WaitAll, since
-  // the last ResetTimes(): the fraction of communication hidden behind compute is
-  // 1 - blocked / busy.
+  // Seconds spent running work, and seconds the caller stalled in Wait/WaitAll (blocked, its
+  // own compute done), since the last ResetTimes(): the fraction of communication hidden
+  // behind compute is 1 - blocked / busy.
   double busy_seconds() const;
   double blocked_seconds() const { return blocked_s_; }
   void ResetTimes();
-  // blocked_seconds() where the stream's work ran collectives of a group that times its
-  // waits on the host and left them to the stream (communicator.h, OverlappedCalls): what
-  // the rank waited for them. 0 otherwise (a device-timed group counts its own).
-  double host_waits_seconds() const {
-    return host_timed_.load(std::memory_order_relaxed) ? blocked_s_ : 0;
+  // blocked_seconds() where the stream's work ran collectives whose groups left them
+  // uncounted (communicator.h, OverlappedCalls): what the rank waited for them. 0 otherwise.
+  double overlapped_waits_seconds() const {
+    return left_uncounted_.load(std::memory_order_relaxed) ? blocked_s_ : 0;
   }
 
  private:
@@ -67,9 +71,10 @@ class CommStream {
   Status error_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   double busy_s_ GUARDED_BY(mu_) = 0;
-  double blocked_s_ = 0;                 // touched by the caller's thread only
-  std::atomic<bool> host_timed_{false};  // OverlappedCalls' flag of the stream's thread
-  std::thread thread_;                   // started last
+  double blocked_s_ = 0;                     // touched by the caller's thread only
+  WorkMarks* const compute_;                 // may be null
+  std::atomic<bool> left_uncounted_{false};  // OverlappedCalls' flag of the stream's thread
+  std::thread thread_;                       // started last
 };
 
 }  // namespace drover::engine::parallel

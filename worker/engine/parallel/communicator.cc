@@ -16,7 +16,7 @@ namespace {
 thread_local std::atomic<bool>* t_overlapped = nullptr;
 }  // namespace
 
-void OverlappedCalls::Enter(std::atomic<bool>* host_timed) { t_overlapped = host_timed; }
+void OverlappedCalls::Enter(std::atomic<bool>* left_uncounted) { t_overlapped = left_uncounted; }
 
 std::atomic<bool>* OverlappedCalls::Current() { return t_overlapped; }
 

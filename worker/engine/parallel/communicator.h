@@ -73,19 +73,20 @@ class WaitTally {
 };
 
 // Collectives a rank runs beside its own compute: a CommStream's thread reduces gradient
-// buckets while the training thread goes on with backward. A group that times its waits on
-// the host (Gloo) would count all of such a call as waiting, the compute it overlapped
-// included: a rank kept waiting by a straggler then looks idle for most of its backward.
-// So it leaves those calls out of wait_seconds() and marks the thread's flag instead; the
-// stream then counts what its caller blocked for them (CommStream::host_waits_seconds),
-// which is what the rank waited. A group that times its waits on the device (NCCL: from
-// the compute reaching the call) counts them as ever: the host's blocked time there would
-// include the GPU's own backlog.
+// buckets while the training thread goes on with backward. A group would count all of such
+// a call as waiting, the compute it overlapped included (Gloo from the call, NCCL from the
+// GPU reaching it): a rank then looks idle for the backward that ran beside its reductions,
+// on a GPU even with no straggler, since every transfer takes time. So each group leaves
+// those calls out of wait_seconds() and marks the thread's flag instead (Gloo itself; NCCL,
+// whose groups live in the CUDA plugin, through cuda_groups.cc's wrapper), and the stream
+// counts what the rank stalled for them: from its own compute having finished (on a GPU,
+// the kernels enqueued before it waits) to the work's end (CommStream::Wait,
+// overlapped_waits_seconds).
 class OverlappedCalls {
  public:
-  // From now on the calling thread's collectives run beside the rank's compute; a
-  // host-timed group that leaves one uncounted sets *host_timed.
-  static void Enter(std::atomic<bool>* host_timed);
+  // From now on the calling thread's collectives run beside the rank's compute; a group
+  // that leaves one uncounted sets *left_uncounted.
+  static void Enter(std::atomic<bool>* left_uncounted);
   // The flag of the calling thread; nullptr where Enter was not called.
   static std::atomic<bool>* Current();
 };
@@ -133,10 +134,10 @@ class Communicator {
   virtual std::chrono::milliseconds timeout() const = 0;
 
   // Seconds this rank has spent in the group's calls since it connected, counted from the
-  // moment its own part of each call was ready: the whole call for Gloo, except calls made
-  // beside the rank's compute (OverlappedCalls); for NCCL from the compute the call follows
-  // having finished on the GPU to the transfer's end (the GPU runs behind the host, so the
-  // call's host time would count this rank's own kernels too). It is waiting for the
+  // moment its own part of each call was ready: the whole call for Gloo; for NCCL from the
+  // compute the call follows having finished on the GPU to the transfer's end (the GPU runs
+  // behind the host, so the call's host time would count this rank's own kernels too).
+  // Calls made beside the rank's compute are left out (OverlappedCalls). It is waiting for the
   // slowest peer plus the transfer itself: in a group where one rank is slow, that rank
   // waits least, which is how a straggler shows (trainer.h's busy_ms).
   virtual double wait_seconds() const = 0;

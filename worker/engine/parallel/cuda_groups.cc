@@ -2,12 +2,93 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <memory>
+#include <span>
 
 #include "worker/engine/kernels/cuda_backend.h"
 
 namespace drover::engine::parallel {
 namespace {
+
+// The plugin's NCCL group as the engine uses it. The group lives in the plugin, with the
+// plugin's own copy of OverlappedCalls' thread-local, which the engine's CommStream never
+// sets; so this does from outside what GlooGroup::Count does inside: a call made beside the
+// rank's compute (on a CommStream's thread) marks that thread's flag, and the wait the group
+// counted for it is taken back out of wait_seconds(), for the stream to count what the rank
+// stalled instead. A group is used by one thread at a time, so the group's wait that grew
+// during a call is that call's.
+class OverlappedCallsLeftOut final : public Communicator {
+ public:
+  explicit OverlappedCallsLeftOut(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
+    return LeftOutIfOverlapped([&] { return inner_->AllReduce(data, count, type, op); });
+  }
+  Status ReduceScatter(void* data, std::span<const size_t> counts, DataType type,
+                       ReduceOp op) override {
+    return LeftOutIfOverlapped([&] { return inner_->ReduceScatter(data, counts, type, op); });
+  }
+  Status AllGather(void* data, std::span<const size_t> counts, DataType type) override {
+    return LeftOutIfOverlapped([&] { return inner_->AllGather(data, counts, type); });
+  }
+  Status Broadcast(void* data, size_t count, DataType type, int root) override {
+    return LeftOutIfOverlapped([&] { return inner_->Broadcast(data, count, type, root); });
+  }
+  StatusOr<std::unique_ptr<Request>> Isend(const void* data, size_t bytes, int peer,
+                                           uint64_t tag) override {
+    return Wrapped(inner_->Isend(data, bytes, peer, tag));
+  }
+  StatusOr<std::unique_ptr<Request>> Irecv(void* data, size_t bytes, int peer,
+                                           uint64_t tag) override {
+    return Wrapped(inner_->Irecv(data, bytes, peer, tag));
+  }
+  Status Barrier() override {
+    return LeftOutIfOverlapped([&] { return inner_->Barrier(); });
+  }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  double wait_seconds() const override { return inner_->wait_seconds() - left_out_.seconds(); }
+
+ private:
+  // A request's wait counts where it is waited for.
+  class WrappedRequest final : public Request {
+   public:
+    WrappedRequest(OverlappedCallsLeftOut* group, std::unique_ptr<Request> inner)
+        : group_(group), inner_(std::move(inner)) {}
+    Status Wait() override {
+      return group_->LeftOutIfOverlapped([&] { return inner_->Wait(); });
+    }
+
+   private:
+    OverlappedCallsLeftOut* const group_;
+    const std::unique_ptr<Request> inner_;
+  };
+
+  StatusOr<std::unique_ptr<Request>> Wrapped(StatusOr<std::unique_ptr<Request>> request) {
+    if (!request.ok()) return request.status();
+    return std::unique_ptr<Request>(new WrappedRequest(this, std::move(*request)));
+  }
+
+  template <typename Call>
+  Status LeftOutIfOverlapped(const Call& call) {
+    std::atomic<bool>* overlapped = OverlappedCalls::Current();
+    if (overlapped == nullptr) return call();
+    const double before = inner_->wait_seconds();
+    Status status = call();
+    left_out_.Add(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(inner_->wait_seconds() - before)));
+    overlapped->store(true, std::memory_order_relaxed);
+    return status;
+  }
+
+  const std::unique_ptr<Communicator> inner_;
+  WaitTally left_out_;  // the group's waits in calls made beside the compute
+};
 
 std::string HostName() {
   char name[256] = {0};
@@ -84,7 +165,8 @@ StatusOr<std::unique_ptr<Communicator>> ConnectNcclThroughPlugin(
       connect(kCudaOpsAbi, ops, store, group.c_str(), rank, size, options.timeout.count(),
               connect_timeout.count(), &comm, error, sizeof(error));
   if (code != 0) return Status(static_cast<StatusCode>(code), error);
-  return std::unique_ptr<Communicator>(comm);
+  return std::unique_ptr<Communicator>(
+      new OverlappedCallsLeftOut(std::unique_ptr<Communicator>(comm)));
 }
 
 }  // namespace drover::engine::parallel

@@ -30,7 +30,7 @@ DataParallelMemory::DataParallelMemory(const GptLayout* layout, Ops* ops, Commun
     for (int u : buckets_[b].units) bucket_of_unit_[u] = static_cast<int>(b);
   }
   pending_units_.resize(buckets_.size());
-  stream_ = std::make_unique<CommStream>("dp reduction");
+  stream_ = std::make_unique<CommStream>("dp reduction", ops);
 }
 
 DataParallelMemory::~DataParallelMemory() {
@@ -164,8 +164,8 @@ double DataParallelMemory::comm_busy_seconds() const {
   return stream_ == nullptr ? 0 : stream_->busy_seconds();
 }
 
-double DataParallelMemory::comm_host_waits_seconds() const {
-  return stream_ == nullptr ? 0 : stream_->host_waits_seconds();
+double DataParallelMemory::comm_overlapped_waits_seconds() const {
+  return stream_ == nullptr ? 0 : stream_->overlapped_waits_seconds();
 }
 
 double DataParallelMemory::comm_blocked_seconds() const {

@@ -68,7 +68,7 @@ class DataParallelMemory final : public TrainingMemory {
   MemoryUsage memory_usage() const override { return {params_.size(), grads_.size(), 0}; }
   double comm_busy_seconds() const override;
   double comm_blocked_seconds() const override;
-  double comm_host_waits_seconds() const override;
+  double comm_overlapped_waits_seconds() const override;
 
   // The whole arenas (for tests).
   float* params() { return params_.data(); }

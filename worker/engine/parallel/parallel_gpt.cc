@@ -396,7 +396,7 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, boo
   StepResult r;
   r.comm_busy_s = memory_->comm_busy_seconds();
   r.comm_blocked_s = memory_->comm_blocked_seconds();
-  r.comm_host_waits_s = memory_->comm_host_waits_seconds();
+  r.comm_overlapped_waits_s = memory_->comm_overlapped_waits_seconds();
 
   // The loss of every micro-batch is counted once (last stage, tp rank 0), the squared
   // gradient of every parameter once (OwnedGradSumSquares); the checkpoint votes of all.

@@ -76,9 +76,9 @@ struct StepResult {
   // time on the comm stream, and how much of it the training thread waited for.
   double comm_busy_s = 0;
   double comm_blocked_s = 0;
-  // What of comm_blocked_s the rank's groups left out of their wait_seconds() (overlapped
-  // host-timed calls, communicator.h's OverlappedCalls): part of its wait for its peers.
-  double comm_host_waits_s = 0;
+  // What of comm_blocked_s the rank's groups left out of their wait_seconds() (calls beside
+  // its compute, communicator.h's OverlappedCalls): part of its wait for its peers.
+  double comm_overlapped_waits_s = 0;
   double publish_s = 0;  // the all-gather of updated parameters after the optimizer (ZeRO-1/2)
   double pp_wait_s = 0;  // time blocked receiving from neighbouring stages
   // Bytes this rank holds for parameters, gradients, AdamW state and ZeRO's transient

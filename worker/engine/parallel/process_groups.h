@@ -52,9 +52,9 @@ struct ConnectOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
 };
 
-// Seconds this rank has waited in all its groups (Communicator::wait_seconds, summed). A
-// Gloo dp group's calls on its CommStream are not in it: what the training thread blocked
-// for them is (StepResult::comm_host_waits_s), since backward ran beside them. Any thread.
+// Seconds this rank has waited in all its groups (Communicator::wait_seconds, summed). A dp
+// group's calls on its CommStream are not in it: what the rank stalled for them is
+// (StepResult::comm_overlapped_waits_s), since backward ran beside them. Any thread.
 double WaitSeconds(const ProcessGroups& groups);
 
 // Connects this rank to the group `name` of `size` ranks as its member `rank_in_group`

@@ -139,8 +139,8 @@ class TrainingMemory : public StageMemory {
   virtual double comm_busy_seconds() const = 0;
   virtual double comm_blocked_seconds() const = 0;
   // What of comm_blocked_seconds() is the rank's wait for its dp peers that its dp group
-  // left uncounted (CommStream::host_waits_seconds).
-  virtual double comm_host_waits_seconds() const = 0;
+  // left uncounted (CommStream::overlapped_waits_seconds).
+  virtual double comm_overlapped_waits_seconds() const = 0;
 };
 
 }  // namespace drover::engine::parallel

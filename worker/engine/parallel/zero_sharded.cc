@@ -49,7 +49,7 @@ ShardedMemory::ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp
       pool_(ops),
       param_slots_(layout->units().size()),
       grad_slots_(layout->units().size()),
-      stream_("zero-" + std::to_string(zero_stage) + " dp") {
+      stream_("zero-" + std::to_string(zero_stage) + " dp", ops) {
   DROVER_CHECK(zero_stage == 2 || zero_stage == 3);
 }
 

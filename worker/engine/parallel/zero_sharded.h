@@ -73,7 +73,9 @@ class ShardedMemory final : public TrainingMemory {
   }
   double comm_busy_seconds() const override { return stream_.busy_seconds(); }
   double comm_blocked_seconds() const override { return stream_.blocked_seconds(); }
-  double comm_host_waits_seconds() const override { return stream_.host_waits_seconds(); }
+  double comm_overlapped_waits_seconds() const override {
+    return stream_.overlapped_waits_seconds();
+  }
 
  private:
   // Free transient buffers by size; buffers come back from the stream thread.

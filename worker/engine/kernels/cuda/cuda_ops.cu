@@ -88,6 +88,9 @@ class CudaOpsImpl final : public Ops {
         attention_(attention),
         cudnn_(std::move(cudnn)),
         allocator_(stream) {}
+  ~CudaOpsImpl() override {
+    if (mark_ != nullptr) (void)cudaEventDestroy(mark_);
+  }
 
   const char* name() const override { return "cuda"; }
   cudaStream_t compute_stream() const { return stream_; }
@@ -150,6 +153,18 @@ class CudaOpsImpl final : public Ops {
   void Synchronize() override {
     DROVER_CUDA_CHECK(cudaStreamSynchronize(stream_));
     DROVER_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+  }
+  void MarkWork() override {
+    if (mark_ == nullptr)
+      DROVER_CUDA_CHECK(cudaEventCreateWithFlags(&mark_, cudaEventDisableTiming));
+    DROVER_CUDA_CHECK(cudaEventRecord(mark_, stream_));
+  }
+  bool MarkedWorkDone() override {
+    if (mark_ == nullptr) return true;
+    const cudaError_t state = cudaEventQuery(mark_);
+    if (state == cudaErrorNotReady) return false;
+    DROVER_CUDA_CHECK(state);
+    return true;
   }
   void Round(float* x, size_t n, Precision p) override { RoundCopy(x, x, n, p); }
   void RoundCopy(float* dst, const float* src, size_t n, Precision p) override {
@@ -455,8 +470,9 @@ class CudaOpsImpl final : public Ops {
     return event;
   }
 
-  cudaStream_t stream_;       // every kernel
-  cudaStream_t copy_stream_;  // ToHost / FromHost, ordered against stream_ by events
+  cudaStream_t stream_;         // every kernel
+  cudaEvent_t mark_ = nullptr;  // MarkWork's, made at its first call
+  cudaStream_t copy_stream_;    // ToHost / FromHost, ordered against stream_ by events
   cublasHandle_t blas_;
   std::unique_ptr<LtMatmul> lt_;
   std::unique_ptr<GemmStaging> staging_;

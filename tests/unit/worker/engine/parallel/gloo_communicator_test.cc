@@ -324,7 +324,7 @@ TEST_P(GlooCommunicatorTest, CallsBesideComputeCountOnlyWhatTheCallerBlockedForT
     });
     if (rank != size() - 1) std::this_thread::sleep_for(kCompute);
     ASSERT_TRUE(stream.Wait(t).ok());
-    host_waits[rank] = stream.host_waits_seconds();
+    host_waits[rank] = stream.overlapped_waits_seconds();
     group_waits[rank] = comm(rank).wait_seconds();
   });
   for (int rank = 0; rank < size(); ++rank) {
