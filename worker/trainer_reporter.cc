@@ -37,14 +37,17 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
     last_step_ = step;
     last_extras_ = extras;
     if (++steps_seen_ > kBusyWarmupSteps) {
-      busy_window_.push_back(extras.busy_ms);
-      pace_window_.push_back(step_ms);
-      if (busy_window_.size() > kBusyWindow) busy_window_.pop_front();
-      if (pace_window_.size() > kBusyWindow) pace_window_.pop_front();
+      window_.push_back({extras.busy_ms, step_ms});
+      if (window_.size() > kBusyWindow) window_.pop_front();
     }
-    const bool enough = busy_window_.size() >= kBusyMinSteps;
-    busy_median_ = enough ? Median({busy_window_.begin(), busy_window_.end()}) : 0;
-    pace_median_ = enough ? Median({pace_window_.begin(), pace_window_.end()}) : 0;
+    const bool enough = window_.size() >= kBusyMinSteps;
+    auto median = [](const std::deque<WindowStep>& window, double WindowStep::*field) {
+      std::vector<double> values;
+      for (const WindowStep& s : window) values.push_back(s.*field);
+      return Median(std::move(values));
+    };
+    busy_median_ = enough ? median(window_, &WindowStep::busy_ms) : 0;
+    pace_median_ = enough ? median(window_, &WindowStep::step_ms) : 0;
     if (extras.val_loss.has_value()) {
       val_loss_ = *extras.val_loss;
       val_step_ = step;

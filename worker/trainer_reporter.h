@@ -87,8 +87,10 @@ class TrainerReporter {
   int64_t val_step_ GUARDED_BY(mu_) = 0;  // 0 before the first evaluation
   std::vector<int> cut_off_ranks_ GUARDED_BY(mu_);
   int64_t steps_seen_ GUARDED_BY(mu_) = 0;
-  std::deque<double> busy_window_ GUARDED_BY(mu_);
-  std::deque<double> pace_window_ GUARDED_BY(mu_);  // the same steps' step_ms
+  struct WindowStep {
+    double busy_ms = 0, step_ms = 0;
+  };
+  std::deque<WindowStep> window_ GUARDED_BY(mu_);  // the last steps after the warm-up
   double busy_median_ GUARDED_BY(mu_) = 0;
   double pace_median_ GUARDED_BY(mu_) = 0;
 };

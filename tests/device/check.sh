@@ -198,8 +198,13 @@ YAML
     --set "$2" 2>&1 | tail -2 || return 1
   python3 "$here/../tools/same_losses.py" "$work/out-dp1/metrics.jsonl" \
     "$work/out-dp2/metrics.jsonl" 10 1e-4 || return 1
-  [[ $1 != cuda ]] ||
-    python3 "$here/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3
+  [[ $1 != cuda ]] || {
+    python3 "$here/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3 &&
+      # What rank 0 stalled for its peers (peer_wait_ms, comm_wait_ms: from the compute
+      # stream having drained, CommStream::Wait), for the note; not a pass or fail.
+      python3 "$here/../tools/step_medians.py" "$work/out-dp2/metrics.jsonl" 3 \
+        step_ms peer_wait_ms comm_ms comm_wait_ms busy_ms
+  }
 }
 # train_into DIR YAML [SETTING...]: `drover train YAML` with each SETTING as a --set, its
 # output in DIR (emptied first); the log's last line shows.
