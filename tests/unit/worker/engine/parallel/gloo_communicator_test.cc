@@ -314,7 +314,7 @@ TEST_P(GlooCommunicatorTest, CallsBesideComputeCountOnlyWhatTheCallerBlockedForT
   // 300 ms, of which their training threads block for about 100. That is what they waited;
   // the group counts none of it itself.
   constexpr milliseconds kLate{300}, kCompute{200};
-  std::vector<double> host_waits(size()), group_waits(size());
+  std::vector<double> stalls(size()), group_waits(size());
   OnEveryRank(size(), [&](int rank) {
     CommStream stream("dp reduction");
     std::vector<float> data = Input<float>(1000, rank);
@@ -324,16 +324,16 @@ TEST_P(GlooCommunicatorTest, CallsBesideComputeCountOnlyWhatTheCallerBlockedForT
     });
     if (rank != size() - 1) std::this_thread::sleep_for(kCompute);
     ASSERT_TRUE(stream.Wait(t).ok());
-    host_waits[rank] = stream.overlapped_waits_seconds();
+    stalls[rank] = stream.overlapped_waits_seconds();
     group_waits[rank] = comm(rank).wait_seconds();
   });
   for (int rank = 0; rank < size(); ++rank) {
     EXPECT_EQ(group_waits[rank], 0) << "rank " << rank;
     if (rank == size() - 1) {
-      EXPECT_LT(host_waits[rank], 0.05) << "the late rank";
+      EXPECT_LT(stalls[rank], 0.05) << "the late rank";
     } else {
-      EXPECT_GE(host_waits[rank], 0.05) << "rank " << rank;
-      EXPECT_LT(host_waits[rank], 0.2) << "rank " << rank << ": its compute counted as waiting";
+      EXPECT_GE(stalls[rank], 0.05) << "rank " << rank;
+      EXPECT_LT(stalls[rank], 0.2) << "rank " << rank << ": its compute counted as waiting";
     }
   }
 }
