@@ -1,4 +1,6 @@
 // Fill, Add, Scale, Round, NarrowCopy, WidenCopy and SumSquares over flat arrays.
+#include <algorithm>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,8 +13,12 @@ namespace drover::engine::cuda {
 namespace {
 
 constexpr unsigned kThreads = 256;
-// SumSquares: blocks of the first pass, each leaving one partial sum.
+// SumSquares: at most this many blocks in the first pass, each leaving one partial sum, and
+// at least kSumPerThread elements a thread: a grid of 1024 blocks over a small array (a
+// tensor-parallel shard, a test's model) left most of its threads with nothing to add. The
+// grid depends on n alone, so a sum is the same on every run.
 constexpr unsigned kSumBlocks = 1024;
+constexpr size_t kSumPerThread = 8;
 
 __global__ void FillKernel(float* x, float value, size_t n) {
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
@@ -115,7 +121,7 @@ __global__ void SumSquaresPartial(const float* x, size_t n, double* partial) {
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
-// Pass 2: one block sums the partials into partial[kSumBlocks].
+// Pass 2: one block sums the `count` partials into partial[kSumBlocks].
 __global__ void SumSquaresFinal(double* partial, unsigned count) {
   __shared__ double shared[kThreads];
   double acc = 0;
@@ -221,9 +227,12 @@ size_t SumSquaresScratch() { return kSumBlocks + 1; }
 
 double SumSquares(const float* x, size_t n, double* scratch, cudaStream_t stream) {
   if (n == 0) return 0.0;
-  DROVER_LAUNCH(SumSquaresPartial, kSumBlocks, kThreads, 0, stream)(x, n, scratch);
+  const size_t per_block = kThreads * kSumPerThread;
+  const auto blocks =
+      static_cast<unsigned>(std::min<size_t>(kSumBlocks, (n + per_block - 1) / per_block));
+  DROVER_LAUNCH(SumSquaresPartial, blocks, kThreads, 0, stream)(x, n, scratch);
   DROVER_CUDA_LAUNCHED();
-  DROVER_LAUNCH(SumSquaresFinal, 1, kThreads, 0, stream)(scratch, kSumBlocks);
+  DROVER_LAUNCH(SumSquaresFinal, 1, kThreads, 0, stream)(scratch, blocks);
   DROVER_CUDA_LAUNCHED();
   double total = 0;
   DROVER_CUDA_CHECK(cudaMemcpyAsync(&total, scratch + kSumBlocks, sizeof(double),
