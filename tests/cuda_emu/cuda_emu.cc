@@ -135,6 +135,10 @@ struct Warp {
   // and b registers, LdMatrixX4's row addresses, by lane.
   double slots[2][32] = {};
   uint32_t mma[2][32][6] = {};
+  // MmaM16N8K16's operands decoded to floats, once a warp: A (16 x 16) and B (16 x 8) of the
+  // exchange numbered mma_decoded[i] (none: ~0).
+  float mma_a[2][16][16] = {}, mma_b[2][16][8] = {};
+  uint64_t mma_decoded[2] = {~uint64_t{0}, ~uint64_t{0}};
   const unsigned char* rows[2][32] = {};
   float tile[256] = {};  // WarpTile()
 };
@@ -306,6 +310,7 @@ void RunBlockAsFibers(Block& b, dim3 grid, dim3 block, uint3 block_index, bool r
     w.live = 0;
     w.arrived = 0;
     w.generation = 0;
+    w.mma_decoded[0] = w.mma_decoded[1] = ~uint64_t{0};  // exchanges count from 0 again
   }
   b.live = static_cast<int>(n);
   b.arrived = 0;
@@ -402,29 +407,36 @@ void MmaM16N8K16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], 
   Block& blk = CheckSynchronisable("mma.sync");
   const unsigned lane = static_cast<unsigned>(blk.current - blk.fibers.data()) % 32;
   Warp& w = blk.warps[blk.current->warp];
-  uint32_t(&regs)[32][6] = w.mma[Exchange(blk)];
+  const uint64_t exchange = blk.current->exchanges;
+  const int buffer = Exchange(blk);
+  uint32_t(&regs)[32][6] = w.mma[buffer];
   for (int i = 0; i < 4; ++i) regs[lane][i] = a[i];
   regs[lane][4] = b[0];
   regs[lane][5] = b[1];
   WarpBarrier(blk);  // every lane's fragments are in
+  // The first lane past the barrier decodes the warp's operands for all (every lane would
+  // otherwise decode its two rows and columns: five times the conversions).
   // A(r, k): lane (r % 8) * 4 + (k % 8) / 2, register (k / 8) * 2 + r / 8, half k % 2.
   // B(k, n): lane n * 4 + (k % 8) / 2, register 4 + k / 8, half k % 2.
-  // This lane's outputs are rows g and g + 8 by columns 2t and 2t + 1: it decodes those
-  // rows of A and columns of B once each.
-  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
-  float a_rows[2][16], b_cols[2][16];
-  for (int k = 0; k < 16; ++k) {
-    const int half = k % 2, lane_k = (k % 8) / 2;
-    for (int h = 0; h < 2; ++h) {
-      a_rows[h][k] = MmaElement(regs[g * 4 + lane_k][(k / 8) * 2 + h], half, fp16);
-      b_cols[h][k] = MmaElement(regs[(2 * t + h) * 4 + lane_k][4 + k / 8], half, fp16);
+  float(&A)[16][16] = w.mma_a[buffer];
+  float(&B)[16][8] = w.mma_b[buffer];
+  if (w.mma_decoded[buffer] != exchange) {
+    for (int k = 0; k < 16; ++k) {
+      const int half = k % 2, lane_k = (k % 8) / 2;
+      for (int r = 0; r < 16; ++r) {
+        A[r][k] = MmaElement(regs[(r % 8) * 4 + lane_k][(k / 8) * 2 + r / 8], half, fp16);
+      }
+      for (int n = 0; n < 8; ++n) B[k][n] = MmaElement(regs[n * 4 + lane_k][4 + k / 8], half, fp16);
     }
+    w.mma_decoded[buffer] = exchange;
   }
-  for (int e = 0; e < 4; ++e) {  // rows g, g, g + 8, g + 8; columns 2t, 2t + 1, 2t, 2t + 1
-    const float* row = a_rows[e / 2];
-    const float* col = b_cols[e % 2];
+  // This lane's outputs: rows g, g, g + 8, g + 8 by columns 2t, 2t + 1, 2t, 2t + 1.
+  const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+  for (int e = 0; e < 4; ++e) {
+    const float* row = A[g + 8 * (e / 2)];
+    const int col = 2 * t + e % 2;
     float sum = d[e];
-    for (int k = 0; k < 16; ++k) sum += row[k] * col[k];
+    for (int k = 0; k < 16; ++k) sum += row[k] * B[k][col];
     d[e] = sum;
   }
 }
