@@ -283,11 +283,6 @@ class JobManager {
     // RUNNING, replacing stragglers: each rank of the current attempt found straggling in
     // every check since this wall time, and the one to move at the next checkpoint.
     std::map<int, int64_t> straggling_since;
-    // Replacing stragglers: the job's pace (its ranks' slowest TrainerProgress.pace_ms) at
-    // each world size, when last every rank of an attempt of that size reported one and none
-    // straggled. Kept across attempts (a job grown back onto a slot still slow has a pace to
-    // drop it by); in memory only.
-    std::map<int, double> healthy_paces;
     struct Replacement {
       struct Straggler {
         std::string node;

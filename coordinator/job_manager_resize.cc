@@ -153,7 +153,9 @@ std::vector<std::string> JobManager::CheckStragglers(
     const std::vector<Straggler> found =
         FindStragglers(paces, job.spec.fault_tolerance.straggler_factor);
     if (found.empty() && paced == job.rec.placement_size()) {
-      job.healthy_paces[job.rec.placement_size()] = pace_ms;
+      // In the record, written with it (JobRecord.healthy_pace_ms): a job grown back onto a
+      // slot still slow, or whose coordinator restarted, has a pace to drop it by.
+      (*job.rec.mutable_healthy_pace_ms())[job.rec.placement_size()] = pace_ms;
     }
     std::map<int, int64_t> since;
     for (const Straggler& s : found) {
@@ -203,8 +205,10 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
     // Dropped, when the others would step sooner without them: all at once, since the job
     // keeps the pace of the slowest one left.
     if (!std::all_of(found.begin(), found.end(), long_enough)) return false;
-    const std::optional<Shrink> shrink = ShrinkWithout(static_cast<int>(found.size()), size,
-                                                       job.feasible, job.healthy_paces, pace_ms);
+    const std::map<int, double> healthy(job.rec.healthy_pace_ms().begin(),
+                                        job.rec.healthy_pace_ms().end());
+    const std::optional<Shrink> shrink =
+        ShrinkWithout(static_cast<int>(found.size()), size, job.feasible, healthy, pace_ms);
     if (!shrink) return false;
     std::string who;
     for (const Straggler& s : found) {

@@ -905,6 +905,46 @@ TEST_F(JobManagerTest, WithoutAFreeSlotAnElasticJobDropsItsStragglersWhenThatPay
             "at 4 ranks without stragglers, times 4/3) against 305 ms now");
 }
 
+// The pace a job had without stragglers is in its record, as of the record's last write (a
+// checkpoint's): a coordinator restarted from its store drops a straggler that appears after
+// the restart by it, where one that knew nothing of the job's past would keep it.
+TEST_F(JobManagerTest, ACoordinatorRestartedFromItsStoreDropsByThePacesItHadWritten) {
+  std::string yaml = SpecYaml(1, 2, 2);
+  yaml.replace(yaml.rfind('}'), 1, ", replace_stragglers_after_s: 10}");
+  ASSERT_TRUE(Submit(yaml, "j1", 1).ok());
+  Place("j1", 2, {Node("n1", 1), Node("n2", 1)});
+  const auto paced = [](int rank, double busy_ms, double pace_ms) {
+    v1::TrainerStatus t = Trainer("j1", 1, rank, v1::TRAINER_RUNNING, 4);
+    t.mutable_progress()->set_busy_ms(busy_ms);
+    t.mutable_progress()->set_pace_ms(pace_ms);
+    return t;
+  };
+  const auto none = [](v1::DeviceKind) { return false; };
+  Listing("n1", {paced(0, 70, 75)});
+  Listing("n2", {paced(1, 70, 75)});
+  EXPECT_TRUE(jobs_.CheckStragglers(clock_.WallNowMs(), none).empty());
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 4));  // writes the record
+  ASSERT_FALSE(batches_.empty());
+  const v1::JobRecord written = batches_.back().jobs.back();
+  EXPECT_EQ(written.healthy_pace_ms().at(2), 75);
+
+  JobManager restored(&clock_, {}, {});
+  restored.Restore({written}, jobs_.Attempts("j1"));
+  for (const auto& [node, status] :
+       {std::pair{"n1", paced(0, 70, 305)}, std::pair{"n2", paced(1, 300, 305)}}) {
+    restored.OnTrainerStatus(node, status);
+    restored.OnListing(node, {status});
+  }
+  EXPECT_TRUE(restored.CheckStragglers(clock_.WallNowMs(), none).empty());
+  clock_.AdvanceMs(10'000);
+  EXPECT_EQ(restored.CheckStragglers(clock_.WallNowMs(), none), std::vector<std::string>{"j1"});
+  EXPECT_EQ(restored.Find("j1")->reason(),
+            "dropping straggler rank 1 on n2 slot 0 (busy 300 ms a step against 70 ms for the "
+            "others of its stage, for 10 s) at its next checkpoint, shrinking from 2 to 1 ranks: "
+            "no free slot to move it to, and a step without it should take about 150 ms (75 ms "
+            "at 2 ranks without stragglers, times 2/1) against 305 ms now");
+}
+
 // A straggler is kept where dropping it would slow its job down (a little slow), where the
 // job cannot shrink, and where the job never ran without it: its pace then is unknown.
 TEST_F(JobManagerTest, AStragglerIsKeptWhereDroppingItWouldNotPayOrCannotBeTold) {
