@@ -1,8 +1,8 @@
 // Fill, Add, Scale, Round, NarrowCopy, WidenCopy and SumSquares over flat arrays.
-#include <algorithm>
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <algorithm>
 
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
