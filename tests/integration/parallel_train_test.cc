@@ -220,11 +220,11 @@ std::string StragglerJobYaml(const fs::path& dir, const std::string& name,
          std::to_string(min_world_size) + ", max: 2}, threads_per_rank: 1}\n" + extra;
 }
 
-// Stops `pid` for `stopped_ms` of every 25 (15: it takes 2.5 times as long for its work)
+// Stops `pid` for `stopped_ms` of every 25 (22: it takes about 8 times as long for its work)
 // while it lives, as if something else held its CPU.
 class Slowed {
  public:
-  explicit Slowed(pid_t pid, int stopped_ms = 15)
+  Slowed(pid_t pid, int stopped_ms)
       : pid_(pid), thread_([this, stopped_ms] {
           while (!stop_) {
             kill(pid_, SIGSTOP);
@@ -282,14 +282,17 @@ TEST_F(ParallelTrainTest, ARankSlowedOnItsNodeIsNamedAStragglerByDroverStatus) {
                                             "fault_tolerance: {straggler_factor: 1.5}\n"));
   ASSERT_TRUE(id.ok()) << id.status();
   v1::JobInfo info;
-  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &info);
+  // Started once neither rank is named, and rank 1 runs 3 ms of every 25, as the move and
+  // drop tests below: this test failed once in a full suite (the rank kept waiting named,
+  // as the move test's rank 0 was at 10 ms of 25 beside the suite's clang process).
+  const pid_t rank1 = WaitForPacedRanks(cluster, *id, &info, /*unnamed=*/true);
   ASSERT_GT(rank1, 0) << info.job().reason() << cluster.DebugLogs();
   EXPECT_EQ(info.straggler_ranks_size(), 0) << info.notices(0);
 
   bool named = false, rank0_named = false, listed = false;
   const std::string status = (dir_ / "status.txt").string();
   {
-    Slowed slowed(rank1);
+    Slowed slowed(rank1, /*stopped_ms=*/22);
     named = cluster.WaitJob(
         *id,
         [&](const v1::JobInfo& i) {
