@@ -19,10 +19,12 @@ namespace {
 // rank's compute (on a CommStream's thread) marks that thread's flag, and the wait the group
 // counted for it is taken back out of wait_seconds(), for the stream to count what the rank
 // stalled instead. A group is used by one thread at a time, so the group's wait that grew
-// during a call is that call's.
+// during a call is that call's. The group and the tally are shared with the requests, which
+// the plugin lets outlive their group.
 class OverlappedCallsLeftOut final : public Communicator {
  public:
-  explicit OverlappedCallsLeftOut(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
+  explicit OverlappedCallsLeftOut(std::unique_ptr<Communicator> inner)
+      : inner_(std::move(inner)), left_out_(std::make_shared<WaitTally>()) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -52,42 +54,51 @@ class OverlappedCallsLeftOut final : public Communicator {
     return LeftOutIfOverlapped([&] { return inner_->Barrier(); });
   }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-  double wait_seconds() const override { return inner_->wait_seconds() - left_out_.seconds(); }
+  double wait_seconds() const override { return inner_->wait_seconds() - left_out_->seconds(); }
 
  private:
   // A request's wait counts where it is waited for.
   class WrappedRequest final : public Request {
    public:
-    WrappedRequest(OverlappedCallsLeftOut* group, std::unique_ptr<Request> inner)
-        : group_(group), inner_(std::move(inner)) {}
+    WrappedRequest(std::shared_ptr<Communicator> group, std::shared_ptr<WaitTally> left_out,
+                   std::unique_ptr<Request> inner)
+        : group_(std::move(group)), left_out_(std::move(left_out)), inner_(std::move(inner)) {}
     Status Wait() override {
-      return group_->LeftOutIfOverlapped([&] { return inner_->Wait(); });
+      return LeftOutIfOverlapped(*group_, *left_out_, [&] { return inner_->Wait(); });
     }
 
    private:
-    OverlappedCallsLeftOut* const group_;
+    const std::shared_ptr<Communicator> group_;
+    const std::shared_ptr<WaitTally> left_out_;
     const std::unique_ptr<Request> inner_;
   };
 
   StatusOr<std::unique_ptr<Request>> Wrapped(StatusOr<std::unique_ptr<Request>> request) {
     if (!request.ok()) return request.status();
-    return std::unique_ptr<Request>(new WrappedRequest(this, std::move(*request)));
+    return std::unique_ptr<Request>(new WrappedRequest(inner_, left_out_, std::move(*request)));
   }
 
   template <typename Call>
   Status LeftOutIfOverlapped(const Call& call) {
+    return LeftOutIfOverlapped(*inner_, *left_out_, call);
+  }
+  // Runs `call` on `group`; on a CommStream's thread, what the group counted for it goes to
+  // `left_out` and the thread's flag is set.
+  template <typename Call>
+  static Status LeftOutIfOverlapped(const Communicator& group, WaitTally& left_out,
+                                    const Call& call) {
     std::atomic<bool>* overlapped = OverlappedCalls::Current();
     if (overlapped == nullptr) return call();
-    const double before = inner_->wait_seconds();
+    const double before = group.wait_seconds();
     Status status = call();
-    left_out_.Add(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(inner_->wait_seconds() - before)));
+    left_out.Add(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(group.wait_seconds() - before)));
     overlapped->store(true, std::memory_order_relaxed);
     return status;
   }
 
-  const std::unique_ptr<Communicator> inner_;
-  WaitTally left_out_;  // the group's waits in calls made beside the compute
+  const std::shared_ptr<Communicator> inner_;
+  const std::shared_ptr<WaitTally> left_out_;  // the group's waits in calls beside the compute
 };
 
 std::string HostName() {
