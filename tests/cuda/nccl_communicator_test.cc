@@ -384,6 +384,92 @@ TEST(NcclCommunicatorTest, CallsBesideComputeCountOnlyWhatTheRankStalledForThem)
   EXPECT_EQ(results[1], "");
 }
 
+// As a pipeline stage's receive: rank 0 enqueues about C >= 200 ms of device work and then
+// receives from rank 1, which sends C / 4 after they meet. The receive's wait counts from
+// that work having finished, so rank 0 waits for its peer only the transfer, not the C of
+// its own backlog (pp_wait_ms); and the receive's deadline starts there too, so a timeout
+// of C / 2 is no reason to fail it (before, both started at the post). A second receive,
+// from a peer C + 400 ms late, still counts about 400 ms.
+TEST(NcclCommunicatorTest, AReceiveBehindComputeCountsAndTimesOnlyTheWaitForThePeer) {
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    Ops* ops = *CudaOps();
+    constexpr size_t kN = 1 << 20;
+    Buffer work = ops->Allocate(kN);
+    ops->Fill(work.data(), 1.0f, kN);
+    Buffer data = ops->Allocate(4);
+    ops->Fill(data.data(), static_cast<float>(rank + 1), 4);
+    // Rank 0's device work, timed before the groups exist so that its timeout can depend on it.
+    int repeats = 0;
+    double compute = 0;
+    if (rank == 0) {
+      repeats = CalibrateRepeats(ops, work.data(), kN);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < repeats; ++i) ops->Scale(work.data(), kN, 1.0f);
+      ops->Synchronize();
+      compute = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      RANK_EXPECT(store->Set("compute", std::to_string(compute)).ok(), "store");
+    } else {
+      auto got = store->Get("compute", milliseconds(60'000));
+      RANK_EXPECT(got.ok(), got.status().ToString());
+      compute = std::stod(*got);
+    }
+    const auto c = std::chrono::duration<double>(compute);
+    auto sync = ConnectNcclThroughPlugin(ops, store, "sync", rank, 2,
+                                         CommOptions{milliseconds(10'000)}, milliseconds(20'000));
+    if (!sync.ok()) return sync.status().ToString();
+    // Rank 0 gives a transfer on "p2p" C / 2 after its compute; rank 1, sending, 10 s.
+    const auto timeout =
+        rank == 0 ? std::chrono::duration_cast<milliseconds>(c / 2) : milliseconds(10'000);
+    auto p2p = ConnectNcclThroughPlugin(ops, store, "p2p", rank, 2, CommOptions{timeout},
+                                        milliseconds(20'000));
+    if (!p2p.ok()) return p2p.status().ToString();
+    // The first transfer of each group also connects: left out.
+    Status st = (*sync)->Barrier();
+    if (st.ok()) {
+      st = rank == 0 ? (*p2p)->Recv(data.data(), 4, 1, 0) : (*p2p)->Send(data.data(), 4, 0, 0);
+    }
+    if (st.ok()) st = (*sync)->Barrier();
+    RANK_EXPECT(st.ok(), "warm-up: " + st.ToString());
+    // A receive behind the compute, from a peer that is on time.
+    const auto exchange = [&](Communicator* comm, std::chrono::duration<double> late,
+                              double* waited) {
+      const double before = comm->wait_seconds();
+      if (rank == 0) {
+        for (int i = 0; i < repeats; ++i) ops->Scale(work.data(), kN, 1.0f);
+        st = comm->Recv(data.data(), 4 * sizeof(float), 1, 0);
+      } else {
+        std::this_thread::sleep_for(late);
+        st = comm->Send(data.data(), 4 * sizeof(float), 0, 0);
+      }
+      *waited = comm->wait_seconds() - before;
+    };
+    double waited = 0;
+    exchange(p2p->get(), c / 4, &waited);
+    const std::string seen = "waited " + std::to_string(waited) + " s beside " +
+                             std::to_string(compute) + " s of device work";
+    RANK_EXPECT(st.ok(), "receive behind compute (" + seen + "): " + st.ToString());
+    if (rank == 0) {
+      RANK_EXPECT(waited < compute / 4, seen + ": its compute counted as waiting");
+      std::vector<float> got(4);
+      ops->ToHost(got.data(), data.data(), 4);
+      RANK_EXPECT(got == (std::vector<float>(4, 2.0f)), "received " + Str(got));
+    }
+    st = (*sync)->Barrier();
+    RANK_EXPECT(st.ok(), "barrier: " + st.ToString());
+    // The same from a peer 400 ms later than the compute, on a group that allows it.
+    exchange(sync->get(), c + milliseconds(400), &waited);
+    RANK_EXPECT(st.ok(), "receive from a late peer: " + st.ToString());
+    if (rank == 0) {
+      RANK_EXPECT(waited >= 0.2, "waited " + std::to_string(waited) + " s for a peer 0.4 s late");
+    }
+    return "";
+  });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
+}
+
 TEST(NcclCommunicatorTest, TwoRanksOnOneGpuAreRefused) {
   SKIP_UNLESS_NCCL_GROUPS_RUN();
   auto results = OnRanks({"0", "0"}, [](int rank, KvStore* store) -> std::string {

@@ -139,44 +139,55 @@ class NcclGroup {
     return Check(cudaMemsetAsync(scalar_, 0, sizeof(float), stream_), "cudaMemsetAsync", where);
   }
 
-  // Makes the group's stream wait for the work enqueued on `after` so far.
-  Status OrderAfterCompute(const std::string& where) {
+  // Whether calls follow a compute stream (OrderAfterCompute has work to order after).
+  bool ordered() const { return after_ != nullptr; }
+
+  // Makes the group's stream wait for the work enqueued on `after` so far, recording
+  // `event` there (the group's own for a call, which it waits on before it returns; a
+  // request's, which its Wait finds later).
+  Status OrderAfterCompute(const std::string& where, cudaEvent_t event) {
     if (after_ == nullptr) return OkStatus();
-    // One event serves every call: a wait takes the event's state when it is enqueued.
-    RETURN_IF_ERROR(Check(cudaEventRecord(ordered_, after_), "cudaEventRecord", where));
-    return Check(cudaStreamWaitEvent(stream_, ordered_, 0), "cudaStreamWaitEvent", where);
+    // A stream wait takes the event's state when it is enqueued, so one event may serve
+    // call after call.
+    RETURN_IF_ERROR(Check(cudaEventRecord(event, after_), "cudaEventRecord", where));
+    return Check(cudaStreamWaitEvent(stream_, event, 0), "cudaStreamWaitEvent", where);
+  }
+
+  // Polls until `computed` (OrderAfterCompute's event) has passed: the compute a call
+  // follows. That backlog has a bound of its own (kComputeBacklogLimit), so a kernel that
+  // never ends still fails the call rather than hang it.
+  Status WaitForCompute(const char* op, cudaEvent_t computed) {
+    const std::string where = Where(op);
+    return Poll(
+        op, NcclClock::now() + kComputeBacklogLimit,
+        [&]() -> StatusOr<bool> {
+          const cudaError_t state = cudaEventQuery(computed);
+          if (state == cudaErrorNotReady) return false;
+          DROVER_CUDA_NCCL(where, state);
+          return true;
+        },
+        "the kernels it follows on the compute stream did not finish");
   }
 
   // Runs `enqueue` (NCCL calls on the stream) after the compute stream's work, then polls
   // until the stream has drained.
   //
-  // The call's deadline starts once that compute has finished, not at the call: the GPU
-  // runs behind the host (by up to the rest of a backward pass when the call reduces an
-  // early gradient bucket), and a backlog of our own kernels is no sign of a hung peer.
-  // The backlog has a bound of its own (kComputeBacklogLimit), so a kernel that never ends
-  // still fails the call rather than hang it.
+  // The call's deadline and its wait_seconds start once that compute has finished, not at
+  // the call: the GPU runs behind the host (by up to the rest of a backward pass when the
+  // call reduces an early gradient bucket), and a backlog of our own kernels is neither a
+  // sign of a hung peer nor time spent waiting for one.
   Status Run(const char* op, const std::function<Status()>& enqueue) {
     if (!error_.ok()) return error_;
     const std::string where = Where(op);
     RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice", where));
-    RETURN_IF_ERROR(OrderAfterCompute(where));
+    RETURN_IF_ERROR(OrderAfterCompute(where, ordered_));
     // enqueue's own failures (bad arguments, a peer that failed at once) break the group too.
     Status enqueued = enqueue();
     if (!enqueued.ok()) return Break(std::move(enqueued));
-    if (after_ != nullptr) {
-      RETURN_IF_ERROR(Poll(
-          op, NcclClock::now() + kComputeBacklogLimit,
-          [&]() -> StatusOr<bool> {
-            const cudaError_t state = cudaEventQuery(ordered_);
-            if (state == cudaErrorNotReady) return false;
-            DROVER_CUDA_NCCL(where, state);
-            return true;
-          },
-          "the kernels it follows on the compute stream did not finish"));
-    }
+    if (after_ != nullptr) RETURN_IF_ERROR(WaitForCompute(op, ordered_));
     // From here on the rank waits for its peers and the transfer (wait_seconds).
     const auto ready = NcclClock::now();
-    Status drained = Poll(op, NextDeadline(), [&]() -> StatusOr<bool> {
+    Status drained = Poll(op, ready + NextTimeout(), [&]() -> StatusOr<bool> {
       const cudaError_t state = cudaStreamQuery(stream_);
       if (state == cudaErrorNotReady) return false;
       DROVER_CUDA_NCCL(where, state);
@@ -190,11 +201,11 @@ class NcclGroup {
   double wait_seconds() const { return waited_.seconds(); }
   void AddWait(NcclClock::duration waited) { waited_.Add(waited); }
 
-  // The deadline of a transfer starting now: first_timeout_ for the group's first one.
-  NcclClock::time_point NextDeadline() {
+  // How long the next transfer may take: first_timeout_ for the group's first one.
+  std::chrono::milliseconds NextTimeout() {
     const auto allowed = used_ ? timeout_ : first_timeout_;
     used_ = true;
-    return NcclClock::now() + allowed;
+    return allowed;
   }
 
   // Polls until NCCL has finished enqueueing (it is nonblocking) and then `done` says
@@ -261,7 +272,7 @@ class NcclGroup {
   const std::chrono::milliseconds first_timeout_;
   // How long a call waits for the compute it is ordered after (Run).
   static constexpr std::chrono::minutes kComputeBacklogLimit{5};
-  bool used_ = false;              // a transfer has been enqueued (NextDeadline)
+  bool used_ = false;              // a transfer has been enqueued (NextTimeout)
   cudaStream_t stream_ = nullptr;  // every NCCL call of the group; owned
   cudaEvent_t ordered_ = nullptr;  // OrderAfterCompute's
   ncclComm_t comm_ = nullptr;      // null before Init and after an abort
@@ -270,18 +281,31 @@ class NcclGroup {
   WaitTally waited_;
 };
 
-// An Isend or Irecv: an event recorded on the stream after the transfer.
+// An Isend or Irecv: an event recorded on the compute stream before the transfer
+// (`computed`) and one on the group's stream after it (`transferred`).
+//
+// As a collective's (NcclGroup::Run), a request's deadline and its wait_seconds start once
+// the compute it follows has finished: a pipeline stage waits for its neighbour's
+// activations right after enqueueing its own kernels, and the GPU's backlog of them is not
+// time spent waiting for the neighbour (pp_wait_ms, busy_ms), nor a sign that it hangs.
 class NcclRequest final : public Request {
  public:
-  NcclRequest(std::shared_ptr<NcclGroup> group, const char* op, cudaEvent_t event,
-              NcclClock::time_point deadline)
-      : group_(std::move(group)), op_(op), event_(event), deadline_(deadline) {}
+  // Either event may be null: `computed` where the group follows no compute stream, both
+  // for an empty message (nothing was enqueued).
+  NcclRequest(std::shared_ptr<NcclGroup> group, const char* op, cudaEvent_t computed,
+              cudaEvent_t transferred, std::chrono::milliseconds timeout)
+      : group_(std::move(group)),
+        op_(op),
+        computed_(computed),
+        transferred_(transferred),
+        timeout_(timeout) {}
 
   ~NcclRequest() override {
     if (!waited_) (void)Wait();
-    if (event_ != nullptr) {
+    for (cudaEvent_t event : {computed_, transferred_}) {
+      if (event == nullptr) continue;
       Status destroyed =
-          group_->Check(cudaEventDestroy(event_), "cudaEventDestroy", group_->Where(op_));
+          group_->Check(cudaEventDestroy(event), "cudaEventDestroy", group_->Where(op_));
       NcclGroup::Log(destroyed);
     }
   }
@@ -289,27 +313,29 @@ class NcclRequest final : public Request {
   Status Wait() override {
     if (waited_) return status_;
     waited_ = true;
+    if (computed_ != nullptr) {
+      status_ = group_->WaitForCompute(op_, computed_);
+      if (!status_.ok()) return status_;
+    }
     const std::string where = group_->Where(op_);
-    // The whole wait counts: a request has no event of its own for the compute it follows
-    // (OrderAfterCompute's is shared by every call), so this rank's kernels still running
-    // count too. Pipeline stages alone use requests, and compare with their own stage.
-    const auto started = NcclClock::now();
-    status_ = group_->Poll(op_, deadline_, [&]() -> StatusOr<bool> {
-      if (event_ == nullptr) return true;  // an empty message: nothing was enqueued
-      const cudaError_t state = cudaEventQuery(event_);
+    const auto ready = NcclClock::now();
+    status_ = group_->Poll(op_, ready + timeout_, [&]() -> StatusOr<bool> {
+      if (transferred_ == nullptr) return true;
+      const cudaError_t state = cudaEventQuery(transferred_);
       if (state == cudaErrorNotReady) return false;
       DROVER_CUDA_NCCL(where, state);
       return true;
     });
-    group_->AddWait(NcclClock::now() - started);
+    group_->AddWait(NcclClock::now() - ready);
     return status_;
   }
 
  private:
   const std::shared_ptr<NcclGroup> group_;
   const char* const op_;
-  const cudaEvent_t event_;  // null for an empty message
-  const NcclClock::time_point deadline_;
+  const cudaEvent_t computed_;     // owned; null if none
+  const cudaEvent_t transferred_;  // owned; null if none
+  const std::chrono::milliseconds timeout_;
   bool waited_ = false;
   Status status_;
 };
@@ -431,33 +457,42 @@ class NcclCommunicator final : public Communicator {
     return enqueued.ok() ? ended : enqueued;
   }
 
-  // Enqueues one send or receive in its own group and records the request's event after it.
+  // Enqueues one send or receive in its own group, after the compute enqueued so far, and
+  // records the request's events around it.
   StatusOr<std::unique_ptr<Request>> Post(const char* op, size_t bytes, int peer,
                                           const std::function<ncclResult_t()>& call) {
     DROVER_CHECK_MSG(peer >= 0 && peer < size() && peer != rank(), "peer out of range");
     if (!group_->error().ok()) return group_->error();
-    const auto deadline = group_->NextDeadline();
+    const auto timeout = group_->NextTimeout();
     const std::string where = group_->Where(op);
     if (bytes == 0) {
-      return std::unique_ptr<Request>(new NcclRequest(group_, op, nullptr, deadline));
+      return std::unique_ptr<Request>(new NcclRequest(group_, op, nullptr, nullptr, timeout));
     }
     RETURN_IF_ERROR(group_->Check(cudaSetDevice(group_->device()), "cudaSetDevice", where));
-    RETURN_IF_ERROR(group_->OrderAfterCompute(where));
-    cudaEvent_t event = nullptr;
-    RETURN_IF_ERROR(group_->Check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                                  "cudaEventCreateWithFlags", where));
-    // The request owns the event from here on, so every path below releases it.
-    auto request = std::make_unique<NcclRequest>(group_, op, event, deadline);
+    cudaEvent_t computed = nullptr, transferred = nullptr;
+    Status created = CreateEvent(&transferred, where);
+    if (created.ok() && group_->ordered()) created = CreateEvent(&computed, where);
+    // The request owns the events from here on, so every path below releases them (after a
+    // failure the group is broken, and the request's Wait returns at once).
+    auto request = std::make_unique<NcclRequest>(group_, op, computed, transferred, timeout);
+    RETURN_IF_ERROR(created);
+    if (computed != nullptr) RETURN_IF_ERROR(group_->OrderAfterCompute(where, computed));
     Status enqueued = CudaNcclStatus(ncclGroupStart(), "ncclGroupStart", where);
     if (enqueued.ok()) enqueued = CudaNcclStatus(call(), op, where);
     Status ended = CudaNcclStatus(ncclGroupEnd(), "ncclGroupEnd", where);
     if (enqueued.ok()) enqueued = ended;
     if (!enqueued.ok()) return group_->Break(std::move(enqueued));
     // The event may be recorded only once NCCL has finished enqueueing.
-    RETURN_IF_ERROR(group_->Poll(op, deadline, [] { return StatusOr<bool>(true); }));
     RETURN_IF_ERROR(
-        group_->Check(cudaEventRecord(event, group_->stream()), "cudaEventRecord", where));
+        group_->Poll(op, NcclClock::now() + timeout, [] { return StatusOr<bool>(true); }));
+    RETURN_IF_ERROR(
+        group_->Check(cudaEventRecord(transferred, group_->stream()), "cudaEventRecord", where));
     return std::unique_ptr<Request>(std::move(request));
+  }
+
+  Status CreateEvent(cudaEvent_t* event, const std::string& where) {
+    return group_->Check(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+                         "cudaEventCreateWithFlags", where);
   }
 
   const std::shared_ptr<NcclGroup> group_;

@@ -80,7 +80,9 @@ struct StepResult {
   // its compute, communicator.h's OverlappedCalls): part of its wait for its peers.
   double comm_overlapped_waits_s = 0;
   double publish_s = 0;  // the all-gather of updated parameters after the optimizer (ZeRO-1/2)
-  double pp_wait_s = 0;  // time blocked receiving from neighbouring stages
+  // Time blocked receiving from neighbouring stages, as the groups count it (on a GPU from
+  // the rank's own kernels before the receive having finished: Communicator::wait_seconds).
+  double pp_wait_s = 0;
   // Bytes this rank holds for parameters, gradients, AdamW state and ZeRO's transient
   // buffers (most at once so far).
   size_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, working_bytes = 0;
