@@ -88,8 +88,12 @@ std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) 
                     ": " + f.reason());
   }
   for (const v1::SlotHealth& h : n.unhealthy_slots()) {
-    std::string line = n.name() + " slot " + std::to_string(h.slot()) +
-                       " out until its GPU passes the health check";
+    // A latch (a critical Xid) ends only by an operator's word; another finding by itself.
+    const std::string until = h.latch() != 0
+                                  ? "an operator puts it back (drover uncordon " + n.name() +
+                                        " --slot " + std::to_string(h.slot()) + ")"
+                                  : "its GPU passes the health check";
+    std::string line = n.name() + " slot " + std::to_string(h.slot()) + " out until " + until;
     for (const v1::SlotFault& f : n.slot_faults()) {
       if (f.slot() == h.slot() && f.cordon_until_ms() > now_ms && ForFinding(f, h.fault())) {
         line += ", and " + Cordon(f, now_ms);

@@ -157,7 +157,10 @@ void Coordinator::CordonSlot(const std::string& node, int slot, const std::strin
 void Coordinator::TakeSlotHealth(
     const std::string& node, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy) {
   const v1::NodeRecord* record = nodes_.Find(node);
-  if (record == nullptr || (unhealthy.empty() && record->unhealthy_slots().empty())) return;
+  if (record == nullptr || (unhealthy.empty() && record->unhealthy_slots().empty() &&
+                            record->cleared_latches().empty())) {
+    return;
+  }
   const auto before = record->unhealthy_slots();  // rarely more than empty
   bool changed = false;
   for (const v1::SlotHealth& h : nodes_.TakeHealth(node, unhealthy, &changed)) {
@@ -318,6 +321,7 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
   jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders(),
                      [this](const std::string& job)
                          REQUIRES(mu_) { return !undurable_attempts_.count(job); });
+  *response.mutable_cleared_latches() = nodes_.Find(request.name())->cleared_latches();
   return response;
 }
 

@@ -16,6 +16,10 @@ bool HasSlot(const v1::NodeRecord& r, int slot) {
 // heartbeat (which changes in memory at every heartbeat and is written only with other
 // changes). Any other change was queued for the disk after the uncordon's proposal, so it
 // would win there over the uncordon made here in memory.
+bool Contains(const google::protobuf::RepeatedField<int64_t>& ids, int64_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
 bool Unchanged(v1::NodeRecord now, v1::NodeRecord planned) {
   now.clear_last_heartbeat_ms();
   planned.clear_last_heartbeat_ms();
@@ -171,8 +175,13 @@ std::vector<v1::SlotHealth> NodeManager::TakeHealth(
   if (it == nodes_.end()) return first;
   v1::NodeRecord& r = it->second.record;
   google::protobuf::RepeatedPtrField<v1::SlotHealth> now;
+  google::protobuf::RepeatedField<int64_t> still_cleared;
   for (const v1::SlotHealth& h : unhealthy) {
     if (!HasSlot(r, h.slot())) continue;
+    if (h.latch() != 0 && Contains(r.cleared_latches(), h.latch())) {
+      still_cleared.Add(h.latch());
+      continue;
+    }
     *now.Add() = h;
     const bool known =
         std::any_of(r.unhealthy_slots().begin(), r.unhealthy_slots().end(),
@@ -186,6 +195,9 @@ std::vector<v1::SlotHealth> NodeManager::TakeHealth(
                                });
   if (changed != nullptr) *changed = !same;
   if (!same) r.mutable_unhealthy_slots()->Swap(&now);
+  if (still_cleared.size() != r.cleared_latches().size()) {
+    r.mutable_cleared_latches()->Swap(&still_cleared);
+  }
   return first;
 }
 
@@ -202,7 +214,7 @@ StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string&
                            std::to_string(r.slots_size()) + ")");
     }
     for (const v1::SlotHealth& h : r.unhealthy_slots()) {
-      if (h.slot() != slot) continue;
+      if (h.slot() != slot || h.latch() != 0) continue;
       return FailedPreconditionError(
           "node " + name + " slot " + std::to_string(slot) +
           " stays out of use while its agent's health check reports its GPU unfit (" + h.fault() +
@@ -213,6 +225,16 @@ StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string&
     if (r.state() == v1::NODE_CORDONED) r.set_state(v1::NODE_ALIVE);
     r.set_cordon_until_ms(0);
     r.set_failures(0);
+  }
+  // A latch ends only so. The slot is in use from now; the agent hears of it with its next
+  // heartbeat's reply, and reports the latch until then (TakeHealth leaves it out).
+  auto* unhealthy = r.mutable_unhealthy_slots();
+  for (int i = unhealthy->size() - 1; i >= 0; --i) {
+    const v1::SlotHealth& h = unhealthy->Get(i);
+    if (h.latch() == 0 || (slot >= 0 && h.slot() != slot)) continue;
+    if (!Contains(r.cleared_latches(), h.latch())) r.add_cleared_latches(h.latch());
+    plan.was_cordoned = true;
+    unhealthy->DeleteSubrange(i, 1);
   }
   auto* faults = r.mutable_slot_faults();
   for (int i = faults->size() - 1; i >= 0; --i) {

@@ -92,7 +92,9 @@ class NodeManager {
   // (drover::SlotOut) until it no longer reports them. Returns the slots it reports that it
   // did not report last time (each one's first report: the caller cordons it, CordonSlot);
   // `changed`, when given, says whether the list changed at all. Entries naming a slot the
-  // node does not have are dropped.
+  // node does not have are dropped, and so are latches an operator cleared
+  // (cleared_latches): the agent, not told yet, still reports them. A cleared latch the agent
+  // no longer reports is forgotten.
   std::vector<v1::SlotHealth> TakeHealth(
       const std::string& name, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy,
       bool* changed = nullptr);
@@ -101,7 +103,9 @@ class NodeManager {
   // its failures forgotten, with every slot's too (`slot` < 0), or only that slot's.
   // NotFound for an unknown node or slot; FailedPrecondition for a slot its agent reports
   // unfit (it returns by itself once the agent no longer does: its cordon would not end
-  // anything). The caller makes `after` durable, then Apply()s.
+  // anything), unless the finding is a latch (a critical Xid), which only an operator ends:
+  // the plan clears it (cleared_latches, for the agent; the slot in use at once), as every
+  // latch of the node when `slot` < 0. The caller makes `after` durable, then Apply()s.
   struct UncordonPlan {
     v1::NodeRecord before;  // as it was planned from
     v1::NodeRecord after;

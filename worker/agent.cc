@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <optional>
 #include <random>
+#include <span>
 
 #include "common/files.h"
 #include "common/net.h"
@@ -189,6 +190,10 @@ Status Agent::Heartbeat() {
                      c.attempt(), c.reason());
       }
     }
+  }
+  if (gpu_health_ && !resp.cleared_latches().empty()) {
+    gpu_health_->ClearLatches(
+        std::span<const int64_t>(resp.cleared_latches().data(), resp.cleared_latches().size()));
   }
   if (resp.reregister()) return AbortedError("coordinator asked to register again");
   return OkStatus();

@@ -117,8 +117,8 @@ std::string XidFault(const std::string& bus_id, uint64_t xid, int64_t wall_ms) {
   const std::string meaning = XidMeaning(xid);
   return "GPU " + bus_id + ": Xid " + std::to_string(xid) +
          (meaning.empty() ? "" : " (" + meaning + ")") + " at " + when +
-         " (an NVML event): its slot stays out of use until the agent restarts; reset the GPU "
-         "(nvidia-smi -r) or reboot the node, then restart the agent";
+         " (an NVML event): its slot stays out of use until an operator puts it back; reset the "
+         "GPU (nvidia-smi -r) or reboot the node, then drover uncordon NODE --slot SLOT";
 }
 
 StatusOr<std::vector<int>> ParseXidList(const std::string& text) {

@@ -13,8 +13,8 @@
 //
 // Xid events are the driver's reports of an error, by number (NVIDIA's Xid catalogue), and
 // unlike the states above they are gone once read: WaitForXid hands them on, and the
-// monitor (gpu_health_monitor.h) keeps a GPU that had a critical one out of use until the
-// agent restarts, as NVIDIA's Kubernetes device plugin does. Some Xids name an application's
+// monitor (gpu_health_monitor.h) keeps a GPU that had a critical one out of use until an
+// operator puts it back (drover uncordon) or the agent restarts. Some Xids name an application's
 // fault, not the GPU's (an illegal address, a kernel past its time slice): the trainer that
 // caused one fails by itself, and they are left alone (kApplicationXids).
 //

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -51,7 +52,8 @@ struct GpuHealthMonitor::State {
     bool querying = false;                      // a query is under way...
     int64_t since_ms = 0;                       // ...since then (clock ms)
     std::optional<v1::SlotHealth> finding;      // the last finished check's
-    std::optional<std::string> xid_fault;       // its first critical Xid's, kept to the end
+    std::optional<std::string> xid_fault;       // its first critical Xid's, kept until cleared
+    int64_t xid_latch = 0;                      // xid_fault's id (SlotHealth.latch)
     std::optional<v1::GpuTelemetry> telemetry;  // the last finished check's reading
     bool exited = false;                        // its thread is past its last use of `check`
   };
@@ -60,6 +62,8 @@ struct GpuHealthMonitor::State {
   bool stop GUARDED_BY(mu) = false;
   std::vector<Gpu> gpus GUARDED_BY(mu);    // those checked, each with a thread
   bool xids_exited GUARDED_BY(mu) = true;  // the Xid thread, where there is one, likewise
+  // Latch ids: random, so that one never names another agent process's finding.
+  std::mt19937_64 latch_ids GUARDED_BY(mu){std::random_device{}()};
 };
 
 GpuHealthMonitor::GpuHealthMonitor(std::unique_ptr<GpuHealthCheck> check, Options options,
@@ -179,6 +183,9 @@ void GpuHealthMonitor::WatchXids(std::shared_ptr<State> s) {
         continue;
       }
       g.xid_fault = XidFault(st->check->bus_id(g.index), event->xid, st->clock->WallNowMs());
+      do {
+        g.xid_latch = static_cast<int64_t>(st->latch_ids() >> 1);
+      } while (g.xid_latch == 0);
       spdlog::error("{}", *g.xid_fault);
     }
   }
@@ -209,6 +216,7 @@ std::vector<v1::SlotHealth> GpuHealthMonitor::Unfit() const {
       v1::SlotHealth& h = unfit.emplace_back();
       h.set_slot(state_->check->slot(g.index));
       h.set_fault(*g.xid_fault);
+      h.set_latch(g.xid_latch);
     } else if (g.querying && now - g.since_ms >= state_->timeout_ms) {
       v1::SlotHealth& h = unfit.emplace_back();
       h.set_slot(state_->check->slot(g.index));
@@ -218,6 +226,19 @@ std::vector<v1::SlotHealth> GpuHealthMonitor::Unfit() const {
     }
   }
   return unfit;
+}
+
+void GpuHealthMonitor::ClearLatches(std::span<const int64_t> latches) {
+  MutexLock lock(&state_->mu);
+  for (State::Gpu& g : state_->gpus) {
+    if (!g.xid_fault || std::find(latches.begin(), latches.end(), g.xid_latch) == latches.end()) {
+      continue;
+    }
+    spdlog::info("GPU {}: back in use, an operator having put its slot back (drover uncordon): {}",
+                 state_->check->bus_id(g.index), *g.xid_fault);
+    g.xid_fault.reset();
+    g.xid_latch = 0;
+  }
 }
 
 std::vector<v1::GpuTelemetry> GpuHealthMonitor::Telemetry() const {

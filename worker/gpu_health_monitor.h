@@ -14,7 +14,8 @@
 // go on and the finding clears by itself.
 //
 // One more thread waits for the GPUs' Xid events (GpuHealthCheck::WaitForXid). A critical one
-// (any Xid not in Options::ignored_xids) marks its GPU unfit from then until the agent
+// (any Xid not in Options::ignored_xids) marks its GPU unfit from then until an operator ends
+// it (drover uncordon, which reaches ClearLatches through the heartbeat reply) or the agent
 // restarts: an event is not a state that clears when the GPU is mended, and NVML says nothing
 // more once it is read. An Xid NVML gives no GPU for marks every GPU watched.
 //
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +64,12 @@ class GpuHealthMonitor {
   // The slots unfit, by slot: a GPU that had a critical Xid, that; else one whose query has
   // gone unanswered for timeout_ms, that; else its last check's finding.
   std::vector<v1::SlotHealth> Unfit() const;
+
+  // Ends the Xid findings whose SlotHealth.latch (as Unfit gives it) is one of `latches`: an
+  // operator has mended their GPUs. Other ids are no finding of this monitor's (one ended
+  // already, or an earlier agent process's) and change nothing. A later Xid marks the GPU
+  // again, with a new latch.
+  void ClearLatches(std::span<const int64_t> latches);
 
   // Each GPU's reading as of its last check (GpuHealthCheck::Telemetry), by slot; none for a
   // GPU whose query has gone unanswered for timeout_ms (what it read last is stale).

@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-ignored-xids", ignored_xids,
                  "with --device cuda: the Xids (NVML events) that do not take a GPU out of use, "
                  "those an application's own error causes; any other Xid keeps its GPU out "
-                 "until the agent restarts. Numbers separated by commas, or none")
+                 "until drover uncordon puts it back or the agent restarts. Numbers separated by "
+                 "commas, or none")
       ->capture_default_str();
   app.add_option("--address", options.address,
                  "this node's address: shown to people, and where its trainers accept their "

@@ -18,7 +18,9 @@
 #            cordons the slot and stops the attempt on it before any trainer meets the fault;
 #            the slot stays out while the check fails, and is back once it passes. Then
 #            NVML stops answering about the other GPU (a wedged driver): the agent goes on
-#            heartbeating, and reports that slot unfit once its query is overdue.
+#            heartbeating, and reports that slot unfit once its query is overdue. Then a
+#            critical Xid keeps a GPU out after its checks pass again, until an operator's
+#            drover uncordon puts it back, with the agent still running.
 # The path from `drover submit` to CUDA training and back after a failure, which the device
 # check (tests/device/check.sh step 4) runs only when a GPU is lent, and without a failure.
 #
@@ -73,7 +75,6 @@ elif [[ $scenario == health ]]; then
   : > "$DROVER_FAKE_NVML"
   health_agent() { agent gpu0 "$h200;$h200" 1,2 --gpu-health-interval-ms 200 --gpu-health-timeout-ms 1000; }
   health_agent
-  agent_pid=$!
   world="{min: 1, max: 2}"
 else
   # Each node's GPU is its device 1 and 2 of the machine (as CUDA_VISIBLE_DEVICES gives an
@@ -255,7 +256,8 @@ elif [[ $scenario == health ]]; then
   back_in_service 0 "NVML answered again"
   echo "NVML hung on a GPU: the agent went on heartbeating and reported that GPU unfit"
   # Xid events on slot 1's GPU. An application's (13) leaves it in service; a critical one (79)
-  # takes it out, and it stays out once NVML has nothing more to say, until the agent restarts.
+  # takes it out, and it stays out once NVML has nothing more to say, until an operator puts
+  # it back: drover uncordon ends the finding (its latch), without restarting the agent.
   until_logged() {  # until_logged PATTERN: waits up to 10 s for the agent's log to say it
     for _ in $(seq 1 100); do grep -q "$1" "$work/gpu0.log" && return 0; sleep 0.1; done
     echo "FAIL: the agent never logged: $1"; tail "$work/gpu0.log"; exit 1
@@ -275,20 +277,20 @@ elif [[ $scenario == health ]]; then
   done
   sleep 1  # five checks of the GPU, each finding nothing wrong
   drover workers > "$work/workers.txt"
-  grep -q "^gpu0 slot 1 out until its GPU passes the health check.*: GPU 00000000:01:00.0: Xid 79 (fallen off the bus) at .* UTC (an NVML event): its slot stays out of use until the agent restarts" \
+  grep -q "^gpu0 slot 1 out until an operator puts it back (drover uncordon gpu0 --slot 1).*: GPU 00000000:01:00.0: Xid 79 (fallen off the bus) at .* UTC (an NVML event): its slot stays out of use until an operator puts it back" \
     "$work/workers.txt" || { echo "FAIL: Xid 79 did not keep slot 1 out"; cat "$work/workers.txt"; exit 1; }
-  rc=0
-  drover uncordon gpu0 --slot 1 2> "$work/uncordon.err" || rc=$?
-  [[ $rc -ne 0 ]] && grep -q "stays out of use while its agent's health check reports its GPU unfit" \
-    "$work/uncordon.err" || { echo "FAIL: uncordon after an Xid"; cat "$work/uncordon.err"; exit 1; }
-  # The agent restarts (after the GPU's reset): the slot is out only for its cordon.
-  kill "$agent_pid"
-  wait "$agent_pid" || true
-  health_agent
-  until_logged "checking the health of 2 of 2 GPU(s)"
-  nvml_mended 1
-  back_in_service 1 "the agent's restart"
-  echo "a critical Xid kept its GPU out until the agent restarted; an application's Xid did not"
+  # The GPU reset, the operator puts the slot back; the agent hears of it with its next
+  # heartbeat's reply, and its reports leave the slot out from then on.
+  agent_starts=$(grep -c "checking the health of 2 of 2 GPU(s)" "$work/gpu0.log")
+  back_in_service 1 "an operator's uncordon after an Xid"
+  until_logged "GPU 00000000:01:00.0: back in use, an operator having put its slot back (drover uncordon): .*Xid 79"
+  sleep 1  # heartbeats after the agent heard
+  drover workers > "$work/workers.txt"
+  grep -Eq "^gpu0 +ALIVE +CUDA .* 2 +2 +0 " "$work/workers.txt" && ! grep -q "^gpu0 slot 1 out" "$work/workers.txt" ||
+    { echo "FAIL: slot 1 is out again after its uncordon"; cat "$work/workers.txt"; exit 1; }
+  [[ $(grep -c "checking the health of 2 of 2 GPU(s)" "$work/gpu0.log") == "$agent_starts" ]] ||
+    { echo "FAIL: the agent restarted"; exit 1; }
+  echo "a critical Xid kept its GPU out until an operator's uncordon, with the agent running; an application's Xid did not"
   # What NVML reads of the GPUs reaches drover workers: a GPU held back by its temperature is
   # named under the table, and --gpus shows every reading ("-" where NVML gives none).
   echo "00000000:00:00.0 util=97 used=61 temp=91 power=512 reasons=72" > "$DROVER_FAKE_NVML"

@@ -57,6 +57,19 @@ TEST(SlotsOutTest, ASlotCordonedForTheFindingThatStillHoldsIsOneLine) {
           std::string("gpu0 slot 1 out until its GPU passes the health check: ") + kEcc}));
 }
 
+// A latched finding (a critical Xid) says that an operator ends it, and how.
+TEST(SlotsOutTest, ALatchedFindingNamesTheUncordonThatEndsIt) {
+  v1::NodeRecord n;
+  n.set_name("gpu0");
+  v1::SlotHealth xid = Unfit(1, "GPU 00000000:01:00.0: Xid 79 (fallen off the bus)");
+  xid.set_latch(4242);
+  *n.add_unhealthy_slots() = xid;
+  EXPECT_EQ(SlotsOutLines(n, kNow),
+            (std::vector<std::string>{"gpu0 slot 1 out until an operator puts it back (drover "
+                                      "uncordon gpu0 --slot 1): GPU 00000000:01:00.0: Xid 79 "
+                                      "(fallen off the bus)"}));
+}
+
 // A slot cordoned because its rank was a straggler says it was slow, not that it failed.
 TEST(SlotsOutTest, AStragglersSlotIsToldSlowNotFailed) {
   v1::NodeRecord n;

@@ -578,6 +578,42 @@ TEST_F(CoordinatorTest, AGpuItsAgentFindsUnfitIsTakenOutUnderTheJobUntilItPasses
   }
 }
 
+// An Xid's finding (a latch) through the service: drover uncordon of the slot puts it back at
+// once, and every heartbeat reply carries the latch until the agent's report leaves it out,
+// a lost reply included; a free slot takes the job's next rank meanwhile.
+TEST_F(CoordinatorTest, AnUncordonedXidLatchGoesToTheAgentWithEveryReplyUntilItHeard) {
+  ASSERT_TRUE(c_->Register(RegisterReq("g1", 2, "agent-1", v1::CUDA)).ok());
+  v1::HeartbeatRequest hb;
+  hb.set_name("g1");
+  hb.set_agent_id("agent-1");
+  v1::SlotHealth* xid = hb.add_unhealthy_slots();
+  xid->set_slot(1);
+  xid->set_fault("GPU 0000:19:00.0: Xid 79 (fallen off the bus)");
+  xid->set_latch(4242);
+  EXPECT_EQ(c_->Heartbeat(hb).cleared_latches_size(), 0);
+  EXPECT_EQ(c_->ListWorkers().workers(0).free_slots(), 1);
+
+  v1::UncordonRequest request;
+  request.set_node("g1");
+  request.set_slot_only(true);
+  request.set_slot(1);
+  auto done = c_->Uncordon(request);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->was_cordoned());
+  EXPECT_EQ(c_->ListWorkers().workers(0).free_slots(), 2);
+  for (int reply = 0; reply < 2; ++reply) {  // the first reply lost: the agent reports it again
+    v1::HeartbeatResponse resp = c_->Heartbeat(hb);
+    ASSERT_EQ(resp.cleared_latches_size(), 1);
+    EXPECT_EQ(resp.cleared_latches(0), 4242);
+    EXPECT_EQ(c_->ListWorkers().workers(0).free_slots(), 2);
+  }
+  hb.clear_unhealthy_slots();
+  EXPECT_EQ(c_->Heartbeat(hb).cleared_latches_size(), 0);
+  const std::string id = Submit(SpecYaml(2, 2, 2, 120, "cuda"));
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING) << Job(id).reason();
+}
+
 // What an agent's NVML read of its GPUs is listed with its node as of its last heartbeat,
 // replaced by each one; a dead node lists none.
 TEST_F(CoordinatorTest, EachNodesGpuReadingsAreListedAsItsLastHeartbeatSentThem) {

@@ -233,6 +233,66 @@ TEST(NodeManagerTest, ASlotItsAgentReportsUnfitIsOutUntilItIsReportedFitAgain) {
   EXPECT_EQ(nodes.TakeHealth("n1", report).size(), 1u);
 }
 
+// A latched finding (a critical Xid: the agent cannot see the GPU mended) ends by an
+// operator's uncordon of the slot or node: the slot is in use at once, and the latch goes to
+// the agent with every heartbeat reply (cleared_latches) until its reports leave it out. A
+// report of the cleared latch meanwhile is no new failure; a new latch on the slot is.
+TEST(NodeManagerTest, AnOperatorsUncordonEndsALatchedFindingAndTellsTheAgentUntilItHeard) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.slot_cordon_base_ms = 300'000});
+  nodes.Register(RegisterReq("n1", 2, "a1", v1::CUDA));
+  google::protobuf::RepeatedPtrField<v1::SlotHealth> report;
+  v1::SlotHealth* xid = report.Add();
+  xid->set_slot(1);
+  xid->set_fault("GPU 0000:19:00.0: Xid 79 (fallen off the bus)");
+  xid->set_latch(77);
+  ASSERT_EQ(nodes.TakeHealth("n1", report).size(), 1u);
+  nodes.CordonSlot("n1", 1, "health check");
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
+
+  auto plan = nodes.PlanUncordon("n1", 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->was_cordoned);
+  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  const v1::NodeRecord* n1 = nodes.Find("n1");
+  EXPECT_EQ(n1->unhealthy_slots_size(), 0);
+  ASSERT_EQ(n1->cleared_latches_size(), 1);
+  EXPECT_EQ(n1->cleared_latches(0), 77);
+  EXPECT_FALSE(SlotOut(*n1, 1, clock.WallNowMs()));
+  // The agent, not told yet, reports the latch again (and again): no change, no new failure,
+  // the slot in use, the latch still to be sent.
+  for (int i = 0; i < 2; ++i) {
+    bool changed = true;
+    EXPECT_TRUE(nodes.TakeHealth("n1", report, &changed).empty());
+    EXPECT_FALSE(changed);
+    EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
+    EXPECT_EQ(nodes.Find("n1")->cleared_latches_size(), 1);
+  }
+  // It heard: its report leaves the latch out, and the coordinator forgets it.
+  EXPECT_TRUE(nodes.TakeHealth("n1", {}).empty());
+  EXPECT_EQ(nodes.Find("n1")->cleared_latches_size(), 0);
+  // A new Xid on the slot is a new latch: a first report.
+  xid->set_latch(78);
+  EXPECT_EQ(nodes.TakeHealth("n1", report).size(), 1u);
+  // A node's uncordon ends every latch of the node; a finding without one stays and the
+  // slot's own uncordon is still refused for it.
+  v1::SlotHealth* ecc = report.Add();
+  ecc->set_slot(0);
+  ecc->set_fault("GPU 0000:18:00.0: 1 uncorrectable ECC error");
+  EXPECT_EQ(nodes.TakeHealth("n1", report).size(), 1u);
+  EXPECT_EQ(nodes.PlanUncordon("n1", 0).status().code(), StatusCode::kFailedPrecondition);
+  plan = nodes.PlanUncordon("n1", -1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  n1 = nodes.Find("n1");
+  ASSERT_EQ(n1->unhealthy_slots_size(), 1);
+  EXPECT_EQ(n1->unhealthy_slots(0).slot(), 0);
+  ASSERT_EQ(n1->cleared_latches_size(), 1);
+  EXPECT_EQ(n1->cleared_latches(0), 78);
+  EXPECT_FALSE(SlotOut(*n1, 1, clock.WallNowMs()));
+  EXPECT_TRUE(SlotOut(*n1, 0, clock.WallNowMs()));
+}
+
 TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
   FakeClock clock;
   NodeManager nodes(

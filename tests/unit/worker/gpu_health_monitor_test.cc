@@ -169,6 +169,36 @@ TEST_F(GpuHealthMonitorTest, ACriticalXidKeepsItsGpuOutFromThenOn) {
   EXPECT_EQ(unfit[0].fault(), XidFault("00000000:01:00.0", 79, clock_.WallNowMs()));
 }
 
+// An operator ends an Xid's finding (drover uncordon; the heartbeat reply's cleared latches
+// reach ClearLatches): an id that is not its latch changes nothing, its own ends it, and a
+// later critical Xid marks the GPU again, with a latch of its own. A check's finding has no
+// latch: it ends by itself.
+TEST_F(GpuHealthMonitorTest, AnOperatorEndsAnXidsFindingByItsLatch) {
+  auto monitor = Start();
+  ASSERT_NE(monitor, nullptr);
+  monitor->WaitForFirstRound();
+  Say("00000000:01:00.0 xid=79\n00000000:00:00.0 ecc=1\n");
+  std::vector<v1::SlotHealth> unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) {
+    return Is(u, {0, 1});
+  });
+  ASSERT_EQ(unfit.size(), 2u);
+  EXPECT_EQ(unfit[0].latch(), 0);
+  const int64_t latch = unfit[1].latch();
+  EXPECT_NE(latch, 0);
+  const int64_t others[] = {latch + 1, 0};
+  monitor->ClearLatches(others);
+  EXPECT_TRUE(Is(monitor->Unfit(), {0, 1}));
+  const int64_t its[] = {latch};
+  monitor->ClearLatches(its);
+  EXPECT_TRUE(Is(monitor->Unfit(), {0}));
+  Say("00000000:01:00.0 xid=79,48\n");
+  unfit = Until(*monitor, [](const std::vector<v1::SlotHealth>& u) { return Is(u, {1}); });
+  ASSERT_EQ(unfit.size(), 1u);
+  EXPECT_EQ(unfit[0].fault(), XidFault("00000000:01:00.0", 48, clock_.WallNowMs()));
+  EXPECT_NE(unfit[0].latch(), 0);
+  EXPECT_NE(unfit[0].latch(), latch);
+}
+
 // The Xids an application's error causes (13, 31, 43... by default) leave their GPU in use;
 // the first critical one after them is the finding.
 TEST_F(GpuHealthMonitorTest, AnApplicationsXidsLeaveTheGpuInUse) {

@@ -38,13 +38,13 @@ TEST(GpuHealthTest, EachFaultNvmlReportsNamesWhatMendsIt) {
 }
 
 // A critical Xid's finding names the GPU, the Xid (with its meaning where NVIDIA's catalogue
-// gives one for a GPU fault), when it came (UTC), and that only the agent's restart ends it.
+// gives one for a GPU fault), when it came (UTC), and that only an operator ends it.
 TEST(GpuHealthTest, AnXidFindingNamesTheXidWhenItCameAndWhatEndsIt) {
   const int64_t at = 1'764'950'624'000;  // 2025-12-05 16:03:44 UTC
   EXPECT_EQ(XidFault("00000000:01:00.0", 79, at),
             "GPU 00000000:01:00.0: Xid 79 (fallen off the bus) at 2025-12-05 16:03:44 UTC (an "
-            "NVML event): its slot stays out of use until the agent restarts; reset the GPU "
-            "(nvidia-smi -r) or reboot the node, then restart the agent");
+            "NVML event): its slot stays out of use until an operator puts it back; reset the "
+            "GPU (nvidia-smi -r) or reboot the node, then drover uncordon NODE --slot SLOT");
   EXPECT_EQ(XidFault("00000000:01:00.0", 62, at + 999).substr(0, 70),
             "GPU 00000000:01:00.0: Xid 62 at 2025-12-05 16:03:44 UTC (an NVML event");
   EXPECT_NE(XidFault("b", 999, at).find("Xid 999 (an Xid NVML does not know)"), std::string::npos);
