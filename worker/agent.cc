@@ -69,9 +69,11 @@ Agent::Agent(AgentOptions options, const Clock* clock)
     SetDeadlineMs(&ctx, options_.rpc_timeout_ms);
     return FromGrpcStatus(stub()->AppendLogs(&ctx, req, &resp), "AppendLogs");
   });
+  // A checkpoint record goes to the coordinator at once (Wake: a heartbeat now), as an exit
+  // does: a recovery resumes from the newest checkpoint the coordinator knows.
   supervisor_ = std::make_unique<TrainerSupervisor>(
       clock_, [this](const v1::TrainerStatus& st) { OnTrainerExit(st); },
-      options_.exited_retention_ms);
+      options_.exited_retention_ms, [this] { Wake(); });
   logs_->Start();
 }
 

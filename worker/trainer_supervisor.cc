@@ -34,8 +34,12 @@ std::string LastLogLine(const std::string& path) {
 }  // namespace
 
 TrainerSupervisor::TrainerSupervisor(const Clock* clock, ExitCallback on_exit,
-                                     int64_t exited_retention_ms)
-    : clock_(clock), on_exit_(std::move(on_exit)), exited_retention_ms_(exited_retention_ms) {
+                                     int64_t exited_retention_ms,
+                                     std::function<void()> on_checkpoint)
+    : clock_(clock),
+      on_exit_(std::move(on_exit)),
+      exited_retention_ms_(exited_retention_ms),
+      on_checkpoint_(std::move(on_checkpoint)) {
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -217,11 +221,17 @@ void TrainerSupervisor::ReadStatus(std::shared_ptr<Trainer> t) {
     if (n <= 0) break;
     buffer.append(chunk, static_cast<size_t>(n));
     std::vector<std::string> lines = TakeLines(&buffer);
-    MutexLock lock(&mu_);
-    for (const std::string& line : lines) {
-      // A malformed line is the trainer's bug, not a reason to lose the rest.
-      (void)ApplyReportLine(line, clock_->WallNowMs(), &t->status, &checkpoints_);
+    bool checkpointed = false;
+    {
+      MutexLock lock(&mu_);
+      const size_t before = checkpoints_.size();
+      for (const std::string& line : lines) {
+        // A malformed line is the trainer's bug, not a reason to lose the rest.
+        (void)ApplyReportLine(line, clock_->WallNowMs(), &t->status, &checkpoints_);
+      }
+      checkpointed = checkpoints_.size() > before;
     }
+    if (checkpointed && on_checkpoint_) on_checkpoint_();
   }
   close(t->status_fd);
 }

@@ -45,8 +45,12 @@ class TrainerSupervisor {
   using ExitCallback = std::function<void(const v1::TrainerStatus&)>;
 
   // `clock` (not owned) gives wall time for started_ms / last_progress_ms and monotonic
-  // time for stop deadlines and retention.
-  TrainerSupervisor(const Clock* clock, ExitCallback on_exit, int64_t exited_retention_ms = 60000);
+  // time for stop deadlines and retention. `on_checkpoint`, when given, is called (from a
+  // reader thread, no lock held) each time a trainer reports checkpoint records: they are
+  // what a recovery resumes from, and should not wait for the next heartbeat (a node that
+  // dies meanwhile would leave the coordinator resuming from an older one).
+  TrainerSupervisor(const Clock* clock, ExitCallback on_exit, int64_t exited_retention_ms = 60000,
+                    std::function<void()> on_checkpoint = nullptr);
   // SIGKILLs every trainer still running and joins every thread.
   ~TrainerSupervisor();
 
@@ -106,6 +110,7 @@ class TrainerSupervisor {
   const Clock* clock_;
   ExitCallback on_exit_;
   const int64_t exited_retention_ms_;
+  const std::function<void()> on_checkpoint_;
 
   mutable Mutex mu_;
   CondVar cv_;

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -219,6 +220,27 @@ TEST_F(TrainerSupervisorTest, StatusChannelReportsAreFoldedInBeforeTheExit) {
   auto snap = supervisor_->Snapshot();
   ASSERT_EQ(snap.size(), 1u);
   EXPECT_EQ(snap[0].state(), v1::TRAINER_EXITED);
+}
+
+// A checkpoint record is handed on as it arrives, while the trainer runs on (the agent
+// heartbeats at once with it); progress alone calls nothing.
+TEST_F(TrainerSupervisorTest, ACheckpointRecordIsSignalledAsItArrives) {
+  supervisor_.reset();
+  std::atomic<int> calls{0};
+  supervisor_ = std::make_unique<TrainerSupervisor>(SystemClock::Get(), nullptr, 60000,
+                                                    [&calls] { ++calls; });
+  ASSERT_TRUE(supervisor_
+                  ->Start(Shell("echo '{\"progress\":{\"step\":\"4\",\"loss\":1.5}}' "
+                                ">&$DROVER_STATUS_FD; sleep 0.3; "
+                                "echo '{\"checkpoint\":{\"step\":\"4\",\"path\":\"/p\"}}' "
+                                ">&$DROVER_STATUS_FD; sleep 30"))
+                  .ok());
+  for (int i = 0; i < 2000 && calls.load() == 0; ++i) usleep(5000);
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(supervisor_->RunningCount(), 1);
+  ASSERT_EQ(supervisor_->PendingCheckpoints().size(), 1u);
+  EXPECT_EQ(supervisor_->PendingCheckpoints()[0].step(), 4);
+  supervisor_->StopAll(0);
 }
 
 TEST_F(TrainerSupervisorTest, ExitedTrainersAreForgottenAfterRetention) {
