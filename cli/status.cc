@@ -12,20 +12,22 @@
 namespace drover::cli {
 namespace {
 
-// The job's progress line: its steps from the spec, the slowest live rank's step time.
+// The job's progress line: its steps from the spec, the slowest live rank's step time, and
+// while it runs, rank 0's MFU where its trainer knows its device's peak.
 std::string Progress(const v1::JobInfo& info) {
   const v1::JobRecord& j = info.job();
   auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
-  double step_ms = 0;
+  double step_ms = 0, mfu = 0;
   if (j.state() == v1::RUNNING) {
     for (const v1::TrainerStatus& t : info.trainers()) {
       if (t.attempt() == j.attempt() && t.state() == v1::TRAINER_RUNNING) {
         step_ms = std::max(step_ms, t.progress().step_ms());
+        if (t.rank() == 0) mfu = t.progress().mfu();
       }
     }
   }
   return FormatProgress(j.last_step(), spec.ok() ? spec->train.steps : 0, step_ms, j.tokens_per_s(),
-                        j.furthest_step());
+                        j.furthest_step(), mfu);
 }
 
 void PrintJob(const v1::JobInfo& info) {

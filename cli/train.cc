@@ -18,6 +18,7 @@
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
 #include "worker/engine/trainer_process.h"
+#include "worker/gpu_probe.h"
 
 namespace drover::cli {
 namespace {
@@ -62,6 +63,12 @@ int RunTrain(const TrainFlags& f) {
   engine::TrainerOptions options;
   options.spec = *spec;
   options.resume = !f.fresh;
+  auto peak = PeakTflopsOfThisRank(spec->resources.device);
+  if (!peak.ok()) {
+    std::fprintf(stderr, "drover train: %s\n", peak.status().ToString().c_str());
+    return kExitUsage;
+  }
+  options.peak_tflops = *peak;
   options.stop = signals.stop;
   options.checkpoint_requests = signals.checkpoint_requests;
   std::unique_ptr<engine::ProfiledOps> profiled;

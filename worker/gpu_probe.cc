@@ -1,5 +1,8 @@
 #include "worker/gpu_probe.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -147,6 +150,57 @@ std::string VisibleDeviceForSlot(int slot, const std::string& agent_visible) {
 std::string VisibleDeviceForLocalRank(int rank, const std::vector<std::string>& gpus) {
   if (gpus.empty()) return "";
   return gpus[static_cast<size_t>(rank) % gpus.size()];
+}
+
+double DenseTensorPeakTflops(const std::string& name) {
+  // The name's words, upper-cased ("NVIDIA A100-SXM4-80GB": NVIDIA A100 SXM4 80GB).
+  std::vector<std::string> words;
+  std::string word;
+  for (char c : name + " ") {
+    if (c == ' ' || c == '-') {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+    } else {
+      word += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
+  }
+  auto has = [&](const char* w) { return std::find(words.begin(), words.end(), w) != words.end(); };
+  // Variants before their family (an H100 NVL is an H100 too), whole words only (an L4 is
+  // no L40). NVIDIA's datasheet figures with sparsity halved.
+  struct Known {
+    const char* model;
+    const char* variant;  // nullptr: any
+    double tflops;
+  };
+  static constexpr Known kKnown[] = {
+      {"H200", "NVL", 835},    {"H200", nullptr, 989}, {"H100", "NVL", 835},
+      {"H100", "PCIE", 756},   {"H100", nullptr, 989}, {"GH200", nullptr, 989},
+      {"H800", "PCIE", 756},   {"H800", nullptr, 989}, {"H20", nullptr, 148},
+      {"B200", nullptr, 2250}, {"A100", nullptr, 312}, {"A800", nullptr, 312},
+      {"A30", nullptr, 165},   {"A40", nullptr, 150},  {"A10", nullptr, 125},
+      {"L40S", nullptr, 362},  {"L40", nullptr, 181},  {"L4", nullptr, 121},
+  };
+  for (const Known& k : kKnown) {
+    if (has(k.model) && (k.variant == nullptr || has(k.variant))) return k.tflops;
+  }
+  return 0;
+}
+
+StatusOr<double> PeakTflopsOfThisRank(const std::string& device,
+                                      const std::string& driver_library) {
+  if (const char* set = std::getenv(kEnvPeakTflops); set != nullptr && *set != '\0') {
+    char* end = nullptr;
+    const double tflops = std::strtod(set, &end);
+    if (end == set || *end != '\0' || !std::isfinite(tflops) || tflops <= 0) {
+      return InvalidArgumentError(std::string(kEnvPeakTflops) + "='" + set +
+                                  "' is not a positive number of TFLOP/s");
+    }
+    return tflops;
+  }
+  if (device != "cuda") return 0.0;
+  StatusOr<std::vector<GpuInfo>> gpus = ProbeGpus(driver_library);
+  if (!gpus.ok() || gpus->empty()) return 0.0;  // the kernel table says why, if it matters
+  return DenseTensorPeakTflops(gpus->front().name);
 }
 
 }  // namespace drover

@@ -40,6 +40,25 @@ Status CheckComputeCapability(const std::vector<GpuInfo>& gpus);
 // A slot's description for `drover workers`: "cuda:0 NVIDIA H200 (139 GiB, compute 9.0)".
 std::string GpuSlotDescription(int slot, const GpuInfo& gpu);
 
+// The dense (no sparsity) bf16 / fp16 tensor-core peak of a GPU named `name` as the driver
+// names it ("NVIDIA H100 80GB HBM3"), in TFLOP/s, from NVIDIA's datasheets; 0 for a GPU not
+// known here. The denominator of a run's model FLOPs utilisation, for every precision
+// (fp32 runs use a fraction of what the chip has, and MFU says so). A GPU held to lower
+// clocks by its power cap reaches less: an H200 measured 771 TFLOP/s in bf16 GEMMs against
+// the 989 here (tests/device/speed.sh measures its own rate).
+double DenseTensorPeakTflops(const std::string& name);
+
+// The variable that sets a trainer's peak TFLOP/s (PeakTflopsOfThisRank): for hardware not
+// known here, or to count MFU against a measured rate.
+inline constexpr char kEnvPeakTflops[] = "DROVER_PEAK_TFLOPS";
+
+// The peak TFLOP/s that this process's MFU counts against, for a job on `device` ("cpu" or
+// "cuda"): DROVER_PEAK_TFLOPS when set (InvalidArgument, naming it, when it is not a
+// positive number), else for "cuda" the first visible GPU's DenseTensorPeakTflops (0 when
+// the driver does not answer or the GPU is not known), else 0: unknown, no MFU reported.
+StatusOr<double> PeakTflopsOfThisRank(const std::string& device,
+                                      const std::string& driver_library = "libcuda.so.1");
+
 // What CUDA_VISIBLE_DEVICES a trainer on `slot` gets: the slot-th entry of the agent's own
 // CUDA_VISIBLE_DEVICES when that is set (`agent_visible`, comma-separated), else the slot
 // number. So a trainer sees exactly one GPU, as its device 0.

@@ -22,6 +22,7 @@
 #include "worker/engine/threads.h"
 #include "worker/engine/trainer.h"
 #include "worker/engine/trainer_process.h"
+#include "worker/gpu_probe.h"
 #include "worker/rendezvous_kv_store.h"
 #include "worker/trainer_env.h"
 #include "worker/trainer_reporter.h"
@@ -36,7 +37,7 @@ class ReporterListener final : public drover::engine::TrainerListener {
     reporter_->Progress(m.step, m.step_ms, m.loss, m.tokens_per_s,
                         {.lr = m.lr,
                          .val_loss = m.val_loss,
-                         .mfu = 0,
+                         .mfu = m.mfu.value_or(0),
                          .busy_ms = m.busy_ms,
                          .pp_stage = m.pp_stage});
   }
@@ -90,6 +91,9 @@ int main(int, char**) {
   options.rank = env->rank;
   options.world_size = env->world_size;
   options.resume = !env->fresh;
+  auto peak = PeakTflopsOfThisRank(spec->resources.device);
+  if (!peak.ok()) return Fail(peak.status(), "trainer environment");
+  options.peak_tflops = *peak;
   options.bind_address = env->bind_address;
   // The ranks of a job find each other through the coordinator's rendezvous service (or the
   // one `drover train --nproc` serves), in the keys of this attempt.

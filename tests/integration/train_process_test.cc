@@ -47,6 +47,9 @@ TEST_F(TrainProcessTest, InvalidInputExitsTwoWithAMessage) {
   EXPECT_EQ(Wait(Spawn({kBin + "drover", "eval", (dir_ / "nope.bin").string(), "--data",
                         (dir_ / "train.bin").string()})),
             2);
+  EXPECT_EQ(Wait(Spawn({kBin + "drover", "train", spec}, {"DROVER_PEAK_TFLOPS=fast"})), 2);
+  EXPECT_THAT(
+      Log(), ::testing::HasSubstr("DROVER_PEAK_TFLOPS='fast' is not a positive number of TFLOP/s"));
 }
 
 // A checkpoint directory whose every checkpoint is broken: `drover ckpt` shows which and
@@ -81,13 +84,11 @@ TEST_F(TrainProcessTest, TrainerUnderAgentProtocolReportsAndResumesAfterSigterm)
   const std::string spec = WriteSpec(400, 10, 128);
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
-  const std::vector<std::string> env = {"DROVER_SPEC=" + spec,
-                                        "DROVER_JOB_ID=j-test",
-                                        "DROVER_ATTEMPT=1",
-                                        "DROVER_RANK=0",
-                                        "DROVER_WORLD_SIZE=1",
-                                        "DROVER_THREADS=1",
-                                        "DROVER_STATUS_FD=" + std::to_string(fds[1])};
+  const std::vector<std::string> env = {
+      "DROVER_SPEC=" + spec,      "DROVER_JOB_ID=j-test",
+      "DROVER_ATTEMPT=1",         "DROVER_RANK=0",
+      "DROVER_WORLD_SIZE=1",      "DROVER_THREADS=1",
+      "DROVER_PEAK_TFLOPS=0.001", "DROVER_STATUS_FD=" + std::to_string(fds[1])};
   pid_t pid = Spawn({kBin + "drover-trainer"}, env);
   close(fds[1]);
   // Read reports until a checkpoint has been reported, then stop the trainer.
@@ -107,6 +108,10 @@ TEST_F(TrainProcessTest, TrainerUnderAgentProtocolReportsAndResumesAfterSigterm)
   EXPECT_EQ(rc, 1) << Log();
   EXPECT_LT(stop_s, 5.0);
   EXPECT_THAT(reports, ::testing::HasSubstr("\"progress\""));
+  // Its MFU against the peak it was given, in its reports (drover status, the dashboard) and
+  // its metrics.
+  EXPECT_THAT(reports, ::testing::HasSubstr("\"mfu\":"));
+  EXPECT_THAT(MetricsLines().back(), ::testing::HasSubstr("\"mfu\":"));
   EXPECT_THAT(reports, ::testing::HasSubstr("j-test"));
   EXPECT_FALSE(fs::exists(dir_ / "out" / "model.bin"));
   const size_t before = MetricsLines().size();

@@ -52,6 +52,7 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendNumber(&s, "optimizer_mib", m.optimizer_mib);
   AppendNumber(&s, "working_mib", m.working_mib);
   AppendNumber(&s, "activation_mib", m.activation_mib);
+  if (m.mfu.has_value()) AppendNumber(&s, "mfu", *m.mfu);
   if (m.val_loss.has_value()) AppendNumber(&s, "val_loss", *m.val_loss);
   if (m.rollbacks > 0) AppendInt(&s, "rollbacks", m.rollbacks);
   if (m.spike) s += ",\"spike\":true";

@@ -18,6 +18,9 @@ struct StepMetrics {
   double grad_norm = 0;  // before clipping
   double tokens_per_s = 0;
   double step_ms = 0;
+  // Model FLOPs utilisation: the model FLOPs of the step's tokens (gpt_flops.h) a second,
+  // over every rank's peak (TrainerOptions::peak_tflops); written when that peak is known.
+  std::optional<double> mfu;
   double data_wait_ms = 0;  // time the step waited on the data loader
   int world_size = 1;
   int64_t attempt = 0;
@@ -66,9 +69,9 @@ struct StepMetrics {
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
 // comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, peer_wait_ms, busy_ms, param_mib, grad_mib,
-// optimizer_mib, working_mib, activation_mib, and val_loss, rollbacks, spike, loss_scale, skipped,
-// device_allocations, device_mib and device_peak_mib when present. Non-finite numbers are written
-// as null (JSON has no NaN).
+// optimizer_mib, working_mib, activation_mib, and mfu, val_loss, rollbacks, spike, loss_scale,
+// skipped, device_allocations, device_mib and device_peak_mib when present. Non-finite numbers are
+// written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

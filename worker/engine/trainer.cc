@@ -11,6 +11,7 @@
 #include "common/yaml_util.h"
 #include "worker/engine/kernels/cuda_backend.h"
 #include "worker/engine/model/gpt.h"
+#include "worker/engine/model/gpt_flops.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/optim/lr_schedule.h"
 #include "worker/engine/parallel/cuda_groups.h"
@@ -417,6 +418,10 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.step_ms = SecondsSince(t0) * 1000.0;
   m.tokens_per_s =
       static_cast<double>(options_.spec.train.global_batch) * T_ / (m.step_ms / 1000.0);
+  if (options_.peak_tflops > 0) {
+    m.mfu = ModelFlopsPerToken(options_.spec.model, T_) * m.tokens_per_s /
+            (options_.world_size * options_.peak_tflops * 1e12);
+  }
   m.data_wait_ms = wait_s * 1000.0;
   m.world_size = options_.world_size;
   m.attempt = options_.attempt;
@@ -521,11 +526,12 @@ void Trainer::LogStep(const StepMetrics& m) const {
     scale = fmt::format(" | scale {:g}", *m.loss_scale);
     if (m.skipped) scale += " | skipped: gradients overflowed, scale halved";
   }
+  const std::string mfu = m.mfu.has_value() ? fmt::format(" | MFU {:.1f}%", *m.mfu * 100) : "";
   spdlog::info(
-      "step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s | "
+      "step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.0f} tok/s{} | "
       "{:.1f} ms | wait {:.2f} ms{}",
-      m.step, options_.spec.train.steps, m.loss, val, m.lr, m.grad_norm, m.tokens_per_s, m.step_ms,
-      m.data_wait_ms, scale);
+      m.step, options_.spec.train.steps, m.loss, val, m.lr, m.grad_norm, m.tokens_per_s, mfu,
+      m.step_ms, m.data_wait_ms, scale);
 }
 
 Status Trainer::Run() {

@@ -93,6 +93,10 @@ struct TrainerOptions {
   // Under a coordinator: metrics lines, checkpoint commits and the model file are written
   // only while this attempt's lease is current (publish_fence.h). Not owned; nullptr = always.
   PublishFence* fence = nullptr;
+  // The dense 16-bit peak of this rank's device, TFLOP/s (worker/gpu_probe.h's
+  // PeakTflopsOfThisRank), every rank's the same: the steps' metrics then carry their MFU.
+  // 0: unknown, no MFU.
+  double peak_tflops = 0;
   // The kernel table, when not the one resources.device names (tests run the engine on an
   // emulated device memory through it). Not owned; nullptr = by resources.device.
   Ops* ops = nullptr;

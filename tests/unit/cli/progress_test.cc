@@ -21,6 +21,9 @@ TEST(FormatProgressTest, StepsTokensAndTheTimeLeftAtTheLastStepTime) {
   // Not running (no step time) or no spec: the parts that are known.
   EXPECT_EQ(FormatProgress(0, 500, 0, 0), "step 0/500 (0.0%)");
   EXPECT_EQ(FormatProgress(7, 0, 100.0, 0), "step 7");
+  // Where rank 0 knows its device's peak, its MFU.
+  EXPECT_EQ(FormatProgress(340, 1000, 250.0, 12345.4, 0, 0.4812),
+            "step 340/1000 (34.0%) | 12345 tok/s | MFU 48.1% | ETA 2m45s");
 }
 
 TEST(FormatProgressTest, StepsBelowTheFurthestReachedAreMarkedRecomputed) {

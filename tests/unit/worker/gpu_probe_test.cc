@@ -95,5 +95,46 @@ TEST(GpuProbeTest, LocalRanksTakeAGpuEachThenShareRoundRobin) {
   EXPECT_EQ(VisibleDeviceForLocalRank(0, {}), "");
 }
 
+// A GPU's dense 16-bit tensor peak by the driver's name for it: variants before their family,
+// whole words only (an L4 is no L40, an H20 no H200), 0 for a GPU not known.
+TEST(GpuProbeTest, DensePeakIsTheDatasheetsForTheNamedGpu) {
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA H200"), 989);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA H200 NVL"), 835);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA H100 80GB HBM3"), 989);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA H100 PCIe"), 756);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA H100 NVL"), 835);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA H20"), 148);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA A100-SXM4-80GB"), 312);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA A100-PCIE-40GB"), 312);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA L4"), 121);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA L40S"), 362);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA L40"), 181);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA A10"), 125);
+  EXPECT_EQ(DenseTensorPeakTflops("NVIDIA GeForce RTX 4090"), 0);
+  EXPECT_EQ(DenseTensorPeakTflops(""), 0);
+}
+
+// What a rank's MFU counts against: DROVER_PEAK_TFLOPS when set (a malformed one refused by
+// name), else its GPU's datasheet peak for a CUDA job, else unknown.
+TEST(GpuProbeTest, ARanksPeakIsTheVariablesElseItsGpusElseUnknown) {
+  ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H100 PCIe,80,90", 1), 0);
+  unsetenv(kEnvPeakTflops);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", DROVER_FAKE_CUDA_DRIVER), 756);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cpu", DROVER_FAKE_CUDA_DRIVER), 0);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", "libdrover-no-such-cuda-driver.so.1"), 0);
+  ASSERT_EQ(setenv(kEnvPeakTflops, "1.5", 1), 0);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cpu", DROVER_FAKE_CUDA_DRIVER), 1.5);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", DROVER_FAKE_CUDA_DRIVER), 1.5);
+  for (const char* bad : {"fast", "0", "-3", "2x", "inf"}) {
+    ASSERT_EQ(setenv(kEnvPeakTflops, bad, 1), 0);
+    const Status refused = PeakTflopsOfThisRank("cpu").status();
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(refused.message(),
+              std::string("DROVER_PEAK_TFLOPS='") + bad + "' is not a positive number of TFLOP/s");
+  }
+  unsetenv(kEnvPeakTflops);
+  unsetenv("DROVER_FAKE_GPUS");
+}
+
 }  // namespace
 }  // namespace drover

@@ -28,6 +28,14 @@ TEST(StepMetricsToJsonTest, Fp16StepsCarryTheirLossScaleAndSkips) {
   EXPECT_EQ(fp16.back(), '}');
 }
 
+TEST(StepMetricsToJsonTest, StepsCarryTheirMfuWhereThePeakIsKnown) {
+  StepMetrics m;
+  m.step = 2;
+  EXPECT_EQ(StepMetricsToJson(m).find("mfu"), std::string::npos);
+  m.mfu = 0.4812;
+  EXPECT_NE(StepMetricsToJson(m).find("\"mfu\":0.4812"), std::string::npos);
+}
+
 TEST(StepMetricsToJsonTest, DeviceStepsCarryTheirDeviceAllocations) {
   StepMetrics m;
   m.step = 3;

@@ -21,6 +21,7 @@
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/data/sampler.h"
 #include "worker/engine/data/token_dataset.h"
+#include "worker/engine/model/gpt_flops.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
@@ -136,6 +137,7 @@ TEST_F(TrainerTest, LossDecreasesAndWritesMetricsAndModel) {
     }
     EXPECT_THAT(l, ::testing::EndsWith("}"));
     EXPECT_THAT(l, ::testing::Not(::testing::HasSubstr("null"))) << l;
+    EXPECT_THAT(l, ::testing::Not(::testing::HasSubstr("\"mfu\""))) << "no peak given: " << l;
     const bool eval_step = (i + 1) % 10 == 0;
     EXPECT_EQ(l.find("\"val_loss\":") != std::string::npos, eval_step) << l;
   }
@@ -155,6 +157,31 @@ TEST_F(TrainerTest, LossDecreasesAndWritesMetricsAndModel) {
   auto val = trainer->Evaluate();
   ASSERT_TRUE(val.ok());
   EXPECT_LT(*val, 2.0);
+}
+
+// Given the ranks' peak, every step's line carries its MFU: the model FLOPs of its tokens a
+// second (6 N + 12 L C T a token: 171264 for this model at T = 16, counted by hand) over
+// both ranks' peak.
+TEST_F(TrainerTest, EveryStepCarriesItsMfuAgainstTheRanksPeak) {
+  const JobSpec spec = Spec({"train.steps=4", "train.eval_every=0", "train.micro_batch=2"});
+  EXPECT_EQ(ModelFlopsPerToken(spec.model, 16), 171264.0);
+  constexpr double kPeakTflops = 1e-4;
+  for (const Status& st :
+       RunTwoRanks(spec, [&](TrainerOptions& o) { o.peak_tflops = kPeakTflops; })) {
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  const auto lines = ReadLines(dir_ / "out" / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 4u);
+  auto number = [](const std::string& l, const std::string& key) {
+    const size_t at = l.find("\"" + key + "\":");
+    EXPECT_NE(at, std::string::npos) << key << " in " << l;
+    return at == std::string::npos ? 0.0 : std::stod(l.substr(at + key.size() + 3));
+  };
+  for (const std::string& l : lines) {
+    const double expected = 171264.0 * number(l, "tokens_per_s") / (2 * kPeakTflops * 1e12);
+    EXPECT_GT(expected, 0);
+    EXPECT_NEAR(number(l, "mfu"), expected, 1e-6 * expected) << l;
+  }
 }
 
 // Checkpoint snapshots are copied into the kernel table's host memory (page-locked on CUDA),
