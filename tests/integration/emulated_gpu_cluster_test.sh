@@ -154,6 +154,9 @@ grep -q '"step":30' "$work/out/metrics.jsonl" || { echo "FAIL: step 30 not reach
 # On the CUDA table (its steps report device allocations).
 grep -q '"device_allocations"' "$work/out/metrics.jsonl" ||
   { echo "FAIL: the steps did not run on the CUDA table"; exit 1; }
+# Their MFU, against the datasheet peak of the GPU the (stand-in) driver names, an H200.
+grep -q '"mfu":' "$work/out/metrics.jsonl" ||
+  { echo "FAIL: the steps carry no MFU on an H200"; tail -1 "$work/out/metrics.jsonl"; exit 1; }
 finished_on_one_gpu() {  # the last attempt, on one GPU, resumed from a checkpoint
   tail -1 "$work/out/metrics.jsonl" | grep -q '"world_size":1' ||
     { echo "FAIL: the job did not finish on one GPU"; tail -1 "$work/out/metrics.jsonl"; exit 1; }
