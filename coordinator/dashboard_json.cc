@@ -108,8 +108,8 @@ json History(const ProgressHistory::Series& h) {
   // Arrays, not objects: 2,000 points poll every second or two.
   json points = json::array();
   for (const ProgressPoint& p : h.points) {
-    points.push_back(json::array(
-        {p.attempt, p.step, p.time_ms, Number(p.loss), Number(p.lr), Number(p.tokens_per_s)}));
+    points.push_back(json::array({p.attempt, p.step, p.time_ms, Number(p.loss), Number(p.lr),
+                                  Number(p.tokens_per_s), Number(p.mfu)}));
   }
   json val = json::array();
   for (const ValPoint& v : h.val) {
@@ -118,7 +118,7 @@ json History(const ProgressHistory::Series& h) {
   return json{{"memory_only", true},
               {"stride", h.stride},
               {"reports", h.reports},
-              {"columns", {"attempt", "step", "time_ms", "loss", "lr", "tokens_per_s"}},
+              {"columns", {"attempt", "step", "time_ms", "loss", "lr", "tokens_per_s", "mfu"}},
               {"val_columns", {"attempt", "step", "time_ms", "val_loss"}},
               {"points", std::move(points)},
               {"val", std::move(val)}};

@@ -22,8 +22,8 @@ void ProgressHistory::Record(const std::string& job_id, int64_t attempt,
   Job& job = it->second;
   lru_.splice(lru_.begin(), lru_, job.lru);
   if (!job.latest || job.latest->attempt != attempt || job.latest->step != progress.step()) {
-    ProgressPoint p{attempt,         progress.step(), now_ms,
-                    progress.loss(), progress.lr(),   progress.tokens_per_s()};
+    ProgressPoint p{attempt,       progress.step(),         now_ms,        progress.loss(),
+                    progress.lr(), progress.tokens_per_s(), progress.mfu()};
     job.points.Offer(p);
     job.latest = p;
   }

@@ -36,6 +36,7 @@ struct ProgressPoint {
   double loss = 0;
   double lr = 0;
   double tokens_per_s = 0;
+  double mfu = 0;  // 0 where the trainer does not know its device's peak
 };
 
 struct ValPoint {

@@ -118,6 +118,7 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
   EXPECT_THAT(dom, HasSubstr("placed "));
   EXPECT_THAT(dom, HasSubstr("training again after"));
   EXPECT_THAT(dom, HasSubstr("exited with code 4"));
+  EXPECT_THAT(dom, HasSubstr("· MFU 31.0%"));  // rank 0's, beside its tokens / s
   // Each chart is an SVG whose paths have points: M x,y, then L x,y for every further one.
   for (const char* chart : {"chart-loss", "chart-val", "chart-lr", "chart-tps"}) {
     const size_t begin = dom.find(std::string("<svg id=\"") + chart + "\"");

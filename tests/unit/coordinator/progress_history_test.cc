@@ -55,6 +55,23 @@ TEST(ProgressHistoryTest, RepeatedHeartbeatOfOneStepIsOnePoint) {
   EXPECT_EQ(s.reports, 2);
 }
 
+// A point keeps what the dashboard shows of its report: loss, lr, tokens / s and MFU (0 where
+// the trainer does not know its device's peak).
+TEST(ProgressHistoryTest, APointKeepsItsReportsNumbersAndMfu) {
+  ProgressHistory h;
+  v1::TrainerProgress p = Step(3, 2.5);
+  p.set_mfu(0.42);
+  h.Record("j", 1, p, 100);
+  h.Record("j", 1, Step(4), 200);
+  auto s = h.Get("j");
+  ASSERT_EQ(s.points.size(), 2u);
+  EXPECT_EQ(s.points[0].loss, 2.5);
+  EXPECT_EQ(s.points[0].lr, 1e-3);
+  EXPECT_EQ(s.points[0].tokens_per_s, 500);
+  EXPECT_EQ(s.points[0].mfu, 0.42);
+  EXPECT_EQ(s.points[1].mfu, 0);
+}
+
 TEST(ProgressHistoryTest, StepZeroIsNoPoint) {
   ProgressHistory h;
   h.Record("j", 1, Step(0), 100);
