@@ -12,14 +12,14 @@ bool HasSlot(const v1::NodeRecord& r, int slot) {
                      [slot](const v1::Slot& s) { return s.index() == slot; });
 }
 
-// Whether a node's record is as an uncordon was planned from, but for the time of its last
-// heartbeat (which changes in memory at every heartbeat and is written only with other
-// changes). Any other change was queued for the disk after the uncordon's proposal, so it
-// would win there over the uncordon made here in memory.
 bool Contains(const google::protobuf::RepeatedField<int64_t>& ids, int64_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
+// Whether a node's record is as an uncordon was planned from, but for the time of its last
+// heartbeat (which changes in memory at every heartbeat and is written only with other
+// changes). Any other change was queued for the disk after the uncordon's proposal, so it
+// would win there over the uncordon made here in memory.
 bool Unchanged(v1::NodeRecord now, v1::NodeRecord planned) {
   now.clear_last_heartbeat_ms();
   planned.clear_last_heartbeat_ms();
