@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "common/attempt_lease_ms.h"
 #include "common/job_state.h"
 #include "common/mutex.h"
 #include "common/node_slots.h"
@@ -95,6 +96,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, const Clock* clock,
       writer_(std::make_unique<StoreWriter>(store_.get(), std::move(fatal),
                                             [this](int64_t seq) { OnDurable(seq); })),
       logs_(options.state_dir + "/logs"),
+      rendezvous_(clock, AttemptLeaseMs(options.heartbeat_timeout_ms)),
       nodes_(clock, options.nodes),
       health_(options.heartbeat_timeout_ms),
       jobs_(clock, JobManagerOptions{options.stop_grace_ms, "", options.restart_backoff},

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <chrono>
 
+#include "common/attempt_lease_ms.h"
+
 namespace drover::coordinator {
 
 void RendezvousStore::OpenAttempt(const std::string& job_id, int64_t attempt) {
@@ -11,6 +13,13 @@ void RendezvousStore::OpenAttempt(const std::string& job_id, int64_t attempt) {
     MutexLock lock(&mu_);
     Namespace& ns = jobs_[job_id];
     if (ns.attempt > attempt) return;  // never reopen an older attempt
+    if (ns.attempt < attempt && (ns.attempt > 0 || attempt > 1)) {
+      const int64_t now = clock_->NowMs();
+      // When the earlier attempt's leases were last confirmed; a tenth more for a trainer
+      // that found its lease current just before it lapsed, and then wrote.
+      const int64_t earlier_until = ns.open || ns.attempt == 0 ? now : ns.served_until_ms;
+      ns.leases_from_ms = earlier_until + lease_ms_ + lease_ms_ / 10;
+    }
     ns.attempt = attempt;
     ns.open = true;
     ns.kv.clear();
@@ -23,6 +32,7 @@ void RendezvousStore::CloseAttempt(const std::string& job_id, int64_t attempt) {
     MutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
     if (it == jobs_.end() || it->second.attempt != attempt) return;
+    if (it->second.open) it->second.served_until_ms = clock_->NowMs();
     it->second.open = false;
     it->second.kv.clear();  // free the namespace; the attempt number stays as the fence
   }
@@ -47,6 +57,14 @@ Status RendezvousStore::Set(const std::string& job_id, int64_t attempt, const st
   {
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Namespace * ns, Served(job_id, attempt));
+    if (key.starts_with(kLeaseKeyPrefix)) {
+      const int64_t wait_ms = ns->leases_from_ms - clock_->NowMs();
+      if (wait_ms > 0) {
+        return UnavailableError("rendezvous: attempt " + std::to_string(attempt) + " of job " +
+                                job_id + " may confirm its lease in " + std::to_string(wait_ms) +
+                                " ms, once the earlier attempt's leases have lapsed");
+      }
+    }
     ns->kv[key] = std::move(value);
   }
   changed_.SignalAll();

@@ -6,6 +6,15 @@
 // NOT_FOUND. Opening a newer attempt or closing one frees its namespace and wakes its
 // waiters, which then fail the same way.
 //
+// Leases (worker/attempt_lease.h): a trainer confirms its attempt by setting a key under
+// kLeaseKeyPrefix, and publishes (metrics lines, checkpoint commits) for `lease_ms` after
+// each confirmation. A trainer of an earlier attempt may hold such a lease for up to
+// `lease_ms` after its attempt stopped being served: a node declared dead by its agent's
+// silence can still have a trainer that reaches the coordinator. So a new attempt's lease
+// keys are refused (UNAVAILABLE, which the lease retries) until every lease of the
+// attempts before it has lapsed, and the two never publish at once. A new attempt trains
+// meanwhile; what it would publish waits.
+//
 // Thread-safe: every method may be called from any RPC thread; Wait blocks its caller (up
 // to the timeout, capped at kMaxWaitMs) without holding anything else.
 #pragma once
@@ -16,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
@@ -25,7 +35,15 @@ class RendezvousStore {
  public:
   static constexpr int64_t kMaxWaitMs = 300'000;
 
-  // Makes `attempt` the job's served namespace (empty), dropping any older one.
+  // `clock` (not owned) times the leases; `lease_ms` is their validity (AttemptLeaseMs of
+  // the node timeout), 0 where no trainer holds one.
+  explicit RendezvousStore(const Clock* clock = SystemClock::Get(), int64_t lease_ms = 0)
+      : clock_(clock), lease_ms_(lease_ms) {}
+
+  // Makes `attempt` the job's served namespace (empty), dropping any older one. Its lease
+  // keys are refused until the leases of the attempt before it have lapsed: from when that
+  // one stopped being served, or from now when that is not known (a coordinator restored
+  // from its state opens a later attempt first).
   void OpenAttempt(const std::string& job_id, int64_t attempt);
   // Ends `attempt` (no-op when it is not the open one): requests for it fail from now on.
   void CloseAttempt(const std::string& job_id, int64_t attempt);
@@ -44,13 +62,17 @@ class RendezvousStore {
 
  private:
   struct Namespace {
-    int64_t attempt = 0;
+    int64_t attempt = 0;  // 0: none opened yet
     bool open = false;
     std::map<std::string, std::string> kv;
+    int64_t served_until_ms = 0;  // clock_ ms when the attempt was closed
+    int64_t leases_from_ms = 0;   // clock_ ms from which its lease keys are taken
   };
   // The job's namespace when `attempt` is its open one; else the error to return.
   StatusOr<Namespace*> Served(const std::string& job_id, int64_t attempt) REQUIRES(mu_);
 
+  const Clock* const clock_;
+  const int64_t lease_ms_;
   Mutex mu_;
   CondVar changed_;
   std::map<std::string, Namespace> jobs_ GUARDED_BY(mu_);

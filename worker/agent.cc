@@ -9,6 +9,7 @@
 #include <random>
 #include <span>
 
+#include "common/attempt_lease_ms.h"
 #include "common/files.h"
 #include "common/net.h"
 #include "worker/call_within.h"
@@ -256,8 +257,7 @@ void Agent::StartTrainer(const v1::StartTrainerOrder& order) {
   };
   // The trainer's lease on its attempt lapses well before the coordinator can declare this
   // node dead and start another attempt (split brain: worker/attempt_lease.h).
-  launch.spawn.env.emplace_back(kEnvLeaseMs,
-                                std::to_string(std::max<int64_t>(300, 2 * node_timeout_ms_ / 3)));
+  launch.spawn.env.emplace_back(kEnvLeaseMs, std::to_string(AttemptLeaseMs(node_timeout_ms_)));
   if (order.device() == v1::CUDA) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     launch.spawn.env.emplace_back("CUDA_VISIBLE_DEVICES",

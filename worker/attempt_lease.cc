@@ -5,6 +5,8 @@
 #include <chrono>
 #include <string>
 
+#include "common/attempt_lease_ms.h"
+
 namespace drover {
 namespace {
 
@@ -42,7 +44,7 @@ Status AttemptLease::Confirm() {
   if (superseded_.load()) return FailedPreconditionError("this attempt is superseded");
   // Measured from before the call: the coordinator answered at some moment after this.
   const int64_t sent = SteadyMs();
-  Status st = client_->Set("lease/" + std::to_string(rank_), "1");
+  Status st = client_->Set(kLeaseKeyPrefix + std::to_string(rank_), "1");
   if (st.ok()) {
     int64_t prev = confirmed_ms_.load();
     while (prev < sent && !confirmed_ms_.compare_exchange_weak(prev, sent)) {

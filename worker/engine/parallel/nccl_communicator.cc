@@ -490,9 +490,13 @@ class NcclCommunicator final : public Communicator {
     return std::unique_ptr<Request>(std::move(request));
   }
 
+  // Sets *event only when the event was made: a failed call leaves its output undefined.
   Status CreateEvent(cudaEvent_t* event, const std::string& where) {
-    return group_->Check(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
-                         "cudaEventCreateWithFlags", where);
+    cudaEvent_t made = nullptr;
+    Status status = group_->Check(cudaEventCreateWithFlags(&made, cudaEventDisableTiming),
+                                  "cudaEventCreateWithFlags", where);
+    if (status.ok()) *event = made;
+    return status;
   }
 
   const std::shared_ptr<NcclGroup> group_;
