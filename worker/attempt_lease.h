@@ -6,7 +6,9 @@
 // two thirds of the coordinator's node timeout, so a trainer cut off from the coordinator
 // stops publishing before the coordinator can declare its node dead and start another
 // attempt. While the coordinator is merely away (a restart), training goes on and what is to
-// be published waits. When the coordinator answers that the attempt is superseded,
+// be published waits; so it does at a new attempt's start, whose confirmations the
+// coordinator refuses until the earlier attempt's leases have lapsed (coordinator/
+// rendezvous.h). When the coordinator answers that the attempt is superseded,
 // `on_superseded` is called once (the trainer stops).
 //
 // Thread-safety: Current and Confirm may be called from any thread.
