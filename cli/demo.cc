@@ -210,6 +210,7 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
   const auto t0 = SteadyClock::now();
   int64_t last_step = -1;
   int64_t last_attempt = -1;
+  int64_t furthest_before = 0;  // the furthest step of the attempts before this one
   int last_state = -1;
   bool killed = false;
   int failures = 0;
@@ -242,6 +243,7 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
       }
       if (!job.reason().empty()) line += " (" + job.reason() + ")";
       std::printf("  [%6.1fs] %s\n", Since(t0), line.c_str());
+      if (job.attempt() != last_attempt) furthest_before = job.furthest_step();
       last_state = job.state();
       last_attempt = job.attempt();
     }
@@ -253,16 +255,25 @@ StatusOr<v1::JobRecord> Watch(RpcClient* client, const std::string& job_id, int6
     if (info->attempts_size() > 0 && info->attempts().rbegin()->attempt() == job.attempt()) {
       resume_step = info->attempts().rbegin()->resume_step();
     }
-    if (job.last_step() != last_step && job.last_step() > 0 && job.last_step() != resume_step &&
-        job.state() == v1::RUNNING) {
+    // Rank 0's step and loss, from one report: the job's step is the furthest any rank
+    // reported, and the other rank's agent may report it before rank 0's loss arrives.
+    int64_t step = job.last_step();
+    double loss = job.last_loss();
+    for (const v1::TrainerStatus& t : info->trainers()) {
+      if (t.attempt() == job.attempt() && t.rank() == 0 && t.progress().step() > 0) {
+        step = t.progress().step();
+        loss = t.progress().loss();
+      }
+    }
+    if (step != last_step && step > 0 && step != resume_step && job.state() == v1::RUNNING) {
       std::printf("  [%6.1fs] step %5lld/%lld%s  loss %.4f  %7.0f tok/s  on %s  checkpoint %s\n",
-                  Since(t0), static_cast<long long>(job.last_step()), static_cast<long long>(steps),
-                  RecomputedNote(job.last_step(), job.furthest_step()).c_str(), job.last_loss(),
-                  job.tokens_per_s(), NodesOf(job).c_str(),
+                  Since(t0), static_cast<long long>(step), static_cast<long long>(steps),
+                  RecomputedNote(step, furthest_before).c_str(), loss, job.tokens_per_s(),
+                  NodesOf(job).c_str(),
                   job.latest_checkpoint_step() >= 0
                       ? ("step " + std::to_string(job.latest_checkpoint_step())).c_str()
                       : "none yet");
-      last_step = job.last_step();
+      last_step = step;
     }
     if (!killed && kill_at >= 0 && job.state() == v1::RUNNING && job.last_step() >= kill_at &&
         job.latest_checkpoint_step() > 0) {
