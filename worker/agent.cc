@@ -214,6 +214,9 @@ void Agent::AddGpuHealth(google::protobuf::RepeatedPtrField<v1::SlotHealth>* out
     if (!in(unhealthy_, h)) spdlog::warn("slot {} is unfit for training: {}", h.slot(), h.fault());
   }
   for (const v1::SlotHealth& h : unhealthy_) {
+    // A latch (an Xid) ends by an operator's uncordon, which the monitor logged, not by a
+    // check that passed.
+    if (h.latch() != 0) continue;
     if (std::none_of(unfit.begin(), unfit.end(),
                      [&](const v1::SlotHealth& x) { return x.slot() == h.slot(); })) {
       spdlog::info("slot {}: its GPU passes the health check again", h.slot());
