@@ -68,8 +68,23 @@ std::string NodeTable(const TopSnapshot& s) {
   return FormatTable(header, rows);
 }
 
+// A running job's model FLOPs utilisation: rank 0's report, as `drover status` shows it; 0
+// where its trainer does not know its device's peak (a CPU job, an unknown GPU) or the job
+// is not running.
+double RunningMfu(const v1::JobInfo& info) {
+  const v1::JobRecord& j = info.job();
+  if (j.state() != v1::RUNNING) return 0;
+  for (const v1::TrainerStatus& t : info.trainers()) {
+    if (t.rank() == 0 && t.attempt() == j.attempt() && t.state() == v1::TRAINER_RUNNING) {
+      return t.progress().mfu();
+    }
+  }
+  return 0;
+}
+
 // One job's row; sets *recomputed when its step is being trained again after a restart.
-std::vector<std::string> JobRow(const v1::JobInfo& info, bool* recomputed) {
+// `mfu_column`: the table has an MFU column, after TOK/S.
+std::vector<std::string> JobRow(const v1::JobInfo& info, bool mfu_column, bool* recomputed) {
   const v1::JobRecord& j = info.job();
   auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
   const int64_t steps = spec.ok() ? spec->train.steps : 0;
@@ -97,26 +112,37 @@ std::vector<std::string> JobRow(const v1::JobInfo& info, bool* recomputed) {
     eta = FormatDurationMs(
         static_cast<int64_t>(step_ms * static_cast<double>(steps - j.last_step())));
   }
-  return {j.job_id(),
-          j.name(),
-          JobStateName(j.state()),
-          std::to_string(j.attempt()),
-          std::to_string(j.placement_size()),
-          step,
-          steps > 0 ? Fixed("%.1f%%", 100.0 * static_cast<double>(j.last_step()) / steps) : "-",
-          has_step ? Fixed("%.4f", j.last_loss()) : "-",
-          running && j.tokens_per_s() > 0 ? Fixed("%.0f", j.tokens_per_s()) : "-",
-          eta};
+  std::vector<std::string> row = {
+      j.job_id(),
+      j.name(),
+      JobStateName(j.state()),
+      std::to_string(j.attempt()),
+      std::to_string(j.placement_size()),
+      step,
+      steps > 0 ? Fixed("%.1f%%", 100.0 * static_cast<double>(j.last_step()) / steps) : "-",
+      has_step ? Fixed("%.4f", j.last_loss()) : "-",
+      running && j.tokens_per_s() > 0 ? Fixed("%.0f", j.tokens_per_s()) : "-"};
+  if (mfu_column) {
+    const double mfu = RunningMfu(info);
+    row.push_back(mfu > 0 ? Fixed("%.1f%%", 100.0 * mfu) : "-");
+  }
+  row.push_back(eta);
+  return row;
 }
 
 std::string JobTable(const TopSnapshot& s) {
   if (s.jobs.empty()) return "no active jobs\n";
+  // The MFU column only where some running job reports one: a CPU cluster's table is as it was.
+  const bool mfu = std::any_of(s.jobs.begin(), s.jobs.end(),
+                               [](const v1::JobInfo& info) { return RunningMfu(info) > 0; });
   std::vector<std::vector<std::string>> rows;
   bool recomputed = false;
-  for (const v1::JobInfo& info : s.jobs) rows.push_back(JobRow(info, &recomputed));
-  std::string out = FormatTable(
-      {"JOB", "NAME", "STATE", "ATTEMPT", "WORLD", "STEP", "PROGRESS", "LOSS", "TOK/S", "ETA"},
-      rows);
+  for (const v1::JobInfo& info : s.jobs) rows.push_back(JobRow(info, mfu, &recomputed));
+  std::vector<std::string> header = {"JOB",  "NAME",     "STATE", "ATTEMPT", "WORLD",
+                                     "STEP", "PROGRESS", "LOSS",  "TOK/S"};
+  if (mfu) header.push_back("MFU");
+  header.push_back("ETA");
+  std::string out = FormatTable(header, rows);
   if (recomputed) out += "* recomputed after restart: the job trains again from its checkpoint\n";
   return out;
 }

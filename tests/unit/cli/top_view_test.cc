@@ -112,6 +112,38 @@ TEST(RenderTopTest, StepBelowTheFurthestReachedIsMarkedRecomputed) {
   EXPECT_EQ(RenderTop(s, 0).find("recomputed"), std::string::npos);
 }
 
+// Where a running job's rank 0 reports its model FLOPs utilisation, an MFU column shows it
+// after TOK/S; a job without one (a CPU job, an unknown GPU, not running) shows "-", and a
+// table where no job has one has no such column.
+TEST(RenderTopTest, JobsWhoseRankZeroKnowsItsMfuShowIt) {
+  TopSnapshot s = Cluster();
+  s.jobs.push_back(Job("j-1", v1::RUNNING, 150, 150, 2, 100));
+  s.jobs.push_back(Job("j-2", v1::RUNNING, 150, 150, 1, 100));
+  s.jobs.push_back(Job("j-3", v1::PENDING, 0, 0, 0, 0));
+  // Rank 1's figure is not the job's; rank 0's of an earlier attempt neither.
+  s.jobs[0].mutable_trainers(0)->mutable_progress()->set_mfu(0.4815);
+  s.jobs[0].mutable_trainers(1)->mutable_progress()->set_mfu(0.9);
+  v1::TrainerStatus& stale = *s.jobs[1].add_trainers();
+  stale.set_attempt(1);
+  stale.set_rank(0);
+  stale.set_state(v1::TRAINER_RUNNING);
+  stale.mutable_progress()->set_mfu(0.3);
+  const std::string frame = RenderTop(s, 0);
+  EXPECT_NE(frame.find("JOB  NAME         STATE    ATTEMPT  WORLD  STEP     PROGRESS  LOSS    "
+                       "TOK/S  MFU    ETA\n"
+                       "j-1  shakespeare  RUNNING  2        2      150/300  50.0%     1.2346  "
+                       "5120   48.1%  30.0s\n"
+                       "j-2  shakespeare  RUNNING  2        1      150/300  50.0%     1.2346  "
+                       "5120   -      15.0s\n"
+                       "j-3  shakespeare  PENDING  2        0      0/300    0.0%      -       "
+                       "-      -      -\n"),
+            std::string::npos)
+      << frame;
+
+  s.jobs[0].mutable_trainers(0)->mutable_progress()->set_mfu(0);
+  EXPECT_EQ(RenderTop(s, 0).find("MFU"), std::string::npos);
+}
+
 TEST(RenderTopTest, PendingJobShowsNoSpeedOrEtaAndRecoveringIsCounted) {
   TopSnapshot s = Cluster();
   s.jobs.push_back(Job("j-2", v1::PENDING, 0, 0, 0, 0));
