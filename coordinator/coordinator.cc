@@ -1,3 +1,7 @@
+// The coordinator's life (opening, restoring, persisting), the decisions its ticker makes
+// (deaths, hangs, cordons, stragglers, scheduling) and the slot bookkeeping they share. The
+// RPC handlers are beside it: the workers' in coordinator_workers.cc, the jobs' in
+// coordinator_jobs.cc.
 #include "coordinator/coordinator.h"
 
 #include <spdlog/spdlog.h>
@@ -13,41 +17,14 @@
 #include "common/job_state.h"
 #include "common/mutex.h"
 #include "common/node_slots.h"
-#include "coordinator/ids.h"
 #include "coordinator/store/sqlite_store.h"
-#include "coordinator/straggler.h"
 
 namespace drover::coordinator {
 namespace {
 
 constexpr char kSaltCounter[] = "job_id_salt";
 
-int LiveTrainers(const std::vector<v1::TrainerStatus>& listed) {
-  return static_cast<int>(std::count_if(listed.begin(), listed.end(), IsLive));
-}
-
 std::string StateDb(const CoordinatorOptions& options) { return options.state_dir + "/state.db"; }
-
-// INVALID_ARGUMENT naming the field and its limit when `value` is longer than `max` bytes.
-Status CheckLength(const std::string& what, const std::string& value, size_t max) {
-  if (value.size() <= max) return OkStatus();
-  return InvalidArgumentError(what + " is " + std::to_string(value.size()) + " bytes; at most " +
-                              std::to_string(max) + " are accepted");
-}
-
-// Names, addresses and slots of a registering node within limits.h's bounds.
-Status CheckRegistration(const v1::RegisterRequest& r) {
-  RETURN_IF_ERROR(CheckLength("register: the node name", r.name(), kMaxNodeNameBytes));
-  RETURN_IF_ERROR(CheckLength("register: the agent id", r.agent_id(), kMaxNodeNameBytes));
-  RETURN_IF_ERROR(CheckLength("register: the node uid", r.node_uid(), kMaxNodeNameBytes));
-  RETURN_IF_ERROR(CheckLength("register: the address", r.address(), kMaxNodeAddressBytes));
-  if (r.slots_size() > kMaxSlotsPerNode) {
-    return InvalidArgumentError("register: the node has " + std::to_string(r.slots_size()) +
-                                " slots; at most " + std::to_string(kMaxSlotsPerNode) +
-                                " are accepted");
-  }
-  return OkStatus();
-}
 
 // The default reaction to a change that is in memory but could not be written: stop at
 // once, before anything builds on it (an order sent, a later change written on top). A
@@ -156,31 +133,6 @@ void Coordinator::CordonSlot(const std::string& node, int slot, const std::strin
   schedule_due_ = true;
 }
 
-void Coordinator::TakeSlotHealth(
-    const std::string& node, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy) {
-  const v1::NodeRecord* record = nodes_.Find(node);
-  if (record == nullptr || (unhealthy.empty() && record->unhealthy_slots().empty() &&
-                            record->cleared_latches().empty())) {
-    return;
-  }
-  const auto before = record->unhealthy_slots();  // rarely more than empty
-  bool changed = false;
-  for (const v1::SlotHealth& h : nodes_.TakeHealth(node, unhealthy, &changed)) {
-    const std::string why = "its GPU failed the node's health check: " + h.fault();
-    CordonSlot(node, h.slot(), why);  // counts the failure: a GPU that comes and goes waits longer
-    jobs_.OnSlotFailed(node, h.slot(), why);
-  }
-  if (!changed) return;
-  for (const v1::SlotHealth& h : before) {
-    const auto& now = record->unhealthy_slots();
-    if (std::none_of(now.begin(), now.end(),
-                     [&](const v1::SlotHealth& n) { return n.slot() == h.slot(); })) {
-      spdlog::info("node {} slot {}: its GPU passes the node's health check again", node, h.slot());
-    }
-  }
-  schedule_due_ = true;  // a slot may be back
-}
-
 void Coordinator::Persist(StoreBatch batch) {
   last_write_seq_ = std::max(last_write_seq_, writer_->Commit(std::move(batch)));
 }
@@ -230,135 +182,6 @@ void Coordinator::SetAdvertisedAddress(const std::string& address) {
   jobs_.set_coordinator_address(address);
 }
 
-void Coordinator::ObserveTrainers(const std::string& node) {
-  // Copy: JobManager's reactions never change the node's listing, but keep it obvious.
-  const std::vector<v1::TrainerStatus> listed = *nodes_.Trainers(node);
-  const int64_t now = clock_->NowMs();
-  for (const auto& t : listed) {
-    jobs_.OnTrainerStatus(node, t);
-    const TrainerKey key = TrainerKey::Of(t);
-    if (IsLive(t) && jobs_.IsCurrent(key)) {
-      health_.OnTrainerProgress(key, t.progress().step(), jobs_.HangTimeoutMs(t.job_id()), now);
-      if (t.rank() == 0)
-        history_.Record(t.job_id(), t.attempt(), t.progress(), clock_->WallNowMs());
-    } else {
-      health_.ForgetTrainer(key);
-    }
-  }
-  jobs_.OnListing(node, listed);
-}
-
-StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
-  if (request.name().empty() || request.agent_id().empty()) {
-    return InvalidArgumentError("register: name and agent_id are required");
-  }
-  if (request.slots_size() == 0) return InvalidArgumentError("register: a node needs slots");
-  RETURN_IF_ERROR(CheckRegistration(request));
-  {
-    MutexLock lock(&mu_);
-    if (nodes_.Stale(request.name(), request.agent_id(), request.seq())) {
-      // Its agent has registered or heartbeated since; it gave up on this one long ago.
-      spdlog::info("ignored a registration of {} that arrived late (seq {})", request.name(),
-                   request.seq());
-      return AbortedError("a registration that arrived after a newer request of its agent");
-    }
-    if (std::string conflict = nodes_.RegistrationConflict(request); !conflict.empty()) {
-      spdlog::warn("refused registration of agent {}: {}", request.agent_id(), conflict);
-      return AlreadyExistsError(conflict);
-    }
-    StoreBatch batch;
-    batch.nodes.push_back(nodes_.Register(request));
-    Persist(std::move(batch));
-    TakeSlotHealth(request.name(), request.unhealthy_slots());
-    health_.OnHeartbeat(request.name(), clock_->NowMs());
-    ObserveTrainers(request.name());
-    schedule_due_ = true;
-  }
-  spdlog::info("node {} registered: {} slots, agent {}, {} trainers running", request.name(),
-               request.slots_size(), request.agent_id(), request.running_size());
-  v1::RegisterResponse response;
-  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval_ms));
-  response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout_ms));
-  return response;
-}
-
-v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
-  v1::HeartbeatResponse response;
-  MutexLock lock(&mu_);
-  if (!nodes_.Accepts(request.name(), request.agent_id())) {
-    response.set_reregister(true);
-    return response;
-  }
-  if (nodes_.Stale(request.name(), request.agent_id(), request.seq())) {
-    // Sent before a request already taken, and given up on by its agent: its listing is
-    // older than the node's, and taking it would report the trainers started since as
-    // vanished. No orders either: nobody waits for this reply.
-    spdlog::info("ignored a heartbeat of {} that arrived late (seq {})", request.name(),
-                 request.seq());
-    return response;
-  }
-  health_.OnHeartbeat(request.name(), clock_->NowMs());
-  const bool was_schedulable = nodes_.Schedulable(request.name());
-  const int was_live = LiveTrainers(*nodes_.Trainers(request.name()));
-  if (auto changed = nodes_.OnHeartbeat(request)) {
-    StoreBatch batch;
-    batch.nodes.push_back(*changed);
-    Persist(std::move(batch));
-  }
-  TakeSlotHealth(request.name(), request.unhealthy_slots());
-  // Slots may be free now: a restored node's first heartbeat or a dead node's return
-  // offers its slots again; a trainer listed as exited (or no longer listed) frees one.
-  if ((!was_schedulable && nodes_.Schedulable(request.name())) ||
-      LiveTrainers(*nodes_.Trainers(request.name())) < was_live) {
-    schedule_due_ = true;
-  }
-  ObserveTrainers(request.name());
-  for (const auto& c : request.checkpoints()) {
-    if (jobs_.OnCheckpoint(c) && checkpoints_.Add(c)) {
-      StoreBatch batch;
-      batch.checkpoints.push_back(c);
-      Persist(std::move(batch));
-    }
-  }
-  jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders(),
-                     [this](const std::string& job)
-                         REQUIRES(mu_) { return !undurable_attempts_.count(job); });
-  *response.mutable_cleared_latches() = nodes_.Find(request.name())->cleared_latches();
-  return response;
-}
-
-Status Coordinator::ReportTrainerExit(const v1::TrainerExitRequest& request) {
-  MutexLock lock(&mu_);
-  if (!nodes_.Accepts(request.name(), request.agent_id())) {
-    return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
-                                   request.name() + "; register first");
-  }
-  nodes_.UpdateTrainer(request.name(), request.trainer());
-  jobs_.OnTrainerStatus(request.name(), request.trainer());
-  health_.ForgetTrainer(TrainerKey::Of(request.trainer()));
-  schedule_due_ = true;  // a survivor's exit frees its slot
-  return OkStatus();
-}
-
-Status Coordinator::WatchOpened(const v1::WatchRequest& request) {
-  MutexLock lock(&mu_);
-  if (!nodes_.Accepts(request.name(), request.agent_id())) {
-    return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
-                                   request.name() + "; register first");
-  }
-  return OkStatus();
-}
-
-void Coordinator::WatchClosed(const v1::WatchRequest& request) {
-  MutexLock lock(&mu_);
-  // A connection of an agent the node no longer knows (replaced, or already dead) says
-  // nothing about the node.
-  if (!nodes_.Accepts(request.name(), request.agent_id())) return;
-  spdlog::info("node {}: agent connection closed; dead unless it heartbeats within {} ms",
-               request.name(), options_.connection_grace_ms);
-  health_.OnConnectionLost(request.name(), clock_->NowMs(), options_.connection_grace_ms);
-}
-
 void Coordinator::OnDurable(int64_t seq) {
   MutexLock lock(&mu_);
   for (auto it = undurable_attempts_.begin(); it != undurable_attempts_.end();) {
@@ -382,257 +205,6 @@ void Coordinator::NudgeNodesOf(const std::string& job_id) {
   std::set<std::string> nodes;
   for (const auto& r : rec->placement()) nodes.insert(r.node());
   for (const std::string& node : nodes) nudge_(node);
-}
-
-Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {
-  if (request.data().size() > kMaxLogChunkBytes) {
-    return InvalidArgumentError("append logs: the chunk is " +
-                                std::to_string(request.data().size()) + " bytes; at most " +
-                                std::to_string(kMaxLogChunkBytes) + " are accepted per call");
-  }
-  {
-    MutexLock lock(&mu_);
-    // The job was deleted (drover rm or its retention) while its agent still shipped the
-    // tail of a log: accepted and dropped, so the agent moves on and no log reappears.
-    if (!jobs_.Find(request.job_id())) return OkStatus();
-  }
-  return logs_.Append(request.job_id(), request.attempt(), request.rank(), request.offset(),
-                      request.data());
-}
-
-Status Coordinator::CheckSubmitter(const v1::SubmitJobRequest& request) const {
-  const int max = options_.max_pending_per_submitter;
-  if (max <= 0) return OkStatus();
-  auto in_flight = submitting_of_.find(request.submitter());
-  const int pending = jobs_.PendingOf(request.submitter()) +
-                      (in_flight == submitting_of_.end() ? 0 : in_flight->second);
-  if (pending < max) return OkStatus();
-  const std::string who = request.submitter().empty() ? "(anonymous)" : request.submitter();
-  return ResourceExhaustedError("submitter " + who + " has " + std::to_string(pending) +
-                                " jobs pending, the most the coordinator accepts "
-                                "(--max-pending-per-submitter " +
-                                std::to_string(max) + "); wait for some to start, or cancel some");
-}
-
-StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
-  RETURN_IF_ERROR(CheckLength("the submitter", request.submitter(), kMaxSubmitterBytes));
-  RETURN_IF_ERROR(CheckLength("the request id", request.request_id(), kMaxRequestIdBytes));
-  const std::string& request_id = request.request_id();
-  // The job is written first and added to memory only once that is durable: a job the
-  // store refuses was never listed, scheduled or run.
-  JobManager::NewJob job;
-  int64_t seq;
-  {
-    MutexLock lock(&mu_);
-    if (!request_id.empty()) {
-      if (const v1::JobRecord* done = jobs_.FindByRequestId(request_id)) return done->job_id();
-      if (submitting_request_ids_.count(request_id)) {
-        return UnavailableError("a submit with request id " + request_id +
-                                " is being recorded; retry to get its job id");
-      }
-    }
-    RETURN_IF_ERROR(CheckSubmitter(request));
-    const int64_t submit_seq = next_submit_seq_;
-    ASSIGN_OR_RETURN(job, jobs_.PrepareSubmit(request.spec_yaml(), request.priority(),
-                                              MakeJobId(submit_seq, id_salt_), submit_seq));
-    job.record.set_submitter(request.submitter());
-    job.record.set_request_id(request_id);
-    // Taken even if the store refuses the job: another submit may be queued behind it.
-    ++next_submit_seq_;
-    StoreBatch batch;
-    batch.jobs.push_back(job.record);
-    seq = Propose(std::move(batch));
-    if (!request_id.empty()) submitting_request_ids_.insert(request_id);
-    ++submitting_of_[request.submitter()];
-  }
-  const std::string job_id = job.record.job_id();
-  const Status written = writer_->WaitProposal(seq);
-  {
-    MutexLock lock(&mu_);
-    submitting_request_ids_.erase(request_id);
-    if (--submitting_of_[request.submitter()] == 0) submitting_of_.erase(request.submitter());
-    if (!written.ok()) return Refused("job not submitted", written);
-    jobs_.Add(std::move(job));
-    schedule_due_ = true;
-  }
-  spdlog::info("job {} submitted", job_id);
-  return job_id;
-}
-
-StatusOr<v1::JobInfo> Coordinator::GetJob(const std::string& job_id) {
-  MutexLock lock(&mu_);
-  const v1::JobRecord* rec = jobs_.Find(job_id);
-  if (!rec) return NotFoundError("no job " + job_id);
-  v1::JobInfo info;
-  *info.mutable_job() = *rec;
-  for (auto& a : jobs_.Attempts(job_id)) *info.add_attempts() = std::move(a);
-  for (auto& t : jobs_.CurrentTrainers(job_id)) *info.add_trainers() = std::move(t);
-  for (auto& c : checkpoints_.ForJob(job_id)) *info.add_checkpoints() = std::move(c);
-  if (rec->state() == v1::RUNNING) AddNotices(*rec, &info);
-  return info;
-}
-
-void Coordinator::AddNotices(const v1::JobRecord& rec, v1::JobInfo* info) const {
-  std::map<int, const v1::RankAssignment*> placed;
-  for (const v1::RankAssignment& p : rec.placement()) placed[p.rank()] = &p;
-  const auto where = [&](int rank) {
-    const auto it = placed.find(rank);
-    if (it == placed.end()) return "rank " + std::to_string(rank);
-    return "rank " + std::to_string(rank) + " on " + it->second->node() + " slot " +
-           std::to_string(it->second->slot());
-  };
-  for (const v1::RankAssignment& p : rec.placement()) {
-    const std::vector<v1::GpuTelemetry>* gpus = nodes_.Gpus(p.node());
-    if (gpus == nullptr) continue;
-    for (const v1::GpuTelemetry& g : *gpus) {
-      const std::string notice = g.slot() == p.slot() ? SlowdownNotice(g) : "";
-      if (!notice.empty()) info->add_notices(where(p.rank()) + ": " + notice);
-    }
-  }
-  std::vector<RankPace> paces;
-  for (const v1::TrainerStatus& t : info->trainers()) {
-    if (t.attempt() != rec.attempt() || t.state() != v1::TRAINER_RUNNING) continue;
-    paces.push_back({t.rank(), t.progress().pp_stage(), t.progress().busy_ms()});
-  }
-  const JobSpec* spec = jobs_.SpecOf(rec.job_id());
-  if (spec == nullptr) return;
-  for (const Straggler& s : FindStragglers(paces, spec->fault_tolerance.straggler_factor)) {
-    info->add_notices(where(s.rank) + " is a straggler: " + StragglerNotice(s));
-    info->add_straggler_ranks(s.rank);
-  }
-}
-
-v1::ListJobsResponse Coordinator::ListJobs(const v1::ListJobsRequest& request) {
-  MutexLock lock(&mu_);
-  return jobs_.ListPage(request);
-}
-
-StatusOr<v1::JobState> Coordinator::CancelJob(const std::string& job_id) {
-  // Written first, made in memory once durable (a refused cancel changes nothing), and the
-  // state lock is not held across the write. If the job moved on meanwhile (a trainer
-  // exited, an attempt started), its newer record was queued after the cancel's and wins
-  // on disk: work the cancel out again from the job as it is now.
-  constexpr int kTries = 10;
-  for (int i = 0; i < kTries; ++i) {
-    JobManager::CancelPlan plan;
-    int64_t seq;
-    {
-      MutexLock lock(&mu_);
-      const v1::JobRecord* rec = jobs_.Find(job_id);
-      if (!rec) return NotFoundError("no job " + job_id);
-      if (IsTerminal(rec->state())) return rec->state();
-      plan = jobs_.PlanCancel(job_id);
-      seq = Propose(plan.batch);
-    }
-    if (Status st = writer_->WaitProposal(seq); !st.ok()) {
-      return Refused("job " + job_id + " not cancelled", st);
-    }
-    MutexLock lock(&mu_);
-    if (jobs_.ApplyCancel(plan)) {
-      schedule_due_ = true;
-      return v1::CANCELLED;
-    }
-  }
-  return UnavailableError("job " + job_id + " changed state " + std::to_string(kTries) +
-                          " times while being cancelled; try again");
-}
-
-StatusOr<v1::UncordonResponse> Coordinator::Uncordon(const v1::UncordonRequest& request) {
-  const int slot = request.slot_only() ? request.slot() : -1;
-  const std::string what = "node " + request.node() +
-                           (slot >= 0 ? " slot " + std::to_string(slot) : std::string()) +
-                           " not uncordoned";
-  // As a cancel: if the node changed under the write (a failure, a re-registration), its
-  // newer record was queued after this one and wins on disk; plan again from it.
-  constexpr int kTries = 10;
-  for (int i = 0; i < kTries; ++i) {
-    NodeManager::UncordonPlan plan;
-    int64_t seq;
-    {
-      MutexLock lock(&mu_);
-      ASSIGN_OR_RETURN(plan, nodes_.PlanUncordon(request.node(), slot));
-      StoreBatch batch;
-      batch.nodes.push_back(plan.after);
-      seq = Propose(std::move(batch));
-    }
-    if (Status st = writer_->WaitProposal(seq); !st.ok()) return Refused(what, st);
-    MutexLock lock(&mu_);
-    if (!nodes_.ApplyUncordon(plan)) continue;
-    spdlog::info("{}{} put back in service by an operator{}", request.node(),
-                 slot >= 0 ? " slot " + std::to_string(slot) : std::string(),
-                 plan.was_cordoned ? "" : " (it was not cordoned)");
-    schedule_due_ = true;
-    v1::UncordonResponse response;
-    *response.mutable_node() = *nodes_.Find(request.node());
-    response.set_was_cordoned(plan.was_cordoned);
-    return response;
-  }
-  return UnavailableError(what + ": it changed " + std::to_string(kTries) +
-                          " times while being uncordoned; try again");
-}
-
-StatusOr<int64_t> Coordinator::CheckpointJob(const std::string& job_id) {
-  MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(int64_t after, jobs_.RequestCheckpoint(job_id, "requested by a user"));
-  NudgeNodesOf(job_id);
-  return after;
-}
-
-Status Coordinator::DeleteJob(const std::string& job_id) {
-  // Like a cancel: written first, forgotten in memory once durable. A finished job never
-  // changes again, so nothing can move under the write but another delete or its
-  // retention, which forget it the same way.
-  int64_t seq;
-  {
-    MutexLock lock(&mu_);
-    const v1::JobRecord* rec = jobs_.Find(job_id);
-    if (!rec) return NotFoundError("no job " + job_id);
-    if (!IsTerminal(rec->state())) {
-      return FailedPreconditionError("job " + job_id + " is " + v1::JobState_Name(rec->state()) +
-                                     "; only a finished job can be deleted: cancel it first "
-                                     "(drover cancel " +
-                                     job_id + ")");
-    }
-    StoreBatch batch;
-    batch.deleted_jobs.push_back(job_id);
-    seq = Propose(std::move(batch));
-  }
-  if (Status st = writer_->WaitProposal(seq); !st.ok()) {
-    return Refused("job " + job_id + " not deleted", st);
-  }
-  {
-    MutexLock lock(&mu_);
-    jobs_.Remove(job_id);
-    checkpoints_.Forget(job_id);
-  }
-  history_.Forget(job_id);
-  spdlog::info("job {} deleted", job_id);
-  // Off the state lock: it is disk I/O. A failure leaves files no one lists.
-  if (Status st = logs_.Remove(job_id); !st.ok()) spdlog::warn("{}", st.ToString());
-  return OkStatus();
-}
-
-std::vector<std::string> Coordinator::ExpireJobsLocked() {
-  if (options_.job_retention_ms <= 0 || clock_->NowMs() < next_expiry_check_ms_) return {};
-  std::vector<std::string> expired =
-      jobs_.FinishedBefore(clock_->WallNowMs() - options_.job_retention_ms, kMaxExpiredPerTick);
-  // A full batch may have left more behind: look again at the next tick.
-  next_expiry_check_ms_ =
-      expired.size() < kMaxExpiredPerTick ? clock_->NowMs() + kExpiryCheckMs : 0;
-  if (expired.empty()) return expired;
-  // Forgotten now and deleted by a commit, not a proposal: nothing waits for it, and if the
-  // write fails the coordinator fail-stops; restarted, it expires them again.
-  StoreBatch batch;
-  for (const std::string& id : expired) {
-    jobs_.Remove(id);
-    checkpoints_.Forget(id);
-    history_.Forget(id);
-    batch.deleted_jobs.push_back(id);
-  }
-  Persist(std::move(batch));
-  spdlog::info("deleted {} jobs finished more than {} ago (--job-retention)", expired.size(),
-               options_.job_retention_ms);
-  return expired;
 }
 
 std::vector<int> Coordinator::BusySlots(const std::string& node) const {
@@ -686,70 +258,6 @@ void Coordinator::AppendListedSlots(const std::string& node, std::vector<int>* s
     if (!IsLive(t)) continue;
     if (auto slot = jobs_.SlotOf(node, TrainerKey::Of(t))) slots->push_back(*slot);
   }
-}
-
-v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& request) {
-  v1::ListWorkersResponse response;
-  MutexLock lock(&mu_);
-  const int64_t now = clock_->WallNowMs();
-  response.set_now_ms(now);
-  nodes_.ForEach(
-      [&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) REQUIRES(mu_) {
-        v1::WorkerInfo* w = response.add_workers();
-        *w->mutable_node() = rec;
-        // What a dead node's agent listed last says nothing about what runs there now.
-        const bool dead = rec.state() == v1::NODE_DEAD;
-        for (const auto& t : *nodes_.Trainers(name)) {
-          if (request.include_exited() || (!dead && IsLive(t))) *w->add_trainers() = t;
-        }
-        if (!dead) {
-          for (const v1::GpuTelemetry& g : *nodes_.Gpus(name)) *w->add_gpus() = g;
-        }
-        int free = 0;
-        if (schedulable) {
-          const std::vector<int> busy = BusySlots(name);
-          for (const auto& s : rec.slots()) {
-            const bool held = std::find(busy.begin(), busy.end(), s.index()) != busy.end();
-            free += !held && !SlotOut(rec, s.index(), now) ? 1 : 0;
-          }
-        }
-        w->set_free_slots(free);
-      });
-  return response;
-}
-
-std::map<v1::JobState, int64_t> Coordinator::CountJobsByState() const {
-  MutexLock lock(&mu_);
-  return jobs_.CountByState();
-}
-
-StatusOr<v1::ReadLogsResponse> Coordinator::ReadLogs(const v1::ReadLogsRequest& request) {
-  bool finished;
-  {
-    MutexLock lock(&mu_);
-    const v1::JobRecord* rec = jobs_.Find(request.job_id());
-    if (!rec) return NotFoundError("no job " + request.job_id());
-    // No attempt places more ranks than the spec's largest world size: a rank past it has
-    // no log and never will, which an empty answer would hide (a follower would wait on).
-    const int ranks = rec->max_world_size();
-    if (ranks > 0 && request.rank() >= ranks) {
-      return InvalidArgumentError("job " + request.job_id() + " has ranks 0.." +
-                                  std::to_string(ranks - 1) + "; there is no rank " +
-                                  std::to_string(request.rank()));
-    }
-    // Agents ship the last lines shortly after a trainer exits: the log is final only a
-    // couple of heartbeat periods after the job ended.
-    finished = IsTerminal(rec->state()) &&
-               clock_->WallNowMs() > rec->finished_ms() + 2 * options_.heartbeat_interval_ms;
-  }
-  const int rank = request.rank() < 0 ? 0 : request.rank();
-  ASSIGN_OR_RETURN(LogStore::Chunk chunk,
-                   logs_.Read(request.job_id(), rank, request.offset(), request.max_bytes()));
-  v1::ReadLogsResponse response;
-  response.set_job_finished(finished && chunk.data.empty());
-  response.set_next_offset(chunk.next_offset);
-  response.set_data(std::move(chunk.data));
-  return response;
 }
 
 void Coordinator::ScheduleLocked() {
@@ -873,5 +381,4 @@ Status Coordinator::Flush() {
   }
   return writer_->WaitDurable(seq);
 }
-
 }  // namespace drover::coordinator

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+
+#include "common/status.h"
 
 namespace drover::coordinator {
 
@@ -23,5 +26,12 @@ inline constexpr int kMaxSlotsPerNode = 1024;
 inline constexpr size_t kMaxLogChunkBytes = 1024 * 1024;
 // Default of --max-pending-per-submitter: jobs one submitter may have PENDING at once.
 inline constexpr int kDefaultMaxPendingPerSubmitter = 1000;
+
+// INVALID_ARGUMENT naming the field and its limit when `value` is longer than `max` bytes.
+inline Status CheckLength(const std::string& what, const std::string& value, size_t max) {
+  if (value.size() <= max) return OkStatus();
+  return InvalidArgumentError(what + " is " + std::to_string(value.size()) + " bytes; at most " +
+                              std::to_string(max) + " are accepted");
+}
 
 }  // namespace drover::coordinator

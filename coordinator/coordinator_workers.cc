@@ -1,0 +1,272 @@
+// Coordinator's WorkerService: what agents send (registrations, heartbeats, trainer exits,
+// their connections, logs), and what operators ask of nodes (ListWorkers, Uncordon).
+// coordinator.h states the contract.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/job_state.h"
+#include "common/mutex.h"
+#include "common/node_slots.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/limits.h"
+
+namespace drover::coordinator {
+namespace {
+
+int LiveTrainers(const std::vector<v1::TrainerStatus>& listed) {
+  return static_cast<int>(std::count_if(listed.begin(), listed.end(), IsLive));
+}
+
+// Names, addresses and slots of a registering node within limits.h's bounds.
+Status CheckRegistration(const v1::RegisterRequest& r) {
+  RETURN_IF_ERROR(CheckLength("register: the node name", r.name(), kMaxNodeNameBytes));
+  RETURN_IF_ERROR(CheckLength("register: the agent id", r.agent_id(), kMaxNodeNameBytes));
+  RETURN_IF_ERROR(CheckLength("register: the node uid", r.node_uid(), kMaxNodeNameBytes));
+  RETURN_IF_ERROR(CheckLength("register: the address", r.address(), kMaxNodeAddressBytes));
+  if (r.slots_size() > kMaxSlotsPerNode) {
+    return InvalidArgumentError("register: the node has " + std::to_string(r.slots_size()) +
+                                " slots; at most " + std::to_string(kMaxSlotsPerNode) +
+                                " are accepted");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+void Coordinator::TakeSlotHealth(
+    const std::string& node, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy) {
+  const v1::NodeRecord* record = nodes_.Find(node);
+  if (record == nullptr || (unhealthy.empty() && record->unhealthy_slots().empty() &&
+                            record->cleared_latches().empty())) {
+    return;
+  }
+  const auto before = record->unhealthy_slots();  // rarely more than empty
+  bool changed = false;
+  for (const v1::SlotHealth& h : nodes_.TakeHealth(node, unhealthy, &changed)) {
+    const std::string why = "its GPU failed the node's health check: " + h.fault();
+    CordonSlot(node, h.slot(), why);  // counts the failure: a GPU that comes and goes waits longer
+    jobs_.OnSlotFailed(node, h.slot(), why);
+  }
+  if (!changed) return;
+  for (const v1::SlotHealth& h : before) {
+    const auto& now = record->unhealthy_slots();
+    if (std::none_of(now.begin(), now.end(),
+                     [&](const v1::SlotHealth& n) { return n.slot() == h.slot(); })) {
+      spdlog::info("node {} slot {}: its GPU passes the node's health check again", node, h.slot());
+    }
+  }
+  schedule_due_ = true;  // a slot may be back
+}
+
+void Coordinator::ObserveTrainers(const std::string& node) {
+  // Copy: JobManager's reactions never change the node's listing, but keep it obvious.
+  const std::vector<v1::TrainerStatus> listed = *nodes_.Trainers(node);
+  const int64_t now = clock_->NowMs();
+  for (const auto& t : listed) {
+    jobs_.OnTrainerStatus(node, t);
+    const TrainerKey key = TrainerKey::Of(t);
+    if (IsLive(t) && jobs_.IsCurrent(key)) {
+      health_.OnTrainerProgress(key, t.progress().step(), jobs_.HangTimeoutMs(t.job_id()), now);
+      if (t.rank() == 0)
+        history_.Record(t.job_id(), t.attempt(), t.progress(), clock_->WallNowMs());
+    } else {
+      health_.ForgetTrainer(key);
+    }
+  }
+  jobs_.OnListing(node, listed);
+}
+
+StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
+  if (request.name().empty() || request.agent_id().empty()) {
+    return InvalidArgumentError("register: name and agent_id are required");
+  }
+  if (request.slots_size() == 0) return InvalidArgumentError("register: a node needs slots");
+  RETURN_IF_ERROR(CheckRegistration(request));
+  {
+    MutexLock lock(&mu_);
+    if (nodes_.Stale(request.name(), request.agent_id(), request.seq())) {
+      // Its agent has registered or heartbeated since; it gave up on this one long ago.
+      spdlog::info("ignored a registration of {} that arrived late (seq {})", request.name(),
+                   request.seq());
+      return AbortedError("a registration that arrived after a newer request of its agent");
+    }
+    if (std::string conflict = nodes_.RegistrationConflict(request); !conflict.empty()) {
+      spdlog::warn("refused registration of agent {}: {}", request.agent_id(), conflict);
+      return AlreadyExistsError(conflict);
+    }
+    StoreBatch batch;
+    batch.nodes.push_back(nodes_.Register(request));
+    Persist(std::move(batch));
+    TakeSlotHealth(request.name(), request.unhealthy_slots());
+    health_.OnHeartbeat(request.name(), clock_->NowMs());
+    ObserveTrainers(request.name());
+    schedule_due_ = true;
+  }
+  spdlog::info("node {} registered: {} slots, agent {}, {} trainers running", request.name(),
+               request.slots_size(), request.agent_id(), request.running_size());
+  v1::RegisterResponse response;
+  response.set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval_ms));
+  response.set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout_ms));
+  return response;
+}
+
+v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
+  v1::HeartbeatResponse response;
+  MutexLock lock(&mu_);
+  if (!nodes_.Accepts(request.name(), request.agent_id())) {
+    response.set_reregister(true);
+    return response;
+  }
+  if (nodes_.Stale(request.name(), request.agent_id(), request.seq())) {
+    // Sent before a request already taken, and given up on by its agent: its listing is
+    // older than the node's, and taking it would report the trainers started since as
+    // vanished. No orders either: nobody waits for this reply.
+    spdlog::info("ignored a heartbeat of {} that arrived late (seq {})", request.name(),
+                 request.seq());
+    return response;
+  }
+  health_.OnHeartbeat(request.name(), clock_->NowMs());
+  const bool was_schedulable = nodes_.Schedulable(request.name());
+  const int was_live = LiveTrainers(*nodes_.Trainers(request.name()));
+  if (auto changed = nodes_.OnHeartbeat(request)) {
+    StoreBatch batch;
+    batch.nodes.push_back(*changed);
+    Persist(std::move(batch));
+  }
+  TakeSlotHealth(request.name(), request.unhealthy_slots());
+  // Slots may be free now: a restored node's first heartbeat or a dead node's return
+  // offers its slots again; a trainer listed as exited (or no longer listed) frees one.
+  if ((!was_schedulable && nodes_.Schedulable(request.name())) ||
+      LiveTrainers(*nodes_.Trainers(request.name())) < was_live) {
+    schedule_due_ = true;
+  }
+  ObserveTrainers(request.name());
+  for (const auto& c : request.checkpoints()) {
+    if (jobs_.OnCheckpoint(c) && checkpoints_.Add(c)) {
+      StoreBatch batch;
+      batch.checkpoints.push_back(c);
+      Persist(std::move(batch));
+    }
+  }
+  jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders(),
+                     [this](const std::string& job)
+                         REQUIRES(mu_) { return !undurable_attempts_.count(job); });
+  *response.mutable_cleared_latches() = nodes_.Find(request.name())->cleared_latches();
+  return response;
+}
+
+Status Coordinator::ReportTrainerExit(const v1::TrainerExitRequest& request) {
+  MutexLock lock(&mu_);
+  if (!nodes_.Accepts(request.name(), request.agent_id())) {
+    return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
+                                   request.name() + "; register first");
+  }
+  nodes_.UpdateTrainer(request.name(), request.trainer());
+  jobs_.OnTrainerStatus(request.name(), request.trainer());
+  health_.ForgetTrainer(TrainerKey::Of(request.trainer()));
+  schedule_due_ = true;  // a survivor's exit frees its slot
+  return OkStatus();
+}
+
+Status Coordinator::WatchOpened(const v1::WatchRequest& request) {
+  MutexLock lock(&mu_);
+  if (!nodes_.Accepts(request.name(), request.agent_id())) {
+    return FailedPreconditionError("unknown agent " + request.agent_id() + " on node " +
+                                   request.name() + "; register first");
+  }
+  return OkStatus();
+}
+
+void Coordinator::WatchClosed(const v1::WatchRequest& request) {
+  MutexLock lock(&mu_);
+  // A connection of an agent the node no longer knows (replaced, or already dead) says
+  // nothing about the node.
+  if (!nodes_.Accepts(request.name(), request.agent_id())) return;
+  spdlog::info("node {}: agent connection closed; dead unless it heartbeats within {} ms",
+               request.name(), options_.connection_grace_ms);
+  health_.OnConnectionLost(request.name(), clock_->NowMs(), options_.connection_grace_ms);
+}
+
+Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {
+  if (request.data().size() > kMaxLogChunkBytes) {
+    return InvalidArgumentError("append logs: the chunk is " +
+                                std::to_string(request.data().size()) + " bytes; at most " +
+                                std::to_string(kMaxLogChunkBytes) + " are accepted per call");
+  }
+  {
+    MutexLock lock(&mu_);
+    // The job was deleted (drover rm or its retention) while its agent still shipped the
+    // tail of a log: accepted and dropped, so the agent moves on and no log reappears.
+    if (!jobs_.Find(request.job_id())) return OkStatus();
+  }
+  return logs_.Append(request.job_id(), request.attempt(), request.rank(), request.offset(),
+                      request.data());
+}
+
+StatusOr<v1::UncordonResponse> Coordinator::Uncordon(const v1::UncordonRequest& request) {
+  const int slot = request.slot_only() ? request.slot() : -1;
+  const std::string what = "node " + request.node() +
+                           (slot >= 0 ? " slot " + std::to_string(slot) : std::string()) +
+                           " not uncordoned";
+  // As a cancel: if the node changed under the write (a failure, a re-registration), its
+  // newer record was queued after this one and wins on disk; plan again from it.
+  constexpr int kTries = 10;
+  for (int i = 0; i < kTries; ++i) {
+    NodeManager::UncordonPlan plan;
+    int64_t seq;
+    {
+      MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(plan, nodes_.PlanUncordon(request.node(), slot));
+      StoreBatch batch;
+      batch.nodes.push_back(plan.after);
+      seq = Propose(std::move(batch));
+    }
+    if (Status st = writer_->WaitProposal(seq); !st.ok()) return Refused(what, st);
+    MutexLock lock(&mu_);
+    if (!nodes_.ApplyUncordon(plan)) continue;
+    spdlog::info("{}{} put back in service by an operator{}", request.node(),
+                 slot >= 0 ? " slot " + std::to_string(slot) : std::string(),
+                 plan.was_cordoned ? "" : " (it was not cordoned)");
+    schedule_due_ = true;
+    v1::UncordonResponse response;
+    *response.mutable_node() = *nodes_.Find(request.node());
+    response.set_was_cordoned(plan.was_cordoned);
+    return response;
+  }
+  return UnavailableError(what + ": it changed " + std::to_string(kTries) +
+                          " times while being uncordoned; try again");
+}
+
+v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& request) {
+  v1::ListWorkersResponse response;
+  MutexLock lock(&mu_);
+  const int64_t now = clock_->WallNowMs();
+  response.set_now_ms(now);
+  nodes_.ForEach(
+      [&](const std::string& name, const v1::NodeRecord& rec, bool schedulable) REQUIRES(mu_) {
+        v1::WorkerInfo* w = response.add_workers();
+        *w->mutable_node() = rec;
+        // What a dead node's agent listed last says nothing about what runs there now.
+        const bool dead = rec.state() == v1::NODE_DEAD;
+        for (const auto& t : *nodes_.Trainers(name)) {
+          if (request.include_exited() || (!dead && IsLive(t))) *w->add_trainers() = t;
+        }
+        if (!dead) {
+          for (const v1::GpuTelemetry& g : *nodes_.Gpus(name)) *w->add_gpus() = g;
+        }
+        int free = 0;
+        if (schedulable) {
+          const std::vector<int> busy = BusySlots(name);
+          for (const auto& s : rec.slots()) {
+            const bool held = std::find(busy.begin(), busy.end(), s.index()) != busy.end();
+            free += !held && !SlotOut(rec, s.index(), now) ? 1 : 0;
+          }
+        }
+        w->set_free_slots(free);
+      });
+  return response;
+}
+}  // namespace drover::coordinator
