@@ -128,6 +128,9 @@ TEST(RenderTopTest, JobsWhoseRankZeroKnowsItsMfuShowIt) {
   stale.set_rank(0);
   stale.set_state(v1::TRAINER_RUNNING);
   stale.mutable_progress()->set_mfu(0.3);
+  // Listed before the ranks that count, as an agent's listing may have them.
+  s.jobs[0].mutable_trainers()->SwapElements(0, 1);
+  s.jobs[1].mutable_trainers()->SwapElements(0, 1);
   const std::string frame = RenderTop(s, 0);
   EXPECT_NE(frame.find("JOB  NAME         STATE    ATTEMPT  WORLD  STEP     PROGRESS  LOSS    "
                        "TOK/S  MFU    ETA\n"
@@ -140,7 +143,7 @@ TEST(RenderTopTest, JobsWhoseRankZeroKnowsItsMfuShowIt) {
             std::string::npos)
       << frame;
 
-  s.jobs[0].mutable_trainers(0)->mutable_progress()->set_mfu(0);
+  s.jobs[0].mutable_trainers(1)->mutable_progress()->set_mfu(0);
   EXPECT_EQ(RenderTop(s, 0).find("MFU"), std::string::npos);
 }
 
