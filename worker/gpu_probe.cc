@@ -21,6 +21,7 @@ using CuDeviceTotalMem = int (*)(size_t*, int);
 using CuGetErrorName = int (*)(int, const char**);
 using CuDeviceGetAttribute = int (*)(int*, int, int);
 using CuDeviceGetPciBusId = int (*)(char*, int, int);
+using CuDriverGetVersion = int (*)(int*);
 constexpr int kAttributeComputeCapabilityMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_...
 constexpr int kAttributeComputeCapabilityMinor = 76;
 
@@ -116,7 +117,41 @@ namespace {
 std::string CapabilityName(int cc) {
   return std::to_string(cc / 10) + "." + std::to_string(cc % 10);
 }
+
+// A CUDA version in cuDriverGetVersion's units as people write it: "12.8".
+std::string CudaVersionName(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
 }  // namespace
+
+int DriverCudaVersion(const std::string& driver_library) {
+  SharedLibrary lib(driver_library);
+  if (!lib.ok()) return 0;
+  auto get = lib.Get<CuDriverGetVersion>("cuDriverGetVersion");
+  int version = 0;
+  if (get == nullptr || get(&version) != 0) return 0;
+  return version;
+}
+
+int BuildCudaRuntimeVersion() {
+#ifdef DROVER_CUDA_RUNTIME_VERSION
+  return DROVER_CUDA_RUNTIME_VERSION;
+#else
+  return 0;
+#endif
+}
+
+Status CheckDriverServesRuntime(int driver_version, int runtime_version) {
+  if (driver_version == 0 || runtime_version == 0) return OkStatus();
+  if (driver_version / 1000 >= runtime_version / 1000) return OkStatus();
+  const std::string major = std::to_string(runtime_version / 1000);
+  return FailedPreconditionError(
+      "the NVIDIA driver supports CUDA " + CudaVersionName(driver_version) +
+      " and this build's CUDA runtime is " + CudaVersionName(runtime_version) +
+      ", which needs a driver of CUDA " + major +
+      ".0 or newer: every trainer here would fail at its start. Update the driver (nvidia-smi "
+      "shows its version), or run a drover built with a CUDA toolkit the driver supports");
+}
 
 Status CheckComputeCapability(const std::vector<GpuInfo>& gpus) {
   for (const GpuInfo& g : gpus) {

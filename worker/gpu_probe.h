@@ -37,6 +37,20 @@ StatusOr<std::vector<GpuInfo>> ProbeGpus(const std::string& driver_library = "li
 // ordinal, name and compute capability), and how to leave it out; OK otherwise.
 Status CheckComputeCapability(const std::vector<GpuInfo>& gpus);
 
+// The CUDA version the driver `driver_library` supports (cuDriverGetVersion: 1000 x major +
+// 10 x minor, 12080 for 12.8); 0 when it cannot be loaded or does not say.
+int DriverCudaVersion(const std::string& driver_library = "libcuda.so.1");
+
+// The CUDA runtime version this build's CUDA plugin was built with (the toolkit's, in the
+// same units); 0 for a build without CUDA.
+int BuildCudaRuntimeVersion();
+
+// FailedPrecondition naming both versions and what to do when a driver of `driver_version`
+// cannot serve a runtime of `runtime_version`: its major version is older (a runtime serves
+// every driver of its own major version or newer, CUDA's minor version compatibility). OK
+// when either is 0 (not known: the trainer's own start-up says what fails).
+Status CheckDriverServesRuntime(int driver_version, int runtime_version);
+
 // A slot's description for `drover workers`: "cuda:0 NVIDIA H200 (139 GiB, compute 9.0)".
 std::string GpuSlotDescription(int slot, const GpuInfo& gpu);
 

@@ -150,6 +150,15 @@ int main(int argc, char** argv) {
       std::cerr << "drover-worker: --device cuda: " << usable.message() << "\n";
       return 2;
     }
+    // A driver too old for this build's runtime: refused here, where it would register its
+    // GPUs and fail every trainer placed on them (each slot cordoned in turn, each job's
+    // restarts spent).
+    if (drover::Status served = drover::CheckDriverServesRuntime(drover::DriverCudaVersion(),
+                                                                 drover::BuildCudaRuntimeVersion());
+        !served.ok()) {
+      std::cerr << "drover-worker: --device cuda: " << served.message() << "\n";
+      return 2;
+    }
     const int visible = static_cast<int>(gpus->size());
     if (app.count("--slots") == 0) {
       options.slots = visible;

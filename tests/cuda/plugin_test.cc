@@ -113,6 +113,32 @@ TEST(CudaBackendTest, AGpuTheBuildCannotRunIsRefusedWithWhatToRebuild) {
   EXPECT_FALSE(CudaDeviceFailed());
 }
 
+// A machine whose driver cannot serve this build stops the table with what to change, not
+// the runtime's "CUDA driver version is insufficient for CUDA runtime version", which is
+// also what a machine with no driver at all gets: the emulator's DROVER_EMU_DRIVER_VERSION=0
+// stands in for one without a driver, 11040 for one whose driver supports CUDA 11.4 under
+// this 12.8 runtime. Run so by Emulated.CudaBackend.AMachineWhoseDriverCannotServeTheBuild_*.
+TEST(CudaBackendTest, AMachineWhoseDriverCannotServeTheBuildIsToldWhatToChange) {
+  const char* version = std::getenv("DROVER_EMU_DRIVER_VERSION");
+  const std::string message =
+      version != nullptr ? TableFailure("DROVER_EMU_DRIVER_VERSION", version) : "";
+  if (message.empty()) GTEST_SKIP() << "run on the kernel emulator with DROVER_EMU_DRIVER_VERSION";
+  EXPECT_NE(message.find("no usable GPU: "), std::string::npos) << message;
+  if (std::string(version) == "0") {
+    EXPECT_NE(message.find("no NVIDIA driver is installed on this machine"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("CPU jobs run without it"), std::string::npos) << message;
+  } else {
+    EXPECT_NE(message.find("the NVIDIA driver supports CUDA 11.4 and this build's CUDA runtime "
+                           "is 12.8: update the driver"),
+              std::string::npos)
+        << message;
+  }
+  // The node's fault, not the job's (IsDeviceFault): under an agent its slot is cordoned and
+  // the job goes elsewhere.
+  EXPECT_TRUE(CudaDeviceFailed());
+}
+
 // A GPU that has failed before the table is made (the emulator's DROVER_EMU_GPU_FAULT, set to
 // fail device 0 at once: the trigger file is /) stops the table with the error, and says that
 // the GPU is at fault (CudaDeviceFailed), so that a trainer under an agent exits with

@@ -485,7 +485,31 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete AsEvent(event);
   return cudaSuccess;
 }
+// The emulated runtime is CUDA 12.8's. DROVER_EMU_DRIVER_VERSION stands in for the driver's
+// (1000 * major + 10 * minor; default the runtime's): 0 is a machine without a driver, a
+// major version below the runtime's a driver too old for it (an older minor version of the
+// same major serves it: CUDA's minor version compatibility); either makes cudaGetDeviceCount
+// fail as the runtime does, with cudaErrorInsufficientDriver.
+constexpr int kEmuRuntimeVersion = 12080;
+int EmuDriverVersion() {
+  const char* env = std::getenv("DROVER_EMU_DRIVER_VERSION");
+  return env != nullptr ? std::atoi(env) : kEmuRuntimeVersion;
+}
+cudaError_t cudaDriverGetVersion(int* version) {
+  if (version == nullptr) return cudaErrorInvalidValue;
+  *version = EmuDriverVersion();
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (version == nullptr) return cudaErrorInvalidValue;
+  *version = kEmuRuntimeVersion;
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceCount(int* count) {
+  if (EmuDriverVersion() / 1000 < kEmuRuntimeVersion / 1000) {
+    *count = 0;
+    return cudaErrorInsufficientDriver;
+  }
   *count = 1;
   return cudaSuccess;
 }

@@ -9,6 +9,8 @@
 #   - a node with a GPU older than the kernels allow (a V100, 7.0) refuses to start, naming
 #     the GPU, its compute capability and how to leave it out;
 #   - a malformed --gpu-ignored-xids is refused, naming the entry;
+#   - a driver of an older CUDA major version than the build's runtime (a CUDA 11.4 driver)
+#     refuses to start, naming both versions, where the build has the CUDA plugin;
 #   - a driver whose cuInit never returns: the agent says so and exits (1);
 #   - an NVML whose nvmlInit_v2 never returns: the agent registers without health checks.
 #
@@ -75,6 +77,16 @@ DROVER_FAKE_GPUS="NVIDIA H200,141,90" timeout 20 "$bin/drover-worker" --coordina
   > "$work/gpu3.log" 2>&1 || rc=$?
 refused "$work/gpu3.log" $rc "drover-worker: --gpu-ignored-xids: 'thirty' is not an Xid"
 echo "too many slots, a V100 and a malformed Xid list refused, by name"
+if [[ -e $bin/libdrover_cuda.so ]]; then
+  rc=0
+  DROVER_FAKE_GPUS="NVIDIA H200,141,90" DROVER_FAKE_CUDA_VERSION=11040 timeout 20 \
+    "$bin/drover-worker" --coordinator "$addr" --name gpu4 --device cuda --work-dir "$work/gpu4" \
+    > "$work/gpu4.log" 2>&1 || rc=$?
+  refused "$work/gpu4.log" $rc \
+    "drover-worker: --device cuda: the NVIDIA driver supports CUDA 11.4 and this build's CUDA runtime is" \
+    "Update the driver"
+  echo "a CUDA 11.4 driver refused, naming both versions"
+fi
 # A wedged driver: cuInit never returns. The agent says so within --gpu-health-timeout-ms and
 # exits, where it would hang silently.
 rc=0

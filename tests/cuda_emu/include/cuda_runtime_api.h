@@ -91,6 +91,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaDriverGetVersion(int* version);
+cudaError_t cudaRuntimeGetVersion(int* version);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t error);

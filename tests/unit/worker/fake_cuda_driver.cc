@@ -22,7 +22,9 @@
 // names no GPU for; a line "init N" makes nvmlInit_v2 fail with N, "init hang" never return
 // while it is there. A device handle is its ordinal + 1; the codes are nvml.h's: SUCCESS 0,
 // INVALID_ARGUMENT 2, NOT_SUPPORTED 3, NOT_FOUND 6, TIMEOUT 10, GPU_IS_LOST 15.
-// DROVER_FAKE_CUDA_HANG set: cuInit never returns (a wedged driver).
+// DROVER_FAKE_CUDA_HANG set: cuInit never returns (a wedged driver). cuDriverGetVersion
+// gives DROVER_FAKE_CUDA_VERSION (1000 x major + 10 x minor), else 99000: a driver newer than
+// any runtime, so that every build's agent takes it.
 #include <strings.h>
 
 #include <chrono>
@@ -84,6 +86,13 @@ int cuInit(unsigned int) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return Devices().empty() ? 100 : 0;
+}
+
+int cuDriverGetVersion(int* version) {
+  if (version == nullptr) return 1;
+  const char* env = std::getenv("DROVER_FAKE_CUDA_VERSION");
+  *version = env != nullptr ? std::atoi(env) : 99000;
+  return 0;
 }
 
 int cuDeviceGetCount(int* count) {

@@ -78,6 +78,30 @@ TEST(GpuProbeTest, GpuOlderThanTheKernelsAllowIsRefusedByName) {
   EXPECT_TRUE(CheckComputeCapability({GpuInfo{0, "unknown", 1 << 30, 0, ""}}).ok());
 }
 
+// The driver's CUDA version, and whether it serves this build's runtime: one of an older
+// major version is refused, naming both and what to do; one of the runtime's major version or
+// newer serves it (CUDA's minor version compatibility); an unknown version (0) is left to the
+// trainer's own start-up.
+TEST(GpuProbeTest, ADriverOfAnOlderCudaThanTheBuildsRuntimeIsRefusedNamingBoth) {
+  ASSERT_EQ(setenv("DROVER_FAKE_CUDA_VERSION", "11040", 1), 0);
+  EXPECT_EQ(DriverCudaVersion(DROVER_FAKE_CUDA_DRIVER), 11040);
+  unsetenv("DROVER_FAKE_CUDA_VERSION");
+  EXPECT_EQ(DriverCudaVersion("libdrover-no-such-cuda-driver.so.1"), 0);
+
+  const Status old = CheckDriverServesRuntime(11040, 12080);
+  EXPECT_EQ(old.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(old.message(),
+            "the NVIDIA driver supports CUDA 11.4 and this build's CUDA runtime is 12.8, which "
+            "needs a driver of CUDA 12.0 or newer: every trainer here would fail at its start. "
+            "Update the driver (nvidia-smi shows its version), or run a drover built with a CUDA "
+            "toolkit the driver supports");
+  EXPECT_FALSE(CheckDriverServesRuntime(12080, 13000).ok());
+  EXPECT_TRUE(CheckDriverServesRuntime(12020, 12080).ok());
+  EXPECT_TRUE(CheckDriverServesRuntime(13000, 12080).ok());
+  EXPECT_TRUE(CheckDriverServesRuntime(0, 12080).ok());
+  EXPECT_TRUE(CheckDriverServesRuntime(11040, 0).ok());
+}
+
 TEST(GpuProbeTest, EachSlotSeesItsOwnGpu) {
   EXPECT_EQ(VisibleDeviceForSlot(0, ""), "0");
   EXPECT_EQ(VisibleDeviceForSlot(3, ""), "3");

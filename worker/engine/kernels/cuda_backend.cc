@@ -55,7 +55,7 @@ StatusOr<Ops*> Load() {
   ASSIGN_OR_RETURN(void* symbol, CudaPluginSymbol(kCreateCudaOpsSymbol));
   auto create = reinterpret_cast<CreateCudaOpsFn>(symbol);
   Ops* ops = nullptr;
-  char error[512] = {0};
+  char error[1024] = {0};
   const int rc = create(kCudaOpsAbi, &ops, error, sizeof(error));
   if (rc != 0 || ops == nullptr) {
     g_device_failed = rc == kCreateDeviceFault;

@@ -553,9 +553,7 @@ extern "C" __attribute__((visibility("default"))) int drover_create_cuda_ops(
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
-    SetError(error, error_len, "no usable GPU",
-             err != cudaSuccess ? cudaGetErrorString(err)
-                                : "the driver lists none (check CUDA_VISIBLE_DEVICES)");
+    SetError(error, error_len, "no usable GPU", drover::engine::cuda::NoUsableGpuWhy(err).c_str());
     return err != cudaSuccess ? failed(err) : drover::engine::kCreateDeviceFault;
   }
   if ((err = cudaSetDevice(0)) != cudaSuccess) {

@@ -1,7 +1,10 @@
 // Whether this build's kernels run on the GPU at all, asked once when a table is made
 // (cuda_ops.cu), so that a GPU they were not compiled for (an A100, compute capability 8.0,
 // under the default sm_90 build) fails the job at its start with what to rebuild, where it
-// failed at the first kernel of the first step with "no kernel image is available".
+// failed at the first kernel of the first step with "no kernel image is available"; and,
+// before that, why the runtime found no GPU at all, in words that say what to change (the
+// runtime's own "CUDA driver version is insufficient for CUDA runtime version" is what a
+// machine with no driver at all gets too).
 #include <string>
 
 #include "worker/engine/kernels/cuda/cuda_check.h"
@@ -31,7 +34,46 @@ int ComputeCapability() {
   return major * 10 + minor;
 }
 
+// A CUDA version as the runtime gives it (1000 * major + 10 * minor): "12.8".
+std::string CudaVersionName(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
 }  // namespace
+
+std::string NoUsableGpuWhy(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess:
+      return "the driver lists none (check CUDA_VISIBLE_DEVICES and nvidia-smi)";
+    case cudaErrorInsufficientDriver: {
+      // The runtime's answer both where the driver is older than it and where there is none:
+      // the driver's version tells the two apart (0 where none is installed).
+      int driver = 0, runtime = 0;
+      (void)cudaDriverGetVersion(&driver);
+      (void)cudaRuntimeGetVersion(&runtime);
+      if (driver == 0) {
+        return "no NVIDIA driver is installed on this machine (libcuda.so.1 cannot be loaded): "
+               "a CUDA job needs one; CPU jobs run without it";
+      }
+      return "the NVIDIA driver supports CUDA " + CudaVersionName(driver) +
+             " and this build's CUDA runtime is " + CudaVersionName(runtime) +
+             ": update the driver (nvidia-smi shows its version), or build drover with a CUDA "
+             "toolkit the driver supports";
+    }
+    case cudaErrorStubLibrary:
+      return "the CUDA driver library loaded is the toolkit's stub (a libcuda.so from a "
+             "stubs/ directory, found first through LD_LIBRARY_PATH or the linker's cache): "
+             "install the NVIDIA driver, or take the stubs directory out of the library path";
+    case cudaErrorSystemDriverMismatch:
+      return "the NVIDIA kernel module and the driver library (libcuda) are of different "
+             "versions, as after a driver update without a reboot: reboot, or reload the "
+             "nvidia kernel modules";
+    case cudaErrorNoDevice:
+      return std::string(cudaGetErrorString(err)) + " (check CUDA_VISIBLE_DEVICES and nvidia-smi)";
+    default:
+      return std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")";
+  }
+}
 
 cudaError_t KernelsRunOnDevice(cudaStream_t stream, std::string* why) {
   DROVER_LAUNCH(ProbeKernel, 1, 1, 0, stream)();

@@ -37,6 +37,11 @@ cudaStream_t ComputeStreamOf(const Ops* ops);
 // the build's architectures, the device's compute capability and the cmake setting to
 // rebuild with (or, for a GPU that failed, IsDeviceFault, the error alone).
 cudaError_t KernelsRunOnDevice(cudaStream_t stream, std::string* why);
+// Why the runtime found no usable GPU, `err` being cudaGetDeviceCount's error (cudaSuccess:
+// it counted none), in words that say what to change: no driver installed, a driver older
+// than this build's runtime (both versions named), the toolkit's stub library loaded, a
+// kernel module and driver library of different versions, no device listed.
+std::string NoUsableGpuWhy(cudaError_t err);
 
 // ---- elementwise.cu --------------------------------------------------------------------
 void Fill(float* x, float value, size_t n, cudaStream_t stream);
