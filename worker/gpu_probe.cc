@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/cuda_version.h"
 #include "worker/shared_library.h"
 
 namespace drover {
@@ -118,10 +119,6 @@ std::string CapabilityName(int cc) {
   return std::to_string(cc / 10) + "." + std::to_string(cc % 10);
 }
 
-// A CUDA version in cuDriverGetVersion's units as people write it: "12.8".
-std::string CudaVersionName(int version) {
-  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
-}
 }  // namespace
 
 int DriverCudaVersion(const std::string& driver_library) {

@@ -7,6 +7,7 @@
 // machine with no driver at all gets too).
 #include <string>
 
+#include "common/cuda_version.h"
 #include "worker/engine/kernels/cuda/cuda_check.h"
 #include "worker/engine/kernels/cuda/launch.h"
 #include "worker/engine/kernels/cuda/ops_cuda.h"
@@ -34,11 +35,6 @@ int ComputeCapability() {
   return major * 10 + minor;
 }
 
-// A CUDA version as the runtime gives it (1000 * major + 10 * minor): "12.8".
-std::string CudaVersionName(int version) {
-  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
-}
-
 }  // namespace
 
 std::string NoUsableGpuWhy(cudaError_t err) {
@@ -55,8 +51,8 @@ std::string NoUsableGpuWhy(cudaError_t err) {
         return "no NVIDIA driver is installed on this machine (libcuda.so.1 cannot be loaded): "
                "a CUDA job needs one; CPU jobs run without it";
       }
-      return "the NVIDIA driver supports CUDA " + CudaVersionName(driver) +
-             " and this build's CUDA runtime is " + CudaVersionName(runtime) +
+      return "the NVIDIA driver supports CUDA " + drover::CudaVersionName(driver) +
+             " and this build's CUDA runtime is " + drover::CudaVersionName(runtime) +
              ": update the driver (nvidia-smi shows its version), or build drover with a CUDA "
              "toolkit the driver supports";
     }
