@@ -176,8 +176,11 @@ std::vector<std::pair<std::string, std::string>> RankEnv(const RankContext& c, i
       {kEnvTlsCert, ""},
       {kEnvTlsKey, ""},
       {kEnvTlsCa, ""}};
-  if (!c.gpus.empty())
+  if (!c.gpus.empty()) {
     env.emplace_back("CUDA_VISIBLE_DEVICES", VisibleDeviceForLocalRank(rank, c.gpus));
+    env.emplace_back(kEnvRanksOnGpu, std::to_string(LocalRanksOnGpuOf(
+                                         rank, c.nproc, static_cast<int>(c.gpus.size()))));
+  }
   return env;
 }
 

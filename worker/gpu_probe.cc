@@ -184,6 +184,12 @@ std::string VisibleDeviceForLocalRank(int rank, const std::vector<std::string>& 
   return gpus[static_cast<size_t>(rank) % gpus.size()];
 }
 
+int LocalRanksOnGpuOf(int rank, int nproc, int gpus) {
+  if (gpus <= 0) return 1;
+  // Ranks rank % gpus, + gpus, + 2 gpus, ... below nproc.
+  return (nproc - rank % gpus + gpus - 1) / gpus;
+}
+
 double DenseTensorPeakTflops(const std::string& name) {
   // The name's words, upper-cased ("NVIDIA A100-SXM4-80GB": NVIDIA A100 SXM4 80GB).
   std::vector<std::string> words;
@@ -218,7 +224,7 @@ double DenseTensorPeakTflops(const std::string& name) {
   return 0;
 }
 
-StatusOr<double> PeakTflopsOfThisRank(const std::string& device,
+StatusOr<double> PeakTflopsOfThisRank(const std::string& device, int ranks_on_gpu,
                                       const std::string& driver_library) {
   if (const char* set = std::getenv(kEnvPeakTflops); set != nullptr && *set != '\0') {
     char* end = nullptr;
@@ -232,7 +238,7 @@ StatusOr<double> PeakTflopsOfThisRank(const std::string& device,
   if (device != "cuda") return 0.0;
   StatusOr<std::vector<GpuInfo>> gpus = ProbeGpus(driver_library);
   if (!gpus.ok() || gpus->empty()) return 0.0;  // the kernel table says why, if it matters
-  return DenseTensorPeakTflops(gpus->front().name);
+  return DenseTensorPeakTflops(gpus->front().name) / std::max(1, ranks_on_gpu);
 }
 
 }  // namespace drover

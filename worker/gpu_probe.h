@@ -68,9 +68,10 @@ inline constexpr char kEnvPeakTflops[] = "DROVER_PEAK_TFLOPS";
 
 // The peak TFLOP/s that this process's MFU counts against, for a job on `device` ("cpu" or
 // "cuda"): DROVER_PEAK_TFLOPS when set (InvalidArgument, naming it, when it is not a
-// positive number), else for "cuda" the first visible GPU's DenseTensorPeakTflops (0 when
-// the driver does not answer or the GPU is not known), else 0: unknown, no MFU reported.
-StatusOr<double> PeakTflopsOfThisRank(const std::string& device,
+// positive number), else for "cuda" the first visible GPU's DenseTensorPeakTflops shared by
+// the `ranks_on_gpu` ranks that use that GPU (0 when the driver does not answer or the GPU
+// is not known), else 0: unknown, no MFU reported.
+StatusOr<double> PeakTflopsOfThisRank(const std::string& device, int ranks_on_gpu = 1,
                                       const std::string& driver_library = "libcuda.so.1");
 
 // What CUDA_VISIBLE_DEVICES a trainer on `slot` gets: the slot-th entry of the agent's own
@@ -83,5 +84,8 @@ std::string VisibleDeviceForSlot(int slot, const std::string& agent_visible);
 // its own while there are enough, else the ranks share them round-robin (their groups then
 // stage through the host: NCCL refuses two ranks on one GPU). Empty when `gpus` is.
 std::string VisibleDeviceForLocalRank(int rank, const std::vector<std::string>& gpus);
+// How many of `nproc` local ranks share local rank `rank`'s GPU (itself included) when they
+// are spread over `gpus` GPUs as VisibleDeviceForLocalRank spreads them; 1 when gpus is 0.
+int LocalRanksOnGpuOf(int rank, int nproc, int gpus);
 
 }  // namespace drover

@@ -64,6 +64,11 @@ StatusOr<TrainerEnv> ReadTrainerEnv() {
   RETURN_IF_ERROR(ReadNumber(kEnvFresh, &fresh));
   env.fresh = fresh != 0;
   RETURN_IF_ERROR(ReadNumber(kEnvLeaseMs, &env.lease_ms));
+  RETURN_IF_ERROR(ReadNumber(kEnvRanksOnGpu, &env.ranks_on_gpu));
+  if (env.ranks_on_gpu < 1) {
+    return InvalidArgumentError(std::string(kEnvRanksOnGpu) + "=" +
+                                std::to_string(env.ranks_on_gpu) + " must be at least 1");
+  }
   env.tls = {GetEnv(kEnvTlsCert), GetEnv(kEnvTlsKey), GetEnv(kEnvTlsCa)};
   env.bind_address = GetEnv(kEnvBindAddress);
   if (env.bind_address.empty()) env.bind_address = DefaultBindAddress(env.coordinator);

@@ -31,6 +31,9 @@ inline constexpr char kEnvBindAddress[] = "DROVER_BIND_ADDRESS";
 // Set by an agent: the validity (ms) of the trainer's lease on its attempt, shorter than the
 // coordinator's node timeout (worker/attempt_lease.h). Unset: no lease (`drover train`).
 inline constexpr char kEnvLeaseMs[] = "DROVER_LEASE_MS";
+// Set by `drover train --nproc` where its ranks outnumber the GPUs: how many ranks share this
+// rank's GPU (round-robin), each counting that share of the GPU's peak in its MFU. Unset: 1.
+inline constexpr char kEnvRanksOnGpu[] = "DROVER_RANKS_ON_GPU";
 
 // Set by an agent that dials the coordinator with TLS: the files (absolute paths on this
 // node) of its cluster certificate, key and CA, with which the trainer dials rendezvous.
@@ -55,6 +58,7 @@ struct TrainerEnv {
   bool fresh = false;
   std::string bind_address;  // resolved: never empty
   int64_t lease_ms = 0;      // 0: no lease
+  int ranks_on_gpu = 1;      // ranks sharing this rank's GPU, itself included
   TlsFiles tls;              // all empty: plaintext
 };
 

@@ -91,7 +91,7 @@ int main(int, char**) {
   options.rank = env->rank;
   options.world_size = env->world_size;
   options.resume = !env->fresh;
-  auto peak = PeakTflopsOfThisRank(spec->resources.device);
+  auto peak = PeakTflopsOfThisRank(spec->resources.device, env->ranks_on_gpu);
   if (!peak.ok()) return Fail(peak.status(), "trainer environment");
   options.peak_tflops = *peak;
   options.bind_address = env->bind_address;

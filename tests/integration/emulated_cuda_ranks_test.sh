@@ -13,14 +13,23 @@
 # and one rank in bf16 recomputing every layer's activations in backward (train.recompute;
 # the fused attention on mma.sync tiles recomputed too) against keeping them: the same
 # losses exactly (check.sh's step 4c).
+# With the stand-in driver (FAKE_DRIVER, as libcuda.so.1, naming the GPU an H200), each rank's
+# MFU counts its share of the GPU: the two ranks' job reports the one rank's MFU for the same
+# tokens/s, not half of it.
 #
-#   emulated_cuda_ranks_test.sh BIN_DIR EMULATED_PLUGIN
+#   emulated_cuda_ranks_test.sh BIN_DIR EMULATED_PLUGIN [FAKE_DRIVER]
 set -euo pipefail
 bin=$1
 plugin=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/bin"
+if [[ -n ${3:-} ]]; then
+  mkdir "$work/driver"
+  ln -s "$(realpath "$3")" "$work/driver/libcuda.so.1"
+  export LD_LIBRARY_PATH=$work/driver${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export DROVER_FAKE_GPUS="NVIDIA H200,141,90"
+fi
 cp "$bin/drover" "$bin/drover-trainer" "$plugin" "$work/bin/"
 tests=$(cd "$(dirname "$0")/.." && pwd)
 python3 "$tests/bench/random_shard.py" "$work/train.bin" 50000
@@ -50,6 +59,24 @@ for zero in 1 3; do
   python3 "$tests/tools/no_step_allocations.py" "$work/two-$zero/metrics.jsonl" 3
 done
 echo "two emulated-cuda ranks gave the one-rank losses, zero-1 and zero-3"
+if [[ -n ${3:-} ]]; then
+  python3 - "$work/one-1/metrics.jsonl" "$work/two-1/metrics.jsonl" <<'PY'
+import json, sys
+# MFU per token/s: the model's FLOPs a token over the job's peak, the same for one rank on the
+# GPU and for two ranks sharing it.
+def per_token(path):
+    rows = [json.loads(line) for line in open(path) if '"step"' in line]
+    rows = [r for r in rows if r.get("tokens_per_s", 0) > 0]
+    if not rows or any("mfu" not in r for r in rows):
+        sys.exit(f"FAIL: {path} has steps without an mfu")
+    return [r["mfu"] / r["tokens_per_s"] for r in rows]
+one, two = per_token(sys.argv[1]), per_token(sys.argv[2])
+ratio = two[-1] / one[-1]
+if abs(ratio - 1) > 1e-3:
+    sys.exit(f"FAIL: two ranks sharing the GPU report {ratio:.3f} x the one rank's MFU per token/s")
+print(f"MFU per token/s: one rank {one[-1]:.3e}, two ranks sharing the GPU {two[-1]:.3e}")
+PY
+fi
 
 # A resume on the emulated device, where device work runs behind the host: two ranks with
 # ZeRO-3 train 5 steps and save a checkpoint (each rank's shard copied from the device into

@@ -117,6 +117,13 @@ TEST(GpuProbeTest, LocalRanksTakeAGpuEachThenShareRoundRobin) {
   EXPECT_EQ(VisibleDeviceForLocalRank(1, gpus), "5");
   EXPECT_EQ(VisibleDeviceForLocalRank(2, gpus), "4");  // more ranks than GPUs: shared
   EXPECT_EQ(VisibleDeviceForLocalRank(0, {}), "");
+  // How many ranks share each one's GPU: 5 ranks on 2 GPUs are 3 on the first (ranks 0, 2,
+  // 4) and 2 on the second; 2 on 3 GPUs have one each; without GPUs, 1.
+  for (int rank : {0, 2, 4}) EXPECT_EQ(LocalRanksOnGpuOf(rank, 5, 2), 3) << rank;
+  for (int rank : {1, 3}) EXPECT_EQ(LocalRanksOnGpuOf(rank, 5, 2), 2) << rank;
+  EXPECT_EQ(LocalRanksOnGpuOf(1, 2, 3), 1);
+  EXPECT_EQ(LocalRanksOnGpuOf(3, 4, 1), 4);
+  EXPECT_EQ(LocalRanksOnGpuOf(0, 2, 0), 1);
 }
 
 // A GPU's dense 16-bit tensor peak by the driver's name for it: variants before their family,
@@ -139,16 +146,19 @@ TEST(GpuProbeTest, DensePeakIsTheDatasheetsForTheNamedGpu) {
 }
 
 // What a rank's MFU counts against: DROVER_PEAK_TFLOPS when set (a malformed one refused by
-// name), else its GPU's datasheet peak for a CUDA job, else unknown.
-TEST(GpuProbeTest, ARanksPeakIsTheVariablesElseItsGpusElseUnknown) {
+// name), else its GPU's datasheet peak for a CUDA job, shared by the ranks that use the GPU,
+// else unknown.
+TEST(GpuProbeTest, ARanksPeakIsTheVariablesElseItsShareOfItsGpusElseUnknown) {
   ASSERT_EQ(setenv("DROVER_FAKE_GPUS", "NVIDIA H100 PCIe,80,90", 1), 0);
   unsetenv(kEnvPeakTflops);
-  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", DROVER_FAKE_CUDA_DRIVER), 756);
-  EXPECT_EQ(*PeakTflopsOfThisRank("cpu", DROVER_FAKE_CUDA_DRIVER), 0);
-  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", "libdrover-no-such-cuda-driver.so.1"), 0);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", 1, DROVER_FAKE_CUDA_DRIVER), 756);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", 2, DROVER_FAKE_CUDA_DRIVER), 378);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cpu", 1, DROVER_FAKE_CUDA_DRIVER), 0);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", 1, "libdrover-no-such-cuda-driver.so.1"), 0);
+  // The variable is the rank's own peak, as its user measured or knows it.
   ASSERT_EQ(setenv(kEnvPeakTflops, "1.5", 1), 0);
-  EXPECT_EQ(*PeakTflopsOfThisRank("cpu", DROVER_FAKE_CUDA_DRIVER), 1.5);
-  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", DROVER_FAKE_CUDA_DRIVER), 1.5);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cpu", 1, DROVER_FAKE_CUDA_DRIVER), 1.5);
+  EXPECT_EQ(*PeakTflopsOfThisRank("cuda", 2, DROVER_FAKE_CUDA_DRIVER), 1.5);
   for (const char* bad : {"fast", "0", "-3", "2x", "inf"}) {
     ASSERT_EQ(setenv(kEnvPeakTflops, bad, 1), 0);
     const Status refused = PeakTflopsOfThisRank("cpu").status();

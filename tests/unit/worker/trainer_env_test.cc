@@ -11,7 +11,7 @@ namespace {
 class TrainerEnvTest : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const char* name : {kEnvRank, kEnvWorldSize, kEnvFresh}) unsetenv(name);
+    for (const char* name : {kEnvRank, kEnvWorldSize, kEnvFresh, kEnvRanksOnGpu}) unsetenv(name);
   }
 };
 
@@ -38,6 +38,18 @@ TEST_F(TrainerEnvTest, RankOutsideTheWorldIsInvalid) {
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->rank, 1);
   EXPECT_EQ(env->world_size, 2);
+}
+
+// The ranks sharing this rank's GPU (drover train --nproc past the GPUs): 1 unless set, and
+// at least 1.
+TEST_F(TrainerEnvTest, RanksOnTheGpuAreOneUnlessSetAndAtLeastOne) {
+  EXPECT_EQ(ReadTrainerEnv()->ranks_on_gpu, 1);
+  setenv(kEnvRanksOnGpu, "3", 1);
+  EXPECT_EQ(ReadTrainerEnv()->ranks_on_gpu, 3);
+  setenv(kEnvRanksOnGpu, "0", 1);
+  const Status refused = ReadTrainerEnv().status();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), "DROVER_RANKS_ON_GPU=0 must be at least 1");
 }
 
 }  // namespace
