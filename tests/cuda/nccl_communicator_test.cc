@@ -384,6 +384,71 @@ TEST(NcclCommunicatorTest, CallsBesideComputeCountOnlyWhatTheRankStalledForThem)
   EXPECT_EQ(results[1], "");
 }
 
+// As a gradient bucket handed to the dp CommStream while its thread is still busy with the
+// bucket before (100 ms here) and the training thread enqueues the rest of backward (2 C of
+// device work, C >= 200 ms): the reduction follows the compute marked when it was handed over
+// (MarkCompute after the bucket's kernels, FollowMark on the stream's thread), so it is done
+// about when the stream's thread is free, while that backward still runs. Before, it followed
+// everything enqueued when the thread made the call, the whole 2 C, and so did every bucket
+// after it. Its result is the sum.
+TEST(NcclCommunicatorTest, AReductionHandedToAStreamFollowsOnlyTheComputeMarkedForIt) {
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    constexpr auto kBusy = milliseconds(100);
+    Ops* ops = *CudaOps();
+    auto comm = ConnectNcclThroughPlugin(ops, store, "dp", rank, 2,
+                                         CommOptions{milliseconds(10'000)}, milliseconds(20'000));
+    if (!comm.ok()) return comm.status().ToString();
+    constexpr size_t kN = 1 << 20;
+    Buffer work = ops->Allocate(kN);
+    ops->Fill(work.data(), 1.0f, kN);
+    Buffer data = ops->Allocate(4);
+    ops->Fill(data.data(), 1.0f, 4);
+    // The first call also connects.
+    Status st = (*comm)->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    RANK_EXPECT(st.ok(), "first all-reduce: " + st.ToString());
+    const int repeats = CalibrateRepeats(ops, work.data(), kN);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < repeats; ++i) ops->Scale(work.data(), kN, 1.0f);
+    ops->Synchronize();
+    const double compute =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    st = (*comm)->Barrier();
+    RANK_EXPECT(st.ok(), "barrier: " + st.ToString());
+
+    CommStream stream("dp reduction", ops);
+    stream.Submit([&] {  // the bucket before, still being reduced
+      std::this_thread::sleep_for(kBusy);
+      return OkStatus();
+    });
+    t0 = std::chrono::steady_clock::now();
+    ops->Fill(data.data(), static_cast<float>(rank + 1), 4);  // this bucket's gradient
+    std::shared_ptr<const ComputeMark> mark = (*comm)->MarkCompute();
+    RANK_EXPECT(mark != nullptr, "an NCCL group made no mark");
+    const CommStream::Ticket t = stream.Submit([&, mark] {
+      (*comm)->FollowMark(mark);
+      return (*comm)->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    });
+    for (int i = 0; i < 2 * repeats; ++i) ops->Scale(work.data(), kN, 1.0f);  // more backward
+    st = stream.Wait(t);
+    const double reduced =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    RANK_EXPECT(st.ok(), "all-reduce: " + st.ToString());
+    const double busy = std::chrono::duration<double>(kBusy).count();
+    RANK_EXPECT(reduced < busy + compute,
+                "the reduction was done " + std::to_string(reduced) + " s after it was handed " +
+                    "over, beside " + std::to_string(2 * compute) +
+                    " s of compute enqueued after it: it waited for that compute");
+    std::vector<float> got(4);
+    ops->ToHost(got.data(), data.data(), 4);
+    RANK_EXPECT(got == (std::vector<float>(4, 3.0f)), "reduced to " + Str(got));
+    return "";
+  });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
+}
+
 // As a pipeline stage's receive: rank 0 enqueues about C >= 200 ms of device work and then
 // receives from rank 1, which sends C / 4 after they meet. The receive's wait counts from
 // that work having finished, so rank 0 waits for its peer only the transfer, not the C of

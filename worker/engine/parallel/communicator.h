@@ -91,6 +91,14 @@ class OverlappedCalls {
   static std::atomic<bool>* Current();
 };
 
+// A point in a rank's device work, marked by the thread that enqueued that work
+// (Communicator::MarkCompute). Opaque; what it holds is the group's (an NCCL group's: an
+// event recorded on the compute stream). May be dropped on any thread.
+class ComputeMark {
+ public:
+  virtual ~ComputeMark() = default;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -129,6 +137,24 @@ class Communicator {
 
   // Returns once every rank of the group has called it.
   virtual Status Barrier() = 0;
+
+  // A collective handed to another thread (a CommStream's gradient bucket) is made when that
+  // thread gets to it, and a group that orders its calls after the compute stream (NCCL)
+  // orders it after everything enqueued by then: on a GPU, where the host runs ahead by up
+  // to the rest of backward, a reduction meant to run beside backward would wait for all of
+  // it (and so would every bucket after a slow one). So the thread that enqueued the call's
+  // inputs marks its compute at once (MarkCompute, after their kernels), and the thread that
+  // makes the call hands the mark to FollowMark just before it: that call then follows the
+  // compute enqueued before the mark, as the inputs need, and nothing later.
+  //
+  // MarkCompute may be called from any thread, also while another thread uses the group; null
+  // from a group with nothing to order (host memory: Gloo; the staged groups, which copy
+  // through the host, order their copies themselves). A mark that could not be made is null.
+  virtual std::shared_ptr<const ComputeMark> MarkCompute() { return nullptr; }
+  // The next collective the calling thread makes on the group follows `mark` (null: the
+  // compute enqueued at the call, as without one). Only a mark taken after every kernel
+  // that writes the call's inputs was enqueued is safe to give.
+  virtual void FollowMark(std::shared_ptr<const ComputeMark>) {}
 
   // The deadline of every call.
   virtual std::chrono::milliseconds timeout() const = 0;

@@ -53,6 +53,10 @@ class OverlappedCallsLeftOut final : public Communicator {
   Status Barrier() override {
     return LeftOutIfOverlapped([&] { return inner_->Barrier(); });
   }
+  std::shared_ptr<const ComputeMark> MarkCompute() override { return inner_->MarkCompute(); }
+  void FollowMark(std::shared_ptr<const ComputeMark> mark) override {
+    inner_->FollowMark(std::move(mark));
+  }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   double wait_seconds() const override { return inner_->wait_seconds() - left_out_->seconds(); }
 

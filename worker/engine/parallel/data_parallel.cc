@@ -48,12 +48,18 @@ void DataParallelMemory::BeginStep() {
 
 void DataParallelMemory::Reduce(size_t begin, size_t end) {
   float* data = grads_.data() + begin;
+  // Marked here, after the bucket's gradient kernels were enqueued: on a GPU the reduction
+  // follows them, not the rest of backward enqueued by the time the stream's thread makes
+  // the call (communicator.h, MarkCompute).
+  std::shared_ptr<const ComputeMark> mark = dp_->MarkCompute();
   if (zero_stage_ == 0) {
-    stream_->Submit([this, data, n = end - begin] {
+    stream_->Submit([this, data, n = end - begin, mark = std::move(mark)] {
+      dp_->FollowMark(mark);
       return dp_->AllReduce(data, n, DataType::kFloat32, ReduceOp::kAverage);
     });
   } else {
-    stream_->Submit([this, data, counts = partition_.Counts(begin, end)] {
+    stream_->Submit([this, data, counts = partition_.Counts(begin, end), mark = std::move(mark)] {
+      dp_->FollowMark(mark);
       return dp_->ReduceScatter(data, counts, DataType::kFloat32, ReduceOp::kAverage);
     });
   }

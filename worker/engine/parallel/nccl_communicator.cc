@@ -141,6 +141,7 @@ class NcclGroup {
 
   // Whether calls follow a compute stream (OrderAfterCompute has work to order after).
   bool ordered() const { return after_ != nullptr; }
+  cudaStream_t compute_stream() const { return after_; }
 
   // Makes the group's stream wait for the work enqueued on `after` so far, recording
   // `event` there (the group's own for a call, which it waits on before it returns; a
@@ -170,21 +171,29 @@ class NcclGroup {
   }
 
   // Runs `enqueue` (NCCL calls on the stream) after the compute stream's work, then polls
-  // until the stream has drained.
+  // until the stream has drained: after the work enqueued so far, or where `marked` is
+  // given (an event recorded on the compute stream earlier: Communicator::MarkCompute),
+  // after the work enqueued before it.
   //
   // The call's deadline and its wait_seconds start once that compute has finished, not at
   // the call: the GPU runs behind the host (by up to the rest of a backward pass when the
   // call reduces an early gradient bucket), and a backlog of our own kernels is neither a
   // sign of a hung peer nor time spent waiting for one.
-  Status Run(const char* op, const std::function<Status()>& enqueue) {
+  Status Run(const char* op, const std::function<Status()>& enqueue, cudaEvent_t marked = nullptr) {
     if (!error_.ok()) return error_;
     const std::string where = Where(op);
     RETURN_IF_ERROR(Check(cudaSetDevice(device_), "cudaSetDevice", where));
-    RETURN_IF_ERROR(OrderAfterCompute(where, ordered_));
+    cudaEvent_t computed = ordered_;
+    if (marked != nullptr && after_ != nullptr) {
+      RETURN_IF_ERROR(Check(cudaStreamWaitEvent(stream_, marked, 0), "cudaStreamWaitEvent", where));
+      computed = marked;
+    } else {
+      RETURN_IF_ERROR(OrderAfterCompute(where, ordered_));
+    }
     // enqueue's own failures (bad arguments, a peer that failed at once) break the group too.
     Status enqueued = enqueue();
     if (!enqueued.ok()) return Break(std::move(enqueued));
-    if (after_ != nullptr) RETURN_IF_ERROR(WaitForCompute(op, ordered_));
+    if (after_ != nullptr) RETURN_IF_ERROR(WaitForCompute(op, computed));
     // From here on the rank waits for its peers and the transfer (wait_seconds).
     const auto ready = NcclClock::now();
     Status drained = Poll(op, ready + NextTimeout(), [&]() -> StatusOr<bool> {
@@ -281,6 +290,32 @@ class NcclGroup {
   WaitTally waited_;
 };
 
+// Communicator::MarkCompute's mark: an event recorded on the compute stream, destroyed with
+// the mark (on whichever thread drops it last).
+class NcclComputeMark final : public ComputeMark {
+ public:
+  // Records a new event on `compute` (device `device`); null where that fails (the caller
+  // then orders at the call, as without a mark).
+  static std::shared_ptr<const ComputeMark> Make(int device, cudaStream_t compute) {
+    if (cudaSetDevice(device) != cudaSuccess) return nullptr;
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) return nullptr;
+    if (cudaEventRecord(event, compute) != cudaSuccess) {
+      NcclGroup::Log(CudaNcclStatus(cudaEventDestroy(event), "cudaEventDestroy", "MarkCompute"));
+      return nullptr;
+    }
+    return std::make_shared<NcclComputeMark>(event);
+  }
+  explicit NcclComputeMark(cudaEvent_t event) : event_(event) {}
+  ~NcclComputeMark() override {
+    NcclGroup::Log(CudaNcclStatus(cudaEventDestroy(event_), "cudaEventDestroy", "MarkCompute"));
+  }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  const cudaEvent_t event_;
+};
+
 // An Isend or Irecv: an event recorded on the compute stream before the transfer
 // (`computed`) and one on the group's stream after it (`transferred`).
 //
@@ -351,9 +386,12 @@ class NcclCommunicator final : public Communicator {
   double wait_seconds() const override { return group_->wait_seconds(); }
 
   Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
-    if (count == 0) return group_->error();
+    if (count == 0) {
+      next_mark_ = nullptr;  // FollowMark's mark was for this call
+      return group_->error();
+    }
     const std::string where = group_->Where("AllReduce");
-    return group_->Run("AllReduce", [&]() -> Status {
+    return Run("AllReduce", [&]() -> Status {
       DROVER_CUDA_NCCL(where, ncclAllReduce(data, data, count, NcclType(type), NcclOp(op),
                                             group_->comm(), group_->stream()));
       return OkStatus();
@@ -366,7 +404,7 @@ class NcclCommunicator final : public Communicator {
     const std::string where = group_->Where("ReduceScatter");
     auto* bytes = static_cast<std::byte*>(data);
     const size_t element = SizeOf(type);
-    return group_->Run("ReduceScatter", [&]() -> Status {
+    return Run("ReduceScatter", [&]() -> Status {
       if (AllEqual(counts)) {
         if (counts[0] == 0) return OkStatus();
         // In place: this rank's chunk of the send buffer is the receive buffer.
@@ -387,7 +425,7 @@ class NcclCommunicator final : public Communicator {
     const std::string where = group_->Where("AllGather");
     auto* bytes = static_cast<std::byte*>(data);
     const size_t element = SizeOf(type);
-    return group_->Run("AllGather", [&]() -> Status {
+    return Run("AllGather", [&]() -> Status {
       if (AllEqual(counts)) {
         if (counts[0] == 0) return OkStatus();
         DROVER_CUDA_NCCL(where, ncclAllGather(bytes + rank() * counts[0] * element, data, counts[0],
@@ -403,13 +441,25 @@ class NcclCommunicator final : public Communicator {
 
   Status Broadcast(void* data, size_t count, DataType type, int root) override {
     DROVER_CHECK_MSG(root >= 0 && root < size(), "broadcast root out of range");
-    if (count == 0) return group_->error();
+    if (count == 0) {
+      next_mark_ = nullptr;  // FollowMark's mark was for this call
+      return group_->error();
+    }
     const std::string where = group_->Where("Broadcast");
-    return group_->Run("Broadcast", [&]() -> Status {
+    return Run("Broadcast", [&]() -> Status {
       DROVER_CUDA_NCCL(where, ncclBroadcast(data, data, count, NcclType(type), root, group_->comm(),
                                             group_->stream()));
       return OkStatus();
     });
+  }
+
+  std::shared_ptr<const ComputeMark> MarkCompute() override {
+    // Any thread: only the group's constants are read.
+    if (!group_->ordered()) return nullptr;
+    return NcclComputeMark::Make(group_->device(), group_->compute_stream());
+  }
+  void FollowMark(std::shared_ptr<const ComputeMark> mark) override {
+    next_mark_ = std::move(mark);
   }
 
   StatusOr<std::unique_ptr<Request>> Isend(const void* data, size_t bytes, int peer,
@@ -427,7 +477,7 @@ class NcclCommunicator final : public Communicator {
 
   Status Barrier() override {
     const std::string where = group_->Where("Barrier");
-    return group_->Run("Barrier", [&]() -> Status {
+    return Run("Barrier", [&]() -> Status {
       DROVER_CUDA_NCCL(where, ncclAllReduce(group_->scalar(), group_->scalar(), 1, ncclFloat32,
                                             ncclSum, group_->comm(), group_->stream()));
       return OkStatus();
@@ -435,6 +485,15 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // A collective through the group (NcclGroup::Run), after FollowMark's mark where one was
+  // given: taken, and held until the call returns.
+  Status Run(const char* op, const std::function<Status()>& enqueue) {
+    const std::shared_ptr<const ComputeMark> mark = std::move(next_mark_);
+    next_mark_ = nullptr;
+    const auto* ours = dynamic_cast<const NcclComputeMark*>(mark.get());
+    return group_->Run(op, enqueue, ours != nullptr ? ours->event() : nullptr);
+  }
+
   static bool AllEqual(std::span<const size_t> counts) {
     return std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
   }
@@ -500,6 +559,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   const std::shared_ptr<NcclGroup> group_;
+  std::shared_ptr<const ComputeMark> next_mark_;  // FollowMark's, for the next collective
 };
 
 }  // namespace

@@ -8,7 +8,11 @@
 // Every call enqueues its NCCL work on the group's own communication stream, behind an
 // event recorded on `after` (the kernel table's compute stream) at the call, so a transfer
 // starts only once the kernels enqueued before the call have written its buffer, while
-// kernels enqueued later (the rest of backward) run beside it. The call returns when the
+// kernels enqueued later (the rest of backward) run beside it. A collective made on another
+// thread than the one that enqueued its inputs follows the event MarkCompute recorded on
+// that thread instead, when FollowMark gave it one (communicator.h): a gradient bucket's
+// reduction, made by a CommStream's thread once the one before it has finished, would
+// otherwise wait for all the backward the host had enqueued by then. The call returns when the
 // group's stream has drained (or, for Isend / Irecv, the request's Wait returns when an
 // event recorded after the transfer has fired). Completion is polled, never waited out:
 // cudaStreamQuery / cudaEventQuery and ncclCommGetAsyncError, against the call's deadline:

@@ -134,9 +134,12 @@ Status ShardedMemory::GradsReady(int unit) {
   const size_t lo = std::max(u.offset, owned_begin());
   const size_t hi = std::min(u.offset + u.numel, owned_end());
   float* own = hi > lo ? owned_grads_.data() + owned_offset(lo) : nullptr;
+  // After the unit's gradient kernels, not the rest of backward (communicator.h, MarkCompute).
+  std::shared_ptr<const ComputeMark> mark = dp_->MarkCompute();
   grads_in_flight_.push_back(stream_.Submit(
       [this, buffer, own, src = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
-       counts = partition_.Counts(u.offset, u.offset + u.numel)]() mutable {
+       counts = partition_.Counts(u.offset, u.offset + u.numel), mark = std::move(mark)]() mutable {
+        dp_->FollowMark(mark);
         Status st =
             dp_->ReduceScatter(buffer->data(), counts, DataType::kFloat32, ReduceOp::kAverage);
         if (st.ok() && n > 0) ops_->Add(own, buffer->data() + src, n);
