@@ -41,6 +41,7 @@ ShardedMemory::ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp
       dp_(dp),
       zero_stage_(zero_stage),
       tied_ready_after_head_(TiedUnitReadyAfterHeadOn(ops)),
+      marks_(dp->MarkCompute() != nullptr),
       partition_(layout->num_params(), dp->size()),
       params_(ops->Allocate(zero_stage == 3
                                 ? partition_.end(dp->rank()) - partition_.begin(dp->rank())
@@ -78,12 +79,18 @@ Status ShardedMemory::StartGather(int unit) {
   const size_t lo = std::max(u.offset, owned_begin());
   const size_t hi = std::min(u.offset + u.numel, owned_end());
   const float* own = hi > lo ? params_.data() + owned_offset(lo) : nullptr;
-  slot.ready =
-      stream_.Submit([this, data, own, dst = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
-                      counts = partition_.Counts(u.offset, u.offset + u.numel)] {
-        if (n > 0) ops_->Copy(data + dst, own, n);
-        return dp_->AllGather(data, counts, DataType::kFloat32);
-      });
+  const size_t dst = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0;
+  std::shared_ptr<const ComputeMark> mark;
+  if (marks_) {
+    if (n > 0) ops_->Copy(data + dst, own, n);
+    mark = dp_->MarkCompute();
+  }
+  slot.ready = stream_.Submit([this, data, own, dst, n, mark = std::move(mark),
+                               counts = partition_.Counts(u.offset, u.offset + u.numel)] {
+    if (!marks_ && n > 0) ops_->Copy(data + dst, own, n);
+    dp_->FollowMark(mark);
+    return dp_->AllGather(data, counts, DataType::kFloat32);
+  });
   return OkStatus();
 }
 

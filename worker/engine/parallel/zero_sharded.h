@@ -119,6 +119,11 @@ class ShardedMemory final : public TrainingMemory {
   Communicator* dp_;
   const int zero_stage_;
   const bool tied_ready_after_head_;
+  // Whether dp's collectives follow marks (Communicator::MarkCompute; NCCL): StartGather then
+  // copies the rank's shard on the training thread and hands the gather a mark taken after
+  // it, so that a prefetch waits on the GPU for that copy alone, not for the layers the host
+  // enqueued before the stream's thread got to it. Elsewhere the stream's thread copies.
+  const bool marks_;
   ShardPartition partition_;
   Buffer params_;        // stage 2: the whole arena; stage 3: this rank's shard
   Buffer owned_grads_;   // this rank's shard of the dp-averaged gradient
