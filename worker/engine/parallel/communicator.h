@@ -22,7 +22,7 @@
 // Thread-safety: one thread at a time per Communicator (the engine gives a communicator to
 // one thread: the dp group's to its CommStream, the others to the training thread).
 // Different communicators of one process may be used from different threads at once.
-// wait_seconds() alone may be read from any thread.
+// wait_seconds() may be read, and MarkCompute() called, from any thread.
 #pragma once
 
 #include <atomic>
