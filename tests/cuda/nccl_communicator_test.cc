@@ -390,23 +390,25 @@ TEST(NcclCommunicatorTest, CallsBesideComputeCountOnlyWhatTheRankStalledForThem)
 // (MarkCompute after the bucket's kernels, FollowMark on the stream's thread), so it is done
 // about when the stream's thread is free, while that backward still runs. Before, it followed
 // everything enqueued when the thread made the call, the whole 2 C, and so did every bucket
-// after it. Its result is the sum.
+// after it. Its result is the sum. The group is wrapped as the trainer wraps its NCCL groups
+// (StageThroughDevice), which must pass the mark on.
 TEST(NcclCommunicatorTest, AReductionHandedToAStreamFollowsOnlyTheComputeMarkedForIt) {
   SKIP_UNLESS_NCCL_GROUPS_RUN();
   if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
   auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
     constexpr auto kBusy = milliseconds(100);
     Ops* ops = *CudaOps();
-    auto comm = ConnectNcclThroughPlugin(ops, store, "dp", rank, 2,
+    auto nccl = ConnectNcclThroughPlugin(ops, store, "dp", rank, 2,
                                          CommOptions{milliseconds(10'000)}, milliseconds(20'000));
-    if (!comm.ok()) return comm.status().ToString();
+    if (!nccl.ok()) return nccl.status().ToString();
+    std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(*nccl), ops);
     constexpr size_t kN = 1 << 20;
     Buffer work = ops->Allocate(kN);
     ops->Fill(work.data(), 1.0f, kN);
     Buffer data = ops->Allocate(4);
     ops->Fill(data.data(), 1.0f, 4);
     // The first call also connects.
-    Status st = (*comm)->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    Status st = comm->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
     RANK_EXPECT(st.ok(), "first all-reduce: " + st.ToString());
     const int repeats = CalibrateRepeats(ops, work.data(), kN);
     auto t0 = std::chrono::steady_clock::now();
@@ -414,7 +416,7 @@ TEST(NcclCommunicatorTest, AReductionHandedToAStreamFollowsOnlyTheComputeMarkedF
     ops->Synchronize();
     const double compute =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    st = (*comm)->Barrier();
+    st = comm->Barrier();
     RANK_EXPECT(st.ok(), "barrier: " + st.ToString());
 
     CommStream stream("dp reduction", ops);
@@ -424,11 +426,11 @@ TEST(NcclCommunicatorTest, AReductionHandedToAStreamFollowsOnlyTheComputeMarkedF
     });
     t0 = std::chrono::steady_clock::now();
     ops->Fill(data.data(), static_cast<float>(rank + 1), 4);  // this bucket's gradient
-    std::shared_ptr<const ComputeMark> mark = (*comm)->MarkCompute();
+    std::shared_ptr<const ComputeMark> mark = comm->MarkCompute();
     RANK_EXPECT(mark != nullptr, "an NCCL group made no mark");
     const CommStream::Ticket t = stream.Submit([&, mark] {
-      (*comm)->FollowMark(mark);
-      return (*comm)->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+      comm->FollowMark(mark);
+      return comm->AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
     });
     for (int i = 0; i < 2 * repeats; ++i) ops->Scale(work.data(), kN, 1.0f);  // more backward
     st = stream.Wait(t);

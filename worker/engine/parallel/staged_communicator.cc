@@ -140,7 +140,13 @@ class StagedCommunicator final : public Communicator {
                                                       side_, static_cast<float*>(data)));
   }
 
-  Status Barrier() override { return inner_->Barrier(); }
+  Status Barrier() override {
+    mark_ = nullptr;
+    return inner_->Barrier();
+  }
+
+  std::shared_ptr<const ComputeMark> MarkCompute() override { return inner_->MarkCompute(); }
+  void FollowMark(std::shared_ptr<const ComputeMark> mark) override { mark_ = std::move(mark); }
 
  private:
   static size_t Total(std::span<const size_t> counts) {
@@ -154,9 +160,17 @@ class StagedCommunicator final : public Communicator {
   // Runs `call` on `data` itself when it is memory of the inner's side, else on a staged
   // copy of its `bytes` that is copied back afterwards (not after a failure: the
   // communicator is broken then, and the buffer's contents do not matter).
+  //
+  // FollowMark's mark goes to the inner with a buffer that passes straight through; a staged
+  // copy is made at the call, after the mark, so the inner then orders at the call.
   template <typename Call>
   Status Staged(void* data, size_t bytes, Call call) {
-    if (bytes == 0 || OnInnerSide(data)) return call(data);
+    std::shared_ptr<const ComputeMark> mark = std::move(mark_);
+    mark_ = nullptr;
+    if (bytes == 0 || OnInnerSide(data)) {
+      inner_->FollowMark(std::move(mark));
+      return call(data);
+    }
     const size_t n = FloatsIn(bytes);
     // Page-locked host memory or device memory, both slow to allocate: grown to the largest
     // bucket once, then reused by every call.
@@ -174,6 +188,7 @@ class StagedCommunicator final : public Communicator {
   Ops* ops_;
   const Side side_;
   Buffer staging_;
+  std::shared_ptr<const ComputeMark> mark_;  // FollowMark's, for the next collective
 };
 
 }  // namespace

@@ -43,9 +43,19 @@ class DeviceOnlyCommunicator final : public Communicator {
     ops_->Fill(static_cast<float*>(data), 7.f, bytes / sizeof(float));
     return std::unique_ptr<Request>(new Done);
   }
-  Status Barrier() override { return OkStatus(); }
+  Status Barrier() override {
+    marks.push_back(mark_);
+    mark_ = nullptr;
+    return OkStatus();
+  }
+  // Marks are the group's own: a ComputeMark of nothing.
+  std::shared_ptr<const ComputeMark> MarkCompute() override {
+    return std::make_shared<ComputeMark>();
+  }
+  void FollowMark(std::shared_ptr<const ComputeMark> mark) override { mark_ = std::move(mark); }
 
-  std::vector<const void*> seen;  // every collective's buffer
+  std::vector<const void*> seen;                          // every collective's buffer
+  std::vector<std::shared_ptr<const ComputeMark>> marks;  // the mark each call followed
 
  private:
   class Done final : public Request {
@@ -54,13 +64,47 @@ class DeviceOnlyCommunicator final : public Communicator {
   };
   Status Double(void* data, size_t bytes) {
     seen.push_back(data);
+    marks.push_back(mark_);
+    mark_ = nullptr;
     if (!ops_->IsDeviceMemory(data)) return InternalError("a collective on host memory");
     ops_->Scale(static_cast<float*>(data), bytes / sizeof(float), 2.f);
     return OkStatus();
   }
   Ops* ops_;
   std::string name_ = "device-only";
+  std::shared_ptr<const ComputeMark> mark_;
 };
+
+// The trainer's NCCL groups are wrapped so (StageThroughDevice): a mark (Communicator::
+// MarkCompute) reaches the NCCL group with a device buffer, which goes to it as it is, but
+// not with a host buffer, whose staged copy is made at the call, after the mark (following
+// the mark, the collective could read the copy before it landed). A mark is for one call.
+TEST(StagedCommunicatorTest, ThroughDeviceAMarkGoesWithADeviceBufferAndNotWithAStagedOne) {
+  testing::EmulatedDeviceOps ops;
+  auto owned = std::make_unique<DeviceOnlyCommunicator>(&ops);
+  DeviceOnlyCommunicator* inner = owned.get();
+  std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(owned), &ops);
+  Buffer device = ops.Allocate(4);
+  ops.Fill(device.data(), 1.f, 4);
+  std::vector<float> host = {1, 2, 3};
+
+  std::shared_ptr<const ComputeMark> mark = comm->MarkCompute();
+  ASSERT_NE(mark, nullptr);
+  comm->FollowMark(mark);
+  ASSERT_TRUE(comm->AllReduce(device.data(), 4, DataType::kFloat32, ReduceOp::kSum).ok());
+  ASSERT_TRUE(comm->AllReduce(device.data(), 4, DataType::kFloat32, ReduceOp::kSum).ok());
+  comm->FollowMark(mark);
+  ASSERT_TRUE(comm->AllReduce(host.data(), 3, DataType::kFloat32, ReduceOp::kSum).ok());
+  comm->FollowMark(mark);
+  ASSERT_TRUE(comm->Barrier().ok());
+  ASSERT_TRUE(comm->AllReduce(device.data(), 4, DataType::kFloat32, ReduceOp::kSum).ok());
+  ASSERT_EQ(inner->marks.size(), 5u);
+  EXPECT_EQ(inner->marks[0], mark);     // a device buffer: straight through, with its mark
+  EXPECT_EQ(inner->marks[1], nullptr);  // the next call: at the call
+  EXPECT_EQ(inner->marks[2], nullptr);  // a staged host buffer: at the call
+  EXPECT_EQ(inner->marks[3], nullptr);  // a barrier has no data to order
+  EXPECT_EQ(inner->marks[4], nullptr);  // nor does it leave the mark for the call after it
+}
 
 TEST(StagedCommunicatorTest, ThroughDeviceHostBuffersMakeTheRoundTripDeviceBuffersGoStraight) {
   testing::EmulatedDeviceOps ops;
