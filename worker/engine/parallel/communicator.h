@@ -148,8 +148,9 @@ class Communicator {
   // compute enqueued before the mark, as the inputs need, and nothing later.
   //
   // MarkCompute may be called from any thread, also while another thread uses the group; null
-  // from a group with nothing to order (host memory: Gloo; the staged groups, which copy
-  // through the host, order their copies themselves). A mark that could not be made is null.
+  // from a group with nothing to order (host memory: Gloo). A staged group passes on its
+  // inner group's marks, and a mark only with a buffer that is not staged (its copy is made
+  // at the call). A mark that could not be made is null.
   virtual std::shared_ptr<const ComputeMark> MarkCompute() { return nullptr; }
   // The next collective the calling thread makes on the group follows `mark` (null: the
   // compute enqueued at the call, as without one). Only a mark taken after every kernel
