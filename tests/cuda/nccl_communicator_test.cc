@@ -537,6 +537,120 @@ TEST(NcclCommunicatorTest, AReceiveBehindComputeCountsAndTimesOnlyTheWaitForTheP
   EXPECT_EQ(results[1], "");
 }
 
+// A group as the trainer connects those of its training thread (tp, pp, world):
+// stream-ordered.
+StatusOr<std::unique_ptr<Communicator>> ConnectStreamOrdered(Ops* ops, KvStore* store, int rank,
+                                                             milliseconds timeout) {
+  CommOptions options{timeout};
+  options.stream_ordered = true;
+  return ConnectNcclThroughPlugin(ops, store, "g", rank, 2, options, milliseconds(20'000));
+}
+
+// Stream order (CommOptions::stream_ordered): an all-reduce and a receive whose peer comes
+// 600 ms late each return at once, the host going on; the kernels enqueued after them see
+// their results; and the rank's wait is what its compute stalled for them, counted by Sync.
+TEST(NcclCommunicatorTest, StreamOrderedCallsReturnBeforeTheirTransfersAndTheComputeAfterSeesThem) {
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    Ops* ops = *CudaOps();
+    auto comm = ConnectStreamOrdered(ops, store, rank, milliseconds(10'000));
+    if (!comm.ok()) return comm.status().ToString();
+    Communicator& c = **comm;
+    Buffer data = ops->Allocate(4);
+    Buffer received = ops->Allocate(4);
+    ops->Fill(data.data(), static_cast<float>(rank + 1), 4);
+    // The first transfer also connects: left out.
+    Status st = c.AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);  // 3
+    if (st.ok()) st = c.Sync();
+    RANK_EXPECT(st.ok(), "warm-up: " + st.ToString());
+    const double before = c.wait_seconds();
+    constexpr milliseconds kLate(600);
+    std::chrono::steady_clock::duration returned[2];
+    for (int call = 0; call < 2 && st.ok(); ++call) {
+      if (rank == 1) std::this_thread::sleep_for(kLate);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (call == 0) {
+        st = c.AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);  // 6
+        ops->Scale(data.data(), 4, 10.0f);                                     // after it: 60
+      } else if (rank == 0) {
+        st = c.Recv(received.data(), 4 * sizeof(float), 1, 0);
+        ops->Scale(received.data(), 4, 2.0f);  // rank 1's 60, doubled
+      } else {
+        st = c.Send(data.data(), 4 * sizeof(float), 0, 0);
+      }
+      returned[call] = std::chrono::steady_clock::now() - t0;
+    }
+    RANK_EXPECT(st.ok(), st.ToString());
+    std::vector<float> got(4), got_received(4);
+    ops->ToHost(got.data(), data.data(), 4);
+    RANK_EXPECT(got == std::vector<float>(4, 60.0f), "all-reduced, then scaled: " + Str(got));
+    st = c.Sync();
+    RANK_EXPECT(st.ok(), "sync: " + st.ToString());
+    const double waited = c.wait_seconds() - before;
+    if (rank == 0) {
+      for (int call = 0; call < 2; ++call) {
+        RANK_EXPECT(returned[call] < kLate / 2,
+                    "call " + std::to_string(call) + " returned after " +
+                        std::to_string(std::chrono::duration<double>(returned[call]).count()) +
+                        " s, its peer 0.6 s late");
+      }
+      ops->ToHost(got_received.data(), received.data(), 4);
+      RANK_EXPECT(got_received == std::vector<float>(4, 120.0f),
+                  "received, then doubled: " + Str(got_received));
+      RANK_EXPECT(waited >= 0.9, "stalled " + std::to_string(waited) + " s for two 0.6 s waits");
+    } else {
+      RANK_EXPECT(waited < 0.3, "the late rank stalled " + std::to_string(waited) + " s");
+    }
+    return "";
+  });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
+}
+
+// Stream order keeps the deadline with no call to keep it: rank 0's all-reduce, whose peer
+// never comes, returns, and its compute waits for the transfer; the group's watchdog aborts
+// it at the 300 ms timeout, which releases the compute (a ToHost returns), and Sync and the
+// next call report the deadline. A hang would leave the ToHost waiting for good.
+TEST(NcclCommunicatorTest, AStreamOrderedTransferThatHangsIsAbortedAtItsDeadlineWithNoCaller) {
+  SKIP_UNLESS_NCCL_GROUPS_RUN();
+  if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
+  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
+    Ops* ops = *CudaOps();
+    auto comm = ConnectStreamOrdered(ops, store, rank, milliseconds(300));
+    if (!comm.ok()) return comm.status().ToString();
+    Communicator& c = **comm;
+    Buffer data = ops->Allocate(4);
+    ops->Fill(data.data(), 1.0f, 4);
+    Status st = c.AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    if (st.ok()) st = c.Sync();
+    RANK_EXPECT(st.ok(), "warm-up: " + st.ToString());
+    if (rank == 1) {
+      std::this_thread::sleep_for(milliseconds(3'000));
+      return "";  // never takes part; its group finds the peer's abort
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    st = c.AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    RANK_EXPECT(st.ok(), "the call returns before its transfer: " + st.ToString());
+    std::vector<float> got(4);
+    ops->ToHost(got.data(), data.data(), 4);  // waits for the transfer, until the abort
+    const double released =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    RANK_EXPECT(released >= 0.25 && released < 2.0,
+                "the compute was released " + std::to_string(released) + " s after the call");
+    st = c.Sync();
+    RANK_EXPECT(st.code() == StatusCode::kDeadlineExceeded, "sync: " + st.ToString());
+    RANK_EXPECT(st.message().find("AllReduce") != std::string::npos &&
+                    st.message().find("within 300 ms") != std::string::npos,
+                st.message());
+    st = c.AllReduce(data.data(), 4, DataType::kFloat32, ReduceOp::kSum);
+    RANK_EXPECT(st.code() == StatusCode::kDeadlineExceeded, "the next call: " + st.ToString());
+    return "";
+  });
+  EXPECT_EQ(results[0], "");
+  EXPECT_EQ(results[1], "");
+}
+
 TEST(NcclCommunicatorTest, TwoRanksOnOneGpuAreRefused) {
   SKIP_UNLESS_NCCL_GROUPS_RUN();
   auto results = OnRanks({"0", "0"}, [](int rank, KvStore* store) -> std::string {

@@ -13,11 +13,13 @@
 
 #include <algorithm>
 #include <cfenv>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -257,6 +259,29 @@ TEST_F(CudaEmulatorTest, PollingAnEventHasTheWorkBeforeItRun) {
   EXPECT_EQ(state, cudaSuccess);
   EXPECT_TRUE(PinnedHolds(9.0f));
   ASSERT_EQ(cudaEventDestroy(copied), cudaSuccess);
+}
+
+// What the NCCL groups time a rank's stall with: two timing events on different streams
+// measure from the first's stream reaching it to the second's, once both have.
+TEST_F(CudaEmulatorTest, ElapsedTimeIsBetweenTheStreamsReachingTwoTimingEvents) {
+  cudaEvent_t start = nullptr, end = nullptr, untimed = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&start, cudaEventDefault), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&end, cudaEventDefault), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(start, a_), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(b_, start, 0), cudaSuccess);
+  drover_emu::EnqueueOnStream(b_,
+                              [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+  ASSERT_EQ(cudaEventRecord(end, b_), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(untimed, b_), cudaSuccess);
+  float ms = -1;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, end), cudaErrorNotReady);  // nothing ran yet
+  ASSERT_EQ(cudaStreamSynchronize(b_), cudaSuccess);
+  ASSERT_EQ(cudaEventElapsedTime(&ms, start, end), cudaSuccess);
+  EXPECT_GE(ms, 200.0f);
+  EXPECT_LT(ms, 5000.0f);
+  EXPECT_EQ(cudaEventElapsedTime(&ms, start, untimed), cudaErrorInvalidResourceHandle);
+  for (cudaEvent_t e : {start, end, untimed}) EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
 }
 
 TEST_F(CudaEmulatorTest, KernelArgumentsAreTakenAtTheLaunch) {

@@ -308,6 +308,11 @@ class Stream {
 struct Event {
   Stream* stream = nullptr;  // where it was last recorded; null: done
   uint64_t ticket = 0;
+  bool timing = true;  // not made with cudaEventDisableTiming
+  // A timing event's passing: the stream's thread writes the steady clock's nanoseconds
+  // there when it reaches the event (-1 before). Shared with that work, which may run after
+  // the event is destroyed.
+  std::shared_ptr<std::atomic<int64_t>> passed;
 };
 
 Stream* AsStream(cudaStream_t stream) { return reinterpret_cast<Stream*>(stream); }
@@ -471,14 +476,36 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   AsStream(stream)->Enqueue([copy] { copy.stream->Wait(copy.ticket); });
   return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
-  *event = reinterpret_cast<cudaEvent_t>(new Event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  auto* e = new Event;
+  e->timing = (flags & cudaEventDisableTiming) == 0;
+  *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   Event* e = AsEvent(event);
   e->stream = stream == nullptr ? nullptr : AsStream(stream);
+  e->passed = nullptr;
+  if (e->timing && e->stream != nullptr) {
+    // The time is taken where the stream gets to the event: work of its own, the last.
+    auto passed = std::make_shared<std::atomic<int64_t>>(-1);
+    e->passed = passed;
+    e->stream->Enqueue([passed] {
+      passed->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+    });
+  }
   e->ticket = e->stream == nullptr ? 0 : e->stream->last();
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  const Event* a = AsEvent(start);
+  const Event* b = AsEvent(end);
+  if (ms == nullptr) return cudaErrorInvalidValue;
+  if (a->passed == nullptr || b->passed == nullptr) return cudaErrorInvalidResourceHandle;
+  if (!Done(a) || !Done(b)) return cudaErrorNotReady;
+  *ms = static_cast<float>(static_cast<double>(b->passed->load() - a->passed->load()) * 1e-6);
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -559,6 +586,8 @@ constexpr ErrorText kErrorTexts[] = {
     {cudaErrorNoKernelImageForDevice, "cudaErrorNoKernelImageForDevice",
      "no kernel image is available for execution on the device (emulated)"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready (emulated)"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle",
+     "invalid resource handle (emulated)"},
     {cudaErrorECCUncorrectable, "cudaErrorECCUncorrectable",
      "uncorrectable ECC error encountered (emulated)"},
     {cudaErrorNvlinkUncorrectable, "cudaErrorNvlinkUncorrectable",

@@ -34,7 +34,7 @@ struct StepMetrics {
   double comm_ms = 0;       // data-parallel communication during forward and backward
   double comm_wait_ms = 0;  // of which the step waited for (the rest hid behind compute)
   double publish_ms = 0;    // ZeRO-1/2's all-gather of the updated parameters
-  double pp_wait_ms = 0;    // time blocked receiving from neighbouring pipeline stages
+  double pp_wait_ms = 0;    // time blocked on transfers with neighbouring pipeline stages
   // From the previous step's end to this one's (the first: this step alone): the time this
   // rank's collectives and transfers took once its part of each was ready, every group
   // summed (Communicator::wait_seconds; for Gloo's dp reductions, which run beside

@@ -252,17 +252,21 @@ Status Trainer::ConnectGroups(Ops* ops) {
   parallel::GroupConnector connect_one;
   std::shared_ptr<parallel::GlooTransport> transport;
   if (choice.nccl) {
-    connect_one = [&](const std::string& name, int rank,
-                      int size) -> StatusOr<std::unique_ptr<parallel::Communicator>> {
+    connect_one =
+        [&](const std::string& name, int rank, int size,
+            parallel::GroupCaller caller) -> StatusOr<std::unique_ptr<parallel::Communicator>> {
+      // The training thread's groups let the host run ahead of their transfers.
+      parallel::CommOptions options = connect.comm;
+      options.stream_ordered = caller == parallel::GroupCaller::kTrainingThread;
       ASSIGN_OR_RETURN(std::unique_ptr<parallel::Communicator> comm,
                        parallel::ConnectNcclThroughPlugin(ops, options_.store, name, rank, size,
-                                                          connect.comm, connect.connect_timeout));
+                                                          options, connect.connect_timeout));
       return parallel::StageThroughDevice(std::move(comm), ops);
     };
   } else {
     ASSIGN_OR_RETURN(transport, parallel::GlooTransport::Create(connect.bind_address));
-    connect_one = [&](const std::string& name, int rank,
-                      int size) -> StatusOr<std::unique_ptr<parallel::Communicator>> {
+    connect_one = [&](const std::string& name, int rank, int size,
+                      parallel::GroupCaller) -> StatusOr<std::unique_ptr<parallel::Communicator>> {
       ASSIGN_OR_RETURN(std::unique_ptr<parallel::Communicator> comm,
                        parallel::ConnectGlooGroup(transport, options_.store, name, rank, size,
                                                   connect.comm, connect.connect_timeout));

@@ -19,6 +19,7 @@ enum cudaError_t {
   cudaErrorNoKernelImageForDevice = 209,
   cudaErrorECCUncorrectable = 214,
   cudaErrorNvlinkUncorrectable = 220,
+  cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorSystemNotReady = 802,
   cudaErrorSystemDriverMismatch = 803,
@@ -55,6 +56,7 @@ namespace drover_emu {
 // is the kernels', copies' and GEMMs').
 void EnqueueOnStream(cudaStream_t stream, std::function<void()> work);
 }  // namespace drover_emu
+inline constexpr unsigned cudaEventDefault = 0;
 inline constexpr unsigned cudaEventDisableTiming = 2;
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
@@ -90,6 +92,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
+// Milliseconds between two timing events' passing (the time their streams reached them):
+// cudaErrorNotReady while either is pending, cudaErrorInvalidResourceHandle for an event
+// made with cudaEventDisableTiming or never recorded on a stream.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaDriverGetVersion(int* version);
 cudaError_t cudaRuntimeGetVersion(int* version);

@@ -21,7 +21,7 @@ namespace drover::engine {
 // 16: AttentionBackward's dout_operand; 17: RoundCopy; 18: LayerNormBackward's dinp_copy,
 // GeluMatmulBackward's dout_operand; 19: device_bytes; 20: kCreateDeviceFault;
 // 21: Communicator::MarkCompute / FollowMark.
-inline constexpr int kCudaOpsAbi = 21;
+inline constexpr int kCudaOpsAbi = 22;
 
 // The plugin's one entry point (extern "C"): on success *ops is a table for device 0 of
 // those visible (CUDA_VISIBLE_DEVICES), living until exit, and 0 is returned; otherwise a

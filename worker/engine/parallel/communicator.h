@@ -16,6 +16,13 @@
 //   every later call fails at once (the trainer's answer is to exit and be restarted).
 // - Data pointers are host memory for Gloo and device memory for NCCL. Buffers may not be
 //   touched by the caller until the call (or, for the async calls, Wait) returns.
+// - Stream order (CommOptions::stream_ordered, NCCL): a call, or a request's Wait, may return
+//   once its transfer is enqueued on the device, before it has run. Its buffer is then ready
+//   for the compute the caller enqueues after the return (kernels, and the kernel table's
+//   ToHost, which follows them), never for the host directly; and its failure, a deadline
+//   included, is reported by a later call or by Sync. A call on host memory (staged), Barrier
+//   and Sync still return complete. Deadlines hold without a caller: a watchdog aborts the
+//   group when a transfer outlives its timeout, which releases the compute waiting for it.
 // - Results of AllReduce and AllGather are bitwise identical on every rank, so replicated
 //   parameters that are updated from them stay identical without further checks.
 //
@@ -47,6 +54,11 @@ struct CommOptions {
   // Deadline of every call (and of connecting the group). A few seconds on CPU catches a
   // dead or hung peer quickly; the spec's parallel.timeout_s sets it for real jobs.
   std::chrono::milliseconds timeout{10'000};
+  // Calls on device memory may return once their transfer is enqueued, ordered before the
+  // compute the caller enqueues next (Communicator's "stream order"). Backends without a
+  // compute stream (Gloo) ignore it. For groups used by the training thread, whose next
+  // kernels read the result: the host keeps its lead over the GPU through them.
+  bool stream_ordered = false;
 };
 
 // A send or receive in flight (Isend / Irecv). Wait returns within the communicator's
@@ -137,6 +149,12 @@ class Communicator {
 
   // Returns once every rank of the group has called it.
   virtual Status Barrier() = 0;
+
+  // Returns once every call made so far has completed: OK, or the first error of any. A
+  // stream-ordered group's calls may still be running after they return; a trainer syncs
+  // before it trusts what they computed (a step's end, a checkpoint). Other groups' calls
+  // return complete, and their errors were returned then: OK.
+  virtual Status Sync() { return OkStatus(); }
 
   // A collective handed to another thread (a CommStream's gradient bucket) is made when that
   // thread gets to it, and a group that orders its calls after the compute stream (NCCL)

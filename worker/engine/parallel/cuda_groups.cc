@@ -53,6 +53,9 @@ class OverlappedCallsLeftOut final : public Communicator {
   Status Barrier() override {
     return LeftOutIfOverlapped([&] { return inner_->Barrier(); });
   }
+  Status Sync() override {
+    return LeftOutIfOverlapped([&] { return inner_->Sync(); });
+  }
   std::shared_ptr<const ComputeMark> MarkCompute() override { return inner_->MarkCompute(); }
   void FollowMark(std::shared_ptr<const ComputeMark> mark) override {
     inner_->FollowMark(std::move(mark));
@@ -178,7 +181,7 @@ StatusOr<std::unique_ptr<Communicator>> ConnectNcclThroughPlugin(
   char error[1024] = {0};
   const int code =
       connect(kCudaOpsAbi, ops, store, group.c_str(), rank, size, options.timeout.count(),
-              connect_timeout.count(), &comm, error, sizeof(error));
+              connect_timeout.count(), options.stream_ordered ? 1 : 0, &comm, error, sizeof(error));
   if (code != 0) return Status(static_cast<StatusCode>(code), error);
   return std::unique_ptr<Communicator>(
       new OverlappedCallsLeftOut(std::unique_ptr<Communicator>(comm)));

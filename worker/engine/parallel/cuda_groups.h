@@ -31,11 +31,13 @@ using CudaDeviceFn = int (*)(int abi, char* bus_id, size_t bus_id_len, int* has_
                              size_t error_len);
 inline constexpr char kCudaDeviceSymbol[] = "drover_cuda_device";
 // drover_connect_nccl_group: nccl_communicator.h's ConnectNcclGroup on device 0, ordered
-// after `ops`'s compute stream (`ops` must be the plugin's own table). Returns 0 and sets
-// *out (owned by the caller), or returns a StatusCode and writes its message to `error`.
+// after `ops`'s compute stream (`ops` must be the plugin's own table), stream-ordered when
+// `stream_ordered` is 1 (CommOptions). Returns 0 and sets *out (owned by the caller), or
+// returns a StatusCode and writes its message to `error`.
 using ConnectNcclFn = int (*)(int abi, Ops* ops, KvStore* store, const char* group, int rank,
                               int size, int64_t timeout_ms, int64_t connect_timeout_ms,
-                              Communicator** out, char* error, size_t error_len);
+                              int stream_ordered, Communicator** out, char* error,
+                              size_t error_len);
 inline constexpr char kConnectNcclSymbol[] = "drover_connect_nccl_group";
 
 struct CudaDevice {

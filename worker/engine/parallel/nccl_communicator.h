@@ -22,6 +22,21 @@
 // which is the only way to get a rank out of a collective whose peer hangs, and is broken
 // from then on (communicator.h).
 //
+// Stream order (CommOptions::stream_ordered, the training thread's groups): a call returns
+// once NCCL has enqueued its transfer, with the compute stream made to wait for the
+// transfer's end (a request: at its Wait), so the host keeps its lead over the GPU through
+// tensor parallel's all-reduces and the pipeline's transfers (a call that returned only
+// once done would leave the GPU idle at each while the host enqueued the kernels after it,
+// four times a layer under tp). The call's deadline (from the transfer's start on the group's
+// stream, i.e. once the compute it follows and the group's earlier transfers are done) is then held
+// by the group's watchdog thread, which polls the transfers in flight, oldest first, every few
+// milliseconds and aborts the communicator at a deadline or on NCCL's asynchronous error: the abort
+// ends the transfer, which releases the compute waiting for it, and the error is returned by the
+// group's next call or Sync. The rank's wait (wait_seconds) is what its compute stream
+// stalled for each transfer, timed by events (from reaching its wait to the transfer's end),
+// and counted once both have passed (Sync counts them all). A lock serialises the group's
+// users: the calling thread and the watchdog, which never meet inside NCCL.
+//
 // Algorithms: AllReduce, Broadcast: NCCL's, in place; kAverage is ncclAvg. ReduceScatter
 // and AllGather with equal counts: ncclReduceScatter / ncclAllGather in place. With uneven
 // counts: one ncclReduce (ReduceScatter) or ncclBroadcast (AllGather) per non-empty chunk,
@@ -35,8 +50,8 @@
 // both send before they receive deadlock (until the timeout). Order exchanges so that one
 // side receives first (e.g. even ranks send first, odd ranks receive first).
 //
-// Thread-safety: communicator.h's (one thread at a time). Every call makes `device`
-// current on the calling thread.
+// Thread-safety: communicator.h's (one thread at a time; the watchdog is the group's own).
+// Every call makes `device` current on the calling thread.
 #pragma once
 
 #include <cuda_runtime_api.h>

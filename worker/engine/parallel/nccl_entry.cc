@@ -23,7 +23,7 @@ int Fail(drover::StatusCode code, const std::string& message, char* error, size_
 
 extern "C" __attribute__((visibility("default"))) int drover_connect_nccl_group(
     int abi, drover::engine::Ops* ops, drover::engine::parallel::KvStore* store, const char* group,
-    int rank, int size, int64_t timeout_ms, int64_t connect_timeout_ms,
+    int rank, int size, int64_t timeout_ms, int64_t connect_timeout_ms, int stream_ordered,
     drover::engine::parallel::Communicator** out, char* error, size_t error_len) {
   using drover::StatusCode;
   static_assert(std::is_same_v<decltype(&drover_connect_nccl_group),
@@ -45,6 +45,7 @@ extern "C" __attribute__((visibility("default"))) int drover_connect_nccl_group(
 #ifdef DROVER_HAVE_NCCL
   drover::engine::parallel::CommOptions options;
   options.timeout = std::chrono::milliseconds(timeout_ms);
+  options.stream_ordered = stream_ordered != 0;
   auto comm = drover::engine::parallel::ConnectNcclGroup(
       store, group, rank, size, /*device=*/0, compute, options,
       std::chrono::milliseconds(connect_timeout_ms));
@@ -52,7 +53,8 @@ extern "C" __attribute__((visibility("default"))) int drover_connect_nccl_group(
   *out = comm->release();
   return 0;
 #else
-  (void)store, (void)rank, (void)size, (void)timeout_ms, (void)connect_timeout_ms, (void)out;
+  (void)store, (void)rank, (void)size, (void)timeout_ms, (void)connect_timeout_ms,
+      (void)stream_ordered, (void)out;
   return Fail(StatusCode::kFailedPrecondition,
               std::string("NCCL group \"") + group +
                   "\": this CUDA backend was built without NCCL (parallel.backend gloo works)",

@@ -277,12 +277,21 @@ Status ParallelGpt::Send(const Link& to, std::vector<std::unique_ptr<Request>>* 
 }
 
 Status ParallelGpt::Recv(const Link& from, float* data, uint64_t tag) {
-  // The group's count, not the host's time in the call: on a GPU the host also waits there
-  // for its own kernels before the receive, which is no wait for the neighbour.
-  const double waited = from.comm->wait_seconds();
-  Status st = from.comm->Recv(data, BoundaryBytes(options_), from.peer, tag);
-  pp_wait_s_ += from.comm->wait_seconds() - waited;
-  return st;
+  return from.comm->Recv(data, BoundaryBytes(options_), from.peer, tag);
+}
+
+// The groups' counts, not the host's time in the calls: on a GPU the host also waits there
+// for its own kernels before a receive, which is no wait for the neighbour; and a
+// stream-ordered group (NCCL) counts a transfer once the compute stream has passed its wait
+// for it, after the call. Sends count too: a stage whose send waits for its receiver stalls
+// as well (one waited for late, as the schedules do, has mostly completed).
+double ParallelGpt::PipelineWaitSeconds() const {
+  double seconds = 0;
+  for (const auto* group :
+       {&groups_->pp, &groups_->pp_grad, &groups_->pp_wrap, &groups_->pp_grad_wrap}) {
+    if (*group != nullptr) seconds += (*group)->wait_seconds();
+  }
+  return seconds;
 }
 
 Status ParallelGpt::RunForward(const PipeAction& action, const BatchFn& next_batch,
@@ -379,7 +388,7 @@ double ParallelGpt::OwnedGradSumSquares() {
 }
 
 StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, bool checkpoint_vote) {
-  pp_wait_s_ = 0;
+  const double pipeline_waited = PipelineWaitSeconds();
   memory_->BeginStep();
   double loss_sum = 0;
   for (const PipeAction& action : schedule_) {
@@ -393,6 +402,11 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, boo
   std::function<Status(float*)> sync;
   if (groups_->emb != nullptr) sync = [this](float* grads) { return SyncTiedEmbedding(grads); };
   RETURN_IF_ERROR(memory_->FinishGradients(sync));
+  // The stream-ordered groups' calls of this step have completed, or one failed: nothing
+  // that may be garbage (an aborted transfer's buffer) reaches the optimizer, the metrics or
+  // a checkpoint. The host waits here for the GPU's backward anyway: the gradient norm below
+  // is read on the host.
+  RETURN_IF_ERROR(SyncAll(*groups_));
   // Forward and backward are over: what the stream did so far is what could hide behind
   // them (gradient reduction; ZeRO-3's gathers).
   StepResult r;
@@ -428,7 +442,7 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, boo
   for (const std::vector<ActivationSet>& chunk : sets_) {
     for (const ActivationSet& set : chunk) r.activation_bytes += set.acts->bytes();
   }
-  r.pp_wait_s = pp_wait_s_;
+  r.pp_wait_s = PipelineWaitSeconds() - pipeline_waited;
   // A skipped step leaves weights, moments and AdamW's step count as they were; the next
   // BeginStep discards the gradients.
   if (r.skipped) return r;
@@ -476,6 +490,7 @@ StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch
     }
   }
   RETURN_IF_ERROR(WaitAllSends());
+  RETURN_IF_ERROR(SyncAll(*groups_));  // as Step's: no loss from an aborted transfer
   const bool counts = layout_.last_stage() && coord_.tp == 0;
   double stats[2] = {counts ? sum : 0.0, counts ? static_cast<double>(count) : 0.0};
   if (groups_->world != nullptr) {

@@ -80,8 +80,9 @@ struct StepResult {
   // its compute, communicator.h's OverlappedCalls): part of its wait for its peers.
   double comm_overlapped_waits_s = 0;
   double publish_s = 0;  // the all-gather of updated parameters after the optimizer (ZeRO-1/2)
-  // Time blocked receiving from neighbouring stages, as the groups count it (on a GPU from
-  // the rank's own kernels before the receive having finished: Communicator::wait_seconds).
+  // Time blocked on transfers with neighbouring stages (receives, and sends still running
+  // when waited for), as the groups count it (on a GPU from the rank's own kernels before the
+  // transfer having finished: Communicator::wait_seconds).
   double pp_wait_s = 0;
   // Bytes this rank holds for parameters, gradients, AdamW state and ZeRO's transient
   // buffers (most at once so far).
@@ -186,6 +187,8 @@ class ParallelGpt {
   Status Send(const Link& to, std::vector<std::unique_ptr<Request>>* sends, const float* data,
               uint64_t tag);
   Status Recv(const Link& from, float* data, uint64_t tag);
+  // What this stage has waited in its pipeline transfers (StepResult::pp_wait_s).
+  double PipelineWaitSeconds() const;
   static Status Wait(std::vector<std::unique_ptr<Request>>* sends);
   Status WaitAllSends();
   Status SyncTiedEmbedding(float* grads);
@@ -213,7 +216,6 @@ class ParallelGpt {
   // Per chunk; micro-batch i of a chunk uses set i % its size (pipeline.h: MaxInFlight).
   std::vector<std::vector<ActivationSet>> sets_;
   std::vector<std::pair<size_t, size_t>> norm_ranges_;  // runs of primary tensors
-  double pp_wait_s_ = 0;
 };
 
 }  // namespace drover::engine::parallel

@@ -9,11 +9,19 @@ namespace {
 // Connects `rank` to the group of world ranks `members` (ascending, `rank` among them)
 // named `name`; null when the group has one member. Blocks until every member joined.
 StatusOr<std::unique_ptr<Communicator>> Join(const GroupConnector& connect, const std::string& name,
-                                             const std::vector<int>& members, int rank) {
+                                             const std::vector<int>& members, int rank,
+                                             GroupCaller caller = GroupCaller::kTrainingThread) {
   if (members.size() <= 1) return std::unique_ptr<Communicator>();
   const auto it = std::find(members.begin(), members.end(), rank);
   DROVER_CHECK_MSG(it != members.end(), "rank not in its own group");
-  return connect(name, static_cast<int>(it - members.begin()), static_cast<int>(members.size()));
+  return connect(name, static_cast<int>(it - members.begin()), static_cast<int>(members.size()),
+                 caller);
+}
+
+// Every group of `groups`, in connection order.
+std::vector<const std::unique_ptr<Communicator>*> All(const ProcessGroups& groups) {
+  return {&groups.world,   &groups.dp,           &groups.pp, &groups.pp_grad,
+          &groups.pp_wrap, &groups.pp_grad_wrap, &groups.tp, &groups.emb};
 }
 
 std::string Coords(const char* a, int x, const char* b, int y) {
@@ -24,11 +32,18 @@ std::string Coords(const char* a, int x, const char* b, int y) {
 
 double WaitSeconds(const ProcessGroups& groups) {
   double seconds = 0;
-  for (const auto* group : {&groups.world, &groups.dp, &groups.pp, &groups.pp_grad, &groups.pp_wrap,
-                            &groups.pp_grad_wrap, &groups.tp, &groups.emb}) {
+  for (const auto* group : All(groups)) {
     if (*group != nullptr) seconds += (*group)->wait_seconds();
   }
   return seconds;
+}
+
+Status SyncAll(const ProcessGroups& groups) {
+  for (const auto* group : All(groups)) {
+    if (*group == nullptr) continue;
+    RETURN_IF_ERROR((*group)->Sync());
+  }
+  return OkStatus();
 }
 
 StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
@@ -39,8 +54,8 @@ StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
   std::vector<int> world(mesh.world_size());
   for (int r = 0; r < mesh.world_size(); ++r) world[r] = r;
   ASSIGN_OR_RETURN(groups.world, Join(connect, "world", world, rank));
-  ASSIGN_OR_RETURN(groups.dp,
-                   Join(connect, "dp." + Coords("pp", c.pp, "tp", c.tp), mesh.DpGroup(rank), rank));
+  ASSIGN_OR_RETURN(groups.dp, Join(connect, "dp." + Coords("pp", c.pp, "tp", c.tp),
+                                   mesh.DpGroup(rank), rank, GroupCaller::kCommStream));
   ASSIGN_OR_RETURN(groups.pp,
                    Join(connect, "pp." + Coords("dp", c.dp, "tp", c.tp), mesh.PpGroup(rank), rank));
   ASSIGN_OR_RETURN(groups.pp_grad, Join(connect, "ppgrad." + Coords("dp", c.dp, "tp", c.tp),
@@ -69,11 +84,11 @@ StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
   if (mesh.world_size() == 1) return ProcessGroups{};
   ASSIGN_OR_RETURN(std::shared_ptr<GlooTransport> transport,
                    GlooTransport::Create(options.bind_address));
-  return ConnectProcessGroups(mesh, rank,
-                              [&](const std::string& name, int rank_in_group, int size) {
-                                return ConnectGlooGroup(transport, store, name, rank_in_group, size,
-                                                        options.comm, options.connect_timeout);
-                              });
+  return ConnectProcessGroups(
+      mesh, rank, [&](const std::string& name, int rank_in_group, int size, GroupCaller) {
+        return ConnectGlooGroup(transport, store, name, rank_in_group, size, options.comm,
+                                options.connect_timeout);
+      });
 }
 
 }  // namespace drover::engine::parallel

@@ -57,10 +57,21 @@ struct ConnectOptions {
 // (StepResult::comm_overlapped_waits_s), since backward ran beside them. Any thread.
 double WaitSeconds(const ProcessGroups& groups);
 
+// Who calls a group, which decides whether its calls may be stream-ordered
+// (CommOptions::stream_ordered): the training thread's groups (tp, pp, the embedding's, the
+// world) may, since what reads their results next is its own compute; the dp group's calls
+// are made on its CommStream, whose waits time them and whose bucket is done when its call
+// returns (data_parallel.h), so they must return complete.
+enum class GroupCaller { kTrainingThread, kCommStream };
+
 // Connects this rank to the group `name` of `size` ranks as its member `rank_in_group`
 // (blocking until every member joined): one backend's way to make a communicator.
 using GroupConnector = std::function<StatusOr<std::unique_ptr<Communicator>>(
-    const std::string& name, int rank_in_group, int size)>;
+    const std::string& name, int rank_in_group, int size, GroupCaller caller)>;
+
+// Every group's Sync (Communicator::Sync): OK once every call made so far completed, else
+// the first error (which names its group).
+Status SyncAll(const ProcessGroups& groups);
 
 // Connects rank `rank` of `mesh` to its groups through `connect`. Errors name the group.
 StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,

@@ -57,9 +57,11 @@ void StageOut(Ops* ops, Side side, float* caller, const float* staged, size_t n)
 class StagedRequest final : public Request {
  public:
   // For a receive, `destination` gets the staged bytes once the inner request completes.
-  StagedRequest(std::unique_ptr<Request> inner, Staging staged, Ops* ops, Side side,
-                float* destination)
-      : inner_(std::move(inner)),
+  // `group` (the inner requests's) must outlive the request.
+  StagedRequest(Communicator* group, std::unique_ptr<Request> inner, Staging staged, Ops* ops,
+                Side side, float* destination)
+      : group_(group),
+        inner_(std::move(inner)),
         staged_(std::move(staged)),
         ops_(ops),
         side_(side),
@@ -72,6 +74,9 @@ class StagedRequest final : public Request {
     if (inner_ == nullptr) return status_;
     status_ = inner_->Wait();
     inner_.reset();
+    // The staged buffer is the host's again (read, or released) only once a stream-ordered
+    // transfer has completed.
+    if (status_.ok() && side_ == Side::kDevice) status_ = group_->Sync();
     if (status_.ok() && destination_ != nullptr) {
       StageOut(ops_, side_, destination_, staged_.data(), staged_.size());
     }
@@ -80,6 +85,7 @@ class StagedRequest final : public Request {
   }
 
  private:
+  Communicator* const group_;
   std::unique_ptr<Request> inner_;
   Staging staged_;
   Ops* ops_;
@@ -128,7 +134,7 @@ class StagedCommunicator final : public Communicator {
                      inner_->Isend(staged.data(), bytes, peer, tag));
     // The staged memory does not move with the Staging: the inner send keeps reading it.
     return std::unique_ptr<Request>(
-        new StagedRequest(std::move(inner), std::move(staged), ops_, side_, nullptr));
+        new StagedRequest(inner_.get(), std::move(inner), std::move(staged), ops_, side_, nullptr));
   }
   StatusOr<std::unique_ptr<Request>> Irecv(void* data, size_t bytes, int peer,
                                            uint64_t tag) override {
@@ -136,14 +142,15 @@ class StagedCommunicator final : public Communicator {
     Staging staged(side_, ops_, FloatsIn(bytes));
     ASSIGN_OR_RETURN(std::unique_ptr<Request> inner,
                      inner_->Irecv(staged.data(), bytes, peer, tag));
-    return std::unique_ptr<Request>(new StagedRequest(std::move(inner), std::move(staged), ops_,
-                                                      side_, static_cast<float*>(data)));
+    return std::unique_ptr<Request>(new StagedRequest(
+        inner_.get(), std::move(inner), std::move(staged), ops_, side_, static_cast<float*>(data)));
   }
 
   Status Barrier() override {
     mark_ = nullptr;
     return inner_->Barrier();
   }
+  Status Sync() override { return inner_->Sync(); }
 
   std::shared_ptr<const ComputeMark> MarkCompute() override { return inner_->MarkCompute(); }
   void FollowMark(std::shared_ptr<const ComputeMark> mark) override { mark_ = std::move(mark); }
@@ -180,6 +187,8 @@ class StagedCommunicator final : public Communicator {
     auto* caller = static_cast<float*>(data);
     StageIn(ops_, side_, staging_.data(), caller, n);
     Status st = call(staging_.data());
+    // The host reads the result at once: a stream-ordered inner call must have completed.
+    if (st.ok() && side_ == Side::kDevice) st = inner_->Sync();
     if (st.ok()) StageOut(ops_, side_, caller, staging_.data(), n);
     return st;
   }

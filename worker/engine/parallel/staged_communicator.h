@@ -18,7 +18,13 @@
 // buffer seen: from ops->host_allocator() (page-locked on CUDA) when staging through the
 // host, from ops->allocator() when staging through the device. Each Isend / Irecv stages
 // into a buffer of its own (through the host: pageable, since page-locking one per message
-// would cost more than it saves), released when its request is waited for or destroyed.
+// would cost more than it saves), released when its request is waited for or destroyed; a
+// request must not outlive its communicator.
+//
+// Through the device, a staged call and a staged request's Wait Sync the inner group before
+// the host reads or releases the staged copy, so that a stream-ordered inner (NCCL,
+// CommOptions::stream_ordered) has completed, or failed, by then: a host buffer is never
+// stream-ordered (communicator.h).
 #pragma once
 
 #include <memory>

@@ -4,6 +4,8 @@
 // its own Trainer (so the whole path runs: mesh, process groups over Gloo on loopback,
 // per-dp-rank data, ParallelGpt), connected through one in-memory bootstrap store. The
 // same modes run as processes through `drover train --nproc` in tests/integration/.
+#include "worker/engine/parallel/parallel_gpt.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -678,6 +680,103 @@ TEST_F(ParallelEquivalenceTest, EachRecomputedLayerFreesOneLayersActivations) {
   // A layer's buffers are most of what a 4-layer model's activations take (the rest: every
   // layer's output, the embedding, the head's logits and the backward's scratch).
   EXPECT_GT(3 * layer, 0.5 * mib["none"]) << "none " << mib["none"] << " MiB, all " << mib["all"];
+}
+
+// A group of two, this rank its first, whose peer always holds what this rank holds: an
+// average leaves the data as it is, a sum doubles it, a gather copies this rank's chunk. Its calls
+// return OK; Sync returns `sync`, as a stream-ordered group (NCCL) reports a transfer that failed
+// after its call returned.
+class MirrorGroup final : public Communicator {
+ public:
+  explicit MirrorGroup(std::string name) : name_(std::move(name)) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const std::string& name() const override { return name_; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
+  double wait_seconds() const override { return 0; }
+  Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
+    if (op == ReduceOp::kAverage) return OkStatus();
+    for (size_t i = 0; i < count; ++i) {
+      if (type == DataType::kFloat64) {
+        static_cast<double*>(data)[i] *= 2;
+      } else {
+        static_cast<float*>(data)[i] *= 2;
+      }
+    }
+    return OkStatus();
+  }
+  Status ReduceScatter(void* data, std::span<const size_t> counts, DataType type,
+                       ReduceOp op) override {
+    return AllReduce(data, counts[0], type, op);  // this rank's chunk, the first
+  }
+  Status AllGather(void* data, std::span<const size_t> counts, DataType type) override {
+    auto* bytes = static_cast<std::byte*>(data);
+    const size_t n = counts[0] * SizeOf(type);
+    std::copy(bytes, bytes + n, bytes + n);  // the peer's chunk: a copy of this rank's
+    return OkStatus();
+  }
+  Status Broadcast(void*, size_t, DataType, int) override { return OkStatus(); }
+  StatusOr<std::unique_ptr<Request>> Isend(const void*, size_t, int, uint64_t) override {
+    return UnimplementedError("no pipeline");
+  }
+  StatusOr<std::unique_ptr<Request>> Irecv(void*, size_t, int, uint64_t) override {
+    return UnimplementedError("no pipeline");
+  }
+  Status Barrier() override { return OkStatus(); }
+  Status Sync() override { return sync; }
+
+  Status sync;
+
+ private:
+  const std::string name_;
+};
+
+// A step trusts its collectives' results only once every group synced (Communicator::Sync):
+// a transfer that a stream-ordered group aborted after its call returned leaves garbage in
+// its buffer, and the step fails before its optimizer update, leaving the weights as they
+// were (nor do its loss and norm reach the metrics).
+TEST(ParallelGptTest, AStepWhoseGroupFailsAfterItsCallsReturnedFailsBeforeTheOptimizer) {
+  JobSpec spec;
+  spec.model.n_layer = 2;
+  spec.model.n_head = 2;
+  spec.model.n_embd = 16;
+  spec.model.block_size = 8;
+  spec.model.vocab_size = 32;
+  spec.parallel.dp = 2;
+  spec.train.global_batch = 2;
+  spec.train.micro_batch = 1;
+  spec.train.seq_len = 8;
+  auto mesh = ParallelMesh::Create(spec, 2);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  ProcessGroups groups;
+  auto* world = new MirrorGroup("world");
+  groups.world.reset(world);
+  groups.dp = std::make_unique<MirrorGroup>("dp.pp0.tp0");
+  ParallelGptOptions options;
+  options.config = GptConfig::FromSpec(spec.model);
+  options.micro_batch = 1;
+  options.seq_len = 8;
+  auto model = ParallelGpt::Create(options, *mesh, &groups, CpuOps());
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<float> start((*model)->layout().global_num_params());
+  for (size_t i = 0; i < start.size(); ++i) start[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+  (*model)->LoadGlobalParams(start.data());
+  const auto batch = [](int32_t* inputs, int32_t* targets) {
+    for (int t = 0; t < 8; ++t) {
+      inputs[t] = t;
+      targets[t] = t + 1;
+    }
+    return OkStatus();
+  };
+  auto first = (*model)->Step(batch, 1e-3);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const ParallelGpt::OwnedState before = (*model)->ExportOwned();
+
+  world->sync = DeadlineExceededError("nccl group \"world\": a transfer was aborted");
+  auto failed = (*model)->Step(batch, 1e-3);
+  EXPECT_EQ(failed.status().code(), StatusCode::kDeadlineExceeded) << failed.status();
+  const ParallelGpt::OwnedState after = (*model)->ExportOwned();
+  EXPECT_TRUE(before.params == after.params) << "the failed step updated the weights";
 }
 
 }  // namespace

@@ -53,9 +53,16 @@ class DeviceOnlyCommunicator final : public Communicator {
     return std::make_shared<ComputeMark>();
   }
   void FollowMark(std::shared_ptr<const ComputeMark> mark) override { mark_ = std::move(mark); }
+  // As a stream-ordered group's: its calls returned "complete" only once synced.
+  Status Sync() override {
+    ++syncs;
+    return sync_error;
+  }
 
   std::vector<const void*> seen;                          // every collective's buffer
   std::vector<std::shared_ptr<const ComputeMark>> marks;  // the mark each call followed
+  int syncs = 0;
+  Status sync_error;  // what Sync returns: a transfer that failed after its call returned
 
  private:
   class Done final : public Request {
@@ -135,6 +142,36 @@ TEST(StagedCommunicatorTest, ThroughDeviceHostBuffersMakeTheRoundTripDeviceBuffe
   EXPECT_EQ(received, (std::vector<float>{7, 7}));
   const std::vector<float> message = {3, 4};
   EXPECT_TRUE(comm->Send(message.data(), 2 * sizeof(float), 0, 0).ok());
+}
+
+// A stream-ordered inner group (NCCL's, CommOptions::stream_ordered) returns before its
+// transfer ran, and reports a failure at Sync: a staged host buffer, which the host reads at
+// once, is copied back only after the inner group synced, and not at all when that fails
+// (the caller's buffer keeps its values). Device buffers are left to the stream order.
+TEST(StagedCommunicatorTest, ThroughDeviceAHostBufferIsCopiedBackOnlyOnceTheInnerGroupSynced) {
+  testing::EmulatedDeviceOps ops;
+  auto owned = std::make_unique<DeviceOnlyCommunicator>(&ops);
+  DeviceOnlyCommunicator* inner = owned.get();
+  std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(owned), &ops);
+  std::vector<float> host = {1, 2, 3};
+  ASSERT_TRUE(comm->AllReduce(host.data(), 3, DataType::kFloat32, ReduceOp::kSum).ok());
+  EXPECT_EQ(host, (std::vector<float>{2, 4, 6}));
+  EXPECT_EQ(inner->syncs, 1);
+  Buffer device = ops.Allocate(4);
+  ops.Fill(device.data(), 1.f, 4);
+  ASSERT_TRUE(comm->AllReduce(device.data(), 4, DataType::kFloat32, ReduceOp::kSum).ok());
+  EXPECT_EQ(inner->syncs, 1);
+
+  inner->sync_error = DeadlineExceededError("the transfer was aborted at its deadline");
+  Status st = comm->AllReduce(host.data(), 3, DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st;
+  EXPECT_EQ(host, (std::vector<float>{2, 4, 6}));
+  std::vector<float> received = {0, 0};
+  auto request = comm->Irecv(received.data(), 2 * sizeof(float), 0, 0);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ((*request)->Wait().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(received, (std::vector<float>{0, 0}));
+  EXPECT_EQ(comm->Sync().code(), StatusCode::kDeadlineExceeded);
 }
 
 TEST(StagedCommunicatorTest, WaitSecondsAreTheInnerGroupsNotTheStagingCopies) {

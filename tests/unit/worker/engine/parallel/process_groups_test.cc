@@ -1,0 +1,96 @@
+#include "worker/engine/parallel/process_groups.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+namespace drover::engine::parallel {
+namespace {
+
+// A group that only knows its name and size, and whose Sync returns `sync`.
+class NamedGroup final : public Communicator {
+ public:
+  NamedGroup(std::string name, int size, Status sync)
+      : name_(std::move(name)), size_(size), sync_(std::move(sync)) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
+  double wait_seconds() const override { return 0; }
+  Status AllReduce(void*, size_t, DataType, ReduceOp) override { return OkStatus(); }
+  Status ReduceScatter(void*, std::span<const size_t>, DataType, ReduceOp) override {
+    return OkStatus();
+  }
+  Status AllGather(void*, std::span<const size_t>, DataType) override { return OkStatus(); }
+  Status Broadcast(void*, size_t, DataType, int) override { return OkStatus(); }
+  StatusOr<std::unique_ptr<Request>> Isend(const void*, size_t, int, uint64_t) override {
+    return UnimplementedError("no sends here");
+  }
+  StatusOr<std::unique_ptr<Request>> Irecv(void*, size_t, int, uint64_t) override {
+    return UnimplementedError("no receives here");
+  }
+  Status Barrier() override { return OkStatus(); }
+  Status Sync() override { return sync_; }
+
+ private:
+  const std::string name_;
+  const int size_;
+  const Status sync_;
+};
+
+JobSpec Spec(int dp, int pp, int tp) {
+  JobSpec s;
+  s.model.n_layer = 4;
+  s.model.n_head = 4;
+  s.model.n_embd = 32;
+  s.parallel.dp = dp;
+  s.parallel.pp = pp;
+  s.parallel.tp = tp;
+  s.train.global_batch = 4 * dp;
+  s.train.micro_batch = 1;
+  return s;
+}
+
+// Only the dp group's calls are made on its CommStream (data_parallel.h), which needs them
+// complete at their return; a backend may let the training thread's run in stream order.
+TEST(ProcessGroupsTest, OnlyTheDpGroupIsCalledFromTheCommStream) {
+  auto mesh = ParallelMesh::Create(Spec(2, 2, 2), 8);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::map<std::string, GroupCaller> callers;
+  auto groups = ConnectProcessGroups(
+      *mesh, 0,
+      [&](const std::string& name, int, int size,
+          GroupCaller caller) -> StatusOr<std::unique_ptr<Communicator>> {
+        callers[name.substr(0, name.find('.'))] = caller;
+        return std::unique_ptr<Communicator>(new NamedGroup(name, size, OkStatus()));
+      });
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(callers.size(), 6u);  // world, dp, pp, ppgrad, tp, emb
+  for (const auto& [group, caller] : callers) {
+    EXPECT_EQ(caller == GroupCaller::kCommStream, group == "dp") << group;
+  }
+}
+
+TEST(ProcessGroupsTest, SyncAllReturnsTheFirstGroupsFailure) {
+  auto mesh = ParallelMesh::Create(Spec(1, 1, 2), 2);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto groups = ConnectProcessGroups(
+      *mesh, 0,
+      [&](const std::string& name, int, int size,
+          GroupCaller) -> StatusOr<std::unique_ptr<Communicator>> {
+        Status sync = name.rfind("tp", 0) == 0
+                          ? DeadlineExceededError("nccl group \"" + name + "\": aborted")
+                          : OkStatus();
+        return std::unique_ptr<Communicator>(new NamedGroup(name, size, sync));
+      });
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  Status synced = SyncAll(*groups);
+  EXPECT_EQ(synced.code(), StatusCode::kDeadlineExceeded) << synced;
+  EXPECT_NE(synced.message().find("tp."), std::string::npos) << synced;
+  groups->tp.reset();
+  EXPECT_TRUE(SyncAll(*groups).ok());
+}
+
+}  // namespace
+}  // namespace drover::engine::parallel
