@@ -158,28 +158,40 @@ std::string Str(const std::vector<float>& v) {
 #define RANK_EXPECT(cond, what) \
   if (!(cond)) return std::string(what) + " (rank " + std::to_string(rank) + ")"
 
+// Both ways a group completes its calls: at their return, and in stream order (the training
+// thread's groups: the compute enqueued after a call sees its result), where Sync returns
+// once the transfers have run and the stall they caused is counted. On one GPU this is the
+// stream-ordered path's run on a real driver: its events, their timing and the watchdog.
 TEST(NcclCommunicatorTest, GroupOfOneRunsEveryCollective) {
   SKIP_UNLESS_NCCL_GROUPS_RUN();
-  auto results = OnRanks({"0"}, [](int rank, KvStore* store) -> std::string {
-    Ops* ops = *CudaOps();
-    auto comm = ConnectNcclThroughPlugin(ops, store, "g", 0, 1, CommOptions{milliseconds(10'000)},
-                                         milliseconds(10'000));
-    if (!comm.ok()) return comm.status().ToString();
-    Communicator& c = **comm;
-    const std::vector<size_t> counts = {4};
-    Status st;
-    auto result = OnDevice(ops, {1, 2, 3, 4}, [&](float* d) {
-      st = c.AllReduce(d, 4, DataType::kFloat32, ReduceOp::kAverage);
-      if (st.ok()) st = c.ReduceScatter(d, counts, DataType::kFloat32, ReduceOp::kSum);
-      if (st.ok()) st = c.AllGather(d, counts, DataType::kFloat32);
-      if (st.ok()) st = c.Broadcast(d, 4, DataType::kFloat32, 0);
-      if (st.ok()) st = c.Barrier();
+  for (const bool stream_ordered : {false, true}) {
+    auto results = OnRanks({"0"}, [&](int rank, KvStore* store) -> std::string {
+      Ops* ops = *CudaOps();
+      CommOptions options{milliseconds(10'000)};
+      options.stream_ordered = stream_ordered;
+      auto comm = ConnectNcclThroughPlugin(ops, store, "g", 0, 1, options, milliseconds(10'000));
+      if (!comm.ok()) return comm.status().ToString();
+      Communicator& c = **comm;
+      const std::vector<size_t> counts = {4};
+      Status st;
+      auto result = OnDevice(ops, {1, 2, 3, 4}, [&](float* d) {
+        st = c.AllReduce(d, 4, DataType::kFloat32, ReduceOp::kAverage);
+        if (st.ok()) st = c.ReduceScatter(d, counts, DataType::kFloat32, ReduceOp::kSum);
+        if (st.ok()) st = c.AllGather(d, counts, DataType::kFloat32);
+        if (st.ok()) st = c.Broadcast(d, 4, DataType::kFloat32, 0);
+        if (st.ok()) st = c.Barrier();
+        if (st.ok()) ops->Scale(d, 4, 2.0f);
+        if (st.ok()) st = c.AllReduce(d, 4, DataType::kFloat32, ReduceOp::kSum);
+      });
+      if (st.ok()) st = c.Sync();
+      RANK_EXPECT(st.ok(), st.ToString());
+      RANK_EXPECT(result == (std::vector<float>{2, 4, 6, 8}), "result " + Str(result));
+      RANK_EXPECT(c.wait_seconds() >= 0 && c.wait_seconds() < 5,
+                  "waited " + std::to_string(c.wait_seconds()) + " s");
+      return "";
     });
-    RANK_EXPECT(st.ok(), st.ToString());
-    RANK_EXPECT(result == (std::vector<float>{1, 2, 3, 4}), "result " + Str(result));
-    return "";
-  });
-  EXPECT_EQ(results[0], "");
+    EXPECT_EQ(results[0], "") << (stream_ordered ? "stream-ordered" : "complete at return");
+  }
 }
 
 TEST(NcclCommunicatorTest, TwoRanksReduceGatherAndSendOnDeviceAndHostBuffers) {
