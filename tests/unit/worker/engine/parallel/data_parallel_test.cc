@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "tests/unit/worker/engine/parallel/fake_group.h"
 #include "worker/engine/kernels/ops.h"
 #include "worker/engine/parallel/zero_sharded.h"
 
@@ -19,18 +20,14 @@ namespace {
 
 // A dp group of two whose collectives leave the data as it is and record the mark each
 // followed (FollowMark's, or null), and which thread took it; its marks are fresh objects.
-class MarkRecordingGroup final : public Communicator {
+class MarkRecordingGroup final : public testing::FakeGroup {
  public:
   struct Call {
     const char* op;
     std::shared_ptr<const ComputeMark> mark;
   };
 
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  const std::string& name() const override { return name_; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
-  double wait_seconds() const override { return 0; }
+  MarkRecordingGroup() : FakeGroup("dp", 2) {}
 
   Status AllReduce(void*, size_t, DataType, ReduceOp) override { return Record("AllReduce"); }
   Status ReduceScatter(void*, std::span<const size_t>, DataType, ReduceOp) override {
@@ -40,12 +37,6 @@ class MarkRecordingGroup final : public Communicator {
     return Record("AllGather");
   }
   Status Broadcast(void*, size_t, DataType, int) override { return Record("Broadcast"); }
-  StatusOr<std::unique_ptr<Request>> Isend(const void*, size_t, int, uint64_t) override {
-    return UnimplementedError("no sends here");
-  }
-  StatusOr<std::unique_ptr<Request>> Irecv(void*, size_t, int, uint64_t) override {
-    return UnimplementedError("no receives here");
-  }
   Status Barrier() override { return Record("Barrier"); }
 
   std::shared_ptr<const ComputeMark> MarkCompute() override {
@@ -67,7 +58,6 @@ class MarkRecordingGroup final : public Communicator {
     return OkStatus();
   }
 
-  std::string name_ = "dp";
   std::shared_ptr<const ComputeMark> mark_;  // the stream's thread's alone
   mutable Mutex mu_;
   std::vector<Call> calls_ GUARDED_BY(mu_);

@@ -23,6 +23,7 @@
 #include "common/job_spec.h"
 #include "common/token_shard.h"
 #include "tests/unit/worker/engine/emulated_device_ops.h"
+#include "tests/unit/worker/engine/parallel/fake_group.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
@@ -686,14 +687,9 @@ TEST_F(ParallelEquivalenceTest, EachRecomputedLayerFreesOneLayersActivations) {
 // average leaves the data as it is, a sum doubles it, a gather copies this rank's chunk. Its calls
 // return OK; Sync returns `sync`, as a stream-ordered group (NCCL) reports a transfer that failed
 // after its call returned.
-class MirrorGroup final : public Communicator {
+class MirrorGroup final : public testing::FakeGroup {
  public:
-  explicit MirrorGroup(std::string name) : name_(std::move(name)) {}
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  const std::string& name() const override { return name_; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
-  double wait_seconds() const override { return 0; }
+  explicit MirrorGroup(std::string name) : FakeGroup(std::move(name), 2) {}
   Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override {
     if (op == ReduceOp::kAverage) return OkStatus();
     for (size_t i = 0; i < count; ++i) {
@@ -716,19 +712,9 @@ class MirrorGroup final : public Communicator {
     return OkStatus();
   }
   Status Broadcast(void*, size_t, DataType, int) override { return OkStatus(); }
-  StatusOr<std::unique_ptr<Request>> Isend(const void*, size_t, int, uint64_t) override {
-    return UnimplementedError("no pipeline");
-  }
-  StatusOr<std::unique_ptr<Request>> Irecv(void*, size_t, int, uint64_t) override {
-    return UnimplementedError("no pipeline");
-  }
-  Status Barrier() override { return OkStatus(); }
   Status Sync() override { return sync; }
 
   Status sync;
-
- private:
-  const std::string name_;
 };
 
 // A step trusts its collectives' results only once every group synced (Communicator::Sync):

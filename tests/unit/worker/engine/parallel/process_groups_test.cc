@@ -5,37 +5,19 @@
 #include <map>
 #include <string>
 
+#include "tests/unit/worker/engine/parallel/fake_group.h"
+
 namespace drover::engine::parallel {
 namespace {
 
-// A group that only knows its name and size, and whose Sync returns `sync`.
-class NamedGroup final : public Communicator {
+// A group whose Sync returns `sync`.
+class NamedGroup final : public testing::FakeGroup {
  public:
   NamedGroup(std::string name, int size, Status sync)
-      : name_(std::move(name)), size_(size), sync_(std::move(sync)) {}
-  int rank() const override { return 0; }
-  int size() const override { return size_; }
-  const std::string& name() const override { return name_; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(1000); }
-  double wait_seconds() const override { return 0; }
-  Status AllReduce(void*, size_t, DataType, ReduceOp) override { return OkStatus(); }
-  Status ReduceScatter(void*, std::span<const size_t>, DataType, ReduceOp) override {
-    return OkStatus();
-  }
-  Status AllGather(void*, std::span<const size_t>, DataType) override { return OkStatus(); }
-  Status Broadcast(void*, size_t, DataType, int) override { return OkStatus(); }
-  StatusOr<std::unique_ptr<Request>> Isend(const void*, size_t, int, uint64_t) override {
-    return UnimplementedError("no sends here");
-  }
-  StatusOr<std::unique_ptr<Request>> Irecv(void*, size_t, int, uint64_t) override {
-    return UnimplementedError("no receives here");
-  }
-  Status Barrier() override { return OkStatus(); }
+      : FakeGroup(std::move(name), size), sync_(std::move(sync)) {}
   Status Sync() override { return sync_; }
 
  private:
-  const std::string name_;
-  const int size_;
   const Status sync_;
 };
 
