@@ -18,14 +18,17 @@
 // Reductions add the ranks' contributions in rank order on every rank: results are
 // bitwise identical everywhere, as the Communicator contract requires.
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -53,7 +56,7 @@ struct Mailbox {                   // messages from one rank to another
 struct Shared {
   uint64_t magic;
   pthread_mutex_t mu;
-  pthread_cond_t changed;
+  uint32_t changes;  // bumped at every change a waiter may want (Notify); a futex word
   int nranks;
   int joined;
   int aborted;
@@ -116,15 +119,40 @@ namespace {
 void Lock(ncclComm* c) { pthread_mutex_lock(&c->shared->mu); }
 void Unlock(ncclComm* c) { pthread_mutex_unlock(&c->shared->mu); }
 
+// Ranks wake each other through a futex on a counter in the shared memory, not a
+// process-shared condition variable: glibc's broadcast waits for the waiters it woke to
+// take their turn, so a rank stopped (SIGSTOP) inside a wait would block every other
+// rank's broadcast, its abort included, where NCCL's own abort never waits for a peer.
+void Notify(Shared* s) {
+  __atomic_add_fetch(&s->changes, 1, __ATOMIC_SEQ_CST);
+  syscall(SYS_futex, &s->changes, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// With the lock held: releases it until a Notify (or 10 ms), then takes it again. The count
+// is read before the lock is released, so a Notify in between is not missed.
+void WaitForChange(Shared* s) {
+  const uint32_t seen = __atomic_load_n(&s->changes, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&s->mu);
+  timespec slice{0, 10'000'000};
+  syscall(SYS_futex, &s->changes, FUTEX_WAIT, seen, &slice, nullptr, 0);
+  pthread_mutex_lock(&s->mu);
+}
+
+bool Aborted(const Shared* s) { return __atomic_load_n(&s->aborted, __ATOMIC_SEQ_CST) != 0; }
+
 // With the lock held: waits until `ready` (ncclSuccess), a peer aborted (ncclRemoteError) or
 // the time limit passed (ncclSystemError).
 template <typename Ready>
 ncclResult_t WaitFor(ncclComm* c, Ready ready) {
   const timespec deadline = Deadline();
   while (!ready()) {
-    if (c->shared->aborted) return ncclRemoteError;
-    if (pthread_cond_timedwait(&c->shared->changed, &c->shared->mu, &deadline) == ETIMEDOUT &&
-        !ready()) {
+    if (Aborted(c->shared)) return ncclRemoteError;
+    WaitForChange(c->shared);
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME, &now);
+    const bool late = now.tv_sec > deadline.tv_sec ||
+                      (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec);
+    if (late && !ready()) {
       std::fprintf(stderr, "NCCL emulator: rank %d of %d waited past the time limit\n", c->rank,
                    c->n);
       return ncclSystemError;
@@ -140,7 +168,7 @@ ncclResult_t Barrier(ncclComm* c) {
   if (++s->arrived == c->n) {
     s->arrived = 0;
     ++s->generation;
-    pthread_cond_broadcast(&s->changed);
+    Notify(s);
   } else {
     const uint64_t generation = s->generation;
     result = WaitFor(c, [&] { return s->generation != generation; });
@@ -340,10 +368,6 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
     pthread_mutexattr_init(&ma);
     pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
     pthread_mutex_init(&c->shared->mu, &ma);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
-    pthread_cond_init(&c->shared->changed, &ca);
     c->shared->nranks = nranks;
     c->shared->magic = kMagic;
   }
@@ -359,7 +383,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
                 MyBusId().c_str());
   // Every rank has the file mapped once all joined: its name is no longer needed.
   if (++c->shared->joined == nranks) unlink(c->path.c_str());
-  pthread_cond_broadcast(&c->shared->changed);
+  Notify(c->shared);
   ncclResult_t result = ncclSuccess;
   if (config == nullptr || config->blocking) {
     result = WaitFor(c, [&] { return c->shared->joined == nranks; });
@@ -410,11 +434,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
 
 ncclResult_t ncclCommAbort(ncclComm_t c) {
   if (c == nullptr) return ncclInvalidArgument;
-  Lock(c);
-  c->shared->aborted = 1;
-  const bool all_joined = c->shared->joined == c->n;
-  pthread_cond_broadcast(&c->shared->changed);
-  Unlock(c);
+  // Without the lock: a peer stopped while holding it must not keep this rank from aborting.
+  __atomic_store_n(&c->shared->aborted, 1, __ATOMIC_SEQ_CST);
+  const bool all_joined = __atomic_load_n(&c->shared->joined, __ATOMIC_SEQ_CST) == c->n;
+  Notify(c->shared);
   if (!all_joined) unlink(c->path.c_str());  // nobody else will
   return ncclCommDestroy(c);
 }
@@ -602,7 +625,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int p
       Lock(c);
       box.written += chunk;
       done += chunk;
-      pthread_cond_broadcast(&c->shared->changed);
+      Notify(c->shared);
     }
     Unlock(c);
     return r == ncclSuccess ? ncclSuccess : Fail(c, r);
@@ -620,7 +643,7 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, n
     const char* ring = c->Ring(peer, c->rank);
     Lock(c);
     ++box.receives_posted;
-    pthread_cond_broadcast(&c->shared->changed);
+    Notify(c->shared);
     ncclResult_t r = ncclSuccess;
     size_t done = 0;
     while (done < bytes) {
@@ -634,7 +657,7 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, n
       Lock(c);
       box.read += chunk;
       done += chunk;
-      pthread_cond_broadcast(&c->shared->changed);
+      Notify(c->shared);
     }
     Unlock(c);
     return r == ncclSuccess ? ncclSuccess : Fail(c, r);

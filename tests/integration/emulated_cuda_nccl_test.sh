@@ -9,7 +9,9 @@
 # at once: a deadlock on one communicator) and GPipe, pp2 x tp2, pp2 interleaved (two chunks
 # per stage); and in bf16 dp2 with
 # ZeRO-1 and tp2 (1e-4). Then a stop and resume of dp2 with ZeRO-1, against a run without
-# one. Then parallel.backend nccl with two ranks on one GPU must be refused at start-up,
+# one. Then a tp2 job whose rank 1 is frozen (SIGSTOP) must fail within its 2 s deadline
+# (stream-ordered groups: the watchdog aborts the transfer). Then parallel.backend nccl with
+# two ranks on one GPU must be refused at start-up,
 # naming the ranks.
 #
 #   emulated_cuda_nccl_test.sh BIN_DIR EMULATED_PLUGIN
@@ -103,6 +105,40 @@ PY
 python3 "$tests/tools/same_losses.py" "$work/straight/metrics.jsonl" \
   "$work/stopped/metrics.jsonl" 6 1e-6
 echo "dp2 zero-1 through NCCL: 3 steps then 3 resumed gave the losses of 6 without a stop"
+
+# A rank that hangs (SIGSTOP: alive, silent) under tensor parallelism, whose all-reduces are
+# stream-ordered: the other rank's calls return before their transfers, so its group's
+# watchdog must abort the transfer at the 2 s deadline and the step fail with it, rather
+# than the rank wait on the GPU for good; then the launcher stops both.
+CUDA_VISIBLE_DEVICES=0,1 "$work/bin/drover" train "$work/job.yaml" --nproc 2 \
+  --set output_dir="$work/hang" --set parallel.tp=2 --set train.steps=100000 \
+  --set parallel.timeout_s=2 > "$work/hang.log" 2>&1 &
+launcher=$!
+rank1=""
+for _ in $(seq 600); do
+  rank1=$(grep -oP '\[rank 1\] .*drover-trainer .*pid \K[0-9]+' "$work/hang.log" | head -1 || true)
+  steps=0
+  [ -f "$work/hang/metrics.jsonl" ] && steps=$(wc -l < "$work/hang/metrics.jsonl")
+  [ -n "$rank1" ] && [ "$steps" -gt 2 ] && break
+  sleep 0.1
+done
+[ -n "$rank1" ] || { kill -9 $launcher; cat "$work/hang.log"; echo "FAIL: rank 1 never trained"; exit 1; }
+kill -STOP "$rank1"
+t0=$(date +%s.%N)
+set +e
+wait $launcher
+rc=$?
+set -e
+kill -9 "$rank1" 2>/dev/null || true
+took=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
+[ "$rc" = 1 ] || { cat "$work/hang.log"; echo "FAIL: the hung tp2 job exited $rc, not 1"; exit 1; }
+grep -q "not complete within 2000 ms (a peer hangs or is slow); communicator aborted" \
+  "$work/hang.log" || { cat "$work/hang.log"; echo "FAIL: no deadline in the log"; exit 1; }
+# 2 s deadline, then the launcher's stop of the frozen rank (SIGKILL after its grace).
+python3 -c "import sys; sys.exit(0 if $took < 2 + 3 + 5 else 1)" ||
+  { cat "$work/hang.log"; echo "FAIL: the hung job took $took s to fail"; exit 1; }
+grep -m1 "communicator aborted" "$work/hang.log"
+echo "a hung rank under tp2 failed its peer's stream-ordered transfer at the deadline ($took s)"
 
 set +e
 CUDA_VISIBLE_DEVICES=0 "$work/bin/drover" train "$work/job.yaml" --nproc 2 \
