@@ -22,10 +22,6 @@ void Backoff(int round) {
 
 }  // namespace
 
-// The one translation of CUDA and NCCL results into a Status: "<where>: <call>: <error>".
-// ncclInProgress is not an error: a nonblocking communicator returns it while it works,
-// and the caller polls (NcclGroup::Poll). ncclRemoteError and ncclSystemError are how a
-// dead peer or a broken network shows: Unavailable. Everything else is Internal.
 Status CudaNcclStatus(ncclResult_t result, const char* call, const std::string& where) {
   if (result == ncclSuccess || result == ncclInProgress) return OkStatus();
   std::string message = where + ": " + call + ": " + ncclGetErrorString(result);
@@ -35,8 +31,6 @@ Status CudaNcclStatus(ncclResult_t result, const char* call, const std::string& 
   return InternalError(std::move(message));
 }
 
-// A GPU that failed (an uncorrectable ECC error seen while polling a collective's stream)
-// stops the process as it does in the kernel table: its slot, not the job, is at fault.
 Status CudaNcclStatus(cudaError_t error, const char* call, const std::string& where) {
   if (error == cudaSuccess) return OkStatus();
   if (cuda::IsDeviceFault(error))
