@@ -1,0 +1,105 @@
+#include "worker/engine/ckpt/checkpoint_format.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <filesystem>
+#include <string_view>
+
+namespace drover::engine::ckpt::internal {
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return (std::filesystem::path(dir) / name).string();
+}
+
+int64_t ParseStepDir(const std::string& name, bool* is_tmp) {
+  constexpr std::string_view kPrefix = "step_";
+  std::string_view s = name;
+  if (s.substr(0, kPrefix.size()) != kPrefix) return -1;
+  s.remove_prefix(kPrefix.size());
+  *is_tmp = false;
+  if (s.size() > 4 && s.substr(s.size() - 4) == ".tmp") {
+    *is_tmp = true;
+    s.remove_suffix(4);
+    if (size_t dot = s.find(".a"); dot != std::string_view::npos) s = s.substr(0, dot);
+  }
+  int64_t step = -1;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
+  if (ec != std::errc() || ptr != s.data() + s.size() || s.empty() || step < 0) return -1;
+  return step;
+}
+
+std::vector<v1::CheckpointRun> RunsOf(const v1::CheckpointShard& sh) {
+  if (sh.runs_size() > 0) return {sh.runs().begin(), sh.runs().end()};
+  v1::CheckpointRun r;
+  r.set_begin(sh.begin());
+  r.set_length(sh.end() - sh.begin());
+  r.set_stride(sh.end() - sh.begin());
+  r.set_count(1);
+  return {r};
+}
+
+int64_t RunsSize(const std::vector<v1::CheckpointRun>& runs) {
+  int64_t n = 0;
+  for (const auto& r : runs) n += r.length() * r.count();
+  return n;
+}
+
+Status CheckCoverage(const v1::CheckpointManifest& m) {
+  const int64_t n = m.num_params();
+  for (const char* arena : kArenas) {
+    std::vector<bool> seen(static_cast<size_t>(n), false);
+    int64_t covered = 0;
+    for (const auto& sh : m.shards()) {
+      if (sh.arena() != arena) continue;
+      for (const auto& r : RunsOf(sh)) {
+        const bool sane = r.begin() >= 0 && r.length() > 0 && r.count() > 0 &&
+                          (r.count() == 1 || r.stride() >= r.length()) && r.begin() <= n &&
+                          r.length() <= n && r.count() <= n &&
+                          (r.count() == 1 || r.stride() <= n) &&
+                          r.begin() + (r.count() - 1) * r.stride() + r.length() <= n;
+        if (!sane) {
+          return DataLossError("shard " + sh.file() + " has a run outside [0, " +
+                               std::to_string(n) + ") of arena '" + arena + "'");
+        }
+        for (int64_t i = 0; i < r.count(); ++i) {
+          const int64_t b = r.begin() + i * r.stride();
+          for (int64_t e = b; e < b + r.length(); ++e) {
+            if (seen[static_cast<size_t>(e)]) {
+              return DataLossError("shards of arena '" + std::string(arena) +
+                                   "' overlap at element " + std::to_string(e));
+            }
+            seen[static_cast<size_t>(e)] = true;
+          }
+          covered += r.length();
+        }
+      }
+    }
+    if (covered != n) {
+      return DataLossError("shards of arena '" + std::string(arena) + "' cover " +
+                           std::to_string(covered) + " of " + std::to_string(n) + " elements");
+    }
+  }
+  return OkStatus();
+}
+
+ReadLock::ReadLock(const std::string& step_dir)
+    : fd_(::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
+  if (fd_ >= 0) (void)::flock(fd_, LOCK_SH);
+}
+
+ReadLock::~ReadLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool NotBeingRead(const std::string& step_dir) {
+  int fd = ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return true;
+  const bool free = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  ::close(fd);
+  return free;
+}
+
+}  // namespace drover::engine::ckpt::internal
