@@ -7,19 +7,23 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/mutex.h"
 #include "tests/unit/worker/engine/parallel/fake_group.h"
 #include "worker/engine/kernels/ops.h"
+#include "worker/engine/kernels/profiled_ops.h"
 #include "worker/engine/parallel/zero_sharded.h"
 
 namespace drover::engine::parallel {
 namespace {
 
 // A dp group of two whose collectives leave the data as it is and record the mark each
-// followed (FollowMark's, or null), and which thread took it; its marks are fresh objects.
+// followed (FollowMark's, or null); its marks are fresh objects, each holding what `stamp`
+// said when it was taken (0 without one).
 class MarkRecordingGroup final : public testing::FakeGroup {
  public:
   struct Call {
@@ -27,7 +31,13 @@ class MarkRecordingGroup final : public testing::FakeGroup {
     std::shared_ptr<const ComputeMark> mark;
   };
 
-  MarkRecordingGroup() : FakeGroup("dp", 2) {}
+  struct StampedMark final : ComputeMark {
+    explicit StampedMark(int64_t s) : stamp(s) {}
+    const int64_t stamp;
+  };
+
+  explicit MarkRecordingGroup(std::function<int64_t()> stamp = nullptr)
+      : FakeGroup("dp", 2), stamp_(std::move(stamp)) {}
 
   Status AllReduce(void*, size_t, DataType, ReduceOp) override { return Record("AllReduce"); }
   Status ReduceScatter(void*, std::span<const size_t>, DataType, ReduceOp) override {
@@ -40,7 +50,7 @@ class MarkRecordingGroup final : public testing::FakeGroup {
   Status Barrier() override { return Record("Barrier"); }
 
   std::shared_ptr<const ComputeMark> MarkCompute() override {
-    return std::make_shared<ComputeMark>();
+    return std::make_shared<StampedMark>(stamp_ ? stamp_() : 0);
   }
   void FollowMark(std::shared_ptr<const ComputeMark> mark) override { mark_ = std::move(mark); }
 
@@ -58,6 +68,7 @@ class MarkRecordingGroup final : public testing::FakeGroup {
     return OkStatus();
   }
 
+  const std::function<int64_t()> stamp_;
   std::shared_ptr<const ComputeMark> mark_;  // the stream's thread's alone
   mutable Mutex mu_;
   std::vector<Call> calls_ GUARDED_BY(mu_);
@@ -127,6 +138,38 @@ TEST(ShardedMemoryTest, EveryGradientReductionAndGatherFollowsAMark) {
       EXPECT_GE(gathers, static_cast<int>(Layout().units().size()));
     }
   }
+}
+
+// A ZeRO-3 gather reads this rank's shard from the gather buffer, where the training thread
+// copies it (a kernel, on a GPU): its mark must be taken after that copy was enqueued, or
+// NCCL could read the buffer before the shard landed. The marks are stamped with the
+// number of copies the table had made, which must include the unit's own.
+TEST(ShardedMemoryTest, AGathersMarkIsTakenAfterTheRanksShardWasCopied) {
+  ProfiledOps ops(CpuOps());
+  MarkRecordingGroup dp([&] { return ops.totals(ProfiledOps::kCopy).calls; });
+  std::vector<int64_t> copies_after;  // by unit: copies made once its gather was started
+  {
+    ShardedMemory memory(&Layout(), &ops, &dp, /*zero_stage=*/3);
+    for (int u = 0; u < static_cast<int>(Layout().units().size()); ++u) {
+      ASSERT_TRUE(memory.AcquireParams(u).ok());
+      copies_after.push_back(ops.totals(ProfiledOps::kCopy).calls);
+      ASSERT_TRUE(memory.ReleaseParams(u).ok());
+    }
+  }
+  std::vector<int64_t> stamps;
+  for (const auto& call : dp.calls()) {
+    if (std::string(call.op) != "AllGather") continue;
+    const auto* mark = dynamic_cast<const MarkRecordingGroup::StampedMark*>(call.mark.get());
+    ASSERT_NE(mark, nullptr) << "a gather followed no mark";
+    stamps.push_back(mark->stamp);
+  }
+  ASSERT_EQ(stamps.size(), copies_after.size());
+  bool copied = false;  // some unit's gather had a shard of this rank to copy
+  for (size_t u = 0; u < stamps.size(); ++u) {
+    EXPECT_EQ(stamps[u], copies_after[u]) << "unit " << u << "'s gather was marked before its copy";
+    copied = copied || (u == 0 ? copies_after[u] > 0 : copies_after[u] > copies_after[u - 1]);
+  }
+  EXPECT_TRUE(copied) << "no unit held a shard of this rank: the test shows nothing";
 }
 
 }  // namespace
