@@ -236,6 +236,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(parallel.timeout_s),
       DROVER_SPEC_FIELD(parallel.bucket_mb),
       DROVER_SPEC_FIELD(parallel.backend),
+      DROVER_SPEC_FIELD(parallel.stream_order),
       DROVER_SPEC_FIELD(resources.device),
       DROVER_SPEC_FIELD(resources.world_size.min),
       DROVER_SPEC_FIELD(resources.world_size.max),

@@ -94,6 +94,11 @@ struct ParallelSpec {
   // only), or auto (nccl when the job is on CUDA and every rank has a GPU of its own, else
   // gloo).
   std::string backend = "auto";  // auto | gloo | nccl
+  // NCCL: the training thread's collectives and transfers (tensor parallel, the pipeline)
+  // return once enqueued, the GPU ordering the compute after them, with a watchdog thread
+  // holding their deadlines (true); or only once done on the GPU (false: the host waits at
+  // each, and the GPU idles while it enqueues the next kernels).
+  bool stream_order = true;
 };
 
 struct WorldSizeSpec {

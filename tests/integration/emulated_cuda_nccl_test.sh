@@ -61,6 +61,8 @@ run dp2-zero3 2 one 1e-5 parallel.zero_stage=3
 run pp2-1f1b 2 one 1e-5 parallel.pp=2
 run pp2-gpipe 2 one 1e-5 parallel.pp=2 parallel.pp_schedule=gpipe
 run pp2-tp2 4 one 1e-5 parallel.pp=2 parallel.tp=2
+# The same with the training thread's NCCL calls complete at their return, not stream-ordered.
+run pp2-tp2-at-return 4 one 1e-5 parallel.pp=2 parallel.tp=2 parallel.stream_order=false
 # The interleaved schedule: two chunks per stage of a 4-layer model, each micro-batch handed
 # from the last stage back to the first between chunks (on groups of their own: on pp, the
 # ring's back edge deadlocks NCCL's sends that wait for their receives).

@@ -257,7 +257,8 @@ Status Trainer::ConnectGroups(Ops* ops) {
             parallel::GroupCaller caller) -> StatusOr<std::unique_ptr<parallel::Communicator>> {
       // The training thread's groups let the host run ahead of their transfers.
       parallel::CommOptions options = connect.comm;
-      options.stream_ordered = caller == parallel::GroupCaller::kTrainingThread;
+      options.stream_ordered =
+          spec.parallel.stream_order && caller == parallel::GroupCaller::kTrainingThread;
       ASSIGN_OR_RETURN(std::unique_ptr<parallel::Communicator> comm,
                        parallel::ConnectNcclThroughPlugin(ops, options_.store, name, rank, size,
                                                           options, connect.connect_timeout));
