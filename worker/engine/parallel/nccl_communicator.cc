@@ -2,16 +2,12 @@
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <optional>
-#include <thread>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #include "common/mutex.h"
 #include "worker/engine/parallel/nccl_group.h"
