@@ -8,7 +8,8 @@
 # with ZeRO-2 (reduce-scatter) and ZeRO-3 (gathers), pp2 with 1F1B (point to point both ways
 # at once: a deadlock on one communicator) and GPipe, pp2 x tp2, pp2 interleaved (two chunks
 # per stage); and in bf16 dp2 with
-# ZeRO-1 and tp2 (1e-4). Then a stop and resume of dp2 with ZeRO-1, against a run without
+# ZeRO-1 and tp2 (1e-4); pp2 x tp2 also with the training thread's calls complete at their
+# return, and in the emulator's strict mode. Then a stop and resume of dp2 with ZeRO-1, against a run without
 # one. Then a tp2 job whose rank 1 is frozen (SIGSTOP) must fail within its 2 s deadline
 # (stream-ordered groups: the watchdog aborts the transfer). Then parallel.backend nccl with
 # two ranks on one GPU must be refused at start-up,
@@ -63,6 +64,11 @@ run pp2-gpipe 2 one 1e-5 parallel.pp=2 parallel.pp_schedule=gpipe
 run pp2-tp2 4 one 1e-5 parallel.pp=2 parallel.tp=2
 # The same with the training thread's NCCL calls complete at their return, not stream-ordered.
 run pp2-tp2-at-return 4 one 1e-5 parallel.pp=2 parallel.tp=2 parallel.stream_order=false
+# Stream-ordered, with device work run only when something needs it (the emulator's strict
+# mode, DROVER_EMU_DEFER_MS a day): a missing stream ordering reads stale data or hangs.
+# (Complete at their return, the pipeline hangs there: a send's transfer is forced only by
+# its Wait, which a GPU would not need.)
+DROVER_EMU_DEFER_MS=86400000 run pp2-tp2-strict 4 one 1e-5 parallel.pp=2 parallel.tp=2
 # The interleaved schedule: two chunks per stage of a 4-layer model, each micro-batch handed
 # from the last stage back to the first between chunks (on groups of their own: on pp, the
 # ring's back edge deadlocks NCCL's sends that wait for their receives).
