@@ -194,71 +194,79 @@ TEST(NcclCommunicatorTest, GroupOfOneRunsEveryCollective) {
   }
 }
 
+// Every call on device and host buffers, in both ways a group completes its calls: at
+// their return, and in stream order (a send and a receive into one buffer included).
 TEST(NcclCommunicatorTest, TwoRanksReduceGatherAndSendOnDeviceAndHostBuffers) {
   SKIP_UNLESS_NCCL_GROUPS_RUN();
   if (GpusHere() < 2) GTEST_SKIP() << "needs two GPUs";
-  auto results = OnRanks({"0", "1"}, [](int rank, KvStore* store) -> std::string {
-    Ops* ops = *CudaOps();
-    auto connected = ConnectNcclThroughPlugin(
-        ops, store, "g", rank, 2, CommOptions{milliseconds(20'000)}, milliseconds(20'000));
-    if (!connected.ok()) return connected.status().ToString();
-    // As the trainer uses it: device buffers straight to NCCL, host buffers staged.
-    std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(connected).value(), ops);
-    const float r = static_cast<float>(rank);
-    Status st;
-    auto summed = OnDevice(ops, {1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
-      st = comm->AllReduce(d, 4, DataType::kFloat32, ReduceOp::kSum);
-    });
-    RANK_EXPECT(st.ok(), st.ToString());
-    RANK_EXPECT(summed == (std::vector<float>{3, 5, 7, 9}), "all-reduce " + Str(summed));
-    const std::vector<size_t> uneven = {3, 1};
-    auto scattered = OnDevice(ops, {1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
-      st = comm->ReduceScatter(d, uneven, DataType::kFloat32, ReduceOp::kAverage);
-    });
-    RANK_EXPECT(st.ok(), st.ToString());
-    if (rank == 0) {
-      RANK_EXPECT(std::vector<float>(scattered.begin(), scattered.begin() + 3) ==
-                      (std::vector<float>{1.5f, 2.5f, 3.5f}),
-                  "reduce-scatter " + Str(scattered));
-    } else {
-      RANK_EXPECT(scattered[3] == 4.5f, "reduce-scatter " + Str(scattered));
-    }
-    auto gathered =
-        OnDevice(ops, rank == 0 ? std::vector<float>{7, 8, 9, 0} : std::vector<float>{0, 0, 0, 6},
-                 [&](float* d) { st = comm->AllGather(d, uneven, DataType::kFloat32); });
-    RANK_EXPECT(st.ok(), st.ToString());
-    RANK_EXPECT(gathered == (std::vector<float>{7, 8, 9, 6}), "all-gather " + Str(gathered));
-    // Two messages each way, matched in order; rank 1 receives first (NCCL has no buffering
-    // to let both ranks send first).
-    auto exchanged = OnDevice(ops, {10 + r, 20 + r}, [&](float* d) {
-      for (int round = 0; round < 2 && st.ok(); ++round) {
-        if (rank == 0) {
-          st = comm->Send(d, 2 * sizeof(float), 1, 0);
-          if (st.ok()) st = comm->Recv(d, 2 * sizeof(float), 1, 0);
-        } else {
-          st = comm->Recv(d, 2 * sizeof(float), 0, 0);
-          if (st.ok()) st = comm->Send(d, 2 * sizeof(float), 0, 0);
-        }
+  for (const bool stream_ordered : {false, true}) {
+    auto results = OnRanks({"0", "1"}, [&](int rank, KvStore* store) -> std::string {
+      Ops* ops = *CudaOps();
+      CommOptions options{milliseconds(20'000)};
+      options.stream_ordered = stream_ordered;
+      auto connected =
+          ConnectNcclThroughPlugin(ops, store, "g", rank, 2, options, milliseconds(20'000));
+      if (!connected.ok()) return connected.status().ToString();
+      // As the trainer uses it: device buffers straight to NCCL, host buffers staged.
+      std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(connected).value(), ops);
+      const float r = static_cast<float>(rank);
+      Status st;
+      auto summed = OnDevice(ops, {1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
+        st = comm->AllReduce(d, 4, DataType::kFloat32, ReduceOp::kSum);
+      });
+      RANK_EXPECT(st.ok(), st.ToString());
+      RANK_EXPECT(summed == (std::vector<float>{3, 5, 7, 9}), "all-reduce " + Str(summed));
+      const std::vector<size_t> uneven = {3, 1};
+      auto scattered = OnDevice(ops, {1 + r, 2 + r, 3 + r, 4 + r}, [&](float* d) {
+        st = comm->ReduceScatter(d, uneven, DataType::kFloat32, ReduceOp::kAverage);
+      });
+      RANK_EXPECT(st.ok(), st.ToString());
+      if (rank == 0) {
+        RANK_EXPECT(std::vector<float>(scattered.begin(), scattered.begin() + 3) ==
+                        (std::vector<float>{1.5f, 2.5f, 3.5f}),
+                    "reduce-scatter " + Str(scattered));
+      } else {
+        RANK_EXPECT(scattered[3] == 4.5f, "reduce-scatter " + Str(scattered));
       }
+      auto gathered =
+          OnDevice(ops, rank == 0 ? std::vector<float>{7, 8, 9, 0} : std::vector<float>{0, 0, 0, 6},
+                   [&](float* d) { st = comm->AllGather(d, uneven, DataType::kFloat32); });
+      RANK_EXPECT(st.ok(), st.ToString());
+      RANK_EXPECT(gathered == (std::vector<float>{7, 8, 9, 6}), "all-gather " + Str(gathered));
+      // Two messages each way, matched in order; rank 1 receives first (NCCL has no buffering
+      // to let both ranks send first).
+      auto exchanged = OnDevice(ops, {10 + r, 20 + r}, [&](float* d) {
+        for (int round = 0; round < 2 && st.ok(); ++round) {
+          if (rank == 0) {
+            st = comm->Send(d, 2 * sizeof(float), 1, 0);
+            if (st.ok()) st = comm->Recv(d, 2 * sizeof(float), 1, 0);
+          } else {
+            st = comm->Recv(d, 2 * sizeof(float), 0, 0);
+            if (st.ok()) st = comm->Send(d, 2 * sizeof(float), 0, 0);
+          }
+        }
+      });
+      RANK_EXPECT(st.ok(), st.ToString());
+      RANK_EXPECT(exchanged == (std::vector<float>{10, 20}), "send/recv " + Str(exchanged));
+      // Host buffers (the engine's scalars) go through a device copy.
+      double norm = 1.5 + rank;
+      st = comm->AllReduce(&norm, 1, DataType::kFloat64, ReduceOp::kSum);
+      RANK_EXPECT(st.ok(), st.ToString());
+      RANK_EXPECT(norm == 4.0, "host all-reduce " + std::to_string(norm));
+      std::vector<float> host_message = {rank == 0 ? 5.f : 0.f, rank == 0 ? 6.f : 0.f};
+      st = rank == 0 ? comm->Send(host_message.data(), 8, 1, 0)
+                     : comm->Recv(host_message.data(), 8, 0, 0);
+      RANK_EXPECT(st.ok(), st.ToString());
+      RANK_EXPECT(host_message == (std::vector<float>{5, 6}), "host send " + Str(host_message));
+      st = comm->Barrier();
+      if (st.ok()) st = comm->Sync();
+      RANK_EXPECT(st.ok(), st.ToString());
+      return "";
     });
-    RANK_EXPECT(st.ok(), st.ToString());
-    RANK_EXPECT(exchanged == (std::vector<float>{10, 20}), "send/recv " + Str(exchanged));
-    // Host buffers (the engine's scalars) go through a device copy.
-    double norm = 1.5 + rank;
-    st = comm->AllReduce(&norm, 1, DataType::kFloat64, ReduceOp::kSum);
-    RANK_EXPECT(st.ok(), st.ToString());
-    RANK_EXPECT(norm == 4.0, "host all-reduce " + std::to_string(norm));
-    std::vector<float> host_message = {rank == 0 ? 5.f : 0.f, rank == 0 ? 6.f : 0.f};
-    st = rank == 0 ? comm->Send(host_message.data(), 8, 1, 0)
-                   : comm->Recv(host_message.data(), 8, 0, 0);
-    RANK_EXPECT(st.ok(), st.ToString());
-    RANK_EXPECT(host_message == (std::vector<float>{5, 6}), "host send " + Str(host_message));
-    st = comm->Barrier();
-    RANK_EXPECT(st.ok(), st.ToString());
-    return "";
-  });
-  EXPECT_EQ(results[0], "");
-  EXPECT_EQ(results[1], "");
+    const char* mode = stream_ordered ? "stream-ordered" : "complete at return";
+    EXPECT_EQ(results[0], "") << mode;
+    EXPECT_EQ(results[1], "") << mode;
+  }
 }
 
 // NCCL connects to a peer at the first transfer, so a group's first call waits for a late
