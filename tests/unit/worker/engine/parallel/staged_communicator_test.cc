@@ -82,15 +82,27 @@ class DeviceOnlyCommunicator final : public Communicator {
   std::shared_ptr<const ComputeMark> mark_;
 };
 
+// A DeviceOnlyCommunicator wrapped as the trainer wraps its NCCL groups.
+struct ThroughDevice {
+  ThroughDevice() {
+    auto owned = std::make_unique<DeviceOnlyCommunicator>(&ops);
+    inner = owned.get();
+    comm = StageThroughDevice(std::move(owned), &ops);
+  }
+  testing::EmulatedDeviceOps ops;
+  DeviceOnlyCommunicator* inner = nullptr;  // owned by comm
+  std::unique_ptr<Communicator> comm;
+};
+
 // The trainer's NCCL groups are wrapped so (StageThroughDevice): a mark (Communicator::
 // MarkCompute) reaches the NCCL group with a device buffer, which goes to it as it is, but
 // not with a host buffer, whose staged copy is made at the call, after the mark (following
 // the mark, the collective could read the copy before it landed). A mark is for one call.
 TEST(StagedCommunicatorTest, ThroughDeviceAMarkGoesWithADeviceBufferAndNotWithAStagedOne) {
-  testing::EmulatedDeviceOps ops;
-  auto owned = std::make_unique<DeviceOnlyCommunicator>(&ops);
-  DeviceOnlyCommunicator* inner = owned.get();
-  std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(owned), &ops);
+  ThroughDevice staged;
+  testing::EmulatedDeviceOps& ops = staged.ops;
+  DeviceOnlyCommunicator* inner = staged.inner;
+  Communicator* comm = staged.comm.get();
   Buffer device = ops.Allocate(4);
   ops.Fill(device.data(), 1.f, 4);
   std::vector<float> host = {1, 2, 3};
@@ -114,10 +126,10 @@ TEST(StagedCommunicatorTest, ThroughDeviceAMarkGoesWithADeviceBufferAndNotWithAS
 }
 
 TEST(StagedCommunicatorTest, ThroughDeviceHostBuffersMakeTheRoundTripDeviceBuffersGoStraight) {
-  testing::EmulatedDeviceOps ops;
-  auto owned = std::make_unique<DeviceOnlyCommunicator>(&ops);
-  DeviceOnlyCommunicator* inner = owned.get();
-  std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(owned), &ops);
+  ThroughDevice staged;
+  testing::EmulatedDeviceOps& ops = staged.ops;
+  DeviceOnlyCommunicator* inner = staged.inner;
+  Communicator* comm = staged.comm.get();
 
   std::vector<float> host = {1, 2, 3};
   ASSERT_TRUE(comm->AllReduce(host.data(), 3, DataType::kFloat32, ReduceOp::kSum).ok());
@@ -149,10 +161,10 @@ TEST(StagedCommunicatorTest, ThroughDeviceHostBuffersMakeTheRoundTripDeviceBuffe
 // once, is copied back only after the inner group synced, and not at all when that fails
 // (the caller's buffer keeps its values). Device buffers are left to the stream order.
 TEST(StagedCommunicatorTest, ThroughDeviceAHostBufferIsCopiedBackOnlyOnceTheInnerGroupSynced) {
-  testing::EmulatedDeviceOps ops;
-  auto owned = std::make_unique<DeviceOnlyCommunicator>(&ops);
-  DeviceOnlyCommunicator* inner = owned.get();
-  std::unique_ptr<Communicator> comm = StageThroughDevice(std::move(owned), &ops);
+  ThroughDevice staged;
+  testing::EmulatedDeviceOps& ops = staged.ops;
+  DeviceOnlyCommunicator* inner = staged.inner;
+  Communicator* comm = staged.comm.get();
   std::vector<float> host = {1, 2, 3};
   ASSERT_TRUE(comm->AllReduce(host.data(), 3, DataType::kFloat32, ReduceOp::kSum).ok());
   EXPECT_EQ(host, (std::vector<float>{2, 4, 6}));
