@@ -16,7 +16,4 @@ inline int64_t AttemptLeaseMs(int64_t node_timeout_ms) {
   return std::max<int64_t>(300, 2 * node_timeout_ms / 3);
 }
 
-// The rendezvous keys a trainer writes to confirm its lease: "lease/<rank>".
-inline constexpr char kLeaseKeyPrefix[] = "lease/";
-
 }  // namespace drover

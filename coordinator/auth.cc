@@ -15,7 +15,7 @@ struct MethodEntry {
 
 // Every method of proto/drover.proto. A new one is refused to read-only tokens until it
 // is listed here (auth_test checks that every JobService method is).
-constexpr std::array<MethodEntry, 18> kMethods = {{
+constexpr std::array<MethodEntry, 19> kMethods = {{
     {"/drover.v1.WorkerService/Register", MethodClass::kAgent},
     {"/drover.v1.WorkerService/Heartbeat", MethodClass::kAgent},
     {"/drover.v1.WorkerService/ReportTrainerExit", MethodClass::kAgent},
@@ -25,6 +25,7 @@ constexpr std::array<MethodEntry, 18> kMethods = {{
     {"/drover.v1.RendezvousService/Get", MethodClass::kAgent},
     {"/drover.v1.RendezvousService/Wait", MethodClass::kAgent},
     {"/drover.v1.RendezvousService/Add", MethodClass::kAgent},
+    {"/drover.v1.RendezvousService/ConfirmLease", MethodClass::kAgent},
     {"/drover.v1.JobService/GetJob", MethodClass::kRead},
     {"/drover.v1.JobService/ListJobs", MethodClass::kRead},
     {"/drover.v1.JobService/ListWorkers", MethodClass::kRead},

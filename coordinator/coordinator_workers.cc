@@ -10,6 +10,7 @@
 #include "common/job_state.h"
 #include "common/mutex.h"
 #include "common/node_slots.h"
+#include "common/protocol_version.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/limits.h"
 
@@ -22,6 +23,12 @@ int LiveTrainers(const std::vector<v1::TrainerStatus>& listed) {
 
 // Names, addresses and slots of a registering node within limits.h's bounds.
 Status CheckRegistration(const v1::RegisterRequest& r) {
+  if (r.protocol_version() != kProtocolVersion) {
+    return FailedPreconditionError(
+        "register: the agent speaks drover protocol " + std::to_string(r.protocol_version()) +
+        " and this coordinator protocol " + std::to_string(kProtocolVersion) +
+        " (common/protocol_version.h): run the agents and the coordinator of one release");
+  }
   RETURN_IF_ERROR(CheckLength("register: the node name", r.name(), kMaxNodeNameBytes));
   RETURN_IF_ERROR(CheckLength("register: the agent id", r.agent_id(), kMaxNodeNameBytes));
   RETURN_IF_ERROR(CheckLength("register: the node uid", r.node_uid(), kMaxNodeNameBytes));

@@ -4,8 +4,6 @@
 #include <charconv>
 #include <chrono>
 
-#include "common/attempt_lease_ms.h"
-
 namespace drover::coordinator {
 
 void RendezvousStore::OpenAttempt(const std::string& job_id, int64_t attempt) {
@@ -57,14 +55,6 @@ Status RendezvousStore::Set(const std::string& job_id, int64_t attempt, const st
   {
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Namespace * ns, Served(job_id, attempt));
-    if (key.starts_with(kLeaseKeyPrefix)) {
-      const int64_t wait_ms = ns->leases_from_ms - clock_->NowMs();
-      if (wait_ms > 0) {
-        return UnavailableError("rendezvous: attempt " + std::to_string(attempt) + " of job " +
-                                job_id + " may confirm its lease in " + std::to_string(wait_ms) +
-                                " ms, once the earlier attempt's leases have lapsed");
-      }
-    }
     ns->kv[key] = std::move(value);
   }
   changed_.SignalAll();
@@ -122,6 +112,18 @@ StatusOr<int64_t> RendezvousStore::Add(const std::string& job_id, int64_t attemp
   }
   changed_.SignalAll();
   return value;
+}
+
+Status RendezvousStore::ConfirmLease(const std::string& job_id, int64_t attempt) {
+  MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Namespace * ns, Served(job_id, attempt));
+  const int64_t wait_ms = ns->leases_from_ms - clock_->NowMs();
+  if (wait_ms > 0) {
+    return UnavailableError("rendezvous: attempt " + std::to_string(attempt) + " of job " + job_id +
+                            " may confirm its lease in " + std::to_string(wait_ms) +
+                            " ms, once the earlier attempt's leases have lapsed");
+  }
+  return OkStatus();
 }
 
 }  // namespace drover::coordinator

@@ -6,14 +6,13 @@
 // NOT_FOUND. Opening a newer attempt or closing one frees its namespace and wakes its
 // waiters, which then fail the same way.
 //
-// Leases (worker/attempt_lease.h): a trainer confirms its attempt by setting a key under
-// kLeaseKeyPrefix, and publishes (metrics lines, checkpoint commits) for `lease_ms` after
-// each confirmation. A trainer of an earlier attempt may hold such a lease for up to
-// `lease_ms` after its attempt stopped being served: a node declared dead by its agent's
-// silence can still have a trainer that reaches the coordinator. So a new attempt's lease
-// keys are refused (UNAVAILABLE, which the lease retries) until every lease of the
-// attempts before it has lapsed, and the two never publish at once. A new attempt trains
-// meanwhile; what it would publish waits.
+// Leases (worker/attempt_lease.h): a trainer confirms its attempt (ConfirmLease), and
+// publishes (metrics lines, checkpoint commits) for `lease_ms` after each confirmation. A trainer
+// of an earlier attempt may hold such a lease for up to `lease_ms` after its attempt stopped being
+// served: a node declared dead by its agent's silence can still have a trainer that reaches the
+// coordinator. So a new attempt's lease confirmations are refused (UNAVAILABLE, which the lease
+// retries) until every lease of the attempts before it has lapsed, and the two never publish at
+// once. A new attempt trains meanwhile; what it would publish waits.
 //
 // Thread-safe: every method may be called from any RPC thread; Wait blocks its caller (up
 // to the timeout, capped at kMaxWaitMs) without holding anything else.
@@ -41,9 +40,9 @@ class RendezvousStore {
       : clock_(clock), lease_ms_(lease_ms) {}
 
   // Makes `attempt` the job's served namespace (empty), dropping any older one. Its lease
-  // keys are refused until the leases of the attempt before it have lapsed: from when that
-  // one stopped being served, or from now when that is not known (a coordinator restored
-  // from its state opens a later attempt first).
+  // confirmations are refused until the leases of the attempt before it have lapsed: from
+  // when that one stopped being served, or from now when that is not known (a coordinator
+  // restored from its state opens a later attempt first).
   void OpenAttempt(const std::string& job_id, int64_t attempt);
   // Ends `attempt` (no-op when it is not the open one): requests for it fail from now on.
   void CloseAttempt(const std::string& job_id, int64_t attempt);
@@ -59,6 +58,9 @@ class RendezvousStore {
   // Adds `delta` to the integer stored at `key` (absent = 0), stored as decimal text.
   StatusOr<int64_t> Add(const std::string& job_id, int64_t attempt, const std::string& key,
                         int64_t delta);
+  // A trainer of `attempt` confirms its lease: OK when the attempt is served and the leases
+  // of the attempts before it have lapsed; UNAVAILABLE (saying when it may) before that.
+  Status ConfirmLease(const std::string& job_id, int64_t attempt);
 
  private:
   struct Namespace {
@@ -66,7 +68,7 @@ class RendezvousStore {
     bool open = false;
     std::map<std::string, std::string> kv;
     int64_t served_until_ms = 0;  // clock_ ms when the attempt was closed
-    int64_t leases_from_ms = 0;   // clock_ ms from which its lease keys are taken
+    int64_t leases_from_ms = 0;   // clock_ ms from which its leases are confirmed
   };
   // The job's namespace when `attempt` is its open one; else the error to return.
   StatusOr<Namespace*> Served(const std::string& job_id, int64_t attempt) REQUIRES(mu_);

@@ -17,6 +17,14 @@ grpc::Status RendezvousServiceImpl::Set(grpc::ServerContext* ctx, const v1::KvSe
   return ToGrpcStatus(kv_->Set(k.job_id(), k.attempt(), k.key(), req->value()));
 }
 
+grpc::Status RendezvousServiceImpl::ConfirmLease(grpc::ServerContext* ctx,
+                                                 const v1::LeaseRequest* req, v1::LeaseResponse*) {
+  if (grpc::Status denied = Guard(ctx, "/drover.v1.RendezvousService/ConfirmLease"); !denied.ok()) {
+    return denied;
+  }
+  return ToGrpcStatus(kv_->ConfirmLease(req->job_id(), req->attempt()));
+}
+
 grpc::Status RendezvousServiceImpl::Get(grpc::ServerContext* ctx, const v1::KvGetRequest* req,
                                         v1::KvGetResponse* resp) {
   if (grpc::Status denied = Guard(ctx, "/drover.v1.RendezvousService/Get"); !denied.ok()) {

@@ -39,6 +39,8 @@ class RendezvousServiceImpl final : public v1::RendezvousService::Service {
                     v1::KvWaitResponse*) override;
   grpc::Status Add(grpc::ServerContext* ctx, const v1::KvAddRequest* req,
                    v1::KvAddResponse* resp) override;
+  grpc::Status ConfirmLease(grpc::ServerContext* ctx, const v1::LeaseRequest* req,
+                            v1::LeaseResponse*) override;
 
  private:
   grpc::Status Guard(const grpc::ServerContext* ctx, std::string_view method) const {

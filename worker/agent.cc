@@ -12,6 +12,7 @@
 #include "common/attempt_lease_ms.h"
 #include "common/files.h"
 #include "common/net.h"
+#include "common/protocol_version.h"
 #include "worker/call_within.h"
 #include "worker/grpc_util.h"
 #include "worker/process.h"
@@ -128,7 +129,7 @@ Status Agent::Register() {
                                            : options_.address);
   req.set_agent_id(agent_id_);
   req.set_node_uid(options_.node_uid);
-  req.set_protocol_version(1);
+  req.set_protocol_version(kProtocolVersion);
   for (int i = 0; i < options_.slots; ++i) {
     v1::Slot* slot = req.add_slots();
     slot->set_index(i);

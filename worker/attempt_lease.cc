@@ -5,7 +5,7 @@
 #include <chrono>
 #include <string>
 
-#include "common/attempt_lease_ms.h"
+#include "common/protocol_version.h"
 
 namespace drover {
 namespace {
@@ -18,10 +18,9 @@ int64_t SteadyMs() {
 
 }  // namespace
 
-AttemptLease::AttemptLease(RendezvousClient* client, int rank, int64_t validity_ms,
+AttemptLease::AttemptLease(RendezvousClient* client, int64_t validity_ms,
                            std::function<void(const Status&)> on_superseded)
     : client_(client),
-      rank_(rank),
       validity_ms_(validity_ms),
       on_superseded_(std::move(on_superseded)),
       thread_([this] { Loop(); }) {}
@@ -44,15 +43,26 @@ Status AttemptLease::Confirm() {
   if (superseded_.load()) return FailedPreconditionError("this attempt is superseded");
   // Measured from before the call: the coordinator answered at some moment after this.
   const int64_t sent = SteadyMs();
-  Status st = client_->Set(kLeaseKeyPrefix + std::to_string(rank_), "1");
+  Status st = client_->ConfirmLease();
   if (st.ok()) {
     int64_t prev = confirmed_ms_.load();
     while (prev < sent && !confirmed_ms_.compare_exchange_weak(prev, sent)) {
     }
     return st;
   }
-  if (st.code() == StatusCode::kFailedPrecondition && !superseded_.exchange(true)) {
-    spdlog::error("the coordinator says this attempt is superseded ({}); stopping", st.message());
+  // Either answer is final: the attempt is superseded, or the coordinator (of an earlier
+  // release than this trainer) serves no leases, so that nothing could ever be published.
+  const bool superseded = st.code() == StatusCode::kFailedPrecondition;
+  const bool unserved = st.code() == StatusCode::kUnimplemented;
+  if ((superseded || unserved) && !superseded_.exchange(true)) {
+    if (superseded) {
+      spdlog::error("the coordinator says this attempt is superseded ({}); stopping", st.message());
+    } else {
+      spdlog::error(
+          "the coordinator does not serve trainer leases ({}): it is of an earlier release than "
+          "this trainer (drover protocol {}); stopping",
+          st.message(), kProtocolVersion);
+    }
     if (on_superseded_) on_superseded_(st);
   }
   return st;
@@ -65,7 +75,7 @@ void AttemptLease::Loop() {
     lock.Unlock();
     Status st = Confirm();
     lock.Lock();
-    if (st.code() == StatusCode::kFailedPrecondition) return;
+    if (superseded_.load()) return;
     cv_.WaitFor(&mu_, period, [this]() REQUIRES(mu_) { return stop_; });
   }
 }

@@ -31,6 +31,16 @@ Status RendezvousClient::Set(const std::string& key, const std::string& value) {
   return FromGrpcStatus(stub_->Set(&ctx, req, &resp), "rendezvous Set '" + key + "'");
 }
 
+Status RendezvousClient::ConfirmLease() {
+  v1::LeaseRequest req;
+  req.set_job_id(job_id_);
+  req.set_attempt(attempt_);
+  v1::LeaseResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineMs(&ctx, rpc_timeout_ms_);
+  return FromGrpcStatus(stub_->ConfirmLease(&ctx, req, &resp), "rendezvous ConfirmLease");
+}
+
 StatusOr<std::optional<std::string>> RendezvousClient::Get(const std::string& key) {
   v1::KvGetRequest req;
   *req.mutable_key() = Key(key);

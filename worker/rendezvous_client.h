@@ -31,6 +31,8 @@ class RendezvousClient {
   Status Wait(const std::vector<std::string>& keys, int64_t timeout_ms);
   // Atomically adds `delta` to the integer under `key` (0 when absent); returns the sum.
   StatusOr<int64_t> Add(const std::string& key, int64_t delta);
+  // Confirms this trainer's lease on the attempt (worker/attempt_lease.h).
+  Status ConfirmLease();
 
   // Wait for `key`, then Get it: the value another rank Set.
   StatusOr<std::string> WaitGet(const std::string& key, int64_t timeout_ms);

@@ -121,7 +121,7 @@ int main(int, char**) {
     lease_client =
         std::make_unique<RendezvousClient>(env->coordinator, env->job_id, env->attempt,
                                            std::max<int64_t>(env->lease_ms / 2, 100), *tls);
-    lease = std::make_unique<AttemptLease>(lease_client.get(), env->rank, env->lease_ms,
+    lease = std::make_unique<AttemptLease>(lease_client.get(), env->lease_ms,
                                            [](const Status&) { ::kill(::getpid(), SIGTERM); });
     options.fence = lease.get();
   }

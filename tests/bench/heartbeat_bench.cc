@@ -41,6 +41,7 @@
 
 #include "common/clock.h"
 #include "common/grpc_runtime.h"
+#include "common/protocol_version.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/server.h"
 #include "proto/drover.grpc.pb.h"
@@ -189,6 +190,7 @@ void RegisterAll(const AgentSet& set, int slots, ThreadResult* out) {
       req.set_name("node-" + std::to_string(agent));
       req.set_agent_id("agent-" + std::to_string(agent));
       req.set_address("127.0.0.1:0");
+      req.set_protocol_version(drover::kProtocolVersion);
       for (int s = 0; s < slots; ++s) {
         v1::Slot* slot = req.add_slots();
         slot->set_index(s);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/protocol_version.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/store/store.h"
 #include "proto/drover.pb.h"
@@ -57,7 +58,10 @@ void Call(Coordinator& c, FakeClock& clock, JobIds& jobs, uint8_t op, std::strin
   switch (op % 12) {
     case 0: {
       v1::RegisterRequest r;
-      if (Decode(bytes, &r)) (void)c.Register(r);
+      if (!Decode(bytes, &r)) break;
+      // Most inputs register; another version is one refusal, checked first.
+      if (r.protocol_version() != 0) r.set_protocol_version(kProtocolVersion);
+      (void)c.Register(r);
       break;
     }
     case 1: {

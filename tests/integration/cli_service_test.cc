@@ -9,6 +9,7 @@
 #include <fstream>
 #include <regex>
 
+#include "common/protocol_version.h"
 #include "tests/integration/cluster.h"
 
 namespace drover::testing {
@@ -102,7 +103,7 @@ TEST_F(CliServiceTest, WorkersShowsTheGpuOfAGpuNode) {
   v1::RegisterRequest req;
   req.set_name("gpu7");
   req.set_agent_id("gpu7-1");
-  req.set_protocol_version(1);
+  req.set_protocol_version(kProtocolVersion);
   for (int i = 0; i < 2; ++i) {
     v1::Slot* slot = req.add_slots();
     slot->set_index(i);

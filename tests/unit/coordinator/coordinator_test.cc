@@ -149,6 +149,28 @@ TEST_F(CoordinatorTest, NodeDeathRecoversOnHealthySlotsAfterSurvivorsExit) {
   EXPECT_EQ(n2.failures(), 1);
 }
 
+// An agent of another release (common/protocol_version.h: version 1 confirmed trainer leases
+// with a rendezvous key this coordinator no longer honours) is refused, naming both
+// versions, and does not become a node.
+TEST_F(CoordinatorTest, AnAgentOfAnotherProtocolIsRefusedNamingBothVersions) {
+  v1::RegisterRequest reg = RegisterReq("n1", 1);
+  reg.set_protocol_version(1);
+  const auto refused = c_->Register(reg);
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(refused.status().message(),
+            "register: the agent speaks drover protocol 1 and this coordinator protocol " +
+                std::to_string(kProtocolVersion) +
+                " (common/protocol_version.h): run the agents and the coordinator of one "
+                "release");
+  const std::string id = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::PENDING) << "the refused agent's slot was used";
+  reg.set_protocol_version(kProtocolVersion);
+  ASSERT_TRUE(c_->Register(reg).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING);
+}
+
 // A partition heals and TCP delivers a heartbeat the agent sent while cut off, after the
 // heartbeats that followed it: the job's newest trainer on that node is not in its listing.
 // Taken, that listing would fail the attempt ("rank 0 vanished from the agent"); it is

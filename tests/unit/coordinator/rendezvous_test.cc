@@ -39,43 +39,46 @@ TEST(RendezvousTest, OldAttemptIsRefusedAndItsNamespaceFreed) {
 
 // A new attempt's leases start only once the earlier attempt's have lapsed (lease_ms and a
 // tenth more from when it stopped being served), so that a superseded trainer still
-// holding one and its successor never publish at once; its other keys are served at once.
+// holding one and its successor never publish at once; its keys are served at once (a key
+// named like the lease's too: a lease is a call of its own, not a key).
 TEST(RendezvousTest, ANewAttemptsLeasesStartOnceTheEarlierOnesHaveLapsed) {
   FakeClock clock;
   RendezvousStore kv(&clock, 1000);
   kv.OpenAttempt("j", 1);  // the first attempt: none before it
-  ASSERT_TRUE(kv.Set("j", 1, "lease/0", "1").ok());
+  ASSERT_TRUE(kv.ConfirmLease("j", 1).ok());
   clock.AdvanceMs(5000);
   kv.OpenAttempt("j", 2);  // superseding attempt 1 now
   ASSERT_TRUE(kv.Set("j", 2, "rank0", "addr").ok());
-  const Status early = kv.Set("j", 2, "lease/0", "1");
+  ASSERT_TRUE(kv.Set("j", 2, "lease/0", "a key like any other").ok());
+  const Status early = kv.ConfirmLease("j", 2);
   EXPECT_EQ(early.code(), StatusCode::kUnavailable) << early;
   EXPECT_EQ(early.message(),
             "rendezvous: attempt 2 of job j may confirm its lease in 1100 ms, once the earlier "
             "attempt's leases have lapsed");
   clock.AdvanceMs(1099);
-  EXPECT_EQ(kv.Set("j", 2, "lease/1", "1").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(kv.ConfirmLease("j", 2).code(), StatusCode::kUnavailable);
   clock.AdvanceMs(1);
-  EXPECT_TRUE(kv.Set("j", 2, "lease/0", "1").ok());
+  EXPECT_TRUE(kv.ConfirmLease("j", 2).ok());
   // Closed (a failure), then a new attempt 3 s later: its leases start at once, attempt 2's
   // having lapsed meanwhile; one opened 0.5 s after a close waits the rest.
   kv.CloseAttempt("j", 2);
   clock.AdvanceMs(3000);
   kv.OpenAttempt("j", 3);
-  EXPECT_TRUE(kv.Set("j", 3, "lease/0", "1").ok());
+  EXPECT_TRUE(kv.ConfirmLease("j", 3).ok());
   kv.CloseAttempt("j", 3);
   clock.AdvanceMs(500);
   kv.OpenAttempt("j", 4);
-  EXPECT_EQ(kv.Set("j", 4, "lease/0", "1").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(kv.ConfirmLease("j", 4).code(), StatusCode::kUnavailable);
   clock.AdvanceMs(600);
-  EXPECT_TRUE(kv.Set("j", 4, "lease/0", "1").ok());
+  EXPECT_TRUE(kv.ConfirmLease("j", 4).ok());
+  EXPECT_EQ(kv.ConfirmLease("j", 3).code(), StatusCode::kFailedPrecondition);  // superseded
   // A coordinator restored from its state opens a later attempt first: when the one before
   // it ended is not known, its leases wait a whole lease from now.
   RendezvousStore restored(&clock, 1000);
   restored.OpenAttempt("j", 4);
-  EXPECT_EQ(restored.Set("j", 4, "lease/0", "1").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(restored.ConfirmLease("j", 4).code(), StatusCode::kUnavailable);
   clock.AdvanceMs(1100);
-  EXPECT_TRUE(restored.Set("j", 4, "lease/0", "1").ok());
+  EXPECT_TRUE(restored.ConfirmLease("j", 4).ok());
 }
 
 TEST(RendezvousTest, WaitTimesOutNamingMissingKeys) {

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "common/protocol_version.h"
 #include "proto/drover.pb.h"
 
 namespace drover::coordinator::testing {
@@ -47,7 +48,7 @@ inline v1::RegisterRequest RegisterReq(const std::string& name, int slots,
   r.set_name(name);
   r.set_address("127.0.0.1");
   r.set_agent_id(agent_id);
-  r.set_protocol_version(1);
+  r.set_protocol_version(kProtocolVersion);
   for (int i = 0; i < slots; ++i) {
     v1::Slot* s = r.add_slots();
     s->set_index(i);
