@@ -11,7 +11,22 @@ RendezvousClient::RendezvousClient(const std::string& coordinator, std::string j
       job_id_(std::move(job_id)),
       attempt_(attempt),
       rpc_timeout_ms_(rpc_timeout_ms),
+      tls_(tls),
       stub_(v1::RendezvousService::NewStub(MakeChannel(coordinator, tls))) {}
+
+std::shared_ptr<RendezvousClient::Stub> RendezvousClient::stub() {
+  MutexLock lock(&mu_);
+  return stub_;
+}
+
+Status RendezvousClient::Checked(const std::shared_ptr<Stub>& used, Status result) {
+  if (result.code() != StatusCode::kUnavailable) return result;
+  std::shared_ptr<Stub> fresh = v1::RendezvousService::NewStub(MakeChannel(address_, tls_));
+  MutexLock lock(&mu_);
+  // Another thread's failed call may have replaced it already: keep that one.
+  if (stub_ == used) stub_ = std::move(fresh);
+  return result;
+}
 
 v1::KvKey RendezvousClient::Key(const std::string& key) const {
   v1::KvKey k;
@@ -28,7 +43,8 @@ Status RendezvousClient::Set(const std::string& key, const std::string& value) {
   v1::KvSetResponse resp;
   grpc::ClientContext ctx;
   SetDeadlineMs(&ctx, rpc_timeout_ms_);
-  return FromGrpcStatus(stub_->Set(&ctx, req, &resp), "rendezvous Set '" + key + "'");
+  const std::shared_ptr<Stub> stub = this->stub();
+  return Checked(stub, FromGrpcStatus(stub->Set(&ctx, req, &resp), "rendezvous Set '" + key + "'"));
 }
 
 Status RendezvousClient::ConfirmLease() {
@@ -38,7 +54,9 @@ Status RendezvousClient::ConfirmLease() {
   v1::LeaseResponse resp;
   grpc::ClientContext ctx;
   SetDeadlineMs(&ctx, rpc_timeout_ms_);
-  return FromGrpcStatus(stub_->ConfirmLease(&ctx, req, &resp), "rendezvous ConfirmLease");
+  const std::shared_ptr<Stub> stub = this->stub();
+  return Checked(stub,
+                 FromGrpcStatus(stub->ConfirmLease(&ctx, req, &resp), "rendezvous ConfirmLease"));
 }
 
 StatusOr<std::optional<std::string>> RendezvousClient::Get(const std::string& key) {
@@ -47,7 +65,9 @@ StatusOr<std::optional<std::string>> RendezvousClient::Get(const std::string& ke
   v1::KvGetResponse resp;
   grpc::ClientContext ctx;
   SetDeadlineMs(&ctx, rpc_timeout_ms_);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Get(&ctx, req, &resp), "rendezvous Get '" + key + "'"));
+  const std::shared_ptr<Stub> stub = this->stub();
+  RETURN_IF_ERROR(
+      Checked(stub, FromGrpcStatus(stub->Get(&ctx, req, &resp), "rendezvous Get '" + key + "'")));
   if (!resp.found()) return std::optional<std::string>();
   return std::optional<std::string>(resp.value());
 }
@@ -63,7 +83,8 @@ Status RendezvousClient::Wait(const std::vector<std::string>& keys, int64_t time
   // The server answers DEADLINE_EXCEEDED itself at timeout_ms; the RPC deadline only
   // guards against a coordinator that never answers.
   SetDeadlineMs(&ctx, timeout_ms + rpc_timeout_ms_);
-  return FromGrpcStatus(stub_->Wait(&ctx, req, &resp), "rendezvous Wait");
+  const std::shared_ptr<Stub> stub = this->stub();
+  return Checked(stub, FromGrpcStatus(stub->Wait(&ctx, req, &resp), "rendezvous Wait"));
 }
 
 StatusOr<int64_t> RendezvousClient::Add(const std::string& key, int64_t delta) {
@@ -73,7 +94,9 @@ StatusOr<int64_t> RendezvousClient::Add(const std::string& key, int64_t delta) {
   v1::KvAddResponse resp;
   grpc::ClientContext ctx;
   SetDeadlineMs(&ctx, rpc_timeout_ms_);
-  RETURN_IF_ERROR(FromGrpcStatus(stub_->Add(&ctx, req, &resp), "rendezvous Add '" + key + "'"));
+  const std::shared_ptr<Stub> stub = this->stub();
+  RETURN_IF_ERROR(
+      Checked(stub, FromGrpcStatus(stub->Add(&ctx, req, &resp), "rendezvous Add '" + key + "'")));
   return resp.value();
 }
 

@@ -2,7 +2,11 @@
 // one (job, attempt). Used to exchange the NCCL unique id and to back Gloo's store.
 //
 // Every call has a deadline. A call from an attempt the coordinator has moved past fails
-// with FailedPrecondition (fencing): the trainer should exit. Thread-safe (gRPC stubs are).
+// with FailedPrecondition (fencing): the trainer should exit. A call that finds the
+// coordinator away fails Unavailable, and the next call dials afresh (as the agent does), so
+// that a restarted coordinator is reached at once rather than after gRPC's reconnect
+// back-off, which after a coordinator killed outright was 5-15 s of further refusals.
+// Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "common/tls.h"
 #include "proto/drover.grpc.pb.h"
@@ -38,13 +43,21 @@ class RendezvousClient {
   StatusOr<std::string> WaitGet(const std::string& key, int64_t timeout_ms);
 
  private:
-  v1::KvKey Key(const std::string& key) const;
+  using Stub = v1::RendezvousService::Stub;
 
-  std::string address_;
-  std::string job_id_;
-  int64_t attempt_;
-  int64_t rpc_timeout_ms_;
-  std::unique_ptr<v1::RendezvousService::Stub> stub_;
+  v1::KvKey Key(const std::string& key) const;
+  std::shared_ptr<Stub> stub() EXCLUDES(mu_);
+  // `result` of a call made through `used`; replaces that stub with one on a fresh channel
+  // when the call found the coordinator away (Unavailable).
+  Status Checked(const std::shared_ptr<Stub>& used, Status result) EXCLUDES(mu_);
+
+  const std::string address_;
+  const std::string job_id_;
+  const int64_t attempt_;
+  const int64_t rpc_timeout_ms_;
+  const TlsCredentials tls_;
+  Mutex mu_;
+  std::shared_ptr<Stub> stub_ GUARDED_BY(mu_);
 };
 
 }  // namespace drover

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "tests/integration/cluster.h"
+#include "worker/rendezvous_client.h"
 
 namespace drover::testing {
 namespace {
@@ -326,6 +327,41 @@ TEST_F(ControlPlaneTest, CoordinatorKilledAndRestartedLeavesTrainersUndisturbed)
   ASSERT_EQ(info.job().state(), v1::SUCCEEDED) << Describe(info);
   EXPECT_EQ(info.job().attempt(), 1) << Describe(info);
   EXPECT_EQ(info.job().restarts(), 0);
+}
+
+// A trainer's rendezvous client (checkpoint reports, leases) reaches a coordinator killed
+// outright and restarted as soon as a fresh client can. Its calls while the coordinator was
+// away failed Unavailable; before, gRPC's reconnect back-off on that channel then refused
+// calls for 5-15 s more (Connection refused, with the coordinator listening), long enough
+// for a checkpoint report to be lost and the attempt to fail (found by drover-soak).
+TEST(RendezvousClientTest, ReachesACoordinatorKilledAndRestartedAtOnce) {
+  ClusterOptions o;
+  o.agents = 0;
+  o.name = "rendezvous-restart";
+  Cluster cluster(o);
+  cluster.StartCoordinator();
+  // Any answer but Unavailable is the coordinator's (no such job: NotFound).
+  auto reached = [](RendezvousClient& client) {
+    return client.Set("k", "v").code() != StatusCode::kUnavailable;
+  };
+  RendezvousClient client(cluster.address(), "j-none", 1, /*rpc_timeout_ms=*/5000);
+  ASSERT_TRUE(WaitUntil([&] { return reached(client); }, 10000)) << cluster.DebugLogs();
+  cluster.coordinator()->Kill(SIGKILL);
+  for (int i = 0; i < 20; ++i) {  // a second of calls while it is away
+    EXPECT_EQ(client.Set("k", "v").code(), StatusCode::kUnavailable);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  cluster.StartCoordinator();
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        RendezvousClient fresh(cluster.address(), "j-none", 1, 5000);
+        return reached(fresh);
+      },
+      10000, 10))
+      << cluster.DebugLogs();
+  const int64_t back_ms = NowMs();
+  ASSERT_TRUE(WaitUntil([&] { return reached(client); }, 20000, 10));
+  EXPECT_LT(NowMs() - back_ms, 500) << "the client kept failing after the coordinator was back";
 }
 
 // The coordinator's own disk fills (a file-size limit on its process stands in for a full
