@@ -2,7 +2,9 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 
 namespace drover::engine::ckpt {
 namespace {
@@ -21,16 +23,35 @@ KvShardExchange::KvShardExchange(parallel::KvStore* store, std::chrono::millisec
                                  const std::atomic<bool>* stop)
     : store_(store), timeout_(timeout), stop_(stop) {}
 
+bool KvShardExchange::Stopped() const { return stop_ != nullptr && stop_->load(); }
+
 Status KvShardExchange::Publish(int64_t step, int rank,
                                 const StatusOr<std::vector<v1::CheckpointShard>>& result) {
-  if (!result.ok()) return store_->Set(KeyOf(step, rank), kError + result.status().ToString());
-  v1::CheckpointManifest entries;
-  for (const auto& sh : *result) *entries.add_shards() = sh;
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(entries, &json).ok()) {
-    return InternalError("cannot encode checkpoint shard entries");
+  std::string value;
+  if (!result.ok()) {
+    value = kError + result.status().ToString();
+  } else {
+    v1::CheckpointManifest entries;
+    for (const auto& sh : *result) *entries.add_shards() = sh;
+    std::string json;
+    if (!google::protobuf::util::MessageToJsonString(entries, &json).ok()) {
+      return InternalError("cannot encode checkpoint shard entries");
+    }
+    value = kOk + json;
   }
-  return store_->Set(KeyOf(step, rank), kOk + json);
+  // The store is the coordinator's rendezvous service: Unavailable while it restarts. A
+  // report lost then would leave rank 0 waiting for it until its timeout, with no
+  // checkpoint committed meanwhile, so it is sent again until the same timeout.
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout_;
+  std::chrono::milliseconds backoff(50);
+  while (true) {
+    Status set = store_->Set(KeyOf(step, rank), value);
+    if (set.code() != StatusCode::kUnavailable || Clock::now() >= deadline) return set;
+    if (Stopped()) return set;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min<std::chrono::milliseconds>(2 * backoff, std::chrono::seconds(1));
+  }
 }
 
 StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::Collect(int64_t step, int world_size) {
@@ -42,13 +63,21 @@ StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::Collect(int64_t step
   for (int r = 1; r < world_size; ++r) {
     StatusOr<std::string> got = DeadlineExceededError("");
     while (true) {
-      if (stop_ != nullptr && stop_->load()) {
+      if (Stopped()) {
         return CancelledError("stopped while waiting for the checkpoint shards of step " +
                               std::to_string(step));
       }
       got = store_->Get(KeyOf(step, r), kSlice);
-      if (got.ok() || got.status().code() != StatusCode::kDeadlineExceeded) break;
+      // Unavailable: the coordinator is restarting; the report may come once it is back.
+      const StatusCode code = got.status().code();
+      if (got.ok() || (code != StatusCode::kDeadlineExceeded && code != StatusCode::kUnavailable)) {
+        break;
+      }
+      if (code == StatusCode::kUnavailable) std::this_thread::sleep_for(kSlice);
       if (Clock::now() >= deadline) {
+        if (code == StatusCode::kUnavailable) {
+          return got.status().WithContext("checkpoint shards of step " + std::to_string(step));
+        }
         return DeadlineExceededError(
             "rank " + std::to_string(r) + " did not report its checkpoint shard of step " +
             std::to_string(step) + " within " + std::to_string(timeout_.count() / 1000) + " s");

@@ -24,12 +24,14 @@ class ShardExchange {
  public:
   virtual ~ShardExchange() = default;
   // Rank `rank` (> 0) reports its shard of checkpoint `step`: durable with these entries, or
-  // failed with this status.
+  // failed with this status. A store that is Unavailable (the coordinator restarting) is
+  // tried again until the exchange's timeout, or until the trainer is asked to stop.
   virtual Status Publish(int64_t step, int rank,
                          const StatusOr<std::vector<v1::CheckpointShard>>& result) = 0;
   // Rank 0: the entries of ranks 1..world_size-1 for `step`, once all reported; the first
-  // failure a rank reported (naming the rank); DeadlineExceeded when one never reports;
-  // Cancelled when the trainer is asked to stop meanwhile.
+  // failure a rank reported (naming the rank); DeadlineExceeded when one never reports (or
+  // the store's Unavailable, when that lasts the whole timeout); Cancelled when the trainer
+  // is asked to stop meanwhile.
   virtual StatusOr<std::vector<v1::CheckpointShard>> Collect(int64_t step, int world_size) = 0;
 };
 
@@ -45,6 +47,8 @@ class KvShardExchange final : public ShardExchange {
   StatusOr<std::vector<v1::CheckpointShard>> Collect(int64_t step, int world_size) override;
 
  private:
+  bool Stopped() const;
+
   parallel::KvStore* const store_;
   const std::chrono::milliseconds timeout_;
   const std::atomic<bool>* const stop_;

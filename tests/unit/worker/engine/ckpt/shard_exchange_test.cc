@@ -1,0 +1,117 @@
+// KvShardExchange over a store that is away a while, as the coordinator's rendezvous
+// service is while the coordinator restarts: a shard report is neither lost nor given up
+// for it.
+#include "worker/engine/ckpt/shard_exchange.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "worker/engine/parallel/kv_store.h"
+
+namespace drover::engine::ckpt {
+namespace {
+
+using std::chrono::milliseconds;
+
+// An in-memory store whose next `away_sets` Sets and `away_gets` Gets fail Unavailable (the
+// gRPC status of a coordinator that is not listening), as the rendezvous client sees a
+// restart.
+class AwayKvStore final : public parallel::KvStore {
+ public:
+  Status Set(const std::string& key, const std::string& value) override {
+    ++sets;
+    if (Take(&away_sets))
+      return UnavailableError("rendezvous Set '" + key + "': Connection refused");
+    return store_.Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, milliseconds timeout) override {
+    ++gets;
+    if (Take(&away_gets)) return UnavailableError("rendezvous Wait: Connection refused");
+    return store_.Get(key, timeout);
+  }
+
+  std::atomic<int> away_sets{0}, away_gets{0};
+  std::atomic<int> sets{0}, gets{0};
+
+ private:
+  static bool Take(std::atomic<int>* away) {
+    int left = away->load();
+    while (left > 0 && !away->compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
+  }
+  parallel::InMemoryKvStore store_;
+};
+
+std::vector<v1::CheckpointShard> Entries(const std::string& file) {
+  v1::CheckpointShard shard;
+  shard.set_file(file);
+  shard.set_bytes(64);
+  return {shard};
+}
+
+// Rank 1's report made while the store is away is sent again until it lands, and rank 0
+// collects it: before, the report was lost, and rank 0 waited for it for the whole timeout
+// (10 minutes in the trainer) with no checkpoint committed.
+TEST(ShardExchangeTest, AReportMadeWhileTheStoreIsAwayIsSentAgainUntilItLands) {
+  AwayKvStore store;
+  store.away_sets = 3;
+  KvShardExchange rank1(&store, std::chrono::seconds(30), nullptr);
+  ASSERT_TRUE(rank1.Publish(7, 1, Entries("params.r1.bin")).ok());
+  EXPECT_EQ(store.sets.load(), 4);
+  KvShardExchange rank0(&store, std::chrono::seconds(30), nullptr);
+  auto got = rank0.Collect(7, 2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ((*got)[0].file(), "params.r1.bin");
+}
+
+// Rank 0 waits for the report through the store's absence rather than failing the
+// checkpoint at its first Unavailable: the report may come once the coordinator is back.
+TEST(ShardExchangeTest, ACollectWaitsThroughTheStoresAbsence) {
+  AwayKvStore store;
+  store.away_gets = 4;
+  KvShardExchange rank0(&store, std::chrono::seconds(30), nullptr);
+  std::thread rank1([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    KvShardExchange exchange(&store, std::chrono::seconds(30), nullptr);
+    EXPECT_TRUE(exchange.Publish(9, 1, Entries("adam_m.r1.bin")).ok());
+  });
+  auto got = rank0.Collect(9, 2);
+  rank1.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].file(), "adam_m.r1.bin");
+  EXPECT_GE(store.gets.load(), 5);
+}
+
+// A store away for longer than the exchange's timeout: both sides give up with its error,
+// and a stop request ends the retries at once.
+TEST(ShardExchangeTest, AStoreAwayPastTheTimeoutFailsBothSidesNamingIt) {
+  AwayKvStore store;
+  store.away_sets = 1000000;
+  store.away_gets = 1000000;
+  KvShardExchange exchange(&store, milliseconds(300), nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  const Status published = exchange.Publish(3, 1, Entries("params.r1.bin"));
+  EXPECT_EQ(published.code(), StatusCode::kUnavailable) << published;
+  auto collected = exchange.Collect(3, 2);
+  EXPECT_EQ(collected.status().code(), StatusCode::kUnavailable) << collected.status();
+  EXPECT_NE(collected.status().message().find("checkpoint shards of step 3"), std::string::npos)
+      << collected.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+
+  std::atomic<bool> stop{true};
+  KvShardExchange stopped(&store, std::chrono::seconds(60), &stop);
+  const int before = store.sets.load();
+  EXPECT_EQ(stopped.Publish(3, 1, Entries("params.r1.bin")).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(store.sets.load(), before + 1);
+  EXPECT_EQ(stopped.Collect(3, 2).status().code(), StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace drover::engine::ckpt
