@@ -405,15 +405,21 @@ StatusOr<StepMetrics> Trainer::Step() {
   const uint64_t requests = options_.checkpoint_requests != nullptr
                                 ? options_.checkpoint_requests->load(std::memory_order_relaxed)
                                 : 0;
-  const bool vote = requests != requests_served_;
+  parallel::StepVotes votes;
+  votes.checkpoint = requests != requests_served_;
+  if (writer_ != nullptr) {
+    const std::optional<std::chrono::milliseconds> saving = writer_->InFlightFor();
+    votes.checkpoint_busy = saving.has_value() && *saving >= options_.checkpoint_defer_after;
+  }
   if (!last_step_end_.has_value()) {
     last_step_end_ = t0;
     last_step_waited_s_ = parallel::WaitSeconds(groups_);
   }
-  ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr, vote));
+  ASSIGN_OR_RETURN(parallel::StepResult r, model_->Step(next_batch, lr, votes));
   ++step_;
-  if (vote) requests_voted_ = requests;
+  if (votes.checkpoint) requests_voted_ = requests;
   checkpoint_voted_ = r.checkpoint_voted;
+  checkpoint_busy_ = r.checkpoint_busy;
 
   StepMetrics m;
   m.step = step_;
@@ -565,11 +571,11 @@ Status Trainer::Run() {
     LogStep(*m);
     RETURN_IF_ERROR(PublishMetrics(&*m, /*wait=*/false));
     if (options_.listener != nullptr) options_.listener->OnStep(*m);
-    // Every rank reads the same vote, so all save the same step or none does.
+    // Every rank reads the same votes, so all save the same step or none does.
     const bool requested = TakeCheckpointRequest();
     const bool scheduled = every_ckpt > 0 && step_ % every_ckpt == 0;
-    if ((scheduled || requested) && step_ < spec.train.steps) {
-      RETURN_IF_ERROR(SaveCheckpoint(spec.checkpoint.async));  // a peer is gone
+    if ((scheduled || requested || checkpoint_deferred_since_ >= 0) && step_ < spec.train.steps) {
+      RETURN_IF_ERROR(SaveOrDeferCheckpoint());  // a peer is gone
     }
   }
   // The model file's gather first: after it no rank enters a collective, so the final

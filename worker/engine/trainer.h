@@ -79,6 +79,13 @@ struct TrainerOptions {
   // How long rank 0 waits for the other ranks' checkpoint shards to become durable before
   // it gives that checkpoint up (training is not held up meanwhile).
   std::chrono::milliseconds checkpoint_collect_timeout{std::chrono::minutes(10)};
+  // A checkpoint falls due while a rank's previous one has been in flight this long
+  // (waiting on the coordinator, a peer's report or a slow disk): every rank defers it to
+  // the first step at which none is that late, rather than wait for it in the training
+  // thread, where a wait past parallel.timeout_s would fail the attempt. A previous save in
+  // flight for less is waited for, as a save that keeps pace with the interval always is,
+  // so a healthy run checkpoints exactly every checkpoint.every_steps.
+  std::chrono::milliseconds checkpoint_defer_after{std::chrono::seconds(1)};
   bool resume = true;     // continue from the newest valid checkpoint in checkpoint.dir
   int prefetch = 2;       // micro-batches the loader assembles ahead
   bool log_steps = true;  // one log line per train.log_every steps
@@ -137,6 +144,10 @@ class Trainer {
   // when `async`; Flush waits for it). Collective: its error is a collective's (a peer gone);
   // a failed write is logged and reported to the listener, and the next interval retries.
   Status SaveCheckpoint(bool async);
+  // SaveCheckpoint(checkpoint.async) for the checkpoint due at this step, unless the step's
+  // all-reduce said a rank's previous one is late (checkpoint_defer_after): then the next
+  // step tries again.
+  Status SaveOrDeferCheckpoint();
   Status FlushCheckpoints();
 
   // Writes the model as an llm.c model file (rank 0). Collective.
@@ -220,6 +231,10 @@ class Trainer {
   uint64_t requests_voted_ = 0;
   uint64_t requests_served_ = 0;
   bool checkpoint_voted_ = false;
+  // Whether the last step's all-reduce said some rank's previous checkpoint is late
+  // (checkpoint_defer_after), and the step of the checkpoint deferred for it (-1: none).
+  bool checkpoint_busy_ = false;
+  int64_t checkpoint_deferred_since_ = -1;
   bool warned_no_checkpoints_ = false;
   // When the last step ended, and WaitSeconds(groups_) then: busy_ms spans from there to the
   // next step's end, so what a rank does between steps (evaluation, checkpoint snapshots,

@@ -210,6 +210,33 @@ Status Trainer::RollBack(const StepMetrics& m) {
   return OkStatus();
 }
 
+// A rank whose previous checkpoint is still in flight (its write waits on a slow disk, on a
+// peer's report, or on the coordinator's confirmation while it restarts) would hold its
+// training thread in Submit, and with it every peer in the next collective, until the
+// collectives' deadline failed the attempt. So a checkpoint due while any rank's previous
+// one is late (TrainerOptions::checkpoint_defer_after; the step's all-reduce says so on
+// every rank alike) waits for the first step at which none is, and training goes on.
+Status Trainer::SaveOrDeferCheckpoint() {
+  if (checkpoint_busy_) {
+    if (checkpoint_deferred_since_ < 0) {
+      checkpoint_deferred_since_ = step_;
+      if (is_rank0()) {
+        spdlog::info(
+            "the checkpoint of step {} is deferred: a rank is still saving the previous one "
+            "(training goes on meanwhile)",
+            step_);
+      }
+    }
+    return OkStatus();
+  }
+  if (checkpoint_deferred_since_ >= 0 && is_rank0()) {
+    spdlog::info("saving the checkpoint deferred since step {} at step {}",
+                 checkpoint_deferred_since_, step_);
+  }
+  checkpoint_deferred_since_ = -1;
+  return SaveCheckpoint(options_.spec.checkpoint.async);
+}
+
 Status Trainer::SaveCheckpoint(bool async) {
   last_checkpoint_step_ = step_;
   // A failed write is the disk's trouble, not the job's: it was reported (the listener) and

@@ -25,6 +25,7 @@ Status AsyncCheckpointWriter::Submit(ShardSnapshot snap) {
   cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return !pending_.has_value() && !busy_; });
   Status previous = std::exchange(last_error_, OkStatus());
   pending_ = std::move(snap);
+  submitted_ = std::chrono::steady_clock::now();
   cv_.SignalAll();
   return previous;
 }
@@ -35,6 +36,13 @@ Status AsyncCheckpointWriter::WriteNow(ShardSnapshot snap) {
   MutexLock lock(&mu_);
   recycled_ = std::move(snap.shard);
   return st.ok() ? previous : st;
+}
+
+std::optional<std::chrono::milliseconds> AsyncCheckpointWriter::InFlightFor() {
+  MutexLock lock(&mu_);
+  if (!pending_.has_value() && !busy_) return std::nullopt;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               submitted_);
 }
 
 RankShard AsyncCheckpointWriter::TakeRecycled() {

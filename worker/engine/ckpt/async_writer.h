@@ -9,7 +9,9 @@
 // called; training goes on and the next interval tries again.
 //
 // At most one snapshot is in flight per rank: Submit waits for the previous write to finish
-// first, so checkpoints complete in step order.
+// first, so checkpoints complete in step order. (The trainer does not submit while one has
+// been in flight for long, InFlightFor, so that a write waiting on the coordinator or a slow
+// disk never holds up training: it defers the checkpoint instead.)
 //
 // The shard copy of a finished write is kept for the next snapshot (TakeRecycled): a fresh
 // host copy of GPT-2 124M's state (3 x 0.5 GB) spends about 0.7 s of the training thread's
@@ -92,6 +94,11 @@ class AsyncCheckpointWriter {
   // Waits until nothing is in flight; returns the error of the last write, if any.
   Status Flush();
 
+  // How long the snapshot queued or being written, reported or committed (which Submit
+  // would wait for) has been in flight since its Submit; nullopt when none is. Called from
+  // the training thread, which alone submits, so a nullopt stays so until its next Submit.
+  std::optional<std::chrono::milliseconds> InFlightFor();
+
  private:
   void Loop();
   Status Save(const ShardSnapshot& snap);
@@ -102,7 +109,8 @@ class AsyncCheckpointWriter {
   Mutex mu_;
   CondVar cv_;
   std::optional<ShardSnapshot> pending_ GUARDED_BY(mu_);
-  bool busy_ GUARDED_BY(mu_) = false;  // a write is running
+  bool busy_ GUARDED_BY(mu_) = false;                                // a write is running
+  std::chrono::steady_clock::time_point submitted_ GUARDED_BY(mu_);  // of the one in flight
   bool stop_ GUARDED_BY(mu_) = false;
   Status last_error_ GUARDED_BY(mu_);
   RankShard recycled_ GUARDED_BY(mu_);

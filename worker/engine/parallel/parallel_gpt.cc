@@ -387,7 +387,7 @@ double ParallelGpt::OwnedGradSumSquares() {
   return sum;
 }
 
-StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, bool checkpoint_vote) {
+StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, StepVotes votes) {
   const double pipeline_waited = PipelineWaitSeconds();
   memory_->BeginStep();
   double loss_sum = 0;
@@ -415,14 +415,15 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, boo
   r.comm_overlapped_waits_s = memory_->comm_overlapped_waits_seconds();
 
   // The loss of every micro-batch is counted once (last stage, tp rank 0), the squared
-  // gradient of every parameter once (OwnedGradSumSquares); the checkpoint votes of all.
+  // gradient of every parameter once (OwnedGradSumSquares); the votes of all.
   const bool counts_loss = layout_.last_stage() && coord_.tp == 0;
-  double stats[3] = {counts_loss ? loss_sum : 0.0, OwnedGradSumSquares(),
-                     checkpoint_vote ? 1.0 : 0.0};
+  double stats[4] = {counts_loss ? loss_sum : 0.0, OwnedGradSumSquares(),
+                     votes.checkpoint ? 1.0 : 0.0, votes.checkpoint_busy ? 1.0 : 0.0};
   if (groups_->world != nullptr) {
-    RETURN_IF_ERROR(groups_->world->AllReduce(stats, 3, DataType::kFloat64, ReduceOp::kSum));
+    RETURN_IF_ERROR(groups_->world->AllReduce(stats, 4, DataType::kFloat64, ReduceOp::kSum));
   }
   r.checkpoint_voted = stats[2] > 0;
+  r.checkpoint_busy = stats[3] > 0;
   r.loss = stats[0] / (static_cast<double>(mesh_.dp()) * mesh_.micro_batches());
   // What the reduced gradients are multiplied by (BackwardSeed): 1 in fp32.
   const double multiplier = GradMultiplier();

@@ -91,6 +91,13 @@ struct StepResult {
   // flight), what train.recompute trades against time.
   size_t activation_bytes = 0;
   bool checkpoint_voted = false;  // some rank voted for a checkpoint at this step (Step)
+  bool checkpoint_busy = false;   // some rank is still saving an earlier checkpoint (Step)
+};
+
+// What each rank says in a step's all-reduce, for every rank to read in its StepResult.
+struct StepVotes {
+  bool checkpoint = false;       // asks for a checkpoint (StepResult::checkpoint_voted)
+  bool checkpoint_busy = false;  // still saving an earlier one (StepResult::checkpoint_busy)
 };
 
 class ParallelGpt {
@@ -136,9 +143,9 @@ class ParallelGpt {
 
   // One optimizer step at learning rate `lr` over mesh.micro_batches() micro-batches from
   // `next_batch`. Errors are communication failures (a dead or hung peer).
-  // `checkpoint_vote` rides in the step's all-reduce: StepResult::checkpoint_voted is true
-  // on every rank when any rank voted.
-  StatusOr<StepResult> Step(const BatchFn& next_batch, double lr, bool checkpoint_vote = false);
+  // `votes` ride in the step's all-reduce: StepResult::checkpoint_voted (checkpoint_busy) is
+  // true on every rank when any rank said so.
+  StatusOr<StepResult> Step(const BatchFn& next_batch, double lr, StepVotes votes = {});
 
   // Mean loss over validation batches [0, batches), split over the dp ranks.
   StatusOr<double> Evaluate(int64_t batches, const EvalBatchFn& batch);

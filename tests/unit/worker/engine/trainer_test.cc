@@ -518,6 +518,79 @@ TEST_F(TrainerTest, ACheckpointRequestToOneRankIsSavedByEveryRankAtTheStepTheyAg
   EXPECT_FALSE(fs::exists(ckpt / "step_7"));
 }
 
+// A store that holds the first checkpoint report set through it (rank 1's shard of the
+// job's first checkpoint) until released, or for 20 s: a report held up by a coordinator
+// that is away.
+class HoldingKvStore final : public parallel::KvStore {
+ public:
+  Status Set(const std::string& key, const std::string& value) override {
+    if (key.rfind("ckpt/", 0) == 0 && !held_.exchange(true)) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!released && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    return base->Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return base->Get(key, timeout);
+  }
+  parallel::KvStore* base = nullptr;  // the store every call goes to; set before the first
+  std::atomic<bool> released{false};
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
+// Rank 1's report of the first checkpoint's shard (step 2) is held up until rank 0 has
+// trained through step 10: the checkpoints due at steps 4 to 10 find step 2's still in
+// flight on both ranks (its commit waits for the report), and wait for the first step at
+// which neither rank is still saving, while training goes on. Before, each rank's next save
+// waited for its previous one in the training thread: rank 1 at step 4 for a report that
+// waited for rank 0 to reach step 10, and rank 0 for rank 1 in the collectives, until their
+// deadline failed the job.
+TEST_F(TrainerTest, ACheckpointDueWhileARankIsStillSavingThePreviousOneIsDeferred) {
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics& m) override {
+      if (m.step == 10 && hold != nullptr) hold->released = true;
+    }
+    void OnCheckpoint(const v1::CheckpointRecord& record) override {
+      steps.push_back(record.step());
+    }
+    void OnDone() override {}
+    HoldingKvStore* hold = nullptr;
+    std::vector<int64_t> steps;  // complete checkpoints (rank 0 reports them)
+  };
+  JobSpec spec = Spec({"checkpoint.every_steps=2", "checkpoint.keep_last=20", "train.eval_every=0",
+                       "train.micro_batch=2", "parallel.timeout_s=5"});
+  HoldingKvStore held;
+  Listener listeners[2];
+  listeners[0].hold = &held;
+  const std::vector<Status> results = RunTwoRanks(spec, [&](TrainerOptions& o) {
+    if (o.rank == 1) {
+      held.base = o.store;
+      o.store = &held;
+    }
+    o.listener = &listeners[o.rank];
+    // Deferred as soon as it is in flight at all, so that when the checkpoint of step 4
+    // falls due is no matter of timing.
+    o.checkpoint_defer_after = std::chrono::milliseconds(0);
+  });
+  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank];
+  const std::vector<int64_t>& saved = listeners[0].steps;
+  ASSERT_GE(saved.size(), 3u) << ::testing::PrintToString(saved);
+  EXPECT_EQ(saved[0], 2);
+  // The deferred one: after the release, at the first step both writers were idle again.
+  EXPECT_GT(saved[1], 10) << ::testing::PrintToString(saved);
+  EXPECT_EQ(saved.back(), 20);
+  for (int64_t step : {4, 6, 8, 10}) {
+    EXPECT_FALSE(fs::exists(dir_ / "out" / "ckpt" / ("step_" + std::to_string(step)))) << step;
+  }
+  auto deferred = ckpt::VerifyCheckpoint(
+      (dir_ / "out" / "ckpt" / ("step_" + std::to_string(saved[1]))).string(), saved[1]);
+  EXPECT_TRUE(deferred.ok()) << deferred.status();
+}
+
 // Rank 1 takes 40 ms more than rank 0 at every step (its listener sleeps, as a slow node
 // would compute): rank 0 waits for it in the step's collectives, and busy_ms, which leaves
 // that wait out, tells the slow rank from the one kept waiting.
