@@ -119,13 +119,7 @@ StatusOr<std::string> CommitCheckpoint(const std::string& dir, const v1::Checkpo
     // Never publish a checkpoint that would not load.
     Status cov = CheckCoverage(manifest);
     if (!cov.ok()) return InternalError("the shards do not make a checkpoint: " + cov.message());
-    std::string json;
-    google::protobuf::util::JsonPrintOptions opts;
-    opts.add_whitespace = true;
-    opts.preserve_proto_field_names = true;
-    if (!google::protobuf::util::MessageToJsonString(manifest, &json, opts).ok()) {
-      return InternalError("cannot encode checkpoint manifest as JSON");
-    }
+    ASSIGN_OR_RETURN(std::string json, internal::SealManifest(manifest));
     // The manifest goes last: a directory with a manifest has all its shards.
     RETURN_IF_ERROR(WriteFileSynced(fs, Join(tmp_dir, kManifestFile), json));
     // The files' names must be durable before the rename can be: otherwise a crash could

@@ -35,7 +35,7 @@
 namespace drover::engine::ckpt {
 
 // 2: shards carry runs. Format 1 (one range per shard) is still read.
-inline constexpr int kManifestFormatVersion = 2;
+inline constexpr int kManifestFormatVersion = 3;
 inline constexpr char kManifestFile[] = "manifest.json";
 
 // Everything one checkpoint holds, in host memory, as the global arenas. `meta` carries every

@@ -35,6 +35,18 @@ std::vector<v1::CheckpointRun> RunsOf(const v1::CheckpointShard& sh);
 // Elements in `runs`.
 int64_t RunsSize(const std::vector<v1::CheckpointRun>& runs);
 
+// The manifest file's text: JSON with proto field names, sealed with the CRC32C of that
+// text (manifest_crc32c, whose own digits count as 4294967295). The shards carry CRCs of
+// their own; the seal covers what only the manifest says (the sample position, the RNG, the
+// optimizer's step count, the loss scaler), which a damaged key would otherwise drop without
+// a word: the reader ignores fields it does not know, so that newer writers may add some.
+StatusOr<std::string> SealManifest(const v1::CheckpointManifest& manifest);
+
+// DataLoss naming `path` unless `text` (the file, parsed as `m`) carries a seal that
+// matches it; a manifest of format 1 or 2 carries none and needs none.
+Status CheckManifestSeal(const std::string& path, const std::string& text,
+                         const v1::CheckpointManifest& m);
+
 // Checks that every run lies inside [0, num_params) and that the runs of each arena's
 // shards cover every element exactly once (a bitmap: runs may interleave).
 Status CheckCoverage(const v1::CheckpointManifest& m);

@@ -57,6 +57,7 @@ StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
                          std::to_string(m.format_version()) + ", this build reads 1 to " +
                          std::to_string(kManifestFormatVersion));
   }
+  RETURN_IF_ERROR(internal::CheckManifestSeal(Join(step_dir, kManifestFile), *text, m));
   return m;
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
+#include "worker/engine/ckpt/checkpoint_format.h"
 
 namespace drover::engine::ckpt {
 namespace {
@@ -153,9 +154,9 @@ TEST(CheckCheckpointShapeTest, RefusesHugeNumParamsAndShardsOutsideTheDirectory)
     auto m = ReadManifest(step_dir);
     ASSERT_TRUE(m.ok()) << m.status();
     edit(&*m);
-    std::string json;
-    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
-    std::ofstream(fs::path(step_dir) / "manifest.json", std::ios::trunc) << json;
+    auto json = internal::SealManifest(*m);  // sealed anew: the edit is the test's
+    ASSERT_TRUE(json.ok()) << json.status();
+    std::ofstream(fs::path(step_dir) / "manifest.json", std::ios::trunc) << *json;
   };
   rewrite([](v1::CheckpointManifest* m) {
     m->set_num_params(1'000'000'000'000);

@@ -11,6 +11,7 @@
 #include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 #include "worker/engine/ckpt/agreed_load.h"
 #include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/ckpt/checkpoint_format.h"
 
 namespace drover::engine::ckpt {
 namespace {
@@ -178,9 +179,9 @@ TEST_F(CheckpointPartTest, FilesWithoutBlockChecksumsAreReadWholeAndBadBlockList
     auto m = ReadManifest(StepDir(5));
     ASSERT_TRUE(m.ok()) << m.status();
     for (auto& sh : *m->mutable_shards()) edit(&sh);
-    std::string json;
-    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
-    std::ofstream(fs::path(StepDir(5)) / kManifestFile, std::ios::trunc) << json;
+    auto json = internal::SealManifest(*m);  // sealed anew: the edit is the test's
+    ASSERT_TRUE(json.ok()) << json.status();
+    std::ofstream(fs::path(StepDir(5)) / kManifestFile, std::ios::trunc) << *json;
   };
   rewrite([](v1::CheckpointShard* sh) {
     sh->clear_block_bytes();

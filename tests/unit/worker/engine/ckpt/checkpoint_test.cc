@@ -21,6 +21,7 @@
 #include "common/token_shard.h"
 #include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 #include "worker/engine/ckpt/async_writer.h"
+#include "worker/engine/ckpt/checkpoint_format.h"
 #include "worker/engine/ckpt/shard_exchange.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
@@ -120,6 +121,66 @@ TEST_F(CkptTest, CorruptShardIsSkippedForThePreviousCheckpoint) {
   EXPECT_EQ(fs::path(path).filename(), "step_10");
 }
 
+// The manifest is sealed with its own CRC32C: every byte of it, changed in any of three
+// ways, makes it DataLoss. Unsealed, a manifest that still parsed was believed, and the
+// reader ignores keys it does not know (newer writers may add some), so a damaged key
+// dropped its field without a word: "consumed_samples" -> "consumed_sampleq" resumed the
+// data from its start, and the RNG, the optimizer's step count or the loss scaler could go
+// the same way.
+TEST_F(CkptTest, EveryByteOfTheManifestIsCoveredByItsSeal) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(7, 300)).ok());
+  const fs::path path = dir_ / "step_7" / kManifestFile;
+  std::string text;
+  {
+    std::ifstream in(path);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_TRUE(ReadManifest((dir_ / "step_7").string()).ok());
+  EXPECT_THAT(text, ::testing::HasSubstr("\"manifest_crc32c\": "));
+  int missed = 0;
+  std::string first_missed;
+  for (size_t at = 0; at < text.size(); ++at) {
+    for (char mask : {'\x01', '\x20', '\x5a'}) {
+      std::string damaged = text;
+      damaged[at] = static_cast<char>(damaged[at] ^ mask);
+      { std::ofstream(path, std::ios::trunc) << damaged; }
+      auto m = ReadManifest((dir_ / "step_7").string());
+      if (m.ok()) {
+        if (missed++ == 0) first_missed = damaged.substr(at > 20 ? at - 20 : 0, 40);
+      } else {
+        EXPECT_EQ(m.status().code(), StatusCode::kDataLoss) << m.status();
+      }
+    }
+  }
+  EXPECT_EQ(missed, 0) << missed << " of " << 3 * text.size()
+                       << " damaged manifests were read, the first around '" << first_missed << "'";
+  { std::ofstream(path, std::ios::trunc) << text; }
+  ASSERT_TRUE(ReadManifest((dir_ / "step_7").string()).ok());
+}
+
+// Manifests of earlier writers (format 1 and 2) have no seal and are read as before; one of
+// format 3 without its seal is damaged.
+TEST_F(CkptTest, AnUnsealedManifestIsReadOnlyFromAnEarlierFormat) {
+  ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(7, 300)).ok());
+  const std::string step_dir = (dir_ / "step_7").string();
+  auto m = ReadManifest(step_dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  m->clear_manifest_crc32c();
+  for (int version : {2, 3}) {
+    m->set_format_version(version);
+    std::string json;
+    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
+    { std::ofstream(fs::path(step_dir) / kManifestFile, std::ios::trunc) << json; }
+    auto read = ReadCheckpoint(step_dir);
+    if (version == 2) {
+      EXPECT_TRUE(read.ok()) << read.status();
+    } else {
+      EXPECT_EQ(read.status().code(), StatusCode::kDataLoss);
+      EXPECT_THAT(read.status().message(), ::testing::HasSubstr("has no seal"));
+    }
+  }
+}
+
 TEST_F(CkptTest, TruncatedShardAndBrokenManifestAreSkipped) {
   ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(1, 300)).ok());
   ASSERT_TRUE(WriteCheckpoint(Dir(), MakeSnapshot(2, 300)).ok());
@@ -174,9 +235,9 @@ TEST_F(CkptTest, ShardOfAnUnknownArenaIsDataLossNamingIt) {
   v1::CheckpointShard extra = m->shards(0);
   extra.set_arena("ema");
   *m->add_shards() = extra;
-  std::string json;
-  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
-  { std::ofstream(step / kManifestFile) << json; }
+  auto json = internal::SealManifest(*m);  // sealed anew: the edit is the test's
+  ASSERT_TRUE(json.ok()) << json.status();
+  { std::ofstream(step / kManifestFile) << *json; }
   auto snap = ReadCheckpoint(step.string());
   EXPECT_EQ(snap.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(snap.status().message(), ::testing::HasSubstr("arena 'ema'"));
@@ -190,9 +251,9 @@ TEST_F(CkptTest, ShardSizeMismatchNamesTheFileSizeAndTheManifestSize) {
   ASSERT_TRUE(m.ok()) << m.status();
   const int64_t real = m->shards(0).bytes();
   m->mutable_shards(0)->set_bytes(real + 8);
-  std::string json;
-  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*m, &json).ok());
-  { std::ofstream(step / kManifestFile) << json; }
+  auto json = internal::SealManifest(*m);  // sealed anew: the edit is the test's
+  ASSERT_TRUE(json.ok()) << json.status();
+  { std::ofstream(step / kManifestFile) << *json; }
   auto snap = ReadCheckpoint(step.string());
   EXPECT_EQ(snap.status().code(), StatusCode::kDataLoss);
   EXPECT_THAT(snap.status().message(),
