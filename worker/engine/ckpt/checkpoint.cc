@@ -1,6 +1,5 @@
 #include "worker/engine/ckpt/checkpoint.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
