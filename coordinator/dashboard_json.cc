@@ -178,6 +178,7 @@ json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsRespo
                          {"address", n.address()},
                          {"state", state},
                          {"failures", n.failures()},
+                         {"last_failure_ms", n.last_failure_ms()},
                          {"cordon_until_ms", n.cordon_until_ms()},
                          {"heartbeat_age_ms", std::max<int64_t>(0, now_ms - n.last_heartbeat_ms())},
                          {"free_slots", w.free_slots()},

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <tuple>
 
 #include "common/duration.h"
 #include "common/logging.h"
@@ -66,6 +67,16 @@ int main(int argc, char** argv) {
                  "of that slot, up to a day")
       ->check(CLI::Range(0, 86400000))
       ->capture_default_str();
+  std::string node_memory = "1h";
+  app.add_option("--node-failure-memory", node_memory,
+                 "a node that goes this long without failing (and is not cordoned) has its "
+                 "failures forgotten: its next one counts as its first and earns the shortest "
+                 "cordon, e.g. 1h, 30m; 0 remembers them until drover uncordon")
+      ->capture_default_str();
+  std::string slot_memory = "7d";
+  app.add_option("--slot-failure-memory", slot_memory,
+                 "the same for a slot whose GPU failed (or whose rank straggled)")
+      ->capture_default_str();
   std::string retention = "0";
   app.add_option("--job-retention", retention,
                  "delete a finished job from the state (record, attempts, logs; not its "
@@ -103,11 +114,16 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (auto ms = drover::ParseDurationMs(retention, "--job-retention"); ms.ok()) {
-    options.job_retention_ms = *ms;
-  } else {
-    std::cerr << "drover-coordinator: " << ms.status().message() << "\n";
-    return 2;
+  for (auto [text, flag, ms_out] :
+       {std::tuple{&retention, "--job-retention", &options.job_retention_ms},
+        std::tuple{&node_memory, "--node-failure-memory", &options.nodes.failure_memory_ms},
+        std::tuple{&slot_memory, "--slot-failure-memory", &options.nodes.slot_failure_memory_ms}}) {
+    auto ms = drover::ParseDurationMs(*text, flag);
+    if (!ms.ok()) {
+      std::cerr << "drover-coordinator: " << ms.status().message() << "\n";
+      return 2;
+    }
+    *ms_out = *ms;
   }
   if (options.heartbeat_timeout_ms <= options.heartbeat_interval_ms) {
     std::cerr << "drover-coordinator: --heartbeat-timeout-ms (" << options.heartbeat_timeout_ms

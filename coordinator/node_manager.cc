@@ -12,6 +12,9 @@ bool HasSlot(const v1::NodeRecord& r, int slot) {
                      [slot](const v1::Slot& s) { return s.index() == slot; });
 }
 
+// a + b, or INT64_MAX where that would overflow (a remembered time plus a memory).
+int64_t SaturatingAdd(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
+
 bool Contains(const google::protobuf::RepeatedField<int64_t>& ids, int64_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -35,13 +38,21 @@ void NodeManager::Restore(const v1::NodeRecord& record) {
   Node& node = nodes_[record.name()];
   node.record = record;
   node.connected = false;
-  if (record.cordon_until_ms() > 0) {
-    next_cordon_check_ms_ = std::min(next_cordon_check_ms_, record.cordon_until_ms());
+  v1::NodeRecord& r = node.record;
+  // A record written before failures had a time (format of protocol 2): its memory starts
+  // now, rather than forgetting at once what it counted.
+  const int64_t now = clock_->WallNowMs();
+  if (r.failures() > 0 && r.last_failure_ms() == 0) r.set_last_failure_ms(now);
+  if (r.cordon_until_ms() > 0) {
+    next_cordon_check_ms_ = std::min(next_cordon_check_ms_, r.cordon_until_ms());
   }
-  for (const v1::SlotFault& f : record.slot_faults()) {
+  next_cordon_check_ms_ = std::min(next_cordon_check_ms_, ForgetNodeFailuresAt(r));
+  for (v1::SlotFault& f : *r.mutable_slot_faults()) {
+    if (f.failed_ms() == 0) f.set_failed_ms(now);
     if (f.cordon_until_ms() > 0) {
       next_cordon_check_ms_ = std::min(next_cordon_check_ms_, f.cordon_until_ms());
     }
+    next_cordon_check_ms_ = std::min(next_cordon_check_ms_, ForgetSlotFaultAt(f));
   }
 }
 
@@ -125,7 +136,7 @@ std::optional<v1::NodeRecord> NodeManager::MarkDead(const std::string& name) {
   Node& node = it->second;
   node.connected = false;
   node.trainers.clear();  // whatever ran there is gone as far as scheduling is concerned
-  node.record.set_failures(node.record.failures() + 1);
+  CountFailure(node);
   if (node.record.failures() >= options_.cordon_after_failures) Cordon(node);
   node.record.set_state(v1::NODE_DEAD);
   return node.record;
@@ -135,7 +146,7 @@ std::optional<v1::NodeRecord> NodeManager::CordonCutOff(const std::string& name)
   auto it = nodes_.find(name);
   if (it == nodes_.end() || it->second.record.state() == v1::NODE_DEAD) return std::nullopt;
   Node& node = it->second;
-  node.record.set_failures(node.record.failures() + 1);
+  CountFailure(node);
   Cordon(node);
   node.record.set_state(v1::NODE_CORDONED);
   return node.record;
@@ -164,6 +175,7 @@ std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, i
   fault->set_reason(why);
   fault->set_failed_ms(now);
   next_cordon_check_ms_ = std::min(next_cordon_check_ms_, fault->cordon_until_ms());
+  next_cordon_check_ms_ = std::min(next_cordon_check_ms_, ForgetSlotFaultAt(*fault));
   return r;
 }
 
@@ -225,6 +237,7 @@ StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string&
     if (r.state() == v1::NODE_CORDONED) r.set_state(v1::NODE_ALIVE);
     r.set_cordon_until_ms(0);
     r.set_failures(0);
+    r.set_last_failure_ms(0);
   }
   // A latch ends only so. The slot is in use from now; the agent hears of it with its next
   // heartbeat's reply, and reports the latch until then (TakeHealth leaves it out).
@@ -254,6 +267,25 @@ bool NodeManager::ApplyUncordon(const UncordonPlan& plan) {
   return true;
 }
 
+void NodeManager::CountFailure(Node& node) {
+  node.record.set_failures(node.record.failures() + 1);
+  node.record.set_last_failure_ms(clock_->WallNowMs());
+  next_cordon_check_ms_ = std::min(next_cordon_check_ms_, ForgetNodeFailuresAt(node.record));
+}
+
+int64_t NodeManager::ForgetNodeFailuresAt(const v1::NodeRecord& r) const {
+  if (options_.failure_memory_ms <= 0 || r.failures() == 0) return INT64_MAX;
+  // Never while a cordon its failures earned lasts (a memory shorter than the cordon).
+  return std::max(SaturatingAdd(r.last_failure_ms(), options_.failure_memory_ms),
+                  r.cordon_until_ms());
+}
+
+int64_t NodeManager::ForgetSlotFaultAt(const v1::SlotFault& f) const {
+  if (options_.slot_failure_memory_ms <= 0) return INT64_MAX;
+  return std::max(SaturatingAdd(f.failed_ms(), options_.slot_failure_memory_ms),
+                  f.cordon_until_ms());
+}
+
 void NodeManager::Cordon(Node& node) {
   const int over = node.record.failures() - options_.cordon_after_failures;
   const int64_t ms = DoublingDelayMs(over, options_.cordon_base_ms, options_.cordon_max_ms);
@@ -266,22 +298,35 @@ std::vector<v1::NodeRecord> NodeManager::ExpireCordons() {
   const int64_t now = clock_->WallNowMs();
   if (now < next_cordon_check_ms_) return changed;
   next_cordon_check_ms_ = INT64_MAX;
-  auto ends = [&](int64_t until_ms) {
-    if (until_ms > now) next_cordon_check_ms_ = std::min(next_cordon_check_ms_, until_ms);
-    return until_ms > 0 && until_ms <= now;
+  // True when wall time `at_ms` (> 0) has come; else remembers it as a next check.
+  auto due = [&](int64_t at_ms) {
+    if (at_ms > now) next_cordon_check_ms_ = std::min(next_cordon_check_ms_, at_ms);
+    return at_ms > 0 && at_ms <= now;
   };
   for (auto& [name, node] : nodes_) {
     v1::NodeRecord& r = node.record;
     bool ended = false;
-    if (ends(r.cordon_until_ms()) && r.state() == v1::NODE_CORDONED) {
+    if (due(r.cordon_until_ms()) && r.state() == v1::NODE_CORDONED) {
       r.set_state(v1::NODE_ALIVE);
       r.set_cordon_until_ms(0);
       ended = true;
     }
-    for (v1::SlotFault& f : *r.mutable_slot_faults()) {
-      if (!ends(f.cordon_until_ms())) continue;
-      f.set_cordon_until_ms(0);  // its failures stay: the next cordon is longer
+    if (due(ForgetNodeFailuresAt(r))) {
+      r.set_failures(0);
+      r.set_last_failure_ms(0);
       ended = true;
+    }
+    auto* faults = r.mutable_slot_faults();
+    for (int i = faults->size() - 1; i >= 0; --i) {
+      v1::SlotFault& f = *faults->Mutable(i);
+      if (due(f.cordon_until_ms())) {
+        f.set_cordon_until_ms(0);  // its failures stay: the next cordon is longer
+        ended = true;
+      }
+      if (due(ForgetSlotFaultAt(f))) {
+        faults->DeleteSubrange(i, 1);
+        ended = true;
+      }
     }
     if (ended) changed.push_back(r);
   }

@@ -32,6 +32,14 @@ struct NodeManagerOptions {
   // and each return to use costs the job that grows onto it a restart.
   int64_t slot_cordon_base_ms = 300'000;
   int64_t slot_cordon_max_ms = 86'400'000;
+  // A node that has gone this long since its last failure, with no cordon left, has its
+  // failures forgotten (its next death counts as its first), as a slot has after
+  // slot_failure_memory_ms. Without it, every node of a long-lived cluster would collect
+  // failures over the months until one death in a quiet month cordoned it for the longest
+  // cool-down. Longer than the longest cordon, so that a node failing again as soon as it
+  // returns is still counted as repeating. 0: never forget (only drover uncordon does).
+  int64_t failure_memory_ms = 3'600'000;
+  int64_t slot_failure_memory_ms = 7 * 86'400'000LL;
 };
 
 class NodeManager {
@@ -116,8 +124,10 @@ class NodeManager {
   // it was planned (another failure, a re-registration: plan again).
   bool ApplyUncordon(const UncordonPlan& plan);
 
-  // Returns the nodes whose cool-down, or one of whose slots' cool-down, has passed (to
-  // persist): a cordoned node is ALIVE again, a cordoned slot usable again.
+  // Returns the nodes whose cool-down, or one of whose slots' cool-down, has passed, and
+  // those whose failures have passed their memory (to persist): a cordoned node is ALIVE
+  // again, a cordoned slot usable again; a node's failure count is 0 again, a slot's fault
+  // entry is gone.
   std::vector<v1::NodeRecord> ExpireCordons();
 
   // Alive, connected and not cordoned.
@@ -145,7 +155,13 @@ class NodeManager {
     std::vector<v1::GpuTelemetry> gpus;  // memory only: a reading is stale in seconds
     int64_t seq = 0;  // of the newest Register or Heartbeat taken from record.agent_id()
   };
+  // Counts one failure against the node, now.
+  void CountFailure(Node& node);
   void Cordon(Node& node);
+  // Wall time at which the node's failures, or a slot's fault entry, are forgotten, or
+  // INT64_MAX when never (nothing to forget, or no memory limit).
+  int64_t ForgetNodeFailuresAt(const v1::NodeRecord& r) const;
+  int64_t ForgetSlotFaultAt(const v1::SlotFault& f) const;
   // Alive, connected and not cordoned at wall time `now_ms`.
   static bool IsSchedulable(const Node& node, int64_t now_ms) {
     const v1::NodeRecord& r = node.record;
@@ -155,8 +171,9 @@ class NodeManager {
   const Clock* const clock_;
   const NodeManagerOptions options_;
   std::map<std::string, Node> nodes_;
-  // No cordon ends before this (wall ms): ExpireCordons, called every tick, walks the nodes
-  // only from then on, not ten times a second over a 10,000-node cluster.
+  // No cordon ends and no failure is forgotten before this (wall ms): ExpireCordons, called
+  // every tick, walks the nodes only from then on, not ten times a second over a
+  // 10,000-node cluster.
   int64_t next_cordon_check_ms_ = INT64_MAX;
 };
 

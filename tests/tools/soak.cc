@@ -59,6 +59,7 @@ struct JobKind {
   std::string name;
   std::string parallel;  // the spec's parallel: section
   int world_min = 2, world_max = 2;
+  std::string precision = "dtype: fp32";  // the spec's precision: section
   bool exact() const { return world_min == world_max; }  // one mesh: bit-for-bit reference
 };
 
@@ -68,6 +69,10 @@ const std::vector<JobKind>& Kinds() {
       {"pipe", "pp: 2, pp_schedule: 1f1b", 2, 2},
       {"tp", "tp: 2", 2, 2},
       {"elastic", "zero_stage: 1", 1, 2},
+      // Mixed precision: fp16's loss scaler (its scale, its run of good steps, the steps it
+      // skipped) and bf16's rounding must resume as exactly as fp32 does.
+      {"fp16", "zero_stage: 2", 2, 2, "dtype: fp16, loss_scale: dynamic"},
+      {"gpipe", "pp: 2, pp_schedule: gpipe", 2, 2, "dtype: bf16"},
   };
   return kinds;
 }
@@ -84,6 +89,7 @@ std::string Yaml(const std::filesystem::path& root, const JobKind& kind, const s
     << ", global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.003, warmup_steps: 5, "
        "schedule: constant, eval_every: 0, grad_clip: 1.0}\n"
     << "parallel: {" << kind.parallel << ", timeout_s: 10}\n"
+    << "precision: {" << kind.precision << "}\n"
     << "checkpoint: {every_steps: 20, keep_last: 3}\n"
     << "resources: {world_size: {min: " << kind.world_min << ", max: " << kind.world_max
     << "}, threads_per_rank: 1}\n"
@@ -415,7 +421,9 @@ int Main(int argc, char** argv) {
   app.add_option("--seed", seed, "the draws' seed")->capture_default_str();
   app.add_option("--min-gap-s", min_gap_s, "shortest gap between failures")->capture_default_str();
   app.add_option("--max-gap-s", max_gap_s, "longest gap between failures")->capture_default_str();
-  app.add_option("--jobs", jobs, "jobs to run: zero3, pipe, tp, elastic")->capture_default_str();
+  std::string known;
+  for (const JobKind& k : Kinds()) known += (known.empty() ? "" : ", ") + k.name;
+  app.add_option("--jobs", jobs, "jobs to run, of: " + known)->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line as it comes, also into a file
 
@@ -433,8 +441,8 @@ int Main(int argc, char** argv) {
       }
     }
     if (!found) {
-      std::fprintf(stderr, "--jobs: unknown job '%s'; known: zero3, pipe, tp, elastic\n",
-                   name.c_str());
+      std::fprintf(stderr, "--jobs: unknown job '%s'; known: %s\n", name.c_str(),
+                   known.c_str());
       return 2;
     }
   }

@@ -327,6 +327,115 @@ TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
   EXPECT_EQ(nodes.Register(RegisterReq("n1", 1, "a2")).state(), v1::NODE_CORDONED);
 }
 
+TEST(NodeManagerTest, ANodeQuietForItsFailureMemoryHasItsFailuresForgotten) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.cordon_after_failures = 2,
+                             .cordon_base_ms = 30'000,
+                             .cordon_max_ms = 100'000,
+                             .failure_memory_ms = 3'600'000});
+  nodes.Register(RegisterReq("n1", 1));
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("agent-1");
+  auto dead = nodes.MarkDead("n1");
+  ASSERT_TRUE(dead);
+  EXPECT_EQ(dead->failures(), 1);
+  EXPECT_EQ(dead->last_failure_ms(), clock.WallNowMs());
+  nodes.OnHeartbeat(hb);
+  // Remembered for the whole memory, forgotten (and reported, to persist) once at its end.
+  clock.AdvanceMs(3'599'999);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  EXPECT_EQ(nodes.Find("n1")->failures(), 1);
+  clock.AdvanceMs(1);
+  auto forgotten = nodes.ExpireCordons();
+  ASSERT_EQ(forgotten.size(), 1u);
+  EXPECT_EQ(forgotten[0].failures(), 0);
+  EXPECT_EQ(forgotten[0].last_failure_ms(), 0);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  // So its next death is a first one: no cordon (remembered, it would be its second).
+  EXPECT_EQ(nodes.MarkDead("n1")->cordon_until_ms(), 0);
+  EXPECT_TRUE(nodes.OnHeartbeat(hb).has_value());
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  // A failure within the memory counts as a repeat, and each one starts the memory again.
+  clock.AdvanceMs(3'000'000);
+  EXPECT_EQ(nodes.MarkDead("n1")->cordon_until_ms(), clock.WallNowMs() + 30'000);
+  clock.AdvanceMs(3'000'000);
+  nodes.ExpireCordons();
+  EXPECT_EQ(nodes.Find("n1")->failures(), 2);
+}
+
+TEST(NodeManagerTest, FailuresAreNeverForgottenDuringTheirCordonOrWithoutAMemory) {
+  FakeClock clock;
+  // A memory shorter than the cordon: forgotten only when the cordon ends.
+  NodeManager nodes(&clock, {.cordon_base_ms = 30'000, .failure_memory_ms = 10'000});
+  nodes.Register(RegisterReq("n1", 1));
+  nodes.CordonCutOff("n1");
+  clock.AdvanceMs(29'999);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  EXPECT_EQ(nodes.Find("n1")->failures(), 1);
+  clock.AdvanceMs(1);
+  auto ended = nodes.ExpireCordons();
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].state(), v1::NODE_ALIVE);
+  EXPECT_EQ(ended[0].failures(), 0);
+  // No memory: remembered for good (until drover uncordon).
+  NodeManager forever(&clock, {.failure_memory_ms = 0, .slot_failure_memory_ms = 0});
+  forever.Register(RegisterReq("n1", 1, "a1", v1::CUDA));
+  forever.MarkDead("n1");
+  forever.CordonSlot("n1", 0, "ECC");
+  clock.AdvanceMs(400LL * 86'400'000);
+  forever.ExpireCordons();
+  EXPECT_EQ(forever.Find("n1")->failures(), 1);
+  ASSERT_EQ(forever.Find("n1")->slot_faults_size(), 1);
+  EXPECT_EQ(forever.Find("n1")->slot_faults(0).failures(), 1);
+}
+
+TEST(NodeManagerTest, ARecordFromBeforeFailureTimesIsRememberedFromItsRestore) {
+  FakeClock clock;
+  v1::NodeRecord old;
+  old.set_name("n1");
+  old.set_state(v1::NODE_ALIVE);
+  old.set_failures(3);  // no last_failure_ms: written by a coordinator of protocol 2
+  v1::SlotFault* fault = old.add_slot_faults();
+  fault->set_slot(0);
+  fault->set_failures(1);
+  NodeManager nodes(&clock, {.failure_memory_ms = 60'000, .slot_failure_memory_ms = 120'000});
+  nodes.Restore(old);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  clock.AdvanceMs(60'000);
+  auto forgotten = nodes.ExpireCordons();
+  ASSERT_EQ(forgotten.size(), 1u);
+  EXPECT_EQ(forgotten[0].failures(), 0);
+  EXPECT_EQ(forgotten[0].slot_faults_size(), 1);
+  clock.AdvanceMs(60'000);
+  forgotten = nodes.ExpireCordons();
+  ASSERT_EQ(forgotten.size(), 1u);
+  EXPECT_EQ(forgotten[0].slot_faults_size(), 0);
+}
+
+TEST(NodeManagerTest, ASlotQuietForItsFailureMemoryStartsAfreshWithTheShortestCordon) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.slot_cordon_base_ms = 300'000,
+                             .slot_cordon_max_ms = 1'000'000,
+                             .slot_failure_memory_ms = 2'000'000});
+  nodes.Register(RegisterReq("n1", 2, "a1", v1::CUDA));
+  nodes.CordonSlot("n1", 1, "ECC");
+  nodes.CordonSlot("n1", 1, "ECC again");  // 600 s
+  clock.AdvanceMs(600'000);
+  ASSERT_EQ(nodes.ExpireCordons().size(), 1u);  // its cordon ends; its failures stay
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).failures(), 2);
+  clock.AdvanceMs(1'399'999);
+  EXPECT_TRUE(nodes.ExpireCordons().empty());
+  clock.AdvanceMs(1);
+  auto forgotten = nodes.ExpireCordons();
+  ASSERT_EQ(forgotten.size(), 1u);
+  EXPECT_EQ(forgotten[0].slot_faults_size(), 0);
+  auto again = nodes.CordonSlot("n1", 1, "ECC a month later");
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->slot_faults(0).failures(), 1);
+  EXPECT_EQ(again->slot_faults(0).cordon_until_ms(), clock.WallNowMs() + 300'000);
+}
+
 TEST(NodeManagerTest, RestoredNodeIsNotSchedulableUntilItHeartbeats) {
   FakeClock clock;
   NodeManager nodes(&clock, {});
