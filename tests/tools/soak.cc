@@ -59,7 +59,7 @@ struct JobKind {
   std::string name;
   std::string parallel;  // the spec's parallel: section
   int world_min = 2, world_max = 2;
-  std::string precision = "dtype: fp32";  // the spec's precision: section
+  std::string precision = "dtype: fp32";                 // the spec's precision: section
   bool exact() const { return world_min == world_max; }  // one mesh: bit-for-bit reference
 };
 
@@ -362,7 +362,8 @@ std::pair<int64_t, std::string> VerifyAll(const std::string& name, const std::st
 
 // Checkpoint `step` at `path` of the soak's job against an uninterrupted `drover train
 // --nproc` of the same spec to the same step: true when weights and AdamW moments are equal
-// bit for bit.
+// bit for bit, and so is the training state beside them (the data's position, the RNG,
+// AdamW's step count, the loss scaler, rollbacks).
 bool SameAsUninterrupted(const std::filesystem::path& root, const JobKind& kind, int64_t step,
                          const std::string& path) {
   const std::string ref = "ref-" + kind.name;
@@ -405,6 +406,23 @@ bool SameAsUninterrupted(const std::filesystem::path& root, const JobKind& kind,
       same = false;
     }
   }
+  auto state = [](const v1::CheckpointManifest& m) {
+    v1::CheckpointManifest s;
+    s.set_consumed_samples(m.consumed_samples());
+    *s.mutable_train_sampler() = m.train_sampler();
+    s.set_rng_state(m.rng_state());
+    *s.mutable_loss_scaler() = m.loss_scaler();
+    s.set_optimizer_step(m.optimizer_step());
+    s.set_rollbacks(m.rollbacks());
+    return s;
+  };
+  if (state(want->meta).SerializeAsString() != state(got->meta).SerializeAsString()) {
+    std::printf(
+        "FAIL %s step %lld: the training state differs from the uninterrupted run: %s vs %s\n",
+        kind.name.c_str(), static_cast<long long>(step),
+        state(got->meta).ShortDebugString().c_str(), state(want->meta).ShortDebugString().c_str());
+    same = false;
+  }
   if (same) {
     std::printf("ok   %s step %lld: equal to the uninterrupted run bit for bit\n",
                 kind.name.c_str(), static_cast<long long>(step));
@@ -441,8 +459,7 @@ int Main(int argc, char** argv) {
       }
     }
     if (!found) {
-      std::fprintf(stderr, "--jobs: unknown job '%s'; known: %s\n", name.c_str(),
-                   known.c_str());
+      std::fprintf(stderr, "--jobs: unknown job '%s'; known: %s\n", name.c_str(), known.c_str());
       return 2;
     }
   }
