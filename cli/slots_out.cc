@@ -104,4 +104,13 @@ std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) 
   return lines;
 }
 
+std::string FailuresCell(const v1::NodeRecord& n, int64_t now_ms) {
+  std::string cell = std::to_string(n.failures());
+  // A record of a coordinator before failure times has none to show.
+  if (n.failures() > 0 && n.last_failure_ms() > 0) {
+    cell += " (last " + FormatDurationMs(now_ms - n.last_failure_ms()) + " ago)";
+  }
+  return cell;
+}
+
 }  // namespace drover::cli

@@ -13,6 +13,10 @@
 
 namespace drover::cli {
 
+// The FAILURES cell of node `n`'s row at `now_ms`: "0", or "2 (last 5m12s ago)". The age
+// says how close the count is to being forgotten (the coordinator's --node-failure-memory).
+std::string FailuresCell(const v1::NodeRecord& n, int64_t now_ms);
+
 // Node `n`'s lines at `now_ms` (the coordinator's clock), each "NODE slot S ...".
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms);
 

@@ -48,7 +48,7 @@ CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
         jobs += t.job_id() + "/" + std::to_string(t.rank());
       }
       rows.push_back({n.name(), state, device, std::to_string(n.slots_size()),
-                      std::to_string(w.free_slots()), std::to_string(n.failures()), n.address(),
+                      std::to_string(w.free_slots()), FailuresCell(n, resp->now_ms()), n.address(),
                       jobs.empty() ? "-" : jobs});
     }
     std::cout << FormatTable(

@@ -27,6 +27,15 @@ v1::SlotHealth Unfit(int slot, const std::string& fault) {
   return h;
 }
 
+TEST(SlotsOutTest, TheFailuresCellSaysHowLongAgoTheLastFailureWas) {
+  v1::NodeRecord n;
+  EXPECT_EQ(FailuresCell(n, kNow), "0");
+  n.set_failures(2);
+  EXPECT_EQ(FailuresCell(n, kNow), "2");  // a record from before failure times
+  n.set_last_failure_ms(kNow - 312'000);
+  EXPECT_EQ(FailuresCell(n, kNow), "2 (last 5m12s ago)");
+}
+
 // A slot cordoned for the health check's finding that still holds: one line, naming both
 // what keeps it out; a cordon for another cause, or one ended, is its own line or none.
 TEST(SlotsOutTest, ASlotCordonedForTheFindingThatStillHoldsIsOneLine) {
