@@ -104,15 +104,29 @@ Coordinator::~Coordinator() {
 }
 
 void Coordinator::CordonCutOff(const std::string& node, const std::string& why) {
-  std::optional<v1::NodeRecord> changed = nodes_.CordonCutOff(node);
+  bool held_back = false;
+  std::optional<v1::NodeRecord> changed = nodes_.CordonCutOff(node, &held_back);
   if (!changed) return;
-  spdlog::warn("node {} cordoned for {} s: {} (its failures: {})", node,
-               (changed->cordon_until_ms() - clock_->WallNowMs() + 999) / 1000, why,
-               changed->failures());
+  if (held_back) {
+    WarnCordonHeldBack(node, why, changed->failures());
+  } else {
+    spdlog::warn("node {} cordoned for {} s: {} (its failures: {})", node,
+                 (changed->cordon_until_ms() - clock_->WallNowMs() + 999) / 1000, why,
+                 changed->failures());
+  }
   StoreBatch batch;
   batch.nodes.push_back(*changed);
   Persist(std::move(batch));
   schedule_due_ = true;
+}
+
+void Coordinator::WarnCordonHeldBack(const std::string& node, const std::string& why,
+                                     int failures) const {
+  spdlog::warn(
+      "node {} not cordoned, though it has failed {} times ({}): as many nodes are cordoned "
+      "already as --max-cordoned-share {} allows; so many failing together points at what "
+      "they share (the network, the coordinator), so the node stays in use",
+      node, failures, why, options_.nodes.max_cordoned_share);
 }
 
 void Coordinator::CordonSlot(const std::string& node, int slot, const std::string& why, bool slow) {
@@ -344,9 +358,11 @@ void Coordinator::Tick() {
 void Coordinator::TickLocked() {
   HealthManager::Events events = health_.Tick(clock_->NowMs());
   for (const std::string& node : events.dead_nodes) {
-    if (auto rec = nodes_.MarkDead(node)) {
+    bool held_back = false;
+    if (auto rec = nodes_.MarkDead(node, &held_back)) {
       spdlog::warn("node {} is dead: no heartbeat for {} ms (failures: {})", node,
                    options_.heartbeat_timeout_ms, rec->failures());
+      if (held_back) WarnCordonHeldBack(node, "it died again", rec->failures());
       StoreBatch batch;
       batch.nodes.push_back(*rec);
       Persist(std::move(batch));

@@ -146,6 +146,9 @@ class Coordinator {
   void Persist(StoreBatch batch) REQUIRES(mu_);
   // Cordons a node a job's ranks found cut off from their peers (JobManager's hook).
   void CordonCutOff(const std::string& node, const std::string& why) REQUIRES(mu_);
+  // Says why node `node`, which has failed `failures` times (`why` the last), was left in
+  // use: NodeManagerOptions::max_cordoned_share.
+  void WarnCordonHeldBack(const std::string& node, const std::string& why, int failures) const;
   // Cordons one slot of a node whose device failed under a trainer, or (`slow`) whose rank
   // was moved off or dropped as a straggler (JobManager's hooks).
   void CordonSlot(const std::string& node, int slot, const std::string& why, bool slow = false)

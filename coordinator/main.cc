@@ -67,6 +67,12 @@ int main(int argc, char** argv) {
                  "of that slot, up to a day")
       ->check(CLI::Range(0, 86400000))
       ->capture_default_str();
+  app.add_option("--max-cordoned-share", options.nodes.max_cordoned_share,
+                 "at most this share of the nodes (never fewer than one) is cordoned for "
+                 "node failures at once; beyond it a failing node stays in use, as so many "
+                 "failing together points at the network or the coordinator; 1: no cap")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   std::string node_memory = "1h";
   app.add_option("--node-failure-memory", node_memory,
                  "a node that goes this long without failing (and is not cordoned) has its "

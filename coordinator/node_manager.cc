@@ -130,25 +130,31 @@ void NodeManager::UpdateTrainer(const std::string& name, const v1::TrainerStatus
   it->second.trainers.push_back(trainer);
 }
 
-std::optional<v1::NodeRecord> NodeManager::MarkDead(const std::string& name) {
+std::optional<v1::NodeRecord> NodeManager::MarkDead(const std::string& name, bool* held_back) {
   auto it = nodes_.find(name);
   if (it == nodes_.end() || it->second.record.state() == v1::NODE_DEAD) return std::nullopt;
   Node& node = it->second;
   node.connected = false;
   node.trainers.clear();  // whatever ran there is gone as far as scheduling is concerned
   CountFailure(node);
-  if (node.record.failures() >= options_.cordon_after_failures) Cordon(node);
+  if (node.record.failures() >= options_.cordon_after_failures && !Cordon(node) &&
+      held_back != nullptr) {
+    *held_back = true;
+  }
   node.record.set_state(v1::NODE_DEAD);
   return node.record;
 }
 
-std::optional<v1::NodeRecord> NodeManager::CordonCutOff(const std::string& name) {
+std::optional<v1::NodeRecord> NodeManager::CordonCutOff(const std::string& name, bool* held_back) {
   auto it = nodes_.find(name);
   if (it == nodes_.end() || it->second.record.state() == v1::NODE_DEAD) return std::nullopt;
   Node& node = it->second;
   CountFailure(node);
-  Cordon(node);
-  node.record.set_state(v1::NODE_CORDONED);
+  if (Cordon(node)) {
+    node.record.set_state(v1::NODE_CORDONED);
+  } else if (held_back != nullptr) {
+    *held_back = true;
+  }
   return node.record;
 }
 
@@ -286,11 +292,25 @@ int64_t NodeManager::ForgetSlotFaultAt(const v1::SlotFault& f) const {
                   f.cordon_until_ms());
 }
 
-void NodeManager::Cordon(Node& node) {
+bool NodeManager::Cordon(Node& node) {
+  const int64_t now = clock_->WallNowMs();
+  if (!MayCordon(node, now)) return false;
   const int over = node.record.failures() - options_.cordon_after_failures;
   const int64_t ms = DoublingDelayMs(over, options_.cordon_base_ms, options_.cordon_max_ms);
-  node.record.set_cordon_until_ms(clock_->WallNowMs() + ms);
+  node.record.set_cordon_until_ms(now + ms);
   next_cordon_check_ms_ = std::min(next_cordon_check_ms_, node.record.cordon_until_ms());
+  return true;
+}
+
+bool NodeManager::MayCordon(const Node& node, int64_t now_ms) const {
+  const int64_t cap = std::max<int64_t>(
+      1, static_cast<int64_t>(options_.max_cordoned_share * static_cast<double>(nodes_.size())));
+  int64_t cordoned = 0;
+  for (const auto& [name, other] : nodes_) {
+    if (&other == &node || other.record.cordon_until_ms() <= now_ms) continue;
+    if (++cordoned >= cap) return false;
+  }
+  return true;
 }
 
 std::vector<v1::NodeRecord> NodeManager::ExpireCordons() {

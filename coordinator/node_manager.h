@@ -40,6 +40,16 @@ struct NodeManagerOptions {
   // returns is still counted as repeating. 0: never forget (only drover uncordon does).
   int64_t failure_memory_ms = 3'600'000;
   int64_t slot_failure_memory_ms = 7 * 86'400'000LL;
+  // At most max(1, floor(max_cordoned_share x nodes known)) nodes are cordoned for their
+  // failures at once; a failure that would cordon one more is counted, and the node stays
+  // in use. Many nodes failing together points at what they share (the network, a switch,
+  // the coordinator itself) more than at the nodes, and cordoning them all would leave
+  // nothing to run on once that is mended: Kubernetes' node controller slows its evictions
+  // in an unhealthy zone for the same reason. A node failing on its own, the case cordons
+  // are for, is always cordoned (the cap is at least one node); a job whose restarts meet
+  // an uncordoned node is paced by its restart back-off. Slot cordons (a GPU's own fault)
+  // are not capped. 1: no cap.
+  double max_cordoned_share = 0.5;
 };
 
 class NodeManager {
@@ -76,15 +86,17 @@ class NodeManager {
   // Updates one trainer in the node's listing (an exit reported between heartbeats).
   void UpdateTrainer(const std::string& name, const v1::TrainerStatus& trainer);
 
-  // Marks the node dead and counts a failure against it (cordoning it when due).
+  // Marks the node dead and counts a failure against it (cordoning it when due, unless
+  // max_cordoned_share holds the cordon back: then *held_back, when given, is set true).
   // Returns the record to persist, or nullopt when the node is unknown or already dead.
-  std::optional<v1::NodeRecord> MarkDead(const std::string& name);
+  std::optional<v1::NodeRecord> MarkDead(const std::string& name, bool* held_back = nullptr);
 
   // A node that is alive but that its peers cannot reach (a job's ranks found it cut off):
   // counts a failure against it and cordons it at once, for the cool-down its failures
-  // have earned (at least cordon_base_ms). Returns the record to persist, or nullopt when
-  // the node is unknown or dead.
-  std::optional<v1::NodeRecord> CordonCutOff(const std::string& name);
+  // have earned (at least cordon_base_ms), unless max_cordoned_share holds the cordon back
+  // (*held_back, when given, is set true; the node stays in use). Returns the record to
+  // persist, or nullopt when the node is unknown or dead.
+  std::optional<v1::NodeRecord> CordonCutOff(const std::string& name, bool* held_back = nullptr);
 
   // A slot whose device failed under a trainer (the trainer exited with kExitDeviceFault),
   // or, `slow`, whose rank was a straggler moved off it: counts a failure against that slot
@@ -157,7 +169,13 @@ class NodeManager {
   };
   // Counts one failure against the node, now.
   void CountFailure(Node& node);
-  void Cordon(Node& node);
+  // Cordons the node for the cool-down its failures have earned; false, changing nothing,
+  // when max_cordoned_share allows no further node to be cordoned.
+  bool Cordon(Node& node);
+  // Whether `node` may be cordoned now: fewer nodes than the cap are, `node` not counted
+  // (a longer cordon for one already cordoned adds none). Walks every node: called only
+  // for a node's repeated failure, never per heartbeat or tick.
+  bool MayCordon(const Node& node, int64_t now_ms) const;
   // Wall time at which the node's failures, or a slot's fault entry, are forgotten, or
   // INT64_MAX when never (nothing to forget, or no memory limit).
   int64_t ForgetNodeFailuresAt(const v1::NodeRecord& r) const;

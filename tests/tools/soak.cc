@@ -474,7 +474,8 @@ int Main(int argc, char** argv) {
   o.name = "soak";
   // Nodes that fail repeatedly are still cordoned, for 2 s where the default is 30 s (and
   // twice as long at each further failure): at a failure every few seconds the default
-  // cordons every node within minutes, and the jobs only wait.
+  // keeps half the nodes (--max-cordoned-share) cordoned for minutes, and jobs that need
+  // more wait.
   o.coordinator_args = {"--cordon-ms", "2000"};
   Cluster cluster(o);
   std::printf("seed %llu, %d agents, jobs %s, in %s\n", static_cast<unsigned long long>(seed),

@@ -475,6 +475,33 @@ TEST_F(CoordinatorTest, ANodeItsPeersCannotReachIsCordonedAndTheJobShrinksAround
   for (const auto& p : job.placement()) EXPECT_NE(p.node(), node[0]);
 }
 
+// A failure storm: every node of four misses its heartbeats twice (a switch, not the
+// nodes). Half of them (--max-cordoned-share 0.5) are cordoned; the others, their second
+// failure counted, are in use again as soon as they heartbeat, so a job still starts.
+TEST_F(CoordinatorTest, AFailureStormCordonsAtMostTheCappedShareAndTheRestStayInUse) {
+  const std::vector<std::string> names = {"n1", "n2", "n3", "n4"};
+  for (int death = 0; death < 2; ++death) {
+    for (const auto& n : names) ASSERT_TRUE(c_->Register(RegisterReq(n, 1)).ok());
+    clock_.AdvanceMs(60000);
+    c_->Tick();
+  }
+  int cordoned = 0;
+  const v1::ListWorkersResponse stormed = c_->ListWorkers();
+  for (const auto& w : stormed.workers()) {
+    EXPECT_EQ(w.node().failures(), 2) << w.node().name();
+    cordoned += w.node().cordon_until_ms() > clock_.WallNowMs() ? 1 : 0;
+  }
+  EXPECT_EQ(cordoned, 2);
+  for (const auto& n : names) ASSERT_TRUE(c_->Register(RegisterReq(n, 1)).ok());
+  int free_slots = 0;
+  const v1::ListWorkersResponse back = c_->ListWorkers();
+  for (const auto& w : back.workers()) free_slots += w.free_slots();
+  EXPECT_EQ(free_slots, 2);
+  const std::string id = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RUNNING) << Job(id).reason();
+}
+
 TEST_F(CoordinatorTest, AGpuThatFailedIsCordonedAloneAndTheJobGoesOnOnTheNodesOthers) {
   ASSERT_TRUE(c_->Register(RegisterReq("g1", 3, "agent-1", v1::CUDA)).ok());
   const std::string id = Submit(SpecYaml(1, 3, 2, 120, "cuda"));

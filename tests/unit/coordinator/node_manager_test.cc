@@ -327,6 +327,79 @@ TEST(NodeManagerTest, CordonsAfterRepeatedFailuresWithGrowingCoolDown) {
   EXPECT_EQ(nodes.Register(RegisterReq("n1", 1, "a2")).state(), v1::NODE_CORDONED);
 }
 
+// A failure storm (every node dying over and over: a switch, the network, the coordinator)
+// cordons at most half the nodes; the rest stay in use, their failures still counted, and
+// the first to fail again once a cordon has ended takes its place.
+TEST(NodeManagerTest, AFailureStormCordonsAtMostTheCappedShareOfNodes) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.cordon_after_failures = 2,
+                             .cordon_base_ms = 30'000,
+                             .cordon_max_ms = 100'000,
+                             .max_cordoned_share = 0.5});
+  for (const char* name : {"n1", "n2", "n3", "n4", "n5"}) {
+    nodes.Register(RegisterReq(name, 1, std::string("agent-") + name));
+  }
+  auto die_twice = [&](const std::string& name, bool* held_back) {
+    nodes.MarkDead(name);
+    nodes.Register(RegisterReq(name, 1, "agent-" + name));
+    return nodes.MarkDead(name, held_back);
+  };
+  // Five nodes, share 0.5: two may be cordoned at once.
+  bool held_back = false;
+  EXPECT_GT(die_twice("n1", &held_back)->cordon_until_ms(), 0);
+  EXPECT_FALSE(held_back);
+  clock.AdvanceMs(10'000);
+  EXPECT_GT(die_twice("n2", &held_back)->cordon_until_ms(), 0);
+  EXPECT_FALSE(held_back);
+  EXPECT_EQ(nodes.Register(RegisterReq("n2", 1, "agent-n2")).state(), v1::NODE_CORDONED);
+  auto n3 = die_twice("n3", &held_back);
+  EXPECT_TRUE(held_back);
+  EXPECT_EQ(n3->failures(), 2);  // counted all the same
+  EXPECT_EQ(n3->cordon_until_ms(), 0);
+  EXPECT_EQ(nodes.Register(RegisterReq("n3", 1, "agent-n3")).state(), v1::NODE_ALIVE);
+  EXPECT_TRUE(nodes.Schedulable("n3"));
+  // A cordoned node's further failure lengthens its own cordon: it adds none.
+  nodes.Register(RegisterReq("n1", 1, "agent-n1"));
+  held_back = false;
+  EXPECT_EQ(nodes.MarkDead("n1", &held_back)->cordon_until_ms(), clock.WallNowMs() + 60'000);
+  EXPECT_FALSE(held_back);
+  // A peer cut-off is capped too: the node is left in use, not cordoned.
+  nodes.Register(RegisterReq("n4", 1, "agent-n4"));
+  auto n4 = nodes.CordonCutOff("n4", &held_back);
+  EXPECT_TRUE(held_back);
+  EXPECT_EQ(n4->state(), v1::NODE_ALIVE);
+  EXPECT_EQ(n4->failures(), 1);
+  EXPECT_TRUE(nodes.Schedulable("n4"));
+  // n2's cordon ends (n1's, renewed, lasts): n3's next failure takes its place.
+  clock.AdvanceMs(30'000);
+  ASSERT_EQ(nodes.ExpireCordons().size(), 1u);
+  EXPECT_TRUE(nodes.Schedulable("n2"));
+  held_back = false;
+  EXPECT_EQ(nodes.MarkDead("n3", &held_back)->cordon_until_ms(), clock.WallNowMs() + 60'000);
+  EXPECT_FALSE(held_back);
+  // A slot's cordon is its GPU's own fault: never capped.
+  EXPECT_TRUE(nodes.CordonSlot("n5", 0, "ECC").has_value());
+  EXPECT_GT(nodes.Find("n5")->slot_faults(0).cordon_until_ms(), clock.WallNowMs());
+}
+
+// The cap is never below one node: a lone failing node is cordoned in the smallest cluster,
+// and a share of 1 cordons every node that earns it.
+TEST(NodeManagerTest, TheCordonCapIsAtLeastOneNodeAndOneMeansNoCap) {
+  FakeClock clock;
+  NodeManager small(&clock, {.cordon_after_failures = 1, .max_cordoned_share = 0.5});
+  small.Register(RegisterReq("n1", 1));
+  bool held_back = false;
+  EXPECT_GT(small.MarkDead("n1", &held_back)->cordon_until_ms(), 0);
+  EXPECT_FALSE(held_back);
+
+  NodeManager uncapped(&clock, {.cordon_after_failures = 1, .max_cordoned_share = 1.0});
+  for (const char* name : {"n1", "n2", "n3"}) {
+    uncapped.Register(RegisterReq(name, 1, std::string("agent-") + name));
+    EXPECT_GT(uncapped.MarkDead(name, &held_back)->cordon_until_ms(), 0) << name;
+    EXPECT_FALSE(held_back) << name;
+  }
+}
+
 TEST(NodeManagerTest, ANodeQuietForItsFailureMemoryHasItsFailuresForgotten) {
   FakeClock clock;
   NodeManager nodes(&clock, {.cordon_after_failures = 2,
