@@ -4,9 +4,10 @@
 
 namespace drover::engine {
 
-Status ConfirmWithin(PublishFence* fence, std::chrono::milliseconds timeout,
-                     const std::atomic<bool>* stop) {
-  if (fence == nullptr) return OkStatus();
+namespace {
+
+Status ConfirmRetrying(PublishFence* fence, std::chrono::milliseconds timeout,
+                       const std::atomic<bool>* stop, std::atomic<bool>* unreachable) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     Status st = fence->Confirm();
@@ -17,8 +18,19 @@ Status ConfirmWithin(PublishFence* fence, std::chrono::milliseconds timeout,
     if (std::chrono::steady_clock::now() >= deadline) {
       return st.WithContext("cannot confirm with the coordinator that this attempt is current");
     }
+    if (unreachable != nullptr) unreachable->store(true);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
+}
+
+}  // namespace
+
+Status ConfirmWithin(PublishFence* fence, std::chrono::milliseconds timeout,
+                     const std::atomic<bool>* stop, std::atomic<bool>* unreachable) {
+  if (fence == nullptr) return OkStatus();
+  Status st = ConfirmRetrying(fence, timeout, stop, unreachable);
+  if (unreachable != nullptr) unreachable->store(false);
+  return st;
 }
 
 }  // namespace drover::engine

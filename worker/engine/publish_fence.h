@@ -35,7 +35,9 @@ class PublishFence {
 // Confirms through `fence` (nullptr: OK at once), retrying every 200 ms while the coordinator
 // cannot be reached, for up to `timeout`: a short coordinator restart is ridden through.
 // FailedPrecondition (superseded) at once; Cancelled when `stop` (may be null) is set.
+// `unreachable` (may be null) is true while a confirmation has failed and the next is
+// awaited, false once it returns.
 Status ConfirmWithin(PublishFence* fence, std::chrono::milliseconds timeout,
-                     const std::atomic<bool>* stop);
+                     const std::atomic<bool>* stop, std::atomic<bool>* unreachable = nullptr);
 
 }  // namespace drover::engine

@@ -409,7 +409,8 @@ StatusOr<StepMetrics> Trainer::Step() {
   votes.checkpoint = requests != requests_served_;
   if (writer_ != nullptr) {
     const std::optional<std::chrono::milliseconds> saving = writer_->InFlightFor();
-    votes.checkpoint_busy = saving.has_value() && *saving >= options_.checkpoint_defer_after;
+    votes.checkpoint_busy = saving.has_value() && (*saving >= options_.checkpoint_defer_after ||
+                                                   writer_->WaitingOnCoordinator());
   }
   if (!last_step_end_.has_value()) {
     last_step_end_ = t0;

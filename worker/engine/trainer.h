@@ -84,7 +84,9 @@ struct TrainerOptions {
   // the first step at which none is that late, rather than wait for it in the training
   // thread, where a wait past parallel.timeout_s would fail the attempt. A previous save in
   // flight for less is waited for, as a save that keeps pace with the interval always is,
-  // so a healthy run checkpoints exactly every checkpoint.every_steps.
+  // so a healthy run checkpoints exactly every checkpoint.every_steps; one waiting on a
+  // coordinator it cannot reach is deferred for, or given up for, at once
+  // (AsyncCheckpointWriter::WaitingOnCoordinator).
   std::chrono::milliseconds checkpoint_defer_after{std::chrono::seconds(1)};
   bool resume = true;     // continue from the newest valid checkpoint in checkpoint.dir
   int prefetch = 2;       // micro-batches the loader assembles ahead

@@ -214,8 +214,11 @@ Status Trainer::RollBack(const StepMetrics& m) {
 // peer's report, or on the coordinator's confirmation while it restarts) would hold its
 // training thread in Submit, and with it every peer in the next collective, until the
 // collectives' deadline failed the attempt. So a checkpoint due while any rank's previous
-// one is late (TrainerOptions::checkpoint_defer_after; the step's all-reduce says so on
-// every rank alike) waits for the first step at which none is, and training goes on.
+// one is late (TrainerOptions::checkpoint_defer_after) or waits on a coordinator it cannot
+// reach (the step's all-reduce says so on every rank alike) waits for the first step at
+// which none is, and training goes on. A write that comes to wait on the coordinator after
+// that vote, during the step, is not waited for either: Submit gives the rank's part of the
+// new checkpoint up (may_give_up), and that one checkpoint is abandoned.
 Status Trainer::SaveOrDeferCheckpoint() {
   if (checkpoint_busy_) {
     if (checkpoint_deferred_since_ < 0) {
@@ -241,7 +244,8 @@ Status Trainer::SaveCheckpoint(bool async) {
   last_checkpoint_step_ = step_;
   // A failed write is the disk's trouble, not the job's: it was reported (the listener) and
   // the next interval tries again. Only the barrier's errors (a peer gone) are returned.
-  Status written = async ? writer_->Submit(MakeSnapshot()) : writer_->WriteNow(MakeSnapshot());
+  Status written = async ? writer_->Submit(MakeSnapshot(), /*may_give_up=*/true)
+                         : writer_->WriteNow(MakeSnapshot());
   if (!written.ok()) spdlog::warn("a checkpoint failed: {}", written.ToString());
   // A synchronous save keeps every rank away from the collectives until all shards are in.
   return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));

@@ -20,19 +20,47 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   thread_.join();
 }
 
-Status AsyncCheckpointWriter::Submit(ShardSnapshot snap) {
+Status AsyncCheckpointWriter::Submit(ShardSnapshot snap, bool may_give_up) {
   MutexLock lock(&mu_);
-  cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return !pending_.has_value() && !busy_; });
+  // Woken by the writer when a write ends; the coordinator's absence, which nothing
+  // signals, is polled.
+  constexpr auto kPoll = std::chrono::milliseconds(50);
+  while (pending_.has_value() || busy_) {
+    if (may_give_up && !pending_.has_value() && WaitingOnCoordinator()) {
+      const int64_t step = snap.meta.step();
+      Status why = UnavailableError(
+          "rank " + std::to_string(options_.rank) + " gave its part up: its checkpoint of step " +
+          std::to_string(busy_step_) +
+          " was still waiting on the coordinator, which could not be reached, and training "
+          "does not wait for it");
+      spdlog::warn("checkpoint of step {}: {}", step, why.message());
+      snap.shard = RankShard{};
+      // submitted_ stays the waiting write's: InFlightFor keeps saying how late it is.
+      pending_ = Pending{std::move(snap), std::move(why)};
+      cv_.SignalAll();
+      return OkStatus();
+    }
+    if (may_give_up) {
+      cv_.WaitFor(&mu_, kPoll);
+    } else {
+      cv_.Wait(&mu_);
+    }
+  }
   Status previous = std::exchange(last_error_, OkStatus());
-  pending_ = std::move(snap);
+  pending_ = Pending{std::move(snap), OkStatus()};
   submitted_ = std::chrono::steady_clock::now();
   cv_.SignalAll();
   return previous;
 }
 
+bool AsyncCheckpointWriter::WaitingOnCoordinator() const {
+  return fence_unreachable_.load(std::memory_order_relaxed) ||
+         (options_.exchange != nullptr && options_.exchange->Unreachable());
+}
+
 Status AsyncCheckpointWriter::WriteNow(ShardSnapshot snap) {
   Status previous = Flush();
-  Status st = Save(snap);
+  Status st = Save(snap, OkStatus());
   MutexLock lock(&mu_);
   recycled_ = std::move(snap.shard);
   return st.ok() ? previous : st;
@@ -61,13 +89,14 @@ void AsyncCheckpointWriter::Loop() {
   while (true) {
     cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stop_ || pending_.has_value(); });
     if (!pending_.has_value()) return;  // stop_ and nothing left
-    ShardSnapshot snap = std::move(*pending_);
+    Pending next = std::move(*pending_);
     pending_.reset();
     busy_ = true;
+    busy_step_ = next.snap.meta.step();
     lock.Unlock();
-    Status st = Save(snap);
+    Status st = Save(next.snap, next.given_up);
     lock.Lock();
-    recycled_ = std::move(snap.shard);
+    if (next.given_up.ok()) recycled_ = std::move(next.snap.shard);
     busy_ = false;
     if (!st.ok()) last_error_ = st;
     cv_.SignalAll();
@@ -80,10 +109,11 @@ Status AsyncCheckpointWriter::Fail(int64_t step, Status st) {
   return st;
 }
 
-Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap) {
+Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap, const Status& given_up) {
   const int64_t step = snap.meta.step();
   StatusOr<std::vector<v1::CheckpointShard>> mine =
-      WriteShard(options_.dir, snap.meta, snap.shard, options_.fs);
+      given_up.ok() ? WriteShard(options_.dir, snap.meta, snap.shard, options_.fs)
+                    : StatusOr<std::vector<v1::CheckpointShard>>(given_up);
   if (options_.rank != 0) {
     Status published = options_.exchange->Publish(step, options_.rank, mine);
     if (!mine.ok()) return Fail(step, mine.status());
@@ -108,7 +138,8 @@ Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap) {
   }
   // A superseded attempt must never publish where the current one does, nor prune its
   // checkpoints: the commit and the pruning wait for the fence.
-  if (Status fenced = ConfirmWithin(options_.fence, options_.fence_timeout, options_.stop);
+  if (Status fenced =
+          ConfirmWithin(options_.fence, options_.fence_timeout, options_.stop, &fence_unreachable_);
       !fenced.ok()) {
     AbandonCheckpoint(options_.dir, snap.meta, options_.fs);
     return Fail(

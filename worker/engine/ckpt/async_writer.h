@@ -10,8 +10,10 @@
 //
 // At most one snapshot is in flight per rank: Submit waits for the previous write to finish
 // first, so checkpoints complete in step order. (The trainer does not submit while one has
-// been in flight for long, InFlightFor, so that a write waiting on the coordinator or a slow
-// disk never holds up training: it defers the checkpoint instead.)
+// been in flight for long, InFlightFor, or waits on a coordinator it cannot reach,
+// WaitingOnCoordinator, so that a write waiting on the coordinator or a slow disk never holds
+// up training: it defers the checkpoint instead. A write that comes to wait on the
+// coordinator only after the trainer decided to save is why Submit may give a part up.)
 //
 // The shard copy of a finished write is kept for the next snapshot (TakeRecycled): a fresh
 // host copy of GPT-2 124M's state (3 x 0.5 GB) spends about 0.7 s of the training thread's
@@ -80,7 +82,19 @@ class AsyncCheckpointWriter {
 
   // Waits for the previous write, then queues `snap`. Returns the previous write's error,
   // if it failed (the new snapshot is queued regardless).
-  Status Submit(ShardSnapshot snap);
+  //
+  // `may_give_up`: while the previous write waits on a coordinator it cannot reach
+  // (WaitingOnCoordinator), which may last as long as the coordinator's outage, this rank's
+  // part of `snap` is given up instead of waited for: its memory is freed at once, and once
+  // the previous write is done this rank reports the part as failed, as a rank that could
+  // not write it would, so rank 0 abandons that checkpoint (on_failure names why). Only one
+  // part at a time: with one given up and still queued, Submit waits.
+  Status Submit(ShardSnapshot snap, bool may_give_up = false);
+
+  // True while the write in flight waits on a coordinator it cannot reach: rank 0's fence
+  // confirmation, or the shard exchange's store, last answered Unavailable. A wait for a
+  // peer's report or for the disk is not one. Any thread.
+  bool WaitingOnCoordinator() const;
 
   // Writes `snap` on the calling thread (after the write in flight), for synchronous
   // checkpoints.
@@ -100,15 +114,24 @@ class AsyncCheckpointWriter {
   std::optional<std::chrono::milliseconds> InFlightFor();
 
  private:
+  // A snapshot queued for the writer thread; one whose part this rank gave up (Submit's
+  // may_give_up) has an empty shard and `given_up` says why.
+  struct Pending {
+    ShardSnapshot snap;
+    Status given_up;
+  };
+
   void Loop();
-  Status Save(const ShardSnapshot& snap);
+  Status Save(const ShardSnapshot& snap, const Status& given_up);
   Status Fail(int64_t step, Status st);
 
   const Options options_;
+  std::atomic<bool> fence_unreachable_{false};  // ConfirmWithin's, of the write in flight
 
   Mutex mu_;
   CondVar cv_;
-  std::optional<ShardSnapshot> pending_ GUARDED_BY(mu_);
+  std::optional<Pending> pending_ GUARDED_BY(mu_);
+  int64_t busy_step_ GUARDED_BY(mu_) = -1;                           // of the running write
   bool busy_ GUARDED_BY(mu_) = false;                                // a write is running
   std::chrono::steady_clock::time_point submitted_ GUARDED_BY(mu_);  // of the one in flight
   bool stop_ GUARDED_BY(mu_) = false;

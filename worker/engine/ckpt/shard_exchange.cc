@@ -47,14 +47,24 @@ Status KvShardExchange::Publish(int64_t step, int rank,
   std::chrono::milliseconds backoff(50);
   while (true) {
     Status set = store_->Set(KeyOf(step, rank), value);
-    if (set.code() != StatusCode::kUnavailable || Clock::now() >= deadline) return set;
-    if (Stopped()) return set;
+    Heard(set.code());
+    if (set.code() != StatusCode::kUnavailable || Clock::now() >= deadline || Stopped()) {
+      Heard(StatusCode::kOk);
+      return set;
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min<std::chrono::milliseconds>(2 * backoff, std::chrono::seconds(1));
   }
 }
 
 StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::Collect(int64_t step, int world_size) {
+  StatusOr<std::vector<v1::CheckpointShard>> out = CollectAll(step, world_size);
+  Heard(StatusCode::kOk);
+  return out;
+}
+
+StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::CollectAll(int64_t step,
+                                                                       int world_size) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout_;
   // Waits in short slices so that a stop request (the job is being recovered) ends the wait.
@@ -70,6 +80,7 @@ StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::Collect(int64_t step
       got = store_->Get(KeyOf(step, r), kSlice);
       // Unavailable: the coordinator is restarting; the report may come once it is back.
       const StatusCode code = got.status().code();
+      Heard(code);
       if (got.ok() || (code != StatusCode::kDeadlineExceeded && code != StatusCode::kUnavailable)) {
         break;
       }

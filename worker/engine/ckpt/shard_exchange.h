@@ -33,6 +33,9 @@ class ShardExchange {
   // the store's Unavailable, when that lasts the whole timeout); Cancelled when the trainer
   // is asked to stop meanwhile.
   virtual StatusOr<std::vector<v1::CheckpointShard>> Collect(int64_t step, int world_size) = 0;
+  // True while a Publish or Collect waits to try a store again that was Unavailable (the
+  // coordinator is away), as opposed to waiting for a peer's report. Cheap; any thread.
+  virtual bool Unreachable() const { return false; }
 };
 
 class KvShardExchange final : public ShardExchange {
@@ -45,13 +48,21 @@ class KvShardExchange final : public ShardExchange {
   Status Publish(int64_t step, int rank,
                  const StatusOr<std::vector<v1::CheckpointShard>>& result) override;
   StatusOr<std::vector<v1::CheckpointShard>> Collect(int64_t step, int world_size) override;
+  bool Unreachable() const override { return unreachable_.load(std::memory_order_relaxed); }
 
  private:
   bool Stopped() const;
+  StatusOr<std::vector<v1::CheckpointShard>> CollectAll(int64_t step, int world_size);
+  // Notes what the store's last answer says of the coordinator: Unreachable() from an
+  // Unavailable answer until another answer, or until the Publish or Collect returns.
+  void Heard(StatusCode code) {
+    unreachable_.store(code == StatusCode::kUnavailable, std::memory_order_relaxed);
+  }
 
   parallel::KvStore* const store_;
   const std::chrono::milliseconds timeout_;
   const std::atomic<bool>* const stop_;
+  std::atomic<bool> unreachable_{false};
 };
 
 }  // namespace drover::engine::ckpt

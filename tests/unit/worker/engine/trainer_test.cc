@@ -18,6 +18,7 @@
 #include "common/job_spec.h"
 #include "common/token_shard.h"
 #include "tests/unit/worker/engine/emulated_device_ops.h"
+#include "tests/unit/worker/engine/trainer_test_util.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/data/sampler.h"
 #include "worker/engine/data/token_dataset.h"
@@ -30,94 +31,6 @@ namespace drover::engine {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A learnable token stream: a repeating phrase with a little noise.
-std::vector<uint16_t> MakeTokens(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const std::vector<uint16_t> phrase = {1, 5, 9, 2, 7, 7, 3, 11, 4, 8, 6, 10, 12};
-  std::vector<uint16_t> tokens(n);
-  for (size_t i = 0; i < n; ++i) {
-    tokens[i] = rng() % 10 == 0 ? static_cast<uint16_t>(rng() % 16) : phrase[i % phrase.size()];
-  }
-  return tokens;
-}
-
-class TrainerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    SetNumThreads(1);
-    dir_ = fs::path(::testing::TempDir()) /
-           ("trainer_test_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    ASSERT_TRUE(WriteTokenShard((dir_ / "train.bin").string(), MakeTokens(4000, 1)).ok());
-    ASSERT_TRUE(WriteTokenShard((dir_ / "val.bin").string(), MakeTokens(1000, 2)).ok());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  JobSpec Spec(const std::vector<std::string>& overrides = {}) {
-    const std::string yaml =
-        "name: tiny\n"
-        "output_dir: " +
-        (dir_ / "out").string() + "\n" +
-        "model: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, "
-        "vocab_size: 16}\n"
-        "data: {train: " +
-        (dir_ / "train.bin").string() + ", val: " + (dir_ / "val.bin").string() + "}\n" +
-        "train: {steps: 20, global_batch: 4, micro_batch: 4, seq_len: 16, "
-        "lr: 0.01, min_lr: 0.001, warmup_steps: 2, eval_every: 10, "
-        "eval_batches: 2, seed: 7}\n"
-        "checkpoint: {every_steps: 0}\n";
-    auto spec = ParseJobSpec(yaml, overrides);
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    return *spec;
-  }
-
-  std::unique_ptr<Trainer> Make(const JobSpec& spec, int world_size = 1) {
-    TrainerOptions options;
-    options.spec = spec;
-    options.world_size = world_size;
-    options.log_steps = false;
-    auto trainer = Trainer::Create(options);
-    EXPECT_TRUE(trainer.ok()) << trainer.status();
-    return trainer.ok() ? std::move(trainer).value() : nullptr;
-  }
-
-  // Runs `spec` to the end as ranks 0 and 1 of a world of two, in threads, each with the
-  // options `configure` adds; their results by rank.
-  static std::vector<Status> RunTwoRanks(const JobSpec& spec,
-                                         const std::function<void(TrainerOptions&)>& configure) {
-    parallel::InMemoryKvStore store;
-    std::vector<Status> results(2);
-    std::vector<std::thread> ranks;
-    for (int rank = 0; rank < 2; ++rank) {
-      ranks.emplace_back([&, rank] {
-        TrainerOptions options;
-        options.spec = spec;
-        options.rank = rank;
-        options.world_size = 2;
-        options.store = &store;
-        options.log_steps = false;
-        options.connect_timeout = std::chrono::seconds(30);
-        configure(options);
-        auto trainer = Trainer::Create(options);
-        results[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
-      });
-    }
-    for (auto& t : ranks) t.join();
-    return results;
-  }
-
-  fs::path dir_;
-};
-
-std::vector<std::string> ReadLines(const fs::path& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
 
 TEST_F(TrainerTest, LossDecreasesAndWritesMetricsAndModel) {
   auto trainer = Make(Spec());
@@ -481,114 +394,6 @@ TEST_F(TrainerTest, FailedCheckpointsAreReportedAndTheModelIsStillWritten) {
   EXPECT_THAT(listener.failed_steps, ::testing::ElementsAre(5, 10, 15, 20));
   EXPECT_THAT(listener.last_error, ::testing::HasSubstr("not_a_dir"));
   EXPECT_TRUE(LoadModelFile((dir_ / "out" / "model.bin").string()).ok());
-}
-
-// A checkpoint request (SIGUSR1) reaches one rank only, at a moment of its own: its vote
-// rides in the step's all-reduce and both ranks save the same step. One pending before the
-// start is served at step 1; one made while step 5 is reported is served at step 6 (step
-// 5's all-reduce is over by then). Nothing else is saved until the final checkpoint.
-TEST_F(TrainerTest, ACheckpointRequestToOneRankIsSavedByEveryRankAtTheStepTheyAgreeOn) {
-  struct Listener : TrainerListener {
-    void OnStep(const StepMetrics& m) override {
-      if (m.step == 5 && requests != nullptr) requests->fetch_add(1);
-    }
-    void OnCheckpoint(const v1::CheckpointRecord& record) override {
-      steps.push_back(record.step());
-    }
-    void OnDone() override {}
-    std::atomic<uint64_t>* requests = nullptr;
-    std::vector<int64_t> steps;  // complete checkpoints (rank 0 reports them)
-  };
-  JobSpec spec = Spec({"checkpoint.every_steps=1000", "checkpoint.keep_last=10",
-                       "train.eval_every=0", "train.micro_batch=2"});
-  std::atomic<uint64_t> requests[2] = {0, 1};  // rank 1: one request before the start
-  Listener listeners[2];
-  listeners[1].requests = &requests[1];
-  const std::vector<Status> results = RunTwoRanks(spec, [&](TrainerOptions& o) {
-    o.listener = &listeners[o.rank];
-    o.checkpoint_requests = &requests[o.rank];
-  });
-  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank];
-  EXPECT_THAT(listeners[0].steps, ::testing::ElementsAre(1, 6, 20));
-  const fs::path ckpt = dir_ / "out" / "ckpt";
-  for (int step : {1, 6, 20}) {
-    EXPECT_TRUE(fs::exists(ckpt / ("step_" + std::to_string(step)) / "manifest.json")) << step;
-  }
-  EXPECT_FALSE(fs::exists(ckpt / "step_2"));
-  EXPECT_FALSE(fs::exists(ckpt / "step_7"));
-}
-
-// A store that holds the first checkpoint report set through it (rank 1's shard of the
-// job's first checkpoint) until released, or for 20 s: a report held up by a coordinator
-// that is away.
-class HoldingKvStore final : public parallel::KvStore {
- public:
-  Status Set(const std::string& key, const std::string& value) override {
-    if (key.rfind("ckpt/", 0) == 0 && !held_.exchange(true)) {
-      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (!released && std::chrono::steady_clock::now() < give_up) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
-    return base->Set(key, value);
-  }
-  StatusOr<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override {
-    return base->Get(key, timeout);
-  }
-  parallel::KvStore* base = nullptr;  // the store every call goes to; set before the first
-  std::atomic<bool> released{false};
-
- private:
-  std::atomic<bool> held_{false};
-};
-
-// Rank 1's report of the first checkpoint's shard (step 2) is held up until rank 0 has
-// trained through step 10: the checkpoints due at steps 4 to 10 find step 2's still in
-// flight on both ranks (its commit waits for the report), and wait for the first step at
-// which neither rank is still saving, while training goes on. Before, each rank's next save
-// waited for its previous one in the training thread: rank 1 at step 4 for a report that
-// waited for rank 0 to reach step 10, and rank 0 for rank 1 in the collectives, until their
-// deadline failed the job.
-TEST_F(TrainerTest, ACheckpointDueWhileARankIsStillSavingThePreviousOneIsDeferred) {
-  struct Listener : TrainerListener {
-    void OnStep(const StepMetrics& m) override {
-      if (m.step == 10 && hold != nullptr) hold->released = true;
-    }
-    void OnCheckpoint(const v1::CheckpointRecord& record) override {
-      steps.push_back(record.step());
-    }
-    void OnDone() override {}
-    HoldingKvStore* hold = nullptr;
-    std::vector<int64_t> steps;  // complete checkpoints (rank 0 reports them)
-  };
-  JobSpec spec = Spec({"checkpoint.every_steps=2", "checkpoint.keep_last=20", "train.eval_every=0",
-                       "train.micro_batch=2", "parallel.timeout_s=5"});
-  HoldingKvStore held;
-  Listener listeners[2];
-  listeners[0].hold = &held;
-  const std::vector<Status> results = RunTwoRanks(spec, [&](TrainerOptions& o) {
-    if (o.rank == 1) {
-      held.base = o.store;
-      o.store = &held;
-    }
-    o.listener = &listeners[o.rank];
-    // Deferred as soon as it is in flight at all, so that when the checkpoint of step 4
-    // falls due is no matter of timing.
-    o.checkpoint_defer_after = std::chrono::milliseconds(0);
-  });
-  for (int rank = 0; rank < 2; ++rank) ASSERT_TRUE(results[rank].ok()) << results[rank];
-  const std::vector<int64_t>& saved = listeners[0].steps;
-  ASSERT_GE(saved.size(), 3u) << ::testing::PrintToString(saved);
-  EXPECT_EQ(saved[0], 2);
-  // The deferred one: after the release, at the first step both writers were idle again.
-  EXPECT_GT(saved[1], 10) << ::testing::PrintToString(saved);
-  EXPECT_EQ(saved.back(), 20);
-  for (int64_t step : {4, 6, 8, 10}) {
-    EXPECT_FALSE(fs::exists(dir_ / "out" / "ckpt" / ("step_" + std::to_string(step)))) << step;
-  }
-  auto deferred = ckpt::VerifyCheckpoint(
-      (dir_ / "out" / "ckpt" / ("step_" + std::to_string(saved[1]))).string(), saved[1]);
-  EXPECT_TRUE(deferred.ok()) << deferred.status();
 }
 
 // Rank 1 takes 40 ms more than rank 0 at every step (its listener sleeps, as a slow node

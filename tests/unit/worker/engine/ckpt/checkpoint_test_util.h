@@ -1,14 +1,18 @@
 // Test data shared by the checkpoint tests.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/parallel/kv_store.h"
 
 namespace drover::engine::ckpt {
 
@@ -73,5 +77,35 @@ inline std::vector<std::vector<v1::CheckpointRun>> ThreeRankRuns() {
           {MakeRun(10, 10, 30, 3), MakeRun(100, 10, 10, 1)},  // 10-19, 40-49, 70-79, 100-109
           {MakeRun(20, 10, 30, 3), MakeRun(110, 10, 10, 1)}};
 }
+
+// An in-memory store whose next `away_sets` Sets and `away_gets` Gets fail Unavailable (the
+// gRPC status of a coordinator that is not listening), as the rendezvous client sees a
+// restart.
+class AwayKvStore final : public parallel::KvStore {
+ public:
+  Status Set(const std::string& key, const std::string& value) override {
+    ++sets;
+    if (Take(&away_sets))
+      return UnavailableError("rendezvous Set '" + key + "': Connection refused");
+    return store_.Set(key, value);
+  }
+  StatusOr<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override {
+    ++gets;
+    if (Take(&away_gets)) return UnavailableError("rendezvous Wait: Connection refused");
+    return store_.Get(key, timeout);
+  }
+
+  std::atomic<int> away_sets{0}, away_gets{0};
+  std::atomic<int> sets{0}, gets{0};
+
+ private:
+  static bool Take(std::atomic<int>* away) {
+    int left = away->load();
+    while (left > 0 && !away->compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
+  }
+  parallel::InMemoryKvStore store_;
+};
 
 }  // namespace drover::engine::ckpt

@@ -11,42 +11,13 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 #include "worker/engine/parallel/kv_store.h"
 
 namespace drover::engine::ckpt {
 namespace {
 
 using std::chrono::milliseconds;
-
-// An in-memory store whose next `away_sets` Sets and `away_gets` Gets fail Unavailable (the
-// gRPC status of a coordinator that is not listening), as the rendezvous client sees a
-// restart.
-class AwayKvStore final : public parallel::KvStore {
- public:
-  Status Set(const std::string& key, const std::string& value) override {
-    ++sets;
-    if (Take(&away_sets))
-      return UnavailableError("rendezvous Set '" + key + "': Connection refused");
-    return store_.Set(key, value);
-  }
-  StatusOr<std::string> Get(const std::string& key, milliseconds timeout) override {
-    ++gets;
-    if (Take(&away_gets)) return UnavailableError("rendezvous Wait: Connection refused");
-    return store_.Get(key, timeout);
-  }
-
-  std::atomic<int> away_sets{0}, away_gets{0};
-  std::atomic<int> sets{0}, gets{0};
-
- private:
-  static bool Take(std::atomic<int>* away) {
-    int left = away->load();
-    while (left > 0 && !away->compare_exchange_weak(left, left - 1)) {
-    }
-    return left > 0;
-  }
-  parallel::InMemoryKvStore store_;
-};
 
 std::vector<v1::CheckpointShard> Entries(const std::string& file) {
   v1::CheckpointShard shard;
@@ -111,6 +82,36 @@ TEST(ShardExchangeTest, AStoreAwayPastTheTimeoutFailsBothSidesNamingIt) {
   EXPECT_EQ(stopped.Publish(3, 1, Entries("params.r1.bin")).code(), StatusCode::kUnavailable);
   EXPECT_EQ(store.sets.load(), before + 1);
   EXPECT_EQ(stopped.Collect(3, 2).status().code(), StatusCode::kCancelled);
+}
+
+// Unreachable() says the exchange waits on the store's absence, and only that: a Collect
+// waiting for a peer that has not reported yet is not unreachable, and neither is an
+// exchange whose Publish landed.
+TEST(ShardExchangeTest, ItIsUnreachableOnlyWhileItsStoreIsAway) {
+  AwayKvStore store;
+  store.away_sets = 1000000;
+  KvShardExchange rank1(&store, std::chrono::seconds(30), nullptr);
+  EXPECT_FALSE(rank1.Unreachable());
+  std::thread publish([&] { EXPECT_TRUE(rank1.Publish(4, 1, Entries("params.r1.bin")).ok()); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!rank1.Unreachable() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_TRUE(rank1.Unreachable());
+  store.away_sets = 0;
+  publish.join();
+  EXPECT_FALSE(rank1.Unreachable());
+
+  KvShardExchange rank0(&store, milliseconds(600), nullptr);
+  std::atomic<bool> seen_unreachable{false};
+  std::atomic<bool> done{false};
+  std::thread watch([&] {
+    while (!done) seen_unreachable = seen_unreachable || rank0.Unreachable();
+  });
+  EXPECT_EQ(rank0.Collect(4, 3).status().code(), StatusCode::kDeadlineExceeded);  // no rank 2
+  done = true;
+  watch.join();
+  EXPECT_FALSE(seen_unreachable);
 }
 
 }  // namespace
