@@ -160,6 +160,9 @@ Status Trainer::Init() {
   if (options_.world_size > 1) {
     exchange_ = std::make_unique<ckpt::KvShardExchange>(
         options_.store, options_.checkpoint_collect_timeout, options_.stop);
+    // Before any rank reports a shard, so that a coordinator restart that loses a report of
+    // the first checkpoint is noticed too (ShardExchange::MarkStore).
+    if (is_rank0()) (void)exchange_->MarkStore();
     wo.exchange = exchange_.get();
   }
   wo.fence = options_.fence;

@@ -1,6 +1,7 @@
 #include "worker/engine/ckpt/shard_exchange.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <string>
@@ -13,6 +14,9 @@ namespace {
 constexpr char kOk[] = "ok\n";
 constexpr char kError[] = "error\n";
 
+// MarkStore's mark: set once by rank 0, gone only when the store lost its keys.
+constexpr char kMarkKey[] = "ckpt/mark";
+
 std::string KeyOf(int64_t step, int rank) {
   return "ckpt/" + std::to_string(step) + "/" + std::to_string(rank);
 }
@@ -20,10 +24,29 @@ std::string KeyOf(int64_t step, int rank) {
 }  // namespace
 
 KvShardExchange::KvShardExchange(parallel::KvStore* store, std::chrono::milliseconds timeout,
-                                 const std::atomic<bool>* stop)
-    : store_(store), timeout_(timeout), stop_(stop) {}
+                                 const std::atomic<bool>* stop,
+                                 std::chrono::milliseconds after_restart)
+    : store_(store), timeout_(timeout), stop_(stop), after_restart_(after_restart) {}
 
 bool KvShardExchange::Stopped() const { return stop_ != nullptr && stop_->load(); }
+
+Status KvShardExchange::MarkStore() {
+  Status st = store_->Set(kMarkKey, "1");
+  if (st.ok()) marked_ = true;
+  return st;
+}
+
+bool KvShardExchange::StoreRestarted() {
+  if (!marked_) return false;
+  StatusOr<std::string> mark = store_->Get(kMarkKey, std::chrono::milliseconds(0));
+  // Unavailable, or any other error: not known to be gone.
+  if (mark.ok() || (mark.status().code() != StatusCode::kDeadlineExceeded &&
+                    mark.status().code() != StatusCode::kNotFound)) {
+    return false;
+  }
+  marked_ = false;
+  return true;
+}
 
 Status KvShardExchange::Publish(int64_t step, int rank,
                                 const StatusOr<std::vector<v1::CheckpointShard>>& result) {
@@ -66,9 +89,11 @@ StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::Collect(int64_t step
 StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::CollectAll(int64_t step,
                                                                        int world_size) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + timeout_;
+  auto deadline = Clock::now() + timeout_;
   // Waits in short slices so that a stop request (the job is being recovered) ends the wait.
   constexpr auto kSlice = std::chrono::milliseconds(200);
+  if (!marked_) (void)MarkStore();
+  bool restarted = false;
   std::vector<v1::CheckpointShard> out;
   for (int r = 1; r < world_size; ++r) {
     StatusOr<std::string> got = DeadlineExceededError("");
@@ -85,9 +110,27 @@ StatusOr<std::vector<v1::CheckpointShard>> KvShardExchange::CollectAll(int64_t s
         break;
       }
       if (code == StatusCode::kUnavailable) std::this_thread::sleep_for(kSlice);
+      // A report made to the store before it restarted is gone: only reports made since can
+      // still come, from ranks that were still writing or still trying to reach it.
+      if (!restarted && StoreRestarted()) {
+        restarted = true;
+        deadline = std::min(deadline, Clock::now() + after_restart_);
+        spdlog::warn(
+            "the coordinator restarted while rank 0 waited for the checkpoint shards of step "
+            "{}: reports made before are lost, so the shards not reported within {} s are "
+            "given up with this checkpoint",
+            step, after_restart_.count() / 1000.0);
+        (void)MarkStore();
+      }
       if (Clock::now() >= deadline) {
         if (code == StatusCode::kUnavailable) {
           return got.status().WithContext("checkpoint shards of step " + std::to_string(step));
+        }
+        if (restarted) {
+          return UnavailableError(
+              "rank " + std::to_string(r) + "'s report of its checkpoint " + "shard of step " +
+              std::to_string(step) + " was lost when the coordinator restarted (none came within " +
+              fmt::format("{}", after_restart_.count() / 1000.0) + " s of finding it restarted)");
         }
         return DeadlineExceededError(
             "rank " + std::to_string(r) + " did not report its checkpoint shard of step " +

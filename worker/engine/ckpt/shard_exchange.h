@@ -36,22 +36,34 @@ class ShardExchange {
   // True while a Publish or Collect waits to try a store again that was Unavailable (the
   // coordinator is away), as opposed to waiting for a peer's report. Cheap; any thread.
   virtual bool Unreachable() const { return false; }
+  // Rank 0, once before its first Collect (Collect does it too, when it has not been done):
+  // leaves a mark in the store by which Collect tells a report lost to a store that
+  // restarted (the coordinator's rendezvous service keeps its keys in memory) from one not
+  // made yet. Best effort: an error only means a restart before the next Collect goes
+  // unnoticed until that Collect's timeout.
+  virtual Status MarkStore() { return OkStatus(); }
 };
 
 class KvShardExchange final : public ShardExchange {
  public:
   // `store` and `stop` (may be null) must outlive this. `timeout` bounds Collect: how long
-  // rank 0 waits for the slowest rank's shard to become durable.
+  // rank 0 waits for the slowest rank's shard to become durable. Once Collect finds that
+  // the store restarted (its mark gone), the reports made before are lost, and it waits
+  // only `after_restart` more for those still to come before it gives the checkpoint up.
   KvShardExchange(parallel::KvStore* store, std::chrono::milliseconds timeout,
-                  const std::atomic<bool>* stop);
+                  const std::atomic<bool>* stop,
+                  std::chrono::milliseconds after_restart = std::chrono::seconds(30));
 
   Status Publish(int64_t step, int rank,
                  const StatusOr<std::vector<v1::CheckpointShard>>& result) override;
   StatusOr<std::vector<v1::CheckpointShard>> Collect(int64_t step, int world_size) override;
   bool Unreachable() const override { return unreachable_.load(std::memory_order_relaxed); }
+  Status MarkStore() override;
 
  private:
   bool Stopped() const;
+  // True when the store is known to have lost the mark MarkStore left: it restarted.
+  bool StoreRestarted();
   StatusOr<std::vector<v1::CheckpointShard>> CollectAll(int64_t step, int world_size);
   // Notes what the store's last answer says of the coordinator: Unreachable() from an
   // Unavailable answer until another answer, or until the Publish or Collect returns.
@@ -62,7 +74,9 @@ class KvShardExchange final : public ShardExchange {
   parallel::KvStore* const store_;
   const std::chrono::milliseconds timeout_;
   const std::atomic<bool>* const stop_;
+  const std::chrono::milliseconds after_restart_;
   std::atomic<bool> unreachable_{false};
+  std::atomic<bool> marked_{false};  // the store holds MarkStore's mark, as far as known
 };
 
 }  // namespace drover::engine::ckpt

@@ -80,20 +80,23 @@ inline std::vector<std::vector<v1::CheckpointRun>> ThreeRankRuns() {
 
 // An in-memory store whose next `away_sets` Sets and `away_gets` Gets fail Unavailable (the
 // gRPC status of a coordinator that is not listening), as the rendezvous client sees a
-// restart.
+// restart, and which loses every key at Restart(), as the coordinator's rendezvous service
+// does when it restarts.
 class AwayKvStore final : public parallel::KvStore {
  public:
   Status Set(const std::string& key, const std::string& value) override {
     ++sets;
     if (Take(&away_sets))
       return UnavailableError("rendezvous Set '" + key + "': Connection refused");
-    return store_.Set(key, value);
+    return store_.Set(Now(key), value);
   }
   StatusOr<std::string> Get(const std::string& key, std::chrono::milliseconds timeout) override {
     ++gets;
     if (Take(&away_gets)) return UnavailableError("rendezvous Wait: Connection refused");
-    return store_.Get(key, timeout);
+    return store_.Get(Now(key), timeout);
   }
+  // Keys set from now on live in a namespace of their own: those set before are gone.
+  void Restart() { ++generation_; }
 
   std::atomic<int> away_sets{0}, away_gets{0};
   std::atomic<int> sets{0}, gets{0};
@@ -105,6 +108,10 @@ class AwayKvStore final : public parallel::KvStore {
     }
     return left > 0;
   }
+  std::string Now(const std::string& key) const {
+    return std::to_string(generation_.load()) + "/" + key;
+  }
+  std::atomic<int> generation_{0};
   parallel::InMemoryKvStore store_;
 };
 

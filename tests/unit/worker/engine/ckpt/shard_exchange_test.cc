@@ -114,5 +114,48 @@ TEST(ShardExchangeTest, ItIsUnreachableOnlyWhileItsStoreIsAway) {
   EXPECT_FALSE(seen_unreachable);
 }
 
+// The store restarts (the coordinator's rendezvous service keeps its keys in memory) after
+// rank 1 reported step 5: rank 0 finds its mark gone, and gives the checkpoint up once no
+// report came within after_restart, naming the lost report, rather than wait for it until
+// its timeout (10 minutes in the trainer) with every later checkpoint deferred meanwhile.
+TEST(ShardExchangeTest, AReportLostToARestartedStoreFailsTheCheckpointSoonNamingIt) {
+  AwayKvStore store;
+  KvShardExchange rank0(&store, std::chrono::seconds(60), nullptr, milliseconds(300));
+  ASSERT_TRUE(rank0.MarkStore().ok());
+  KvShardExchange rank1(&store, std::chrono::seconds(60), nullptr);
+  ASSERT_TRUE(rank1.Publish(5, 1, Entries("params.r1.bin")).ok());
+  store.Restart();
+  const auto start = std::chrono::steady_clock::now();
+  auto got = rank0.Collect(5, 2);
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status();
+  EXPECT_NE(got.status().message().find(
+                "rank 1's report of its checkpoint shard of step 5 was lost when the "
+                "coordinator restarted"),
+            std::string::npos)
+      << got.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // The mark is placed again: the next checkpoint is collected as usual.
+  ASSERT_TRUE(rank1.Publish(6, 1, Entries("params.r1.bin")).ok());
+  EXPECT_TRUE(rank0.Collect(6, 2).ok());
+}
+
+// Reports made after the restart are not lost: a checkpoint whose ranks were still writing,
+// or still trying to reach the store, when it restarted completes.
+TEST(ShardExchangeTest, AReportMadeAfterTheStoreRestartedStillCompletesTheCheckpoint) {
+  AwayKvStore store;
+  KvShardExchange rank0(&store, std::chrono::seconds(60), nullptr, std::chrono::seconds(20));
+  ASSERT_TRUE(rank0.MarkStore().ok());
+  store.Restart();
+  std::thread rank1([&] {
+    std::this_thread::sleep_for(milliseconds(500));
+    KvShardExchange exchange(&store, std::chrono::seconds(30), nullptr);
+    EXPECT_TRUE(exchange.Publish(7, 1, Entries("adam_v.r1.bin")).ok());
+  });
+  auto got = rank0.Collect(7, 2);
+  rank1.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].file(), "adam_v.r1.bin");
+}
+
 }  // namespace
 }  // namespace drover::engine::ckpt
