@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/unit/worker/engine/ckpt/checkpoint_test_util.h"
 #include "tests/unit/worker/engine/trainer_test_util.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/parallel/kv_store.h"
@@ -138,13 +139,7 @@ TEST_F(TrainerTest, ACheckpointDueWhileARankIsStillSavingThePreviousOneIsDeferre
 // thread for step 2's (in flight for less than checkpoint_defer_after) for the whole outage,
 // and with two ranks their peers' collectives failed the attempt meanwhile.
 TEST_F(TrainerTest, ACheckpointDueWhileTheCoordinatorIsAwayIsNotWaitedForInTheTrainingThread) {
-  struct AwayFence : PublishFence {
-    bool Current() const override { return !away; }
-    Status Confirm() override {
-      return away ? UnavailableError("coordinator: Connection refused") : OkStatus();
-    }
-    std::atomic<bool> away{false};
-  } fence;
+  ckpt::AwayFence fence;
   struct Listener : TrainerListener {
     void OnStep(const StepMetrics& m) override {
       seen = m.step;
@@ -155,7 +150,7 @@ TEST_F(TrainerTest, ACheckpointDueWhileTheCoordinatorIsAwayIsNotWaitedForInTheTr
       completed.push_back({record.step(), seen.load()});
     }
     void OnDone() override {}
-    AwayFence* fence = nullptr;
+    ckpt::AwayFence* fence = nullptr;
     std::atomic<int64_t> seen{0};
     std::vector<std::pair<int64_t, int64_t>> completed;  // (checkpoint step, step seen then)
   } listener;

@@ -24,15 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-// The coordinator's lease service, away while `away` is set.
-struct AwayFence : PublishFence {
-  bool Current() const override { return !away; }
-  Status Confirm() override {
-    return away ? UnavailableError("coordinator: Connection refused") : OkStatus();
-  }
-  std::atomic<bool> away{false};
-};
-
 // True once `done()` is, polled for up to 10 s.
 bool Eventually(const std::function<bool()>& done) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

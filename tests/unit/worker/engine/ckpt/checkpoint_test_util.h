@@ -13,6 +13,7 @@
 #include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/parallel/kv_store.h"
+#include "worker/engine/publish_fence.h"
 
 namespace drover::engine::ckpt {
 
@@ -113,6 +114,15 @@ class AwayKvStore final : public parallel::KvStore {
   }
   std::atomic<int> generation_{0};
   parallel::InMemoryKvStore store_;
+};
+
+// The coordinator's lease service, away (Unavailable) while `away` is set.
+struct AwayFence : PublishFence {
+  bool Current() const override { return !away; }
+  Status Confirm() override {
+    return away ? UnavailableError("coordinator: Connection refused") : OkStatus();
+  }
+  std::atomic<bool> away{false};
 };
 
 }  // namespace drover::engine::ckpt
