@@ -13,6 +13,9 @@
 //   agent-stop     SIGSTOP of an agent for 0.5-8 s (past the heartbeat timeout or not): its
 //                  trainers keep running while the coordinator may declare the node dead;
 //   coord-kill     kill -9 of the coordinator, restarted from its state 0-4 s later;
+//   coord-away     kill -9 of the coordinator, restarted 11-20 s later: an outage longer
+//                  than the jobs' collective deadline (timeout_s 10), which trainers must
+//                  ride through, checkpoints included;
 //   coord-stop     SIGSTOP of the coordinator for 0.5-5 s;
 //   ckpt-corrupt   one byte flipped in a file of a job's newest complete checkpoint (bit
 //                  rot): the job must pass over it when it next restores.
@@ -202,8 +205,8 @@ class Soak {
 
   void Inject() {
     static const std::vector<std::pair<std::string, int>> kinds = {
-        {"trainer-kill", 3}, {"trainer-stop", 2}, {"agent-kill", 2},  {"agent-stop", 2},
-        {"coord-kill", 1},   {"coord-stop", 1},   {"ckpt-corrupt", 1}};
+        {"trainer-kill", 3}, {"trainer-stop", 2}, {"agent-kill", 2}, {"agent-stop", 2},
+        {"coord-kill", 1},   {"coord-away", 1},   {"coord-stop", 1}, {"ckpt-corrupt", 1}};
     std::vector<int> weights;
     for (const auto& [name, w] : kinds) weights.push_back(w);
     const std::string kind =
@@ -244,9 +247,10 @@ class Soak {
       if (!Corrupt()) return;
     } else {
       if (Busy("coordinator")) return Log(kind + ": the coordinator is already down, skipped");
-      if (kind == "coord-kill") {
+      if (kind == "coord-kill" || kind == "coord-away") {
         cluster_->coordinator()->Kill(SIGKILL);
-        const int64_t ms = static_cast<int64_t>(Draw(0, 4000));
+        const int64_t ms =
+            static_cast<int64_t>(kind == "coord-kill" ? Draw(0, 4000) : Draw(11000, 20000));
         pending_.push_back({NowMs() + ms, "coordinator", true});
         Log("kill -9 coordinator, back in " + std::to_string(ms) + " ms");
       } else {
