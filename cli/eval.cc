@@ -79,7 +79,8 @@ int RunEval(const EvalFlags& f, bool json) {
 CommandRun SetupEval(CLI::App* app, GlobalOptions* globals) {
   auto f = std::make_shared<EvalFlags>();
   auto json = std::make_shared<bool>(false);
-  app->add_option("model", f->model_path, "llm.c model file")->required();
+  app->add_option("model", f->model_path, "llm.c model file or HF GPT-2 model.safetensors")
+      ->required();
   app->add_option("--data", f->data, "token shards (path or glob)")->required();
   app->add_option("--batches", f->batches, "batches to average (default 10)")
       ->check(CLI::PositiveNumber);

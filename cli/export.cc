@@ -62,7 +62,8 @@ int RunExport(const ExportFlags& f) {
 
 CommandRun SetupExport(CLI::App* app, GlobalOptions*) {
   auto f = std::make_shared<ExportFlags>();
-  app->add_option("model", f->model_path, "llm.c model file (as `drover train` writes)")
+  app->add_option("model", f->model_path,
+                  "llm.c model file (as `drover train` writes) or HF GPT-2 safetensors")
       ->required();
   app->add_option("--format", f->format, "output format (safetensors)")->capture_default_str();
   app->add_option("-o,--out", f->out, "output file (default: MODEL with .safetensors)");

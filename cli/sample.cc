@@ -1,4 +1,5 @@
-// `drover sample MODEL --prompt TEXT --tokens N`: generates text from an llm.c model file.
+// `drover sample MODEL --prompt TEXT --tokens N`: generates text from a model file (llm.c, or a
+// Hugging Face GPT-2 safetensors).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -105,7 +106,8 @@ int RunSample(const SampleFlags& f) {
 DROVER_REGISTER_COMMAND(
     "sample", "Generate text from a model file", [](CLI::App* app, GlobalOptions*) -> CommandRun {
       auto f = std::make_shared<SampleFlags>();
-      app->add_option("model", f->model_path, "llm.c model file (e.g. runs/NAME/model.bin)")
+      app->add_option("model", f->model_path,
+                      "llm.c model file (e.g. runs/NAME/model.bin) or HF GPT-2 model.safetensors")
           ->required();
       app->add_option("--prompt", f->prompt, "text to continue (default: empty)");
       app->add_option("--tokens", f->tokens, "tokens to generate (default 200)");

@@ -43,7 +43,7 @@ struct TrainSpec {
   uint64_t seed = 1337;
   int64_t eval_every = 250;  // 0 disables evaluation
   int eval_batches = 20;
-  std::string init_from;  // optional llm.c model file
+  std::string init_from;  // optional llm.c model file or HF GPT-2 model.safetensors
   int64_t log_every = 1;
   // Activation recomputation ("activation checkpointing"): the first `recompute` layers of
   // each pipeline stage (of each model chunk under the interleaved schedule) keep only their

@@ -70,6 +70,35 @@ def model_file():
     put("model_file", "short.bin", header + body[:20])
     put("model_file", "bad_magic.bin", struct.pack("<i", 1234) + header[4:] + body)
     put("model_file", "header_only.bin", header)
+    # The same model as Hugging Face GPT-2 safetensors (drover export's names and metadata).
+    shapes = [("wte.weight", [V, C]), ("wpe.weight", [T, C])]
+    for i in range(L):
+        h = "h.%d." % i
+        shapes += [(h + "ln_1.weight", [C]), (h + "ln_1.bias", [C]),
+                   (h + "attn.c_attn.weight", [C, 3 * C]), (h + "attn.c_attn.bias", [3 * C]),
+                   (h + "attn.c_proj.weight", [C, C]), (h + "attn.c_proj.bias", [C]),
+                   (h + "ln_2.weight", [C]), (h + "ln_2.bias", [C]),
+                   (h + "mlp.c_fc.weight", [C, 4 * C]), (h + "mlp.c_fc.bias", [4 * C]),
+                   (h + "mlp.c_proj.weight", [4 * C, C]), (h + "mlp.c_proj.bias", [C])]
+    shapes += [("ln_f.weight", [C]), ("ln_f.bias", [C])]
+
+    def safetensors(dtype, size):
+        meta = {"format": "pt", "n_layer": str(L), "n_head": str(NH), "n_embd": str(C),
+                "n_positions": str(T), "vocab_size": str(V)}
+        head, data = {"__metadata__": meta}, b""
+        for name, shape in shapes:
+            numel = 1
+            for d in shape:
+                numel *= d
+            head[name] = {"dtype": dtype, "shape": shape,
+                          "data_offsets": [len(data), len(data) + numel * size]}
+            data += bytes([(len(data) + k) % 61 for k in range(numel * size)])
+        text = json.dumps(head).encode()
+        return struct.pack("<Q", len(text)) + text + data
+
+    put("model_file", "hf_f32.safetensors", safetensors("F32", 4))
+    put("model_file", "hf_bf16.safetensors", safetensors("BF16", 2))
+    put("model_file", "hf_short.safetensors", safetensors("F16", 2)[:300])
 
 
 def token_file():

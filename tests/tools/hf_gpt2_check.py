@@ -11,7 +11,9 @@ from the safetensors tensors (F.layer_norm, the Conv1D layout x @ W, tanh GELU, 
 softmax attention, LM head tied to wte) and compares with drover's logits within 1e-4.
 When the `transformers` package is importable it also loads the file into
 GPT2LMHeadModel (strict about every tensor but the attention-mask buffers) and compares
-that model's logits too.
+that model's logits too, and checks the other direction: a GPT2LMHeadModel with random
+weights saved by `save_pretrained` (float32, then bfloat16), loaded by drover from that
+directory (model.safetensors and config.json), gives transformers' logits.
 """
 import argparse
 import json
@@ -75,6 +77,34 @@ def transformers_logits(meta, weights, tokens, device):
     return out
 
 
+def check_load(tool, tmp, device):
+    """save_pretrained's files, read by drover: the same logits as transformers'."""
+    import transformers
+    config = transformers.GPT2Config(
+        vocab_size=sc.V, n_positions=sc.MAXT, n_embd=sc.C, n_layer=sc.L, n_head=sc.NH,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(29)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # every weight random, gains and biases too (as drover-gpt-logits)
+        for p in model.parameters():
+            p.uniform_(-0.5, 0.5)
+    for dtype in (torch.float32, torch.bfloat16):
+        out = os.path.join(tmp, "hf_" + str(dtype).split(".")[-1])
+        model.to(dtype).save_pretrained(out, safe_serialization=True)
+        reference = model.to(torch.float64).to(device)
+        with torch.no_grad():
+            want = reference(torch.tensor([sc.TOKENS], device=device)).logits[0]
+        p = sc.run([tool, "logits", os.path.join(out, "model.safetensors"), "--tokens",
+                    ",".join(map(str, sc.TOKENS))])
+        got = torch.tensor(json.loads(p.stdout)["logits"], dtype=torch.float64, device=device)
+        worst = (want - got).abs().max().item()
+        print("hf_gpt2_check: save_pretrained (%s) loaded by drover vs transformers: "
+              "max |diff| %.3g" % (dtype, worst))
+        if not worst <= sc.TOLERANCE:
+            sc.fail("drover's logits of a save_pretrained model differ by %.3g" % worst)
+        model = model.to(torch.float32).cpu()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bindir")
@@ -112,6 +142,7 @@ def main():
                   worst)
             if not worst <= sc.TOLERANCE:
                 sc.fail("GPT2LMHeadModel logits differ from drover's by %.3g" % worst)
+            check_load(tool, tmp, args.device)
     print("hf_gpt2_check: PASS")
 
 

@@ -35,28 +35,37 @@ SafetensorsTensor Transposed(const Gpt& m, const std::string& from, std::string 
 
 }  // namespace
 
-std::vector<SafetensorsTensor> HfGpt2Tensors(const Gpt& m) {
-  const GptConfig& c = m.config();
-  std::vector<SafetensorsTensor> out;
-  out.push_back(Copy(m, "wte", "wte.weight", c.vocab_size));
-  out.push_back(Copy(m, "wpe", "wpe.weight"));
-  for (int l = 0; l < c.num_layers; ++l) {
+std::vector<HfGpt2Name> HfGpt2Names(int num_layers) {
+  std::vector<HfGpt2Name> out = {{"wte", "wte.weight"}, {"wpe", "wpe.weight"}};
+  for (int l = 0; l < num_layers; ++l) {
     const std::string d = "h." + std::to_string(l) + ".";  // drover's prefix and HF's agree
-    out.push_back(Copy(m, d + "ln1w", d + "ln_1.weight"));
-    out.push_back(Copy(m, d + "ln1b", d + "ln_1.bias"));
-    out.push_back(Transposed(m, d + "qkvw", d + "attn.c_attn.weight"));
-    out.push_back(Copy(m, d + "qkvb", d + "attn.c_attn.bias"));
-    out.push_back(Transposed(m, d + "attprojw", d + "attn.c_proj.weight"));
-    out.push_back(Copy(m, d + "attprojb", d + "attn.c_proj.bias"));
-    out.push_back(Copy(m, d + "ln2w", d + "ln_2.weight"));
-    out.push_back(Copy(m, d + "ln2b", d + "ln_2.bias"));
-    out.push_back(Transposed(m, d + "fcw", d + "mlp.c_fc.weight"));
-    out.push_back(Copy(m, d + "fcb", d + "mlp.c_fc.bias"));
-    out.push_back(Transposed(m, d + "fcprojw", d + "mlp.c_proj.weight"));
-    out.push_back(Copy(m, d + "fcprojb", d + "mlp.c_proj.bias"));
+    out.push_back({d + "ln1w", d + "ln_1.weight"});
+    out.push_back({d + "ln1b", d + "ln_1.bias"});
+    out.push_back({d + "qkvw", d + "attn.c_attn.weight", true});
+    out.push_back({d + "qkvb", d + "attn.c_attn.bias"});
+    out.push_back({d + "attprojw", d + "attn.c_proj.weight", true});
+    out.push_back({d + "attprojb", d + "attn.c_proj.bias"});
+    out.push_back({d + "ln2w", d + "ln_2.weight"});
+    out.push_back({d + "ln2b", d + "ln_2.bias"});
+    out.push_back({d + "fcw", d + "mlp.c_fc.weight", true});
+    out.push_back({d + "fcb", d + "mlp.c_fc.bias"});
+    out.push_back({d + "fcprojw", d + "mlp.c_proj.weight", true});
+    out.push_back({d + "fcprojb", d + "mlp.c_proj.bias"});
   }
-  out.push_back(Copy(m, "lnfw", "ln_f.weight"));
-  out.push_back(Copy(m, "lnfb", "ln_f.bias"));
+  out.push_back({"lnfw", "ln_f.weight"});
+  out.push_back({"lnfb", "ln_f.bias"});
+  return out;
+}
+
+std::vector<SafetensorsTensor> HfGpt2Tensors(const Gpt& m) {
+  std::vector<SafetensorsTensor> out;
+  for (const HfGpt2Name& n : HfGpt2Names(m.config().num_layers)) {
+    if (n.transposed) {
+      out.push_back(Transposed(m, n.drover, n.hf));
+    } else {
+      out.push_back(Copy(m, n.drover, n.hf, n.drover == "wte" ? m.config().vocab_size : -1));
+    }
+  }
   return out;
 }
 

@@ -1,5 +1,7 @@
 // drover's GPT-2 parameters under Hugging Face transformers' GPT2Model names and shapes, so
-// that `GPT2LMHeadModel.from_pretrained` (or a plain safetensors reader) takes a drover model.
+// that `GPT2LMHeadModel.from_pretrained` (or a plain safetensors reader) takes a drover model,
+// and drover takes a GPT-2 from the Hugging Face Hub or `save_pretrained` (to fine-tune it,
+// sample from it or evaluate it).
 //
 // The mapping, per layer i (drover name -> HF name, HF shape):
 //   wte (Vp, C)            -> wte.weight (V, C)         padded rows V..Vp-1 dropped
@@ -23,6 +25,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,17 @@
 
 namespace drover::engine {
 
+// One row of the mapping above: drover's tensor name, HF's (without a module prefix), and
+// whether HF stores the matrix transposed.
+struct HfGpt2Name {
+  std::string drover;
+  std::string hf;
+  bool transposed = false;
+};
+
+// The whole mapping for `num_layers` layers, in HF's state-dict order.
+std::vector<HfGpt2Name> HfGpt2Names(int num_layers);
+
 // The model's parameters as HF GPT-2 tensors, in HF's state-dict order (wte, wpe, h.0 ...
 // h.L-1, ln_f). Copies: the model is left as it is.
 std::vector<SafetensorsTensor> HfGpt2Tensors(const Gpt& model);
@@ -38,5 +52,22 @@ std::vector<SafetensorsTensor> HfGpt2Tensors(const Gpt& model);
 // Metadata that transformers expects ("format": "pt") and the model's shape under the keys
 // of GPT2Config (n_layer, n_head, n_embd, n_positions, vocab_size).
 std::map<std::string, std::string> HfGpt2Metadata(const GptConfig& config);
+
+// The shape of the GPT-2 in a safetensors file. The tensors give all of it but the number of
+// heads: that comes from the file's metadata when drover wrote it (HfGpt2Metadata), and
+// otherwise from the `config.json` beside the file, as the Hub and `save_pretrained` lay a
+// model out. That config must describe what drover's model computes (model_type gpt2, a
+// tanh GELU, LayerNorm eps 1e-5, an MLP of 4 x n_embd, attention scaled by 1/sqrt(head
+// size) alone); each difference is an InvalidArgument naming the key, its value and what
+// would do. Tensor names may carry GPT2LMHeadModel's "transformer." prefix or none.
+StatusOr<GptConfig> ReadHfGpt2Config(const SafetensorsFile& file);
+
+// Builds the model in the safetensors file at `path`: every tensor of the mapping, of the
+// shape it must have and any dtype SafetensorsFile reads (F16 and BF16 widen exactly), the
+// padded vocabulary rows zero. The attention-mask buffers older transformers saved are
+// skipped, and an `lm_head.weight` must equal `wte.weight` (drover ties them); any other
+// tensor is an InvalidArgument naming it, so a model of another architecture is refused
+// rather than half loaded. Errors name the path.
+StatusOr<std::unique_ptr<Gpt>> LoadHfGpt2(const std::string& path);
 
 }  // namespace drover::engine

@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "worker/engine/model/hf_gpt2.h"
+#include "worker/engine/model/safetensors.h"
+
 namespace drover::engine {
 namespace {
 
@@ -88,6 +91,66 @@ StatusOr<GptConfig> ParseHeader(const int32_t* h, const std::string& path) {
   return c;
 }
 
+StatusOr<GptConfig> ReadLlmcConfig(const std::string& path) {
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) return ErrnoToStatus(errno, "opening model file " + path);
+  int32_t header[kHeaderInts];
+  if (std::fread(header, 1, kHeaderBytes, f.get()) != kHeaderBytes) {
+    return DataLossError(path + ": file too short for the 1024-byte model header");
+  }
+  return ParseHeader(header, path);
+}
+
+StatusOr<std::unique_ptr<Gpt>> LoadLlmcModelFile(const std::string& path) {
+  ASSIGN_OR_RETURN(GptConfig config, ReadLlmcConfig(path));
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "stat " + path);
+  const unsigned __int128 expected = ExpectedFileBytes(config);
+  if (static_cast<unsigned __int128>(st.st_size) != expected) {
+    return DataLossError(path + ": file size " + std::to_string(st.st_size) +
+                         " bytes does not match the header's shapes (expected " +
+                         ToString(expected) + " bytes)");
+  }
+  // The closed form must agree with the layout the model is built from.
+  DROVER_CHECK(kHeaderBytes + GptNumParams(config) * sizeof(float) == expected);
+  auto model = std::make_unique<Gpt>(config);
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) return ErrnoToStatus(errno, "opening model file " + path);
+  if (std::fseek(f.get(), kHeaderBytes, SEEK_SET) != 0) {
+    return ErrnoToStatus(errno, "seeking in " + path);
+  }
+  for (const Segment& s : FileOrder(model->tensors(), config.num_layers)) {
+    if (std::fread(model->params() + s.offset, sizeof(float), s.numel, f.get()) != s.numel) {
+      return DataLossError(path + ": short read of the parameters");
+    }
+  }
+  return model;
+}
+
+// True when `path` opens as a safetensors file rather than an llm.c one. A file too short to
+// tell is left to the llm.c reader, whose message names what is missing.
+bool IsSafetensors(const std::string& path) {
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  char head[9];
+  return f && std::fread(head, 1, sizeof(head), f.get()) == sizeof(head) &&
+         LooksLikeSafetensors(std::string_view(head, sizeof(head)));
+}
+
+// A run that diverged still saves its model. Evaluated, it printed "loss nan" as if that were
+// a result; sampled, it gave noise. Either way the file is unusable: say so at the load.
+Status CheckFinite(const Gpt& model, const std::string& path) {
+  for (const TensorInfo& t : model.tensors()) {
+    const float* p = model.params() + t.offset;
+    const float* bad = std::find_if(p, p + t.numel, [](float v) { return !std::isfinite(v); });
+    if (bad != p + t.numel) {
+      return DataLossError(path + ": the model file has non-finite weights in tensor " + t.name +
+                           " (element " + std::to_string(bad - p) + " is " +
+                           (std::isnan(*bad) ? "nan" : "inf") + ")");
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 Status SaveModelFile(const Gpt& model, const std::string& path, FileSystem* fs) {
@@ -119,49 +182,17 @@ Status SaveModelFile(const GptConfig& c, const float* params, const std::string&
 }
 
 StatusOr<GptConfig> ReadModelFileConfig(const std::string& path) {
-  FilePtr f(std::fopen(path.c_str(), "rb"));
-  if (!f) return ErrnoToStatus(errno, "opening model file " + path);
-  int32_t header[kHeaderInts];
-  if (std::fread(header, 1, kHeaderBytes, f.get()) != kHeaderBytes) {
-    return DataLossError(path + ": file too short for the 1024-byte model header");
+  if (IsSafetensors(path)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+    return ReadHfGpt2Config(*file);
   }
-  return ParseHeader(header, path);
+  return ReadLlmcConfig(path);
 }
 
 StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& path) {
-  ASSIGN_OR_RETURN(GptConfig config, ReadModelFileConfig(path));
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "stat " + path);
-  const unsigned __int128 expected = ExpectedFileBytes(config);
-  if (static_cast<unsigned __int128>(st.st_size) != expected) {
-    return DataLossError(path + ": file size " + std::to_string(st.st_size) +
-                         " bytes does not match the header's shapes (expected " +
-                         ToString(expected) + " bytes)");
-  }
-  // The closed form must agree with the layout the model is built from.
-  DROVER_CHECK(kHeaderBytes + GptNumParams(config) * sizeof(float) == expected);
-  auto model = std::make_unique<Gpt>(config);
-  FilePtr f(std::fopen(path.c_str(), "rb"));
-  if (!f) return ErrnoToStatus(errno, "opening model file " + path);
-  if (std::fseek(f.get(), kHeaderBytes, SEEK_SET) != 0) {
-    return ErrnoToStatus(errno, "seeking in " + path);
-  }
-  for (const Segment& s : FileOrder(model->tensors(), config.num_layers)) {
-    if (std::fread(model->params() + s.offset, sizeof(float), s.numel, f.get()) != s.numel) {
-      return DataLossError(path + ": short read of the parameters");
-    }
-  }
-  // A run that diverged still saves its model. Evaluated, it printed "loss nan" as if that
-  // were a result; sampled, it gave noise. Either way the file is unusable: say so here.
-  for (const TensorInfo& t : model->tensors()) {
-    const float* p = model->params() + t.offset;
-    const float* bad = std::find_if(p, p + t.numel, [](float v) { return !std::isfinite(v); });
-    if (bad != p + t.numel) {
-      return DataLossError(path + ": the model file has non-finite weights in tensor " + t.name +
-                           " (element " + std::to_string(bad - p) + " is " +
-                           (std::isnan(*bad) ? "nan" : "inf") + ")");
-    }
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model,
+                   IsSafetensors(path) ? LoadHfGpt2(path) : LoadLlmcModelFile(path));
+  RETURN_IF_ERROR(CheckFinite(*model, path));
   return model;
 }
 

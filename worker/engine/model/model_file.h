@@ -31,12 +31,16 @@ Status SaveModelFile(const Gpt& model, const std::string& path,
 Status SaveModelFile(const GptConfig& config, const float* params, const std::string& path,
                      FileSystem* fs = FileSystem::Default());
 
+// Both readers below also take a Hugging Face GPT-2 safetensors file (hf_gpt2.h), told from
+// an llm.c file by its first bytes, so every place that takes a model (train.init_from,
+// drover sample, eval and export) takes either.
+
 // Reads the header only. NotFound, DataLoss (short file, wrong magic), InvalidArgument
 // (unsupported version, inconsistent shapes); messages name the file and the field.
 StatusOr<GptConfig> ReadModelFileConfig(const std::string& path);
 
 // Builds a model from `path`. Errors as ReadModelFileConfig, plus DataLoss when the file
-// size does not match the header's shapes.
+// size does not match the header's shapes or a weight is not finite.
 StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& path);
 
 }  // namespace drover::engine

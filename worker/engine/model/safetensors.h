@@ -1,5 +1,6 @@
-// The safetensors file format (Hugging Face), write side, fp32 only: how drover hands a
-// model to PyTorch / transformers tooling without pickles.
+// The safetensors file format (Hugging Face): how drover hands a model to PyTorch /
+// transformers tooling without pickles (write side, fp32), and takes one from them (read
+// side: F32, F16, BF16 and F64 tensors, widened or narrowed to fp32).
 //
 // Layout: an 8-byte little-endian unsigned header length N, then N bytes of UTF-8 JSON,
 // then the raw tensor bytes. The JSON maps each tensor name to {"dtype": "F32", "shape":
@@ -14,7 +15,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/file_system.h"
@@ -39,5 +42,56 @@ StatusOr<std::string> SafetensorsHeader(const std::vector<SafetensorsTensor>& te
 Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                         const std::map<std::string, std::string>& metadata,
                         FileSystem* fs = FileSystem::Default());
+
+// True when `head` (a file's first bytes, at least 9 of them) can open a safetensors file:
+// a little-endian header length, then the header's opening brace. An llm.c model file starts
+// with its magic 20240326 and zeros, which never can.
+bool LooksLikeSafetensors(std::string_view head);
+
+// One tensor of a file's header. `begin` and `end` are byte offsets into the data that
+// follows the header.
+struct SafetensorsEntry {
+  std::string dtype;  // "F32", "F16", "BF16", "F64", or another the reader refuses to read
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t numel() const;
+};
+
+// A safetensors file opened for reading: its header parsed and checked against the file's
+// size, the data read tensor by tensor on request (a model several times the size of memory's
+// spare room is never read whole). Not thread-safe; the file stays open while it lives.
+class SafetensorsFile {
+ public:
+  // NotFound / the OS's error when the file cannot be opened; DataLoss when it is not a
+  // safetensors file or its header is malformed (a header over 100 MB, as the format caps
+  // it; JSON that does not parse; an entry without a dtype, shape or data offsets; offsets
+  // past the file's end, or that do not match the shape and dtype). Messages name the path
+  // and the tensor.
+  static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, SafetensorsEntry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  // Tensor `name`'s numel() values as fp32, row-major, into `out`: F16 and BF16 widen
+  // exactly, F64 rounds to nearest. NotFound for an unknown name, InvalidArgument for a dtype
+  // it cannot read, DataLoss for a short read.
+  Status ReadFloats(const std::string& name, float* out) const;
+
+ private:
+  SafetensorsFile(std::string path, int fd, uint64_t data_offset)
+      : path_(std::move(path)), fd_(fd), data_offset_(data_offset) {}
+  Status ParseHeader(std::string_view json, uint64_t data_bytes);
+
+  std::string path_;
+  int fd_;
+  uint64_t data_offset_;  // where the data begins in the file: 8 + the header's length
+  std::map<std::string, SafetensorsEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace drover::engine

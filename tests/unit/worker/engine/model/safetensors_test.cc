@@ -1,13 +1,17 @@
 // The safetensors writer: the header the format specifies, the data back to back after it,
-// refusals of tensors it cannot describe, and atomic replacement on a failing disk.
+// refusals of tensors it cannot describe, and atomic replacement on a failing disk. The
+// reader: what the writer wrote, every 16-bit value widened exactly, and a clear DataLoss for
+// a damaged header.
 #include "worker/engine/model/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
@@ -107,6 +111,123 @@ TEST_F(SafetensorsFileTest, AFailedWriteLeavesTheOldFileAndNoTemporary) {
   EXPECT_EQ(st.code(), StatusCode::kResourceExhausted) << st;
   EXPECT_EQ(*ReadFileToString(path), *before);
   EXPECT_EQ(Names(), std::vector<std::string>{"m.safetensors"});
+}
+
+TEST_F(SafetensorsFileTest, TheReaderReadsWhatTheWriterWrote) {
+  const std::string path = dir_ + "/m.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, TwoTensors(), {{"format", "pt"}, {"n_head", "2"}}).ok());
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ((*file)->metadata().at("n_head"), "2");
+  ASSERT_EQ((*file)->tensors().size(), 2u);
+  const SafetensorsEntry& b = (*file)->tensors().at("b.weight");
+  EXPECT_EQ(b.dtype, "F32");
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(b.numel(), 6u);
+  std::vector<float> got(6);
+  ASSERT_TRUE((*file)->ReadFloats("b.weight", got.data()).ok());
+  EXPECT_EQ(got, TwoTensors()[0].data);
+  got.resize(3);
+  ASSERT_TRUE((*file)->ReadFloats("a.bias", got.data()).ok());
+  EXPECT_EQ(got, TwoTensors()[1].data);
+  EXPECT_EQ((*file)->ReadFloats("c", got.data()).code(), StatusCode::kNotFound);
+}
+
+// A header and data written by hand: {"x": {dtype, shape, offsets}} over `data`.
+void WriteOne(const std::string& path, const std::string& dtype, std::vector<int64_t> shape,
+              const std::string& data, std::string json = "") {
+  if (json.empty()) {
+    json =
+        nlohmann::json{
+            {"x", {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {0, data.size()}}}}}
+            .dump();
+  }
+  const uint64_t n = json.size();
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  ASSERT_TRUE(WriteFileAtomic(path, bytes + json + data).ok());
+}
+
+template <typename T>
+std::string Bytes(std::initializer_list<T> values) {
+  std::string s;
+  for (T v : values) s.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  return s;
+}
+
+TEST_F(SafetensorsFileTest, SixteenBitAndDoubleTensorsAreReadAsFloats) {
+  const std::string path = dir_ + "/m.safetensors";
+  struct Case {
+    const char* dtype;
+    std::string data;
+    std::vector<float> want;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Case& c :
+       {// 1, -2, 65504 (largest), 2^-14 (smallest normal), 2^-24 and 1023 x 2^-24
+        // (subnormals), -0, inf
+        Case{"F16",
+             Bytes<uint16_t>({0x3C00, 0xC000, 0x7BFF, 0x0400, 0x0001, 0x03FF, 0x8000, 0x7C00}),
+             {1, -2, 65504, 0x1p-14f, 0x1p-24f, 1023 * 0x1p-24f, -0.0f, inf}},
+        Case{"BF16", Bytes<uint16_t>({0x3F80, 0xC0A0, 0x0001, 0xFF80}), {1, -5, 0x1p-133f, -inf}},
+        Case{"F64", Bytes<double>({0.1, -3.0}), {0.1f, -3.0f}}}) {
+    WriteOne(path, c.dtype, {static_cast<int64_t>(c.want.size())}, c.data);
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    std::vector<float> got(c.want.size());
+    ASSERT_TRUE((*file)->ReadFloats("x", got.data()).ok()) << c.dtype;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], c.want[i]) << c.dtype << " [" << i << "]";
+      EXPECT_EQ(std::signbit(got[i]), std::signbit(c.want[i])) << c.dtype << " [" << i << "]";
+    }
+  }
+  WriteOne(path, "F16", {1}, Bytes<uint16_t>({0x7E00}));
+  float nan = 0;
+  ASSERT_TRUE((*SafetensorsFile::Open(path))->ReadFloats("x", &nan).ok());
+  EXPECT_TRUE(std::isnan(nan));
+  WriteOne(path, "I32", {1}, Bytes<int32_t>({7}));
+  Status st = (*SafetensorsFile::Open(path))->ReadFloats("x", &nan);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("dtype I32"), std::string::npos) << st;
+}
+
+TEST_F(SafetensorsFileTest, ADamagedHeaderIsDataLossNamingWhatIsWrong) {
+  const std::string path = dir_ + "/m.safetensors";
+  const std::string four = Bytes<float>({1, 2, 3, 4});
+  struct Case {
+    std::string json;
+    const char* says;
+  };
+  for (const Case& c :
+       {Case{R"({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 20]}})",
+             "offsets outside the file's 16 bytes"},
+        Case{R"({"x": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}})",
+             "holds 16 bytes, its shape and dtype F32 need 20"},
+        Case{R"({"x": {"dtype": "F32", "shape": [4294967296, 4294967296], )"
+             R"("data_offsets": [0, 16]}})",
+             "F32 need over 2^64"},
+        Case{R"({"x": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}})",
+             "no shape of non-negative integers"},
+        Case{R"({"x": {"shape": [4], "data_offsets": [0, 16]}})", "'x' has no dtype"},
+        Case{R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, )"
+             R"("y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+             "two tensors share the bytes from 4"},
+        Case{R"({"x": )", "not a JSON object"}, Case{R"([1, 2])", "not a JSON object"}}) {
+    WriteOne(path, "", {}, four, c.json);
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_FALSE(file.ok()) << c.json;
+    EXPECT_EQ(file.status().code(), StatusCode::kDataLoss) << c.json;
+    EXPECT_NE(file.status().message().find(c.says), std::string::npos) << file.status();
+    EXPECT_NE(file.status().message().find(path), std::string::npos) << file.status();
+  }
+  const uint64_t huge = uint64_t{1} << 40;
+  ASSERT_TRUE(
+      WriteFileAtomic(path, std::string(reinterpret_cast<const char*>(&huge), 8) + "{}").ok());
+  auto file = SafetensorsFile::Open(path);
+  EXPECT_EQ(file.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(file.status().message().find("not a safetensors file"), std::string::npos)
+      << file.status();
+  EXPECT_FALSE(LooksLikeSafetensors(std::string(reinterpret_cast<const char*>(&huge), 8) + "{"));
+  EXPECT_EQ(SafetensorsFile::Open(dir_ + "/absent").status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace
