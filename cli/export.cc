@@ -1,5 +1,7 @@
-// `drover export MODEL --format safetensors [-o OUT]`: an llm.c model file as a Hugging Face
-// GPT-2 safetensors file (worker/engine/model/hf_gpt2.h has the names and the transposes).
+// `drover export MODEL --format safetensors [-o OUT]`: a model file as a Hugging Face GPT-2
+// safetensors file (worker/engine/model/hf_gpt2.h has the names and the transposes).
+// `--format hf [-o DIR]`: the same tensors as DIR/model.safetensors with DIR/config.json
+// beside them, the directory `GPT2LMHeadModel.from_pretrained(DIR)` reads.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -17,19 +19,21 @@ namespace {
 struct ExportFlags {
   std::string model_path;
   std::string format = "safetensors";
-  std::string out;  // empty: MODEL with its extension replaced by .safetensors
+  std::string out;  // empty: MODEL with its extension replaced by .safetensors, or by -hf
 };
 
-std::string DefaultOutput(const std::string& model_path) {
+std::string DefaultOutput(const std::string& model_path, const std::string& suffix) {
   const size_t slash = model_path.find_last_of('/');
   const size_t dot = model_path.find_last_of('.');
   const bool has_ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
-  return (has_ext ? model_path.substr(0, dot) : model_path) + ".safetensors";
+  return (has_ext ? model_path.substr(0, dot) : model_path) + suffix;
 }
 
 int RunExport(const ExportFlags& f) {
-  if (f.format != "safetensors") {
-    std::fprintf(stderr, "drover export: --format '%s' is not supported (supported: safetensors)\n",
+  const bool hf_dir = f.format == "hf";
+  if (f.format != "safetensors" && !hf_dir) {
+    std::fprintf(stderr,
+                 "drover export: --format '%s' is not supported (supported: safetensors, hf)\n",
                  f.format.c_str());
     return kExitUsage;
   }
@@ -44,19 +48,36 @@ int RunExport(const ExportFlags& f) {
     std::fprintf(stderr, "drover export: %s\n", model.status().message().c_str());
     return kExitUsage;
   }
-  const std::string out = f.out.empty() ? DefaultOutput(f.model_path) : f.out;
-  if (!IsDirectory(Dirname(out))) {
-    std::fprintf(stderr, "drover export: -o %s: directory %s does not exist\n", out.c_str(),
-                 Dirname(out).c_str());
+  const std::string target =
+      !f.out.empty() ? f.out : DefaultOutput(f.model_path, hf_dir ? "-hf" : ".safetensors");
+  if (!IsDirectory(Dirname(target))) {
+    std::fprintf(stderr, "drover export: -o %s: directory %s does not exist\n", target.c_str(),
+                 Dirname(target).c_str());
     return kExitUsage;
   }
+  if (hf_dir && PathExists(target) && !IsDirectory(target)) {
+    std::fprintf(stderr, "drover export: -o %s is a file; --format hf writes a directory\n",
+                 target.c_str());
+    return kExitUsage;
+  }
+  if (hf_dir) {
+    if (Status st = MakeDirs(target); !st.ok()) {
+      std::fprintf(stderr, "drover export: %s\n", st.message().c_str());
+      return kExitFailure;
+    }
+  }
+  const std::string out = hf_dir ? target + "/model.safetensors" : target;
   const auto tensors = engine::HfGpt2Tensors(**model);
   Status st = engine::WriteSafetensors(out, tensors, engine::HfGpt2Metadata((*model)->config()));
+  if (st.ok() && hf_dir) {
+    st = WriteFileAtomic(target + "/config.json", engine::HfGpt2ConfigJson((*model)->config()));
+  }
   if (!st.ok()) {
-    std::fprintf(stderr, "drover export: writing %s: %s\n", out.c_str(), st.message().c_str());
+    std::fprintf(stderr, "drover export: writing %s: %s\n", target.c_str(), st.message().c_str());
     return kExitFailure;
   }
-  std::printf("wrote %s (%zu tensors, HF GPT-2 names)\n", out.c_str(), tensors.size());
+  std::printf("wrote %s (%zu tensors, HF GPT-2 names%s)\n", hf_dir ? target.c_str() : out.c_str(),
+              tensors.size(), hf_dir ? "; model.safetensors and config.json" : "");
   return kExitOk;
 }
 
@@ -65,8 +86,12 @@ CommandRun SetupExport(CLI::App* app, GlobalOptions*) {
   app->add_option("model", f->model_path,
                   "llm.c model file (as `drover train` writes) or HF GPT-2 safetensors")
       ->required();
-  app->add_option("--format", f->format, "output format (safetensors)")->capture_default_str();
-  app->add_option("-o,--out", f->out, "output file (default: MODEL with .safetensors)");
+  app->add_option("--format", f->format,
+                  "safetensors (one file) | hf (a directory for transformers' from_pretrained)")
+      ->capture_default_str();
+  app->add_option("-o,--out", f->out,
+                  "output file, or directory with --format hf (default: MODEL with .safetensors "
+                  "or -hf)");
   return [f] { return RunExport(*f); };
 }
 

@@ -11,7 +11,8 @@ from the safetensors tensors (F.layer_norm, the Conv1D layout x @ W, tanh GELU, 
 softmax attention, LM head tied to wte) and compares with drover's logits within 1e-4.
 When the `transformers` package is importable it also loads the file into
 GPT2LMHeadModel (strict about every tensor but the attention-mask buffers) and compares
-that model's logits too, and checks the other direction: a GPT2LMHeadModel with random
+that model's logits too, then `from_pretrained` on `drover export --format hf`'s
+directory, and checks the other direction: a GPT2LMHeadModel with random
 weights saved by `save_pretrained` (float32, then bfloat16), loaded by drover from that
 directory (model.safetensors and config.json), gives transformers' logits.
 """
@@ -105,6 +106,23 @@ def check_load(tool, tmp, device):
         model = model.to(torch.float32).cpu()
 
 
+def check_from_pretrained(drover, tool, model, tmp, device):
+    """drover export --format hf's directory, read by GPT2LMHeadModel.from_pretrained."""
+    import transformers
+    out = os.path.join(tmp, "hf_dir")
+    sc.run([drover, "export", model, "--format", "hf", "-o", out])
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).to(torch.float64).to(device).eval()
+    with torch.no_grad():
+        want = hf(torch.tensor([sc.TOKENS], device=device)).logits[0]
+    p = sc.run([tool, "logits", model, "--tokens", ",".join(map(str, sc.TOKENS))])
+    got = torch.tensor(json.loads(p.stdout)["logits"], dtype=torch.float64, device=device)
+    worst = (want - got).abs().max().item()
+    print("hf_gpt2_check: from_pretrained(drover export --format hf) vs drover: max |diff| %.3g"
+          % worst)
+    if not worst <= sc.TOLERANCE:
+        sc.fail("from_pretrained's logits differ from drover's by %.3g" % worst)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bindir")
@@ -143,6 +161,7 @@ def main():
             if not worst <= sc.TOLERANCE:
                 sc.fail("GPT2LMHeadModel logits differ from drover's by %.3g" % worst)
             check_load(tool, tmp, args.device)
+            check_from_pretrained(drover, tool, model, tmp, args.device)
     print("hf_gpt2_check: PASS")
 
 

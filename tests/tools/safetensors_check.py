@@ -13,9 +13,12 @@ library only (json, struct): no numpy, torch or safetensors package.
    the HF GPT-2 names and Conv1D transposes.
 4. A GPT-2 forward written here in plain Python (double precision) from the safetensors
    tensors gives drover's logits (drover-gpt-logits logits) within 1e-4.
-5. Bad input: a missing file, a directory, a file with the wrong magic, an unknown
-   --format and an output directory that does not exist exit 2 with a message naming the
-   problem.
+5. `--format hf` writes a directory of the same model.safetensors (byte for byte) and a
+   config.json with GPT2Config's keys for this model; drover reads the directory's file back
+   to the same logits (the other direction of the format).
+6. Bad input: a missing file, a directory, a file with the wrong magic, an unknown
+   --format, an output directory that does not exist and --format hf onto a file exit 2
+   with a message naming the problem.
 Exit status 0 when every check passes; the first failure is printed and exits 1.
 """
 import json
@@ -281,6 +284,29 @@ def main():
               "%.3g over %dx%d logits of magnitude up to %.3g" %
               (worst, len(TOKENS), V, scale))
 
+        hf_dir = os.path.join(tmp, "hf")
+        run([drover, "export", model, "--format", "hf", "-o", hf_dir])
+        if sorted(os.listdir(hf_dir)) != ["config.json", "model.safetensors"]:
+            fail("--format hf wrote %s" % sorted(os.listdir(hf_dir)))
+        with open(os.path.join(hf_dir, "model.safetensors"), "rb") as a, open(out, "rb") as b:
+            if a.read() != b.read():
+                fail("--format hf's model.safetensors differs from --format safetensors' file")
+        with open(os.path.join(hf_dir, "config.json")) as f:
+            config = json.load(f)
+        want_config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+                       "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+                       "n_layer": L, "n_head": NH, "n_embd": C, "n_positions": MAXT,
+                       "vocab_size": V, "tie_word_embeddings": True}
+        for k, val in want_config.items():
+            if config.get(k) != val:
+                fail("config.json %s is %r, expected %r" % (k, config.get(k), val))
+        p = run([tool, "logits", os.path.join(hf_dir, "model.safetensors"), "--tokens",
+                 ",".join(map(str, TOKENS))])
+        if json.loads(p.stdout)["logits"] != theirs:
+            fail("the exported safetensors file, read back by drover, gives other logits")
+        print("safetensors_check: --format hf wrote model.safetensors and config.json; drover "
+              "reads the file back to the same logits")
+
         # Bad input: exit 2 and a message that names the problem.
         missing = os.path.join(tmp, "nope.bin")
         p = run([drover, "export", missing, "--format", "safetensors"], expect_rc=2)
@@ -303,6 +329,9 @@ def main():
                 expect_rc=2)
         if "does not exist" not in p.stderr:
             fail("missing output directory: message %r" % p.stderr)
+        p = run([drover, "export", model, "--format", "hf", "-o", out], expect_rc=2)
+        if "is a file" not in p.stderr:
+            fail("--format hf onto a file: message %r" % p.stderr)
         if os.path.exists(os.path.join(tmp, "x.safetensors")):
             fail("a refused export left an output file")
         print("safetensors_check: bad input exits 2 with a clear message")

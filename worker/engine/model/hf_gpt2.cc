@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 namespace drover::engine {
@@ -78,6 +79,33 @@ std::map<std::string, std::string> HfGpt2Metadata(const GptConfig& c) {
           {"n_embd", std::to_string(c.channels)},
           {"n_positions", std::to_string(c.max_seq_len)},
           {"vocab_size", std::to_string(c.vocab_size)}};
+}
+
+std::string HfGpt2ConfigJson(const GptConfig& c) {
+  constexpr int kGpt2Vocab = 50257;
+  nlohmann::ordered_json j = {{"architectures", {"GPT2LMHeadModel"}},
+                              {"model_type", "gpt2"},
+                              {"activation_function", "gelu_new"},
+                              {"n_layer", c.num_layers},
+                              {"n_head", c.num_heads},
+                              {"n_embd", c.channels},
+                              {"n_positions", c.max_seq_len},
+                              {"n_ctx", c.max_seq_len},
+                              {"n_inner", nullptr},
+                              {"vocab_size", c.vocab_size},
+                              {"layer_norm_epsilon", 1e-5},
+                              {"resid_pdrop", 0.0},
+                              {"embd_pdrop", 0.0},
+                              {"attn_pdrop", 0.0},
+                              {"scale_attn_weights", true},
+                              {"scale_attn_by_inverse_layer_idx", false},
+                              {"tie_word_embeddings", true},
+                              {"torch_dtype", "float32"}};
+  if (c.vocab_size == kGpt2Vocab) {
+    j["bos_token_id"] = kGpt2Vocab - 1;
+    j["eos_token_id"] = kGpt2Vocab - 1;
+  }
+  return j.dump(2) + "\n";
 }
 
 }  // namespace drover::engine

@@ -53,6 +53,12 @@ std::vector<SafetensorsTensor> HfGpt2Tensors(const Gpt& model);
 // of GPT2Config (n_layer, n_head, n_embd, n_positions, vocab_size).
 std::map<std::string, std::string> HfGpt2Metadata(const GptConfig& config);
 
+// A transformers GPT2Config (`config.json`) for `config`, so that
+// `GPT2LMHeadModel.from_pretrained(dir)` takes a directory holding it beside the tensors: the
+// sizes, and what drover's model computes (tanh GELU, LayerNorm eps 1e-5, tied embeddings).
+// Dropout is 0: drover trains without it. GPT-2's <|endoftext|> ids only with its vocabulary.
+std::string HfGpt2ConfigJson(const GptConfig& config);
+
 // The shape of the GPT-2 in a safetensors file. The tensors give all of it but the number of
 // heads: that comes from the file's metadata when drover wrote it (HfGpt2Metadata), and
 // otherwise from the `config.json` beside the file, as the Hub and `save_pretrained` lay a

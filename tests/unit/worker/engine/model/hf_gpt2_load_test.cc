@@ -218,6 +218,27 @@ TEST_F(HfGpt2LoadTest, AConfigDroversModelDoesNotComputeIsRefusedNamingTheKey) {
   EXPECT_NE(st.message().find("n_head missing"), std::string::npos) << st.message();
 }
 
+TEST_F(HfGpt2LoadTest, TheConfigJsonDroverWritesDescribesTheModel) {
+  std::vector<RawTensor> tensors;
+  for (const SafetensorsTensor& t : HfGpt2Tensors(*model_))
+    tensors.push_back(Encode(t, "F32", t.name));
+  WriteRaw(Path("model.safetensors"), tensors,
+           {{"format", "pt"}});  // the head count: config.json's
+  std::ofstream(Path("config.json")) << HfGpt2ConfigJson(kConfig);
+  auto loaded = LoadModelFile(Path("model.safetensors"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameModel(**loaded, *model_);
+  const auto j = nlohmann::json::parse(HfGpt2ConfigJson(kConfig));
+  EXPECT_EQ(j["architectures"], nlohmann::json({"GPT2LMHeadModel"}));
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  EXPECT_EQ(j["resid_pdrop"], 0.0);
+  EXPECT_FALSE(j.contains("eos_token_id"))
+      << "GPT-2's <|endoftext|> id is not in a 37-token vocabulary";
+  GptConfig gpt2 = kConfig;
+  gpt2.vocab_size = 50257;
+  EXPECT_EQ(nlohmann::json::parse(HfGpt2ConfigJson(gpt2))["eos_token_id"], 50256);
+}
+
 TEST_F(HfGpt2LoadTest, WithoutMetadataOrConfigJsonTheMissingHeadCountIsNamed) {
   WriteRaw(Path("model.safetensors"), SavePretrainedTensors(*model_, "F32"), {{"format", "pt"}});
   Status st = LoadModelFile(Path("model.safetensors")).status();
