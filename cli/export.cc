@@ -38,11 +38,6 @@ int RunExport(const ExportFlags& f) {
     return kExitUsage;
   }
   // A missing, short or foreign file is bad input (2), like in `drover eval`.
-  if (IsDirectory(f.model_path)) {
-    std::fprintf(stderr, "drover export: %s is a directory, not a model file\n",
-                 f.model_path.c_str());
-    return kExitUsage;
-  }
   auto model = engine::LoadModelFile(f.model_path);
   if (!model.ok()) {
     std::fprintf(stderr, "drover export: %s\n", model.status().message().c_str());

@@ -16,9 +16,9 @@ library only (json, struct): no numpy, torch or safetensors package.
 5. `--format hf` writes a directory of the same model.safetensors (byte for byte) and a
    config.json with GPT2Config's keys for this model; drover reads the directory's file back
    to the same logits (the other direction of the format).
-6. Bad input: a missing file, a directory, a file with the wrong magic, an unknown
-   --format, an output directory that does not exist and --format hf onto a file exit 2
-   with a message naming the problem.
+6. Bad input: a missing file, a directory without a model.safetensors, a file with the
+   wrong magic, an unknown --format, an output directory that does not exist and --format
+   hf onto a file exit 2 with a message naming the problem.
 Exit status 0 when every check passes; the first failure is printed and exits 1.
 """
 import json
@@ -322,9 +322,11 @@ def main():
         p = run([drover, "export", model, "--format", "onnx"], expect_rc=2)
         if "onnx" not in p.stderr or "safetensors" not in p.stderr:
             fail("unknown format: message %r" % p.stderr)
-        p = run([drover, "export", tmp], expect_rc=2)
-        if "is a directory" not in p.stderr:
-            fail("directory as model: message %r" % p.stderr)
+        empty = os.path.join(tmp, "empty")
+        os.mkdir(empty)
+        p = run([drover, "export", empty], expect_rc=2)
+        if "is a directory" not in p.stderr or "model.safetensors" not in p.stderr:
+            fail("directory without a model as model: message %r" % p.stderr)
         p = run([drover, "export", model, "-o", os.path.join(tmp, "no", "x.safetensors")],
                 expect_rc=2)
         if "does not exist" not in p.stderr:

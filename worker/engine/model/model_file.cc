@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/files.h"
 #include "worker/engine/model/hf_gpt2.h"
 #include "worker/engine/model/safetensors.h"
 
@@ -127,6 +128,17 @@ StatusOr<std::unique_ptr<Gpt>> LoadLlmcModelFile(const std::string& path) {
   return model;
 }
 
+// The file a model path names: itself, or for a directory (as transformers' from_pretrained
+// takes one) the model.safetensors in it.
+StatusOr<std::string> ModelPathIn(const std::string& path) {
+  if (!IsDirectory(path)) return path;
+  const std::string inside = path + "/model.safetensors";
+  if (PathExists(inside)) return inside;
+  return InvalidArgumentError(path +
+                              " is a directory, not a model file, and holds no "
+                              "model.safetensors");
+}
+
 // True when `path` opens as a safetensors file rather than an llm.c one. A file too short to
 // tell is left to the llm.c reader, whose message names what is missing.
 bool IsSafetensors(const std::string& path) {
@@ -181,7 +193,8 @@ Status SaveModelFile(const GptConfig& c, const float* params, const std::string&
   });
 }
 
-StatusOr<GptConfig> ReadModelFileConfig(const std::string& path) {
+StatusOr<GptConfig> ReadModelFileConfig(const std::string& given) {
+  ASSIGN_OR_RETURN(const std::string path, ModelPathIn(given));
   if (IsSafetensors(path)) {
     ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
     return ReadHfGpt2Config(*file);
@@ -189,7 +202,8 @@ StatusOr<GptConfig> ReadModelFileConfig(const std::string& path) {
   return ReadLlmcConfig(path);
 }
 
-StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& path) {
+StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& given) {
+  ASSIGN_OR_RETURN(const std::string path, ModelPathIn(given));
   ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model,
                    IsSafetensors(path) ? LoadHfGpt2(path) : LoadLlmcModelFile(path));
   RETURN_IF_ERROR(CheckFinite(*model, path));

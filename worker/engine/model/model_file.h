@@ -32,8 +32,9 @@ Status SaveModelFile(const GptConfig& config, const float* params, const std::st
                      FileSystem* fs = FileSystem::Default());
 
 // Both readers below also take a Hugging Face GPT-2 safetensors file (hf_gpt2.h), told from
-// an llm.c file by its first bytes, so every place that takes a model (train.init_from,
-// drover sample, eval and export) takes either.
+// an llm.c file by its first bytes, or a directory holding one as model.safetensors (what
+// from_pretrained takes), so every place that takes a model (train.init_from, drover sample,
+// eval and export) takes any of them.
 
 // Reads the header only. NotFound, DataLoss (short file, wrong magic), InvalidArgument
 // (unsupported version, inconsistent shapes); messages name the file and the field.

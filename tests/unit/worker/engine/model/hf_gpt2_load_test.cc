@@ -167,6 +167,24 @@ TEST_F(HfGpt2LoadTest, DroversOwnExportLoadsBackAsTheSameModel) {
   ExpectSameModel(**loaded, *model_);
 }
 
+TEST_F(HfGpt2LoadTest, ADirectoryNamesTheModelSafetensorsInIt) {
+  Status empty = LoadModelFile(dir_).status();
+  EXPECT_EQ(empty.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.message().find("is a directory, not a model file, and holds no "
+                                 "model.safetensors"),
+            std::string::npos)
+      << empty;
+  ASSERT_TRUE(
+      WriteSafetensors(Path("model.safetensors"), HfGpt2Tensors(*model_), HfGpt2Metadata(kConfig))
+          .ok());
+  auto config = ReadModelFileConfig(dir_);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(*config, kConfig);
+  auto loaded = LoadModelFile(dir_);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameModel(**loaded, *model_);
+}
+
 TEST_F(HfGpt2LoadTest, SavePretrainedLayoutLoadsInEachDtype) {
   WriteConfig(Gpt2ConfigJson());
   for (const std::string dtype : {"F32", "F16", "BF16"}) {
