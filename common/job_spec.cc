@@ -243,6 +243,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(resources.threads_per_rank),
       DROVER_SPEC_FIELD(checkpoint.dir),
       DROVER_SPEC_FIELD(checkpoint.every_steps),
+      DROVER_SPEC_FIELD(checkpoint.every_minutes),
       DROVER_SPEC_FIELD(checkpoint.keep_last),
       DROVER_SPEC_FIELD(checkpoint.async),
       DROVER_SPEC_FIELD(fault_tolerance.max_restarts),

@@ -114,9 +114,16 @@ struct ResourcesSpec {
 
 struct CheckpointSpec {
   std::string dir;            // default: <output_dir>/ckpt
-  int64_t every_steps = 200;  // 0 disables periodic checkpoints
+  int64_t every_steps = 200;  // 0 disables periodic checkpoints by steps
+  // Also save once this many minutes have passed since the last checkpoint (or the start of
+  // the attempt), whatever the steps: it bounds the training a failure loses in time, also
+  // when the step time changes (an elastic job shrunk to fewer ranks). 0 = by steps only.
+  double every_minutes = 0;
   int keep_last = 3;
   bool async = true;
+
+  // The job saves checkpoints at all: periodic ones by steps or by time.
+  bool enabled() const { return every_steps > 0 || every_minutes > 0; }
 };
 
 struct SpikeRollbackSpec {

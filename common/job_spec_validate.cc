@@ -325,6 +325,7 @@ class Rules {
 
   Status CheckCheckpoint() const {
     RETURN_IF_ERROR(AtLeast("checkpoint.every_steps", s_.checkpoint.every_steps, 0));
+    RETURN_IF_ERROR(NonNegative("checkpoint.every_minutes", s_.checkpoint.every_minutes));
     return AtLeast("checkpoint.keep_last", s_.checkpoint.keep_last, 1);
   }
 
@@ -349,11 +350,11 @@ class Rules {
     }
     RETURN_IF_ERROR(
         NonNegative("fault_tolerance.replace_stragglers_after_s", f.replace_stragglers_after_s));
-    if (f.replace_stragglers_after_s > 0 && s_.checkpoint.every_steps == 0) {
+    if (f.replace_stragglers_after_s > 0 && !s_.checkpoint.enabled()) {
       return Fail("fault_tolerance.replace_stragglers_after_s",
                   Num(f.replace_stragglers_after_s) +
                       " needs checkpoints: a straggler is replaced at a checkpoint, and "
-                      "checkpoint.every_steps is 0");
+                      "checkpoint.every_steps and checkpoint.every_minutes are 0");
     }
     return OkStatus();
   }

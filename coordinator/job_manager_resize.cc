@@ -34,7 +34,7 @@ std::vector<RunningJob> JobManager::Resizable() const {
   for (const auto& [seq, id] : live_) {
     const Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
-    if (job.spec.checkpoint.every_steps <= 0) continue;
+    if (!job.spec.checkpoint.enabled()) continue;
     out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
                    job.rec.placement_size(), job.feasible});
   }
@@ -95,9 +95,10 @@ StatusOr<int64_t> JobManager::RequestCheckpoint(const std::string& job_id,
     return FailedPreconditionError("job " + job_id + " is " + v1::JobState_Name(job->rec.state()) +
                                    ": only a running job can save a checkpoint");
   }
-  if (job->spec.checkpoint.every_steps <= 0) {
-    return FailedPreconditionError("job " + job_id +
-                                   " saves no checkpoints (its checkpoint.every_steps is 0)");
+  if (!job->spec.checkpoint.enabled()) {
+    return FailedPreconditionError(
+        "job " + job_id +
+        " saves no checkpoints (its checkpoint.every_steps and every_minutes are 0)");
   }
   return AskCheckpoint(*job, reason, /*for_resize=*/false);
 }

@@ -178,6 +178,7 @@ Status Trainer::Init() {
     spike_ = std::make_unique<SpikeDetector>(spec.fault_tolerance.spike_rollback);
   }
   if (is_rank0()) RETURN_IF_ERROR(metrics_.Open(output_dir_ + "/metrics.jsonl"));
+  last_checkpoint_ms_ = Now();  // checkpoint.every_minutes counts from the attempt's start
   // Ranks reach here after start-up work of different lengths (data scans, checkpoint
   // reads); the first collective of the first step must not count that against its
   // deadline.
@@ -376,18 +377,29 @@ bool Trainer::TakeCheckpointRequest() {
   if (!checkpoint_voted_) return false;
   checkpoint_voted_ = false;
   requests_served_ = requests_voted_;  // unchanged on a rank that did not vote
-  if (options_.spec.checkpoint.every_steps <= 0) {
+  if (!options_.spec.checkpoint.enabled()) {
     if (!warned_no_checkpoints_ && is_rank0()) {
       spdlog::warn(
-          "a checkpoint was requested at step {}, but checkpoint.every_steps is 0: "
-          "this job saves no checkpoints",
+          "a checkpoint was requested at step {}, but checkpoint.every_steps and "
+          "checkpoint.every_minutes are 0: this job saves no checkpoints",
           step_);
     }
     warned_no_checkpoints_ = true;
     return false;
   }
-  if (is_rank0()) spdlog::info("saving a checkpoint at step {}: requested", step_);
+  if (is_rank0() && !time_voted_) {
+    spdlog::info("saving a checkpoint at step {}: requested", step_);
+  } else if (is_rank0() && checkpoint_deferred_since_ < 0) {  // said once, not every deferral
+    spdlog::info(
+        "saving a checkpoint at step {}: {:.1f} minutes since the last (checkpoint.every_minutes "
+        "{:g})",
+        step_, time_voted_minutes_, options_.spec.checkpoint.every_minutes);
+  }
   return true;
+}
+
+int64_t Trainer::Now() const {
+  return (options_.clock != nullptr ? options_.clock : SystemClock::Get())->NowMs();
 }
 
 bool Trainer::StopRequested() const {
@@ -409,7 +421,14 @@ StatusOr<StepMetrics> Trainer::Step() {
                                 ? options_.checkpoint_requests->load(std::memory_order_relaxed)
                                 : 0;
   parallel::StepVotes votes;
-  votes.checkpoint = requests != requests_served_;
+  // Rank 0 keeps the time since the last checkpoint (one clock, so the log says why); once
+  // checkpoint.every_minutes is over it votes at the start of a step, and every rank saves
+  // that step, as for a request.
+  const double every_ms = options_.spec.checkpoint.every_minutes * 60'000.0;
+  const int64_t since_ms = Now() - last_checkpoint_ms_;
+  time_voted_ = is_rank0() && every_ms > 0 && since_ms >= every_ms;
+  if (time_voted_) time_voted_minutes_ = since_ms / 60'000.0;
+  votes.checkpoint = requests != requests_served_ || time_voted_;
   if (writer_ != nullptr) {
     const std::optional<std::chrono::milliseconds> saving = writer_->InFlightFor();
     votes.checkpoint_busy = saving.has_value() && (*saving >= options_.checkpoint_defer_after ||
@@ -586,7 +605,7 @@ Status Trainer::Run() {
   // shards are written and committed while rank 0 writes the model.
   std::vector<float> params;
   RETURN_IF_ERROR(model_->GatherGlobal(&params, nullptr, nullptr));
-  if (every_ckpt > 0 && last_checkpoint_step_ != step_) {
+  if (spec.checkpoint.enabled() && last_checkpoint_step_ != step_) {
     last_checkpoint_step_ = step_;
     (void)writer_->Submit(MakeSnapshot());  // an earlier failure was reported already
   }

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/job_spec.h"
 #include "common/parallel_mesh.h"
 #include "common/status.h"
@@ -96,8 +97,8 @@ struct TrainerOptions {
   // Checkpoint requests so far (SIGUSR1: trainer_process.h), read by the training thread.
   // When it has grown, this rank votes in its next step's all-reduce, and every rank saves
   // a checkpoint at the end of the first step any rank voted in, so they agree on the step
-  // without a collective of their own. Ignored (with a warning) when checkpoint.every_steps
-  // is 0. Not owned; nullptr = never.
+  // without a collective of their own. Ignored (with a warning) when the job saves no
+  // checkpoints (checkpoint.every_steps and every_minutes 0). Not owned; nullptr = never.
   const std::atomic<uint64_t>* checkpoint_requests = nullptr;
   // Under a coordinator: metrics lines, checkpoint commits and the model file are written
   // only while this attempt's lease is current (publish_fence.h). Not owned; nullptr = always.
@@ -109,6 +110,8 @@ struct TrainerOptions {
   // The kernel table, when not the one resources.device names (tests run the engine on an
   // emulated device memory through it). Not owned; nullptr = by resources.device.
   Ops* ops = nullptr;
+  // What checkpoint.every_minutes is measured by. Not owned; nullptr = SystemClock.
+  const Clock* clock = nullptr;
 };
 
 // The kernel table resources.device names: CpuOps for "cpu", the CUDA plugin's for
@@ -194,6 +197,7 @@ class Trainer {
   // the bootstrap store for phases longer than the communicators' deadline.
   Status StoreBarrier(const std::string& name);
   bool StopRequested() const;
+  int64_t Now() const;  // options_.clock's NowMs()
   // Whether the step just taken should end with a checkpoint because one was requested
   // (TrainerOptions::checkpoint_requests); marks the votes behind it served.
   bool TakeCheckpointRequest();
@@ -238,6 +242,11 @@ class Trainer {
   bool checkpoint_busy_ = false;
   int64_t checkpoint_deferred_since_ = -1;
   bool warned_no_checkpoints_ = false;
+  // clock NowMs() of the last checkpoint this rank took (or of its start), and whether this
+  // rank voted in the last step because checkpoint.every_minutes had passed since.
+  int64_t last_checkpoint_ms_ = 0;
+  bool time_voted_ = false;
+  double time_voted_minutes_ = 0;  // the time since the last checkpoint at that vote
   // When the last step ended, and WaitSeconds(groups_) then: busy_ms spans from there to the
   // next step's end, so what a rank does between steps (evaluation, checkpoint snapshots,
   // its listener) counts too. Unset before the first step.

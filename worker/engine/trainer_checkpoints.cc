@@ -242,6 +242,7 @@ Status Trainer::SaveOrDeferCheckpoint() {
 
 Status Trainer::SaveCheckpoint(bool async) {
   last_checkpoint_step_ = step_;
+  last_checkpoint_ms_ = Now();
   // A failed write is the disk's trouble, not the job's: it was reported (the listener) and
   // the next interval tries again. Only the barrier's errors (a peer gone) are returned.
   Status written = async ? writer_->Submit(MakeSnapshot(), /*may_give_up=*/true)

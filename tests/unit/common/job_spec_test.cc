@@ -228,8 +228,8 @@ TEST(JobSpecTest, DefaultSpecSerializesEveryKey) {
   const std::string yaml = JobSpecToYaml(spec);
   for (const char* key :
        {"name:", "output_dir:", "vocab_size:", "log_every:", "loss_scale:", "dp: auto",
-        "pp_schedule:", "pp_chunks: auto",
-        "threads_per_rank:", "every_steps:", "skip_steps:", "eps:", "recompute: none"}) {
+        "pp_schedule:", "pp_chunks: auto", "threads_per_rank:", "every_steps:", "every_minutes:",
+        "skip_steps:", "eps:", "recompute: none"}) {
     EXPECT_NE(yaml.find(key), std::string::npos) << key << " missing in\n" << yaml;
   }
   StatusOr<JobSpec> again = ParseJobSpec(yaml);
@@ -613,7 +613,12 @@ const BadCase kBadCases[] = {
      Minimal("fault_tolerance: {replace_stragglers_after_s: 300}\ncheckpoint: {every_steps: 0}\n"),
      {},
      "fault_tolerance.replace_stragglers_after_s (line 3): 300.0 needs checkpoints: a straggler "
-     "is replaced at a checkpoint, and checkpoint.every_steps is 0"},
+     "is replaced at a checkpoint, and checkpoint.every_steps and checkpoint.every_minutes are "
+     "0"},
+    {"NegativeCheckpointMinutes",
+     Minimal("checkpoint: {every_minutes: -1}\n"),
+     {},
+     "checkpoint.every_minutes (line 3): -1.0 is out of range; must be a number at least 0"},
     {"MissingTrainData", "name: t\n", {}, "spec.yaml: data.train: is required"},
     {"MissingName", "data: {train: x}\n", {}, "spec.yaml: name: is required"},
     {"NameWithSpace",

@@ -711,7 +711,12 @@ TEST_F(JobManagerTest, ACheckpointRequestIsRefusedForAJobThatIsNotRunningOrSaves
   auto none = jobs_.RequestCheckpoint("j2", "x");
   EXPECT_EQ(none.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(none.status().message(),
-            "job j2 saves no checkpoints (its checkpoint.every_steps is 0)");
+            "job j2 saves no checkpoints (its checkpoint.every_steps and every_minutes are 0)");
+  // Checkpoints by time alone are checkpoints.
+  ASSERT_TRUE(
+      Submit(SpecYaml(1, 1) + "checkpoint: {every_steps: 0, every_minutes: 30}\n", "j3", 3).ok());
+  Place("j3", 1, {Node("n2", 1)});
+  EXPECT_TRUE(jobs_.RequestCheckpoint("j3", "x").ok());
 }
 
 // A resize waits for a checkpoint, so its plan asks for one at once; the plan withdrawn,

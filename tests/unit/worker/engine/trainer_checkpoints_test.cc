@@ -1,4 +1,5 @@
-// The trainer's checkpoints as the job sees them: requests agreed on by every rank, and
+// The trainer's checkpoints as the job sees them: requests and checkpoint.every_minutes
+// agreed on by every rank, and
 // checkpoints deferred (or given up) rather than waited for in the training thread while a
 // previous one is late or waits on the coordinator.
 #include <gmock/gmock.h>
@@ -56,6 +57,48 @@ TEST_F(TrainerTest, ACheckpointRequestToOneRankIsSavedByEveryRankAtTheStepTheyAg
   }
   EXPECT_FALSE(fs::exists(ckpt / "step_2"));
   EXPECT_FALSE(fs::exists(ckpt / "step_7"));
+}
+
+// checkpoint.every_minutes: rank 0's clock (a fake one, 25 s a step) decides, its vote rides
+// in the step's all-reduce and both ranks save that step. The minutes count from the last
+// checkpoint of either kind, so with checkpoint.every_steps 6 as well the time-due ones fall
+// between those of the steps. The previous save is always waited for here (no deferral), so
+// the steps do not depend on how fast this machine writes.
+struct ClockListener : TrainerListener {
+  void OnStep(const StepMetrics&) override {
+    if (clock != nullptr) clock->AdvanceMs(25'000);
+  }
+  void OnCheckpoint(const v1::CheckpointRecord& record) override { steps.push_back(record.step()); }
+  void OnDone() override {}
+  FakeClock* clock = nullptr;
+  std::vector<int64_t> steps;  // complete checkpoints (rank 0 reports them)
+};
+
+TEST_F(TrainerTest, ACheckpointIsSavedOnceEveryMinutesHavePassedSinceTheLast) {
+  auto steps_at_25_s_a_step = [&](const JobSpec& spec) {
+    FakeClock clock;
+    ClockListener listeners[2];
+    listeners[0].clock = &clock;
+    const std::vector<Status> results = RunTwoRanks(spec, [&](TrainerOptions& o) {
+      o.listener = &listeners[o.rank];
+      o.clock = &clock;
+      o.checkpoint_defer_after = std::chrono::minutes(10);
+    });
+    for (int rank = 0; rank < 2; ++rank) EXPECT_TRUE(results[rank].ok()) << results[rank];
+    return listeners[0].steps;
+  };
+  const std::vector<std::string> common = {"checkpoint.every_minutes=1", "checkpoint.keep_last=20",
+                                           "train.eval_every=0", "train.micro_batch=2"};
+  std::vector<std::string> by_time = common;
+  by_time.push_back("checkpoint.every_steps=0");
+  // 75 s have passed when step 4 starts: it votes, and the minute counts again from there.
+  EXPECT_THAT(steps_at_25_s_a_step(Spec(by_time)), ::testing::ElementsAre(4, 8, 12, 16, 20));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "ckpt" / "step_4" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "ckpt" / "step_5"));
+  fs::remove_all(dir_ / "out");
+  std::vector<std::string> both = common;
+  both.push_back("checkpoint.every_steps=6");
+  EXPECT_THAT(steps_at_25_s_a_step(Spec(both)), ::testing::ElementsAre(4, 6, 10, 12, 16, 18, 20));
 }
 
 // A store that holds the first checkpoint report set through it (rank 1's shard of the
