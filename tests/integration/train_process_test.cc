@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/worker/engine/data/gpt2_test_vocab.h"
+
 namespace drover {
 namespace {
 
@@ -37,6 +39,43 @@ TEST_F(TrainProcessTest, DroverTrainWritesMetricsCheckpointsAndModel) {
                         "--tokens", "10", "--seed", "1"})),
             0)
       << Log();
+}
+
+// A model laid out as the Hugging Face Hub lays out GPT-2 (drover export --format hf, and
+// the tokenizer's vocab.json and merges.txt beside it) is used as a directory: `drover
+// sample DIR` finds its tokenizer there, and `train.init_from: DIR` fine-tunes it.
+TEST_F(TrainProcessTest, AHuggingFaceDirectorySamplesWithItsTokenizerAndFineTunes) {
+  const fs::path hf = dir_ / "gpt2";
+  ASSERT_EQ(Wait(Spawn({kBin + "drover-gpt-logits", "write", (dir_ / "m.bin").string(), "--layers",
+                        "1", "--heads", "2", "--embd", "16", "--vocab", "262", "--block", "16",
+                        "--seed", "3"})),
+            0)
+      << Log();
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "export", (dir_ / "m.bin").string(), "--format", "hf",
+                        "-o", hf.string()})),
+            0)
+      << Log();
+  engine::WriteGpt2TestVocab((hf / "vocab.json").string(), (hf / "merges.txt").string());
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "sample", hf.string(), "--prompt", "hello the", "--tokens",
+                        "4", "--temperature", "0"})),
+            0)
+      << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("GPT-2 tokenizer from " + (hf / "vocab.json").string()));
+  EXPECT_THAT(Log(), ::testing::HasSubstr("hello the"));
+  fs::remove(dir_ / "log.txt");
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "sample", hf.string(), "--tokenizer", "byte", "--prompt",
+                        "x", "--tokens", "2"})),
+            0)
+      << Log();
+  EXPECT_THAT(Log(), ::testing::Not(::testing::HasSubstr("GPT-2 tokenizer")));
+  const std::string spec = WriteSpec(3, 0);
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "train", spec, "--set", "train.init_from=" + hf.string(),
+                        "--threads", "1"})),
+            0)
+      << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("has shapes L=1 NH=2 C=16 maxT=16 V=262; they replace "
+                                          "the spec's model section"));
+  EXPECT_EQ(MetricsLines().size(), 3u);
 }
 
 TEST_F(TrainProcessTest, InvalidInputExitsTwoWithAMessage) {
