@@ -4,8 +4,10 @@
 // beside them, the directory `GPT2LMHeadModel.from_pretrained(DIR)` reads.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "cli/command.h"
 #include "common/files.h"
@@ -19,6 +21,7 @@ namespace {
 struct ExportFlags {
   std::string model_path;
   std::string format = "safetensors";
+  std::string dtype = "fp32";
   std::string out;  // empty: MODEL with its extension replaced by .safetensors, or by -hf
 };
 
@@ -37,6 +40,12 @@ int RunExport(const ExportFlags& f) {
                  f.format.c_str());
     return kExitUsage;
   }
+  // What the tensors are stored as, and transformers' name for it (config.json).
+  const std::map<std::string, std::pair<engine::SafetensorsDtype, std::string>> kDtypes = {
+      {"fp32", {engine::SafetensorsDtype::kF32, "float32"}},
+      {"bf16", {engine::SafetensorsDtype::kBF16, "bfloat16"}},
+      {"fp16", {engine::SafetensorsDtype::kF16, "float16"}}};
+  const auto dtype = kDtypes.at(f.dtype);  // CLI11 checked the name
   // A missing, short or foreign file is bad input (2), like in `drover eval`.
   auto model = engine::LoadModelFile(f.model_path);
   if (!model.ok()) {
@@ -63,9 +72,11 @@ int RunExport(const ExportFlags& f) {
   }
   const std::string out = hf_dir ? target + "/model.safetensors" : target;
   const auto tensors = engine::HfGpt2Tensors(**model);
-  Status st = engine::WriteSafetensors(out, tensors, engine::HfGpt2Metadata((*model)->config()));
+  Status st = engine::WriteSafetensors(out, tensors, engine::HfGpt2Metadata((*model)->config()),
+                                       FileSystem::Default(), dtype.first);
   if (st.ok() && hf_dir) {
-    st = WriteFileAtomic(target + "/config.json", engine::HfGpt2ConfigJson((*model)->config()));
+    st = WriteFileAtomic(target + "/config.json",
+                         engine::HfGpt2ConfigJson((*model)->config(), dtype.second));
   }
   if (!st.ok()) {
     std::fprintf(stderr, "drover export: writing %s: %s\n", target.c_str(), st.message().c_str());
@@ -83,6 +94,11 @@ CommandRun SetupExport(CLI::App* app, GlobalOptions*) {
       ->required();
   app->add_option("--format", f->format,
                   "safetensors (one file) | hf (a directory for transformers' from_pretrained)")
+      ->capture_default_str();
+  app->add_option("--dtype", f->dtype,
+                  "fp32 | bf16 | fp16: what the tensors are stored as (16-bit: half the size, "
+                  "rounded to nearest even)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   app->add_option("-o,--out", f->out,
                   "output file, or directory with --format hf (default: MODEL with .safetensors "

@@ -107,20 +107,23 @@ def check_load(tool, tmp, device):
 
 
 def check_from_pretrained(drover, tool, model, tmp, device):
-    """drover export --format hf's directory, read by GPT2LMHeadModel.from_pretrained."""
+    """drover export --format hf's directory, read by GPT2LMHeadModel.from_pretrained, in each
+    --dtype: the logits of drover's model (16-bit: of the rounded weights drover reads back)."""
     import transformers
-    out = os.path.join(tmp, "hf_dir")
-    sc.run([drover, "export", model, "--format", "hf", "-o", out])
-    hf = transformers.GPT2LMHeadModel.from_pretrained(out).to(torch.float64).to(device).eval()
-    with torch.no_grad():
-        want = hf(torch.tensor([sc.TOKENS], device=device)).logits[0]
-    p = sc.run([tool, "logits", model, "--tokens", ",".join(map(str, sc.TOKENS))])
-    got = torch.tensor(json.loads(p.stdout)["logits"], dtype=torch.float64, device=device)
-    worst = (want - got).abs().max().item()
-    print("hf_gpt2_check: from_pretrained(drover export --format hf) vs drover: max |diff| %.3g"
-          % worst)
-    if not worst <= sc.TOLERANCE:
-        sc.fail("from_pretrained's logits differ from drover's by %.3g" % worst)
+    for dtype in ("fp32", "bf16", "fp16"):
+        out = os.path.join(tmp, "hf_dir_" + dtype)
+        sc.run([drover, "export", model, "--format", "hf", "--dtype", dtype, "-o", out])
+        hf = transformers.GPT2LMHeadModel.from_pretrained(out).to(torch.float64).to(device).eval()
+        with torch.no_grad():
+            want = hf(torch.tensor([sc.TOKENS], device=device)).logits[0]
+        source = model if dtype == "fp32" else os.path.join(out, "model.safetensors")
+        p = sc.run([tool, "logits", source, "--tokens", ",".join(map(str, sc.TOKENS))])
+        got = torch.tensor(json.loads(p.stdout)["logits"], dtype=torch.float64, device=device)
+        worst = (want - got).abs().max().item()
+        print("hf_gpt2_check: from_pretrained(drover export --format hf --dtype %s) vs drover: "
+              "max |diff| %.3g" % (dtype, worst))
+        if not worst <= sc.TOLERANCE:
+            sc.fail("from_pretrained's logits (%s) differ from drover's by %.3g" % (dtype, worst))
 
 
 def main():

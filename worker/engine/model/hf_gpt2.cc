@@ -81,7 +81,7 @@ std::map<std::string, std::string> HfGpt2Metadata(const GptConfig& c) {
           {"vocab_size", std::to_string(c.vocab_size)}};
 }
 
-std::string HfGpt2ConfigJson(const GptConfig& c) {
+std::string HfGpt2ConfigJson(const GptConfig& c, const std::string& torch_dtype) {
   constexpr int kGpt2Vocab = 50257;
   nlohmann::ordered_json j = {{"architectures", {"GPT2LMHeadModel"}},
                               {"model_type", "gpt2"},
@@ -100,7 +100,7 @@ std::string HfGpt2ConfigJson(const GptConfig& c) {
                               {"scale_attn_weights", true},
                               {"scale_attn_by_inverse_layer_idx", false},
                               {"tie_word_embeddings", true},
-                              {"torch_dtype", "float32"}};
+                              {"torch_dtype", torch_dtype}};
   if (c.vocab_size == kGpt2Vocab) {
     j["bos_token_id"] = kGpt2Vocab - 1;
     j["eos_token_id"] = kGpt2Vocab - 1;

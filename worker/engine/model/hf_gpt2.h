@@ -57,7 +57,8 @@ std::map<std::string, std::string> HfGpt2Metadata(const GptConfig& config);
 // `GPT2LMHeadModel.from_pretrained(dir)` takes a directory holding it beside the tensors: the
 // sizes, and what drover's model computes (tanh GELU, LayerNorm eps 1e-5, tied embeddings).
 // Dropout is 0: drover trains without it. GPT-2's <|endoftext|> ids only with its vocabulary.
-std::string HfGpt2ConfigJson(const GptConfig& config);
+// `torch_dtype` names the tensors' dtype as transformers does (float32, bfloat16, float16).
+std::string HfGpt2ConfigJson(const GptConfig& config, const std::string& torch_dtype = "float32");
 
 // The shape of the GPT-2 in a safetensors file. The tensors give all of it but the number of
 // heads: that comes from the file's metadata when drover wrote it (HfGpt2Metadata), and

@@ -88,6 +88,48 @@ float HalfToFloat(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
+// fp32 to bf16 bits, round to nearest even; NaN stays a (quiet) NaN.
+uint16_t FloatToBf16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
+  x += 0x7FFFu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+// fp32 to IEEE half bits, round to nearest even: subnormals below 2^-14, +-inf from 65520 up
+// (the halfway point past 65504, which ties to the even infinity), NaN quiet.
+uint16_t FloatToHalf(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) return sign | 0x7E00u;
+  if (abs >= 0x477FF000u) return sign | 0x7C00u;
+  if (abs < 0x38800000u) {
+    // In units of the smallest subnormal, 2^-24: exact in fp32, rounded to even by nearbyint
+    // (the default rounding mode). 1024 units is the smallest normal, bits 0x0400 alike.
+    const float units = std::bit_cast<float>(abs) * 0x1p24f;
+    return sign | static_cast<uint16_t>(std::nearbyint(units));
+  }
+  uint32_t h = (abs >> 13) - (112u << 10);  // exponent rebiased 127 -> 15, top 10 mantissa bits
+  const uint32_t rest = abs & 0x1FFFu;      // the 13 bits dropped
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry moves the exponent up
+  return sign | static_cast<uint16_t>(h);
+}
+
+const char* DtypeName(SafetensorsDtype d) {
+  switch (d) {
+    case SafetensorsDtype::kBF16:
+      return "BF16";
+    case SafetensorsDtype::kF16:
+      return "F16";
+    case SafetensorsDtype::kF32:
+      break;
+  }
+  return "F32";
+}
+
+uint64_t ElementBytes(SafetensorsDtype d) { return d == SafetensorsDtype::kF32 ? 4 : 2; }
+
 // Reads exactly `n` bytes at `offset`, retrying short reads and EINTR.
 Status PreadAll(int fd, char* out, uint64_t n, uint64_t offset, const std::string& path) {
   while (n > 0) {
@@ -120,7 +162,8 @@ bool ToUnsignedList(const nlohmann::json& j, std::vector<T>* out) {
 }  // namespace
 
 StatusOr<std::string> SafetensorsHeader(const std::vector<SafetensorsTensor>& tensors,
-                                        const std::map<std::string, std::string>& metadata) {
+                                        const std::map<std::string, std::string>& metadata,
+                                        SafetensorsDtype dtype) {
   RETURN_IF_ERROR(CheckTensors(tensors));
   // ordered_json keeps the tensors in file order, so the header reads like the file.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -131,9 +174,10 @@ StatusOr<std::string> SafetensorsHeader(const std::vector<SafetensorsTensor>& te
   }
   uint64_t offset = 0;
   for (const SafetensorsTensor& t : tensors) {
-    const uint64_t bytes = t.data.size() * sizeof(float);
-    header[t.name] = {
-        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = t.data.size() * ElementBytes(dtype);
+    header[t.name] = {{"dtype", DtypeName(dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string json = header.dump();
@@ -145,13 +189,25 @@ StatusOr<std::string> SafetensorsHeader(const std::vector<SafetensorsTensor>& te
 }
 
 Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
-                        const std::map<std::string, std::string>& metadata, FileSystem* fs) {
-  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(tensors, metadata));
+                        const std::map<std::string, std::string>& metadata, FileSystem* fs,
+                        SafetensorsDtype dtype) {
+  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(tensors, metadata, dtype));
+  std::vector<uint16_t> narrow;
   return WriteFileAtomic(fs, path, [&](WritableFile& file) {
     RETURN_IF_ERROR(file.Append(header));
     for (const SafetensorsTensor& t : tensors) {
-      RETURN_IF_ERROR(file.Append(std::string_view(reinterpret_cast<const char*>(t.data.data()),
-                                                   t.data.size() * sizeof(float))));
+      if (dtype == SafetensorsDtype::kF32) {
+        RETURN_IF_ERROR(file.Append(std::string_view(reinterpret_cast<const char*>(t.data.data()),
+                                                     t.data.size() * sizeof(float))));
+        continue;
+      }
+      narrow.resize(t.data.size());
+      for (size_t i = 0; i < t.data.size(); ++i) {
+        narrow[i] =
+            dtype == SafetensorsDtype::kBF16 ? FloatToBf16(t.data[i]) : FloatToHalf(t.data[i]);
+      }
+      RETURN_IF_ERROR(file.Append(std::string_view(reinterpret_cast<const char*>(narrow.data()),
+                                                   narrow.size() * sizeof(uint16_t))));
     }
     return OkStatus();
   });

@@ -31,17 +31,24 @@ struct SafetensorsTensor {
   std::vector<float> data;  // row-major, product(shape) values
 };
 
+// The dtype the writer stores every tensor in: fp32 as it is, or narrowed to bf16 or fp16
+// (round to nearest, ties to even, as a cast in PyTorch rounds; fp16 past its largest
+// finite value becomes +-inf).
+enum class SafetensorsDtype { kF32, kBF16, kF16 };
+
 // The header (length prefix and padded JSON) for `tensors` in this order. InvalidArgument
 // when a name is empty, repeated or "__metadata__", or a tensor's data does not hold
 // product(shape) values.
 StatusOr<std::string> SafetensorsHeader(const std::vector<SafetensorsTensor>& tensors,
-                                        const std::map<std::string, std::string>& metadata);
+                                        const std::map<std::string, std::string>& metadata,
+                                        SafetensorsDtype dtype = SafetensorsDtype::kF32);
 
 // Writes header and data to `path` with WriteFileAtomic: a crash leaves the old file or the
 // new one. Errors as SafetensorsHeader, plus the file system's, naming the path.
 Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                         const std::map<std::string, std::string>& metadata,
-                        FileSystem* fs = FileSystem::Default());
+                        FileSystem* fs = FileSystem::Default(),
+                        SafetensorsDtype dtype = SafetensorsDtype::kF32);
 
 // True when `head` (a file's first bytes, at least 9 of them) can open a safetensors file:
 // a little-endian header length, then the header's opening brace. An llm.c model file starts

@@ -7,15 +7,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "common/files.h"
 #include "tests/unit/common/fault_injection_fs.h"
+#include "worker/engine/kernels/cpu/round.h"
 
 namespace drover::engine {
 namespace {
@@ -188,6 +191,62 @@ TEST_F(SafetensorsFileTest, SixteenBitAndDoubleTensorsAreReadAsFloats) {
   Status st = (*SafetensorsFile::Open(path))->ReadFloats("x", &nan);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("dtype I32"), std::string::npos) << st;
+}
+
+// Narrowed on the way out, read back widened: each value is what the CPU engine's own
+// rounding to that type gives (kernels/cpu/round.h, an independent implementation), over
+// random values of every magnitude, the fp16 subnormals, overflows and ties included.
+TEST_F(SafetensorsFileTest, SixteenBitOutputRoundsToNearestEvenAsTheEngineDoes) {
+  std::mt19937 rng(17);
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               1.0f + 0x1p-11f,
+                               1.0f + 3 * 0x1p-11f,
+                               1.0f + 0x1p-8f,
+                               65504.0f,
+                               65519.0f,
+                               65520.0f,
+                               -70000.0f,
+                               0x1p-24f,
+                               0x1p-25f,
+                               3 * 0x1p-26f,
+                               0x1p-14f,
+                               1e-30f,
+                               3e38f,
+                               std::numeric_limits<float>::infinity()};
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  std::uniform_int_distribution<int> exponent(-30, 20);
+  for (int i = 0; i < 20000; ++i) {
+    values.push_back((i % 2 ? -1.0f : 1.0f) * std::ldexp(mantissa(rng), exponent(rng)));
+  }
+  const std::string path = dir_ + "/n.safetensors";
+  for (const SafetensorsDtype dtype : {SafetensorsDtype::kBF16, SafetensorsDtype::kF16}) {
+    const bool bf16 = dtype == SafetensorsDtype::kBF16;
+    ASSERT_TRUE(WriteSafetensors(path, {{"v", {static_cast<int64_t>(values.size())}, values}}, {},
+                                 FileSystem::Default(), dtype)
+                    .ok());
+    auto file = SafetensorsFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ((*file)->tensors().at("v").dtype, bf16 ? "BF16" : "F16");
+    EXPECT_EQ((*file)->tensors().at("v").end, 2 * values.size());
+    std::vector<float> got(values.size());
+    ASSERT_TRUE((*file)->ReadFloats("v", got.data()).ok());
+    std::vector<float> want = values;
+    bf16 ? cpu::RoundToBf16(want.data(), want.size()) : cpu::RoundToFp16(want.data(), want.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+          << (bf16 ? "bf16" : "fp16") << " of " << values[i] << ": got " << got[i] << ", want "
+          << want[i];
+    }
+  }
+  // A NaN stays a NaN.
+  ASSERT_TRUE(WriteSafetensors(path, {{"v", {1}, {std::nanf("")}}}, {}, FileSystem::Default(),
+                               SafetensorsDtype::kF16)
+                  .ok());
+  float nan = 0;
+  ASSERT_TRUE((*SafetensorsFile::Open(path))->ReadFloats("v", &nan).ok());
+  EXPECT_TRUE(std::isnan(nan));
 }
 
 TEST_F(SafetensorsFileTest, ADamagedHeaderIsDataLossNamingWhatIsWrong) {
