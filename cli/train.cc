@@ -71,6 +71,7 @@ int RunTrain(const TrainFlags& f) {
   options.peak_tflops = *peak;
   options.stop = signals.stop;
   options.checkpoint_requests = signals.checkpoint_requests;
+  options.drain = signals.drain;
   std::unique_ptr<engine::ProfiledOps> profiled;
   if (f.profile_ops) {
     auto ops = engine::OpsForDevice(spec->resources.device);

@@ -16,6 +16,11 @@ enum ExitCode : int {
   // cuda_check.h says which errors). The job is not at fault, the slot is: the coordinator
   // cordons that GPU and restarts the job on the others.
   kExitDeviceFault = 3,
+  // The trainer was drained (its agent is stopping: the node's shutdown) and stopped after
+  // the job's checkpoint of an agreed step was committed. Neither the job nor the node is
+  // at fault: the coordinator restarts the job from that checkpoint elsewhere, not counted
+  // against max_restarts.
+  kExitDrained = 4,
 };
 
 }  // namespace drover

@@ -144,6 +144,10 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
     Persist(std::move(batch));
   }
   TakeSlotHealth(request.name(), request.unhealthy_slots());
+  if (request.draining() && was_schedulable) {
+    spdlog::info("node {} is draining: its agent is stopping; nothing new is placed on it",
+                 request.name());
+  }
   // Slots may be free now: a restored node's first heartbeat or a dead node's return
   // offers its slots again; a trainer listed as exited (or no longer listed) frees one.
   if ((!was_schedulable && nodes_.Schedulable(request.name())) ||

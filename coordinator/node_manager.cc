@@ -86,6 +86,7 @@ v1::NodeRecord NodeManager::Register(const v1::RegisterRequest& request) {
   r.set_state(cordoned ? v1::NODE_CORDONED : v1::NODE_ALIVE);
   if (!cordoned) r.set_cordon_until_ms(0);
   node.connected = true;
+  node.draining = false;  // a new agent process
   node.trainers.assign(request.running().begin(), request.running().end());
   return r;
 }
@@ -107,6 +108,7 @@ std::optional<v1::NodeRecord> NodeManager::OnHeartbeat(const v1::HeartbeatReques
   Node& node = it->second;
   node.seq = std::max(node.seq, request.seq());
   node.connected = true;
+  node.draining = request.draining();
   node.record.set_last_heartbeat_ms(clock_->WallNowMs());
   node.trainers.assign(request.trainers().begin(), request.trainers().end());
   node.gpus.assign(request.gpus().begin(), request.gpus().end());

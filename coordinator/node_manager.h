@@ -142,7 +142,7 @@ class NodeManager {
   // entry is gone.
   std::vector<v1::NodeRecord> ExpireCordons();
 
-  // Alive, connected and not cordoned.
+  // Alive, connected, not draining (its agent stopping) and not cordoned.
   bool Schedulable(const std::string& name) const;
 
   const v1::NodeRecord* Find(const std::string& name) const;
@@ -165,7 +165,8 @@ class NodeManager {
     bool connected = false;  // heartbeating since this coordinator started
     std::vector<v1::TrainerStatus> trainers;
     std::vector<v1::GpuTelemetry> gpus;  // memory only: a reading is stale in seconds
-    int64_t seq = 0;  // of the newest Register or Heartbeat taken from record.agent_id()
+    int64_t seq = 0;        // of the newest Register or Heartbeat taken from record.agent_id()
+    bool draining = false;  // its agent is stopping (HeartbeatRequest.draining)
   };
   // Counts one failure against the node, now.
   void CountFailure(Node& node);
@@ -180,10 +181,11 @@ class NodeManager {
   // INT64_MAX when never (nothing to forget, or no memory limit).
   int64_t ForgetNodeFailuresAt(const v1::NodeRecord& r) const;
   int64_t ForgetSlotFaultAt(const v1::SlotFault& f) const;
-  // Alive, connected and not cordoned at wall time `now_ms`.
+  // Alive, connected, not draining and not cordoned at wall time `now_ms`.
   static bool IsSchedulable(const Node& node, int64_t now_ms) {
     const v1::NodeRecord& r = node.record;
-    return node.connected && r.state() == v1::NODE_ALIVE && r.cordon_until_ms() <= now_ms;
+    return node.connected && !node.draining && r.state() == v1::NODE_ALIVE &&
+           r.cordon_until_ms() <= now_ms;
   }
 
   const Clock* const clock_;

@@ -105,13 +105,13 @@ void Agent::Shutdown() {
   cv_.SignalAll();
 }
 
-bool Agent::SleepMs(int64_t ms) {
+void Agent::SleepMs(int64_t ms) {
   MutexLock lock(&mu_);
   // A trainer exit ends the wait: the loop heartbeats at the fast cadence from then on.
+  // While draining, the loop goes on until the trainers are gone, waking for each exit.
   cv_.WaitFor(&mu_, std::chrono::milliseconds(ms),
-              [this]() REQUIRES(mu_) { return shutdown_ || wake_; });
+              [this]() REQUIRES(mu_) { return (shutdown_ && !draining_) || wake_; });
   wake_ = false;
-  return !shutdown_;
 }
 
 void Agent::Wake() {
@@ -165,6 +165,10 @@ Status Agent::Heartbeat() {
   req.set_name(options_.name);
   req.set_agent_id(agent_id_);
   req.set_seq(++seq_);
+  {
+    MutexLock lock(&mu_);
+    req.set_draining(draining_);
+  }
   for (const v1::TrainerStatus& st : supervisor_->Snapshot()) *req.add_trainers() = st;
   std::vector<v1::CheckpointRecord> pending = supervisor_->PendingCheckpoints();
   for (const v1::CheckpointRecord& c : pending) *req.add_checkpoints() = c;
@@ -337,11 +341,36 @@ Status Agent::Run() {
   bool registered = false;
   bool warned = false;
   int64_t backoff_ms = 100;
+  int64_t drain_until_ms = -1;  // once stopping: until when the trainers may drain
   Status result;
   while (true) {
+    bool stopping = false;
     {
       MutexLock lock(&mu_);
-      if (shutdown_) break;
+      stopping = shutdown_;
+    }
+    // Stopped, the agent drains its trainers (each saves its job's checkpoint and exits) and
+    // goes on heartbeating meanwhile, so that the coordinator sees them exit rather than the
+    // node die, which would stop their jobs' other ranks before that checkpoint is in.
+    if (stopping && drain_until_ms < 0) {
+      if (!registered || supervisor_->RunningCount() == 0 || options_.shutdown_grace_ms <= 0) {
+        break;
+      }
+      {
+        MutexLock lock(&mu_);
+        draining_ = true;
+      }
+      // The coordinator hears of it first, so that the attempt the drain ends restarts on
+      // other nodes, not on this one.
+      if (Status told = Heartbeat(); !told.ok()) spdlog::warn("{}", told.ToString());
+      const int n = supervisor_->DrainAll(options_.shutdown_grace_ms);
+      spdlog::info("shutting down: draining {} trainer(s) (a checkpoint each, within {} ms)", n,
+                   options_.shutdown_grace_ms);
+      drain_until_ms = clock_->NowMs() + options_.shutdown_grace_ms;
+    }
+    if (drain_until_ms >= 0 &&
+        (supervisor_->RunningCount() == 0 || clock_->NowMs() >= drain_until_ms)) {
+      break;
     }
     Status st = registered ? Heartbeat() : Register();
     if (st.ok()) {
@@ -364,7 +393,8 @@ Status Agent::Run() {
             std::min<int64_t>(1000, heartbeat_interval_ms_));
         watch_->Start();
       }
-      if (!SleepMs(wait)) break;
+      SleepMs(wait);  // a shutdown ends it: the loop's top drains or stops
+
       continue;
     }
     if (st.code() == StatusCode::kAborted) {  // asked to register again
@@ -381,7 +411,7 @@ Status Agent::Run() {
     registered = false;
     if (!warned) spdlog::warn("{}; retrying with back-off (trainers keep running)", st.ToString());
     warned = true;
-    if (!SleepMs(backoff_ms)) break;
+    SleepMs(backoff_ms);
     ResetChannel();
     // Capped at the heartbeat period too: a coordinator that restarts must hear from this
     // node before it declares it dead, and retrying at the heartbeat rate costs no more

@@ -60,7 +60,9 @@ struct AgentOptions {
   int heartbeat_interval_ms = 0;  // 0: use the coordinator's value
   int rpc_timeout_ms = 2000;
   int max_backoff_ms = 2000;
-  int shutdown_grace_ms = 5000;  // SIGTERM -> SIGKILL when the agent itself stops
+  // When the agent itself stops: how long its trainers have to drain (save their job's
+  // checkpoint and exit) before they are killed.
+  int shutdown_grace_ms = 5000;
   int64_t exited_retention_ms = 60000;
   // TLS to the coordinator (common/tls.h): the files, absolute, which trainers get too
   // (trainer_env.h), and their contents. Not enabled: plaintext.
@@ -74,8 +76,10 @@ class Agent {
   ~Agent();
 
   // Runs until Shutdown(), or until the coordinator refuses this node's credentials
-  // (Unauthenticated or PermissionDenied, returned); then stops every trainer (SIGTERM,
-  // SIGKILL after the grace period). OK after Shutdown().
+  // (Unauthenticated or PermissionDenied, returned). After Shutdown it drains its trainers
+  // (TrainerSupervisor::DrainAll), heartbeating until they have exited or the grace period
+  // is over, and returns OK; then it kills any left (also after a refusal: SIGTERM, SIGKILL
+  // after the grace period).
   Status Run();
   void Shutdown();
 
@@ -89,8 +93,9 @@ class Agent {
   void AddGpuHealth(google::protobuf::RepeatedPtrField<v1::SlotHealth>* out);
   void StartTrainer(const v1::StartTrainerOrder& order);
   void OnTrainerExit(const v1::TrainerStatus& status);
-  // Sleeps up to `ms`, returning early on Shutdown() or Wake(); false when shutting down.
-  bool SleepMs(int64_t ms);
+  // Sleeps up to `ms`, returning early on Wake() or on Shutdown() (but for a drain's,
+  // which wakes it only with a trainer's exit).
+  void SleepMs(int64_t ms);
   // Ends the current (or next) SleepMs: heartbeat now.
   void Wake();
   // The current stub; ResetChannel replaces it after a failure, so the next call dials a
@@ -109,7 +114,8 @@ class Agent {
   // the coordinator is about to place the job's next attempt and its orders should not wait
   // a whole heartbeat period.
   int64_t fast_until_ms_ GUARDED_BY(mu_) = 0;
-  bool wake_ GUARDED_BY(mu_) = false;  // ends the current SleepMs
+  bool wake_ GUARDED_BY(mu_) = false;      // ends the current SleepMs
+  bool draining_ GUARDED_BY(mu_) = false;  // shut down, the trainers still draining
   std::shared_ptr<v1::WorkerService::Stub> stub_ GUARDED_BY(mu_);
   int64_t heartbeat_interval_ms_ = 1000;
   int64_t node_timeout_ms_ = 3000;  // the coordinator's, from registration

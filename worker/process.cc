@@ -42,7 +42,7 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
 }
 
 // Runs in the child between fork and exec: async-signal-safe calls only.
-// `usr1`: the set of SIGUSR1 alone, the child's mask.
+// `usr1`: the set of SIGUSR1 and SIGUSR2, the child's mask.
 [[noreturn]] void ExecChild(pid_t parent, int out_fd, int err_fd, int null_fd, int status_fd,
                             const sigset_t* usr1, const char* path, char* const* argv,
                             char* const* envp) {
@@ -59,9 +59,10 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   memset(&dfl, 0, sizeof(dfl));
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);
-  // Only SIGUSR1, a checkpoint request, stays blocked: the trainer takes it on a thread of
-  // its own once it is ready (worker/engine/trainer_process.h), and one sent before that
-  // waits, pending, instead of killing it (SIGUSR1's default action).
+  // Only SIGUSR1 and SIGUSR2, a checkpoint request and a drain, stay blocked: the trainer
+  // takes them on a thread of its own once it is ready (worker/engine/trainer_process.h),
+  // and one sent before that waits, pending, instead of killing it (their default action),
+  // also in a thread some library started before the trainer blocked them itself.
   sigprocmask(SIG_SETMASK, usr1, nullptr);
   execve(path, argv, envp);
   const char* msg = "drover: cannot exec trainer ";
@@ -119,11 +120,13 @@ StatusOr<SpawnedProcess> SpawnProcess(const SpawnOptions& options) {
   std::vector<char*> envp = CStrings(env);
   const pid_t parent = getpid();
 
-  // The child inherits this thread's mask: with SIGUSR1 blocked across the fork, a request
-  // sent the moment the pid is known cannot find the child before ExecChild's mask does.
+  // The child inherits this thread's mask: with SIGUSR1 and SIGUSR2 blocked across the fork,
+  // a request sent the moment the pid is known cannot find the child before ExecChild's
+  // mask does.
   sigset_t usr1, mask;
   sigemptyset(&usr1);
   sigaddset(&usr1, SIGUSR1);
+  sigaddset(&usr1, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &usr1, &mask);
   pid_t pid = fork();
   if (pid == 0) {

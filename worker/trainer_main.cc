@@ -129,6 +129,7 @@ int main(int, char**) {
   options.listener = &listener;
   options.stop = signals.stop;
   options.checkpoint_requests = signals.checkpoint_requests;
+  options.drain = signals.drain;
   spdlog::info("drover-trainer job={} attempt={} rank={}/{} pid {} threads={} resume hint='{}'",
                env->job_id, env->attempt, env->rank, env->world_size, getpid(),
                engine::NumThreads(), env->resume_checkpoint);
@@ -150,6 +151,10 @@ int main(int, char**) {
   }
   reporter.Phase("training");
   Status st = (*trainer)->Run();
+  if ((*trainer)->drained()) {
+    spdlog::warn("{}", st.message());  // the exit's last line, which the coordinator shows
+    return kExitDrained;
+  }
   if (st.code() == StatusCode::kCancelled) {
     spdlog::warn("stopped by signal at step {}", (*trainer)->step());
     return 1;

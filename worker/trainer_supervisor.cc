@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
 
+#include "common/exit_codes.h"
 #include "common/files.h"
 #include "worker/status_channel.h"
 #include "worker/trainer_env.h"
@@ -49,7 +51,8 @@ TrainerSupervisor::~TrainerSupervisor() {
     MutexLock lock(&mu_);
     shutting_down_ = true;
     for (auto& [key, t] : trainers_) {
-      if (!t->reaped) killpg(t->status.pid(), SIGKILL);
+      // A trainer that never started has pid 0: killpg(0) would kill the agent's own group.
+      if (!t->reaped && t->status.pid() > 0) killpg(t->status.pid(), SIGKILL);
       all.push_back(t);
     }
     for (auto& t : retired_) all.push_back(t);
@@ -67,6 +70,7 @@ Status TrainerSupervisor::Start(const TrainerLaunch& launch) {
   if (trainers_.count(launch.key) > 0) return OkStatus();
   auto t = std::make_shared<Trainer>();
   v1::TrainerStatus& st = t->status;
+  const bool refused = draining_;
   st.set_job_id(launch.key.job_id);
   st.set_attempt(launch.key.attempt);
   st.set_rank(launch.key.rank);
@@ -77,11 +81,21 @@ Status TrainerSupervisor::Start(const TrainerLaunch& launch) {
   st.mutable_progress()->set_last_checkpoint_step(-1);
   t->log_path = launch.spawn.log_path;
   trainers_[launch.key] = t;
+  if (refused) {
+    t->reaped = true;  // no process: nothing to wait for, signal or kill (pid 0 is our group)
+    lock.Unlock();
+    // In the trainer's log, whose last line its exit carries to the coordinator.
+    std::ofstream(t->log_path, std::ios::app)
+        << "not started: the node is shutting down (its agent is draining its trainers)\n";
+    RecordExit(t, kExitDrained, 0);
+    return OkStatus();
+  }
 
   SpawnOptions spawn = launch.spawn;
   spawn.status_fd_env = kEnvStatusFd;
   StatusOr<SpawnedProcess> proc = SpawnProcess(spawn);
   if (!proc.ok()) {
+    t->reaped = true;  // no process (and pid 0, which StopLocked must never signal)
     lock.Unlock();
     RecordExit(t, 127, 0);
     return proc.status();
@@ -131,6 +145,28 @@ int TrainerSupervisor::RequestCheckpoint(const std::string& job_id, int64_t atte
     // The trainer alone, not its process group: SIGUSR1 means nothing to what it started.
     if (::kill(t->status.pid(), SIGUSR1) == 0) ++signalled;
   }
+  return signalled;
+}
+
+int TrainerSupervisor::DrainAll(int grace_ms) {
+  int signalled = 0;
+  {
+    MutexLock lock(&mu_);
+    draining_ = true;
+    for (auto& [key, t] : trainers_) {
+      if (t->reaped || t->stop_deadline_ms >= 0) continue;
+      if (grace_ms <= 0) {
+        StopLocked(t.get(), 0);
+        continue;
+      }
+      // The trainer alone, as for SIGUSR1: what it started is not asked to drain.
+      if (::kill(t->status.pid(), SIGUSR2) != 0) continue;
+      t->status.set_state(v1::TRAINER_STOPPING);
+      t->stop_deadline_ms = clock_->NowMs() + grace_ms;
+      ++signalled;
+    }
+  }
+  cv_.SignalAll();
   return signalled;
 }
 

@@ -69,6 +69,12 @@ class TrainerSupervisor {
   // deadline.
   void Stop(const std::string& job_id, int64_t max_attempt, int grace_ms);
   void StopAll(int grace_ms);
+  // The node is shutting down: SIGUSR2 (drain: worker/engine/trainer_process.h) to each live
+  // trainer, which saves the checkpoint its job's ranks agree on and exits kExitDrained once
+  // it is committed; SIGKILL to the process groups of those still running after `grace_ms`.
+  // Every later Start records its trainer as exited kExitDrained at once, so the job
+  // restarts elsewhere. Returns how many trainers it signalled.
+  int DrainAll(int grace_ms);
 
   // Sends SIGUSR1 (a checkpoint request: worker/engine/trainer_process.h) to each live
   // trainer of (job_id, attempt) that has not had this request_id yet, and returns how
@@ -118,6 +124,7 @@ class TrainerSupervisor {
   std::vector<v1::CheckpointRecord> checkpoints_ GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Trainer>> retired_ GUARDED_BY(mu_);  // to join
   bool shutting_down_ GUARDED_BY(mu_) = false;
+  bool draining_ GUARDED_BY(mu_) = false;
   std::thread timer_;
 };
 

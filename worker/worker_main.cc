@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
                  "peers (default: the address of the interface toward --coordinator; 127.0.0.1 "
                  "for a coordinator on loopback)");
   app.add_option("--stop-grace-ms", options.shutdown_grace_ms,
-                 "on SIGTERM: grace before trainers are killed")
+                 "on SIGTERM: how long the trainers have to drain (save their job's checkpoint "
+                 "and exit) before they are killed")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
   app.add_option("--tls-cert", options.tls_files.cert,

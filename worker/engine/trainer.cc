@@ -402,6 +402,10 @@ int64_t Trainer::Now() const {
   return (options_.clock != nullptr ? options_.clock : SystemClock::Get())->NowMs();
 }
 
+bool Trainer::DrainRequested() const {
+  return options_.drain != nullptr && options_.drain->load(std::memory_order_acquire);
+}
+
 bool Trainer::StopRequested() const {
   return options_.stop != nullptr && options_.stop->load(std::memory_order_relaxed);
 }
@@ -417,6 +421,8 @@ StatusOr<StepMetrics> Trainer::Step() {
   };
   const double lr = LearningRate(options_.spec.train, step_);
   const uint64_t allocations = ops_->device_allocations();
+  // The drain before the requests: a drain seen here has its request counted already.
+  const bool draining = DrainRequested();
   const uint64_t requests = options_.checkpoint_requests != nullptr
                                 ? options_.checkpoint_requests->load(std::memory_order_relaxed)
                                 : 0;
@@ -429,6 +435,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   time_voted_ = is_rank0() && every_ms > 0 && since_ms >= every_ms;
   if (time_voted_) time_voted_minutes_ = since_ms / 60'000.0;
   votes.checkpoint = requests != requests_served_ || time_voted_;
+  if (draining) drain_voted_ = true;
   if (writer_ != nullptr) {
     const std::optional<std::chrono::milliseconds> saving = writer_->InFlightFor();
     votes.checkpoint_busy = saving.has_value() && (*saving >= options_.checkpoint_defer_after ||
@@ -576,7 +583,7 @@ Status Trainer::Run() {
     if (!m.ok()) {
       // A checkpoint already snapshotted is worth finishing; the step in progress is not.
       (void)FlushCheckpoints();
-      return m.status();
+      return PeerDrained(m.status());
     }
     if (spike_ != nullptr && spike_->Observe(m->loss)) {
       m->spike = true;
@@ -599,6 +606,16 @@ Status Trainer::Run() {
     const bool scheduled = every_ckpt > 0 && step_ % every_ckpt == 0;
     if ((scheduled || requested || checkpoint_deferred_since_ >= 0) && step_ < spec.train.steps) {
       RETURN_IF_ERROR(SaveOrDeferCheckpoint());  // a peer is gone
+    }
+    // Drained: once the checkpoint voted for (or one after it, if deferred) is saved. The
+    // last step ends as any run does, with its final checkpoint and model.
+    if (drain_voted_ && step_ < spec.train.steps) {
+      if (!spec.checkpoint.enabled()) {
+        drained_ = true;
+        return CancelledError("drained after step " + std::to_string(step_) +
+                              " (the node is shutting down; this job saves no checkpoints)");
+      }
+      if (last_checkpoint_step_ == step_) return FinishDrain();
     }
   }
   // The model file's gather first: after it no rank enters a collective, so the final

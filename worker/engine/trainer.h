@@ -100,6 +100,14 @@ struct TrainerOptions {
   // without a collective of their own. Ignored (with a warning) when the job saves no
   // checkpoints (checkpoint.every_steps and every_minutes 0). Not owned; nullptr = never.
   const std::atomic<uint64_t>* checkpoint_requests = nullptr;
+  // Drain (SIGUSR2, set after its checkpoint request was counted): the checkpoint every rank
+  // agrees on for that request is saved, this rank waits until it is committed (rank 0
+  // commits it; another rank waits for step_N/ to appear, up to
+  // checkpoint_collect_timeout), and Run returns Cancelled saying so. The job's next attempt
+  // then resumes from that checkpoint, losing no training. Without checkpoints
+  // (checkpoint.every_steps and every_minutes 0) it stops after the step in progress. Not
+  // owned; nullptr = never.
+  const std::atomic<bool>* drain = nullptr;
   // Under a coordinator: metrics lines, checkpoint commits and the model file are written
   // only while this attempt's lease is current (publish_fence.h). Not owned; nullptr = always.
   PublishFence* fence = nullptr;
@@ -163,6 +171,9 @@ class Trainer {
 
   int64_t step() const { return step_; }                  // optimizer steps completed
   int64_t resumed_from() const { return resumed_from_; }  // checkpoint step, -1 if none
+  // Run returned for a drain (TrainerOptions::drain), after its checkpoint was committed or
+  // when the job keeps none; or because a drained peer left (its collective failed).
+  bool drained() const { return drained_; }
   const GptConfig& model_config() const { return config_; }
   int64_t optimizer_steps() const { return model_->optimizer_steps(); }
   const JobSpec& spec() const { return options_.spec; }
@@ -197,6 +208,14 @@ class Trainer {
   // the bootstrap store for phases longer than the communicators' deadline.
   Status StoreBarrier(const std::string& name);
   bool StopRequested() const;
+  bool DrainRequested() const;
+  // After the drain's checkpoint of this step: waits until it is committed, then says so in
+  // the store (kDrainedKey); Cancelled.
+  Status FinishDrain();
+  // `failed` (a step's error), or Cancelled when a peer was drained (kDrainedKey): its exit
+  // failed this rank's collective, and this rank counts as drained too.
+  Status PeerDrained(const Status& failed);
+  static constexpr char kDrainedKey[] = "drained";
   int64_t Now() const;  // options_.clock's NowMs()
   // Whether the step just taken should end with a checkpoint because one was requested
   // (TrainerOptions::checkpoint_requests); marks the votes behind it served.
@@ -247,6 +266,9 @@ class Trainer {
   int64_t last_checkpoint_ms_ = 0;
   bool time_voted_ = false;
   double time_voted_minutes_ = 0;  // the time since the last checkpoint at that vote
+  // A drain was seen before this rank voted: the next checkpoint saved ends the run.
+  bool drain_voted_ = false;
+  bool drained_ = false;  // Run ended for a drain, its checkpoint committed (or none kept)
   // When the last step ended, and WaitSeconds(groups_) then: busy_ms spans from there to the
   // next step's end, so what a rank does between steps (evaluation, checkpoint snapshots,
   // its listener) counts too. Unset before the first step.

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "worker/engine/ckpt/agreed_load.h"
+#include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/trainer.h"
 
 namespace drover::engine {
@@ -250,6 +252,49 @@ Status Trainer::SaveCheckpoint(bool async) {
   if (!written.ok()) spdlog::warn("a checkpoint failed: {}", written.ToString());
   // A synchronous save keeps every rank away from the collectives until all shards are in.
   return async ? OkStatus() : StoreBarrier("checkpoint-" + std::to_string(step_));
+}
+
+Status Trainer::FinishDrain() {
+  const int64_t step = step_;
+  if (Status written = writer_->Flush(); !written.ok()) {
+    return CancelledError("drained after step " + std::to_string(step) +
+                          ", but its checkpoint failed: " + written.ToString());
+  }
+  // Rank 0 commits in Flush. Another rank's part is durable and reported now; the commit is
+  // rank 0's, seen here when step_N/ appears (the directory every rank writes into).
+  const std::string committed =
+      ckpt_dir_ + "/" + ckpt::StepDirName(step) + "/" + ckpt::kManifestFile;
+  const auto give_up = std::chrono::steady_clock::now() + options_.checkpoint_collect_timeout;
+  while (!is_rank0() && !std::filesystem::exists(committed)) {
+    if (StopRequested() || std::chrono::steady_clock::now() >= give_up) {
+      return CancelledError("drained after step " + std::to_string(step) +
+                            " without seeing its checkpoint committed (" + committed + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  spdlog::info("drained: checkpoint step {} is committed; stopping (the node is shutting down)",
+               step);
+  drained_ = true;
+  // Before this process's sockets close: a peer whose collective fails next finds why.
+  if (options_.store != nullptr) {
+    (void)options_.store->Set(kDrainedKey, "rank " + std::to_string(options_.rank) +
+                                               " drained after checkpoint step " +
+                                               std::to_string(step) + " was committed");
+  }
+  return CancelledError("drained after checkpoint step " + std::to_string(step) +
+                        " was committed (the node is shutting down)");
+}
+
+Status Trainer::PeerDrained(const Status& failed) {
+  if (options_.store == nullptr) return failed;
+  StatusOr<std::string> why = options_.store->Get(kDrainedKey, std::chrono::milliseconds(0));
+  if (!why.ok()) return failed;
+  // The attempt ends for the drain, not for this rank's failure, whichever exit the
+  // coordinator hears of first.
+  drained_ = true;
+  spdlog::warn("{}: the job stops here too ({})", *why, failed.ToString());
+  return CancelledError(*why +
+                        " (its node is shutting down); this rank stops too: " + failed.message());
 }
 
 Status Trainer::FlushCheckpoints() { return writer_ != nullptr ? writer_->Flush() : OkStatus(); }

@@ -13,6 +13,7 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<uint64_t> g_checkpoint_requests{0};
+std::atomic<bool> g_drain{false};
 static_assert(std::atomic<bool>::is_always_lock_free, "needed in a signal handler");
 
 void OnStopSignal(int) {
@@ -27,15 +28,20 @@ TrainerSignals InstallTrainerSignalHandlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  sigset_t usr1;
-  sigemptyset(&usr1);
-  sigaddset(&usr1, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
-  std::thread([usr1] {
+  sigset_t usr;
+  sigemptyset(&usr);
+  sigaddset(&usr, SIGUSR1);
+  sigaddset(&usr, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &usr, nullptr);
+  std::thread([usr] {
     int sig = 0;
-    while (sigwait(&usr1, &sig) == 0) g_checkpoint_requests.fetch_add(1);
+    while (sigwait(&usr, &sig) == 0) {
+      // The request first: a training thread that sees the drain finds its request counted.
+      g_checkpoint_requests.fetch_add(1);
+      if (sig == SIGUSR2) g_drain = true;
+    }
   }).detach();  // lives as long as the process
-  return {&g_stop, &g_checkpoint_requests};
+  return {&g_stop, &g_checkpoint_requests, &g_drain};
 }
 
 int ExitCodeFor(const Status& status) {

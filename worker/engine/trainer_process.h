@@ -14,6 +14,7 @@ namespace drover::engine {
 struct TrainerSignals {
   const std::atomic<bool>* stop;
   const std::atomic<uint64_t>* checkpoint_requests;
+  const std::atomic<bool>* drain;
 };
 
 // Installs the handlers. Call once, from main, before any other thread starts.
@@ -29,6 +30,11 @@ struct TrainerSignals {
 //    NCCL or gRPC. (The agent starts trainers with it blocked already, worker/process.cc,
 //    so that one sent during start-up waits instead of killing the process: SIGUSR1's
 //    default action.)
+//  - SIGUSR2: drain (TrainerOptions::drain): a checkpoint request as SIGUSR1's, after which
+//    the trainer stops once that checkpoint is committed. What the worker agent sends its
+//    trainers when it is stopped itself (the node's maintenance, a Kubernetes eviction), so
+//    that what the job trained is saved within the agent's --stop-grace-ms. Taken on the
+//    same thread as SIGUSR1.
 TrainerSignals InstallTrainerSignalHandlers();
 
 // The process exit code for a training outcome: 0 ok; 2 for input the user must fix

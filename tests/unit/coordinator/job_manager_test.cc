@@ -244,6 +244,26 @@ TEST_F(JobManagerTest, TrainerThatRejectsItsInputFailsTheJobAtOnceWithItsMessage
   EXPECT_NE(jobs_.Find(other)->reason().find("peer closed the connection"), std::string::npos);
 }
 
+TEST_F(JobManagerTest, ADrainedTrainerRestartsTheJobElsewhereNotCounted) {
+  const std::string id = SubmitAndPlace(2, {Node("n1", 1), Node("n2", 1)}, /*max_restarts=*/0);
+  Listing("n1", {Trainer(id, 1, 0)});
+  Listing("n2", {Trainer(id, 1, 1)});
+  v1::TrainerStatus drained = Exited(id, 1, 1, kExitDrained);
+  drained.set_last_error(
+      "W drover-trainer: drained after checkpoint step 40 was committed (the node is shutting "
+      "down)");
+  jobs_.OnTrainerStatus("n2", drained);
+  EXPECT_EQ(State(id), v1::RECOVERING) << "max_restarts 0, yet not failed";
+  EXPECT_EQ(jobs_.Find(id)->restarts(), 0);
+  const std::string reason = jobs_.Find(id)->reason();
+  EXPECT_NE(reason.find("drained: a node is shutting down (rank 1 on n2 exited with code 4: "),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.find("drained after checkpoint step 40"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("not counted against max_restarts"), std::string::npos) << reason;
+  EXPECT_TRUE(failed_slots_.empty()) << "no GPU is at fault";
+}
+
 TEST_F(JobManagerTest, ATrainerWhoseGpuFailedHasItsSlotCordonedAndTheRestartIsNotCounted) {
   const std::string id = SubmitAndPlace(2, {Node("n1", 2)}, /*max_restarts=*/1);
   Listing("n1", {Trainer(id, 1, 0), Trainer(id, 1, 1)});

@@ -49,6 +49,31 @@ TEST(NodeManagerTest, ARequestSentBeforeOneAlreadyTakenIsStale) {
   EXPECT_TRUE(nodes.Stale("n1", "a2", 1));
 }
 
+// An agent that is stopping drains its trainers and says so in its heartbeats: nothing new
+// is placed on its node, which is neither cordoned nor counted as failed; its next agent's
+// Register makes it schedulable again.
+TEST(NodeManagerTest, ADrainingNodeTakesNoNewWorkUntilItsAgentRegistersAgain) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {});
+  nodes.Register(RegisterReq("n1", 2, "a1"));
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("a1");
+  hb.set_draining(true);
+  nodes.OnHeartbeat(hb);
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  int listed = 0;
+  nodes.ForEach([&](const std::string&, const v1::NodeRecord& r, bool schedulable) {
+    EXPECT_FALSE(schedulable);
+    EXPECT_EQ(r.state(), v1::NODE_ALIVE);
+    EXPECT_EQ(r.failures(), 0);
+    ++listed;
+  });
+  EXPECT_EQ(listed, 1);
+  nodes.Register(RegisterReq("n1", 2, "a2"));
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+}
+
 TEST(NodeManagerTest, ANodeCutOffFromItsPeersIsCordonedAtOnce) {
   FakeClock clock;
   NodeManager nodes(

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/exit_codes.h"
+
 namespace drover {
 namespace {
 
@@ -109,6 +111,46 @@ TEST_F(TrainerSupervisorTest, ExecFailureIsAnExit127WithTheReasonInTheLog) {
   ASSERT_EQ(exits.size(), 1u);
   EXPECT_EQ(exits[0].exit_code(), 127);
   EXPECT_NE(ReadFile(LogPath(0)).find("no-such-trainer"), std::string::npos);
+}
+
+// The node shutting down: a trainer that drains on SIGUSR2 exits by itself, one that does not
+// is killed at the end of the grace period, and a trainer started after is not started: it
+// exits kExitDrained at once, saying why, so its job restarts elsewhere.
+TEST_F(TrainerSupervisorTest, DrainAllAsksEachTrainerToDrainKillsTheLateAndStartsNoMore) {
+  const std::string ready = (dir_ / "ready").string();
+  ASSERT_TRUE(supervisor_
+                  ->Start(Shell("trap 'echo drained; exit 4' USR2; touch " + ready +
+                                "0; while true; do sleep 0.02; done"))
+                  .ok());
+  ASSERT_TRUE(
+      supervisor_->Start(Shell("trap '' USR2; touch " + ready + "1; exec sleep 30", /*rank=*/1))
+          .ok());
+  for (int i = 0;
+       i < 1000 && !(std::filesystem::exists(ready + "0") && std::filesystem::exists(ready + "1"));
+       ++i) {
+    usleep(5000);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(supervisor_->DrainAll(/*grace_ms=*/500), 2);
+  auto exits = WaitExits(2);
+  ASSERT_EQ(exits.size(), 2u);
+  for (const auto& e : exits) {
+    if (e.rank() == 0) {
+      EXPECT_EQ(e.exit_code(), 4);
+      EXPECT_EQ(e.last_error(), "drained");
+    } else {
+      EXPECT_EQ(e.signal(), SIGKILL) << "ignored the drain: killed after the grace period";
+      EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(450));
+    }
+  }
+  ASSERT_TRUE(supervisor_->Start(Shell("echo should not run", /*rank=*/2)).ok());
+  exits = WaitExits(3);
+  ASSERT_EQ(exits.size(), 3u);
+  EXPECT_EQ(exits[2].rank(), 2);
+  EXPECT_EQ(exits[2].exit_code(), kExitDrained);
+  EXPECT_EQ(exits[2].last_error(),
+            "not started: the node is shutting down (its agent is draining its trainers)");
+  EXPECT_EQ(ReadFile(LogPath(2)).find("should not run"), std::string::npos);
 }
 
 TEST_F(TrainerSupervisorTest, StopSendsSigtermToTheWholeGroup) {

@@ -1,5 +1,5 @@
-// The trainer's checkpoints as the job sees them: requests and checkpoint.every_minutes
-// agreed on by every rank, and
+// The trainer's checkpoints as the job sees them: requests, drains and
+// checkpoint.every_minutes agreed on by every rank, and
 // checkpoints deferred (or given up) rather than waited for in the training thread while a
 // previous one is late or waits on the coordinator.
 #include <gmock/gmock.h>
@@ -99,6 +99,63 @@ TEST_F(TrainerTest, ACheckpointIsSavedOnceEveryMinutesHavePassedSinceTheLast) {
   std::vector<std::string> both = common;
   both.push_back("checkpoint.every_steps=6");
   EXPECT_THAT(steps_at_25_s_a_step(Spec(both)), ::testing::ElementsAre(4, 6, 10, 12, 16, 18, 20));
+}
+
+// A drain (SIGUSR2: the node is shutting down) reaches rank 1 while step 5 is reported: the
+// ranks agree on step 6 for its checkpoint, rank 1 stops once rank 0 has committed it, and
+// rank 0 fails at the next collective, its peer gone, as on any node's loss. The next
+// attempt resumes from step 6: the drain lost no training.
+TEST_F(TrainerTest, ADrainedRankStopsOnceTheCheckpointOfTheAgreedStepIsCommitted) {
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics& m) override {
+      if (m.step != 5 || requests == nullptr) return;
+      requests->fetch_add(1);  // as the signal thread does: the request, then the drain
+      drain->store(true);
+    }
+    void OnCheckpoint(const v1::CheckpointRecord&) override {}
+    void OnDone() override {}
+    std::atomic<uint64_t>* requests = nullptr;
+    std::atomic<bool>* drain = nullptr;
+  };
+  JobSpec spec = Spec({"checkpoint.every_steps=1000", "train.eval_every=0", "train.micro_batch=2",
+                       "parallel.timeout_s=20"});
+  std::atomic<uint64_t> requests[2] = {0, 0};
+  std::atomic<bool> drain[2] = {false, false};
+  Listener listeners[2];
+  listeners[1].requests = &requests[1];
+  listeners[1].drain = &drain[1];
+  const std::vector<Status> results = RunTwoRanks(spec, [&](TrainerOptions& o) {
+    o.listener = &listeners[o.rank];
+    o.checkpoint_requests = &requests[o.rank];
+    o.drain = &drain[o.rank];
+  });
+  EXPECT_EQ(results[1].code(), StatusCode::kCancelled) << results[1];
+  EXPECT_THAT(results[1].message(),
+              ::testing::HasSubstr("drained after checkpoint step 6 was committed"));
+  EXPECT_FALSE(results[0].ok()) << "rank 0 trained on without its peer";
+  const fs::path ckpt = dir_ / "out" / "ckpt";
+  EXPECT_TRUE(fs::exists(ckpt / "step_6" / "manifest.json"));
+  EXPECT_FALSE(fs::exists(ckpt / "step_7"));
+  auto resumed = Make(spec);
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_EQ(resumed->step(), 6);
+}
+
+// A drained job that saves no checkpoints stops after the step in progress.
+TEST_F(TrainerTest, ADrainWithoutCheckpointsStopsAfterTheStep) {
+  TrainerOptions options;
+  options.spec = Spec({"train.eval_every=0"});
+  options.log_steps = false;
+  std::atomic<uint64_t> requests{1};
+  std::atomic<bool> drain{true};
+  options.checkpoint_requests = &requests;
+  options.drain = &drain;
+  auto trainer = Trainer::Create(options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  Status st = (*trainer)->Run();
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st;
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("drained after step 1 (the node is shutting "
+                                                 "down; this job saves no checkpoints)"));
 }
 
 // A store that holds the first checkpoint report set through it (rank 1's shard of the

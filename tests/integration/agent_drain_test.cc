@@ -1,0 +1,93 @@
+// A node shut down on purpose (its agent gets SIGTERM: systemctl stop, a Kubernetes eviction,
+// a spot instance's notice) while a real two-rank job runs on it, with no periodic
+// checkpoint due for a million steps. The agent drains its trainer: the job's ranks agree on
+// a step, save its checkpoint, and the drained rank exits once rank 0 has committed it. The
+// job restarts on the other node from that checkpoint, the restart not counted, and the agent
+// exits 0 within its grace period. Before, the trainers were stopped outright and the job
+// started again from scratch.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "tests/integration/cluster.h"
+#include "tests/integration/train_process.h"
+
+namespace drover {
+namespace {
+
+class AgentDrainTest : public TrainProcessFixture {};
+
+TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatCheckpoint) {
+  testing::ClusterOptions o;
+  o.agents = 3;
+  o.trainer = "drover-trainer";
+  o.name = "drain";
+  o.agent_stop_grace_ms = 30000;
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  const std::string yaml =
+      "name: drain\noutput_dir: " + (dir_ / "drain").string() +
+      "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
+      "data: {train: " +
+      (dir_ / "train.bin").string() +
+      "}\ntrain: {steps: 1000000, global_batch: 4, micro_batch: 2, seq_len: 16, lr: 0.003, "
+      "warmup_steps: 5, schedule: constant, eval_every: 0}\n"
+      "checkpoint: {every_steps: 1000000, keep_last: 3}\n"
+      "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n"
+      "fault_tolerance: {max_restarts: 0}\n";
+  auto id = cluster.Submit(yaml);
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobInfo running;
+  ASSERT_TRUE(cluster.WaitJob(
+      *id,
+      [](const v1::JobInfo& i) {
+        return i.job().state() == v1::FAILED ||
+               (i.job().state() == v1::RUNNING && i.job().last_step() >= 20);
+      },
+      60000, &running))
+      << running.job().reason() << cluster.DebugLogs();
+  ASSERT_EQ(running.job().state(), v1::RUNNING) << running.job().reason();
+  ASSERT_LT(running.job().latest_checkpoint_step(), 1) << "no checkpoint was due";
+  const int64_t stopped_at = running.job().last_step();
+  const std::string node = running.attempts(0).placement(1).node();
+
+  testing::Process* agent = cluster.agent(node);
+  ASSERT_NE(agent, nullptr) << node;
+  agent->Kill(SIGTERM);
+  int wait_status = 0;
+  ASSERT_TRUE(agent->Wait(30000, &wait_status)) << "the agent outlived its grace period";
+  EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
+
+  v1::JobInfo after;
+  ASSERT_TRUE(cluster.WaitJob(
+      *id,
+      [](const v1::JobInfo& i) {
+        return i.job().state() == v1::FAILED ||
+               (i.job().state() == v1::RUNNING && i.job().attempt() >= 2 &&
+                i.attempts_size() >= 2 && i.job().last_step() > i.attempts(1).resume_step());
+      },
+      60000, &after))
+      << after.job().reason() << cluster.DebugLogs();
+  ASSERT_EQ(after.job().state(), v1::RUNNING) << after.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(after.job().restarts(), 0) << "a drain is no failure of the job's";
+  // Whichever rank's exit the coordinator heard of first: the drained one's, or its peer's,
+  // whose collective failed as the drained rank left.
+  const std::string& why = after.attempts(0).end_reason();
+  EXPECT_NE(why.find("drained: a node is shutting down"), std::string::npos) << why;
+  EXPECT_NE(why.find("drained after checkpoint step"), std::string::npos) << why;
+  // The checkpoint was saved at the step the ranks agreed on after the drain began.
+  EXPECT_GE(after.attempts(1).resume_step(), stopped_at) << after.attempts(1).resume_checkpoint();
+  for (const auto& r : after.attempts(1).placement()) EXPECT_NE(r.node(), node);
+  std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
+              static_cast<long long>(stopped_at),
+              static_cast<long long>(after.attempts(1).resume_step()));
+  ASSERT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
+}
+
+}  // namespace
+}  // namespace drover
