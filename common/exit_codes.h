@@ -19,8 +19,9 @@ enum ExitCode : int {
   // The trainer was drained (its agent is stopping: the node's shutdown) and stopped after
   // the job's checkpoint of an agreed step was committed. Neither the job nor the node is
   // at fault: the coordinator restarts the job from that checkpoint elsewhere, not counted
-  // against max_restarts.
-  kExitDrained = 4,
+  // against max_restarts. 75 is sysexits' EX_TEMPFAIL ("try again later"), far from the
+  // small codes a crashing program (or the tests' scripted trainer) exits with.
+  kExitDrained = 75,
 };
 
 }  // namespace drover

@@ -119,7 +119,7 @@ TEST_F(TrainerSupervisorTest, ExecFailureIsAnExit127WithTheReasonInTheLog) {
 TEST_F(TrainerSupervisorTest, DrainAllAsksEachTrainerToDrainKillsTheLateAndStartsNoMore) {
   const std::string ready = (dir_ / "ready").string();
   ASSERT_TRUE(supervisor_
-                  ->Start(Shell("trap 'echo drained; exit 4' USR2; touch " + ready +
+                  ->Start(Shell("trap 'echo drained; exit 75' USR2; touch " + ready +
                                 "0; while true; do sleep 0.02; done"))
                   .ok());
   ASSERT_TRUE(
@@ -136,7 +136,7 @@ TEST_F(TrainerSupervisorTest, DrainAllAsksEachTrainerToDrainKillsTheLateAndStart
   ASSERT_EQ(exits.size(), 2u);
   for (const auto& e : exits) {
     if (e.rank() == 0) {
-      EXPECT_EQ(e.exit_code(), 4);
+      EXPECT_EQ(e.exit_code(), kExitDrained);
       EXPECT_EQ(e.last_error(), "drained");
     } else {
       EXPECT_EQ(e.signal(), SIGKILL) << "ignored the drain: killed after the grace period";
