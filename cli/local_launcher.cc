@@ -56,6 +56,14 @@ class LaunchOutcome {
       EndLocked({kExitOk, "all " + std::to_string(nproc_) + " ranks finished"});
       return;
     }
+    if (s.signal() == 0 && s.exit_code() == kExitDrained) {
+      // The others drain too (SIGUSR2 went to every rank); the launcher waits for them.
+      MutexLock lock(&mu_);
+      EndLocked({kExitDrained,
+                 "drained (SIGUSR2): the ranks saved the checkpoint of the step "
+                 "they agreed on and stopped"});
+      return;
+    }
     // A rank's exit 2 means input the user must fix; anything else is a runtime failure.
     const int code = s.signal() == 0 && s.exit_code() == kExitUsage ? kExitUsage : kExitFailure;
     MutexLock lock(&mu_);
@@ -79,6 +87,16 @@ class LaunchOutcome {
   void OnCheckpointSignal() {
     MutexLock lock(&mu_);
     if (forward_) forward_();
+  }
+  // SIGUSR2 to the launcher drains the ranks (trainer_process.h), passed on by `drain` while
+  // one is set.
+  void SetDrainForward(std::function<void()> drain) {
+    MutexLock lock(&mu_);
+    drain_ = std::move(drain);
+  }
+  void OnDrainSignal() {
+    MutexLock lock(&mu_);
+    if (drain_) drain_();
   }
 
   void Fail(const std::string& why) {
@@ -105,12 +123,14 @@ class LaunchOutcome {
   int running_ GUARDED_BY(mu_);
   std::optional<LaunchEnd> end_ GUARDED_BY(mu_);
   std::function<void()> forward_ GUARDED_BY(mu_);
+  std::function<void()> drain_ GUARDED_BY(mu_);
 };
 
 // SIGINT and SIGTERM to the launcher end the launch; SIGUSR1 asks the ranks for a
-// checkpoint. They are taken by one thread with sigwait (as in drover-worker), so no handler
-// runs inside gRPC or the supervisor, and blocked first, before any thread starts, so every
-// thread inherits the mask (the ranks get their own, worker/process.cc).
+// checkpoint, SIGUSR2 drains them (a checkpoint, then they stop). They are taken by one thread with
+// sigwait (as in drover-worker), so no handler runs inside gRPC or the supervisor, and blocked
+// first, before any thread starts, so every thread inherits the mask (the ranks get their own,
+// worker/process.cc).
 class StopSignals {
  public:
   explicit StopSignals(LaunchOutcome* outcome) {
@@ -118,12 +138,15 @@ class StopSignals {
     sigaddset(&set_, SIGINT);
     sigaddset(&set_, SIGTERM);
     sigaddset(&set_, SIGUSR1);
+    sigaddset(&set_, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &set_, &old_mask_);
     thread_ = std::thread([this, outcome] {
       int sig = 0;
       while (sigwait(&set_, &sig) == 0 && !done_) {
         if (sig == SIGUSR1) {
           outcome->OnCheckpointSignal();
+        } else if (sig == SIGUSR2) {
+          outcome->OnDrainSignal();
         } else {
           outcome->OnSignal(sig);
         }
@@ -251,8 +274,13 @@ LaunchEnd RunRanks(const RankContext& c, int stop_grace_ms, LaunchOutcome* outco
     const int n = supervisor.RequestCheckpoint(c.job_id, kAttempt, ++requests);
     std::fprintf(stderr, "drover train: SIGUSR1: asked %d ranks for a checkpoint\n", n);
   });
+  outcome->SetDrainForward([&supervisor, stop_grace_ms] {
+    const int n = supervisor.DrainAll(stop_grace_ms);
+    std::fprintf(stderr, "drover train: SIGUSR2: draining %d ranks (a checkpoint, then stop)\n", n);
+  });
   LaunchEnd end = outcome->Wait();
   outcome->SetCheckpointForward(nullptr);  // before the supervisor goes
+  outcome->SetDrainForward(nullptr);
   if (end.exit_code != kExitOk) supervisor.StopAll(stop_grace_ms);
   // The supervisor escalates to SIGKILL at the grace, so this returns soon after it.
   supervisor.WaitAllExited(stop_grace_ms + kDrainMs);

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "tests/integration/train_process.h"
 
 namespace drover {
@@ -117,6 +118,35 @@ TEST_F(LocalLauncherTest, RealTrainerRanksSaveACheckpointWhenTheLauncherGetsSigu
   EXPECT_EQ(Wait(pid), 1) << Log();
   EXPECT_THAT(Log(), HasSubstr("SIGUSR1: asked 2 ranks for a checkpoint"));
   EXPECT_THAT(Log(), ContainsRegex("\\[rank 0\\] .*saving a checkpoint at step [0-9]+: requested"));
+}
+
+// SIGUSR2 to the launcher drains every rank: they save the checkpoint of the step they
+// agree on (no periodic one is due), stop once it is committed, and `drover train` exits 75
+// (kExitDrained), as before a Slurm time limit (`--signal=USR2@120`).
+TEST_F(LocalLauncherTest, RealTrainerRanksSaveACheckpointAndStopWhenTheLauncherGetsSigusr2) {
+  const std::string spec = WriteSpec(1000000, 100000);
+  const pid_t pid = Spawn({kBin + "drover", "train", spec, "--nproc", "2", "--set",
+                           "train.micro_batch=2", "--threads", "1"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (MetricsLines().size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(MetricsLines().size(), 3u) << Log();
+  const size_t trained = MetricsLines().size();
+  ASSERT_EQ(kill(pid, SIGUSR2), 0);
+  EXPECT_EQ(Wait(pid), kExitDrained) << Log();
+  EXPECT_THAT(Log(), HasSubstr("SIGUSR2: draining 2 ranks"));
+  EXPECT_THAT(Log(), HasSubstr("drained (SIGUSR2): the ranks saved the checkpoint"));
+  int64_t newest = -1;
+  for (const auto& e : fs::directory_iterator(dir_ / "out" / "ckpt")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
+        fs::exists(e.path() / "manifest.json")) {
+      newest = std::max<int64_t>(newest, std::stoll(name.substr(5)));
+    }
+  }
+  EXPECT_GE(newest, static_cast<int64_t>(trained)) << Log();
+  EXPECT_EQ(static_cast<int64_t>(MetricsLines().size()), newest) << "a step trained after it";
 }
 
 TEST_F(LocalLauncherTest, FailingRealTrainerRankExitsWithItsCode) {
