@@ -98,6 +98,7 @@ int RunTrain(const TrainFlags& f) {
   }
   if (!st.ok()) {
     std::fprintf(stderr, "drover train: %s\n", st.ToString().c_str());
+    if ((*trainer)->drained()) return kExitDrained;
     return engine::ExitCodeFor(st) == 0 ? kExitFailure : engine::ExitCodeFor(st);
   }
   return kExitOk;

@@ -9,9 +9,12 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "tests/unit/worker/engine/data/gpt2_test_vocab.h"
 
 namespace drover {
@@ -116,6 +119,37 @@ TEST_F(TrainProcessTest, UnusableCheckpointsAreListedAndRefuseASilentFreshStart)
   ASSERT_EQ(Wait(Spawn({kBin + "drover", "train", spec20, "--threads", "1", "--fresh"})), 0)
       << Log();
   EXPECT_EQ(MetricsLines().size(), 10u + 20u);
+}
+
+// `drover train` in one process takes SIGUSR1 (a checkpoint now) and SIGUSR2 (a checkpoint,
+// then stop: exit 75) even though OpenBLAS starts its threads, with the signals unblocked,
+// before main: one landing there used to kill the process (their default action).
+TEST_F(TrainProcessTest, InProcessDroverTrainTakesCheckpointAndDrainSignals) {
+  const std::string spec = WriteSpec(10000000, 10000000);
+  const pid_t pid = Spawn({kBin + "drover", "train", spec, "--threads", "2"});
+  auto wait_for = [&](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  };
+  auto saved = [&] {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_ / "out" / "ckpt", ec)) {
+      n += fs::exists(e.path() / "manifest.json") ? 1 : 0;
+    }
+    return n;
+  };
+  ASSERT_TRUE(wait_for([&] { return MetricsLines().size() >= 3; })) << Log();
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(kill(pid, SIGUSR1), 0);  // whichever thread takes it
+  ASSERT_TRUE(wait_for([&] { return saved() >= 1; })) << Log();
+  EXPECT_EQ(kill(pid, 0), 0) << "SIGUSR1 killed drover train";
+  ASSERT_EQ(kill(pid, SIGUSR2), 0);
+  EXPECT_EQ(Wait(pid), kExitDrained) << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("drained after checkpoint step"));
+  EXPECT_GE(saved(), 2);
 }
 
 TEST_F(TrainProcessTest, TrainerUnderAgentProtocolReportsAndResumesAfterSigterm) {

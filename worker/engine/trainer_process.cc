@@ -20,6 +20,13 @@ void OnStopSignal(int) {
   if (g_stop.exchange(true)) _exit(1);
 }
 
+// The request first: a training thread that sees the drain finds its request counted.
+void CountRequest(int sig) {
+  g_checkpoint_requests.fetch_add(1);
+  if (sig == SIGUSR2) g_drain = true;
+}
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "counted in a signal handler");
+
 }  // namespace
 
 TrainerSignals InstallTrainerSignalHandlers() {
@@ -28,6 +35,16 @@ TrainerSignals InstallTrainerSignalHandlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // A thread some library started before this (OpenBLAS starts its pool as it loads) has
+  // them unblocked, and one sent to the process may land there: the handler counts it,
+  // where their default action would kill the process. (Under the agent they are blocked
+  // from exec on, worker/process.cc, so this is for `drover train` and by-hand runs.)
+  struct sigaction counted = {};
+  counted.sa_handler = CountRequest;
+  counted.sa_flags = SA_RESTART;
+  sigemptyset(&counted.sa_mask);
+  sigaction(SIGUSR1, &counted, nullptr);
+  sigaction(SIGUSR2, &counted, nullptr);
   sigset_t usr;
   sigemptyset(&usr);
   sigaddset(&usr, SIGUSR1);
@@ -35,11 +52,7 @@ TrainerSignals InstallTrainerSignalHandlers() {
   pthread_sigmask(SIG_BLOCK, &usr, nullptr);
   std::thread([usr] {
     int sig = 0;
-    while (sigwait(&usr, &sig) == 0) {
-      // The request first: a training thread that sees the drain finds its request counted.
-      g_checkpoint_requests.fetch_add(1);
-      if (sig == SIGUSR2) g_drain = true;
-    }
+    while (sigwait(&usr, &sig) == 0) CountRequest(sig);
   }).detach();  // lives as long as the process
   return {&g_stop, &g_checkpoint_requests, &g_drain};
 }
