@@ -138,10 +138,14 @@ std::optional<v1::NodeRecord> NodeManager::MarkDead(const std::string& name, boo
   Node& node = it->second;
   node.connected = false;
   node.trainers.clear();  // whatever ran there is gone as far as scheduling is concerned
-  CountFailure(node);
-  if (node.record.failures() >= options_.cordon_after_failures && !Cordon(node) &&
-      held_back != nullptr) {
-    *held_back = true;
+  // An agent that drained its trainers was stopped on purpose (maintenance, an eviction):
+  // its node's leaving is no failure, and repeated maintenance must not cordon it.
+  if (!node.draining) {
+    CountFailure(node);
+    if (node.record.failures() >= options_.cordon_after_failures && !Cordon(node) &&
+        held_back != nullptr) {
+      *held_back = true;
+    }
   }
   node.record.set_state(v1::NODE_DEAD);
   return node.record;

@@ -87,7 +87,8 @@ class NodeManager {
   void UpdateTrainer(const std::string& name, const v1::TrainerStatus& trainer);
 
   // Marks the node dead and counts a failure against it (cordoning it when due, unless
-  // max_cordoned_share holds the cordon back: then *held_back, when given, is set true).
+  // max_cordoned_share holds the cordon back: then *held_back, when given, is set true); a
+  // node whose agent was draining (stopped on purpose) is marked dead without one.
   // Returns the record to persist, or nullopt when the node is unknown or already dead.
   std::optional<v1::NodeRecord> MarkDead(const std::string& name, bool* held_back = nullptr);
 

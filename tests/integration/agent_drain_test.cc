@@ -81,6 +81,20 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
   // The checkpoint was saved at the step the ranks agreed on after the drain began.
   EXPECT_GE(after.attempts(1).resume_step(), stopped_at) << after.attempts(1).resume_checkpoint();
   for (const auto& r : after.attempts(1).placement()) EXPECT_NE(r.node(), node);
+  // The node left on purpose: dead once its agent is gone, with no failure counted.
+  v1::NodeRecord left;
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        auto workers = cluster.ListWorkers();
+        if (!workers.ok()) return false;
+        for (const auto& w : workers->workers()) {
+          if (w.node().name() == node) left = w.node();
+        }
+        return left.state() == v1::NODE_DEAD;
+      },
+      10000))
+      << left.DebugString();
+  EXPECT_EQ(left.failures(), 0) << left.DebugString();
   std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
               static_cast<long long>(stopped_at),
               static_cast<long long>(after.attempts(1).resume_step()));

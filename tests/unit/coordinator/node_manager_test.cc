@@ -50,11 +50,11 @@ TEST(NodeManagerTest, ARequestSentBeforeOneAlreadyTakenIsStale) {
 }
 
 // An agent that is stopping drains its trainers and says so in its heartbeats: nothing new
-// is placed on its node, which is neither cordoned nor counted as failed; its next agent's
-// Register makes it schedulable again.
+// is placed on its node, whose leaving then counts no failure (however often it is done, the
+// node is never cordoned for it); its next agent's Register makes it schedulable again.
 TEST(NodeManagerTest, ADrainingNodeTakesNoNewWorkUntilItsAgentRegistersAgain) {
   FakeClock clock;
-  NodeManager nodes(&clock, {});
+  NodeManager nodes(&clock, {.cordon_after_failures = 1});
   nodes.Register(RegisterReq("n1", 2, "a1"));
   v1::HeartbeatRequest hb;
   hb.set_name("n1");
@@ -70,8 +70,22 @@ TEST(NodeManagerTest, ADrainingNodeTakesNoNewWorkUntilItsAgentRegistersAgain) {
     ++listed;
   });
   EXPECT_EQ(listed, 1);
-  nodes.Register(RegisterReq("n1", 2, "a2"));
-  EXPECT_TRUE(nodes.Schedulable("n1"));
+  for (int i = 0; i < 3; ++i) {
+    auto left = nodes.MarkDead("n1");
+    ASSERT_TRUE(left.has_value());
+    EXPECT_EQ(left->state(), v1::NODE_DEAD);
+    EXPECT_EQ(left->failures(), 0);
+    EXPECT_EQ(left->cordon_until_ms(), 0);
+    nodes.Register(RegisterReq("n1", 2, "a" + std::to_string(i + 2)));
+    EXPECT_TRUE(nodes.Schedulable("n1"));
+    nodes.OnHeartbeat(hb);
+  }
+  // Dead without a drain: a failure, and with cordon_after_failures 1 a cordon.
+  nodes.Register(RegisterReq("n1", 2, "a9"));
+  auto died = nodes.MarkDead("n1");
+  ASSERT_TRUE(died.has_value());
+  EXPECT_EQ(died->failures(), 1);
+  EXPECT_GT(died->cordon_until_ms(), 0);
 }
 
 TEST(NodeManagerTest, ANodeCutOffFromItsPeersIsCordonedAtOnce) {
