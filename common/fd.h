@@ -44,4 +44,8 @@ class ScopedFd {
 // Writes all of `data` to `fd`, retrying short writes and EINTR; errors name `path`.
 Status WriteAll(int fd, std::string_view data, const std::string& path);
 
+// Reads exactly `bytes` at `offset` (pread: the descriptor's position does not matter),
+// retrying short reads and EINTR; DataLoss naming `path` if the file ends first.
+Status ReadAllAt(int fd, void* data, size_t bytes, uint64_t offset, const std::string& path);
+
 }  // namespace drover

@@ -31,6 +31,22 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
   return OkStatus();
 }
 
+Status ReadAllAt(int fd, void* data, size_t bytes, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "read " + path);
+    }
+    if (n == 0) return DataLossError(path + ": unexpected end of file");
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+  return OkStatus();
+}
+
 std::string Dirname(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";

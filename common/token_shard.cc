@@ -14,23 +14,6 @@
 namespace drover {
 namespace {
 
-// Reads exactly `bytes` at `offset`; DataLoss if the file ends first.
-Status ReadAllAt(int fd, void* data, size_t bytes, uint64_t offset, const std::string& path) {
-  char* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::pread(fd, p, bytes, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoToStatus(errno, "read " + path);
-    }
-    if (n == 0) return DataLossError(path + ": unexpected end of file");
-    p += n;
-    offset += static_cast<uint64_t>(n);
-    bytes -= static_cast<size_t>(n);
-  }
-  return OkStatus();
-}
-
 // Opens `path` and validates its header; returns the token count and keeps the fd open.
 StatusOr<uint64_t> OpenAndCheck(const std::string& path, ScopedFd* fd) {
   const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

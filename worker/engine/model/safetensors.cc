@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "common/fd.h"
+#include "worker/engine/kernels/cpu/round.h"
 
 namespace drover::engine {
 namespace {
@@ -88,32 +89,26 @@ float HalfToFloat(uint16_t h) {
   return std::bit_cast<float>(bits);
 }
 
-// fp32 to bf16 bits, round to nearest even; NaN stays a (quiet) NaN.
-uint16_t FloatToBf16(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x0040u);
-  x += 0x7FFFu + ((x >> 16) & 1u);
+// The bits of a value that the engine's rounding (kernels/cpu/round.h, the one rounding to
+// 16 bits drover has) made exact in the narrower type, so nothing is rounded here: bf16 is
+// fp32's upper half; fp16 rebiases the exponent, its subnormals whole multiples of 2^-24.
+// NaN becomes a quiet NaN (its payload may lie in the bits that go).
+uint16_t Bf16BitsOfExact(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x7FC0u);
   return static_cast<uint16_t>(x >> 16);
 }
 
-// fp32 to IEEE half bits, round to nearest even: subnormals below 2^-14, +-inf from 65520 up
-// (the halfway point past 65504, which ties to the even infinity), NaN quiet.
-uint16_t FloatToHalf(float f) {
+uint16_t HalfBitsOfExact(float f) {
   const uint32_t x = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t abs = x & 0x7FFFFFFFu;
   if (abs > 0x7F800000u) return sign | 0x7E00u;
-  if (abs >= 0x477FF000u) return sign | 0x7C00u;
-  if (abs < 0x38800000u) {
-    // In units of the smallest subnormal, 2^-24: exact in fp32, rounded to even by nearbyint
-    // (the default rounding mode). 1024 units is the smallest normal, bits 0x0400 alike.
-    const float units = std::bit_cast<float>(abs) * 0x1p24f;
-    return sign | static_cast<uint16_t>(std::nearbyint(units));
+  if (abs == 0x7F800000u) return sign | 0x7C00u;
+  if (abs < 0x38800000u) {  // below 2^-14: a count of 2^-24 steps, exact
+    return sign | static_cast<uint16_t>(std::bit_cast<float>(abs) * 0x1p24f);
   }
-  uint32_t h = (abs >> 13) - (112u << 10);  // exponent rebiased 127 -> 15, top 10 mantissa bits
-  const uint32_t rest = abs & 0x1FFFu;      // the 13 bits dropped
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // a carry moves the exponent up
-  return sign | static_cast<uint16_t>(h);
+  return sign | static_cast<uint16_t>((abs >> 13) - (112u << 10));  // exponent 127 -> 15
 }
 
 const char* DtypeName(SafetensorsDtype d) {
@@ -129,20 +124,6 @@ const char* DtypeName(SafetensorsDtype d) {
 }
 
 uint64_t ElementBytes(SafetensorsDtype d) { return d == SafetensorsDtype::kF32 ? 4 : 2; }
-
-// Reads exactly `n` bytes at `offset`, retrying short reads and EINTR.
-Status PreadAll(int fd, char* out, uint64_t n, uint64_t offset, const std::string& path) {
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, out, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return ErrnoToStatus(errno, "reading " + path);
-    if (got == 0) return DataLossError(path + ": file ends early");
-    out += got;
-    n -= static_cast<uint64_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-  return OkStatus();
-}
 
 // A JSON array of non-negative integers that fit in T.
 template <typename T>
@@ -192,6 +173,7 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTe
                         const std::map<std::string, std::string>& metadata, FileSystem* fs,
                         SafetensorsDtype dtype) {
   ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(tensors, metadata, dtype));
+  std::vector<float> rounded;
   std::vector<uint16_t> narrow;
   return WriteFileAtomic(fs, path, [&](WritableFile& file) {
     RETURN_IF_ERROR(file.Append(header));
@@ -201,10 +183,13 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTe
                                                      t.data.size() * sizeof(float))));
         continue;
       }
-      narrow.resize(t.data.size());
-      for (size_t i = 0; i < t.data.size(); ++i) {
-        narrow[i] =
-            dtype == SafetensorsDtype::kBF16 ? FloatToBf16(t.data[i]) : FloatToHalf(t.data[i]);
+      rounded.assign(t.data.begin(), t.data.end());
+      const bool bf16 = dtype == SafetensorsDtype::kBF16;
+      bf16 ? cpu::RoundToBf16(rounded.data(), rounded.size())
+           : cpu::RoundToFp16(rounded.data(), rounded.size());
+      narrow.resize(rounded.size());
+      for (size_t i = 0; i < rounded.size(); ++i) {
+        narrow[i] = bf16 ? Bf16BitsOfExact(rounded[i]) : HalfBitsOfExact(rounded[i]);
       }
       RETURN_IF_ERROR(file.Append(std::string_view(reinterpret_cast<const char*>(narrow.data()),
                                                    narrow.size() * sizeof(uint16_t))));
@@ -234,14 +219,14 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   uint64_t n = 0;
   if (size < sizeof(n)) return DataLossError(path + ": too short for a safetensors header");
-  RETURN_IF_ERROR(PreadAll(fd.get(), reinterpret_cast<char*>(&n), sizeof(n), 0, path));
+  RETURN_IF_ERROR(ReadAllAt(fd.get(), reinterpret_cast<char*>(&n), sizeof(n), 0, path));
   if (n > kMaxHeaderBytes || n > size - sizeof(n)) {
     return DataLossError(path + ": not a safetensors file (its header length " + std::to_string(n) +
                          " exceeds " + (n > kMaxHeaderBytes ? "the format's 100 MB" : "the file") +
                          ")");
   }
   std::string json(n, '\0');
-  RETURN_IF_ERROR(PreadAll(fd.get(), json.data(), n, sizeof(n), path));
+  RETURN_IF_ERROR(ReadAllAt(fd.get(), json.data(), n, sizeof(n), path));
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(path, fd.get(), sizeof(n) + n));
   fd.Forget();
   RETURN_IF_ERROR(file->ParseHeader(json, size - sizeof(n) - n));
@@ -321,14 +306,14 @@ Status SafetensorsFile::ReadFloats(const std::string& name, float* out) const {
   const uint64_t n = e.numel();
   const uint64_t at = data_offset_ + e.begin;
   if (e.dtype == "F32") {
-    return PreadAll(fd_, reinterpret_cast<char*>(out), n * 4, at, path_);
+    return ReadAllAt(fd_, reinterpret_cast<char*>(out), n * 4, at, path_);
   }
   if (e.dtype != "F16" && e.dtype != "BF16" && e.dtype != "F64") {
     return InvalidArgumentError(path_ + ": tensor '" + name + "' has dtype " + e.dtype +
                                 "; only F32, F16, BF16 and F64 tensors can be read");
   }
   std::string raw(e.end - e.begin, '\0');
-  RETURN_IF_ERROR(PreadAll(fd_, raw.data(), raw.size(), at, path_));
+  RETURN_IF_ERROR(ReadAllAt(fd_, raw.data(), raw.size(), at, path_));
   for (uint64_t i = 0; i < n; ++i) {
     if (e.dtype == "F64") {
       double d;

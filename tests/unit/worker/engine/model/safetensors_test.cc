@@ -193,9 +193,11 @@ TEST_F(SafetensorsFileTest, SixteenBitAndDoubleTensorsAreReadAsFloats) {
   EXPECT_NE(st.message().find("dtype I32"), std::string::npos) << st;
 }
 
-// Narrowed on the way out, read back widened: each value is what the CPU engine's own
-// rounding to that type gives (kernels/cpu/round.h, an independent implementation), over
-// random values of every magnitude, the fp16 subnormals, overflows and ties included.
+// Narrowed on the way out, read back widened: each value is what the CPU engine's rounding
+// to that type gives (kernels/cpu/round.h, which the writer rounds with), over random values
+// of every magnitude, the fp16 subnormals, overflows and ties included, so the bits written
+// and the reader's widening agree with it exactly. (PyTorch's casts of the same tensors give
+// the same bits: tests/tools/hf_gpt2_check.py's export checks, by hand.)
 TEST_F(SafetensorsFileTest, SixteenBitOutputRoundsToNearestEvenAsTheEngineDoes) {
   std::mt19937 rng(17);
   std::vector<float> values = {0.0f,
