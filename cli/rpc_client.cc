@@ -202,6 +202,19 @@ StatusOr<v1::UncordonResponse> RpcClient::Uncordon(const std::string& node, int 
   return resp;
 }
 
+StatusOr<v1::CordonResponse> RpcClient::Cordon(const std::string& node, bool drain,
+                                               const std::string& reason) {
+  v1::CordonRequest req;
+  req.set_node(node);
+  req.set_drain(drain);
+  req.set_reason(reason);
+  req.set_requester(Submitter());
+  v1::CordonResponse resp;
+  // Safe to repeat: a second cordon or drain of a node changes nothing.
+  DROVER_RPC_CALL(Cordon, req, resp, (drain ? "drain " : "cordon ") + node);
+  return resp;
+}
+
 #undef DROVER_RPC_CALL
 
 int ReportError(const Status& st) {

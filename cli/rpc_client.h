@@ -43,6 +43,9 @@ class RpcClient {
   StatusOr<v1::ReadLogsResponse> ReadLogs(const std::string& job_id, int rank, int64_t offset);
   // slot < 0: the whole node.
   StatusOr<v1::UncordonResponse> Uncordon(const std::string& node, int slot);
+  // Fills in the requester ($USER@hostname), as a submit's submitter.
+  StatusOr<v1::CordonResponse> Cordon(const std::string& node, bool drain,
+                                      const std::string& reason);
 
   const std::string& request_id() const { return request_id_; }
 

@@ -72,6 +72,15 @@ std::vector<std::vector<std::string>> GpuRows(const v1::WorkerInfo& w) {
   return rows;
 }
 
+std::string OperatorCordonLine(const v1::NodeRecord& n, int64_t now_ms) {
+  if (n.operator_cordon().empty()) return "";
+  std::string line = n.name() + ": " + n.operator_cordon();
+  if (n.operator_cordon_ms() > 0 && now_ms >= n.operator_cordon_ms()) {
+    line += ", " + FormatDurationMs(now_ms - n.operator_cordon_ms()) + " ago";
+  }
+  return line + " (until drover uncordon " + n.name() + ")";
+}
+
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) {
   std::vector<std::string> lines;
   auto unfit = [&](int slot) -> const v1::SlotHealth* {

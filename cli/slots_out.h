@@ -17,6 +17,10 @@ namespace drover::cli {
 // says how close the count is to being forgotten (the coordinator's --node-failure-memory).
 std::string FailuresCell(const v1::NodeRecord& n, int64_t now_ms);
 
+// Node `n`'s line for an operator's cordon at `now_ms`: "NODE: drained by root@host: new
+// NIC, 5m12s ago (until drover uncordon NODE)", or "" when it has none.
+std::string OperatorCordonLine(const v1::NodeRecord& n, int64_t now_ms);
+
 // Node `n`'s lines at `now_ms` (the coordinator's clock), each "NODE slot S ...".
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms);
 

@@ -56,7 +56,8 @@ std::string NodeTable(const TopSnapshot& s) {
     // clock (ListWorkersResponse.now_ms) where it sent one.
     const int64_t now = s.workers.now_ms() > 0 ? s.workers.now_ms() : s.now_ms;
     const int out = SlotsOut(n, now);
-    rows.push_back({n.name(), Trimmed(v1::NodeState_Name(n.state()), "NODE_"),
+    rows.push_back({n.name(),
+                    w.draining() ? "DRAINING" : Trimmed(v1::NodeState_Name(n.state()), "NODE_"),
                     std::to_string(used) + "/" + std::to_string(n.slots_size()) +
                         (out > 0 ? " (" + std::to_string(out) + " out)" : ""),
                     age});

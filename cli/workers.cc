@@ -33,6 +33,7 @@ CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
       const v1::NodeRecord& n = w.node();
       std::string state = v1::NodeState_Name(n.state());
       if (state.rfind("NODE_", 0) == 0) state = state.substr(5);
+      if (w.draining()) state = "DRAINING";  // its trainers are leaving with checkpoints
       std::string device = n.slots().empty() ? "-" : v1::DeviceKind_Name(n.slots(0).device());
       // A GPU node's first slot as the agent's probe described it: "cuda:0 NVIDIA H200 (139
       // GiB)" shows as "CUDA NVIDIA H200 (139 GiB)".
@@ -54,6 +55,9 @@ CommandRun SetupWorkers(CLI::App* app, GlobalOptions* globals) {
     std::cout << FormatTable(
         {"NAME", "STATE", "DEVICE", "SLOTS", "FREE", "FAILURES", "ADDRESS", "TRAINERS"}, rows);
     for (const v1::WorkerInfo& w : resp->workers()) {
+      if (std::string line = OperatorCordonLine(w.node(), resp->now_ms()); !line.empty()) {
+        std::cout << line << "\n";
+      }
       for (const std::string& line : SlotsOutLines(w.node(), resp->now_ms())) {
         std::cout << line << "\n";
       }

@@ -117,6 +117,11 @@ class Coordinator {
   // An operator puts a node, or one slot of it, back in service (NodeManager::PlanUncordon):
   // written first, made once durable, as a cancel.
   StatusOr<v1::UncordonResponse> Uncordon(const v1::UncordonRequest& request);
+  // An operator takes a node out of service until Uncordon (NodeManager::PlanCordon), and
+  // with request.drain moves its trainers off: every heartbeat reply of its agent that lists
+  // one live carries a DrainTrainersOrder, and their jobs restart elsewhere from the
+  // checkpoint the drain saves (JobManager: kExitDrained). Written first, made once durable.
+  StatusOr<v1::CordonResponse> Cordon(const v1::CordonRequest& request);
 
   // For the dashboard and /metrics (coordinator/http_server.h).
   std::map<v1::JobState, int64_t> CountJobsByState() const;
@@ -173,11 +178,21 @@ class Coordinator {
   // A RUNNING job's notices (JobInfo.notices), from `info`'s trainers and the agents' last
   // GPU readings: a rank on a slowed GPU, a rank its stage waits for (straggler.h).
   void AddNotices(const v1::JobRecord& rec, v1::JobInfo* info) const REQUIRES(mu_);
+  // An operator's change to a node (Cordon, Uncordon): `plan_change` works it out under the
+  // state lock, it is written, and made once durable, then `applied` runs under the lock;
+  // planned again when the node changed meanwhile. `what` says what was not done, for errors.
+  Status ChangeNode(const std::string& what,
+                    const std::function<StatusOr<NodeManager::NodePlan>()>& plan_change,
+                    const std::function<void(const NodeManager::NodePlan&)>& applied) EXCLUDES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
   int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.
   Status Refused(const std::string& what, const Status& error) const;
   void ObserveTrainers(const std::string& node) REQUIRES(mu_);
+  // A DrainTrainersOrder for `node` while an operator drains it and its agent lists a live
+  // trainer (the agent signals none twice, so repeating it costs nothing).
+  void AppendDrainOrder(const std::string& node,
+                        google::protobuf::RepeatedPtrField<v1::Order>* orders) const REQUIRES(mu_);
   std::vector<int> BusySlots(const std::string& node) const REQUIRES(mu_);
   // Appends the slots of live trainers the node's agent lists (a stopped attempt's
   // survivor keeps its slot until it exits).

@@ -1,5 +1,5 @@
 // Coordinator's WorkerService: what agents send (registrations, heartbeats, trainer exits,
-// their connections, logs), and what operators ask of nodes (ListWorkers, Uncordon).
+// their connections, logs), and what operators ask of nodes (ListWorkers, Cordon, Uncordon).
 // coordinator.h states the contract.
 #include <spdlog/spdlog.h>
 
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "common/job_state.h"
 #include "common/mutex.h"
 #include "common/node_slots.h"
@@ -165,6 +166,7 @@ v1::HeartbeatResponse Coordinator::Heartbeat(const v1::HeartbeatRequest& request
   jobs_.AppendOrders(request.name(), *nodes_.Trainers(request.name()), response.mutable_orders(),
                      [this](const std::string& job)
                          REQUIRES(mu_) { return !undurable_attempts_.count(job); });
+  AppendDrainOrder(request.name(), response.mutable_orders());
   *response.mutable_cleared_latches() = nodes_.Find(request.name())->cleared_latches();
   return response;
 }
@@ -217,38 +219,90 @@ Status Coordinator::AppendLogs(const v1::AppendLogsRequest& request) {
                       request.data());
 }
 
-StatusOr<v1::UncordonResponse> Coordinator::Uncordon(const v1::UncordonRequest& request) {
-  const int slot = request.slot_only() ? request.slot() : -1;
-  const std::string what = "node " + request.node() +
-                           (slot >= 0 ? " slot " + std::to_string(slot) : std::string()) +
-                           " not uncordoned";
+Status Coordinator::ChangeNode(const std::string& what,
+                               const std::function<StatusOr<NodeManager::NodePlan>()>& plan_change,
+                               const std::function<void(const NodeManager::NodePlan&)>& applied) {
   // As a cancel: if the node changed under the write (a failure, a re-registration), its
   // newer record was queued after this one and wins on disk; plan again from it.
   constexpr int kTries = 10;
   for (int i = 0; i < kTries; ++i) {
-    NodeManager::UncordonPlan plan;
+    NodeManager::NodePlan plan;
     int64_t seq;
     {
       MutexLock lock(&mu_);
-      ASSIGN_OR_RETURN(plan, nodes_.PlanUncordon(request.node(), slot));
+      ASSIGN_OR_RETURN(plan, plan_change());
       StoreBatch batch;
       batch.nodes.push_back(plan.after);
       seq = Propose(std::move(batch));
     }
     if (Status st = writer_->WaitProposal(seq); !st.ok()) return Refused(what, st);
     MutexLock lock(&mu_);
-    if (!nodes_.ApplyUncordon(plan)) continue;
-    spdlog::info("{}{} put back in service by an operator{}", request.node(),
-                 slot >= 0 ? " slot " + std::to_string(slot) : std::string(),
-                 plan.was_cordoned ? "" : " (it was not cordoned)");
-    schedule_due_ = true;
-    v1::UncordonResponse response;
-    *response.mutable_node() = *nodes_.Find(request.node());
-    response.set_was_cordoned(plan.was_cordoned);
-    return response;
+    if (!nodes_.ApplyPlan(plan)) continue;
+    applied(plan);
+    return OkStatus();
   }
   return UnavailableError(what + ": it changed " + std::to_string(kTries) +
-                          " times while being uncordoned; try again");
+                          " times meanwhile; try again");
+}
+
+StatusOr<v1::UncordonResponse> Coordinator::Uncordon(const v1::UncordonRequest& request) {
+  const int slot = request.slot_only() ? request.slot() : -1;
+  const std::string where =
+      request.node() + (slot >= 0 ? " slot " + std::to_string(slot) : std::string());
+  v1::UncordonResponse response;
+  RETURN_IF_ERROR(ChangeNode(
+      "node " + where + " not uncordoned",
+      [&]() REQUIRES(mu_) { return nodes_.PlanUncordon(request.node(), slot); },
+      [&](const NodeManager::NodePlan& plan) REQUIRES(mu_) {
+        spdlog::info("{} put back in service by an operator{}", where,
+                     plan.was_cordoned ? "" : " (it was not cordoned)");
+        schedule_due_ = true;
+        *response.mutable_node() = *nodes_.Find(request.node());
+        response.set_was_cordoned(plan.was_cordoned);
+      }));
+  return response;
+}
+
+StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& request) {
+  RETURN_IF_ERROR(CheckLength("cordon: the reason", request.reason(), kMaxReasonBytes));
+  RETURN_IF_ERROR(CheckLength("cordon: the requester", request.requester(), kMaxReasonBytes));
+  const char* verb = request.drain() ? "drained" : "cordoned";
+  std::string why = std::string(verb) + " by " +
+                    (request.requester().empty() ? "an operator" : request.requester());
+  if (!request.reason().empty()) why += ": " + request.reason();
+  v1::CordonResponse response;
+  RETURN_IF_ERROR(ChangeNode(
+      "node " + request.node() + " not " + verb,
+      [&]() REQUIRES(mu_) { return nodes_.PlanCordon(request.node(), request.drain(), why); },
+      [&](const NodeManager::NodePlan& plan) REQUIRES(mu_) {
+        *response.mutable_node() = *nodes_.Find(request.node());
+        // Only what an alive node runs moves; a dead node's jobs have already failed over.
+        if (plan.after.drain() && plan.after.state() != v1::NODE_DEAD) {
+          for (const v1::TrainerStatus& t : *nodes_.Trainers(request.node())) {
+            if (!IsLive(t) || !jobs_.IsCurrent(TrainerKey::Of(t))) continue;
+            const auto& listed = response.jobs();
+            if (std::find(listed.begin(), listed.end(), t.job_id()) != listed.end()) continue;
+            response.add_jobs(t.job_id());
+            const JobSpec* spec = jobs_.SpecOf(t.job_id());
+            response.add_jobs_checkpoint(spec != nullptr && spec->checkpoint.enabled());
+          }
+          if (nudge_) nudge_(request.node());  // its agent heartbeats now: the reply drains
+        }
+        spdlog::info("node {} {} ({}){}", request.node(), verb, why,
+                     response.jobs().empty() ? ""
+                                             : "; " + std::to_string(response.jobs_size()) +
+                                                   " job(s) save a checkpoint and move elsewhere");
+      }));
+  return response;
+}
+
+void Coordinator::AppendDrainOrder(const std::string& node,
+                                   google::protobuf::RepeatedPtrField<v1::Order>* orders) const {
+  const v1::NodeRecord* rec = nodes_.Find(node);
+  if (rec == nullptr || !rec->drain() || LiveTrainers(*nodes_.Trainers(node)) == 0) return;
+  // Grace 0: the agent's --stop-grace-ms, which its operator sized to a checkpoint of the
+  // models it trains (it drains with it when stopped), not the coordinator's stop grace.
+  orders->Add()->mutable_drain()->set_reason(rec->operator_cordon());
 }
 
 v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& request) {
@@ -277,6 +331,7 @@ v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& r
           }
         }
         w->set_free_slots(free);
+        w->set_draining(nodes_.Draining(name));
       });
   return response;
 }

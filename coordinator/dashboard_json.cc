@@ -174,16 +174,20 @@ json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsRespo
     alive += state == "alive";
     slots += n.slots_size();
     free += w.free_slots();
-    nodes.push_back(json{{"name", n.name()},
-                         {"address", n.address()},
-                         {"state", state},
-                         {"failures", n.failures()},
-                         {"last_failure_ms", n.last_failure_ms()},
-                         {"cordon_until_ms", n.cordon_until_ms()},
-                         {"heartbeat_age_ms", std::max<int64_t>(0, now_ms - n.last_heartbeat_ms())},
-                         {"free_slots", w.free_slots()},
-                         {"trainers", w.trainers_size()},
-                         {"slots", std::move(node_slots)}});
+    json node{{"name", n.name()},
+              {"address", n.address()},
+              {"state", state},
+              {"failures", n.failures()},
+              {"last_failure_ms", n.last_failure_ms()},
+              {"cordon_until_ms", n.cordon_until_ms()},
+              {"heartbeat_age_ms", std::max<int64_t>(0, now_ms - n.last_heartbeat_ms())},
+              {"free_slots", w.free_slots()},
+              {"trainers", w.trainers_size()},
+              {"slots", std::move(node_slots)}};
+    // Out of service by an operator's word (drover cordon, drover drain) until uncordoned.
+    if (!n.operator_cordon().empty()) node["operator_cordon"] = n.operator_cordon();
+    if (w.draining()) node["draining"] = true;  // its trainers leave with checkpoints
+    nodes.push_back(std::move(node));
   }
   return json{{"now_ms", now_ms},
               {"nodes", std::move(nodes)},

@@ -222,11 +222,12 @@ void JobManager::OnTrainerStatus(const std::string& node, const v1::TrainerStatu
     return;
   }
   if (t.signal() == 0 && t.exit_code() == kExitDrained) {
-    // A node's agent is stopping and drained its trainers: they stopped once the job's
-    // checkpoint of the step the ranks agreed on was committed (and their peers with them),
-    // so the next attempt resumes from it. Neither the job's fault nor the node's: not
-    // counted. The exit's last line says which rank and node were drained.
-    FailAttempt(job, "drained: a node is shutting down (" + DescribeExit(t, node) + ")", node,
+    // A node's agent is stopping, or an operator drains the node, and its trainers drained: they
+    // stopped once the job's checkpoint of the step the ranks agreed on was committed (and their
+    // peers with them), so the next attempt resumes from it. Neither the job's fault nor the
+    // node's: not counted. The exit's last line says which rank and node were drained.
+    FailAttempt(job, "drained: a node is taken out of service (" + DescribeExit(t, node) + ")",
+                node,
                 /*retry=*/true, /*counted=*/false);
     return;
   }

@@ -22,6 +22,8 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr size_t kMaxNodeNameBytes = 128;
 inline constexpr size_t kMaxNodeAddressBytes = 256;
 inline constexpr int kMaxSlotsPerNode = 1024;
+// An operator's reason and name in a CordonRequest, in bytes: kept in the node's record.
+inline constexpr size_t kMaxReasonBytes = 1024;
 // One AppendLogs chunk, in bytes. Agents ship at most 256 KiB at a time (LogShipper).
 inline constexpr size_t kMaxLogChunkBytes = 1024 * 1024;
 // Default of --max-pending-per-submitter: jobs one submitter may have PENDING at once.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "coordinator/backoff.h"
+#include "coordinator/trainer_key.h"
 
 namespace drover::coordinator {
 namespace {
@@ -27,6 +28,13 @@ bool Unchanged(v1::NodeRecord now, v1::NodeRecord planned) {
   now.clear_last_heartbeat_ms();
   planned.clear_last_heartbeat_ms();
   return now.SerializeAsString() == planned.SerializeAsString();
+}
+
+// The state of a node that is not dead: cordoned while a cordon its failures earned lasts
+// at wall time `now_ms` or an operator's is in force, else alive.
+v1::NodeState LiveState(const v1::NodeRecord& r, int64_t now_ms) {
+  return r.cordon_until_ms() > now_ms || !r.operator_cordon().empty() ? v1::NODE_CORDONED
+                                                                      : v1::NODE_ALIVE;
 }
 
 }  // namespace
@@ -82,9 +90,8 @@ v1::NodeRecord NodeManager::Register(const v1::RegisterRequest& request) {
   r.set_agent_id(request.agent_id());
   r.set_node_uid(request.node_uid());
   r.set_last_heartbeat_ms(clock_->WallNowMs());
-  bool cordoned = r.cordon_until_ms() > clock_->WallNowMs();
-  r.set_state(cordoned ? v1::NODE_CORDONED : v1::NODE_ALIVE);
-  if (!cordoned) r.set_cordon_until_ms(0);
+  if (r.cordon_until_ms() <= clock_->WallNowMs()) r.set_cordon_until_ms(0);
+  r.set_state(LiveState(r, clock_->WallNowMs()));
   node.connected = true;
   node.draining = false;  // a new agent process
   node.trainers.assign(request.running().begin(), request.running().end());
@@ -114,8 +121,7 @@ std::optional<v1::NodeRecord> NodeManager::OnHeartbeat(const v1::HeartbeatReques
   node.gpus.assign(request.gpus().begin(), request.gpus().end());
   if (node.record.state() != v1::NODE_DEAD) return std::nullopt;
   // A dead node whose agent kept its id came back (a partition healed).
-  bool cordoned = node.record.cordon_until_ms() > clock_->WallNowMs();
-  node.record.set_state(cordoned ? v1::NODE_CORDONED : v1::NODE_ALIVE);
+  node.record.set_state(LiveState(node.record, clock_->WallNowMs()));
   return node.record;
 }
 
@@ -225,11 +231,10 @@ std::vector<v1::SlotHealth> NodeManager::TakeHealth(
   return first;
 }
 
-StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string& name,
-                                                              int slot) const {
+StatusOr<NodeManager::NodePlan> NodeManager::PlanUncordon(const std::string& name, int slot) const {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return NotFoundError("no node " + name);
-  UncordonPlan plan{it->second.record, it->second.record};
+  NodePlan plan{it->second.record, it->second.record};
   v1::NodeRecord& r = plan.after;
   const int64_t now = clock_->WallNowMs();
   if (slot >= 0) {
@@ -245,11 +250,15 @@ StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string&
           "); it returns to service by itself once the check passes");
     }
   } else {
-    plan.was_cordoned = r.state() == v1::NODE_CORDONED || r.cordon_until_ms() > now;
+    plan.was_cordoned =
+        r.state() == v1::NODE_CORDONED || r.cordon_until_ms() > now || !r.operator_cordon().empty();
     if (r.state() == v1::NODE_CORDONED) r.set_state(v1::NODE_ALIVE);
     r.set_cordon_until_ms(0);
     r.set_failures(0);
     r.set_last_failure_ms(0);
+    r.clear_operator_cordon();
+    r.clear_operator_cordon_ms();
+    r.clear_drain();
   }
   // A latch ends only so. The slot is in use from now; the agent hears of it with its next
   // heartbeat's reply, and reports the latch until then (TakeHealth leaves it out).
@@ -270,7 +279,31 @@ StatusOr<NodeManager::UncordonPlan> NodeManager::PlanUncordon(const std::string&
   return plan;
 }
 
-bool NodeManager::ApplyUncordon(const UncordonPlan& plan) {
+StatusOr<NodeManager::NodePlan> NodeManager::PlanCordon(const std::string& name, bool drain,
+                                                        const std::string& why) const {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return NotFoundError("no node " + name);
+  NodePlan plan{it->second.record, it->second.record};
+  v1::NodeRecord& r = plan.after;
+  plan.was_cordoned = !r.operator_cordon().empty();
+  // The reason is what the operator sees in drover workers: never empty once cordoned.
+  r.set_operator_cordon(why.empty() ? "cordoned by an operator" : why);
+  if (!plan.was_cordoned) r.set_operator_cordon_ms(clock_->WallNowMs());
+  r.set_drain(r.drain() || drain);
+  if (r.state() != v1::NODE_DEAD) r.set_state(v1::NODE_CORDONED);
+  return plan;
+}
+
+bool NodeManager::Draining(const std::string& name) const {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return false;
+  const Node& node = it->second;
+  if (node.draining) return true;
+  return node.record.drain() && node.record.state() != v1::NODE_DEAD &&
+         std::any_of(node.trainers.begin(), node.trainers.end(), IsLive);
+}
+
+bool NodeManager::ApplyPlan(const NodePlan& plan) {
   auto it = nodes_.find(plan.before.name());
   if (it == nodes_.end() || !Unchanged(it->second.record, plan.before)) return false;
   const int64_t heartbeat = it->second.record.last_heartbeat_ms();
@@ -333,8 +366,8 @@ std::vector<v1::NodeRecord> NodeManager::ExpireCordons() {
     v1::NodeRecord& r = node.record;
     bool ended = false;
     if (due(r.cordon_until_ms()) && r.state() == v1::NODE_CORDONED) {
-      r.set_state(v1::NODE_ALIVE);
       r.set_cordon_until_ms(0);
+      r.set_state(LiveState(r, now));  // an operator's cordon outlasts it
       ended = true;
     }
     if (due(ForgetNodeFailuresAt(r))) {

@@ -120,22 +120,32 @@ class NodeManager {
       const std::string& name, const google::protobuf::RepeatedPtrField<v1::SlotHealth>& unhealthy,
       bool* changed = nullptr);
 
-  // An operator's uncordon, worked out but not made: node `name` with its cordon ended and
-  // its failures forgotten, with every slot's too (`slot` < 0), or only that slot's.
+  // An operator's change to a node, worked out but not made: the caller makes `after`
+  // durable, then ApplyPlan()s it.
+  struct NodePlan {
+    v1::NodeRecord before;  // as it was planned from
+    v1::NodeRecord after;
+    bool was_cordoned = false;  // a cordon was in force (PlanUncordon: and ended)
+  };
+  // An operator's uncordon: node `name` with its cordon ended (its operator cordon and drain
+  // too) and its failures forgotten, with every slot's too (`slot` < 0), or only that slot's.
   // NotFound for an unknown node or slot; FailedPrecondition for a slot its agent reports
   // unfit (it returns by itself once the agent no longer does: its cordon would not end
   // anything), unless the finding is a latch (a critical Xid), which only an operator ends:
   // the plan clears it (cleared_latches, for the agent; the slot in use at once), as every
-  // latch of the node when `slot` < 0. The caller makes `after` durable, then Apply()s.
-  struct UncordonPlan {
-    v1::NodeRecord before;  // as it was planned from
-    v1::NodeRecord after;
-    bool was_cordoned = false;  // a cordon ended (else only failure counts were forgotten)
-  };
-  StatusOr<UncordonPlan> PlanUncordon(const std::string& name, int slot) const;
-  // Makes a planned uncordon; false, changing nothing, when the node's record changed since
+  // latch of the node when `slot` < 0.
+  StatusOr<NodePlan> PlanUncordon(const std::string& name, int slot) const;
+  // An operator's cordon (drover cordon; `drain`: drover drain): node `name` out of service
+  // until PlanUncordon, `why` (who and why) kept for drover workers. A drain stays once
+  // asked; a repeated cordon keeps the first one's time. NotFound for an unknown node.
+  StatusOr<NodePlan> PlanCordon(const std::string& name, bool drain, const std::string& why) const;
+  // Makes a planned change; false, changing nothing, when the node's record changed since
   // it was planned (another failure, a re-registration: plan again).
-  bool ApplyUncordon(const UncordonPlan& plan);
+  bool ApplyPlan(const NodePlan& plan);
+
+  // Whether the node's trainers are leaving with their jobs' checkpoints: its agent is
+  // stopping, or an operator drains it and its agent lists one live. False for an unknown node.
+  bool Draining(const std::string& name) const;
 
   // Returns the nodes whose cool-down, or one of whose slots' cool-down, has passed, and
   // those whose failures have passed their memory (to persist): a cordoned node is ALIVE
@@ -143,7 +153,8 @@ class NodeManager {
   // entry is gone.
   std::vector<v1::NodeRecord> ExpireCordons();
 
-  // Alive, connected, not draining (its agent stopping) and not cordoned.
+  // Alive, connected, not draining (its agent stopping) and not cordoned (for its failures or
+  // by an operator).
   bool Schedulable(const std::string& name) const;
 
   const v1::NodeRecord* Find(const std::string& name) const;
@@ -182,11 +193,12 @@ class NodeManager {
   // INT64_MAX when never (nothing to forget, or no memory limit).
   int64_t ForgetNodeFailuresAt(const v1::NodeRecord& r) const;
   int64_t ForgetSlotFaultAt(const v1::SlotFault& f) const;
-  // Alive, connected, not draining and not cordoned at wall time `now_ms`.
+  // Alive, connected, not draining and not cordoned (for failures or by an operator) at wall
+  // time `now_ms`.
   static bool IsSchedulable(const Node& node, int64_t now_ms) {
     const v1::NodeRecord& r = node.record;
     return node.connected && !node.draining && r.state() == v1::NODE_ALIVE &&
-           r.cordon_until_ms() <= now_ms;
+           r.cordon_until_ms() <= now_ms && r.operator_cordon().empty();
   }
 
   const Clock* const clock_;

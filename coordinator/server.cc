@@ -29,6 +29,7 @@ constexpr char kCheckpointJob[] = "/drover.v1.JobService/CheckpointJob";
 constexpr char kDeleteJob[] = "/drover.v1.JobService/DeleteJob";
 constexpr char kListWorkers[] = "/drover.v1.JobService/ListWorkers";
 constexpr char kUncordon[] = "/drover.v1.JobService/Uncordon";
+constexpr char kCordon[] = "/drover.v1.JobService/Cordon";
 constexpr char kReadLogs[] = "/drover.v1.JobService/ReadLogs";
 
 // Returns the refusal from the enclosing handler when `auth` refuses the call.
@@ -147,6 +148,14 @@ class JobServiceImpl final : public v1::JobService::Service {
                         v1::UncordonResponse* resp) override {
     DROVER_AUTHORIZE(auth_, ctx, kUncordon);
     auto r = c_->Uncordon(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status Cordon(grpc::ServerContext* ctx, const v1::CordonRequest* req,
+                      v1::CordonResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kCordon);
+    auto r = c_->Cordon(*req);
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;

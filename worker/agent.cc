@@ -190,6 +190,14 @@ Status Agent::Heartbeat() {
                    stop.reason());
       supervisor_->Stop(stop.job_id(), stop.attempt(), stop.grace_ms());
     }
+    if (order.has_drain()) {
+      const int grace =
+          order.drain().grace_ms() > 0 ? order.drain().grace_ms() : options_.shutdown_grace_ms;
+      if (const int n = supervisor_->DrainRunning(grace); n > 0) {
+        spdlog::info("draining {} trainer(s): a checkpoint each, within {} ms ({})", n, grace,
+                     order.drain().reason());
+      }
+    }
     if (order.has_checkpoint()) {
       const v1::CheckpointTrainersOrder& c = order.checkpoint();
       const int n = supervisor_->RequestCheckpoint(c.job_id(), c.attempt(), c.request_id());

@@ -60,8 +60,8 @@ struct AgentOptions {
   int heartbeat_interval_ms = 0;  // 0: use the coordinator's value
   int rpc_timeout_ms = 2000;
   int max_backoff_ms = 2000;
-  // When the agent itself stops: how long its trainers have to drain (save their job's
-  // checkpoint and exit) before they are killed.
+  // When the agent itself stops, or an operator drains the node (drover drain): how long its
+  // trainers have to drain (save their job's checkpoint and exit) before they are killed.
   int shutdown_grace_ms = 5000;
   int64_t exited_retention_ms = 60000;
   // TLS to the coordinator (common/tls.h): the files, absolute, which trainers get too

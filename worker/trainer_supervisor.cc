@@ -148,11 +148,17 @@ int TrainerSupervisor::RequestCheckpoint(const std::string& job_id, int64_t atte
   return signalled;
 }
 
-int TrainerSupervisor::DrainAll(int grace_ms) {
+int TrainerSupervisor::DrainAll(int grace_ms) { return Drain(grace_ms, /*refuse_starts=*/true); }
+
+int TrainerSupervisor::DrainRunning(int grace_ms) {
+  return Drain(grace_ms, /*refuse_starts=*/false);
+}
+
+int TrainerSupervisor::Drain(int grace_ms, bool refuse_starts) {
   int signalled = 0;
   {
     MutexLock lock(&mu_);
-    draining_ = true;
+    draining_ = draining_ || refuse_starts;
     for (auto& [key, t] : trainers_) {
       if (t->reaped || t->stop_deadline_ms >= 0) continue;
       if (grace_ms <= 0) {

@@ -75,6 +75,11 @@ class TrainerSupervisor {
   // Every later Start records its trainer as exited kExitDrained at once, so the job
   // restarts elsewhere. Returns how many trainers it signalled.
   int DrainAll(int grace_ms);
+  // An operator drains the node (DrainTrainersOrder): as DrainAll for the live trainers not
+  // yet asked to stop, but later starts go ahead (the coordinator places none on a drained
+  // node, and one it ordered before the drain is drained by the next order). A repeated
+  // drain signals no trainer twice. Returns how many trainers it signalled.
+  int DrainRunning(int grace_ms);
 
   // Sends SIGUSR1 (a checkpoint request: worker/engine/trainer_process.h) to each live
   // trainer of (job_id, attempt) that has not had this request_id yet, and returns how
@@ -111,6 +116,7 @@ class TrainerSupervisor {
   void ReadStatus(std::shared_ptr<Trainer> t);
   void TimerLoop();
   void StopLocked(Trainer* t, int grace_ms) REQUIRES(mu_);
+  int Drain(int grace_ms, bool refuse_starts);
   void RecordExit(const std::shared_ptr<Trainer>& t, int exit_code, int signal);
 
   const Clock* clock_;

@@ -18,7 +18,35 @@
 namespace drover {
 namespace {
 
-class AgentDrainTest : public TrainProcessFixture {};
+class AgentDrainTest : public TrainProcessFixture {
+ protected:
+  // A two-rank job with no periodic checkpoint due for a million steps.
+  std::string JobYaml(const std::string& name) const {
+    return "name: " + name + "\noutput_dir: " + (dir_ / name).string() +
+           "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
+           "data: {train: " +
+           (dir_ / "train.bin").string() +
+           "}\ntrain: {steps: 1000000, global_batch: 4, micro_batch: 2, seq_len: 16, lr: 0.003, "
+           "warmup_steps: 5, schedule: constant, eval_every: 0}\n"
+           "checkpoint: {every_steps: 1000000, keep_last: 3}\n"
+           "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n"
+           "fault_tolerance: {max_restarts: 0}\n";
+  }
+  // Waits until the job runs attempt 2 past the step it resumed from.
+  static v1::JobInfo WaitSecondAttempt(testing::Cluster& cluster, const std::string& id) {
+    v1::JobInfo after;
+    EXPECT_TRUE(cluster.WaitJob(
+        id,
+        [](const v1::JobInfo& i) {
+          return i.job().state() == v1::FAILED ||
+                 (i.job().state() == v1::RUNNING && i.job().attempt() >= 2 &&
+                  i.attempts_size() >= 2 && i.job().last_step() > i.attempts(1).resume_step());
+        },
+        60000, &after))
+        << after.job().reason() << cluster.DebugLogs();
+    return after;
+  }
+};
 
 TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatCheckpoint) {
   testing::ClusterOptions o;
@@ -28,17 +56,7 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
   o.agent_stop_grace_ms = 30000;
   testing::Cluster cluster(o);
   ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  const std::string yaml =
-      "name: drain\noutput_dir: " + (dir_ / "drain").string() +
-      "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
-      "data: {train: " +
-      (dir_ / "train.bin").string() +
-      "}\ntrain: {steps: 1000000, global_batch: 4, micro_batch: 2, seq_len: 16, lr: 0.003, "
-      "warmup_steps: 5, schedule: constant, eval_every: 0}\n"
-      "checkpoint: {every_steps: 1000000, keep_last: 3}\n"
-      "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n"
-      "fault_tolerance: {max_restarts: 0}\n";
-  auto id = cluster.Submit(yaml);
+  auto id = cluster.Submit(JobYaml("drain"));
   ASSERT_TRUE(id.ok()) << id.status();
   v1::JobInfo running;
   ASSERT_TRUE(cluster.WaitJob(
@@ -61,22 +79,13 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
   ASSERT_TRUE(agent->Wait(30000, &wait_status)) << "the agent outlived its grace period";
   EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
 
-  v1::JobInfo after;
-  ASSERT_TRUE(cluster.WaitJob(
-      *id,
-      [](const v1::JobInfo& i) {
-        return i.job().state() == v1::FAILED ||
-               (i.job().state() == v1::RUNNING && i.job().attempt() >= 2 &&
-                i.attempts_size() >= 2 && i.job().last_step() > i.attempts(1).resume_step());
-      },
-      60000, &after))
-      << after.job().reason() << cluster.DebugLogs();
+  v1::JobInfo after = WaitSecondAttempt(cluster, *id);
   ASSERT_EQ(after.job().state(), v1::RUNNING) << after.job().reason() << cluster.DebugLogs();
   EXPECT_EQ(after.job().restarts(), 0) << "a drain is no failure of the job's";
   // Whichever rank's exit the coordinator heard of first: the drained one's, or its peer's,
   // whose collective failed as the drained rank left.
   const std::string& why = after.attempts(0).end_reason();
-  EXPECT_NE(why.find("drained: a node is shutting down"), std::string::npos) << why;
+  EXPECT_NE(why.find("drained: a node is taken out of service"), std::string::npos) << why;
   EXPECT_NE(why.find("drained after checkpoint step"), std::string::npos) << why;
   // The checkpoint was saved at the step the ranks agreed on after the drain began.
   EXPECT_GE(after.attempts(1).resume_step(), stopped_at) << after.attempts(1).resume_checkpoint();
@@ -97,6 +106,79 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
   EXPECT_EQ(left.failures(), 0) << left.DebugString();
   std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
               static_cast<long long>(stopped_at),
+              static_cast<long long>(after.attempts(1).resume_step()));
+  ASSERT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
+}
+
+// An operator drains a node by hand (drover drain NODE --wait), its agent running on: the
+// job's ranks save the checkpoint of a step agreed after the drain began, the job resumes on
+// the other nodes from it, not counted, and the node stays out of service (drover workers
+// says by whom and why) with its agent alive, until drover uncordon.
+TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNodeOut) {
+  testing::ClusterOptions o;
+  o.agents = 3;
+  o.trainer = "drover-trainer";
+  o.name = "operator-drain";
+  o.agent_stop_grace_ms = 30000;
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  auto id = cluster.Submit(JobYaml("operator-drain"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobInfo running;
+  ASSERT_TRUE(cluster.WaitJob(
+      *id,
+      [](const v1::JobInfo& i) {
+        return i.job().state() == v1::FAILED ||
+               (i.job().state() == v1::RUNNING && i.job().last_step() >= 20);
+      },
+      60000, &running))
+      << running.job().reason() << cluster.DebugLogs();
+  ASSERT_EQ(running.job().state(), v1::RUNNING) << running.job().reason();
+  const int64_t drained_at = running.job().last_step();
+  const std::string node = running.attempts(0).placement(1).node();
+  auto cli = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--coordinator", cluster.address()});
+    return testing::RunCli(cluster.root(), std::move(args));
+  };
+
+  testing::CliResult drain =
+      cli({"drain", node, "--reason", "new NIC", "--wait", "--timeout", "15"});
+  ASSERT_EQ(drain.code, 0) << drain.out << cluster.DebugLogs();
+  EXPECT_NE(drain.out.find(*id + ": restarts elsewhere from the checkpoint"), std::string::npos)
+      << drain.out;
+  EXPECT_NE(drain.out.find(node + " is drained: no trainer runs there"), std::string::npos)
+      << drain.out;
+
+  v1::JobInfo after = WaitSecondAttempt(cluster, *id);
+  ASSERT_EQ(after.job().state(), v1::RUNNING) << after.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(after.job().restarts(), 0) << "a drain is no failure of the job's";
+  const std::string& why = after.attempts(0).end_reason();
+  EXPECT_NE(why.find("drained: a node is taken out of service"), std::string::npos) << why;
+  EXPECT_GE(after.attempts(1).resume_step(), drained_at) << after.attempts(1).resume_checkpoint();
+  for (const auto& r : after.attempts(1).placement()) EXPECT_NE(r.node(), node);
+
+  testing::CliResult workers = cli({"workers"});
+  ASSERT_EQ(workers.code, 0) << workers.out;
+  EXPECT_NE(workers.out.find(node + ": drained by "), std::string::npos) << workers.out;
+  EXPECT_NE(workers.out.find(": new NIC, "), std::string::npos) << workers.out;
+  EXPECT_NE(workers.out.find("CORDONED"), std::string::npos) << workers.out;
+  EXPECT_TRUE(cluster.agent(node)->running()) << "the agent itself runs on";
+
+  testing::CliResult back = cli({"uncordon", node});
+  ASSERT_EQ(back.code, 0) << back.out;
+  EXPECT_NE(back.out.find(node + " is back in service"), std::string::npos) << back.out;
+  auto listed = cluster.ListWorkers();
+  ASSERT_TRUE(listed.ok());
+  for (const auto& w : listed->workers()) {
+    if (w.node().name() != node) continue;
+    EXPECT_EQ(w.node().state(), v1::NODE_ALIVE) << w.node().DebugString();
+    EXPECT_EQ(w.node().failures(), 0) << w.node().DebugString();
+    EXPECT_EQ(w.free_slots(), 1) << w.node().DebugString();
+  }
+  std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
+              static_cast<long long>(drained_at),
               static_cast<long long>(after.attempts(1).resume_step()));
   ASSERT_TRUE(cluster.Cancel(*id).ok());
   ASSERT_TRUE(cluster.WaitJob(

@@ -272,8 +272,9 @@ Status Trainer::FinishDrain() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  spdlog::info("drained: checkpoint step {} is committed; stopping (the node is shutting down)",
-               step);
+  spdlog::info(
+      "drained: checkpoint step {} is committed; stopping (its node is taken out of service)",
+      step);
   drained_ = true;
   // Before this process's sockets close: a peer whose collective fails next finds why.
   if (options_.store != nullptr) {
@@ -282,7 +283,7 @@ Status Trainer::FinishDrain() {
                                                std::to_string(step) + " was committed");
   }
   return CancelledError("drained after checkpoint step " + std::to_string(step) +
-                        " was committed (the node is shutting down)");
+                        " was committed (its node is taken out of service)");
 }
 
 Status Trainer::PeerDrained(const Status& failed) {
@@ -293,8 +294,8 @@ Status Trainer::PeerDrained(const Status& failed) {
   // coordinator hears of first.
   drained_ = true;
   spdlog::warn("{}: the job stops here too ({})", *why, failed.ToString());
-  return CancelledError(*why +
-                        " (its node is shutting down); this rank stops too: " + failed.message());
+  return CancelledError(
+      *why + " (its node is taken out of service); this rank stops too: " + failed.message());
 }
 
 Status Trainer::FlushCheckpoints() { return writer_ != nullptr ? writer_->Flush() : OkStatus(); }

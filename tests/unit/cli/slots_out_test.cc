@@ -38,6 +38,19 @@ TEST(SlotsOutTest, TheFailuresCellSaysHowLongAgoTheLastFailureWas) {
 
 // A slot cordoned for the health check's finding that still holds: one line, naming both
 // what keeps it out; a cordon for another cause, or one ended, is its own line or none.
+TEST(SlotsOutTest, AnOperatorsCordonSaysWhoWhySinceWhenAndWhatEndsIt) {
+  v1::NodeRecord n;
+  n.set_name("w2");
+  EXPECT_EQ(OperatorCordonLine(n, kNow), "") << "none";
+  n.set_operator_cordon("drained by ops@h: new NIC");
+  n.set_operator_cordon_ms(kNow - 312'000);
+  EXPECT_EQ(OperatorCordonLine(n, kNow),
+            "w2: drained by ops@h: new NIC, 5m12s ago (until drover uncordon w2)");
+  n.set_operator_cordon_ms(kNow + 5000);  // a clock that stepped back: no age
+  EXPECT_EQ(OperatorCordonLine(n, kNow),
+            "w2: drained by ops@h: new NIC (until drover uncordon w2)");
+}
+
 TEST(SlotsOutTest, ASlotCordonedForTheFindingThatStillHoldsIsOneLine) {
   v1::NodeRecord n;
   n.set_name("gpu0");

@@ -808,6 +808,115 @@ TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOnt
   EXPECT_EQ(c_->Uncordon(request).status().code(), StatusCode::kNotFound);
 }
 
+// drover drain: the node is out of service at once and durably; every heartbeat reply of its
+// agent that lists a live trainer carries a drain order; the drained exit (75) restarts the
+// job on another node, not counted; the node stays out, with nothing left to drain, until
+// an operator's uncordon.
+TEST_F(CoordinatorTest, AnOperatorsDrainMovesTheJobOffAndKeepsTheNodeOutUntilUncordoned) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  ASSERT_TRUE(c_->Register(RegisterReq("n2", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1) + "checkpoint: {dir: /tmp/ck, every_steps: 5}\n");
+  c_->Tick();
+  const std::string node = Job(id).placement(0).node();
+  const std::string other = node == "n1" ? "n2" : "n1";
+  ASSERT_EQ(Beat(node, {}).orders_size(), 1);
+  Beat(node, {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 7)});
+
+  v1::CordonRequest request;
+  request.set_node(node);
+  request.set_drain(true);
+  request.set_reason("new NIC");
+  request.set_requester("ops@h");
+  auto drained = c_->Cordon(request);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->node().state(), v1::NODE_CORDONED);
+  EXPECT_EQ(drained->node().operator_cordon(), "drained by ops@h: new NIC");
+  ASSERT_EQ(drained->jobs_size(), 1);
+  EXPECT_EQ(drained->jobs(0), id);
+  EXPECT_TRUE(drained->jobs_checkpoint(0));
+
+  v1::HeartbeatResponse hb = Beat(node, {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 8)});
+  ASSERT_EQ(hb.orders_size(), 1);
+  ASSERT_TRUE(hb.orders(0).has_drain());
+  EXPECT_EQ(hb.orders(0).drain().reason(), "drained by ops@h: new NIC");
+  EXPECT_EQ(hb.orders(0).drain().grace_ms(), 0) << "the agent's own --stop-grace-ms";
+  v1::ListWorkersResponse workers = c_->ListWorkers();
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    EXPECT_EQ(w.draining(), w.node().name() == node) << w.node().name();
+    if (w.node().name() == node) {
+      EXPECT_EQ(w.free_slots(), 0);
+    }
+  }
+
+  Beat(node, {Exited(id, 1, 0, kExitDrained)});
+  c_->Tick();
+  const v1::JobRecord moved = Job(id);
+  EXPECT_EQ(moved.attempt(), 2);
+  EXPECT_EQ(moved.restarts(), 0) << "a drain is not the job's failure";
+  ASSERT_EQ(moved.placement_size(), 1);
+  EXPECT_EQ(moved.placement(0).node(), other);
+  hb = Beat(node, {Exited(id, 1, 0, kExitDrained)});
+  EXPECT_EQ(hb.orders_size(), 0) << "nothing live left to drain";
+  workers = c_->ListWorkers();
+  for (const v1::WorkerInfo& w : workers.workers()) EXPECT_FALSE(w.draining());
+
+  // Durable: a restarted coordinator keeps the node out, whatever its agent says.
+  Reopen();
+  ASSERT_TRUE(c_->Register(RegisterReq(node, 1, "agent-2")).ok());
+  Beat(node, {}, "agent-2");
+  workers = c_->ListWorkers();
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    if (w.node().name() != node) continue;
+    EXPECT_EQ(w.node().state(), v1::NODE_CORDONED);
+    EXPECT_TRUE(w.node().drain());
+    EXPECT_EQ(w.free_slots(), 0);
+  }
+
+  v1::UncordonRequest back;
+  back.set_node(node);
+  auto done = c_->Uncordon(back);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(done->was_cordoned());
+  EXPECT_EQ(done->node().state(), v1::NODE_ALIVE);
+  EXPECT_TRUE(done->node().operator_cordon().empty());
+  workers = c_->ListWorkers();
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    if (w.node().name() == node) {
+      EXPECT_EQ(w.free_slots(), 1);
+    }
+  }
+  request.set_node("n9");
+  EXPECT_EQ(c_->Cordon(request).status().code(), StatusCode::kNotFound);
+  request.set_node(node);
+  request.set_reason(std::string(2000, 'x'));
+  EXPECT_EQ(c_->Cordon(request).status().code(), StatusCode::kInvalidArgument);
+}
+
+// drover cordon: nothing new is placed on the node, and what runs there runs on (no drain
+// order); a job waiting for slots starts on the node only after its uncordon.
+TEST_F(CoordinatorTest, AnOperatorsCordonPlacesNothingNewAndStopsNothing) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string first = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  ASSERT_EQ(Beat("n1", {}).orders_size(), 1);
+  v1::CordonRequest request;
+  request.set_node("n1");
+  auto cordoned = c_->Cordon(request);
+  ASSERT_TRUE(cordoned.ok()) << cordoned.status();
+  EXPECT_EQ(cordoned->node().operator_cordon(), "cordoned by an operator");
+  EXPECT_EQ(cordoned->jobs_size(), 0) << "a cordon moves nothing";
+  EXPECT_EQ(Beat("n1", {Trainer(first, 1, 0)}).orders_size(), 0);
+  const std::string second = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  EXPECT_EQ(Job(second).state(), v1::PENDING);
+  EXPECT_EQ(Job(first).state(), v1::RUNNING);
+  v1::UncordonRequest back;
+  back.set_node("n1");
+  ASSERT_TRUE(c_->Uncordon(back).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(second).state(), v1::RUNNING);
+}
+
 TEST_F(CoordinatorTest, HangDetectedFromStalledHeartbeats) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
   const std::string id = Submit(SpecYaml(1, 1, 2, /*hang_s=*/5));

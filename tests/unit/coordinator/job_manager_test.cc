@@ -256,8 +256,9 @@ TEST_F(JobManagerTest, ADrainedTrainerRestartsTheJobElsewhereNotCounted) {
   EXPECT_EQ(State(id), v1::RECOVERING) << "max_restarts 0, yet not failed";
   EXPECT_EQ(jobs_.Find(id)->restarts(), 0);
   const std::string reason = jobs_.Find(id)->reason();
-  EXPECT_NE(reason.find("drained: a node is shutting down (rank 1 on n2 exited with code 75: "),
-            std::string::npos)
+  EXPECT_NE(
+      reason.find("drained: a node is taken out of service (rank 1 on n2 exited with code 75: "),
+      std::string::npos)
       << reason;
   EXPECT_NE(reason.find("drained after checkpoint step 40"), std::string::npos) << reason;
   EXPECT_NE(reason.find("not counted against max_restarts"), std::string::npos) << reason;

@@ -88,6 +88,110 @@ TEST(NodeManagerTest, ADrainingNodeTakesNoNewWorkUntilItsAgentRegistersAgain) {
   EXPECT_GT(died->cordon_until_ms(), 0);
 }
 
+// drover cordon: the node takes no new work, whatever its agent does (dies, comes back,
+// registers again), whatever its failure cordons do (one ends, it stays out), and across a
+// coordinator restart (the record is what is persisted), until an operator's uncordon.
+TEST(NodeManagerTest, AnOperatorsCordonLastsUntilUncordonedThroughDeathsAndCoolDowns) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.cordon_after_failures = 1});
+  nodes.Register(RegisterReq("n1", 2, "a1"));
+  auto plan = nodes.PlanCordon("n1", /*drain=*/false, "cordoned by ops@h: new NIC");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->was_cordoned);
+  EXPECT_TRUE(nodes.Schedulable("n1")) << "nothing changes before it is applied";
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  EXPECT_EQ(nodes.Find("n1")->state(), v1::NODE_CORDONED);
+  EXPECT_EQ(nodes.Find("n1")->operator_cordon(), "cordoned by ops@h: new NIC");
+  EXPECT_EQ(nodes.Find("n1")->operator_cordon_ms(), clock.WallNowMs());
+  EXPECT_FALSE(nodes.Find("n1")->drain());
+
+  // Dies (a failure, and a cordon for it), comes back after that cordon: still out.
+  ASSERT_TRUE(nodes.MarkDead("n1").has_value());
+  EXPECT_EQ(nodes.Find("n1")->state(), v1::NODE_DEAD);
+  clock.AdvanceMs(24 * 3'600'000LL);
+  nodes.ExpireCordons();
+  nodes.Register(RegisterReq("n1", 2, "a2"));
+  EXPECT_EQ(nodes.Find("n1")->state(), v1::NODE_CORDONED);
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  auto cut = nodes.CordonCutOff("n1");
+  ASSERT_TRUE(cut.has_value());
+  clock.AdvanceMs(24 * 3'600'000LL);
+  EXPECT_EQ(nodes.ExpireCordons().size(), 1u);  // the failure cordon ended, not the operator's
+  EXPECT_EQ(nodes.Find("n1")->state(), v1::NODE_CORDONED);
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+
+  // A coordinator restart restores it as written.
+  NodeManager restarted(&clock, {});
+  restarted.Restore(*nodes.Find("n1"));
+  restarted.Register(RegisterReq("n1", 2, "a3"));
+  EXPECT_FALSE(restarted.Schedulable("n1"));
+  // A drain after the cordon keeps the cordon's time and adds the drain.
+  clock.AdvanceMs(5000);
+  auto drain = restarted.PlanCordon("n1", /*drain=*/true, "drained by ops@h");
+  ASSERT_TRUE(drain.ok());
+  EXPECT_TRUE(drain->was_cordoned);
+  EXPECT_TRUE(drain->after.drain());
+  EXPECT_EQ(drain->after.operator_cordon_ms(), nodes.Find("n1")->operator_cordon_ms());
+  ASSERT_TRUE(restarted.ApplyPlan(*drain));
+
+  auto back = restarted.PlanUncordon("n1", -1);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->was_cordoned);
+  ASSERT_TRUE(restarted.ApplyPlan(*back));
+  EXPECT_TRUE(restarted.Schedulable("n1"));
+  EXPECT_EQ(restarted.Find("n1")->state(), v1::NODE_ALIVE);
+  EXPECT_TRUE(restarted.Find("n1")->operator_cordon().empty());
+  EXPECT_FALSE(restarted.Find("n1")->drain());
+  EXPECT_EQ(restarted.PlanCordon("n2", true, "").status().code(), StatusCode::kNotFound);
+}
+
+// An operator's cordon is a decision, not a failure: it does not use up the share of nodes
+// failure cordons may take (max_cordoned_share), or a failing node would stay in use because
+// another was taken out for maintenance.
+TEST(NodeManagerTest, AnOperatorsCordonLeavesTheFailureCordonCapAlone) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.cordon_after_failures = 1, .max_cordoned_share = 0.5});
+  nodes.Register(RegisterReq("n1", 1, "a1"));
+  nodes.Register(RegisterReq("n2", 1, "a2"));
+  auto plan = nodes.PlanCordon("n1", /*drain=*/false, "cordoned by ops@h");
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
+  bool held_back = false;
+  auto died = nodes.MarkDead("n2", &held_back);
+  ASSERT_TRUE(died.has_value());
+  EXPECT_FALSE(held_back);
+  EXPECT_GT(died->cordon_until_ms(), clock.WallNowMs());
+}
+
+// Draining(): the node's trainers are leaving, for its agent's stop or an operator's drain
+// while its agent lists one live; a drained node with nothing left on it is no longer
+// draining, only cordoned.
+TEST(NodeManagerTest, AnOperatorsDrainIsUnderWayWhileTheAgentListsALiveTrainer) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {});
+  nodes.Register(RegisterReq("n1", 1, "a1"));
+  EXPECT_FALSE(nodes.Draining("n1"));
+  auto plan = nodes.PlanCordon("n1", /*drain=*/true, "drained by ops@h");
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
+  EXPECT_FALSE(nodes.Draining("n1")) << "nothing runs there";
+  v1::HeartbeatRequest hb;
+  hb.set_name("n1");
+  hb.set_agent_id("a1");
+  v1::TrainerStatus* t = hb.add_trainers();
+  t->set_job_id("j");
+  t->set_attempt(1);
+  t->set_state(v1::TRAINER_STOPPING);
+  nodes.OnHeartbeat(hb);
+  EXPECT_TRUE(nodes.Draining("n1"));
+  t->set_state(v1::TRAINER_EXITED);
+  nodes.OnHeartbeat(hb);
+  EXPECT_FALSE(nodes.Draining("n1"));
+  EXPECT_FALSE(nodes.Schedulable("n1"));
+  EXPECT_FALSE(nodes.Draining("n9"));
+}
+
 TEST(NodeManagerTest, ANodeCutOffFromItsPeersIsCordonedAtOnce) {
   FakeClock clock;
   NodeManager nodes(
@@ -179,7 +283,7 @@ TEST(NodeManagerTest, AnOperatorsUncordonEndsTheCordonsAndForgetsTheFailures) {
   ASSERT_EQ(plan->after.slot_faults_size(), 1);
   EXPECT_EQ(plan->after.slot_faults(0).slot(), 0);
   EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
-  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
   EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 1, clock.WallNowMs()));
   EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 0, clock.WallNowMs()));
   // Its next failure starts from the base cool-down again.
@@ -191,7 +295,7 @@ TEST(NodeManagerTest, AnOperatorsUncordonEndsTheCordonsAndForgetsTheFailures) {
   plan = nodes.PlanUncordon("n1", -1);
   ASSERT_TRUE(plan.ok());
   nodes.CordonSlot("n1", 0, "while the write went on");
-  EXPECT_FALSE(nodes.ApplyUncordon(*plan));
+  EXPECT_FALSE(nodes.ApplyPlan(*plan));
   EXPECT_EQ(nodes.Find("n1")->slot_faults_size(), 2);
   // A heartbeat is no change.
   plan = nodes.PlanUncordon("n1", -1);
@@ -202,11 +306,11 @@ TEST(NodeManagerTest, AnOperatorsUncordonEndsTheCordonsAndForgetsTheFailures) {
   nodes.OnHeartbeat(hb);
   // The whole node: its own cordon and every slot's.
   nodes.CordonCutOff("n1");
-  EXPECT_FALSE(nodes.ApplyUncordon(*plan));
+  EXPECT_FALSE(nodes.ApplyPlan(*plan));
   plan = nodes.PlanUncordon("n1", -1);
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(plan->was_cordoned);
-  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
   const v1::NodeRecord* r = nodes.Find("n1");
   EXPECT_EQ(r->state(), v1::NODE_ALIVE);
   EXPECT_EQ(r->failures(), 0);
@@ -292,7 +396,7 @@ TEST(NodeManagerTest, AnOperatorsUncordonEndsALatchedFindingAndTellsTheAgentUnti
   auto plan = nodes.PlanUncordon("n1", 1);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->was_cordoned);
-  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
   const v1::NodeRecord* n1 = nodes.Find("n1");
   EXPECT_EQ(n1->unhealthy_slots_size(), 0);
   ASSERT_EQ(n1->cleared_latches_size(), 1);
@@ -322,7 +426,7 @@ TEST(NodeManagerTest, AnOperatorsUncordonEndsALatchedFindingAndTellsTheAgentUnti
   EXPECT_EQ(nodes.PlanUncordon("n1", 0).status().code(), StatusCode::kFailedPrecondition);
   plan = nodes.PlanUncordon("n1", -1);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_TRUE(nodes.ApplyUncordon(*plan));
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
   n1 = nodes.Find("n1");
   ASSERT_EQ(n1->unhealthy_slots_size(), 1);
   EXPECT_EQ(n1->unhealthy_slots(0).slot(), 0);

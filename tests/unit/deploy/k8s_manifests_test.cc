@@ -203,6 +203,23 @@ TEST_F(K8sManifestsTest, WorkersDialTheCoordinatorServiceByItsDnsName) {
       << "--coordinator " << *coordinator << ", the Service is " << host << ":" << port;
 }
 
+// A pod's SIGTERM (kubectl drain, an eviction, a rollout) makes the agent drain its
+// trainers for --stop-grace-ms; the kubelet's SIGKILL at terminationGracePeriodSeconds must
+// come after, or every drain is cut short and the job loses what it trained since its last
+// checkpoint. The agent's own default (5 s) is too short for a real model's checkpoint.
+TEST_F(K8sManifestsTest, TheWorkersDrainFitsWithinThePodsTerminationGrace) {
+  YAML::Node ds = Get("DaemonSet", "drover-worker");
+  YAML::Node c = Container(ds, "worker");
+  auto grace_ms = Flag(c, "--stop-grace-ms");
+  ASSERT_TRUE(grace_ms) << "worker args have no --stop-grace-ms: trainers get 5 s to drain";
+  ASSERT_TRUE(PodSpec(ds)["terminationGracePeriodSeconds"]);
+  const int64_t pod_ms = PodSpec(ds)["terminationGracePeriodSeconds"].as<int64_t>() * 1000;
+  EXPECT_GE(std::stoll(*grace_ms), 30000) << "a checkpoint of a large model takes tens of seconds";
+  EXPECT_LE(std::stoll(*grace_ms) + 5000, pod_ms)
+      << "--stop-grace-ms " << *grace_ms << " leaves the agent under 5 s of the pod's " << pod_ms
+      << " ms to report the exits and leave";
+}
+
 TEST_F(K8sManifestsTest, WorkerHasAReadinessProbeThroughTheCoordinator) {
   YAML::Node c = Container(Get("DaemonSet", "drover-worker"), "worker");
   ASSERT_TRUE(c["readinessProbe"]) << "the worker has no readiness probe";

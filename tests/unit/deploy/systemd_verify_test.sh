@@ -41,4 +41,15 @@ if [ "$rc" -ne 0 ] || [ -n "$out" ]; then
   echo "$out"
   exit 1
 fi
+# On stop the worker drains its trainers for --stop-grace-ms; systemd's SIGKILL at
+# TimeoutStopSec must come after (README.md: a node shut down on purpose loses no training).
+worker="$src/deploy/systemd/drover-worker.service"
+grace_ms=$(sed -n 's/.*--stop-grace-ms \([0-9]*\).*/\1/p' "$worker")
+stop_s=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)$/\1/p' "$worker")
+[ -n "$grace_ms" ] || { echo "FAIL: $worker passes no --stop-grace-ms: trainers get 5 s to drain"; exit 1; }
+[ -n "$stop_s" ] || { echo "FAIL: $worker sets no TimeoutStopSec in seconds"; exit 1; }
+if [ $((grace_ms + 5000)) -gt $((stop_s * 1000)) ]; then
+  echo "FAIL: --stop-grace-ms $grace_ms leaves the agent under 5 s of TimeoutStopSec=$stop_s"
+  exit 1
+fi
 echo "PASS: systemd-analyze verify ${units[*]} (systemd $(systemd-analyze --version | awk 'NR==1{print $2}'))"

@@ -153,6 +153,30 @@ TEST_F(TrainerSupervisorTest, DrainAllAsksEachTrainerToDrainKillsTheLateAndStart
   EXPECT_EQ(ReadFile(LogPath(2)).find("should not run"), std::string::npos);
 }
 
+// An operator's drain (DrainTrainersOrder): each live trainer is asked once, however often
+// the order comes, and the node goes on taking starts (the coordinator places nothing new on
+// a drained node; one it ordered before the drain is drained by the next order).
+TEST_F(TrainerSupervisorTest, DrainRunningAsksEachTrainerOnceAndLaterStartsRun) {
+  const std::string ready = (dir_ / "ready").string();
+  const std::string count = (dir_ / "usr2").string();
+  ASSERT_TRUE(supervisor_
+                  ->Start(Shell("trap 'echo x >> " + count + "' USR2; touch " + ready +
+                                "; while true; do sleep 0.02; done"))
+                  .ok());
+  for (int i = 0; i < 1000 && !std::filesystem::exists(ready); ++i) usleep(5000);
+  EXPECT_EQ(supervisor_->DrainRunning(/*grace_ms=*/400), 1);
+  EXPECT_EQ(supervisor_->DrainRunning(/*grace_ms=*/400), 0) << "asked already";
+  auto exits = WaitExits(1);
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal(), SIGKILL) << "still running after the grace period";
+  EXPECT_EQ(ReadFile(count), "x\n") << "one SIGUSR2";
+  ASSERT_TRUE(supervisor_->Start(Shell("echo ran; exit 0", /*rank=*/1)).ok());
+  exits = WaitExits(2);
+  ASSERT_EQ(exits.size(), 2u);
+  EXPECT_EQ(exits[1].exit_code(), 0);
+  EXPECT_NE(ReadFile(LogPath(1)).find("ran"), std::string::npos);
+}
+
 TEST_F(TrainerSupervisorTest, StopSendsSigtermToTheWholeGroup) {
   // The child shell starts a grandchild; both must go.
   ASSERT_TRUE(

@@ -1,0 +1,112 @@
+// drover cordon NODE [--reason TEXT]: takes a node out of service until drover uncordon:
+// nothing new is placed on it, and what runs there runs on.
+// drover drain NODE [--reason TEXT] [--wait [--timeout S]]: cordons it and moves its trainers
+// off: each saves its job's checkpoint and leaves, and the jobs restart elsewhere from it,
+// not counted as restarts (the node's maintenance, not their fault). With --wait, returns
+// once no trainer runs there: exit 0, or 1 when S passed first.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/rpc_client.h"
+
+namespace drover::cli {
+namespace {
+
+struct Args {
+  std::string node;
+  std::string reason;
+  bool wait = false;
+  double timeout_s = 0;
+};
+
+void AddNodeOptions(CLI::App* app, Args* args) {
+  app->add_option("node", args->node, "worker name (drover workers lists them)")->required();
+  app->add_option("--reason", args->reason,
+                  "why, shown by drover workers until drover uncordon (\"new NIC\")");
+}
+
+// Polls the workers until `node` runs no trainer (or is dead: what ran there is gone).
+int WaitForDrain(RpcClient& client, const std::string& node, double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  for (;;) {
+    auto resp = client.ListWorkers();
+    if (!resp.ok()) return ReportError(resp.status());
+    int running = -1;
+    for (const v1::WorkerInfo& w : resp->workers()) {
+      if (w.node().name() != node) continue;
+      running = w.node().state() == v1::NODE_DEAD ? 0 : w.trainers_size();
+    }
+    if (running < 0) {
+      std::cerr << "drover: node " << node << " is no longer known to the coordinator\n";
+      return kExitFailure;
+    }
+    if (running == 0) {
+      std::cout << node << " is drained: no trainer runs there; it stays out of service until "
+                << "drover uncordon " << node << "\n";
+      return kExitOk;
+    }
+    if (timeout_s > 0 && Clock::now() >= deadline) {
+      std::cerr << "drover: timed out after " << timeout_s << " s with " << running
+                << " trainer(s) still on " << node << "\n";
+      return kExitFailure;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+CommandRun SetupCordon(CLI::App* app, GlobalOptions* globals) {
+  auto args = std::make_shared<Args>();
+  AddNodeOptions(app, args.get());
+  return [args, globals]() -> int {
+    RpcClient client(*globals);
+    auto resp = client.Cordon(args->node, /*drain=*/false, args->reason);
+    if (!resp.ok()) return ReportError(resp.status());
+    std::cout << args->node << " is cordoned: nothing new is placed on it until drover uncordon "
+              << args->node << "; what runs there runs on (drover drain moves it off)\n";
+    return kExitOk;
+  };
+}
+
+CommandRun SetupDrain(CLI::App* app, GlobalOptions* globals) {
+  auto args = std::make_shared<Args>();
+  AddNodeOptions(app, args.get());
+  app->add_flag("--wait", args->wait, "return once no trainer runs on the node");
+  app->add_option("--timeout", args->timeout_s,
+                  "with --wait: give up after S seconds (default: never)")
+      ->check(CLI::NonNegativeNumber);
+  return [args, globals]() -> int {
+    RpcClient client(*globals);
+    auto resp = client.Cordon(args->node, /*drain=*/true, args->reason);
+    if (!resp.ok()) return ReportError(resp.status());
+    std::cout << args->node << " is cordoned until drover uncordon " << args->node << "; "
+              << (resp->jobs().empty() ? "no job runs there"
+                                       : "its trainers save their jobs' checkpoints and leave")
+              << "\n";
+    for (int i = 0; i < resp->jobs_size(); ++i) {
+      std::cout << "  " << resp->jobs(i)
+                << (resp->jobs_checkpoint(i)
+                        ? ": restarts elsewhere from the checkpoint its ranks save now"
+                        : ": saves no checkpoints (checkpoint.every_steps and every_minutes are "
+                          "0): starts again from step 0")
+                << "\n";
+    }
+    if (!args->wait) return kExitOk;
+    return WaitForDrain(client, args->node, args->timeout_s);
+  };
+}
+
+}  // namespace
+
+DROVER_REGISTER_COMMAND("cordon", "Take a node out of service: nothing new is placed on it",
+                        SetupCordon);
+DROVER_REGISTER_COMMAND("drain",
+                        "Take a node out of service and move its trainers off, each with its "
+                        "job's checkpoint",
+                        SetupDrain);
+
+}  // namespace drover::cli
