@@ -1,5 +1,7 @@
 // `drover eval MODEL --data SHARDS`: mean loss of a model file on the first N consecutive
 // (B, T) batches of token shards, formed as llm.c's loader forms them (engine::EvalLoader).
+// `drover eval MODEL --hellaswag FILE.jsonl`: its accuracy on HellaSwag (or any benchmark
+// of that shape: worker/engine/eval/hellaswag.h), acc_norm and acc.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -9,8 +11,10 @@
 
 #include "cli/command.h"
 #include "cli/exit_code.h"
+#include "cli/tokenizer_flags.h"
 #include "worker/engine/data/loader.h"
 #include "worker/engine/data/token_dataset.h"
+#include "worker/engine/eval/hellaswag.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/threads.h"
 
@@ -20,6 +24,9 @@ namespace {
 struct EvalFlags {
   std::string model_path;
   std::string data;
+  std::string hellaswag;
+  int examples = 0;  // of --hellaswag; 0: all
+  TokenizerFlags tokenizer;
   int batches = 10;
   int batch = 4;
   int seq = 0;  // 0: min(64, the model's block size)
@@ -37,11 +44,9 @@ int InputFailure(const std::string& what, const Status& st) {
   return ExitCodeForInput(st);
 }
 
-int RunEval(const EvalFlags& f, bool json) {
-  auto model = engine::LoadModelFile(f.model_path);
-  if (!model.ok()) return InputFailure("", model.status());
-  if (f.threads > 0) engine::SetNumThreads(f.threads);
-  const engine::GptConfig& cfg = (*model)->config();
+// Mean loss over --batches batches of --data; `loss` is set, or an exit code returned.
+int EvalLoss(const EvalFlags& f, engine::Gpt* model, double* loss, int* T_out) {
+  const engine::GptConfig& cfg = model->config();
   const int T = f.seq > 0 ? f.seq : std::min(64, cfg.max_seq_len);
   if (T > cfg.max_seq_len) {
     return Usage("--seq " + std::to_string(T) + " exceeds the model's block size " +
@@ -64,15 +69,57 @@ int RunEval(const EvalFlags& f, bool json) {
     if (Status st = (*loader)->Batch(i, inputs.data(), targets.data()); !st.ok()) {
       return InputFailure("--data: ", st);
     }
-    sum += (*model)->Forward(inputs.data(), targets.data(), f.batch, T);
+    sum += model->Forward(inputs.data(), targets.data(), f.batch, T);
   }
-  const double loss = sum / f.batches;
-  if (json) {
-    std::printf("{\"loss\":%.9g,\"batches\":%d,\"batch\":%d,\"seq\":%d,\"tokens\":%lld}\n", loss,
-                f.batches, f.batch, T, static_cast<long long>(f.batches) * f.batch * T);
-  } else {
-    std::printf("loss %.6f over %d batches of %d x %d tokens\n", loss, f.batches, f.batch, T);
+  *loss = sum / f.batches;
+  *T_out = T;
+  return kExitOk;
+}
+
+int RunEval(const EvalFlags& f, bool json) {
+  if (f.data.empty() && f.hellaswag.empty()) return Usage("give --data, --hellaswag or both");
+  auto model = engine::LoadModelFile(f.model_path);
+  if (!model.ok()) return InputFailure("", model.status());
+  if (f.threads > 0) engine::SetNumThreads(f.threads);
+  std::vector<engine::ChoiceExample> examples;
+  if (!f.hellaswag.empty()) {  // read before the long loss evaluation: a bad file fails fast
+    auto tok = TokenizerFor("eval", f.model_path, f.tokenizer);
+    if (!tok.ok()) return InputFailure("", tok.status());
+    auto read = engine::ReadChoiceExamples(f.hellaswag, **tok, f.examples);
+    if (!read.ok()) return InputFailure("--hellaswag: ", read.status());
+    examples = std::move(read).value();
   }
+  std::string json_out;
+  if (!f.data.empty()) {
+    double loss = 0;
+    int T = 0;
+    if (int rc = EvalLoss(f, model->get(), &loss, &T); rc != kExitOk) return rc;
+    char buf[256];
+    if (json) {
+      std::snprintf(buf, sizeof(buf),
+                    "\"loss\":%.9g,\"batches\":%d,\"batch\":%d,\"seq\":%d,\"tokens\":%lld", loss,
+                    f.batches, f.batch, T, static_cast<long long>(f.batches) * f.batch * T);
+      json_out += buf;
+    } else {
+      std::printf("loss %.6f over %d batches of %d x %d tokens\n", loss, f.batches, f.batch, T);
+    }
+  }
+  if (!examples.empty()) {
+    auto acc = engine::EvaluateChoices(**model, examples);
+    if (!acc.ok()) return InputFailure("--hellaswag: " + f.hellaswag + ": ", acc.status());
+    char buf[256];
+    if (json) {
+      std::snprintf(
+          buf, sizeof(buf),
+          "%s\"hellaswag_acc_norm\":%.6f,\"hellaswag_acc\":%.6f,\"hellaswag_examples\":%d",
+          json_out.empty() ? "" : ",", acc->acc_norm(), acc->acc(), acc->examples);
+      json_out += buf;
+    } else {
+      std::printf("hellaswag: acc_norm %.4f (%d of %d), acc %.4f (%d of %d)\n", acc->acc_norm(),
+                  acc->correct_mean, acc->examples, acc->acc(), acc->correct_sum, acc->examples);
+    }
+  }
+  if (json) std::printf("{%s}\n", json_out.c_str());
   return kExitOk;
 }
 
@@ -81,7 +128,13 @@ CommandRun SetupEval(CLI::App* app, GlobalOptions* globals) {
   auto json = std::make_shared<bool>(false);
   app->add_option("model", f->model_path, "llm.c model file or HF GPT-2 model.safetensors")
       ->required();
-  app->add_option("--data", f->data, "token shards (path or glob)")->required();
+  app->add_option("--data", f->data, "token shards (path or glob): the mean loss on them");
+  app->add_option("--hellaswag", f->hellaswag,
+                  "HellaSwag JSON lines (hellaswag_val.jsonl, or any file of its shape): the "
+                  "accuracy, acc_norm (mean loss per ending token) and acc (sum)");
+  app->add_option("--examples", f->examples, "with --hellaswag: only the first N (default: all)")
+      ->check(CLI::PositiveNumber);
+  AddTokenizerOptions(app, &f->tokenizer);
   app->add_option("--batches", f->batches, "batches to average (default 10)")
       ->check(CLI::PositiveNumber);
   app->add_option("--batch", f->batch, "sequences per batch B (default 4)")
@@ -93,7 +146,9 @@ CommandRun SetupEval(CLI::App* app, GlobalOptions* globals) {
   return [f, json, globals] { return RunEval(*f, *json || globals->json); };
 }
 
-DROVER_REGISTER_COMMAND("eval", "Mean loss of a model file on token shards", SetupEval);
+DROVER_REGISTER_COMMAND("eval",
+                        "Mean loss of a model file on token shards, or its HellaSwag accuracy",
+                        SetupEval);
 
 }  // namespace
 }  // namespace drover::cli

@@ -11,7 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/exit_code.h"
-#include "common/files.h"
+#include "cli/tokenizer_flags.h"
 #include "worker/engine/data/tokenizer.h"
 #include "worker/engine/model/gpt_decoder.h"
 #include "worker/engine/model/model_file.h"
@@ -27,9 +27,7 @@ struct SampleFlags {
   double temperature = 1.0;
   int top_k = 0;  // 0: all tokens
   uint64_t seed = 1337;
-  std::string tokenizer;  // "": gpt2 when a Hub tokenizer lies beside the model, else byte
-  std::string encoder;
-  std::string merges;
+  TokenizerFlags tokenizer;
   int threads = 0;
 };
 
@@ -52,34 +50,12 @@ int32_t SampleToken(std::vector<float> logits, double temperature, int top_k,
   return ids[pick(*rng)];
 }
 
-// A Hugging Face GPT-2 directory holds its tokenizer beside the weights, as vocab.json
-// (OpenAI's encoder.json) and merges.txt (vocab.bpe). Fills in the files and, where no
-// --tokenizer was given, the kind, saying so on stderr.
-void UseTokenizerBesideModel(SampleFlags* f) {
-  if (f->tokenizer == "byte" || !f->encoder.empty() || !f->merges.empty()) {
-    if (f->tokenizer.empty()) f->tokenizer = "gpt2";  // --encoder or --merges alone
-    return;
-  }
-  const std::string dir = IsDirectory(f->model_path) ? f->model_path : Dirname(f->model_path);
-  const std::string vocab = dir + "/vocab.json", merges = dir + "/merges.txt";
-  if (!PathExists(vocab) || !PathExists(merges)) {
-    if (f->tokenizer.empty()) f->tokenizer = "byte";
-    return;
-  }
-  f->tokenizer = "gpt2";
-  f->encoder = vocab;
-  f->merges = merges;
-  std::fprintf(stderr, "drover sample: GPT-2 tokenizer from %s and %s\n", vocab.c_str(),
-               merges.c_str());
-}
-
 int RunSample(SampleFlags f) {
   if (f.tokens < 0) {
     std::fprintf(stderr, "drover sample: --tokens must be >= 0, got %d\n", f.tokens);
     return kExitUsage;
   }
-  UseTokenizerBesideModel(&f);
-  auto tok = engine::MakeTokenizer(f.tokenizer, f.encoder, f.merges);
+  auto tok = TokenizerFor("sample", f.model_path, f.tokenizer);
   if (!tok.ok()) {
     std::fprintf(stderr, "drover sample: %s\n", tok.status().message().c_str());
     return ExitCodeForInput(tok.status());
@@ -139,14 +115,7 @@ DROVER_REGISTER_COMMAND(
       app->add_option("--top-k", f->top_k, "sample among the k most likely tokens; 0 = all")
           ->check(CLI::NonNegativeNumber);
       app->add_option("--seed", f->seed, "random seed (default 1337)");
-      app->add_option("--tokenizer", f->tokenizer,
-                      "byte | gpt2 (default: gpt2 when the model's directory holds vocab.json "
-                      "and merges.txt, as the Hub's does; else byte)")
-          ->check(CLI::IsMember({"byte", "gpt2"}));
-      app->add_option("--encoder", f->encoder,
-                      "GPT-2 encoder.json or vocab.json (default: the one beside the model)");
-      app->add_option("--merges", f->merges,
-                      "GPT-2 vocab.bpe or merges.txt (default: the one beside the model)");
+      AddTokenizerOptions(app, &f->tokenizer);
       app->add_option("--threads", f->threads, "CPU threads (default: all)");
       return [f] { return RunSample(*f); };
     });

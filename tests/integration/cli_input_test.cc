@@ -138,6 +138,12 @@ TEST_F(CliInputTest, EvalOnAShardWithTheWrongMagicIsBadInput) {
   ASSERT_TRUE(engine::SaveModelFile(m, Path("m.bin")).ok());
   ExpectBadInput({"eval", Path("m.bin"), "--data", WrongMagicShard("val.bin"), "--seq", "8"},
                  "bad magic 20240326");
+  ExpectBadInput({"eval", Path("m.bin")}, "give --data, --hellaswag or both");
+  // A byte token beyond the model's 64-token vocabulary: the tokenizer does not fit it.
+  const std::string bench = Write("b.jsonl", R"({"ctx": "zz", "endings": ["a", "b"], "label": 0})");
+  ExpectBadInput({"eval", Path("m.bin"), "--hellaswag", bench},
+                 "line 1: token 122 is outside the model's vocabulary of 64");
+  ExpectBadInput({"eval", Path("m.bin"), "--hellaswag", Path("none.jsonl")}, "none.jsonl");
 }
 
 TEST_F(CliInputTest, DataPrepareOfAMissingInputAndCkptOfAnEmptyDirectoryAreBadInput) {

@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +44,72 @@ TEST_F(TrainProcessTest, DroverTrainWritesMetricsCheckpointsAndModel) {
                         "--tokens", "10", "--seed", "1"})),
             0)
       << Log();
+}
+
+// drover eval --hellaswag on a benchmark file of HellaSwag's shape, whose right endings the
+// training text teaches ("ann likes figs."): a model trained for 400 steps picks every one,
+// where the same model untrained picks fewer. Matching transformers on a random model is
+// tests/tools/hellaswag_check.py's job (by hand: it needs PyTorch).
+TEST_F(TrainProcessTest, ATrainedModelPicksTheHellaSwagEndingsItsTextTeaches) {
+  const std::vector<std::pair<std::string, std::string>> likes = {
+      {"ann", "figs"}, {"bob", "nuts"}, {"cal", "jam"}, {"dan", "tea"}};
+  std::mt19937_64 rng(3);
+  {
+    std::ofstream text(dir_ / "likes.txt");
+    for (int i = 0; i < 3000; ++i) {
+      const auto& [who, what] = likes[rng() % likes.size()];
+      text << who << " likes " << what << ". ";
+    }
+  }
+  std::ofstream bench(dir_ / "likes.jsonl");
+  for (size_t i = 0; i < likes.size(); ++i) {
+    for (const std::string& before :
+         {std::string(), likes[(i + 1) % 4].first + " likes " + likes[(i + 1) % 4].second + ". "}) {
+      bench << R"({"ctx": ")" << before << likes[i].first << R"( likes", "endings": ["figs.", )"
+            << R"("nuts.", "jam.", "tea."], "label": )" << i << "}\n";
+    }
+  }
+  bench.close();
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "data", "prepare", (dir_ / "likes.txt").string(), "--out",
+                        (dir_ / "likes").string()})),
+            0)
+      << Log();
+  std::ofstream(dir_ / "likes.yaml")
+      << "name: likes\noutput_dir: " << (dir_ / "likes-out").string()
+      << "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 256}\n"
+      << "data: {train: " << (dir_ / "likes" / "train_*.bin").string() << "}\n"
+      << "train: {steps: 400, global_batch: 8, micro_batch: 8, seq_len: 32, lr: 0.01, "
+         "warmup_steps: 10, eval_every: 0}\ncheckpoint: {every_steps: 0}\n";
+  ASSERT_EQ(
+      Wait(Spawn({kBin + "drover", "train", (dir_ / "likes.yaml").string(), "--threads", "1"})), 0)
+      << Log();
+  ASSERT_EQ(Wait(Spawn({kBin + "drover-gpt-logits", "write", (dir_ / "untrained.bin").string(),
+                        "--layers", "2", "--heads", "2", "--embd", "32", "--vocab", "256",
+                        "--block", "32", "--seed", "3"})),
+            0)
+      << Log();
+  auto acc_norm = [&](const fs::path& model) {
+    fs::remove(dir_ / "log.txt");
+    EXPECT_EQ(Wait(Spawn({kBin + "drover", "eval", model.string(), "--hellaswag",
+                          (dir_ / "likes.jsonl").string(), "--json"})),
+              0)
+        << Log();
+    const std::string out = Log();
+    const size_t at = out.find("\"hellaswag_acc_norm\":");
+    EXPECT_NE(at, std::string::npos) << out;
+    EXPECT_NE(out.find("\"hellaswag_examples\":8"), std::string::npos) << out;
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 21));
+  };
+  EXPECT_EQ(acc_norm(dir_ / "likes-out" / "model.bin"), 1.0);
+  EXPECT_LT(acc_norm(dir_ / "untrained.bin"), 1.0);
+
+  // A bad file is refused naming the line, with the usage exit code.
+  std::ofstream(dir_ / "bad.jsonl") << R"({"ctx": "ann likes", "endings": ["figs."], "label": 0})";
+  fs::remove(dir_ / "log.txt");
+  EXPECT_EQ(Wait(Spawn({kBin + "drover", "eval", (dir_ / "untrained.bin").string(), "--hellaswag",
+                        (dir_ / "bad.jsonl").string()})),
+            2);
+  EXPECT_THAT(Log(), ::testing::HasSubstr("bad.jsonl:1: \"endings\" must be an array"));
 }
 
 // A model laid out as the Hugging Face Hub lays out GPT-2 (drover export --format hf, and

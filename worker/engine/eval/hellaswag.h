@@ -1,0 +1,64 @@
+// HellaSwag (Zellers et al., 2019) and any benchmark of its shape: a context and several
+// endings, one of them right. A model picks the ending whose tokens it finds least
+// surprising after the context, as GPT-2 / GPT-3 were scored on it and as llm.c scores it
+// during training: the sum of the ending tokens' cross-entropy ("acc") and its mean per
+// token ("acc_norm", the number usually quoted: it does not favour short endings).
+//
+// The file is the benchmark's JSON lines (hellaswag_val.jsonl): one object per line with
+// "ctx" (a string), "endings" (an array of strings) and "label" (the right ending's index);
+// other keys (ind, activity_label, source_id, split...) are ignored. Each ending is
+// tokenized with a space before it, as GPT-2 saw words after a context.
+//
+// Thread-safety: the functions are not re-entrant on one Gpt (they run its Forward).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/engine/data/tokenizer.h"
+#include "worker/engine/model/gpt.h"
+
+namespace drover::engine {
+
+struct ChoiceExample {
+  int line = 0;  // 1-based, in the file it was read from
+  std::vector<int32_t> context;
+  std::vector<std::vector<int32_t>> endings;
+  int label = 0;
+};
+
+// Reads at most `limit` examples (0: all) of a HellaSwag-style JSON lines file, tokenized
+// with `tokenizer`. Blank lines are skipped. NotFound for a missing file; InvalidArgument
+// naming the line and key for bad JSON, a missing or mistyped key, fewer than two endings,
+// an empty context or ending, or a label out of range.
+StatusOr<std::vector<ChoiceExample>> ReadChoiceExamples(const std::string& path,
+                                                        const Tokenizer& tokenizer, int limit = 0);
+
+struct ChoiceScores {
+  std::vector<double> sum_loss;   // per ending: sum over its tokens of -log p(token)
+  std::vector<double> mean_loss;  // per ending: sum_loss / its token count
+  int pick_sum = 0;               // argmin of sum_loss (the first of equals)
+  int pick_mean = 0;              // argmin of mean_loss
+};
+
+// Scores one example: Forwards of (up to 8 endings, T) rows, each its context then its ending,
+// left-truncated to the model's block size (the ending is always whole), right-padded.
+// Log-softmax in double. InvalidArgument (naming the line) when an ending alone does not
+// fit the block size with one context token before it, or a token is outside the model's
+// vocabulary (a tokenizer that does not match the model).
+StatusOr<ChoiceScores> ScoreChoices(Gpt& model, const ChoiceExample& example);
+
+struct ChoiceAccuracy {
+  int examples = 0;
+  int correct_sum = 0;   // pick_sum == label
+  int correct_mean = 0;  // pick_mean == label
+  double acc() const { return examples > 0 ? double(correct_sum) / examples : 0; }
+  double acc_norm() const { return examples > 0 ? double(correct_mean) / examples : 0; }
+};
+
+// Scores every example; the first error stops it.
+StatusOr<ChoiceAccuracy> EvaluateChoices(Gpt& model, const std::vector<ChoiceExample>& examples);
+
+}  // namespace drover::engine
