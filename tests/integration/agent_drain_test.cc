@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "tests/integration/cluster.h"
@@ -32,6 +33,29 @@ class AgentDrainTest : public TrainProcessFixture {
            "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n"
            "fault_tolerance: {max_restarts: 0}\n";
   }
+  // Starts a cluster of three agents (cluster_) and the job (id_) on two of them, and waits
+  // until it has trained 20 steps.
+  void StartJob(const std::string& name, v1::JobInfo* running) {
+    testing::ClusterOptions o;
+    o.agents = 3;
+    o.trainer = "drover-trainer";
+    o.name = name;
+    o.agent_stop_grace_ms = 30000;
+    cluster_ = std::make_unique<testing::Cluster>(o);
+    ASSERT_TRUE(cluster_->Start()) << cluster_->DebugLogs();
+    auto id = cluster_->Submit(JobYaml(name));
+    ASSERT_TRUE(id.ok()) << id.status();
+    id_ = *id;
+    ASSERT_TRUE(cluster_->WaitJob(
+        id_,
+        [](const v1::JobInfo& i) {
+          return i.job().state() == v1::FAILED ||
+                 (i.job().state() == v1::RUNNING && i.job().last_step() >= 20);
+        },
+        60000, running))
+        << running->job().reason() << cluster_->DebugLogs();
+    ASSERT_EQ(running->job().state(), v1::RUNNING) << running->job().reason();
+  }
   // Waits until the job runs attempt 2 past the step it resumed from.
   static v1::JobInfo WaitSecondAttempt(testing::Cluster& cluster, const std::string& id) {
     v1::JobInfo after;
@@ -46,28 +70,15 @@ class AgentDrainTest : public TrainProcessFixture {
         << after.job().reason() << cluster.DebugLogs();
     return after;
   }
+
+  std::unique_ptr<testing::Cluster> cluster_;
+  std::string id_;
 };
 
 TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatCheckpoint) {
-  testing::ClusterOptions o;
-  o.agents = 3;
-  o.trainer = "drover-trainer";
-  o.name = "drain";
-  o.agent_stop_grace_ms = 30000;
-  testing::Cluster cluster(o);
-  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  auto id = cluster.Submit(JobYaml("drain"));
-  ASSERT_TRUE(id.ok()) << id.status();
   v1::JobInfo running;
-  ASSERT_TRUE(cluster.WaitJob(
-      *id,
-      [](const v1::JobInfo& i) {
-        return i.job().state() == v1::FAILED ||
-               (i.job().state() == v1::RUNNING && i.job().last_step() >= 20);
-      },
-      60000, &running))
-      << running.job().reason() << cluster.DebugLogs();
-  ASSERT_EQ(running.job().state(), v1::RUNNING) << running.job().reason();
+  ASSERT_NO_FATAL_FAILURE(StartJob("drain", &running));
+  testing::Cluster& cluster = *cluster_;
   ASSERT_LT(running.job().latest_checkpoint_step(), 1) << "no checkpoint was due";
   const int64_t stopped_at = running.job().last_step();
   const std::string node = running.attempts(0).placement(1).node();
@@ -79,7 +90,7 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
   ASSERT_TRUE(agent->Wait(30000, &wait_status)) << "the agent outlived its grace period";
   EXPECT_TRUE(WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) << wait_status;
 
-  v1::JobInfo after = WaitSecondAttempt(cluster, *id);
+  v1::JobInfo after = WaitSecondAttempt(cluster, id_);
   ASSERT_EQ(after.job().state(), v1::RUNNING) << after.job().reason() << cluster.DebugLogs();
   EXPECT_EQ(after.job().restarts(), 0) << "a drain is no failure of the job's";
   // Whichever rank's exit the coordinator heard of first: the drained one's, or its peer's,
@@ -107,9 +118,9 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
   std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
               static_cast<long long>(stopped_at),
               static_cast<long long>(after.attempts(1).resume_step()));
-  ASSERT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(cluster.Cancel(id_).ok());
   ASSERT_TRUE(cluster.WaitJob(
-      *id, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
+      id_, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
 }
 
 // An operator drains a node by hand (drover drain NODE --wait), its agent running on: the
@@ -117,25 +128,9 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
 // the other nodes from it, not counted, and the node stays out of service (drover workers
 // says by whom and why) with its agent alive, until drover uncordon.
 TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNodeOut) {
-  testing::ClusterOptions o;
-  o.agents = 3;
-  o.trainer = "drover-trainer";
-  o.name = "operator-drain";
-  o.agent_stop_grace_ms = 30000;
-  testing::Cluster cluster(o);
-  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
-  auto id = cluster.Submit(JobYaml("operator-drain"));
-  ASSERT_TRUE(id.ok()) << id.status();
   v1::JobInfo running;
-  ASSERT_TRUE(cluster.WaitJob(
-      *id,
-      [](const v1::JobInfo& i) {
-        return i.job().state() == v1::FAILED ||
-               (i.job().state() == v1::RUNNING && i.job().last_step() >= 20);
-      },
-      60000, &running))
-      << running.job().reason() << cluster.DebugLogs();
-  ASSERT_EQ(running.job().state(), v1::RUNNING) << running.job().reason();
+  ASSERT_NO_FATAL_FAILURE(StartJob("operator-drain", &running));
+  testing::Cluster& cluster = *cluster_;
   const int64_t drained_at = running.job().last_step();
   const std::string node = running.attempts(0).placement(1).node();
   auto cli = [&](std::vector<std::string> args) {
@@ -146,12 +141,12 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   testing::CliResult drain =
       cli({"drain", node, "--reason", "new NIC", "--wait", "--timeout", "15"});
   ASSERT_EQ(drain.code, 0) << drain.out << cluster.DebugLogs();
-  EXPECT_NE(drain.out.find(*id + ": restarts elsewhere from the checkpoint"), std::string::npos)
+  EXPECT_NE(drain.out.find(id_ + ": restarts elsewhere from the checkpoint"), std::string::npos)
       << drain.out;
   EXPECT_NE(drain.out.find(node + " is drained: no trainer runs there"), std::string::npos)
       << drain.out;
 
-  v1::JobInfo after = WaitSecondAttempt(cluster, *id);
+  v1::JobInfo after = WaitSecondAttempt(cluster, id_);
   ASSERT_EQ(after.job().state(), v1::RUNNING) << after.job().reason() << cluster.DebugLogs();
   EXPECT_EQ(after.job().restarts(), 0) << "a drain is no failure of the job's";
   const std::string& why = after.attempts(0).end_reason();
@@ -180,9 +175,9 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
               static_cast<long long>(drained_at),
               static_cast<long long>(after.attempts(1).resume_step()));
-  ASSERT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(cluster.Cancel(id_).ok());
   ASSERT_TRUE(cluster.WaitJob(
-      *id, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
+      id_, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
 }
 
 }  // namespace
