@@ -1,6 +1,8 @@
-// The engine's readers of files a user hands it: model files, token shards, tokenizers.
+// The engine's readers of files a user hands it: model files, token shards, tokenizers,
+// benchmark files.
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,6 +11,7 @@
 #include "tests/fuzz/targets.h"
 #include "worker/engine/data/token_dataset.h"
 #include "worker/engine/data/tokenizer.h"
+#include "worker/engine/eval/hellaswag.h"
 #include "worker/engine/model/model_file.h"
 
 namespace drover::fuzz {
@@ -53,6 +56,29 @@ int FuzzTokenizer(const uint8_t* data, size_t size) {
   if ((*tok)->Decode(ids) != text) {
     std::fprintf(stderr, "tokenizer does not round-trip\n");
     std::abort();
+  }
+  return 0;
+}
+
+int FuzzHellaSwag(const uint8_t* data, size_t size) {
+  const std::string path = FreshScratchDir() + "/val.jsonl";
+  WriteFileOrDie(path, {reinterpret_cast<const char*>(data), size});
+  static const std::unique_ptr<engine::Tokenizer> bytes = engine::MakeByteTokenizer();
+  auto examples = engine::ReadChoiceExamples(path, *bytes, /*limit=*/4);
+  if (!examples.ok()) return 0;
+  // Scored by a tiny model whose vocabulary and block size the bytes can exceed.
+  static engine::Gpt* model = [] {
+    auto* m = new engine::Gpt(engine::GptConfig{/*maxT=*/16, /*V=*/200, /*Vp=*/256, 1, 1, 8});
+    m->InitRandom(1);
+    return m;
+  }();
+  for (const engine::ChoiceExample& ex : *examples) {
+    if (ex.label < 0 || ex.label >= static_cast<int>(ex.endings.size())) {
+      std::fprintf(stderr, "an example with label %d of %zu endings was accepted\n", ex.label,
+                   ex.endings.size());
+      std::abort();
+    }
+    (void)engine::ScoreChoices(*model, ex);
   }
   return 0;
 }

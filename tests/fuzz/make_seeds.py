@@ -176,5 +176,17 @@ def coordinator():
     put("coordinator", "garbage", b"\x01\xff\xff\x00\x01")
 
 
-for f in (job_spec, checkpoint, model_file, token_file, tokenizer, coordinator):
+def hellaswag():
+    put("hellaswag", "valid.jsonl",
+        '{"ind": 24, "ctx": "A man is sitting on a roof. he", "label": 3, "endings": '
+        '["is using wrap.", "is ripping tiles off.", "is holding a cube.", "starts pulling up roofing."]}\n'
+        '{"ctx": "x", "endings": ["a", "b"], "label": "1"}\n')
+    put("hellaswag", "long_ending.jsonl",
+        '{"ctx": "abc", "endings": ["' + "y" * 20 + '", "z"], "label": 0}\n')
+    put("hellaswag", "outside_vocab.jsonl", '{"ctx": "\u00ff\u00fe", "endings": ["\u00e9", "b"], "label": 0}\n')
+    put("hellaswag", "bad_label.jsonl", '{"ctx": "a", "endings": ["b", "c"], "label": 7}\n')
+    put("hellaswag", "bad_json.jsonl", '{"ctx": "a", "endings": ["b", "c"]\n')
+
+
+for f in (job_spec, checkpoint, model_file, token_file, tokenizer, coordinator, hellaswag):
     f()

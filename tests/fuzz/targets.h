@@ -27,6 +27,9 @@ int FuzzTokenFile(const uint8_t* data, size_t size);
 // GPT-2 tokenizer files: encoder.json, then kSplit, then vocab.bpe; LoadGpt2Tokenizer,
 // and an Encode/Decode round trip.
 int FuzzTokenizer(const uint8_t* data, size_t size);
+// A HellaSwag-style JSON lines file: ReadChoiceExamples (byte tokenizer, four examples), and
+// ScoreChoices of each with a tiny model (block size 16, vocabulary 200).
+int FuzzHellaSwag(const uint8_t* data, size_t size);
 // The coordinator's request handlers, in process: a sequence of records, each an opcode
 // byte, a 16-bit little-endian length and a serialized request (coordinator_target.cc).
 int FuzzCoordinator(const uint8_t* data, size_t size);
@@ -41,6 +44,7 @@ struct Target {
 inline constexpr Target kTargets[] = {
     {"job_spec", FuzzJobSpec},     {"checkpoint", FuzzCheckpoint}, {"model_file", FuzzModelFile},
     {"token_file", FuzzTokenFile}, {"tokenizer", FuzzTokenizer},   {"coordinator", FuzzCoordinator},
+    {"hellaswag", FuzzHellaSwag},
 };
 
 }  // namespace drover::fuzz
