@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "cli/rpc_client.h"
 #include "cli/suggest.h"
+#include "common/logging.h"
 
 namespace drover::cli {
 
@@ -79,6 +80,9 @@ int main(int argc, char** argv) {
               << " (drover --help lists them)\n";
     return kExitUsage;
   }
+  // On stderr, as every drover program logs: what the engine's readers log (a broken
+  // checkpoint skipped for an older one) must never mix into the output of sample or eval.
+  (void)drover::InitLogging("drover");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

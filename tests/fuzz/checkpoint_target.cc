@@ -7,6 +7,7 @@
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/fuzz/targets.h"
 #include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/ckpt/checkpoint_model.h"
 
 namespace drover::fuzz {
 
@@ -34,6 +35,9 @@ int FuzzCheckpoint(const uint8_t* data, size_t size) {
   (void)engine::ckpt::ReadManifest(step_dir);
   (void)engine::ckpt::CheckCheckpointShape(step_dir, 1);
   (void)engine::ckpt::ReadCheckpoint(step_dir);
+  // As a model (drover sample/eval/export of a checkpoint): the step and its directory.
+  (void)engine::ckpt::LoadCheckpointModel(step_dir);
+  (void)engine::ckpt::LoadCheckpointModel(std::filesystem::path(step_dir).parent_path());
   return 0;
 }
 

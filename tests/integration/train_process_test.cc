@@ -44,6 +44,32 @@ TEST_F(TrainProcessTest, DroverTrainWritesMetricsCheckpointsAndModel) {
                         "--tokens", "10", "--seed", "1"})),
             0)
       << Log();
+
+  // So do its checkpoints, while a run trains: a step directory, or the checkpoint directory
+  // for its newest. The last one holds the final model: the same loss to the last digit.
+  auto loss_of = [&](const fs::path& model) {
+    fs::remove(dir_ / "log.txt");
+    EXPECT_EQ(
+        Wait(Spawn({kBin + "drover", "eval", model.string(), "--data",
+                    (dir_ / "train.bin").string(), "--batches", "3", "--seq", "16", "--json"})),
+        0)
+        << Log();
+    const std::string out = Log();
+    const size_t at = out.find("{\"loss\":");
+    EXPECT_NE(at, std::string::npos) << out;
+    return at == std::string::npos ? std::string() : out.substr(at, out.find(',', at) - at);
+  };
+  const std::string final_loss = loss_of(dir_ / "out" / "model.bin");
+  EXPECT_EQ(loss_of(dir_ / "out" / "ckpt" / "step_12"), final_loss);
+  EXPECT_EQ(loss_of(dir_ / "out" / "ckpt"), final_loss);
+  EXPECT_NE(loss_of(dir_ / "out" / "ckpt" / "step_10"), final_loss);
+  fs::remove(dir_ / "log.txt");
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "export", (dir_ / "out" / "ckpt" / "step_10").string(),
+                        "--format", "hf", "-o", (dir_ / "step10-hf").string()})),
+            0)
+      << Log();
+  EXPECT_TRUE(fs::exists(dir_ / "step10-hf" / "model.safetensors"));
+  EXPECT_EQ(loss_of(dir_ / "step10-hf"), loss_of(dir_ / "out" / "ckpt" / "step_10"));
 }
 
 // drover eval --hellaswag on a benchmark file of HellaSwag's shape, whose right endings the

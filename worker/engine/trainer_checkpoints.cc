@@ -13,6 +13,7 @@
 
 #include "worker/engine/ckpt/agreed_load.h"
 #include "worker/engine/ckpt/checkpoint.h"
+#include "worker/engine/ckpt/checkpoint_model.h"
 #include "worker/engine/trainer.h"
 
 namespace drover::engine {
@@ -22,28 +23,6 @@ int64_t WallNowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-v1::CheckpointModelConfig ToProto(const GptConfig& c) {
-  v1::CheckpointModelConfig p;
-  p.set_max_seq_len(c.max_seq_len);
-  p.set_vocab_size(c.vocab_size);
-  p.set_padded_vocab_size(c.padded_vocab_size);
-  p.set_num_layers(c.num_layers);
-  p.set_num_heads(c.num_heads);
-  p.set_channels(c.channels);
-  return p;
-}
-
-GptConfig FromProto(const v1::CheckpointModelConfig& p) {
-  GptConfig c;
-  c.max_seq_len = p.max_seq_len();
-  c.vocab_size = p.vocab_size();
-  c.padded_vocab_size = p.padded_vocab_size();
-  c.num_layers = p.num_layers();
-  c.num_heads = p.num_heads();
-  c.channels = p.channels();
-  return c;
 }
 
 }  // namespace
@@ -61,7 +40,7 @@ Status Trainer::RestoreLatest(const std::string& choice_key) {
   load.timeout = options_.connect_timeout;
   auto want = [&](const std::string& step_dir,
                   const v1::CheckpointManifest& m) -> StatusOr<ckpt::PartRequest> {
-    const GptConfig saved = FromProto(m.model());
+    const GptConfig saved = ckpt::ModelConfigOf(m.model());
     if (!(saved == config_)) {
       return InvalidArgumentError("checkpoint " + step_dir + " holds a model " +
                                   DescribeConfig(saved) + ", the job spec asks for " +
@@ -122,7 +101,7 @@ ckpt::ShardSnapshot Trainer::MakeSnapshot() {
   meta.mutable_train_sampler()->set_epoch(static_cast<int64_t>(s.epoch));
   meta.mutable_train_sampler()->set_offset(static_cast<int64_t>(s.offset));
   meta.mutable_train_sampler()->set_consumed_samples(static_cast<int64_t>(s.consumed_samples));
-  *meta.mutable_model() = ToProto(config_);
+  *meta.mutable_model() = ckpt::ModelConfigProto(config_);
   for (const TensorInfo& t : GptTensorTable(config_)) {
     v1::CheckpointTensor* pt = meta.add_tensors();
     pt->set_name(t.name);

@@ -116,6 +116,14 @@ size_t GptNumParams(const GptConfig& config) {
   return table.back().offset + table.back().numel;
 }
 
+unsigned __int128 GptNumParamsWide(const GptConfig& c) {
+  using U = unsigned __int128;
+  const U C = static_cast<U>(c.channels);
+  const U per_layer = 12 * C * C + 13 * C;  // ln1, qkv, attproj, ln2, fc, fcproj
+  return static_cast<U>(c.padded_vocab_size) * C + static_cast<U>(c.max_seq_len) * C +
+         static_cast<U>(c.num_layers) * per_layer + 2 * C;
+}
+
 StatusOr<GptLayout> GptLayout::Create(const GptConfig& config, int stage, int stages, int tp_rank,
                                       int tp_size, const std::vector<int>& pp_layers, int chunks) {
   RETURN_IF_ERROR(config.Validate());

@@ -88,6 +88,10 @@ std::vector<TensorInfo> GptTensorTable(const GptConfig& config);
 
 // Total number of floats in the global parameter arena.
 size_t GptNumParams(const GptConfig& config);
+// The same in closed form and 128-bit arithmetic: O(1), and exact for any config whose sizes
+// are below 2^31 (as a file's int32 fields are), where GptNumParams walks a table of every
+// layer and its size_t may overflow. For sizes read from a file, before anything is built.
+unsigned __int128 GptNumParamsWide(const GptConfig& config);
 
 // How tensor parallelism divides a tensor among the tp ranks.
 // kVocab: rows [vocab_begin, vocab_begin + local_vocab) of wte, which need not be Vp / tp.

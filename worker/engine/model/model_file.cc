@@ -1,5 +1,6 @@
 #include "worker/engine/model/model_file.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "worker/engine/ckpt/checkpoint_model.h"
 #include "worker/engine/model/hf_gpt2.h"
 #include "worker/engine/model/safetensors.h"
 
@@ -48,12 +50,7 @@ std::vector<Segment> FileOrder(const std::vector<TensorInfo>& t, int L) {
 // before building anything: GptNumParams walks a tensor table per layer, and a fuzzed
 // header of 458753 layers took it 13 s before the size check could refuse the file.
 unsigned __int128 ExpectedFileBytes(const GptConfig& c) {
-  using U = unsigned __int128;
-  const U C = static_cast<U>(c.channels);
-  const U per_layer = 12 * C * C + 13 * C;  // ln1, qkv, attproj, ln2, fc, fcproj
-  const U params = static_cast<U>(c.padded_vocab_size) * C + static_cast<U>(c.max_seq_len) * C +
-                   static_cast<U>(c.num_layers) * per_layer + 2 * C;
-  return kHeaderBytes + params * sizeof(float);
+  return kHeaderBytes + GptNumParamsWide(c) * sizeof(float);
 }
 
 std::string ToString(unsigned __int128 v) {
@@ -194,6 +191,7 @@ Status SaveModelFile(const GptConfig& c, const float* params, const std::string&
 }
 
 StatusOr<GptConfig> ReadModelFileConfig(const std::string& given) {
+  if (ckpt::IsCheckpointPath(given)) return ckpt::ReadCheckpointModelConfig(given);
   ASSIGN_OR_RETURN(const std::string path, ModelPathIn(given));
   if (IsSafetensors(path)) {
     ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
@@ -203,9 +201,16 @@ StatusOr<GptConfig> ReadModelFileConfig(const std::string& given) {
 }
 
 StatusOr<std::unique_ptr<Gpt>> LoadModelFile(const std::string& given) {
-  ASSIGN_OR_RETURN(const std::string path, ModelPathIn(given));
-  ASSIGN_OR_RETURN(std::unique_ptr<Gpt> model,
-                   IsSafetensors(path) ? LoadHfGpt2(path) : LoadLlmcModelFile(path));
+  std::string path;
+  std::unique_ptr<Gpt> model;
+  if (ckpt::IsCheckpointPath(given)) {
+    ASSIGN_OR_RETURN(model, ckpt::LoadCheckpointModel(given, &path));
+    // Which one, when a directory was given: the newest usable may not be the newest.
+    if (path != given) spdlog::info("model of checkpoint {}", path);
+  } else {
+    ASSIGN_OR_RETURN(path, ModelPathIn(given));
+    ASSIGN_OR_RETURN(model, IsSafetensors(path) ? LoadHfGpt2(path) : LoadLlmcModelFile(path));
+  }
   RETURN_IF_ERROR(CheckFinite(*model, path));
   return model;
 }

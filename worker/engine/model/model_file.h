@@ -33,8 +33,9 @@ Status SaveModelFile(const GptConfig& config, const float* params, const std::st
 
 // Both readers below also take a Hugging Face GPT-2 safetensors file (hf_gpt2.h), told from
 // an llm.c file by its first bytes, or a directory holding one as model.safetensors (what
-// from_pretrained takes), so every place that takes a model (train.init_from, drover sample,
-// eval and export) takes any of them.
+// from_pretrained takes), and a drover checkpoint: a step_N/ directory, or a checkpoint
+// directory for its newest usable one (ckpt/checkpoint_model.h). So every place that takes a
+// model (train.init_from, drover sample, eval and export) takes any of them.
 
 // Reads the header only. NotFound, DataLoss (short file, wrong magic), InvalidArgument
 // (unsupported version, inconsistent shapes); messages name the file and the field.
