@@ -7,11 +7,9 @@
 namespace drover::engine {
 namespace {
 
-// Per-layer tensors in arena order.
+// Per-layer tensors in arena order: ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b fcw fcb
+// fcprojw fcprojb (GptTensorTable names them).
 constexpr int kLayerTensors = 12;
-constexpr const char* kLayerTensorNames[kLayerTensors] = {
-    "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
 // Global table index of layer 0's first tensor (after wte, wpe).
 constexpr int kFirstLayerTensor = 2;
 // The rows of wte a vocabulary split that tp does not divide evenly hands out at a time: the
