@@ -4,13 +4,23 @@
 // text becomes DIR/val.bin (as nanoGPT's shakespeare_char does), the rest
 // DIR/train_000000.bin, train_000001.bin, ... of at most --shard-tokens tokens each. For
 // the gpt2 tokenizer the split point moves back to a UTF-8 character boundary.
+//
+// JSON lines inputs (*.jsonl: one document a line, its text in --text-field, as FineWeb,
+// OpenWebText and most corpora ship) are streamed instead, a document at a time, so that a
+// corpus larger than memory can be prepared: each document is tokenized with the end-of-text
+// token before it (GPT-2's <|endoftext|>, as llm.c's fineweb.py does; the byte tokenizer
+// has none, and joins documents as they are), train shards are written as they fill, and
+// the documents that start in the last --val-fraction of the input bytes go to val.bin
+// (held in memory until the end: a tenth of the corpus at the default).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -33,6 +43,7 @@ struct PrepareOptions {
   std::string merges;
   double val_fraction = 0.1;
   int64_t shard_tokens = 100'000'000;
+  std::string text_field = "text";  // of a JSON lines document
 };
 
 // A failure with its exit code: usage/invalid input (2) or runtime (1).
@@ -97,12 +108,128 @@ std::optional<Failure> Validate(const PrepareOptions& o) {
   return std::nullopt;
 }
 
+bool IsJsonLines(const std::string& path) {
+  return path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+}
+
+// Train shards written as they fill: every one --shard-tokens long but the last.
+class ShardWriter {
+ public:
+  ShardWriter(std::string dir, int64_t shard_tokens)
+      : dir_(std::move(dir)), shard_tokens_(static_cast<size_t>(shard_tokens)) {}
+
+  Status Add(const std::vector<uint16_t>& tokens) {
+    size_t at = 0;
+    while (at < tokens.size()) {
+      const size_t n = std::min(tokens.size() - at, shard_tokens_ - pending_.size());
+      pending_.insert(pending_.end(), tokens.begin() + at, tokens.begin() + at + n);
+      at += n;
+      if (pending_.size() == shard_tokens_) RETURN_IF_ERROR(Flush());
+    }
+    return OkStatus();
+  }
+  // Writes what is pending (and an empty shard when nothing was written at all).
+  Status Finish() { return pending_.empty() && shards_ > 0 ? OkStatus() : Flush(); }
+  int shards() const { return shards_; }
+  size_t tokens() const { return tokens_; }
+
+ private:
+  Status Flush() {
+    char name[32];
+    std::snprintf(name, sizeof(name), "train_%06d.bin", shards_);
+    RETURN_IF_ERROR(WriteTokenShard(dir_ + "/" + name, pending_));
+    ++shards_;
+    tokens_ += pending_.size();
+    pending_.clear();
+    return OkStatus();
+  }
+
+  const std::string dir_;
+  const size_t shard_tokens_;
+  std::vector<uint16_t> pending_;
+  int shards_ = 0;
+  size_t tokens_ = 0;
+};
+
+// The JSON lines path (see the top of this file).
+std::optional<Failure> PrepareJsonLines(const PrepareOptions& o, const engine::Tokenizer& tok) {
+  uint64_t total_bytes = 0;
+  for (const std::string& path : o.inputs) {
+    std::error_code ec;
+    total_bytes += std::filesystem::file_size(path, ec);
+  }
+  const auto val_from = static_cast<uint64_t>(double(total_bytes) * (1.0 - o.val_fraction));
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec) return Failure{kExitFailure, "cannot create --out '" + o.out + "': " + ec.message()};
+  ShardWriter train(o.out, o.shard_tokens);
+  std::vector<uint16_t> val;
+  const int32_t eot = tok.eot_token();
+  uint64_t offset = 0;  // of the line being read, over all inputs
+  int64_t documents = 0;
+  for (const std::string& path : o.inputs) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Failure{kExitFailure, "cannot open input file '" + path + "'"};
+    std::string line;
+    for (int64_t number = 1; std::getline(in, line); ++number) {
+      const uint64_t starts_at = offset;
+      offset += line.size() + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = path + ":" + std::to_string(number) + ": ";
+      const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (doc.is_discarded() || !doc.is_object()) {
+        return Failure{kExitUsage, where + "not a JSON object"};
+      }
+      auto field = doc.find(o.text_field);
+      if (field == doc.end() || !field->is_string()) {
+        return Failure{kExitUsage, where + "no string \"" + o.text_field +
+                                       "\" (--text-field names the key that holds the text)"};
+      }
+      std::vector<int32_t> ids;
+      if (eot >= 0) ids.push_back(eot);
+      const std::vector<int32_t> text = tok.Encode(field->get_ref<const std::string&>());
+      ids.insert(ids.end(), text.begin(), text.end());
+      auto tokens = Narrow(ids);
+      if (!tokens.ok()) return Failure{kExitUsage, where + tokens.status().message()};
+      if (o.val_fraction > 0 && starts_at >= val_from) {
+        val.insert(val.end(), tokens->begin(), tokens->end());
+      } else if (Status st = train.Add(*tokens); !st.ok()) {
+        return Failure{kExitFailure, st.message()};
+      }
+      ++documents;
+    }
+    if (in.bad()) return Failure{kExitFailure, "reading input file '" + path + "' failed"};
+  }
+  if (Status st = train.Finish(); !st.ok()) return Failure{kExitFailure, st.message()};
+  if (o.val_fraction > 0) {
+    if (Status st = WriteTokenShard(o.out + "/val.bin", val); !st.ok()) {
+      return Failure{kExitFailure, st.message()};
+    }
+  }
+  std::printf("tokenizer %s (vocab %d): %lld documents, %llu bytes of JSON lines\n",
+              o.tokenizer.c_str(), tok.vocab_size(), static_cast<long long>(documents),
+              static_cast<unsigned long long>(total_bytes));
+  std::printf("train: %zu tokens in %d shard(s) %s/train_*.bin\n", train.tokens(), train.shards(),
+              o.out.c_str());
+  if (o.val_fraction > 0) {
+    std::printf("val:   %zu tokens in %s/val.bin\n", val.size(), o.out.c_str());
+  }
+  return std::nullopt;
+}
+
 std::optional<Failure> Prepare(const PrepareOptions& o) {
   if (auto failure = Validate(o)) return failure;
   auto tokenizer = engine::MakeTokenizer(o.tokenizer, o.encoder, o.merges);
   if (!tokenizer.ok()) {
     return Failure{ExitCodeForInput(tokenizer.status()), tokenizer.status().message()};
   }
+  const auto jsonl = std::count_if(o.inputs.begin(), o.inputs.end(), IsJsonLines);
+  if (jsonl > 0 && jsonl < static_cast<int64_t>(o.inputs.size())) {
+    return Failure{kExitUsage,
+                   "the inputs mix JSON lines (*.jsonl) and text files; prepare each kind on "
+                   "its own"};
+  }
+  if (jsonl > 0) return PrepareJsonLines(o, **tokenizer);
   auto text = ReadInputs(o.inputs);
   if (!text.ok()) return Failure{ExitCodeForInput(text.status()), text.status().message()};
 
@@ -142,8 +269,16 @@ DROVER_REGISTER_COMMAND(
       app->require_subcommand(1);
       auto opts = std::make_shared<PrepareOptions>();
       CLI::App* prepare = app->add_subcommand(
-          "prepare", "Tokenize text files into llm.c token shards (train_*.bin, val.bin)");
-      prepare->add_option("inputs", opts->inputs, "text files, concatenated in order")->required();
+          "prepare",
+          "Tokenize text files or JSON lines documents into llm.c token shards (train_*.bin, "
+          "val.bin)");
+      prepare
+          ->add_option("inputs", opts->inputs,
+                       "text files, concatenated in order; or JSON lines files (*.jsonl), "
+                       "one document a line, streamed")
+          ->required();
+      prepare->add_option("--text-field", opts->text_field,
+                          "the key of a JSON lines document that holds its text (default text)");
       prepare->add_option("--out", opts->out, "output directory (created if missing)")->required();
       prepare->add_option("--tokenizer", opts->tokenizer, "byte | gpt2 (default byte)");
       prepare->add_option("--encoder", opts->encoder, "GPT-2 encoder.json (for --tokenizer gpt2)");

@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "common/exit_codes.h"
+#include "common/token_shard.h"
 #include "tests/unit/worker/engine/data/gpt2_test_vocab.h"
+#include "worker/engine/data/tokenizer.h"
 
 namespace drover {
 namespace {
@@ -136,6 +138,77 @@ TEST_F(TrainProcessTest, ATrainedModelPicksTheHellaSwagEndingsItsTextTeaches) {
                         (dir_ / "bad.jsonl").string()})),
             2);
   EXPECT_THAT(Log(), ::testing::HasSubstr("bad.jsonl:1: \"endings\" must be an array"));
+}
+
+// drover data prepare of JSON lines documents (as corpora ship): each document's text, with
+// GPT-2's <|endoftext|> before it, streamed into train shards of exactly --shard-tokens
+// tokens (the last one shorter), the documents starting in the last --val-fraction of the
+// bytes into val.bin; the same tokens as the tokenizer gives each document on its own.
+TEST_F(TrainProcessTest, JsonLinesDocumentsArePreparedWithEndOfTextBetweenThem) {
+  const fs::path encoder = dir_ / "encoder.json", merges = dir_ / "vocab.bpe";
+  engine::WriteGpt2TestVocab(encoder.string(), merges.string());
+  auto tok = engine::LoadGpt2Tokenizer(encoder.string(), merges.string());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::vector<std::string> docs = {"hello the world", "tell the hell\n", "x", "the end"};
+  std::vector<uint16_t> expected;
+  {
+    std::ofstream out(dir_ / "docs.jsonl");
+    for (size_t i = 0; i < docs.size(); ++i) {
+      // Other keys are ignored; a blank line is skipped.
+      out << R"({"id": )" << i << R"(, "body": ")" << (i == 1 ? "tell the hell\\n" : docs[i])
+          << "\"}\n"
+          << (i == 0 ? "\n" : "");
+      expected.push_back(static_cast<uint16_t>((*tok)->eot_token()));
+      for (int32_t id : (*tok)->Encode(docs[i])) expected.push_back(static_cast<uint16_t>(id));
+    }
+  }
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "data", "prepare", (dir_ / "docs.jsonl").string(), "--out",
+                        (dir_ / "docs").string(), "--tokenizer", "gpt2", "--encoder",
+                        encoder.string(), "--merges", merges.string(), "--text-field", "body",
+                        "--val-fraction", "0", "--shard-tokens", "7"})),
+            0)
+      << Log();
+  std::vector<uint16_t> got;
+  for (int shard = 0;; ++shard) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "train_%06d.bin", shard);
+    if (!fs::exists(dir_ / "docs" / name)) break;
+    auto tokens = ReadTokenShard((dir_ / "docs" / name).string());
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    EXPECT_LE(tokens->size(), 7u) << name;
+    got.insert(got.end(), tokens->begin(), tokens->end());
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(fs::file_size(dir_ / "docs" / "train_000000.bin"), 1024 + 7 * 2) << "a full shard";
+  EXPECT_FALSE(fs::exists(dir_ / "docs" / "val.bin"));
+
+  // Half the bytes for validation: the documents that start in the second half.
+  ASSERT_EQ(
+      Wait(Spawn({kBin + "drover", "data", "prepare", (dir_ / "docs.jsonl").string(), "--out",
+                  (dir_ / "split").string(), "--tokenizer", "gpt2", "--encoder", encoder.string(),
+                  "--merges", merges.string(), "--text-field", "body", "--val-fraction", "0.5"})),
+      0)
+      << Log();
+  auto train = ReadTokenShard((dir_ / "split" / "train_000000.bin").string());
+  auto val = ReadTokenShard((dir_ / "split" / "val.bin").string());
+  ASSERT_TRUE(train.ok() && val.ok());
+  std::vector<uint16_t> both(train->begin(), train->end());
+  both.insert(both.end(), val->begin(), val->end());
+  EXPECT_EQ(both, expected);
+  EXPECT_FALSE(val->empty());
+  EXPECT_FALSE(train->empty());
+  EXPECT_EQ(val->front(), (*tok)->eot_token()) << "val starts at a document";
+
+  // A line without the field is refused naming file, line and key.
+  std::ofstream(dir_ / "bad.jsonl") << R"({"text": "a"})"
+                                    << "\n"
+                                    << R"({"body": 3})"
+                                    << "\n";
+  fs::remove(dir_ / "log.txt");
+  EXPECT_EQ(Wait(Spawn({kBin + "drover", "data", "prepare", (dir_ / "bad.jsonl").string(), "--out",
+                        (dir_ / "bad").string()})),
+            2);
+  EXPECT_THAT(Log(), ::testing::HasSubstr("bad.jsonl:2: no string \"text\""));
 }
 
 // A model laid out as the Hugging Face Hub lays out GPT-2 (drover export --format hf, and
