@@ -9,7 +9,8 @@
 // OpenWebText and most corpora ship) are streamed instead, a document at a time, so that a
 // corpus larger than memory can be prepared: each document is tokenized with the end-of-text
 // token before it (GPT-2's <|endoftext|>, as llm.c's fineweb.py does; the byte tokenizer
-// has none, and joins documents as they are), train shards are written as they fill, and
+// has none, and joins documents as they are) on every core, a batch of about 16 MB of text
+// at a time, train shards are written as they fill, and
 // the documents that start in the last --val-fraction of the input bytes go to val.bin
 // (held in memory until the end: a tenth of the corpus at the default).
 #include <CLI/CLI.hpp>
@@ -24,6 +25,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/command.h"
@@ -44,6 +46,7 @@ struct PrepareOptions {
   double val_fraction = 0.1;
   int64_t shard_tokens = 100'000'000;
   std::string text_field = "text";  // of a JSON lines document
+  int threads = 0;                  // tokenizing JSON lines documents; 0: every core
 };
 
 // A failure with its exit code: usage/invalid input (2) or runtime (1).
@@ -151,6 +154,34 @@ class ShardWriter {
   size_t tokens_ = 0;
 };
 
+// One document read and not yet tokenized.
+struct Document {
+  std::string text;
+  bool val = false;   // starts in the last --val-fraction of the input bytes
+  std::string where;  // "FILE:LINE: ", for errors
+};
+
+// Tokenizes `docs` on up to `threads` threads (GPT-2's BPE is the slow part of preparing a
+// corpus; documents are independent), each with the end-of-text token `eot` (< 0: none)
+// first; results in document order.
+std::vector<std::vector<int32_t>> TokenizeBatch(const std::vector<Document>& docs,
+                                                const engine::Tokenizer& tok, int32_t eot,
+                                                int threads) {
+  std::vector<std::vector<int32_t>> out(docs.size());
+  auto work = [&](size_t first) {
+    for (size_t i = first; i < docs.size(); i += static_cast<size_t>(threads)) {
+      if (eot >= 0) out[i].push_back(eot);
+      const std::vector<int32_t> ids = tok.Encode(docs[i].text);
+      out[i].insert(out[i].end(), ids.begin(), ids.end());
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, static_cast<size_t>(t));
+  work(0);
+  for (std::thread& t : pool) t.join();
+  return out;
+}
+
 // The JSON lines path (see the top of this file).
 std::optional<Failure> PrepareJsonLines(const PrepareOptions& o, const engine::Tokenizer& tok) {
   uint64_t total_bytes = 0;
@@ -159,14 +190,38 @@ std::optional<Failure> PrepareJsonLines(const PrepareOptions& o, const engine::T
     total_bytes += std::filesystem::file_size(path, ec);
   }
   const auto val_from = static_cast<uint64_t>(double(total_bytes) * (1.0 - o.val_fraction));
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
   if (ec) return Failure{kExitFailure, "cannot create --out '" + o.out + "': " + ec.message()};
   ShardWriter train(o.out, o.shard_tokens);
   std::vector<uint16_t> val;
-  const int32_t eot = tok.eot_token();
-  uint64_t offset = 0;  // of the line being read, over all inputs
   int64_t documents = 0;
+  // Documents are read in batches of about 16 MB of text, tokenized together, then written
+  // in order: memory stays bounded by a batch and a shard.
+  constexpr size_t kBatchBytes = 16 << 20;
+  std::vector<Document> batch;
+  size_t batch_bytes = 0;
+  auto flush = [&]() -> std::optional<Failure> {
+    const std::vector<std::vector<int32_t>> ids =
+        TokenizeBatch(batch, tok, tok.eot_token(), threads);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      auto tokens = Narrow(ids[i]);
+      if (!tokens.ok()) return Failure{kExitUsage, batch[i].where + tokens.status().message()};
+      if (batch[i].val) {
+        val.insert(val.end(), tokens->begin(), tokens->end());
+      } else if (Status st = train.Add(*tokens); !st.ok()) {
+        return Failure{kExitFailure, st.message()};
+      }
+    }
+    documents += static_cast<int64_t>(batch.size());
+    batch.clear();
+    batch_bytes = 0;
+    return std::nullopt;
+  };
+  uint64_t offset = 0;  // of the line being read, over all inputs
   for (const std::string& path : o.inputs) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return Failure{kExitFailure, "cannot open input file '" + path + "'"};
@@ -175,8 +230,8 @@ std::optional<Failure> PrepareJsonLines(const PrepareOptions& o, const engine::T
       const uint64_t starts_at = offset;
       offset += line.size() + 1;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string where = path + ":" + std::to_string(number) + ": ";
-      const nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      std::string where = path + ":" + std::to_string(number) + ": ";
+      nlohmann::json doc = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (doc.is_discarded() || !doc.is_object()) {
         return Failure{kExitUsage, where + "not a JSON object"};
       }
@@ -185,21 +240,16 @@ std::optional<Failure> PrepareJsonLines(const PrepareOptions& o, const engine::T
         return Failure{kExitUsage, where + "no string \"" + o.text_field +
                                        "\" (--text-field names the key that holds the text)"};
       }
-      std::vector<int32_t> ids;
-      if (eot >= 0) ids.push_back(eot);
-      const std::vector<int32_t> text = tok.Encode(field->get_ref<const std::string&>());
-      ids.insert(ids.end(), text.begin(), text.end());
-      auto tokens = Narrow(ids);
-      if (!tokens.ok()) return Failure{kExitUsage, where + tokens.status().message()};
-      if (o.val_fraction > 0 && starts_at >= val_from) {
-        val.insert(val.end(), tokens->begin(), tokens->end());
-      } else if (Status st = train.Add(*tokens); !st.ok()) {
-        return Failure{kExitFailure, st.message()};
+      const bool to_val = o.val_fraction > 0 && starts_at >= val_from;
+      batch.push_back({std::move(field->get_ref<std::string&>()), to_val, std::move(where)});
+      batch_bytes += batch.back().text.size();
+      if (batch_bytes >= kBatchBytes) {
+        if (auto failure = flush()) return failure;
       }
-      ++documents;
     }
     if (in.bad()) return Failure{kExitFailure, "reading input file '" + path + "' failed"};
   }
+  if (auto failure = flush()) return failure;
   if (Status st = train.Finish(); !st.ok()) return Failure{kExitFailure, st.message()};
   if (o.val_fraction > 0) {
     if (Status st = WriteTokenShard(o.out + "/val.bin", val); !st.ok()) {
@@ -279,6 +329,10 @@ DROVER_REGISTER_COMMAND(
           ->required();
       prepare->add_option("--text-field", opts->text_field,
                           "the key of a JSON lines document that holds its text (default text)");
+      prepare
+          ->add_option("--threads", opts->threads,
+                       "threads tokenizing JSON lines documents (default: every core)")
+          ->check(CLI::NonNegativeNumber);
       prepare->add_option("--out", opts->out, "output directory (created if missing)")->required();
       prepare->add_option("--tokenizer", opts->tokenizer, "byte | gpt2 (default byte)");
       prepare->add_option("--encoder", opts->encoder, "GPT-2 encoder.json (for --tokenizer gpt2)");

@@ -180,6 +180,24 @@ TEST_F(TrainProcessTest, JsonLinesDocumentsArePreparedWithEndOfTextBetweenThem) 
   }
   EXPECT_EQ(got, expected);
   EXPECT_EQ(fs::file_size(dir_ / "docs" / "train_000000.bin"), 1024 + 7 * 2) << "a full shard";
+  // Tokenized on three threads, the same shards.
+  ASSERT_EQ(Wait(Spawn({kBin + "drover",  "data",
+                        "prepare",        (dir_ / "docs.jsonl").string(),
+                        "--out",          (dir_ / "docs3").string(),
+                        "--tokenizer",    "gpt2",
+                        "--encoder",      encoder.string(),
+                        "--merges",       merges.string(),
+                        "--text-field",   "body",
+                        "--val-fraction", "0",
+                        "--shard-tokens", "7",
+                        "--threads",      "3"})),
+            0)
+      << Log();
+  for (const char* name : {"train_000000.bin", "train_000001.bin", "train_000002.bin"}) {
+    EXPECT_EQ(ReadTokenShard((dir_ / "docs3" / name).string()).value(),
+              ReadTokenShard((dir_ / "docs" / name).string()).value())
+        << name;
+  }
   EXPECT_FALSE(fs::exists(dir_ / "docs" / "val.bin"));
 
   // Half the bytes for validation: the documents that start in the second half.
