@@ -126,7 +126,9 @@ int RunEval(const EvalFlags& f, bool json) {
 CommandRun SetupEval(CLI::App* app, GlobalOptions* globals) {
   auto f = std::make_shared<EvalFlags>();
   auto json = std::make_shared<bool>(false);
-  app->add_option("model", f->model_path, "llm.c model file or HF GPT-2 model.safetensors")
+  app->add_option("model", f->model_path,
+                  "llm.c model file, HF GPT-2 model.safetensors (or its directory), or a "
+                  "checkpoint (step_N/, or a checkpoint.dir for its newest)")
       ->required();
   app->add_option("--data", f->data, "token shards (path or glob): the mean loss on them");
   app->add_option("--hellaswag", f->hellaswag,

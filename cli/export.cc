@@ -90,7 +90,8 @@ int RunExport(const ExportFlags& f) {
 CommandRun SetupExport(CLI::App* app, GlobalOptions*) {
   auto f = std::make_shared<ExportFlags>();
   app->add_option("model", f->model_path,
-                  "llm.c model file (as `drover train` writes) or HF GPT-2 safetensors")
+                  "llm.c model file (as `drover train` writes), HF GPT-2 model.safetensors (or its "
+                  "directory), or a checkpoint (step_N/, or a checkpoint.dir for its newest)")
       ->required();
   app->add_option("--format", f->format,
                   "safetensors (one file) | hf (a directory for transformers' from_pretrained)")

@@ -105,8 +105,10 @@ int RunSample(SampleFlags f) {
 DROVER_REGISTER_COMMAND(
     "sample", "Generate text from a model file", [](CLI::App* app, GlobalOptions*) -> CommandRun {
       auto f = std::make_shared<SampleFlags>();
-      app->add_option("model", f->model_path,
-                      "llm.c model file (e.g. runs/NAME/model.bin) or HF GPT-2 model.safetensors")
+      app->add_option(
+             "model", f->model_path,
+             "llm.c model file (e.g. runs/NAME/model.bin), HF GPT-2 model.safetensors (or its "
+             "directory), or a checkpoint (step_N/, or a checkpoint.dir for its newest)")
           ->required();
       app->add_option("--prompt", f->prompt, "text to continue (default: empty)");
       app->add_option("--tokens", f->tokens, "tokens to generate (default 200)");
