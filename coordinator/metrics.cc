@@ -41,7 +41,8 @@ class StateSeries {
  public:
   explicit StateSeries(prometheus::Registry* r)
       : jobs_(Family(r, "drover_jobs", "Jobs in each state")),
-        nodes_(Family(r, "drover_nodes", "Worker nodes: alive, dead or cordoned")),
+        nodes_(Family(r, "drover_nodes",
+                      "Worker nodes: alive, dead, cordoned, or draining (its trainers leaving)")),
         slots_(Family(r, "drover_slots",
                       "Slots: free, in_use, or unavailable (on dead or cordoned nodes)")),
         node_slots_(Family(r, "drover_node_slots", "Slots of the node")),
@@ -97,13 +98,18 @@ class StateSeries {
   }
 
   void AddNodes(const ClusterSnapshot& s) {
-    int64_t alive = 0, dead = 0, cordoned = 0, free = 0, in_use = 0, unavailable = 0;
+    int64_t alive = 0, dead = 0, draining = 0, cordoned = 0, free = 0, in_use = 0, unavailable = 0;
     for (const v1::WorkerInfo& w : s.workers) {
       const v1::NodeRecord& n = w.node();
       const int64_t slots = n.slots_size();
       const Labels node{{"node", n.name()}};
       if (n.state() == v1::NODE_DEAD) {
         ++dead;
+        unavailable += slots;
+      } else if (w.draining()) {
+        // Its trainers are leaving with their jobs' checkpoints (its agent is stopping, or an
+        // operator drains it): no slot of it takes work.
+        ++draining;
         unavailable += slots;
       } else if (n.state() == v1::NODE_CORDONED || n.cordon_until_ms() > s.now_ms) {
         ++cordoned;
@@ -128,6 +134,7 @@ class StateSeries {
     nodes_.Add({{"state", "alive"}}).Set(static_cast<double>(alive));
     nodes_.Add({{"state", "dead"}}).Set(static_cast<double>(dead));
     nodes_.Add({{"state", "cordoned"}}).Set(static_cast<double>(cordoned));
+    nodes_.Add({{"state", "draining"}}).Set(static_cast<double>(draining));
     slots_.Add({{"state", "free"}}).Set(static_cast<double>(free));
     slots_.Add({{"state", "in_use"}}).Set(static_cast<double>(in_use));
     slots_.Add({{"state", "unavailable"}}).Set(static_cast<double>(unavailable));

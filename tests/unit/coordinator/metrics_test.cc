@@ -102,6 +102,27 @@ ClusterSnapshot KnownState() {
   return s;
 }
 
+// A node whose trainers are leaving (drover drain, or its agent stopping) is counted as
+// draining, its slots unavailable, whatever its record's state; once they have left, an
+// operator's drain leaves it cordoned.
+TEST(CoordinatorMetricsTest, ADrainingNodeIsCountedAsDrainingWithItsSlotsUnavailable) {
+  CoordinatorMetrics m;
+  ClusterSnapshot s = KnownState();
+  s.workers[0].set_draining(true);
+  std::string text = m.Render(s);
+  EXPECT_EQ(Value(text, R"(drover_nodes{state="draining"})"), 1);
+  EXPECT_EQ(Value(text, R"(drover_nodes{state="alive"})"), 0);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="free"})"), 0);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="in_use"})"), 0);
+  EXPECT_EQ(Value(text, R"(drover_slots{state="unavailable"})"), 3);  // w0's two, w1's one
+  s.workers[0].set_draining(false);
+  s.workers[0].mutable_node()->set_state(v1::NODE_CORDONED);
+  s.workers[0].mutable_node()->set_operator_cordon("drained by ops@h");
+  text = m.Render(s);
+  EXPECT_EQ(Value(text, R"(drover_nodes{state="draining"})"), 0);
+  EXPECT_EQ(Value(text, R"(drover_nodes{state="cordoned"})"), 1);
+}
+
 TEST(CoordinatorMetricsTest, RendersTheKnownStateWithItsNamesLabelsAndValues) {
   CoordinatorMetrics m;
   m.ObserveRpc("WorkerService/Heartbeat", "OK", 0.002);
@@ -116,6 +137,7 @@ TEST(CoordinatorMetricsTest, RendersTheKnownStateWithItsNamesLabelsAndValues) {
   EXPECT_EQ(Value(text, R"(drover_nodes{state="alive"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_nodes{state="dead"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_nodes{state="cordoned"})"), 0);
+  EXPECT_EQ(Value(text, R"(drover_nodes{state="draining"})"), 0);
   EXPECT_EQ(Value(text, R"(drover_slots{state="free"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_slots{state="in_use"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_slots{state="unavailable"})"), 1);
