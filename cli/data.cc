@@ -23,7 +23,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,21 +75,6 @@ StatusOr<std::vector<uint16_t>> Narrow(const std::vector<int32_t>& ids) {
     out[i] = static_cast<uint16_t>(ids[i]);
   }
   return out;
-}
-
-// Writes train shards; returns how many.
-StatusOr<int> WriteTrainShards(const std::string& dir, const std::vector<uint16_t>& tokens,
-                               int64_t shard_tokens) {
-  int shards = 0;
-  for (size_t begin = 0; begin < tokens.size() || shards == 0; begin += size_t(shard_tokens)) {
-    const size_t n = std::min(tokens.size() - begin, size_t(shard_tokens));
-    char name[32];
-    std::snprintf(name, sizeof(name), "train_%06d.bin", shards);
-    RETURN_IF_ERROR(WriteTokenShard(dir + "/" + name, std::span(tokens.data() + begin, n)));
-    ++shards;
-    if (tokens.empty()) break;
-  }
-  return shards;
 }
 
 std::optional<Failure> Validate(const PrepareOptions& o) {
@@ -298,15 +282,17 @@ std::optional<Failure> Prepare(const PrepareOptions& o) {
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
   if (ec) return Failure{kExitFailure, "cannot create --out '" + o.out + "': " + ec.message()};
-  auto shards = WriteTrainShards(o.out, *train, o.shard_tokens);
-  if (!shards.ok()) return Failure{kExitFailure, shards.status().message()};
+  ShardWriter shards(o.out, o.shard_tokens);
+  Status written = shards.Add(*train);
+  if (written.ok()) written = shards.Finish();
+  if (!written.ok()) return Failure{kExitFailure, written.message()};
   if (o.val_fraction > 0) {
     const Status st = WriteTokenShard(o.out + "/val.bin", *val);
     if (!st.ok()) return Failure{kExitFailure, st.message()};
   }
   std::printf("tokenizer %s (vocab %d): %zu bytes of text\n", o.tokenizer.c_str(),
               (*tokenizer)->vocab_size(), text->size());
-  std::printf("train: %zu tokens in %d shard(s) %s/train_*.bin\n", train->size(), *shards,
+  std::printf("train: %zu tokens in %d shard(s) %s/train_*.bin\n", shards.tokens(), shards.shards(),
               o.out.c_str());
   if (o.val_fraction > 0) {
     std::printf("val:   %zu tokens in %s/val.bin\n", val->size(), o.out.c_str());

@@ -73,17 +73,16 @@ StatusOr<std::unique_ptr<Gpt>> LoadCheckpointModel(const std::string& path, std:
     return r;
   };
   std::string step_dir = path;
-  StatusOr<CheckpointPart> part = NotFoundError("");
-  if (PathExists(path + "/manifest.json")) {
+  auto read = [&]() -> StatusOr<CheckpointPart> {
+    if (!PathExists(path + "/manifest.json"))
+      return LoadLatestCheckpointPart(path, want, &step_dir);
     ASSIGN_OR_RETURN(const v1::CheckpointManifest m, ReadManifest(path));
-    part = ReadCheckpointPart(path, m.step(), want);
-  } else {
-    part = LoadLatestCheckpointPart(path, want, &step_dir);
-  }
-  if (!part.ok()) return part.status();
-  const GptConfig config = ModelConfigOf(part->meta.model());  // checked by `want`
+    return ReadCheckpointPart(path, m.step(), want);
+  };
+  ASSIGN_OR_RETURN(CheckpointPart part, read());
+  const GptConfig config = ModelConfigOf(part.meta.model());  // checked by `want`
   auto model = std::make_unique<Gpt>(config);
-  std::vector<float> params = std::move(part->params).TakeValues();
+  std::vector<float> params = std::move(part.params).TakeValues();
   if (params.size() != model->num_params()) {
     return DataLossError("checkpoint " + step_dir + ": read " + std::to_string(params.size()) +
                          " parameters of " + std::to_string(model->num_params()));
