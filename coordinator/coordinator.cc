@@ -274,6 +274,27 @@ void Coordinator::AppendListedSlots(const std::string& node, std::vector<int>* s
   }
 }
 
+void Coordinator::CountHeldSlots(std::vector<PendingJob>* pending, int64_t now_ms) const {
+  std::map<std::string, std::set<std::pair<std::string, int>>> held;  // job -> (node, slot)
+  for (const PendingJob& p : *pending) {
+    if (p.regrouping) held[p.job_id];
+  }
+  if (held.empty()) return;  // the common case: no walk over every node
+  nodes_.ForEach([&](const std::string& name, const v1::NodeRecord& rec, bool schedulable)
+                     REQUIRES(mu_) {
+                       if (!schedulable) return;
+                       for (const auto& t : *nodes_.Trainers(name)) {
+                         auto it = held.find(t.job_id());
+                         if (it == held.end() || !IsLive(t)) continue;
+                         auto slot = jobs_.SlotOf(name, TrainerKey::Of(t));
+                         if (slot && !SlotOut(rec, *slot, now_ms)) it->second.emplace(name, *slot);
+                       }
+                     });
+  for (PendingJob& p : *pending) {
+    if (p.regrouping) p.held_slots = static_cast<int>(held[p.job_id].size());
+  }
+}
+
 void Coordinator::ScheduleLocked() {
   schedule_due_ = false;
   last_schedule_ms_ = clock_->NowMs();
@@ -314,6 +335,7 @@ void Coordinator::ScheduleLocked() {
       capacity.push_back(std::move(c));
     }
   });
+  CountHeldSlots(&pending, now);
   ScheduleResult result = Schedule(std::move(pending), std::move(capacity), ever);
   for (const Placement& p : result.placements) {
     jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));

@@ -197,6 +197,10 @@ class Coordinator {
   // Appends the slots of live trainers the node's agent lists (a stopped attempt's
   // survivor keeps its slot until it exits).
   void AppendListedSlots(const std::string& node, std::vector<int>* slots) const REQUIRES(mu_);
+  // For each of `pending`'s regrouping jobs, its held_slots: slots that trainers of its
+  // ended attempts still hold on schedulable nodes, slots in use (SlotOut), at wall time
+  // now_ms.
+  void CountHeldSlots(std::vector<PendingJob>* pending, int64_t now_ms) const REQUIRES(mu_);
   void ScheduleLocked() REQUIRES(mu_);
   void TickLocked() REQUIRES(mu_);  // everything Tick does but retention
   // Forgets finished jobs past options_.job_retention_ms and queues their deletion;

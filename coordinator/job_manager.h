@@ -161,7 +161,8 @@ class JobManager {
 
   // Jobs ready for a placement: PENDING, or RECOVERING once their restart delay is over.
   // A job still in its delay is left out, and its reason says for how long (refreshed by
-  // each call).
+  // each call). A job whose attempt failed within the stop grace and a second is
+  // `regrouping`: the caller counts the slots its stopped trainers still hold.
   std::vector<PendingJob> Pending();
   // Wall time when the next restart delay ends (INT64_MAX: none): a scheduling pass is due
   // then, whatever else happens.
@@ -277,6 +278,9 @@ class JobManager {
     int64_t last_request_id = 0;
     int hold_size = 0;          // after a resize: placed only at this size or larger...
     int64_t hold_until_ms = 0;  // ...until this wall time
+    // After a failure: until this wall time, it waits for the slots its stopped trainers
+    // still hold (PendingJob::regrouping).
+    int64_t regroup_until_ms = 0;
     // Trainers of any attempt whose exit said their GPU failed, each handed to slot_failed
     // once (an agent lists an exited trainer in several heartbeats).
     std::set<TrainerKey> device_faults;

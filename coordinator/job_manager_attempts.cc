@@ -82,6 +82,7 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   job->failure.clear();
   job->resize.reset();
   job->hold_size = 0;
+  job->regroup_until_ms = 0;
   r.set_reason("");
   r.set_restart_not_before_ms(0);
   job->ranks.assign(placement.ranks.size(), Rank{});
@@ -153,6 +154,10 @@ void JobManager::FailAttempt(Job& job, const std::string& why, const std::string
     const int64_t delay_ms = backoff.DelayMs(in_a_row);
     job.rec.set_restart_not_before_ms(delay_ms > 0 ? now + delay_ms : 0);
     if (delay_ms > 0) next_restart_ms_ = std::min(next_restart_ms_, now + delay_ms);
+    // The survivors are told to stop now and are killed after the stop grace; a second
+    // more for their agents to say so. A trainer still running after that is stuck, and
+    // the job takes what is free.
+    job.regroup_until_ms = now + options_.stop_grace_ms + 1000;
     job.waiting.clear();
     UpdateReason(job);
   }

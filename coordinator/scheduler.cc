@@ -105,9 +105,21 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
     for (int s : job.feasible_world_sizes) {
       if (s <= free) size = std::max(size, s);
     }
-    if (size == 0) {
+    int regrouped = size;  // its size once its stopped trainers' slots are back
+    for (int s : job.feasible_world_sizes) {
+      if (s <= free + job.held_slots) regrouped = std::max(regrouped, s);
+    }
+    if (regrouped > size) {
+      result.waiting[job.job_id] = "waiting for the " + std::to_string(job.held_slots) + " " + dev +
+                                   (job.held_slots == 1 ? " slot" : " slots") +
+                                   " its stopped trainers still hold (" + std::to_string(free) +
+                                   " free now), to restart at " + std::to_string(regrouped) +
+                                   " ranks";
+    } else if (size == 0) {
       result.waiting[job.job_id] = "waiting for " + std::to_string(min_size) + " free " + dev +
                                    " slots (" + std::to_string(free) + " free)";
+    }
+    if (size == 0 || regrouped > size) {
       // Gang + FIFO: nobody behind it jumps the queue.
       blocked[job.device] = {job.job_id, job.priority, min_size};
       continue;

@@ -10,6 +10,12 @@
 // Avoidance: a job that failed on some nodes is packed onto the others when its gang fits
 // there at the size it gets, and onto the nodes it avoids only when it does not (it is
 // never shrunk nor held back to avoid them).
+// Regrouping: a job whose attempt just failed, while trainers of that attempt still hold
+// slots on nodes that can take work (stopped, not exited yet), is not placed at a size
+// smaller than those slots would give it: started at once on the slots free now, it would
+// run smaller and grow back at its next checkpoint, a second restart for nothing. It waits
+// in its place in the queue; the caller bounds how long (JobManager: the stop grace and a
+// second).
 // A job that could never fit, even on every slot the cluster ever registered, does not
 // block others and gets a reason saying so.
 // Growth (PlanGrowth): a RUNNING job below its largest feasible world size grows into the
@@ -46,6 +52,8 @@ struct PendingJob {
   v1::DeviceKind device = v1::CPU;
   std::vector<int> feasible_world_sizes;  // ascending; empty: no layout works
   std::set<std::string> avoid_nodes;      // used only when the gang fits nowhere else
+  bool regrouping = false;                // its attempt just failed (JobManager::Pending)
+  int held_slots = 0;  // regrouping: slots its stopped trainers hold, about to be given back
 };
 
 struct Placement {

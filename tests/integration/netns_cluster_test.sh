@@ -380,9 +380,14 @@ else
     old_gone() { ! kill -0 "$old_trainer" 2>/dev/null; }
     wait_for 30 old_gone || fail "the superseded trainer (pid $old_trainer) still runs"
   fi
+  # dataplane: on two nodes after the peer check's verdict, not merely on the two nodes that
+  # were free when attempt $first_attempt failed (its rank 0 still exiting).
+  verdict=True
+  [ "$scenario" = dataplane ] &&
+    verdict="any('cut off: $rank0_node' in a.get('end_reason', '') for a in attempts[:-1])"
   [ "$scenario" = coordinator ] || wait_for 45 holds "int(job['attempt']) > $first_attempt and job['state'] == 'RUNNING' and
     len(trainers) == 2 and len(placed) == 2 and '$rank0_node' not in placed and
-    step() > int(attempts[-1].get('resume_step', 0)) + 5" ||
+    step() > int(attempts[-1].get('resume_step', 0)) + 5 and $verdict" ||
     fail "the job did not resume on the two nodes left: $(status_json)"
   [ "$scenario" = coordinator ] || reasons=$(fact "' | '.join(a.get('end_reason', '') for a in attempts[:-1])")
   [ "$scenario" = coordinator ] || echo "netns_cluster_test: attempts ended: $reasons"

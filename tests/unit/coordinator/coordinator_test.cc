@@ -149,6 +149,53 @@ TEST_F(CoordinatorTest, NodeDeathRecoversOnHealthySlotsAfterSurvivorsExit) {
   EXPECT_EQ(n2.failures(), 1);
 }
 
+// A rank fails on a node that stays healthy: the job restarts on all three slots once the
+// stopped survivors have exited, not at once on the one slot free and then at 3 ranks again
+// at its next checkpoint. A survivor that does not exit holds it back for the stop grace
+// and a second at most.
+TEST_F(CoordinatorTest, AFailedJobRestartsOnTheSlotsItsSurvivorsGiveBackNotSmallerAtOnce) {
+  for (const char* n : {"n1", "n2", "n3"}) ASSERT_TRUE(c_->Register(RegisterReq(n, 1)).ok());
+  const std::string id = Submit(SpecYaml(2, 3, 5));
+  c_->Tick();
+  ASSERT_EQ(Job(id).placement_size(), 3);
+  for (int r = 0; r < 3; ++r) Beat("n" + std::to_string(r + 1), {Trainer(id, 1, r)});
+
+  Beat("n2", {Exited(id, 1, 1, 1)});  // rank 1 fails; n2 stays healthy
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_EQ(Job(id).reason(),
+            "attempt 1 failed: rank 1 on n2 exited with code 1; restart 1 of 5; waiting for the "
+            "2 cpu slots its stopped trainers still hold (1 free now), to restart at 3 ranks")
+      << "n2's slot is free; n1 and n3 still run their stopped ranks";
+  Beat("n1", {Exited(id, 1, 0, 0, 15)});
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING) << "placed at 2 ranks while n3's survivor exits";
+  Beat("n3", {Exited(id, 1, 2, 0, 15)});
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  EXPECT_EQ(Job(id).placement_size(), 3);
+  for (int r = 0; r < 3; ++r) Beat("n" + std::to_string(r + 1), {Trainer(id, 2, r)});
+
+  // Again, and n3's survivor does not exit: after the stop grace and a second, the job
+  // takes the two slots it has.
+  Beat("n2", {Exited(id, 2, 1, 1)});
+  Beat("n1", {Exited(id, 2, 0, 0, 15)});
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  clock_.AdvanceMs(options_.stop_grace_ms + 999);
+  Beat("n1", {});
+  Beat("n2", {});
+  Beat("n3", {Trainer(id, 2, 2)});
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  clock_.AdvanceMs(1);
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 3);
+  EXPECT_EQ(Job(id).placement_size(), 2);
+}
+
 // An agent of another release (common/protocol_version.h: version 1 confirmed trainer leases
 // with a rendezvous key this coordinator no longer honours) is refused, naming both
 // versions, and does not become a node.

@@ -121,6 +121,38 @@ TEST(SchedulerTest, AvoidedNodesAreUsedOnlyWhenTheGangFitsNowhereElse) {
   EXPECT_EQ(r.placements[0].world_size, 4);
 }
 
+// A job whose attempt just failed waits for the slots its stopped trainers still hold when
+// they would make it larger, in its place in the queue; not when they would not.
+TEST(SchedulerTest, ARegroupingJobWaitsForItsStoppedTrainersSlotsWhenTheyMakeItLarger) {
+  PendingJob failed = Job("failed", {2, 3}, 0, 1);
+  failed.regrouping = true;
+  failed.held_slots = 1;  // one survivor still exiting; two slots free
+  auto r = Schedule({failed, Job("behind", {1}, 0, 2)}, {Node("n2", 1), Node("n3", 1)}, Ever(3));
+  EXPECT_TRUE(r.placements.empty()) << "placed at 2 ranks, to grow back to 3 at once";
+  EXPECT_EQ(r.waiting["failed"],
+            "waiting for the 1 cpu slot its stopped trainers still hold (2 free now), to restart "
+            "at 3 ranks");
+  EXPECT_NE(r.waiting["behind"].find("queued behind"), std::string::npos) << r.waiting["behind"];
+  EXPECT_EQ(r.blocked.at(v1::CPU).job_id, "failed");
+  // Its survivor exited: all three.
+  failed.held_slots = 0;
+  r = Schedule({failed}, {Node("n1", 1), Node("n2", 1), Node("n3", 1)}, Ever(3));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 3);
+  // The held slots would not make it larger (it already gets its largest size, or no
+  // feasible size lies between): placed at once.
+  failed.held_slots = 2;
+  r = Schedule({failed}, {Node("n1", 3)}, Ever(5));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 3);
+  PendingJob even = Job("even", {2, 4}, 0, 1);
+  even.regrouping = true;
+  even.held_slots = 1;
+  r = Schedule({even}, {Node("n1", 2)}, Ever(4));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 2);
+}
+
 TEST(PlanGrowthTest, GrowsIntoWhatThePendingJobsLeftInPriorityOrder) {
   ScheduleResult left;
   left.free_left = {{v1::CPU, 3}, {v1::CUDA, 4}};
