@@ -41,10 +41,10 @@ CommandRun SetupJobs(CLI::App* app, GlobalOptions* globals) {
       for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
       v1::JobState state;
       if (!v1::JobState_Parse(s, &state) || state == v1::JOB_STATE_UNSPECIFIED) {
-        return ReportError(
-            InvalidArgumentError("--state '" + s +
-                                 "' is not a job state; use pending, running, recovering, "
-                                 "succeeded, failed or cancelled"));
+        return ReportError(InvalidArgumentError(
+            "--state '" + s +
+            "' is not a job state; use pending, running, recovering, suspended, "
+            "succeeded, failed or cancelled"));
       }
       req.add_states(state);
     }

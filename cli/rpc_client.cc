@@ -202,6 +202,28 @@ StatusOr<v1::UncordonResponse> RpcClient::Uncordon(const std::string& node, int 
   return resp;
 }
 
+StatusOr<v1::SuspendJobResponse> RpcClient::SuspendJob(const std::string& job_id,
+                                                       const std::string& reason, bool force) {
+  v1::SuspendJobRequest req;
+  req.set_job_id(job_id);
+  req.set_reason(reason);
+  req.set_requester(Submitter());
+  req.set_force(force);
+  v1::SuspendJobResponse resp;
+  // Safe to repeat: a job asked to suspend, or suspended, is left as it is.
+  DROVER_RPC_CALL(SuspendJob, req, resp, "suspend " + job_id);
+  return resp;
+}
+
+StatusOr<v1::ResumeJobResponse> RpcClient::ResumeJob(const std::string& job_id) {
+  v1::ResumeJobRequest req;
+  req.set_job_id(job_id);
+  v1::ResumeJobResponse resp;
+  // Safe to repeat: a job not suspended is left as it is.
+  DROVER_RPC_CALL(ResumeJob, req, resp, "resume " + job_id);
+  return resp;
+}
+
 StatusOr<v1::CordonResponse> RpcClient::Cordon(const std::string& node, bool drain,
                                                const std::string& reason) {
   v1::CordonRequest req;

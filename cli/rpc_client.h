@@ -37,6 +37,9 @@ class RpcClient {
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id);
+  StatusOr<v1::SuspendJobResponse> SuspendJob(const std::string& job_id, const std::string& reason,
+                                              bool force);
+  StatusOr<v1::ResumeJobResponse> ResumeJob(const std::string& job_id);
   StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id);
   Status DeleteJob(const std::string& job_id);
   StatusOr<v1::ListWorkersResponse> ListWorkers(bool include_exited = false);

@@ -32,6 +32,7 @@ CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
     // A coordinator restart during a long wait is survivable: keep polling until the
     // deadline; only a coordinator that never answered is an error at once.
     bool ever_reached = false;
+    bool told_suspended = false;
     for (;;) {
       auto info = client.GetJob(args->job);
       if (info.ok()) {
@@ -42,6 +43,12 @@ CommandRun SetupWait(CLI::App* app, GlobalOptions* globals) {
                     << (info->job().reason().empty() ? "" : ": " + info->job().reason()) << "\n";
           return state == v1::SUCCEEDED ? kExitOk : kExitFailure;
         }
+        // Not an end: said once, on stderr, and the wait goes on.
+        if (state == v1::SUSPENDED && !told_suspended) {
+          std::cerr << "drover: " << args->job << " is SUSPENDED: " << info->job().reason()
+                    << "; still waiting\n";
+        }
+        told_suspended = state == v1::SUSPENDED;
       } else if (!ever_reached || info.status().code() != StatusCode::kUnavailable) {
         return ReportError(info.status());
       } else {

@@ -109,6 +109,10 @@ class Coordinator {
   // Asks a running job for a checkpoint now (JobManager::RequestCheckpoint); the step its
   // ranks had reported, which the checkpoint will be later than.
   StatusOr<int64_t> CheckpointJob(const std::string& job_id);
+  // drover suspend and resume (SuspendJobRequest, ResumeJobRequest): written first and made
+  // in memory once durable, as a cancel.
+  StatusOr<v1::SuspendJobResponse> SuspendJob(const v1::SuspendJobRequest& request);
+  StatusOr<v1::JobState> ResumeJob(const std::string& job_id);
   // Deletes a finished job from the state, its logs included (not its output_dir).
   // FAILED_PRECONDITION for a job that has not finished: cancel it first.
   Status DeleteJob(const std::string& job_id);
@@ -184,6 +188,11 @@ class Coordinator {
   Status ChangeNode(const std::string& what,
                     const std::function<StatusOr<NodeManager::NodePlan>()>& plan_change,
                     const std::function<void(const NodeManager::NodePlan&)>& applied) EXCLUDES(mu_);
+  // Writes and applies the plan `plan_change` makes of a job (SuspendJob, ResumeJob),
+  // planning again when the job moved on under the write; `what` says what was not done.
+  StatusOr<v1::SuspendJobResponse> ChangeSuspension(
+      const std::string& what,
+      const std::function<StatusOr<JobManager::SuspendPlan>()>& plan_change) EXCLUDES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
   int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.

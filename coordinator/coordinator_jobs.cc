@@ -160,6 +160,49 @@ StatusOr<int64_t> Coordinator::CheckpointJob(const std::string& job_id) {
   return after;
 }
 
+StatusOr<v1::SuspendJobResponse> Coordinator::ChangeSuspension(
+    const std::string& what,
+    const std::function<StatusOr<JobManager::SuspendPlan>()>& plan_change) {
+  constexpr int kTries = 10;
+  for (int i = 0; i < kTries; ++i) {
+    JobManager::SuspendPlan plan;
+    int64_t seq = -1;
+    {
+      MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(plan, plan_change());
+      if (!plan.batch.empty()) seq = Propose(plan.batch);
+    }
+    if (seq >= 0) {
+      if (Status st = writer_->WaitProposal(seq); !st.ok()) return Refused(what, st);
+    }
+    MutexLock lock(&mu_);
+    v1::SuspendJobResponse response;
+    int64_t after_step = -1;
+    if (!jobs_.ApplySuspendPlan(plan, &after_step)) continue;
+    response.set_state(plan.state);
+    response.set_after_step(after_step);
+    if (plan.change == JobManager::SuspendPlan::kAsk) NudgeNodesOf(plan.job_id);  // checkpoint
+    schedule_due_ = true;
+    return response;
+  }
+  return UnavailableError(what + ": the job changed state " + std::to_string(kTries) +
+                          " times meanwhile; try again");
+}
+
+StatusOr<v1::SuspendJobResponse> Coordinator::SuspendJob(const v1::SuspendJobRequest& request) {
+  RETURN_IF_ERROR(CheckLength("suspend: the reason", request.reason(), kMaxReasonBytes));
+  RETURN_IF_ERROR(CheckLength("suspend: the requester", request.requester(), kMaxReasonBytes));
+  return ChangeSuspension("job " + request.job_id() + " not suspended",
+                          [&]() REQUIRES(mu_) { return jobs_.PlanSuspend(request); });
+}
+
+StatusOr<v1::JobState> Coordinator::ResumeJob(const std::string& job_id) {
+  ASSIGN_OR_RETURN(v1::SuspendJobResponse r,
+                   ChangeSuspension("job " + job_id + " not resumed",
+                                    [&]() REQUIRES(mu_) { return jobs_.PlanResume(job_id); }));
+  return r.state();
+}
+
 Status Coordinator::DeleteJob(const std::string& job_id) {
   // Like a cancel: written first, forgotten in memory once durable. A finished job never
   // changes again, so nothing can move under the write but another delete or its

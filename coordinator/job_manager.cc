@@ -64,6 +64,11 @@ void JobManager::IndexPlacement(const Job& job, bool add) {
 }
 
 void JobManager::UpdateReason(Job& job) {
+  const v1::JobState state = job.rec.state();
+  if (job.rec.suspend() && (state == v1::RUNNING || state == v1::SUSPENDED)) {
+    job.rec.set_reason(SuspendText(job.rec));
+    return;
+  }
   std::string r = job.rec.state() == v1::RECOVERING ? job.failure : "";
   if (!job.waiting.empty()) r += (r.empty() ? "" : "; ") + job.waiting;
   job.rec.set_reason(r);
@@ -96,6 +101,9 @@ void JobManager::Restore(const std::vector<v1::JobRecord>& jobs,
     if (job.rec.state() == v1::RUNNING) {
       job.ranks.resize(job.rec.placement_size());
       IndexPlacement(job, true);
+      // Asked to suspend before the restart: asked for its checkpoint again (the request
+      // lived in memory).
+      if (job.rec.suspend()) AskCheckpoint(job, "drover suspend", /*for_resize=*/false);
     }
     by_seq_[rec.submit_seq()] = rec.job_id();
     if (IsTerminal(job.rec.state())) {

@@ -1,6 +1,7 @@
 // JobManager: every job's life cycle, its attempts, and the orders that follow from them.
 //
 //   PENDING -> RUNNING -> (RECOVERING -> RUNNING)* -> SUCCEEDED | FAILED | CANCELLED
+//   (and, by drover suspend and resume, PENDING | RECOVERING | RUNNING -> SUSPENDED -> PENDING)
 //
 // An attempt is one placement of a job; its number only grows. Anything that names an
 // attempt other than the job's current RUNNING one is ignored (fencing). On any failure of
@@ -35,6 +36,17 @@
 // it goes back to the queue (RECOVERING, no restart counted, its reason naming the job it
 // made room for) and resumes from that checkpoint when slots are free again. A job that
 // saves no checkpoints is never preempted: it would lose everything it trained.
+//
+// Suspension (PlanSuspend, PlanResume: job_manager_suspend.cc): an operator stops a job
+// on purpose and places it again later. One waiting for slots is SUSPENDED at once. A
+// RUNNING one that saves checkpoints is asked for one now (JobRecord.suspend, persisted, so
+// a coordinator restart asks again) and becomes SUSPENDED at its report, as a preempted job
+// yields: its attempt ends ("suspended by ..."), its trainers are stopped, no restart is
+// counted. Its plans to resize or replace stragglers are dropped; an attempt that fails
+// meanwhile is not restarted but suspended. A RUNNING job that saves no checkpoints is
+// suspended only when forced, at once (it starts again from step 0). A SUSPENDED job is
+// never placed; drover resume makes it PENDING, and its next attempt resumes from its newest
+// complete checkpoint. Resuming a RUNNING job asked to suspend withdraws the request.
 //
 // Checkpoints on demand (RequestCheckpoint; PlanResize makes one with each new plan): while
 // a request is pending, the agents of the job's ranks get a CheckpointTrainersOrder in every
@@ -158,6 +170,27 @@ class JobManager {
   // job's persisted state moved on since PlanCancel (a newer record of it was queued after
   // the plan's, so the plan's is not the last word on disk): plan again.
   bool ApplyCancel(const CancelPlan& plan);
+
+  // drover suspend and resume, worked out from the job as it is (as a cancel): the caller
+  // makes `batch` durable (empty: nothing changes), then Apply()s the plan, which is false,
+  // changing nothing, when the job's persisted state moved on meanwhile: plan again.
+  struct SuspendPlan {
+    enum Change { kNone, kAsk, kSuspendNow, kResume };
+    std::string job_id;
+    int64_t version = 0;
+    Change change = kNone;
+    v1::SuspendJobRequest request;  // kAsk, kSuspendNow
+    int64_t at_ms = 0;
+    StoreBatch batch;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // the job's state once applied
+  };
+  // NOT_FOUND for an unknown job, FAILED_PRECONDITION for a finished one and for a RUNNING
+  // one that saves no checkpoints unless request.force.
+  StatusOr<SuspendPlan> PlanSuspend(const v1::SuspendJobRequest& request) const;
+  // NOT_FOUND for an unknown job; kNone for one not suspended.
+  StatusOr<SuspendPlan> PlanResume(const std::string& job_id) const;
+  // The job's checkpoint request's after_step for kAsk (-1 otherwise).
+  bool ApplySuspendPlan(const SuspendPlan& plan, int64_t* after_step);
 
   // Jobs ready for a placement: PENDING, or RECOVERING once their restart delay is over.
   // A job still in its delay is left out, and its reason says for how long (refreshed by
@@ -332,6 +365,14 @@ class JobManager {
   int64_t AskCheckpoint(Job& job, const std::string& reason, bool for_resize);
   // Ends the attempt at the complete checkpoint of `step` to restart it as job.resize says.
   void Resize(Job& job, int64_t step);
+  // Makes a job asked to suspend (JobRecord.suspend), whose attempt has ended, SUSPENDED;
+  // persists nothing.
+  void MakeSuspended(Job& job);
+  // " by ops@host: the Tuesday maintenance": who suspended the job and why, as far as known.
+  static std::string SuspendedBy(const v1::JobRecord& rec);
+  // The job's reason while asked to suspend: "suspending at its next checkpoint (...)" while
+  // RUNNING, "suspended by ...; drover resume J places it again" once SUSPENDED.
+  static std::string SuspendText(const v1::JobRecord& rec);
   // Plans the move (a spare slot exists) or the drop (ShrinkWithout pays) of `found`, the
   // stragglers of RUNNING `job`, those of them straggling for its replace_stragglers_after_s
   // at wall time now_ms, and asks for the checkpoint it happens at. True when it did.

@@ -140,6 +140,9 @@ void JobManager::FailAttempt(Job& job, const std::string& why, const std::string
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
     job.rec.set_reason(what + "; not restarted: the trainer rejected its input (exit code 2)");
+  } else if (job.rec.suspend()) {
+    // Asked to suspend before its checkpoint came: not restarted, and no restart counted.
+    MakeSuspended(job);
   } else if (counted && job.rec.restarts() >= job.rec.max_restarts()) {
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
@@ -355,7 +358,16 @@ bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
     job->rec.set_latest_checkpoint_step(record.step());
     // A resize at the final step would only delay the end (and free the slots no sooner).
     const bool before_end = record.step() < job->spec.train.steps;
-    if (job->rec.state() == v1::RUNNING && job->replace && before_end) {
+    if (job->rec.state() == v1::RUNNING && job->rec.suspend() && before_end) {
+      v1::AttemptRecord& a =
+          EndAttempt(*job,
+                     "suspended" + SuspendedBy(job->rec) + " at the checkpoint of step " +
+                         std::to_string(record.step()),
+                     clock_->WallNowMs());
+      MakeSuspended(*job);
+      spdlog::info("job {}: {}", job->rec.job_id(), a.end_reason());
+      Persist(*job, &a);
+    } else if (job->rec.state() == v1::RUNNING && job->replace && before_end) {
       Replace(*job, record.step());  // a planned resize is made again by the next pass
     } else if (job->rec.state() == v1::RUNNING && job->resize && before_end) {
       Resize(*job, record.step());  // persists the new latest step with the resize

@@ -34,7 +34,7 @@ std::vector<RunningJob> JobManager::Resizable() const {
   for (const auto& [seq, id] : live_) {
     const Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
-    if (!job.spec.checkpoint.enabled()) continue;
+    if (!job.spec.checkpoint.enabled() || job.rec.suspend()) continue;
     out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
                    job.rec.placement_size(), job.feasible});
   }

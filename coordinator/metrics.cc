@@ -82,7 +82,7 @@ class StateSeries {
                          "Time since the job's newest complete checkpoint was created")) {}
 
   void Add(const ClusterSnapshot& s) {
-    for (int st = v1::PENDING; st <= v1::CANCELLED; ++st) {
+    for (int st = v1::PENDING; st <= v1::JobState_MAX; ++st) {
       auto it = s.jobs_by_state.find(static_cast<v1::JobState>(st));
       jobs_.Add({{"state", Lower(v1::JobState_Name(static_cast<v1::JobState>(st)))}})
           .Set(static_cast<double>(it == s.jobs_by_state.end() ? 0 : it->second));

@@ -25,6 +25,8 @@ constexpr char kSubmitJob[] = "/drover.v1.JobService/SubmitJob";
 constexpr char kGetJob[] = "/drover.v1.JobService/GetJob";
 constexpr char kListJobs[] = "/drover.v1.JobService/ListJobs";
 constexpr char kCancelJob[] = "/drover.v1.JobService/CancelJob";
+constexpr char kSuspendJob[] = "/drover.v1.JobService/SuspendJob";
+constexpr char kResumeJob[] = "/drover.v1.JobService/ResumeJob";
 constexpr char kCheckpointJob[] = "/drover.v1.JobService/CheckpointJob";
 constexpr char kDeleteJob[] = "/drover.v1.JobService/DeleteJob";
 constexpr char kListWorkers[] = "/drover.v1.JobService/ListWorkers";
@@ -121,6 +123,22 @@ class JobServiceImpl final : public v1::JobService::Service {
                          v1::CancelJobResponse* resp) override {
     DROVER_AUTHORIZE(auth_, ctx, kCancelJob);
     auto r = c_->CancelJob(req->job_id());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    resp->set_state(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status SuspendJob(grpc::ServerContext* ctx, const v1::SuspendJobRequest* req,
+                          v1::SuspendJobResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kSuspendJob);
+    auto r = c_->SuspendJob(*req);
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status ResumeJob(grpc::ServerContext* ctx, const v1::ResumeJobRequest* req,
+                         v1::ResumeJobResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kResumeJob);
+    auto r = c_->ResumeJob(req->job_id());
     if (!r.ok()) return ToGrpcStatus(r.status());
     resp->set_state(*r);
     return grpc::Status::OK;

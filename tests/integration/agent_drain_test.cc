@@ -4,7 +4,8 @@
 // a step, save its checkpoint, and the drained rank exits once rank 0 has committed it. The
 // job restarts on the other node from that checkpoint, the restart not counted, and the agent
 // exits 0 within its grace period. Before, the trainers were stopped outright and the job
-// started again from scratch.
+// started again from scratch. And the same stop at a checkpoint asked for a whole job:
+// drover suspend, its slots given back, and drover resume.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -174,6 +175,63 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   }
   std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
               static_cast<long long>(drained_at),
+              static_cast<long long>(after.attempts(1).resume_step()));
+  ASSERT_TRUE(cluster.Cancel(id_).ok());
+  ASSERT_TRUE(cluster.WaitJob(
+      id_, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
+}
+
+TEST_F(AgentDrainTest, DroverSuspendStopsTheJobAtACheckpointAndResumeContinuesFromIt) {
+  v1::JobInfo running;
+  ASSERT_NO_FATAL_FAILURE(StartJob("suspend", &running));
+  testing::Cluster& cluster = *cluster_;
+  const int64_t suspended_at = running.job().last_step();
+  auto cli = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--coordinator", cluster.address()});
+    return testing::RunCli(cluster.root(), std::move(args));
+  };
+
+  testing::CliResult suspend =
+      cli({"suspend", id_, "--reason", "maintenance", "--wait", "--timeout", "30"});
+  ASSERT_EQ(suspend.code, 0) << suspend.out << cluster.DebugLogs();
+  EXPECT_NE(suspend.out.find(id_ + " is suspending: it stops at its checkpoint after step"),
+            std::string::npos)
+      << suspend.out;
+  EXPECT_NE(suspend.out.find(id_ + " SUSPENDED: after drover resume " + id_ +
+                             " it resumes from the checkpoint of step "),
+            std::string::npos)
+      << suspend.out;
+  // Its slots are given back: both trainers exit.
+  ASSERT_TRUE(cluster.WaitJob(
+      id_,
+      [&](const v1::JobInfo&) {
+        auto listed = cluster.ListWorkers();
+        if (!listed.ok()) return false;
+        for (const auto& w : listed->workers()) {
+          if (w.free_slots() != 1) return false;
+        }
+        return true;
+      },
+      20000, &running))
+      << cluster.DebugLogs();
+  testing::CliResult status = cli({"status", id_});
+  EXPECT_NE(status.out.find("SUSPENDED"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("suspended by "), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find(": maintenance; drover resume " + id_), std::string::npos)
+      << status.out;
+
+  testing::CliResult resume = cli({"resume", id_});
+  ASSERT_EQ(resume.code, 0) << resume.out;
+  EXPECT_EQ(resume.out, id_ + " PENDING\n");
+  v1::JobInfo after = WaitSecondAttempt(cluster, id_);
+  ASSERT_EQ(after.job().state(), v1::RUNNING) << after.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(after.job().restarts(), 0) << "a suspension is no failure of the job's";
+  const std::string& why = after.attempts(0).end_reason();
+  EXPECT_NE(why.find("suspended by "), std::string::npos) << why;
+  EXPECT_NE(why.find(": maintenance at the checkpoint of step "), std::string::npos) << why;
+  EXPECT_GE(after.attempts(1).resume_step(), suspended_at) << after.attempts(1).resume_checkpoint();
+  std::printf("suspended at step %lld or after; attempt 2 resumed from step %lld\n",
+              static_cast<long long>(suspended_at),
               static_cast<long long>(after.attempts(1).resume_step()));
   ASSERT_TRUE(cluster.Cancel(id_).ok());
   ASSERT_TRUE(cluster.WaitJob(

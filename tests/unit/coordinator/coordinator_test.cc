@@ -196,6 +196,134 @@ TEST_F(CoordinatorTest, AFailedJobRestartsOnTheSlotsItsSurvivorsGiveBackNotSmall
   EXPECT_EQ(Job(id).placement_size(), 2);
 }
 
+// drover suspend of a running job: it is asked for a checkpoint, stops at it (its trainers
+// told to stop, its slot given back, no restart counted), stays SUSPENDED through a
+// coordinator restart and until drover resume, and then resumes from that checkpoint.
+TEST_F(CoordinatorTest, ASuspendedJobStopsAtItsCheckpointAndResumesFromItAfterResume) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1) + "checkpoint: {dir: /tmp/ck, every_steps: 100}\n");
+  c_->Tick();
+  ASSERT_EQ(Beat("n1", {}).orders_size(), 1);
+  Beat("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 7)});
+
+  v1::SuspendJobRequest request;
+  request.set_job_id(id);
+  request.set_reason("the Tuesday maintenance");
+  request.set_requester("ops@h");
+  auto asked = c_->SuspendJob(request);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->state(), v1::RUNNING);
+  EXPECT_EQ(asked->after_step(), 7);
+  EXPECT_EQ(Job(id).reason(),
+            "suspending at its next checkpoint (drover suspend by ops@h: the Tuesday maintenance)");
+  ASSERT_TRUE(c_->SuspendJob(request).ok()) << "repeating it is harmless";
+
+  // Asked again after a coordinator restart: the request is durable.
+  Reopen();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1, "agent-1")).ok());
+  v1::HeartbeatResponse hb = Beat("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 8)});
+  ASSERT_EQ(hb.orders_size(), 1);
+  ASSERT_TRUE(hb.orders(0).has_checkpoint()) << hb.DebugString();
+
+  v1::HeartbeatRequest ck;
+  ck.set_name("n1");
+  ck.set_agent_id("agent-1");
+  *ck.add_trainers() = Trainer(id, 1, 0, v1::TRAINER_RUNNING, 9);
+  v1::CheckpointRecord* c = ck.add_checkpoints();
+  c->set_job_id(id);
+  c->set_attempt(1);
+  c->set_step(9);
+  c->set_path("/tmp/ck/step_9");
+  hb = c_->Heartbeat(ck);
+  EXPECT_EQ(Job(id).state(), v1::SUSPENDED);
+  EXPECT_EQ(Job(id).reason(), "suspended by ops@h: the Tuesday maintenance; drover resume " + id +
+                                  " places it again");
+  EXPECT_EQ(Job(id).restarts(), 0);
+  EXPECT_EQ(c_->GetJob(id)->attempts(0).end_reason(),
+            "suspended by ops@h: the Tuesday maintenance at the checkpoint of step 9");
+  hb = Beat("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 9)});
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_TRUE(hb.orders(0).has_stop());
+  Beat("n1", {Exited(id, 1, 0, 0, 15)});
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::SUSPENDED) << "placed again on its free slot";
+
+  Reopen();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1, "agent-1")).ok());
+  Beat("n1", {});
+  c_->Tick();
+  EXPECT_EQ(Job(id).state(), v1::SUSPENDED);
+  auto resumed = c_->ResumeJob(id);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(*resumed, v1::PENDING);
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  EXPECT_EQ(Job(id).restarts(), 0);
+  hb = Beat("n1", {});
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).start().resume_checkpoint(), "/tmp/ck/step_9");
+  EXPECT_EQ(*c_->ResumeJob(id), v1::RUNNING) << "a job not suspended is left as it is";
+}
+
+// A job waiting for slots is suspended at once and never placed until resumed; a running
+// job that saves no checkpoints only with force, at once; a finished one not at all; and an
+// attempt that fails while its job is suspending is not restarted.
+TEST_F(CoordinatorTest, SuspendingWaitingJobsNoCheckpointJobsFinishedJobsAndFailingOnes) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string running = Submit(SpecYaml(1, 1) + "checkpoint: {every_steps: 0}\n");
+  const std::string queued = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  ASSERT_EQ(Job(running).state(), v1::RUNNING);
+  ASSERT_EQ(Job(queued).state(), v1::PENDING);
+
+  v1::SuspendJobRequest request;
+  request.set_job_id(queued);
+  auto r = c_->SuspendJob(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), v1::SUSPENDED);
+  EXPECT_EQ(Job(queued).reason(), "suspended; drover resume " + queued + " places it again");
+
+  request.set_job_id(running);
+  r = c_->SuspendJob(request);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("saves no checkpoints"));
+  EXPECT_THAT(r.status().message(), HasSubstr("--force"));
+  EXPECT_EQ(Job(running).state(), v1::RUNNING);
+  request.set_force(true);
+  r = c_->SuspendJob(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), v1::SUSPENDED);
+  EXPECT_THAT(c_->GetJob(running)->attempts(0).end_reason(), HasSubstr("starts again from step 0"));
+  Beat("n1", {Exited(running, 1, 0, 0, 15)});
+  c_->Tick();
+  EXPECT_EQ(Job(queued).state(), v1::SUSPENDED) << "a suspended job took the free slot";
+  EXPECT_EQ(Job(running).state(), v1::SUSPENDED);
+
+  ASSERT_EQ(*c_->ResumeJob(queued), v1::PENDING);
+  c_->Tick();
+  ASSERT_EQ(Job(queued).state(), v1::RUNNING);
+  Beat("n1", {Exited(queued, 1, 0, 0)});
+  c_->Tick();
+  ASSERT_EQ(Job(queued).state(), v1::SUCCEEDED);
+  request.set_job_id(queued);
+  r = c_->SuspendJob(request);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+
+  // Asked to suspend, it fails before its checkpoint: suspended, not restarted.
+  const std::string ckpt =
+      Submit(SpecYaml(1, 1, 5) + "checkpoint: {dir: /tmp/ck, every_steps: 9}\n");
+  c_->Tick();
+  ASSERT_EQ(Job(ckpt).state(), v1::RUNNING);
+  request.set_job_id(ckpt);
+  ASSERT_TRUE(c_->SuspendJob(request).ok());
+  Beat("n1", {Exited(ckpt, 1, 0, 1)});
+  c_->Tick();
+  EXPECT_EQ(Job(ckpt).state(), v1::SUSPENDED);
+  EXPECT_EQ(Job(ckpt).restarts(), 0);
+  EXPECT_THAT(c_->GetJob(ckpt)->attempts(0).end_reason(), HasSubstr("exited with code 1"));
+}
+
 // An agent of another release (common/protocol_version.h: version 1 confirmed trainer leases
 // with a rendezvous key this coordinator no longer honours) is refused, naming both
 // versions, and does not become a node.

@@ -1,0 +1,163 @@
+// JobManager's suspensions: drover suspend and resume (job_manager.h, "Suspension").
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+#include "common/job_state.h"
+#include "coordinator/job_manager.h"
+
+namespace drover::coordinator {
+namespace {
+
+void MarkAsked(v1::JobRecord* r, const v1::SuspendJobRequest& request, int64_t at_ms) {
+  r->set_suspend(true);
+  r->set_suspended_by(request.requester());
+  r->set_suspend_reason(request.reason());
+  r->set_suspend_asked_ms(at_ms);
+}
+
+void ClearAsked(v1::JobRecord* r) {
+  r->clear_suspend();
+  r->clear_suspended_by();
+  r->clear_suspend_reason();
+  r->clear_suspend_asked_ms();
+}
+
+// A RUNNING job that saves no checkpoints, suspended by force: what its attempt ends with.
+std::string ForcedHow() {
+  return " at once (it saves no checkpoints: it starts again from step 0)";
+}
+
+}  // namespace
+
+std::string JobManager::SuspendedBy(const v1::JobRecord& rec) {
+  std::string s = rec.suspended_by().empty() ? "" : " by " + rec.suspended_by();
+  if (!rec.suspend_reason().empty()) s += ": " + rec.suspend_reason();
+  return s;
+}
+
+std::string JobManager::SuspendText(const v1::JobRecord& rec) {
+  if (rec.state() == v1::SUSPENDED) {
+    return "suspended" + SuspendedBy(rec) + "; drover resume " + rec.job_id() + " places it again";
+  }
+  return "suspending at its next checkpoint (drover suspend" + SuspendedBy(rec) + ")";
+}
+
+void JobManager::MakeSuspended(Job& job) {
+  job.rec.clear_placement();
+  job.rec.set_state(v1::SUSPENDED);
+  job.failure.clear();
+  job.waiting.clear();
+  job.resize.reset();
+  job.replace.reset();
+  job.hold_size = 0;
+  job.regroup_until_ms = 0;
+  UpdateReason(job);
+}
+
+StatusOr<JobManager::SuspendPlan> JobManager::PlanSuspend(
+    const v1::SuspendJobRequest& request) const {
+  const Job* job = Get(request.job_id());
+  if (!job) return NotFoundError("no job " + request.job_id());
+  const v1::JobRecord& rec = job->rec;
+  if (IsTerminal(rec.state())) {
+    return FailedPreconditionError("job " + rec.job_id() + " is " + v1::JobState_Name(rec.state()) +
+                                   ": only a job that has not finished can be suspended");
+  }
+  SuspendPlan plan;
+  plan.job_id = rec.job_id();
+  plan.version = job->version;
+  plan.request = request;
+  plan.at_ms = clock_->WallNowMs();
+  plan.state = rec.state();
+  if (rec.state() == v1::SUSPENDED || rec.suspend()) return plan;  // asked already
+  const bool running = rec.state() == v1::RUNNING;
+  if (running && !job->spec.checkpoint.enabled() && !request.force()) {
+    return FailedPreconditionError(
+        "job " + rec.job_id() +
+        " saves no checkpoints (its checkpoint.every_steps and every_minutes are 0): "
+        "suspended, it would start again from step 0 when resumed; --force suspends it "
+        "anyway");
+  }
+  v1::JobRecord next = rec;
+  MarkAsked(&next, request, plan.at_ms);
+  if (running && job->spec.checkpoint.enabled()) {
+    plan.change = SuspendPlan::kAsk;
+  } else {
+    plan.change = SuspendPlan::kSuspendNow;
+    if (running) {
+      auto it = job->attempts.find(rec.attempt());
+      v1::AttemptRecord a = it == job->attempts.end() ? v1::AttemptRecord() : it->second;
+      a.set_job_id(rec.job_id());
+      a.set_attempt(rec.attempt());
+      a.set_ended_ms(plan.at_ms);
+      a.set_end_reason("suspended" + SuspendedBy(next) + ForcedHow());
+      plan.batch.attempts.push_back(std::move(a));
+    }
+    next.clear_placement();
+    next.set_state(v1::SUSPENDED);
+    next.set_reason(SuspendText(next));
+  }
+  plan.state = next.state();
+  plan.batch.jobs.push_back(std::move(next));
+  return plan;
+}
+
+StatusOr<JobManager::SuspendPlan> JobManager::PlanResume(const std::string& job_id) const {
+  const Job* job = Get(job_id);
+  if (!job) return NotFoundError("no job " + job_id);
+  const v1::JobRecord& rec = job->rec;
+  SuspendPlan plan;
+  plan.job_id = job_id;
+  plan.version = job->version;
+  plan.at_ms = clock_->WallNowMs();
+  plan.state = rec.state();
+  if (IsTerminal(rec.state()) || !rec.suspend()) return plan;  // not suspended
+  plan.change = SuspendPlan::kResume;
+  v1::JobRecord next = rec;
+  ClearAsked(&next);
+  if (rec.state() == v1::SUSPENDED) next.set_state(v1::PENDING);
+  next.set_reason("");
+  plan.state = next.state();
+  plan.batch.jobs.push_back(std::move(next));
+  return plan;
+}
+
+bool JobManager::ApplySuspendPlan(const SuspendPlan& plan, int64_t* after_step) {
+  *after_step = -1;
+  Job* job = Get(plan.job_id);
+  if (!job || job->version != plan.version) return false;
+  v1::JobRecord& r = job->rec;
+  switch (plan.change) {
+    case SuspendPlan::kNone:
+      if (r.state() == v1::RUNNING && job->checkpoint_asked) {
+        *after_step = job->checkpoint_asked->after_step;
+      }
+      return true;
+    case SuspendPlan::kAsk:
+      MarkAsked(&r, plan.request, plan.at_ms);
+      job->resize.reset();
+      job->replace.reset();
+      *after_step = AskCheckpoint(*job, "drover suspend", /*for_resize=*/false);
+      UpdateReason(*job);
+      break;
+    case SuspendPlan::kSuspendNow:
+      MarkAsked(&r, plan.request, plan.at_ms);
+      if (r.state() == v1::RUNNING)
+        EndAttempt(*job, "suspended" + SuspendedBy(r) + ForcedHow(), plan.at_ms);
+      MakeSuspended(*job);
+      break;
+    case SuspendPlan::kResume:
+      ClearAsked(&r);
+      if (r.state() == v1::SUSPENDED) r.set_state(v1::PENDING);
+      UpdateReason(*job);
+      break;
+  }
+  Reindex(*job);
+  ++job->version;  // what the plan wrote is the job's newest durable record
+  spdlog::info("job {}: {}", r.job_id(),
+               plan.change == SuspendPlan::kResume ? "resumed" : r.reason());
+  return true;
+}
+
+}  // namespace drover::coordinator
