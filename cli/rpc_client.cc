@@ -224,6 +224,16 @@ StatusOr<v1::ResumeJobResponse> RpcClient::ResumeJob(const std::string& job_id) 
   return resp;
 }
 
+StatusOr<v1::SetPriorityResponse> RpcClient::SetPriority(const std::string& job_id, int priority) {
+  v1::SetPriorityRequest req;
+  req.set_job_id(job_id);
+  req.set_priority(priority);
+  v1::SetPriorityResponse resp;
+  // Safe to repeat: the same priority twice is one change.
+  DROVER_RPC_CALL(SetPriority, req, resp, "priority " + job_id);
+  return resp;
+}
+
 StatusOr<v1::CordonResponse> RpcClient::Cordon(const std::string& node, bool drain,
                                                const std::string& reason) {
   v1::CordonRequest req;

@@ -40,6 +40,7 @@ class RpcClient {
   StatusOr<v1::SuspendJobResponse> SuspendJob(const std::string& job_id, const std::string& reason,
                                               bool force);
   StatusOr<v1::ResumeJobResponse> ResumeJob(const std::string& job_id);
+  StatusOr<v1::SetPriorityResponse> SetPriority(const std::string& job_id, int priority);
   StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id);
   Status DeleteJob(const std::string& job_id);
   StatusOr<v1::ListWorkersResponse> ListWorkers(bool include_exited = false);

@@ -113,6 +113,8 @@ class Coordinator {
   // in memory once durable, as a cancel.
   StatusOr<v1::SuspendJobResponse> SuspendJob(const v1::SuspendJobRequest& request);
   StatusOr<v1::JobState> ResumeJob(const std::string& job_id);
+  // drover priority (SetPriorityRequest), written and applied as a suspension.
+  StatusOr<v1::SetPriorityResponse> SetPriority(const std::string& job_id, int priority);
   // Deletes a finished job from the state, its logs included (not its output_dir).
   // FAILED_PRECONDITION for a job that has not finished: cancel it first.
   Status DeleteJob(const std::string& job_id);
@@ -188,11 +190,12 @@ class Coordinator {
   Status ChangeNode(const std::string& what,
                     const std::function<StatusOr<NodeManager::NodePlan>()>& plan_change,
                     const std::function<void(const NodeManager::NodePlan&)>& applied) EXCLUDES(mu_);
-  // Writes and applies the plan `plan_change` makes of a job (SuspendJob, ResumeJob),
+  // Writes and applies the plan `plan_change` makes of a job (SuspendJob, ResumeJob,
+  // SetPriority),
   // planning again when the job moved on under the write; `what` says what was not done.
-  StatusOr<v1::SuspendJobResponse> ChangeSuspension(
-      const std::string& what,
-      const std::function<StatusOr<JobManager::SuspendPlan>()>& plan_change) EXCLUDES(mu_);
+  StatusOr<v1::SuspendJobResponse> ChangeJob(
+      const std::string& what, const std::function<StatusOr<JobManager::JobPlan>()>& plan_change)
+      EXCLUDES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.
   int64_t Propose(StoreBatch batch) REQUIRES(mu_);
   // `error`, from a refused proposal, as the answer to the client: what was not done, where.

@@ -160,12 +160,11 @@ StatusOr<int64_t> Coordinator::CheckpointJob(const std::string& job_id) {
   return after;
 }
 
-StatusOr<v1::SuspendJobResponse> Coordinator::ChangeSuspension(
-    const std::string& what,
-    const std::function<StatusOr<JobManager::SuspendPlan>()>& plan_change) {
+StatusOr<v1::SuspendJobResponse> Coordinator::ChangeJob(
+    const std::string& what, const std::function<StatusOr<JobManager::JobPlan>()>& plan_change) {
   constexpr int kTries = 10;
   for (int i = 0; i < kTries; ++i) {
-    JobManager::SuspendPlan plan;
+    JobManager::JobPlan plan;
     int64_t seq = -1;
     {
       MutexLock lock(&mu_);
@@ -178,10 +177,10 @@ StatusOr<v1::SuspendJobResponse> Coordinator::ChangeSuspension(
     MutexLock lock(&mu_);
     v1::SuspendJobResponse response;
     int64_t after_step = -1;
-    if (!jobs_.ApplySuspendPlan(plan, &after_step)) continue;
+    if (!jobs_.ApplyJobPlan(plan, &after_step)) continue;
     response.set_state(plan.state);
     response.set_after_step(after_step);
-    if (plan.change == JobManager::SuspendPlan::kAsk) NudgeNodesOf(plan.job_id);  // checkpoint
+    if (plan.change == JobManager::JobPlan::kAsk) NudgeNodesOf(plan.job_id);  // checkpoint
     schedule_due_ = true;
     return response;
   }
@@ -192,15 +191,31 @@ StatusOr<v1::SuspendJobResponse> Coordinator::ChangeSuspension(
 StatusOr<v1::SuspendJobResponse> Coordinator::SuspendJob(const v1::SuspendJobRequest& request) {
   RETURN_IF_ERROR(CheckLength("suspend: the reason", request.reason(), kMaxReasonBytes));
   RETURN_IF_ERROR(CheckLength("suspend: the requester", request.requester(), kMaxReasonBytes));
-  return ChangeSuspension("job " + request.job_id() + " not suspended",
-                          [&]() REQUIRES(mu_) { return jobs_.PlanSuspend(request); });
+  return ChangeJob("job " + request.job_id() + " not suspended",
+                   [&]() REQUIRES(mu_) { return jobs_.PlanSuspend(request); });
 }
 
 StatusOr<v1::JobState> Coordinator::ResumeJob(const std::string& job_id) {
   ASSIGN_OR_RETURN(v1::SuspendJobResponse r,
-                   ChangeSuspension("job " + job_id + " not resumed",
-                                    [&]() REQUIRES(mu_) { return jobs_.PlanResume(job_id); }));
+                   ChangeJob("job " + job_id + " not resumed",
+                             [&]() REQUIRES(mu_) { return jobs_.PlanResume(job_id); }));
   return r.state();
+}
+
+StatusOr<v1::SetPriorityResponse> Coordinator::SetPriority(const std::string& job_id,
+                                                           int priority) {
+  int previous = 0;
+  ASSIGN_OR_RETURN(v1::SuspendJobResponse r,
+                   ChangeJob("the priority of job " + job_id + " not changed",
+                             [&]() REQUIRES(mu_) -> StatusOr<JobManager::JobPlan> {
+                               const v1::JobRecord* rec = jobs_.Find(job_id);
+                               if (rec != nullptr) previous = rec->priority();
+                               return jobs_.PlanPriority(job_id, priority);
+                             }));
+  v1::SetPriorityResponse response;
+  response.set_previous(previous);
+  response.set_state(r.state());
+  return response;
 }
 
 Status Coordinator::DeleteJob(const std::string& job_id) {

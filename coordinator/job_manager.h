@@ -37,7 +37,7 @@
 // made room for) and resumes from that checkpoint when slots are free again. A job that
 // saves no checkpoints is never preempted: it would lose everything it trained.
 //
-// Suspension (PlanSuspend, PlanResume: job_manager_suspend.cc): an operator stops a job
+// Suspension (PlanSuspend, PlanResume: job_manager_changes.cc): an operator stops a job
 // on purpose and places it again later. One waiting for slots is SUSPENDED at once. A
 // RUNNING one that saves checkpoints is asked for one now (JobRecord.suspend, persisted, so
 // a coordinator restart asks again) and becomes SUSPENDED at its report, as a preempted job
@@ -171,26 +171,33 @@ class JobManager {
   // the plan's, so the plan's is not the last word on disk): plan again.
   bool ApplyCancel(const CancelPlan& plan);
 
-  // drover suspend and resume, worked out from the job as it is (as a cancel): the caller
-  // makes `batch` durable (empty: nothing changes), then Apply()s the plan, which is false,
-  // changing nothing, when the job's persisted state moved on meanwhile: plan again.
-  struct SuspendPlan {
-    enum Change { kNone, kAsk, kSuspendNow, kResume };
+  // An operator's change to a job that has not finished (drover suspend, resume, priority),
+  // worked out from the job as it is (as a cancel): the caller makes `batch` durable (empty:
+  // nothing changes), then ApplyJobPlan()s it, which is false, changing nothing, when the
+  // job's persisted state moved on meanwhile: plan again.
+  struct JobPlan {
+    enum Change { kNone, kAsk, kSuspendNow, kResume, kPriority };
     std::string job_id;
     int64_t version = 0;
     Change change = kNone;
     v1::SuspendJobRequest request;  // kAsk, kSuspendNow
+    int priority = 0;               // kPriority: the new one
     int64_t at_ms = 0;
     StoreBatch batch;
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // the job's state once applied
   };
   // NOT_FOUND for an unknown job, FAILED_PRECONDITION for a finished one and for a RUNNING
   // one that saves no checkpoints unless request.force.
-  StatusOr<SuspendPlan> PlanSuspend(const v1::SuspendJobRequest& request) const;
+  StatusOr<JobPlan> PlanSuspend(const v1::SuspendJobRequest& request) const;
   // NOT_FOUND for an unknown job; kNone for one not suspended.
-  StatusOr<SuspendPlan> PlanResume(const std::string& job_id) const;
-  // The job's checkpoint request's after_step for kAsk (-1 otherwise).
-  bool ApplySuspendPlan(const SuspendPlan& plan, int64_t* after_step);
+  StatusOr<JobPlan> PlanResume(const std::string& job_id) const;
+  // NOT_FOUND for an unknown job, FAILED_PRECONDITION for a finished one; kNone for one of
+  // that priority already. The next scheduling pass orders the queue and plans preemptions
+  // by it.
+  StatusOr<JobPlan> PlanPriority(const std::string& job_id, int priority) const;
+  // after_step: the job's checkpoint request's after_step for kAsk and a kNone of a job
+  // asked to suspend (-1 otherwise).
+  bool ApplyJobPlan(const JobPlan& plan, int64_t* after_step);
 
   // Jobs ready for a placement: PENDING, or RECOVERING once their restart delay is over.
   // A job still in its delay is left out, and its reason says for how long (refreshed by

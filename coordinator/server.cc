@@ -27,6 +27,7 @@ constexpr char kListJobs[] = "/drover.v1.JobService/ListJobs";
 constexpr char kCancelJob[] = "/drover.v1.JobService/CancelJob";
 constexpr char kSuspendJob[] = "/drover.v1.JobService/SuspendJob";
 constexpr char kResumeJob[] = "/drover.v1.JobService/ResumeJob";
+constexpr char kSetPriority[] = "/drover.v1.JobService/SetPriority";
 constexpr char kCheckpointJob[] = "/drover.v1.JobService/CheckpointJob";
 constexpr char kDeleteJob[] = "/drover.v1.JobService/DeleteJob";
 constexpr char kListWorkers[] = "/drover.v1.JobService/ListWorkers";
@@ -141,6 +142,14 @@ class JobServiceImpl final : public v1::JobService::Service {
     auto r = c_->ResumeJob(req->job_id());
     if (!r.ok()) return ToGrpcStatus(r.status());
     resp->set_state(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status SetPriority(grpc::ServerContext* ctx, const v1::SetPriorityRequest* req,
+                           v1::SetPriorityResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kSetPriority);
+    auto r = c_->SetPriority(req->job_id(), req->priority());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
     return grpc::Status::OK;
   }
   grpc::Status CheckpointJob(grpc::ServerContext* ctx, const v1::CheckpointJobRequest* req,

@@ -95,6 +95,56 @@ TEST_F(CliServiceTest, CheckpointRefusesAJobThatIsNotRunning) {
       << ended.out;
 }
 
+// drover priority, suspend and resume through the CLI: what each prints, a refusal that
+// names what to do, and drover jobs --state suspended.
+TEST_F(CliServiceTest, PrioritySuspendAndResumeSayWhatTheyDid) {
+  StartCluster(1);
+  const std::string running = SubmitByCli(WriteSpec("running", 100000, 50));
+  ASSERT_FALSE(running.empty());
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster_->WaitJob(
+      running, [](const v1::JobInfo& i) { return i.job().state() == v1::RUNNING; }, 20000, &info))
+      << cluster_->DebugLogs();
+  const std::string queued = SubmitByCli(WriteSpec("queued", 10, 50));
+  ASSERT_FALSE(queued.empty());
+
+  CliResult priority = RunCli(cluster_->root(), Cli({"priority", queued, "3"}));
+  EXPECT_EQ(priority.code, 0) << priority.out;
+  EXPECT_EQ(priority.out, queued + " PENDING, priority 3 (was 0)\n");
+  CliResult suspend =
+      RunCli(cluster_->root(), Cli({"suspend", queued, "--reason", "not today", "--wait"}));
+  EXPECT_EQ(suspend.code, 0) << suspend.out;
+  EXPECT_NE(suspend.out.find(queued + " SUSPENDED: after drover resume " + queued +
+                             " it starts from step 0"),
+            std::string::npos)
+      << suspend.out;
+  CliResult listed = RunCli(cluster_->root(), Cli({"jobs", "--state", "suspended"}));
+  EXPECT_EQ(listed.code, 0) << listed.out;
+  EXPECT_NE(listed.out.find(queued), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find(": not today; drover resume " + queued), std::string::npos)
+      << listed.out;
+  EXPECT_EQ(listed.out.find(running), std::string::npos) << listed.out;
+
+  // A job that saves no checkpoints, raised above the running one, which yields its slot at
+  // its next checkpoint; suspending it is refused without --force.
+  const std::string plain = (cluster_->root() / "plain.yaml").string();
+  std::ofstream(plain) << cluster_->JobYaml("plain", 1, 1, 100000, 0, 3, 30, "step_ms=50\n");
+  const std::string no_ckpt = SubmitByCli(plain);
+  CliResult refused = RunCli(cluster_->root(), Cli({"priority", no_ckpt, "9"}));
+  ASSERT_EQ(refused.code, 0) << refused.out;
+  EXPECT_EQ(refused.out, no_ckpt + " PENDING, priority 9 (was 0)\n");
+  ASSERT_TRUE(cluster_->WaitJob(
+      no_ckpt, [](const v1::JobInfo& i) { return i.job().state() == v1::RUNNING; }, 20000, &info))
+      << cluster_->DebugLogs();
+  refused = RunCli(cluster_->root(), Cli({"suspend", no_ckpt}));
+  EXPECT_EQ(refused.code, 1) << refused.out;
+  EXPECT_NE(refused.out.find("saves no checkpoints"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("--force suspends it anyway"), std::string::npos) << refused.out;
+  CliResult resumed = RunCli(cluster_->root(), Cli({"resume", queued}));
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+  EXPECT_EQ(resumed.out, queued + " PENDING\n");
+}
+
 // A GPU node's agent describes each slot as its driver probe found it; the table shows the
 // first slot's GPU beside the device kind.
 TEST_F(CliServiceTest, WorkersShowsTheGpuOfAGpuNode) {

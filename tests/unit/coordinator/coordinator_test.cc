@@ -552,6 +552,45 @@ TEST_F(CoordinatorTest, LowerPriorityJobYieldsEverySlotAndResumesWhenTheyAreFree
   EXPECT_EQ(c_->GetJob(low)->attempts(1).resume_step(), 4);
 }
 
+// drover priority: a queued job raised above a running one makes it yield at its next
+// checkpoint, as if submitted so; a job lowered again loses that; the priority is durable.
+TEST_F(CoordinatorTest, ARaisedPriorityReordersTheQueueAndPreemptsLikeASubmittedOne) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string low = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  Beat("n1", Ranks(low, 1, 2, 1));
+  const std::string first = Submit(SpecYaml(2, 2));
+  const std::string second = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  EXPECT_EQ(Job(low).reason(), "") << "nothing above it";
+
+  auto raised = c_->SetPriority(second, 5);
+  ASSERT_TRUE(raised.ok()) << raised.status();
+  EXPECT_EQ(raised->previous(), 0);
+  EXPECT_EQ(raised->state(), v1::PENDING);
+  c_->Tick();
+  EXPECT_EQ(Job(low).reason(),
+            "yielding its slots for job " + second + " (priority 5) at its next checkpoint");
+  EXPECT_EQ(Job(first).reason(), "queued behind an earlier cpu job");
+
+  Reopen();  // durable
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2, "agent-1")).ok());
+  EXPECT_EQ(Job(second).priority(), 5);
+  Beat("n1", Ranks(low, 1, 2, 3));
+  c_->Heartbeat(CheckpointBeat("n1", low, 1, 4, Ranks(low, 1, 2)));
+  Beat("n1", Stopped(low, 1, 2));
+  c_->Tick();
+  EXPECT_EQ(Job(second).state(), v1::RUNNING) << "before the job submitted before it";
+  EXPECT_EQ(Job(first).state(), v1::PENDING);
+
+  auto same = c_->SetPriority(second, 5);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->previous(), 5);
+  EXPECT_EQ(c_->SetPriority("j-nope", 1).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(c_->CancelJob(second).ok());
+  EXPECT_EQ(c_->SetPriority(second, 1).status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST_F(CoordinatorTest, APreemptionIsWithdrawnWhenTheJobItWasForIsCancelled) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
   const std::string low = Submit(SpecYaml(2, 2));

@@ -1,4 +1,5 @@
-// JobManager's suspensions: drover suspend and resume (job_manager.h, "Suspension").
+// JobManager's operator changes to a job: drover suspend and resume (job_manager.h,
+// "Suspension"), and drover priority.
 #include <spdlog/spdlog.h>
 
 #include <string>
@@ -55,8 +56,7 @@ void JobManager::MakeSuspended(Job& job) {
   UpdateReason(job);
 }
 
-StatusOr<JobManager::SuspendPlan> JobManager::PlanSuspend(
-    const v1::SuspendJobRequest& request) const {
+StatusOr<JobManager::JobPlan> JobManager::PlanSuspend(const v1::SuspendJobRequest& request) const {
   const Job* job = Get(request.job_id());
   if (!job) return NotFoundError("no job " + request.job_id());
   const v1::JobRecord& rec = job->rec;
@@ -64,7 +64,7 @@ StatusOr<JobManager::SuspendPlan> JobManager::PlanSuspend(
     return FailedPreconditionError("job " + rec.job_id() + " is " + v1::JobState_Name(rec.state()) +
                                    ": only a job that has not finished can be suspended");
   }
-  SuspendPlan plan;
+  JobPlan plan;
   plan.job_id = rec.job_id();
   plan.version = job->version;
   plan.request = request;
@@ -82,9 +82,9 @@ StatusOr<JobManager::SuspendPlan> JobManager::PlanSuspend(
   v1::JobRecord next = rec;
   MarkAsked(&next, request, plan.at_ms);
   if (running && job->spec.checkpoint.enabled()) {
-    plan.change = SuspendPlan::kAsk;
+    plan.change = JobPlan::kAsk;
   } else {
-    plan.change = SuspendPlan::kSuspendNow;
+    plan.change = JobPlan::kSuspendNow;
     if (running) {
       auto it = job->attempts.find(rec.attempt());
       v1::AttemptRecord a = it == job->attempts.end() ? v1::AttemptRecord() : it->second;
@@ -103,17 +103,17 @@ StatusOr<JobManager::SuspendPlan> JobManager::PlanSuspend(
   return plan;
 }
 
-StatusOr<JobManager::SuspendPlan> JobManager::PlanResume(const std::string& job_id) const {
+StatusOr<JobManager::JobPlan> JobManager::PlanResume(const std::string& job_id) const {
   const Job* job = Get(job_id);
   if (!job) return NotFoundError("no job " + job_id);
   const v1::JobRecord& rec = job->rec;
-  SuspendPlan plan;
+  JobPlan plan;
   plan.job_id = job_id;
   plan.version = job->version;
   plan.at_ms = clock_->WallNowMs();
   plan.state = rec.state();
   if (IsTerminal(rec.state()) || !rec.suspend()) return plan;  // not suspended
-  plan.change = SuspendPlan::kResume;
+  plan.change = JobPlan::kResume;
   v1::JobRecord next = rec;
   ClearAsked(&next);
   if (rec.state() == v1::SUSPENDED) next.set_state(v1::PENDING);
@@ -123,31 +123,59 @@ StatusOr<JobManager::SuspendPlan> JobManager::PlanResume(const std::string& job_
   return plan;
 }
 
-bool JobManager::ApplySuspendPlan(const SuspendPlan& plan, int64_t* after_step) {
+StatusOr<JobManager::JobPlan> JobManager::PlanPriority(const std::string& job_id,
+                                                       int priority) const {
+  const Job* job = Get(job_id);
+  if (!job) return NotFoundError("no job " + job_id);
+  const v1::JobRecord& rec = job->rec;
+  if (IsTerminal(rec.state())) {
+    return FailedPreconditionError("job " + job_id + " is " + v1::JobState_Name(rec.state()) +
+                                   ": a finished job has no place in the queue to change");
+  }
+  JobPlan plan;
+  plan.job_id = job_id;
+  plan.version = job->version;
+  plan.at_ms = clock_->WallNowMs();
+  plan.state = rec.state();
+  plan.priority = priority;
+  if (rec.priority() == priority) return plan;
+  plan.change = JobPlan::kPriority;
+  v1::JobRecord next = rec;
+  next.set_priority(priority);
+  plan.batch.jobs.push_back(std::move(next));
+  return plan;
+}
+
+bool JobManager::ApplyJobPlan(const JobPlan& plan, int64_t* after_step) {
   *after_step = -1;
   Job* job = Get(plan.job_id);
   if (!job || job->version != plan.version) return false;
   v1::JobRecord& r = job->rec;
   switch (plan.change) {
-    case SuspendPlan::kNone:
+    case JobPlan::kNone:
       if (r.state() == v1::RUNNING && job->checkpoint_asked) {
         *after_step = job->checkpoint_asked->after_step;
       }
       return true;
-    case SuspendPlan::kAsk:
+    case JobPlan::kAsk:
       MarkAsked(&r, plan.request, plan.at_ms);
       job->resize.reset();
       job->replace.reset();
       *after_step = AskCheckpoint(*job, "drover suspend", /*for_resize=*/false);
       UpdateReason(*job);
       break;
-    case SuspendPlan::kSuspendNow:
+    case JobPlan::kSuspendNow:
       MarkAsked(&r, plan.request, plan.at_ms);
       if (r.state() == v1::RUNNING)
         EndAttempt(*job, "suspended" + SuspendedBy(r) + ForcedHow(), plan.at_ms);
       MakeSuspended(*job);
       break;
-    case SuspendPlan::kResume:
+    case JobPlan::kPriority:
+      spdlog::info("job {}: priority {} -> {}", r.job_id(), r.priority(), plan.priority);
+      r.set_priority(plan.priority);
+      ++job->version;
+      return true;
+    case JobPlan::kResume:
       ClearAsked(&r);
       if (r.state() == v1::SUSPENDED) r.set_state(v1::PENDING);
       UpdateReason(*job);
@@ -155,8 +183,7 @@ bool JobManager::ApplySuspendPlan(const SuspendPlan& plan, int64_t* after_step) 
   }
   Reindex(*job);
   ++job->version;  // what the plan wrote is the job's newest durable record
-  spdlog::info("job {}: {}", r.job_id(),
-               plan.change == SuspendPlan::kResume ? "resumed" : r.reason());
+  spdlog::info("job {}: {}", r.job_id(), plan.change == JobPlan::kResume ? "resumed" : r.reason());
   return true;
 }
 
