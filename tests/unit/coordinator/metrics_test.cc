@@ -31,7 +31,7 @@ double Value(const std::string& text, const std::string& series) {
 ClusterSnapshot KnownState() {
   ClusterSnapshot s;
   s.now_ms = kNow;
-  s.jobs_by_state = {{v1::RUNNING, 1}, {v1::FAILED, 2}};
+  s.jobs_by_state = {{v1::RUNNING, 1}, {v1::FAILED, 2}, {v1::SUSPENDED, 4}};
   v1::WorkerInfo* alive = &s.workers.emplace_back();
   alive->mutable_node()->set_name("w0");
   alive->mutable_node()->set_state(v1::NODE_ALIVE);
@@ -134,6 +134,7 @@ TEST(CoordinatorMetricsTest, RendersTheKnownStateWithItsNamesLabelsAndValues) {
   EXPECT_EQ(Value(text, R"(drover_jobs{state="running"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_jobs{state="failed"})"), 2);
   EXPECT_EQ(Value(text, R"(drover_jobs{state="pending"})"), 0);
+  EXPECT_EQ(Value(text, R"(drover_jobs{state="suspended"})"), 4);
   EXPECT_EQ(Value(text, R"(drover_nodes{state="alive"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_nodes{state="dead"})"), 1);
   EXPECT_EQ(Value(text, R"(drover_nodes{state="cordoned"})"), 0);
