@@ -158,7 +158,8 @@ TEST_F(CoordinatorTest, AFailedJobRestartsOnTheSlotsItsSurvivorsGiveBackNotSmall
   const std::string id = Submit(SpecYaml(2, 3, 5));
   c_->Tick();
   ASSERT_EQ(Job(id).placement_size(), 3);
-  for (int r = 0; r < 3; ++r) Beat("n" + std::to_string(r + 1), {Trainer(id, 1, r)});
+  for (int r = 0; r < 3; ++r)
+    Beat(std::string("n").append(std::to_string(r + 1)), {Trainer(id, 1, r)});
 
   Beat("n2", {Exited(id, 1, 1, 1)});  // rank 1 fails; n2 stays healthy
   c_->Tick();
@@ -175,7 +176,8 @@ TEST_F(CoordinatorTest, AFailedJobRestartsOnTheSlotsItsSurvivorsGiveBackNotSmall
   ASSERT_EQ(Job(id).state(), v1::RUNNING);
   EXPECT_EQ(Job(id).attempt(), 2);
   EXPECT_EQ(Job(id).placement_size(), 3);
-  for (int r = 0; r < 3; ++r) Beat("n" + std::to_string(r + 1), {Trainer(id, 2, r)});
+  for (int r = 0; r < 3; ++r)
+    Beat(std::string("n").append(std::to_string(r + 1)), {Trainer(id, 2, r)});
 
   // Again, and n3's survivor does not exit: after the stop grace and a second, the job
   // takes the two slots it has.

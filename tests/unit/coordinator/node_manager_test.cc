@@ -76,7 +76,7 @@ TEST(NodeManagerTest, ADrainingNodeTakesNoNewWorkUntilItsAgentRegistersAgain) {
     EXPECT_EQ(left->state(), v1::NODE_DEAD);
     EXPECT_EQ(left->failures(), 0);
     EXPECT_EQ(left->cordon_until_ms(), 0);
-    nodes.Register(RegisterReq("n1", 2, "a" + std::to_string(i + 2)));
+    nodes.Register(RegisterReq("n1", 2, std::string("a").append(std::to_string(i + 2))));
     EXPECT_TRUE(nodes.Schedulable("n1"));
     nodes.OnHeartbeat(hb);
   }
