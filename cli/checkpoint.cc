@@ -3,11 +3,11 @@
 // restart), instead of at its next checkpoint.every_steps. With --wait, returns once that
 // checkpoint is complete: exit 0, or 1 when the job stopped running first or S passed.
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <iostream>
-#include <thread>
+#include <optional>
 
 #include "cli/command.h"
+#include "cli/poll.h"
 #include "cli/rpc_client.h"
 
 namespace drover::cli {
@@ -15,10 +15,7 @@ namespace {
 
 // Polls the job until a complete checkpoint is of a step after `after`.
 int WaitForCheckpoint(RpcClient& client, const std::string& job, int64_t after, double timeout_s) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  for (;;) {
+  const auto poll = [&]() -> std::optional<int> {
     auto info = client.GetJob(job);
     if (!info.ok()) return ReportError(info.status());
     const v1::JobRecord& rec = info->job();
@@ -39,13 +36,13 @@ int WaitForCheckpoint(RpcClient& client, const std::string& job, int64_t after, 
                 << (rec.reason().empty() ? "" : ": " + rec.reason()) << "\n";
       return kExitFailure;
     }
-    if (timeout_s > 0 && Clock::now() >= deadline) {
-      std::cerr << "drover: timed out after " << timeout_s << " s waiting for a checkpoint of "
-                << job << " after step " << after << "\n";
-      return kExitFailure;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+    return std::nullopt;
+  };
+  return PollUntil(timeout_s, poll, [&] {
+    std::cerr << "drover: timed out after " << timeout_s << " s waiting for a checkpoint of " << job
+              << " after step " << after << "\n";
+    return kExitFailure;
+  });
 }
 
 CommandRun SetupCheckpoint(CLI::App* app, GlobalOptions* globals) {

@@ -5,11 +5,11 @@
 // not counted as restarts (the node's maintenance, not their fault). With --wait, returns
 // once no trainer runs there: exit 0, or 1 when S passed first.
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <iostream>
-#include <thread>
+#include <optional>
 
 #include "cli/command.h"
+#include "cli/poll.h"
 #include "cli/rpc_client.h"
 
 namespace drover::cli {
@@ -30,13 +30,11 @@ void AddNodeOptions(CLI::App* app, Args* args) {
 
 // Polls the workers until `node` runs no trainer (or is dead: what ran there is gone).
 int WaitForDrain(RpcClient& client, const std::string& node, double timeout_s) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  for (;;) {
+  int running = -1;
+  const auto poll = [&]() -> std::optional<int> {
     auto resp = client.ListWorkers();
     if (!resp.ok()) return ReportError(resp.status());
-    int running = -1;
+    running = -1;
     for (const v1::WorkerInfo& w : resp->workers()) {
       if (w.node().name() != node) continue;
       running = w.node().state() == v1::NODE_DEAD ? 0 : w.trainers_size();
@@ -45,18 +43,16 @@ int WaitForDrain(RpcClient& client, const std::string& node, double timeout_s) {
       std::cerr << "drover: node " << node << " is no longer known to the coordinator\n";
       return kExitFailure;
     }
-    if (running == 0) {
-      std::cout << node << " is drained: no trainer runs there; it stays out of service until "
-                << "drover uncordon " << node << "\n";
-      return kExitOk;
-    }
-    if (timeout_s > 0 && Clock::now() >= deadline) {
-      std::cerr << "drover: timed out after " << timeout_s << " s with " << running
-                << " trainer(s) still on " << node << "\n";
-      return kExitFailure;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+    if (running > 0) return std::nullopt;
+    std::cout << node << " is drained: no trainer runs there; it stays out of service until "
+              << "drover uncordon " << node << "\n";
+    return kExitOk;
+  };
+  return PollUntil(timeout_s, poll, [&] {
+    std::cerr << "drover: timed out after " << timeout_s << " s with " << running
+              << " trainer(s) still on " << node << "\n";
+    return kExitFailure;
+  });
 }
 
 CommandRun SetupCordon(CLI::App* app, GlobalOptions* globals) {

@@ -7,11 +7,11 @@
 // drover resume JOB: a suspended job waits for slots again and resumes from its newest
 // complete checkpoint; a running one asked to suspend trains on.
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <iostream>
-#include <thread>
+#include <optional>
 
 #include "cli/command.h"
+#include "cli/poll.h"
 #include "cli/rpc_client.h"
 #include "common/job_state.h"
 
@@ -20,13 +20,11 @@ namespace {
 
 // Polls the job until it is SUSPENDED.
 int WaitForSuspended(RpcClient& client, const std::string& job, double timeout_s) {
-  using Clock = std::chrono::steady_clock;
-  const auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  for (;;) {
+  v1::JobRecord rec;
+  const auto poll = [&]() -> std::optional<int> {
     auto info = client.GetJob(job);
     if (!info.ok()) return ReportError(info.status());
-    const v1::JobRecord& rec = info->job();
+    rec = info->job();
     if (rec.state() == v1::SUSPENDED) {
       const int64_t step = rec.latest_checkpoint_step();
       std::cout << job << " SUSPENDED: after drover resume " << job << " it "
@@ -41,13 +39,13 @@ int WaitForSuspended(RpcClient& client, const std::string& job, double timeout_s
                 << (rec.reason().empty() ? "" : ": " + rec.reason()) << "\n";
       return kExitFailure;
     }
-    if (timeout_s > 0 && Clock::now() >= deadline) {
-      std::cerr << "drover: timed out after " << timeout_s << " s; " << job << " is "
-                << JobStateName(rec.state()) << ": " << rec.reason() << "\n";
-      return kExitFailure;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+    return std::nullopt;
+  };
+  return PollUntil(timeout_s, poll, [&] {
+    std::cerr << "drover: timed out after " << timeout_s << " s; " << job << " is "
+              << JobStateName(rec.state()) << ": " << rec.reason() << "\n";
+    return kExitFailure;
+  });
 }
 
 CommandRun SetupSuspend(CLI::App* app, GlobalOptions* globals) {
