@@ -72,6 +72,12 @@ class AgentDrainTest : public TrainProcessFixture {
     return after;
   }
 
+  // The drover CLI against cluster_.
+  testing::CliResult Cli(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--coordinator", cluster_->address()});
+    return testing::RunCli(cluster_->root(), std::move(args));
+  }
+
   std::unique_ptr<testing::Cluster> cluster_;
   std::string id_;
 };
@@ -134,13 +140,9 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   testing::Cluster& cluster = *cluster_;
   const int64_t drained_at = running.job().last_step();
   const std::string node = running.attempts(0).placement(1).node();
-  auto cli = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {"--coordinator", cluster.address()});
-    return testing::RunCli(cluster.root(), std::move(args));
-  };
 
   testing::CliResult drain =
-      cli({"drain", node, "--reason", "new NIC", "--wait", "--timeout", "15"});
+      Cli({"drain", node, "--reason", "new NIC", "--wait", "--timeout", "15"});
   ASSERT_EQ(drain.code, 0) << drain.out << cluster.DebugLogs();
   EXPECT_NE(drain.out.find(id_ + ": restarts elsewhere from the checkpoint"), std::string::npos)
       << drain.out;
@@ -155,14 +157,14 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   EXPECT_GE(after.attempts(1).resume_step(), drained_at) << after.attempts(1).resume_checkpoint();
   for (const auto& r : after.attempts(1).placement()) EXPECT_NE(r.node(), node);
 
-  testing::CliResult workers = cli({"workers"});
+  testing::CliResult workers = Cli({"workers"});
   ASSERT_EQ(workers.code, 0) << workers.out;
   EXPECT_NE(workers.out.find(node + ": drained by "), std::string::npos) << workers.out;
   EXPECT_NE(workers.out.find(": new NIC, "), std::string::npos) << workers.out;
   EXPECT_NE(workers.out.find("CORDONED"), std::string::npos) << workers.out;
   EXPECT_TRUE(cluster.agent(node)->running()) << "the agent itself runs on";
 
-  testing::CliResult back = cli({"uncordon", node});
+  testing::CliResult back = Cli({"uncordon", node});
   ASSERT_EQ(back.code, 0) << back.out;
   EXPECT_NE(back.out.find(node + " is back in service"), std::string::npos) << back.out;
   auto listed = cluster.ListWorkers();
@@ -186,13 +188,9 @@ TEST_F(AgentDrainTest, DroverSuspendStopsTheJobAtACheckpointAndResumeContinuesFr
   ASSERT_NO_FATAL_FAILURE(StartJob("suspend", &running));
   testing::Cluster& cluster = *cluster_;
   const int64_t suspended_at = running.job().last_step();
-  auto cli = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {"--coordinator", cluster.address()});
-    return testing::RunCli(cluster.root(), std::move(args));
-  };
 
   testing::CliResult suspend =
-      cli({"suspend", id_, "--reason", "maintenance", "--wait", "--timeout", "30"});
+      Cli({"suspend", id_, "--reason", "maintenance", "--wait", "--timeout", "30"});
   ASSERT_EQ(suspend.code, 0) << suspend.out << cluster.DebugLogs();
   EXPECT_NE(suspend.out.find(id_ + " is suspending: it stops at its checkpoint after step"),
             std::string::npos)
@@ -214,13 +212,13 @@ TEST_F(AgentDrainTest, DroverSuspendStopsTheJobAtACheckpointAndResumeContinuesFr
       },
       20000, &running))
       << cluster.DebugLogs();
-  testing::CliResult status = cli({"status", id_});
+  testing::CliResult status = Cli({"status", id_});
   EXPECT_NE(status.out.find("SUSPENDED"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("suspended by "), std::string::npos) << status.out;
   EXPECT_NE(status.out.find(": maintenance; drover resume " + id_), std::string::npos)
       << status.out;
 
-  testing::CliResult resume = cli({"resume", id_});
+  testing::CliResult resume = Cli({"resume", id_});
   ASSERT_EQ(resume.code, 0) << resume.out;
   EXPECT_EQ(resume.out, id_ + " PENDING\n");
   v1::JobInfo after = WaitSecondAttempt(cluster, id_);
