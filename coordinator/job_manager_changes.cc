@@ -166,8 +166,9 @@ bool JobManager::ApplyJobPlan(const JobPlan& plan, int64_t* after_step) {
       break;
     case JobPlan::kSuspendNow:
       MarkAsked(&r, plan.request, plan.at_ms);
-      if (r.state() == v1::RUNNING)
+      if (r.state() == v1::RUNNING) {
         EndAttempt(*job, "suspended" + SuspendedBy(r) + ForcedHow(), plan.at_ms);
+      }
       MakeSuspended(*job);
       break;
     case JobPlan::kPriority:
