@@ -203,12 +203,12 @@ StatusOr<v1::UncordonResponse> RpcClient::Uncordon(const std::string& node, int 
 }
 
 StatusOr<v1::SuspendJobResponse> RpcClient::SuspendJob(const std::string& job_id,
-                                                       const std::string& reason, bool force) {
+                                                       const std::string& reason, bool now) {
   v1::SuspendJobRequest req;
   req.set_job_id(job_id);
   req.set_reason(reason);
   req.set_requester(Submitter());
-  req.set_force(force);
+  req.set_now(now);
   v1::SuspendJobResponse resp;
   // Safe to repeat: a job asked to suspend, or suspended, is left as it is.
   DROVER_RPC_CALL(SuspendJob, req, resp, "suspend " + job_id);

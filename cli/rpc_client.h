@@ -38,7 +38,7 @@ class RpcClient {
   StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id);
   StatusOr<v1::SuspendJobResponse> SuspendJob(const std::string& job_id, const std::string& reason,
-                                              bool force);
+                                              bool now);
   StatusOr<v1::ResumeJobResponse> ResumeJob(const std::string& job_id);
   StatusOr<v1::SetPriorityResponse> SetPriority(const std::string& job_id, int priority);
   StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id);

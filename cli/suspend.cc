@@ -1,9 +1,10 @@
-// drover suspend JOB [--reason TEXT] [--force] [--wait [--timeout S]]: stops a job on
+// drover suspend JOB [--reason TEXT] [--now] [--wait [--timeout S]]: stops a job on
 // purpose, to be placed again by drover resume: a job waiting for slots at once; a running
-// one at the checkpoint its ranks save now, its slots then given back (no restart counted).
-// A running job that saves no checkpoints would start again from step 0: refused unless
-// --force, which stops it at once. With --wait, returns once the job is SUSPENDED: exit 0,
-// or 1 when it ended otherwise or S passed.
+// one at the checkpoint its ranks save now, its slots then given back (no restart counted);
+// with --now at once, without a new checkpoint (a run that went wrong: it resumes from its
+// newest checkpoint). A running job that saves no checkpoints would start again from step
+// 0: refused unless --now. With --wait, returns once the job is SUSPENDED: exit 0, or 1
+// when it ended otherwise or S passed.
 // drover resume JOB: a suspended job waits for slots again and resumes from its newest
 // complete checkpoint; a running one asked to suspend trains on.
 #include <CLI/CLI.hpp>
@@ -52,7 +53,7 @@ CommandRun SetupSuspend(CLI::App* app, GlobalOptions* globals) {
   struct Args {
     std::string job;
     std::string reason;
-    bool force = false;
+    bool now = false;
     bool wait = false;
     double timeout_s = 0;
   };
@@ -60,15 +61,16 @@ CommandRun SetupSuspend(CLI::App* app, GlobalOptions* globals) {
   app->add_option("job", args->job, "job id")->required();
   app->add_option("--reason", args->reason,
                   "why, shown by drover status until drover resume (\"the Tuesday maintenance\")");
-  app->add_flag("--force", args->force,
-                "suspend a running job that saves no checkpoints (it starts again from step 0)");
+  app->add_flag("--now", args->now,
+                "stop a running job at once, without a new checkpoint: it resumes from its "
+                "newest one (needed for a job that saves none: it starts again from step 0)");
   app->add_flag("--wait", args->wait, "return once the job is suspended");
   app->add_option("--timeout", args->timeout_s,
                   "with --wait: give up after S seconds (default: never)")
       ->check(CLI::NonNegativeNumber);
   return [args, globals]() -> int {
     RpcClient client(*globals);
-    auto resp = client.SuspendJob(args->job, args->reason, args->force);
+    auto resp = client.SuspendJob(args->job, args->reason, args->now);
     if (!resp.ok()) return ReportError(resp.status());
     if (resp->state() == v1::RUNNING) {
       std::cout << args->job << " is suspending: it stops at its checkpoint after step "

@@ -43,8 +43,10 @@
 // a coordinator restart asks again) and becomes SUSPENDED at its report, as a preempted job
 // yields: its attempt ends ("suspended by ..."), its trainers are stopped, no restart is
 // counted. Its plans to resize or replace stragglers are dropped; an attempt that fails
-// meanwhile is not restarted but suspended. A RUNNING job that saves no checkpoints is
-// suspended only when forced, at once (it starts again from step 0). A SUSPENDED job is
+// meanwhile is not restarted but suspended. Asked to suspend `now`, a RUNNING job stops at
+// once, without a new checkpoint (one whose training went wrong: the newest checkpoint is
+// the one to keep); one that saves no checkpoints only so (it starts again from step 0),
+// and `now` hurries one that waits for its checkpoint. A SUSPENDED job is
 // never placed; drover resume makes it PENDING, and its next attempt resumes from its newest
 // complete checkpoint. Resuming a RUNNING job asked to suspend withdraws the request.
 //
@@ -187,7 +189,7 @@ class JobManager {
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // the job's state once applied
   };
   // NOT_FOUND for an unknown job, FAILED_PRECONDITION for a finished one and for a RUNNING
-  // one that saves no checkpoints unless request.force.
+  // one that saves no checkpoints unless request.now.
   StatusOr<JobPlan> PlanSuspend(const v1::SuspendJobRequest& request) const;
   // NOT_FOUND for an unknown job; kNone for one not suspended.
   StatusOr<JobPlan> PlanResume(const std::string& job_id) const;

@@ -24,9 +24,16 @@ void ClearAsked(v1::JobRecord* r) {
   r->clear_suspend_asked_ms();
 }
 
-// A RUNNING job that saves no checkpoints, suspended by force: what its attempt ends with.
-std::string ForcedHow() {
-  return " at once (it saves no checkpoints: it starts again from step 0)";
+// How a RUNNING job suspended at once (SuspendJobRequest.now) will resume: what its attempt
+// ends with.
+std::string AtOnce(const JobSpec& spec, const v1::JobRecord& rec) {
+  if (!spec.checkpoint.enabled()) {
+    return " at once (it saves no checkpoints: it starts again from step 0)";
+  }
+  if (rec.latest_checkpoint_step() < 0)
+    return " at once (no checkpoint yet: it starts again from step 0)";
+  return " at once (it resumes from its newest complete checkpoint, of step " +
+         std::to_string(rec.latest_checkpoint_step()) + ")";
 }
 
 }  // namespace
@@ -70,18 +77,21 @@ StatusOr<JobManager::JobPlan> JobManager::PlanSuspend(const v1::SuspendJobReques
   plan.request = request;
   plan.at_ms = clock_->WallNowMs();
   plan.state = rec.state();
-  if (rec.state() == v1::SUSPENDED || rec.suspend()) return plan;  // asked already
   const bool running = rec.state() == v1::RUNNING;
-  if (running && !job->spec.checkpoint.enabled() && !request.force()) {
+  // Asked already; only `now` hurries a job still waiting for its checkpoint.
+  if (rec.state() == v1::SUSPENDED || (rec.suspend() && !(running && request.now()))) {
+    return plan;
+  }
+  if (running && !job->spec.checkpoint.enabled() && !request.now()) {
     return FailedPreconditionError(
         "job " + rec.job_id() +
         " saves no checkpoints (its checkpoint.every_steps and every_minutes are 0): "
-        "suspended, it would start again from step 0 when resumed; --force suspends it "
+        "suspended, it would start again from step 0 when resumed; --now suspends it "
         "anyway");
   }
   v1::JobRecord next = rec;
   MarkAsked(&next, request, plan.at_ms);
-  if (running && job->spec.checkpoint.enabled()) {
+  if (running && !request.now()) {
     plan.change = JobPlan::kAsk;
   } else {
     plan.change = JobPlan::kSuspendNow;
@@ -91,7 +101,7 @@ StatusOr<JobManager::JobPlan> JobManager::PlanSuspend(const v1::SuspendJobReques
       a.set_job_id(rec.job_id());
       a.set_attempt(rec.attempt());
       a.set_ended_ms(plan.at_ms);
-      a.set_end_reason("suspended" + SuspendedBy(next) + ForcedHow());
+      a.set_end_reason("suspended" + SuspendedBy(next) + AtOnce(job->spec, rec));
       plan.batch.attempts.push_back(std::move(a));
     }
     next.clear_placement();
@@ -167,7 +177,7 @@ bool JobManager::ApplyJobPlan(const JobPlan& plan, int64_t* after_step) {
     case JobPlan::kSuspendNow:
       MarkAsked(&r, plan.request, plan.at_ms);
       if (r.state() == v1::RUNNING) {
-        EndAttempt(*job, "suspended" + SuspendedBy(r) + ForcedHow(), plan.at_ms);
+        EndAttempt(*job, "suspended" + SuspendedBy(r) + AtOnce(job->spec, r), plan.at_ms);
       }
       MakeSuspended(*job);
       break;

@@ -126,7 +126,7 @@ TEST_F(CliServiceTest, PrioritySuspendAndResumeSayWhatTheyDid) {
   EXPECT_EQ(listed.out.find(running), std::string::npos) << listed.out;
 
   // A job that saves no checkpoints, raised above the running one, which yields its slot at
-  // its next checkpoint; suspending it is refused without --force.
+  // its next checkpoint; suspending it is refused without --now.
   const std::string plain = (cluster_->root() / "plain.yaml").string();
   std::ofstream(plain) << cluster_->JobYaml("plain", 1, 1, 100000, 0, 3, 30, "step_ms=50\n");
   const std::string no_ckpt = SubmitByCli(plain);
@@ -139,7 +139,10 @@ TEST_F(CliServiceTest, PrioritySuspendAndResumeSayWhatTheyDid) {
   refused = RunCli(cluster_->root(), Cli({"suspend", no_ckpt}));
   EXPECT_EQ(refused.code, 1) << refused.out;
   EXPECT_NE(refused.out.find("saves no checkpoints"), std::string::npos) << refused.out;
-  EXPECT_NE(refused.out.find("--force suspends it anyway"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("--now suspends it anyway"), std::string::npos) << refused.out;
+  CliResult now = RunCli(cluster_->root(), Cli({"suspend", no_ckpt, "--now"}));
+  EXPECT_EQ(now.code, 0) << now.out;
+  EXPECT_EQ(now.out, no_ckpt + " SUSPENDED; drover resume " + no_ckpt + " places it again\n");
   CliResult resumed = RunCli(cluster_->root(), Cli({"resume", queued}));
   EXPECT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_EQ(resumed.out, queued + " PENDING\n");

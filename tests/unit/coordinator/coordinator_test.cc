@@ -290,9 +290,9 @@ TEST_F(CoordinatorTest, SuspendingWaitingJobsNoCheckpointJobsFinishedJobsAndFail
   r = c_->SuspendJob(request);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("saves no checkpoints"));
-  EXPECT_THAT(r.status().message(), HasSubstr("--force"));
+  EXPECT_THAT(r.status().message(), HasSubstr("--now suspends it anyway"));
   EXPECT_EQ(Job(running).state(), v1::RUNNING);
-  request.set_force(true);
+  request.set_now(true);
   r = c_->SuspendJob(request);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->state(), v1::SUSPENDED);
@@ -318,6 +318,7 @@ TEST_F(CoordinatorTest, SuspendingWaitingJobsNoCheckpointJobsFinishedJobsAndFail
   c_->Tick();
   ASSERT_EQ(Job(ckpt).state(), v1::RUNNING);
   request.set_job_id(ckpt);
+  request.set_now(false);
   ASSERT_TRUE(c_->SuspendJob(request).ok());
   Beat("n1", {Exited(ckpt, 1, 0, 1)});
   c_->Tick();
@@ -486,6 +487,42 @@ std::vector<v1::TrainerStatus> Stopped(const std::string& job, int64_t attempt, 
   std::vector<v1::TrainerStatus> out;
   for (int r = 0; r < n; ++r) out.push_back(Exited(job, attempt, r, 0, 15));
   return out;
+}
+
+// drover suspend --now: a running job whose training went wrong stops at once, without the
+// checkpoint that would keep what went wrong; it resumes from its newest one. It also
+// hurries a job that waits for its checkpoint.
+TEST_F(CoordinatorTest, SuspendNowStopsAtOnceAndResumesFromTheNewestCheckpoint) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const std::string id = Submit(SpecYaml(1, 1) + "checkpoint: {dir: /tmp/ck, every_steps: 5}\n");
+  c_->Tick();
+  ASSERT_EQ(Beat("n1", {}).orders_size(), 1);
+  c_->Heartbeat(CheckpointBeat("n1", id, 1, 5, {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 7)}));
+  ASSERT_EQ(Job(id).latest_checkpoint_step(), 5);
+
+  v1::SuspendJobRequest request;
+  request.set_job_id(id);
+  request.set_requester("ops@h");
+  ASSERT_TRUE(c_->SuspendJob(request).ok());
+  EXPECT_EQ(Job(id).state(), v1::RUNNING) << "waits for its checkpoint";
+  request.set_now(true);
+  request.set_reason("loss spiked");
+  auto r = c_->SuspendJob(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state(), v1::SUSPENDED) << "hurried";
+  EXPECT_EQ(c_->GetJob(id)->attempts(0).end_reason(),
+            "suspended by ops@h: loss spiked at once (it resumes from its newest complete "
+            "checkpoint, of step 5)");
+  v1::HeartbeatResponse hb = Beat("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 8)});
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_TRUE(hb.orders(0).has_stop()) << hb.DebugString();
+  Beat("n1", {Exited(id, 1, 0, 0, 15)});
+  ASSERT_EQ(*c_->ResumeJob(id), v1::PENDING);
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  hb = Beat("n1", {});
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).start().resume_checkpoint(), "/runs/ck/step_5");
 }
 
 TEST_F(CoordinatorTest, LowerPriorityJobShrinksAtItsNextCheckpointToMakeRoom) {
