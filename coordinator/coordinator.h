@@ -191,9 +191,9 @@ class Coordinator {
                     const std::function<StatusOr<NodeManager::NodePlan>()>& plan_change,
                     const std::function<void(const NodeManager::NodePlan&)>& applied) EXCLUDES(mu_);
   // Writes and applies the plan `plan_change` makes of a job (SuspendJob, ResumeJob,
-  // SetPriority),
+  // SetPriority) and returns it as applied,
   // planning again when the job moved on under the write; `what` says what was not done.
-  StatusOr<v1::SuspendJobResponse> ChangeJob(
+  StatusOr<JobManager::JobPlan> ChangeJob(
       const std::string& what, const std::function<StatusOr<JobManager::JobPlan>()>& plan_change)
       EXCLUDES(mu_);
   // Queues a change not made yet; the caller waits with writer_->WaitProposal.

@@ -160,7 +160,7 @@ StatusOr<int64_t> Coordinator::CheckpointJob(const std::string& job_id) {
   return after;
 }
 
-StatusOr<v1::SuspendJobResponse> Coordinator::ChangeJob(
+StatusOr<JobManager::JobPlan> Coordinator::ChangeJob(
     const std::string& what, const std::function<StatusOr<JobManager::JobPlan>()>& plan_change) {
   constexpr int kTries = 10;
   for (int i = 0; i < kTries; ++i) {
@@ -175,14 +175,10 @@ StatusOr<v1::SuspendJobResponse> Coordinator::ChangeJob(
       if (Status st = writer_->WaitProposal(seq); !st.ok()) return Refused(what, st);
     }
     MutexLock lock(&mu_);
-    v1::SuspendJobResponse response;
-    int64_t after_step = -1;
-    if (!jobs_.ApplyJobPlan(plan, &after_step)) continue;
-    response.set_state(plan.state);
-    response.set_after_step(after_step);
+    if (!jobs_.ApplyJobPlan(&plan)) continue;
     if (plan.change == JobManager::JobPlan::kAsk) NudgeNodesOf(plan.job_id);  // checkpoint
     schedule_due_ = true;
-    return response;
+    return plan;
   }
   return UnavailableError(what + ": the job changed state " + std::to_string(kTries) +
                           " times meanwhile; try again");
@@ -191,30 +187,30 @@ StatusOr<v1::SuspendJobResponse> Coordinator::ChangeJob(
 StatusOr<v1::SuspendJobResponse> Coordinator::SuspendJob(const v1::SuspendJobRequest& request) {
   RETURN_IF_ERROR(CheckLength("suspend: the reason", request.reason(), kMaxReasonBytes));
   RETURN_IF_ERROR(CheckLength("suspend: the requester", request.requester(), kMaxReasonBytes));
-  return ChangeJob("job " + request.job_id() + " not suspended",
-                   [&]() REQUIRES(mu_) { return jobs_.PlanSuspend(request); });
+  ASSIGN_OR_RETURN(JobManager::JobPlan plan,
+                   ChangeJob("job " + request.job_id() + " not suspended",
+                             [&]() REQUIRES(mu_) { return jobs_.PlanSuspend(request); }));
+  v1::SuspendJobResponse response;
+  response.set_state(plan.state);
+  response.set_after_step(plan.after_step);
+  return response;
 }
 
 StatusOr<v1::JobState> Coordinator::ResumeJob(const std::string& job_id) {
-  ASSIGN_OR_RETURN(v1::SuspendJobResponse r,
+  ASSIGN_OR_RETURN(JobManager::JobPlan plan,
                    ChangeJob("job " + job_id + " not resumed",
                              [&]() REQUIRES(mu_) { return jobs_.PlanResume(job_id); }));
-  return r.state();
+  return plan.state;
 }
 
 StatusOr<v1::SetPriorityResponse> Coordinator::SetPriority(const std::string& job_id,
                                                            int priority) {
-  int previous = 0;
-  ASSIGN_OR_RETURN(v1::SuspendJobResponse r,
+  ASSIGN_OR_RETURN(JobManager::JobPlan plan,
                    ChangeJob("the priority of job " + job_id + " not changed",
-                             [&]() REQUIRES(mu_) -> StatusOr<JobManager::JobPlan> {
-                               const v1::JobRecord* rec = jobs_.Find(job_id);
-                               if (rec != nullptr) previous = rec->priority();
-                               return jobs_.PlanPriority(job_id, priority);
-                             }));
+                             [&]() REQUIRES(mu_) { return jobs_.PlanPriority(job_id, priority); }));
   v1::SetPriorityResponse response;
-  response.set_previous(previous);
-  response.set_state(r.state());
+  response.set_previous(plan.previous_priority);
+  response.set_state(plan.state);
   return response;
 }
 

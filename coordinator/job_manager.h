@@ -184,9 +184,13 @@ class JobManager {
     Change change = kNone;
     v1::SuspendJobRequest request;  // kAsk, kSuspendNow
     int priority = 0;               // kPriority: the new one
+    int previous_priority = 0;      // the job's priority when planned
     int64_t at_ms = 0;
     StoreBatch batch;
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // the job's state once applied
+    // Set by ApplyJobPlan: the job's checkpoint request's after_step for kAsk and for a
+    // kNone of a job asked to suspend (-1 otherwise).
+    int64_t after_step = -1;
   };
   // NOT_FOUND for an unknown job, FAILED_PRECONDITION for a finished one and for a RUNNING
   // one that saves no checkpoints unless request.now.
@@ -197,9 +201,7 @@ class JobManager {
   // that priority already. The next scheduling pass orders the queue and plans preemptions
   // by it.
   StatusOr<JobPlan> PlanPriority(const std::string& job_id, int priority) const;
-  // after_step: the job's checkpoint request's after_step for kAsk and a kNone of a job
-  // asked to suspend (-1 otherwise).
-  bool ApplyJobPlan(const JobPlan& plan, int64_t* after_step);
+  bool ApplyJobPlan(JobPlan* plan);
 
   // Jobs ready for a placement: PENDING, or RECOVERING once their restart delay is over.
   // A job still in its delay is left out, and its reason says for how long (refreshed by

@@ -148,6 +148,7 @@ StatusOr<JobManager::JobPlan> JobManager::PlanPriority(const std::string& job_id
   plan.at_ms = clock_->WallNowMs();
   plan.state = rec.state();
   plan.priority = priority;
+  plan.previous_priority = rec.priority();
   if (rec.priority() == priority) return plan;
   plan.change = JobPlan::kPriority;
   v1::JobRecord next = rec;
@@ -156,22 +157,23 @@ StatusOr<JobManager::JobPlan> JobManager::PlanPriority(const std::string& job_id
   return plan;
 }
 
-bool JobManager::ApplyJobPlan(const JobPlan& plan, int64_t* after_step) {
-  *after_step = -1;
+bool JobManager::ApplyJobPlan(JobPlan* planned) {
+  JobPlan& plan = *planned;
+  plan.after_step = -1;
   Job* job = Get(plan.job_id);
   if (!job || job->version != plan.version) return false;
   v1::JobRecord& r = job->rec;
   switch (plan.change) {
     case JobPlan::kNone:
       if (r.state() == v1::RUNNING && job->checkpoint_asked) {
-        *after_step = job->checkpoint_asked->after_step;
+        plan.after_step = job->checkpoint_asked->after_step;
       }
       return true;
     case JobPlan::kAsk:
       MarkAsked(&r, plan.request, plan.at_ms);
       job->resize.reset();
       job->replace.reset();
-      *after_step = AskCheckpoint(*job, "drover suspend", /*for_resize=*/false);
+      plan.after_step = AskCheckpoint(*job, "drover suspend", /*for_resize=*/false);
       UpdateReason(*job);
       break;
     case JobPlan::kSuspendNow:
