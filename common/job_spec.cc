@@ -93,6 +93,28 @@ Status DecodeDp(const YAML::Node& node, JobSpec* spec) {
 }
 void EmitDp(const JobSpec& spec, YAML::Emitter* out) { EmitAutoOrCount(spec.parallel.dp, out); }
 
+// parallel.dp_shard: 'all' (ZeRO shards over every dp rank) or a count of dp ranks.
+Status DecodeDpShard(const YAML::Node& node, JobSpec* spec) {
+  if (node.IsScalar() && node.Scalar() == "all") {
+    spec->parallel.dp_shard = 0;
+    return OkStatus();
+  }
+  int64_t v = 0;
+  if (!node.IsScalar() || !yaml_util::ParseInt64(node.Scalar(), &v) || v < 1 || v > (1 << 20)) {
+    return InvalidArgumentError("expected 'all' or a positive count of dp ranks, got " +
+                                Describe(node));
+  }
+  spec->parallel.dp_shard = static_cast<int>(v);
+  return OkStatus();
+}
+void EmitDpShard(const JobSpec& spec, YAML::Emitter* out) {
+  if (spec.parallel.dp_shard == 0) {
+    *out << "all";
+  } else {
+    *out << spec.parallel.dp_shard;
+  }
+}
+
 // parallel.pp_chunks: 'auto' (2 under the interleaved schedule, else 1) or a count.
 Status DecodePpChunks(const YAML::Node& node, JobSpec* spec) {
   return DecodeAutoOrCount(node, &spec->parallel.pp_chunks);
@@ -230,6 +252,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(parallel.pp),
       DROVER_SPEC_FIELD(parallel.tp),
       DROVER_SPEC_FIELD(parallel.zero_stage),
+      Field{"parallel.dp_shard", DecodeDpShard, EmitDpShard},
       DROVER_SPEC_FIELD(parallel.pp_schedule),
       Field{"parallel.pp_chunks", DecodePpChunks, EmitPpChunks},
       Field{"parallel.pp_layers", DecodePpLayers, EmitPpLayers},

@@ -68,7 +68,12 @@ struct ParallelSpec {
   int dp = 0;  // 0 = auto (world_size / (pp * tp))
   int pp = 1;
   int tp = 1;
-  int zero_stage = 0;                // 0..3
+  int zero_stage = 0;  // 0..3
+  // Hybrid sharding (FSDP's HYBRID_SHARD, DeepSpeed's MiCS): ZeRO-2/3 shards over groups of
+  // this many consecutive dp ranks (a node, where the gang scheduler packs them), and the
+  // dp / dp_shard groups are replicas of each other that average their gradient shards once
+  // a step. 0 (written 'all'): one group of every dp rank, plain ZeRO.
+  int dp_shard = 0;
   std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved
   // Model chunks per pipeline stage under the interleaved schedule (virtual stages =
   // pp x pp_chunks); 0 = auto (written 'auto'): 2 when interleaved, else 1.

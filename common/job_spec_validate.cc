@@ -225,6 +225,7 @@ class Rules {
                       "): ZeRO-2/3 would reduce-scatter every stage's gradients once per "
                       "micro-batch; use zero_stage 0 or 1 with pipelines");
     }
+    RETURN_IF_ERROR(CheckDpShard(p));
     RETURN_IF_ERROR(Positive("parallel.timeout_s", p.timeout_s));
     RETURN_IF_ERROR(Positive("parallel.bucket_mb", p.bucket_mb));
     RETURN_IF_ERROR(OneOf("parallel.backend", p.backend, {"auto", "gloo", "nccl"}));
@@ -253,6 +254,30 @@ class Rules {
       return Fail("parallel.tp", Num(int64_t{p.tp}) + " does not divide model.n_head (" +
                                      Num(int64_t{s_.model.n_head}) +
                                      "); every tensor-parallel rank takes n_head / tp heads");
+    }
+    return OkStatus();
+  }
+
+  // parallel.dp_shard: hybrid sharding groups, for the stages that shard per micro-batch.
+  Status CheckDpShard(const ParallelSpec& p) const {
+    if (p.dp_shard == 0) return OkStatus();
+    if (p.dp_shard < 0 || p.dp_shard > kMaxWorldSize) {
+      return Fail("parallel.dp_shard", Num(int64_t{p.dp_shard}) +
+                                           " is not valid; must be 'all' or between 1 and " +
+                                           Num(kMaxWorldSize));
+    }
+    if (p.zero_stage < 2) {
+      return Fail("parallel.dp_shard",
+                  Num(int64_t{p.dp_shard}) + " applies to ZeRO stages 2 and 3, not to " +
+                      "parallel.zero_stage " + Num(int64_t{p.zero_stage}) +
+                      " (whose gradients are reduced once a step, whole); set zero_stage 2 or "
+                      "3, or dp_shard 'all'");
+    }
+    if (p.dp > 0 && p.dp % p.dp_shard != 0) {
+      return Fail("parallel.dp_shard", Num(int64_t{p.dp_shard}) + " does not divide parallel.dp (" +
+                                           Num(int64_t{p.dp}) +
+                                           "); the dp ranks form dp / dp_shard replicas of "
+                                           "dp_shard ranks each");
     }
     return OkStatus();
   }

@@ -47,6 +47,12 @@ StatusOr<ParallelMesh> ParallelMesh::Create(const JobSpec& spec, int world_size)
                                 ") > 1: ZeRO-2/3 would reduce-scatter every stage's gradients "
                                 "once per micro-batch; use zero_stage 0 or 1 with pipelines");
   }
+  const int64_t dp_shard = spec.parallel.dp_shard > 0 ? spec.parallel.dp_shard : dp;
+  if (dp % dp_shard != 0) {
+    return InvalidArgumentError("dp (" + Num(dp) + ") at world_size " + ws +
+                                " is not divisible by parallel.dp_shard (" + Num(dp_shard) +
+                                "): hybrid sharding needs whole replicas of dp_shard ranks");
+  }
   const int64_t micro_batches = spec.train.global_batch / (dp * mb);
   if (spec.parallel.Chunks() > 1 && pp < 2) {
     return InvalidArgumentError("parallel.pp_schedule interleaved needs pp (" + Num(pp) +
@@ -64,6 +70,7 @@ StatusOr<ParallelMesh> ParallelMesh::Create(const JobSpec& spec, int world_size)
   mesh.pp_ = static_cast<int>(pp);
   mesh.tp_ = static_cast<int>(tp);
   mesh.zero_stage_ = spec.parallel.zero_stage;
+  mesh.dp_shard_ = static_cast<int>(dp_shard);
   mesh.micro_batches_ = static_cast<int>(micro_batches);
   mesh.pp_chunks_ = spec.parallel.Chunks();
   mesh.pp_schedule_ = spec.parallel.pp_schedule;
@@ -123,6 +130,21 @@ std::vector<int> ParallelMesh::DpGroup(int rank) const {
   return ranks;
 }
 
+std::vector<int> ParallelMesh::DpShardGroup(int rank) const {
+  Coord c = CoordOf(rank);
+  const int first = c.dp / dp_shard_ * dp_shard_;
+  std::vector<int> ranks;
+  for (c.dp = first; c.dp < first + dp_shard_; ++c.dp) ranks.push_back(RankOf(c));
+  return ranks;
+}
+
+std::vector<int> ParallelMesh::DpReplicaGroup(int rank) const {
+  Coord c = CoordOf(rank);
+  std::vector<int> ranks;
+  for (c.dp = c.dp % dp_shard_; c.dp < dp_; c.dp += dp_shard_) ranks.push_back(RankOf(c));
+  return ranks;
+}
+
 std::vector<int> ParallelMesh::PpGroup(int rank) const {
   Coord c = CoordOf(rank);
   std::vector<int> ranks;
@@ -140,6 +162,9 @@ std::vector<int> ParallelMesh::TpGroup(int rank) const {
 std::string ParallelMesh::Describe() const {
   std::string s = "dp" + Num(dp_) + " x pp" + Num(pp_) + " x tp" + Num(tp_);
   if (zero_stage_ > 0) s += ", ZeRO-" + Num(zero_stage_);
+  if (dp_replicas() > 1) {
+    s += " in " + Num(dp_replicas()) + " replicas of dp" + Num(dp_shard_);
+  }
   if (pp_ > 1) s += ", " + pp_schedule_;
   if (pp_chunks_ > 1) s += " x" + Num(pp_chunks_);
   if (!pp_layers_.empty()) {

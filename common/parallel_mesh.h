@@ -33,7 +33,8 @@ class ParallelMesh {
   // pp x tp when dp is auto); n_layer not split by pp or parallel.pp_layers (StageLayers);
   // n_head not divisible by tp;
   // global_batch not divisible by dp x micro_batch; ZeRO-2/3 with pp > 1; under the
-  // interleaved schedule, micro-batches per step not a multiple of pp.
+  // interleaved schedule, micro-batches per step not a multiple of pp; dp not divisible by
+  // parallel.dp_shard.
   static StatusOr<ParallelMesh> Create(const JobSpec& spec, int world_size);
 
   int world_size() const { return dp_ * pp_ * tp_; }
@@ -41,6 +42,12 @@ class ParallelMesh {
   int pp() const { return pp_; }
   int tp() const { return tp_; }
   int zero_stage() const { return zero_stage_; }
+  // ZeRO-2/3's sharding group: dp_shard() consecutive dp ranks (all dp ranks unless
+  // parallel.dp_shard says fewer), and dp_replicas() = dp / dp_shard such groups holding the
+  // same shards (hybrid sharding; 1 otherwise). dp rank d is member d % dp_shard of shard
+  // group d / dp_shard.
+  int dp_shard() const { return dp_shard_; }
+  int dp_replicas() const { return dp_ / dp_shard_; }
   // Micro-batches each dp rank runs per optimizer step: global_batch / (dp x micro_batch)
   // (gradient accumulation steps; the pipeline's micro-batches in flight when pp > 1).
   int micro_batches() const { return micro_batches_; }
@@ -53,6 +60,10 @@ class ParallelMesh {
 
   // World ranks (ascending) of the group along one axis through `rank`.
   std::vector<int> DpGroup(int rank) const;
+  // The dp ranks of `rank`'s shard group, and those holding the same shard as it in the
+  // other replicas (one rank, itself, without hybrid sharding).
+  std::vector<int> DpShardGroup(int rank) const;
+  std::vector<int> DpReplicaGroup(int rank) const;
   std::vector<int> PpGroup(int rank) const;
   std::vector<int> TpGroup(int rank) const;
 
@@ -61,12 +72,14 @@ class ParallelMesh {
   const std::vector<int>& pp_layers() const { return pp_layers_; }
 
   // "dp2 x pp2 x tp1, ZeRO-1, 1f1b, 4 micro-batches per step" (+ ", layers 7+5" when
-  // parallel.pp_layers is given; "interleaved x2" for two chunks per stage)
+  // parallel.pp_layers is given; "interleaved x2" for two chunks per stage; "ZeRO-3 in 2
+  // replicas of dp4" under hybrid sharding)
   std::string Describe() const;
 
  private:
   int dp_ = 1, pp_ = 1, tp_ = 1;
   int zero_stage_ = 0;
+  int dp_shard_ = 1;
   int micro_batches_ = 1;
   int pp_chunks_ = 1;
   std::string pp_schedule_;

@@ -59,6 +59,8 @@ run() {  # name nproc reference rtol overrides...
 }
 run dp2-zero2 2 one 1e-5 parallel.zero_stage=2
 run dp2-zero3 2 one 1e-5 parallel.zero_stage=3
+# Hybrid sharding: ZeRO-3 in shard groups of 2, their 2 replicas averaging once a step.
+run dp4-zero3-hybrid 4 one 1e-5 parallel.zero_stage=3 parallel.dp_shard=2
 run pp2-1f1b 2 one 1e-5 parallel.pp=2
 run pp2-gpipe 2 one 1e-5 parallel.pp=2 parallel.pp_schedule=gpipe
 run pp2-tp2 4 one 1e-5 parallel.pp=2 parallel.tp=2

@@ -106,6 +106,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"zero1", 2, {"parallel.zero_stage=1"}},
                       Mode{"zero2", 2, {"parallel.zero_stage=2"}},
                       Mode{"zero3", 2, {"parallel.zero_stage=3"}},
+                      Mode{"zero3_hybrid", 4, {"parallel.zero_stage=3", "parallel.dp_shard=2"}},
                       Mode{"pp2_gpipe", 2, {"parallel.pp=2", "parallel.pp_schedule=gpipe"}},
                       Mode{"pp2_1f1b", 2, {"parallel.pp=2"}},
                       Mode{

@@ -41,6 +41,7 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendInt(&s, "tp", m.tp);
   AppendInt(&s, "pp_chunks", m.pp_chunks);
   AppendInt(&s, "zero_stage", m.zero_stage);
+  AppendInt(&s, "dp_shard", m.dp_shard);
   AppendNumber(&s, "comm_ms", m.comm_ms);
   AppendNumber(&s, "comm_wait_ms", m.comm_wait_ms);
   AppendNumber(&s, "publish_ms", m.publish_ms);

@@ -25,12 +25,14 @@ struct StepMetrics {
   int world_size = 1;
   int64_t attempt = 0;
   // The mesh: dp x pp x tp = world_size, the model chunks per pipeline stage (interleaved
-  // schedule) and the ZeRO stage.
+  // schedule), the ZeRO stage and the dp ranks it shards over (dp, or under hybrid
+  // sharding parallel.dp_shard).
   int dp = 1;
   int pp = 1;
   int tp = 1;
   int pp_chunks = 1;
   int zero_stage = 0;
+  int dp_shard = 1;
   double comm_ms = 0;       // data-parallel communication during forward and backward
   double comm_wait_ms = 0;  // of which the step waited for (the rest hid behind compute)
   double publish_ms = 0;    // ZeRO-1/2's all-gather of the updated parameters
@@ -68,10 +70,10 @@ struct StepMetrics {
 
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
-// comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, peer_wait_ms, busy_ms, param_mib, grad_mib,
-// optimizer_mib, working_mib, activation_mib, and mfu, val_loss, rollbacks, spike, loss_scale,
-// skipped, device_allocations, device_mib and device_peak_mib when present. Non-finite numbers are
-// written as null (JSON has no NaN).
+// dp_shard, comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, peer_wait_ms, busy_ms, param_mib,
+// grad_mib, optimizer_mib, working_mib, activation_mib, and mfu, val_loss, rollbacks, spike,
+// loss_scale, skipped, device_allocations, device_mib and device_peak_mib when present. Non-finite
+// numbers are written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

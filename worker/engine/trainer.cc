@@ -471,6 +471,7 @@ StatusOr<StepMetrics> Trainer::Step() {
   m.tp = mesh_->tp();
   m.pp_chunks = mesh_->pp_chunks();
   m.zero_stage = mesh_->zero_stage();
+  m.dp_shard = mesh_->dp_shard();
   m.comm_ms = r.comm_busy_s * 1000.0;
   m.comm_wait_ms = r.comm_blocked_s * 1000.0;
   m.publish_ms = r.publish_s * 1000.0;

@@ -485,6 +485,21 @@ const BadCase kBadCases[] = {
      Minimal("parallel:\n  zero_stage: 4\n"),
      {},
      "parallel.zero_stage (line 4): 4 is not valid; must be 0, 1, 2 or 3"},
+    {"DpShardWithoutShardedGradients",
+     Minimal("parallel:\n  zero_stage: 1\n  dp_shard: 2\n"),
+     {},
+     "parallel.dp_shard (line 5): 2 applies to ZeRO stages 2 and 3, not to parallel.zero_stage 1 "
+     "(whose gradients are reduced once a step, whole); set zero_stage 2 or 3, or dp_shard "
+     "'all'"},
+    {"DpShardNotDividingDp",
+     Minimal("parallel:\n  zero_stage: 3\n  dp: 6\n  dp_shard: 4\n"),
+     {},
+     "parallel.dp_shard (line 6): 4 does not divide parallel.dp (6); the dp ranks form dp / "
+     "dp_shard replicas of dp_shard ranks each"},
+    {"DpShardNotACount",
+     Minimal("parallel:\n  zero_stage: 3\n  dp_shard: node\n"),
+     {},
+     "parallel.dp_shard (line 5): expected 'all' or a positive count of dp ranks, got 'node'"},
     {"UnknownDtype",
      Minimal("precision:\n  dtype: fp8\n"),
      {},

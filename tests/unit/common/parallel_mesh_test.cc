@@ -89,6 +89,32 @@ struct Impossible {
   std::string message;
 };
 
+JobSpec HybridSharded(JobSpec s, int dp_shard) {
+  s.parallel.dp_shard = dp_shard;
+  return s;
+}
+
+// parallel.dp_shard: shard groups of consecutive dp ranks (on one node, as the gang
+// scheduler packs a job), replica groups across them; without it one group of every dp rank.
+TEST(ParallelMeshTest, HybridShardingGroupsConsecutiveDpRanksAndReplicatesAcrossThem) {
+  auto mesh = ParallelMesh::Create(HybridSharded(Spec(4, 4, 1, 2, 0, 12, 1, 3), 2), 12);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_EQ(mesh->dp(), 6);
+  EXPECT_EQ(mesh->dp_shard(), 2);
+  EXPECT_EQ(mesh->dp_replicas(), 3);
+  // Rank 7: tp 1 of dp 3, the second member of shard group 1 (dp 2, 3).
+  EXPECT_EQ(mesh->DpShardGroup(7), (std::vector<int>{5, 7}));
+  EXPECT_EQ(mesh->DpReplicaGroup(7), (std::vector<int>{3, 7, 11}));
+  EXPECT_EQ(mesh->DpGroup(7), (std::vector<int>{1, 3, 5, 7, 9, 11}));
+  EXPECT_EQ(mesh->Describe(),
+            "dp6 x pp1 x tp2, ZeRO-3 in 3 replicas of dp2, 2 micro-batches per step");
+  auto plain = ParallelMesh::Create(Spec(4, 4, 1, 2, 0, 12, 1, 3), 12);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->dp_replicas(), 1);
+  EXPECT_EQ(plain->DpShardGroup(7), plain->DpGroup(7));
+  EXPECT_EQ(plain->DpReplicaGroup(7), (std::vector<int>{7}));
+}
+
 TEST(ParallelMeshTest, ImpossibleLayoutsNameEveryFactor) {
   const std::vector<Impossible> table = {
       {Spec(4, 4, 1, 1, 0, 8, 1, 0), 0, "world_size 0 must be at least 1"},
@@ -110,6 +136,9 @@ TEST(ParallelMeshTest, ImpossibleLayoutsNameEveryFactor) {
        "(dp (1) x train.micro_batch (2)) = 3 at world_size 2, to be a multiple of pp (2)"},
       {Interleaved(Spec(4, 4, 1, 1, 0, 8, 1, 0)), 1,
        "parallel.pp_schedule interleaved needs pp (1) of at least 2"},
+      {HybridSharded(Spec(4, 4, 1, 2, 0, 12, 1, 3), 4), 6,
+       "dp (3) at world_size 6 is not divisible by parallel.dp_shard (4): hybrid sharding needs "
+       "whole replicas of dp_shard ranks"},
   };
   for (const Impossible& c : table) {
     auto mesh = ParallelMesh::Create(c.spec, c.world);

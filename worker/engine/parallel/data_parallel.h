@@ -54,7 +54,9 @@ class DataParallelMemory final : public TrainingMemory {
   size_t owned_end() const override;
   float* owned_params() override { return params_.data() + owned_begin(); }
   float* owned_grads() override { return grads_.data() + owned_begin(); }
-  bool owned_replicated() const override { return zero_stage_ == 0; }
+  int owned_replica() const override {
+    return zero_stage_ == 0 && dp_ != nullptr ? dp_->rank() : 0;
+  }
   bool params_sharded() const override { return false; }
   size_t share_begin() const override;
   size_t share_end() const override;

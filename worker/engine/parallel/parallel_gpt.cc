@@ -62,12 +62,14 @@ std::vector<PipeAction> SchedulePipeline(PipelineSchedule schedule, const Parall
 
 // 3. Data parallelism and ZeRO over the dp group. With a pipeline, the tied embedding's
 // unit waits for the sum between first and last stage before its dp reduction.
+// Under hybrid sharding dp is the shard group and `replica` the same shard's other holders.
 std::unique_ptr<TrainingMemory> ApplyDataParallel(const GptLayout* layout, Ops* ops,
                                                   const ParallelMesh& mesh, Communicator* dp,
-                                                  size_t bucket_floats) {
+                                                  Communicator* replica, size_t bucket_floats) {
   if (mesh.zero_stage() >= 2 && dp != nullptr) {
-    return std::make_unique<ShardedMemory>(layout, ops, dp, mesh.zero_stage());
+    return std::make_unique<ShardedMemory>(layout, ops, dp, replica, mesh.zero_stage());
   }
+  DROVER_CHECK_MSG(replica == nullptr, "hybrid sharding without a shard group (ZeRO-2/3)");
   std::vector<int> deferred;
   if (mesh.pp() > 1 && layout->first_stage()) deferred.push_back(layout->embedding_unit());
   if (mesh.pp() > 1 && layout->last_stage()) deferred.push_back(layout->head_unit());
@@ -101,7 +103,8 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
       groups_(groups),
       ops_(ops),
       schedule_(SchedulePipeline(options.schedule, mesh, coord_)),
-      memory_(ApplyDataParallel(&layout_, ops, mesh, groups->dp.get(), options.bucket_floats)),
+      memory_(ApplyDataParallel(&layout_, ops, mesh, groups->dp.get(), groups->dp_replica.get(),
+                                options.bucket_floats)),
       narrowed_(
           options.precision == Precision::kFp32
               ? nullptr
@@ -175,8 +178,12 @@ Status ParallelGpt::LoadParams(const GlobalPart& params) {
   std::vector<float> local(layout_.num_params());
   const size_t lo = memory_->share_begin(), hi = memory_->share_end();
   PartToLocal(layout_, params, lo, hi, local.data() + lo);
-  // Under ZeRO-3 the share is all this rank keeps (ImportParams reads only it).
-  if (!memory_->params_sharded()) RETURN_IF_ERROR(memory_->GatherShares(local.data()));
+  // Under ZeRO-3 the owned range is all this rank keeps (ImportParams reads only it): the
+  // share is that range, or under hybrid sharding a replica's part of it.
+  const bool owned_is_share = memory_->owned_begin() == lo && memory_->owned_end() == hi;
+  if (!memory_->params_sharded() || !owned_is_share) {
+    RETURN_IF_ERROR(memory_->GatherShares(local.data()));
+  }
   memory_->ImportParams(local.data());
   if (narrowed_ != nullptr) narrowed_->Invalidate();
   return OkStatus();
@@ -185,14 +192,16 @@ Status ParallelGpt::LoadParams(const GlobalPart& params) {
 Status ParallelGpt::LoadOptimizer(const GlobalPart& m, const GlobalPart& v, int64_t step_count) {
   const size_t begin = memory_->owned_begin(), end = memory_->owned_end();
   const size_t lo = memory_->share_begin(), hi = memory_->share_end();
-  // The owned range is the share (ZeRO), or the whole local arena (stage 0), gathered.
-  const bool gather = memory_->owned_replicated();
-  DROVER_CHECK(gather || (begin == lo && end == hi));
-  std::vector<float> local(end - begin);
+  // The owned range is the share (ZeRO), or gathered from the shares: of the whole local
+  // arena at stage 0, of the replicas' parts under hybrid sharding.
+  const bool gather = begin != lo || end != hi;
+  DROVER_CHECK(begin <= lo && hi <= end);
+  std::vector<float> local(gather ? layout_.num_params() : end - begin);
+  const size_t at = gather ? 0 : begin;  // local[i] is element at + i
   for (auto [part, moments] : {std::pair{&m, optimizer_->m()}, std::pair{&v, optimizer_->v()}}) {
-    PartToLocal(layout_, *part, lo, hi, local.data() + (lo - begin));
+    PartToLocal(layout_, *part, lo, hi, local.data() + (lo - at));
     if (gather) RETURN_IF_ERROR(memory_->GatherShares(local.data()));
-    ops_->FromHost(moments, local.data(), local.size());
+    ops_->FromHost(moments, local.data() + (begin - at), end - begin);
   }
   optimizer_->set_step_count(step_count);
   return OkStatus();
@@ -375,8 +384,9 @@ double ParallelGpt::GradMultiplier() const {
 }
 
 double ParallelGpt::OwnedGradSumSquares() {
-  // Under plain data parallelism every dp rank holds the same reduced gradient.
-  if (memory_->owned_replicated() && coord_.dp != 0) return 0;
+  // Under plain data parallelism every dp rank holds the same reduced gradient, under
+  // hybrid sharding every replica of the shard.
+  if (memory_->owned_replica() != 0) return 0;
   const size_t begin = memory_->owned_begin(), end = memory_->owned_end();
   const float* grads = memory_->owned_grads();
   double sum = 0;
@@ -516,14 +526,10 @@ Status ParallelGpt::ExportLocal(std::vector<float>* params, std::vector<float>* 
 }
 
 ParallelGpt::OwnedState ParallelGpt::ExportOwned(OwnedState reuse) {
+  // Each rank writes its share of what it owns: replicas (stage 0's, hybrid sharding's) an
+  // even part each.
   const size_t owned_begin = memory_->owned_begin();
-  size_t lo = owned_begin, hi = memory_->owned_end();
-  if (memory_->owned_replicated()) {
-    // Every replica holds everything: each writes its even share.
-    const ShardPartition split(layout_.num_params(), mesh_.dp());
-    lo = split.begin(coord_.dp);
-    hi = split.end(coord_.dp);
-  }
+  const size_t lo = memory_->share_begin(), hi = memory_->share_end();
   OwnedState out = std::move(reuse);
   // Fresh arrays come from the table's host allocator, page-locked on CUDA: the copies below
   // then run at the bus's rate, and the arrays are kept for the next snapshot.

@@ -20,8 +20,8 @@ StatusOr<std::unique_ptr<Communicator>> Join(const GroupConnector& connect, cons
 
 // Every group of `groups`, in connection order.
 std::vector<const std::unique_ptr<Communicator>*> All(const ProcessGroups& groups) {
-  return {&groups.world,   &groups.dp,           &groups.pp, &groups.pp_grad,
-          &groups.pp_wrap, &groups.pp_grad_wrap, &groups.tp, &groups.emb};
+  return {&groups.world,   &groups.dp,           &groups.dp_replica, &groups.pp, &groups.pp_grad,
+          &groups.pp_wrap, &groups.pp_grad_wrap, &groups.tp,         &groups.emb};
 }
 
 std::string Coords(const char* a, int x, const char* b, int y) {
@@ -54,8 +54,19 @@ StatusOr<ProcessGroups> ConnectProcessGroups(const ParallelMesh& mesh, int rank,
   std::vector<int> world(mesh.world_size());
   for (int r = 0; r < mesh.world_size(); ++r) world[r] = r;
   ASSIGN_OR_RETURN(groups.world, Join(connect, "world", world, rank));
-  ASSIGN_OR_RETURN(groups.dp, Join(connect, "dp." + Coords("pp", c.pp, "tp", c.tp),
-                                   mesh.DpGroup(rank), rank, GroupCaller::kCommStream));
+  // Under hybrid sharding several shard groups share a (pp, tp) coordinate: the name
+  // carries the replica, and the replica group's the position in the shard.
+  const std::string dp_name = "dp." + Coords("pp", c.pp, "tp", c.tp);
+  const bool hybrid = mesh.dp_replicas() > 1;
+  ASSIGN_OR_RETURN(
+      groups.dp,
+      Join(connect, hybrid ? dp_name + ".r" + std::to_string(c.dp / mesh.dp_shard()) : dp_name,
+           mesh.DpShardGroup(rank), rank, GroupCaller::kCommStream));
+  ASSIGN_OR_RETURN(groups.dp_replica,
+                   Join(connect,
+                        "dprep." + Coords("pp", c.pp, "tp", c.tp) + ".s" +
+                            std::to_string(c.dp % mesh.dp_shard()),
+                        mesh.DpReplicaGroup(rank), rank, GroupCaller::kCommStream));
   ASSIGN_OR_RETURN(groups.pp,
                    Join(connect, "pp." + Coords("dp", c.dp, "tp", c.tp), mesh.PpGroup(rank), rank));
   ASSIGN_OR_RETURN(groups.pp_grad, Join(connect, "ppgrad." + Coords("dp", c.dp, "tp", c.tp),

@@ -5,8 +5,8 @@
 //
 // Group names (keys in the bootstrap store) name the fixed coordinates, e.g. "dp.pp1.tp0",
 // so every member derives the same name; every rank connects its groups in the same
-// order (world, dp, pp, pp_grad, pp_wrap, pp_grad_wrap, tp, emb), which keeps the
-// rendezvous free of cycles.
+// order (world, dp, dp_replica, pp, pp_grad, pp_wrap, pp_grad_wrap, tp, emb), which keeps
+// the rendezvous free of cycles.
 #pragma once
 
 #include <chrono>
@@ -24,7 +24,12 @@ namespace drover::engine::parallel {
 
 struct ProcessGroups {
   std::unique_ptr<Communicator> world;
+  // The dp ranks ZeRO shards over: all of them, or under hybrid sharding
+  // (parallel.dp_shard) this rank's shard group.
   std::unique_ptr<Communicator> dp;
+  // Under hybrid sharding, the ranks of the other replicas that hold the same shard as this
+  // one (ParallelMesh::DpReplicaGroup); null otherwise. Called from the dp CommStream too.
+  std::unique_ptr<Communicator> dp_replica;
   std::unique_ptr<Communicator> pp;
   // The pipeline's gradients (to the previous stage), when pp > 1, apart from its activations
   // (on `pp`, to the next stage): NCCL runs a communicator's sends and receives in call order

@@ -107,8 +107,10 @@ class TrainingMemory : public StageMemory {
   virtual size_t owned_end() const = 0;
   virtual float* owned_params() = 0;
   virtual float* owned_grads() = 0;
-  // True when every dp rank owns (and holds identical) everything: stage 0.
-  virtual bool owned_replicated() const = 0;
+  // This rank's index among the dp ranks that own the same range and hold identical values
+  // in it: its dp rank at stage 0 (every rank owns everything), its replica under hybrid
+  // sharding, else 0. Sums over the world (the gradient norm) count replica 0's part only.
+  virtual int owned_replica() const = 0;
   // After the optimizer changed owned_params(): every rank's whole parameters current
   // again (all-gather for stages 1 and 2).
   virtual Status PublishParams() = 0;
@@ -121,15 +123,17 @@ class TrainingMemory : public StageMemory {
   // Whether that part is the owned range only (stage 3, which keeps no other parameters);
   // else it is the whole local arena.
   virtual bool params_sharded() const = 0;
-  // This rank's even share of the local arena over dp (the owned range under ZeRO), and the
-  // all-gather that completes `whole` (num_params floats, host memory) from every dp rank's
-  // share, at any stage. A checkpoint restore reads only the share and gathers the rest
-  // (the replicas of stage 0 and the parameters of stages 1 and 2). Collective over dp.
+  // This rank's even share of the local arena over dp (the owned range under ZeRO; under
+  // hybrid sharding, its replica's even part of the owned range), and the all-gather that
+  // completes `whole` (num_params floats, host memory) from every dp rank's share, at any
+  // stage. A checkpoint restore reads only the share and gathers the rest (the replicas of
+  // stage 0 and of hybrid sharding, and the parameters of stages 1 and 2); a checkpoint
+  // writes it. Every dp rank's share together tile the local arena. Collective over dp.
   virtual size_t share_begin() const = 0;
   virtual size_t share_end() const = 0;
   virtual Status GatherShares(float* whole) = 0;
   // `whole` (num_params floats, host memory) holds this rank's owned slice; afterwards it
-  // holds every rank's (an all-gather over dp; nothing to do when owned_replicated()).
+  // holds every rank's (an all-gather over the shard group; nothing to do at stage 0).
   // For optimizer state, which is sharded like the owned range. Collective over dp.
   virtual Status GatherOwned(float* whole) = 0;
 

@@ -35,14 +35,18 @@ size_t ShardedMemory::Pool::high_water() const {
   return high_water_;
 }
 
-ShardedMemory::ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp, int zero_stage)
+ShardedMemory::ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp,
+                             Communicator* replica, int zero_stage)
     : layout_(layout),
       ops_(ops),
       dp_(dp),
+      replica_(replica),
       zero_stage_(zero_stage),
       tied_ready_after_head_(TiedUnitReadyAfterHeadOn(ops)),
       marks_(dp->MarkCompute() != nullptr),
       partition_(layout->num_params(), dp->size()),
+      replica_split_(partition_.end(dp->rank()) - partition_.begin(dp->rank()),
+                     replica != nullptr ? replica->size() : 1),
       params_(ops->Allocate(zero_stage == 3
                                 ? partition_.end(dp->rank()) - partition_.begin(dp->rank())
                                 : layout->num_params())),
@@ -198,6 +202,14 @@ void ShardedMemory::BeginStep() {
 Status ShardedMemory::FinishGradients(const std::function<Status(float* grads)>& sync_deferred) {
   DROVER_CHECK_MSG(!sync_deferred, "ZeRO-2/3 has no deferred units (no pipelines)");
   grads_in_flight_.clear();
+  if (replica_ != nullptr) {
+    // Queued after every reduce-scatter and embedding row of the step: the shard is the
+    // group's mean over all micro-batches now, and the replicas average it.
+    stream_.Submit([this] {
+      return replica_->AllReduce(owned_grads_.data(), owned_grads_.size(), DataType::kFloat32,
+                                 ReduceOp::kAverage);
+    });
+  }
   RETURN_IF_ERROR(stream_.WaitAll());
   warm_ = true;
   for (size_t u = 0; u < param_slots_.size(); ++u) {
@@ -205,6 +217,26 @@ Status ShardedMemory::FinishGradients(const std::function<Status(float* grads)>&
     DROVER_CHECK_MSG(grad_slots_[u] == nullptr, "a unit's gradient was never made ready");
   }
   return OkStatus();
+}
+
+size_t ShardedMemory::share_begin() const {
+  return owned_begin() + replica_split_.begin(owned_replica());
+}
+
+size_t ShardedMemory::share_end() const {
+  return owned_begin() + replica_split_.end(owned_replica());
+}
+
+Status ShardedMemory::GatherShares(float* whole) {
+  if (replica_ != nullptr) {
+    // The replicas' shares make this rank's owned range; the shard group's owned ranges the
+    // rest.
+    stream_.Submit(
+        [this, owned = whole + owned_begin(), counts = replica_split_.Counts(0, replica_split_.n)] {
+          return replica_->AllGather(owned, counts, DataType::kFloat32);
+        });
+  }
+  return GatherOwned(whole);
 }
 
 Status ShardedMemory::PublishParams() {

@@ -14,6 +14,15 @@
 // computes. The buffer returns to the pool when the last acquisition is released.
 // Stage 2 keeps whole parameters and all-gathers the updated shards after the optimizer.
 //
+// Hybrid sharding (parallel.dp_shard; FSDP's HYBRID_SHARD): `dp` is then one shard group of
+// the dp ranks, and `replica` joins this rank with those holding the same shard in the other
+// groups. Everything above runs inside the shard group, so the per-micro-batch gathers and
+// reduce-scatters stay among its ranks (one node, where the gang scheduler packs them); the
+// replicas average their accumulated gradient shards once a step, at FinishGradients, and
+// then take the same optimizer step on the same shard. The gradient the optimizer sees is
+// the mean over every dp rank, as without it: the reduce-scatter averages over the group,
+// the all-reduce over the replicas.
+//
 // Every dp collective runs on the stream in the order the training thread asked for it;
 // that order depends only on the (identical) call sequence, so every dp rank issues the
 // same collectives in the same order.
@@ -36,8 +45,10 @@ class ShardedMemory final : public TrainingMemory {
  public:
   static constexpr int kMaxGradsInFlight = 4;
 
-  // zero_stage is 2 or 3; dp is not null. Not owned: all pointers must outlive the memory.
-  ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp, int zero_stage);
+  // zero_stage is 2 or 3; dp is not null; replica is null unless sharding is hybrid. Not
+  // owned: all pointers must outlive the memory.
+  ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp, Communicator* replica,
+                int zero_stage);
   ~ShardedMemory() override;
 
   StatusOr<const float*> AcquireParams(int unit) override;
@@ -57,11 +68,11 @@ class ShardedMemory final : public TrainingMemory {
   size_t owned_end() const override { return partition_.end(dp_->rank()); }
   float* owned_params() override;
   float* owned_grads() override { return owned_grads_.data(); }
-  bool owned_replicated() const override { return false; }
+  int owned_replica() const override { return replica_ != nullptr ? replica_->rank() : 0; }
   bool params_sharded() const override { return zero_stage_ == 3; }
-  size_t share_begin() const override { return owned_begin(); }
-  size_t share_end() const override { return owned_end(); }
-  Status GatherShares(float* whole) override { return GatherOwned(whole); }
+  size_t share_begin() const override;
+  size_t share_end() const override;
+  Status GatherShares(float* whole) override;
   Status PublishParams() override;
 
   Status ExportParams(float* local) override;
@@ -116,7 +127,8 @@ class ShardedMemory final : public TrainingMemory {
 
   const GptLayout* layout_;
   Ops* ops_;
-  Communicator* dp_;
+  Communicator* dp_;       // the shard group
+  Communicator* replica_;  // the replicas of this rank's shard; null without hybrid sharding
   const int zero_stage_;
   const bool tied_ready_after_head_;
   // Whether dp's collectives follow marks (Communicator::MarkCompute; NCCL): StartGather then
@@ -125,6 +137,8 @@ class ShardedMemory final : public TrainingMemory {
   // enqueued before the stream's thread got to it. Elsewhere the stream's thread copies.
   const bool marks_;
   ShardPartition partition_;
+  // The owned range split over the replicas: each one's share (share_begin).
+  ShardPartition replica_split_;
   Buffer params_;        // stage 2: the whole arena; stage 3: this rank's shard
   Buffer owned_grads_;   // this rank's shard of the dp-averaged gradient
   Buffer rows_scratch_;  // AddEmbeddingRows' device copy; used on the comm thread only

@@ -116,7 +116,7 @@ TEST(ShardedMemoryTest, EveryGradientReductionAndGatherFollowsAMark) {
   for (int zero_stage : {2, 3}) {
     MarkRecordingGroup dp;
     {
-      ShardedMemory memory(&Layout(), CpuOps(), &dp, zero_stage);
+      ShardedMemory memory(&Layout(), CpuOps(), &dp, /*replica=*/nullptr, zero_stage);
       const int units = static_cast<int>(Layout().units().size());
       if (zero_stage == 3) {
         for (int u = 0; u < units; ++u) {
@@ -149,7 +149,7 @@ TEST(ShardedMemoryTest, AGathersMarkIsTakenAfterTheRanksShardWasCopied) {
   MarkRecordingGroup dp([&] { return ops.totals(ProfiledOps::kCopy).calls; });
   std::vector<int64_t> copies_after;  // by unit: copies made once its gather was started
   {
-    ShardedMemory memory(&Layout(), &ops, &dp, /*zero_stage=*/3);
+    ShardedMemory memory(&Layout(), &ops, &dp, /*replica=*/nullptr, /*zero_stage=*/3);
     for (int u = 0; u < static_cast<int>(Layout().units().size()); ++u) {
       ASSERT_TRUE(memory.AcquireParams(u).ok());
       copies_after.push_back(ops.totals(ProfiledOps::kCopy).calls);
@@ -170,6 +170,94 @@ TEST(ShardedMemoryTest, AGathersMarkIsTakenAfterTheRanksShardWasCopied) {
     copied = copied || (u == 0 ? copies_after[u] > 0 : copies_after[u] > copies_after[u - 1]);
   }
   EXPECT_TRUE(copied) << "no unit held a shard of this rank: the test shows nothing";
+}
+
+// A group of `size` in which this process is member `rank`; its all-reduces are recorded
+// with how many calls `dp` had recorded by then.
+class ReplicaGroup final : public testing::FakeGroup {
+ public:
+  struct Reduction {
+    size_t count;
+    ReduceOp op;
+    size_t dp_calls_before;
+  };
+  ReplicaGroup(int rank, int size, const MarkRecordingGroup* dp = nullptr)
+      : FakeGroup("dprep", size), rank_(rank), dp_(dp) {}
+  int rank() const override { return rank_; }
+  Status AllReduce(void*, size_t count, DataType, ReduceOp op) override {
+    MutexLock lock(&mu_);
+    reductions_.push_back({count, op, dp_ != nullptr ? dp_->calls().size() : 0});
+    return OkStatus();
+  }
+  std::vector<Reduction> reductions() const {
+    MutexLock lock(&mu_);
+    return reductions_;
+  }
+
+ private:
+  const int rank_;
+  const MarkRecordingGroup* dp_;
+  mutable Mutex mu_;
+  std::vector<Reduction> reductions_ GUARDED_BY(mu_);
+};
+
+// A shard group of two, member `rank`.
+class ShardGroup final : public testing::FakeGroup {
+ public:
+  explicit ShardGroup(int rank) : FakeGroup("dp", 2), rank_(rank) {}
+  int rank() const override { return rank_; }
+
+ private:
+  const int rank_;
+};
+
+// Hybrid sharding: the replicas average their gradient shards once a step, after every
+// micro-batch's reduce-scatter in the group, over the whole owned shard.
+TEST(ShardedMemoryTest, HybridShardingAveragesTheReplicasShardsOnceAStepAfterEveryReduction) {
+  for (int zero_stage : {2, 3}) {
+    MarkRecordingGroup dp;
+    ReplicaGroup replica(1, 2, &dp);
+    const int units = static_cast<int>(Layout().units().size());
+    size_t owned = 0;
+    {
+      ShardedMemory memory(&Layout(), CpuOps(), &dp, &replica, zero_stage);
+      owned = memory.owned_end() - memory.owned_begin();
+      EXPECT_EQ(memory.owned_replica(), 1);
+      memory.BeginStep();
+      for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+        for (int u = units - 1; u >= 0; --u) {
+          bool accumulate = false;
+          ASSERT_TRUE(memory.AcquireGrads(u, &accumulate).ok());
+          ASSERT_TRUE(memory.GradsReady(u).ok());
+        }
+      }
+      ASSERT_TRUE(memory.FinishGradients(nullptr).ok());
+    }
+    const std::vector<ReplicaGroup::Reduction> got = replica.reductions();
+    ASSERT_EQ(got.size(), 1u) << "zero " << zero_stage;
+    EXPECT_EQ(got[0].count, owned);
+    EXPECT_EQ(got[0].op, ReduceOp::kAverage);
+    EXPECT_EQ(got[0].dp_calls_before, static_cast<size_t>(2 * units)) << "zero " << zero_stage;
+  }
+}
+
+// What a checkpoint writes and a restore reads: each replica an even part of its shard, so
+// that the shares of every dp rank tile the local arena once.
+TEST(ShardedMemoryTest, HybridShardingSharesTileTheArenaOnceAcrossReplicas) {
+  const size_t n = Layout().num_params();
+  std::vector<int> covered(n, 0);
+  for (int s = 0; s < 2; ++s) {
+    for (int r = 0; r < 3; ++r) {
+      ShardGroup dp(s);
+      ReplicaGroup replica(r, 3);
+      ShardedMemory memory(&Layout(), CpuOps(), &dp, &replica, /*zero_stage=*/3);
+      EXPECT_LE(memory.owned_begin(), memory.share_begin());
+      EXPECT_LE(memory.share_end(), memory.owned_end());
+      EXPECT_LT(memory.share_begin(), memory.share_end()) << "shard " << s << " replica " << r;
+      for (size_t i = memory.share_begin(); i < memory.share_end(); ++i) ++covered[i];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(covered[i], 1) << "element " << i;
 }
 
 }  // namespace

@@ -297,6 +297,20 @@ TEST_F(ParallelEquivalenceTest, ZeroStage3) {
   ExpectMatchesOneProcess(2, {"train.micro_batch=2", "parallel.zero_stage=3"});
 }
 
+// Hybrid sharding: ZeRO inside groups of 2 dp ranks, 2 replicas of them averaging their
+// shards once a step. With accumulation (2 micro-batches a rank), so the replicas' average
+// comes after every micro-batch's reduce-scatter, and, at ZeRO-3, the gathers stay in the
+// group.
+TEST_F(ParallelEquivalenceTest, HybridShardedZeroStage3) {
+  ExpectMatchesOneProcess(4,
+                          {"train.micro_batch=1", "parallel.zero_stage=3", "parallel.dp_shard=2"});
+}
+
+TEST_F(ParallelEquivalenceTest, HybridShardedZeroStage2WithTensorParallel) {
+  ExpectMatchesOneProcess(
+      8, {"train.micro_batch=1", "parallel.tp=2", "parallel.zero_stage=2", "parallel.dp_shard=2"});
+}
+
 TEST_F(ParallelEquivalenceTest, PipelineGPipe) {
   ExpectMatchesOneProcess(2,
                           {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"});
@@ -411,7 +425,8 @@ TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
   const Mesh one{1, {}}, dp2{2, {}}, pp2{2, {"parallel.pp=2"}}, tp2{2, {"parallel.tp=2"}},
       zero3{2, {"parallel.zero_stage=3"}};
   const std::vector<std::pair<Mesh, std::vector<Mesh>>> cases = {
-      {{4, {"parallel.zero_stage=2"}}, {one, dp2, pp2, tp2}},
+      {{4, {"parallel.zero_stage=2"}},
+       {one, dp2, pp2, tp2, {4, {"parallel.zero_stage=3", "parallel.dp_shard=2"}}}},
       {{4, {"parallel.pp=2", "parallel.tp=2"}},
        {one, zero3, {4, {"parallel.pp=2", "parallel.tp=2", "parallel.zero_stage=1"}}}},
       {{4, {"parallel.tp=2", "parallel.zero_stage=3"}}, {one, pp2, {2, {"parallel.zero_stage=2"}}}},
@@ -420,6 +435,12 @@ TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
        {one, {4, {"parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=interleaved"}}}},
       {{4, {"parallel.zero_stage=2"}},
        {{2, {"parallel.pp=2", "parallel.pp_schedule=interleaved"}}}},
+      // Hybrid sharding: each replica writes its part of its shard, and reads its part of
+      // its shard resuming, the replicas gathering the rest.
+      {{4, {"parallel.zero_stage=3", "parallel.dp_shard=2"}},
+       {one, {4, {"parallel.zero_stage=2", "parallel.dp_shard=2"}}, tp2}},
+      {{4, {"parallel.zero_stage=2", "parallel.dp_shard=2"}},
+       {zero3, {4, {"parallel.zero_stage=3", "parallel.dp_shard=2"}}}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& [save, loads] = cases[i];
@@ -600,6 +621,10 @@ TEST_F(ParallelEquivalenceTest, EmulatedDeviceDataParallelWithZero2) {
 }
 TEST_F(ParallelEquivalenceTest, EmulatedDeviceZeroStage3WithAccumulation) {
   ExpectMatchesOneProcess(2, {"parallel.zero_stage=3", "train.micro_batch=2"}, 1e-5, true);
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceHybridShardedZeroStage3) {
+  ExpectMatchesOneProcess(
+      4, {"parallel.zero_stage=3", "parallel.dp_shard=2", "train.micro_batch=1"}, 1e-5, true);
 }
 TEST_F(ParallelEquivalenceTest, EmulatedDeviceDataParallelWithZero1) {
   ExpectMatchesOneProcess(2, {"parallel.zero_stage=1"}, 1e-5, true);

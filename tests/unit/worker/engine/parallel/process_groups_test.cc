@@ -54,6 +54,32 @@ TEST(ProcessGroupsTest, OnlyTheDpGroupIsCalledFromTheCommStream) {
   }
 }
 
+// Hybrid sharding: rank 5 of dp4 x tp2 (tp 1 of dp 2) joins its shard group (dp 2, 3: ranks 5
+// and 7) and its replica group (dp 0, 2: ranks 1 and 5), each named so that no other
+// group of the mesh has its name, and both called from the dp CommStream.
+TEST(ProcessGroupsTest, HybridShardingJoinsAShardAndAReplicaGroupBothFromTheCommStream) {
+  JobSpec spec = Spec(4, 1, 2);
+  spec.parallel.zero_stage = 3;
+  spec.parallel.dp_shard = 2;
+  auto mesh = ParallelMesh::Create(spec, 8);
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::map<std::string, std::pair<int, GroupCaller>> joined;  // name: (rank in it, caller)
+  auto groups = ConnectProcessGroups(
+      *mesh, 5,
+      [&](const std::string& name, int rank, int size,
+          GroupCaller caller) -> StatusOr<std::unique_ptr<Communicator>> {
+        joined[name] = {rank, caller};
+        return std::unique_ptr<Communicator>(new NamedGroup(name, size, OkStatus()));
+      });
+  ASSERT_TRUE(groups.ok()) << groups.status();
+  ASSERT_EQ(joined.count("dp.pp0.tp1.r1"), 1u);
+  EXPECT_EQ(joined["dp.pp0.tp1.r1"], std::make_pair(0, GroupCaller::kCommStream));
+  ASSERT_EQ(joined.count("dprep.pp0.tp1.s0"), 1u);
+  EXPECT_EQ(joined["dprep.pp0.tp1.s0"], std::make_pair(1, GroupCaller::kCommStream));
+  EXPECT_EQ(groups->dp->size(), 2);
+  EXPECT_EQ(groups->dp_replica->size(), 2);
+}
+
 TEST(ProcessGroupsTest, SyncAllReturnsTheFirstGroupsFailure) {
   auto mesh = ParallelMesh::Create(Spec(1, 1, 2), 2);
   ASSERT_TRUE(mesh.ok()) << mesh.status();
