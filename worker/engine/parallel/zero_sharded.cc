@@ -147,17 +147,28 @@ Status ShardedMemory::GradsReady(int unit) {
   float* own = hi > lo ? owned_grads_.data() + owned_offset(lo) : nullptr;
   // After the unit's gradient kernels, not the rest of backward (communicator.h, MarkCompute).
   std::shared_ptr<const ComputeMark> mark = dp_->MarkCompute();
+  // The tied unit made ready before its rows (AddEmbeddingGrads) is averaged after them.
+  const bool rows_follow =
+      tied_ready_after_head_ && unit == layout_->embedding_unit() && unit == layout_->head_unit();
   grads_in_flight_.push_back(stream_.Submit(
       [this, buffer, own, src = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
-       counts = partition_.Counts(u.offset, u.offset + u.numel), mark = std::move(mark)]() mutable {
+       counts = partition_.Counts(u.offset, u.offset + u.numel), mark = std::move(mark),
+       last = last_micro_batch_ && !rows_follow]() mutable {
         dp_->FollowMark(mark);
         Status st =
             dp_->ReduceScatter(buffer->data(), counts, DataType::kFloat32, ReduceOp::kAverage);
         if (st.ok() && n > 0) ops_->Add(own, buffer->data() + src, n);
         pool_.Give(std::move(buffer));
+        if (st.ok()) st = AverageOverReplicas(own, n, last);
         return st;
       }));
   return OkStatus();
+}
+
+Status ShardedMemory::AverageOverReplicas(float* own, size_t n, bool last) {
+  // Every replica holds the same shard, so all skip (or make) the same calls.
+  if (replica_ == nullptr || !last || n == 0) return OkStatus();
+  return replica_->AllReduce(own, n, DataType::kFloat32, ReduceOp::kAverage);
 }
 
 Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const float* dout, int B,
@@ -181,7 +192,7 @@ Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const f
   const size_t n = gathered->size() / ranks;
   const size_t lo = std::max(u.offset, owned_begin());
   const size_t hi = std::max(lo, std::min(u.offset + u.numel, owned_end()));
-  stream_.Submit([this, gathered, n, B, T, C, lo, hi, offset = u.offset] {
+  stream_.Submit([this, gathered, n, B, T, C, lo, hi, offset = u.offset, last = last_micro_batch_] {
     RETURN_IF_ERROR(
         dp_->AllGather(gathered->data(), std::vector<size_t>(dp_->size(), n), DataType::kFloat32));
     for (int r = 0; r < dp_->size() && hi > lo; ++r) {
@@ -189,7 +200,7 @@ Status ShardedMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, const f
                        owned_grads_.data() + owned_offset(lo), lo - offset, hi - offset,
                        &rows_scratch_);
     }
-    return OkStatus();
+    return AverageOverReplicas(owned_grads_.data() + owned_offset(lo), hi - lo, last);
   });
   return OkStatus();
 }
@@ -202,14 +213,6 @@ void ShardedMemory::BeginStep() {
 Status ShardedMemory::FinishGradients(const std::function<Status(float* grads)>& sync_deferred) {
   DROVER_CHECK_MSG(!sync_deferred, "ZeRO-2/3 has no deferred units (no pipelines)");
   grads_in_flight_.clear();
-  if (replica_ != nullptr) {
-    // Queued after every reduce-scatter and embedding row of the step: the shard is the
-    // group's mean over all micro-batches now, and the replicas average it.
-    stream_.Submit([this] {
-      return replica_->AllReduce(owned_grads_.data(), owned_grads_.size(), DataType::kFloat32,
-                                 ReduceOp::kAverage);
-    });
-  }
   RETURN_IF_ERROR(stream_.WaitAll());
   warm_ = true;
   for (size_t u = 0; u < param_slots_.size(); ++u) {

@@ -18,10 +18,13 @@
 // the dp ranks, and `replica` joins this rank with those holding the same shard in the other
 // groups. Everything above runs inside the shard group, so the per-micro-batch gathers and
 // reduce-scatters stay among its ranks (one node, where the gang scheduler packs them); the
-// replicas average their accumulated gradient shards once a step, at FinishGradients, and
-// then take the same optimizer step on the same shard. The gradient the optimizer sees is
-// the mean over every dp rank, as without it: the reduce-scatter averages over the group,
-// the all-reduce over the replicas.
+// replicas average their accumulated gradient shards once a step, unit by unit on the
+// step's last micro-batch, right after the unit's reduce-scatter (so that the traffic
+// between nodes overlaps the rest of backward), and then take the same optimizer step on
+// the same shard. The tied embedding's unit, whose rows of the last micro-batch arrive after
+// its reduce-scatter on host memory (AddEmbeddingGrads), is averaged after them. The
+// gradient the optimizer sees is the mean over every dp rank, as without it: the
+// reduce-scatter averages over the group, the all-reduce over the replicas.
 //
 // Every dp collective runs on the stream in the order the training thread asked for it;
 // that order depends only on the (identical) call sequence, so every dp rank issues the
@@ -61,7 +64,9 @@ class ShardedMemory final : public TrainingMemory {
   bool TiedUnitReadyAfterHead() const override { return tied_ready_after_head_; }
 
   void BeginStep() override;
-  void SetLastMicroBatch(bool) override {}  // every micro-batch is reduced
+  // Every micro-batch is reduced; the last one's reductions are also averaged over the
+  // replicas under hybrid sharding.
+  void SetLastMicroBatch(bool last) override { last_micro_batch_ = last; }
   Status FinishGradients(const std::function<Status(float* grads)>& sync_deferred) override;
 
   size_t owned_begin() const override { return partition_.begin(dp_->rank()); }
@@ -123,6 +128,9 @@ class ShardedMemory final : public TrainingMemory {
   StatusOr<std::shared_ptr<Buffer>> TakeBuffer(size_t n);
   // Starts gathering unit u's parameters unless they are resident or on their way.
   Status StartGather(int unit);
+  // On the stream's thread: averages n owned gradients at `own` over the replicas when this
+  // is the step's last micro-batch under hybrid sharding (`last`, as it was when queued).
+  Status AverageOverReplicas(float* own, size_t n, bool last);
   size_t owned_offset(size_t arena_offset) const { return arena_offset - owned_begin(); }
 
   const GptLayout* layout_;
@@ -147,6 +155,7 @@ class ShardedMemory final : public TrainingMemory {
   std::vector<std::shared_ptr<Buffer>> grad_slots_;  // per unit, while acquired
   std::deque<CommStream::Ticket> grads_in_flight_;
   bool warm_ = false;  // a step has finished (TakeBuffer)
+  bool last_micro_batch_ = true;
   CommStream stream_;  // last: its thread stops before the buffers go
 };
 

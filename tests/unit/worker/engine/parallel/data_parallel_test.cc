@@ -211,33 +211,59 @@ class ShardGroup final : public testing::FakeGroup {
   const int rank_;
 };
 
-// Hybrid sharding: the replicas average their gradient shards once a step, after every
-// micro-batch's reduce-scatter in the group, over the whole owned shard.
-TEST(ShardedMemoryTest, HybridShardingAveragesTheReplicasShardsOnceAStepAfterEveryReduction) {
+// Hybrid sharding: the replicas average their gradient shards once a step, unit by unit on
+// the last micro-batch, each right after that unit's reduce-scatter (the tied unit on host
+// memory after its rows), so that the averages overlap the rest of backward; together they
+// cover the owned shard once.
+TEST(ShardedMemoryTest, HybridShardingAveragesEachUnitsShardOverTheReplicasOnTheLastMicroBatch) {
   for (int zero_stage : {2, 3}) {
     MarkRecordingGroup dp;
     ReplicaGroup replica(1, 2, &dp);
-    const int units = static_cast<int>(Layout().units().size());
+    const GptLayout& layout = Layout();
+    const int units = static_cast<int>(layout.units().size());
+    const int e = layout.embedding_unit();
+    ASSERT_EQ(e, layout.head_unit());
+    ASSERT_TRUE(TiedUnitReadyAfterHeadOn(CpuOps())) << "the rows follow the tied unit on the CPU";
+    const int B = 1, T = 2, C = layout.config().channels;
+    const std::vector<int32_t> inputs = {1, 2};
+    const std::vector<float> dout(static_cast<size_t>(B) * T * C, 0.5f);
     size_t owned = 0;
     {
-      ShardedMemory memory(&Layout(), CpuOps(), &dp, &replica, zero_stage);
+      ShardedMemory memory(&layout, CpuOps(), &dp, &replica, zero_stage);
       owned = memory.owned_end() - memory.owned_begin();
       EXPECT_EQ(memory.owned_replica(), 1);
       memory.BeginStep();
       for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+        memory.SetLastMicroBatch(micro_batch == 1);
+        // As GptStage's backward on one stage: the head's unit (the tied one) first, ready at
+        // once, its embedding rows at the very end.
+        std::vector<int> order = {e};
         for (int u = units - 1; u >= 0; --u) {
-          bool accumulate = false;
-          ASSERT_TRUE(memory.AcquireGrads(u, &accumulate).ok());
-          ASSERT_TRUE(memory.GradsReady(u).ok());
+          if (u != e) order.push_back(u);
         }
+        for (int unit : order) {
+          bool accumulate = false;
+          ASSERT_TRUE(memory.AcquireGrads(unit, &accumulate).ok());
+          ASSERT_TRUE(memory.GradsReady(unit).ok());
+        }
+        ASSERT_TRUE(memory.AddEmbeddingGrads(e, inputs.data(), dout.data(), B, T).ok());
       }
       ASSERT_TRUE(memory.FinishGradients(nullptr).ok());
     }
     const std::vector<ReplicaGroup::Reduction> got = replica.reductions();
-    ASSERT_EQ(got.size(), 1u) << "zero " << zero_stage;
-    EXPECT_EQ(got[0].count, owned);
-    EXPECT_EQ(got[0].op, ReduceOp::kAverage);
-    EXPECT_EQ(got[0].dp_calls_before, static_cast<size_t>(2 * units)) << "zero " << zero_stage;
+    ASSERT_GE(got.size(), 2u) << "zero " << zero_stage;
+    size_t covered = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      covered += got[i].count;
+      EXPECT_EQ(got[i].op, ReduceOp::kAverage);
+      // Never before the last micro-batch's reductions began: the first micro-batch's units
+      // and its rows' gather were all reduced before it.
+      EXPECT_GT(got[i].dp_calls_before, static_cast<size_t>(units + 1)) << "zero " << zero_stage;
+    }
+    EXPECT_EQ(covered, owned) << "zero " << zero_stage;
+    // The tied unit's average comes last, after the gather of its rows (the dp group's last
+    // call).
+    EXPECT_EQ(got.back().dp_calls_before, dp.calls().size()) << "zero " << zero_stage;
   }
 }
 
