@@ -134,7 +134,8 @@ m = G // (4 * B)
 mib = lambda floats: floats * 4 / 2**20
 # Plain ZeRO over 4 ranks on 2 nodes: a ring crosses the link in 2 of its 4 hops; every
 # collective of P floats sends 3/4 P per rank, about half of it across.
-print(f"ZeRO's traffic per rank and step, P = {P / 1e6:.1f}M parameters, {m} micro-batches:")
+print(f"ZeRO's traffic per rank and step, P = {P / 1e6:.1f}M parameters, {m} micro-batches"
+      " (a node's 2 ranks share the link):")
 print(f"  zero3:        gathers 2m x 3/4 P + reduce-scatters m x 3/4 P = {mib(3 * m * 0.75 * P):.0f} MiB, every ring half across the link")
 print(f"  zero3_hybrid: the same inside the node over 2 ranks (1/2 P each), and across: one all-reduce of a P/2 shard = {mib(0.5 * P):.0f} MiB")
 print(f"  zero2:        reduce-scatters m x 3/4 P + a gather 3/4 P = {mib((m + 1) * 0.75 * P):.0f} MiB")
