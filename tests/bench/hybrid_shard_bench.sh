@@ -143,7 +143,16 @@ print(f"  zero2_hybrid: across the link only the replicas' all-reduce of a P/2 s
 EOF
 for mode in zero3 zero2; do
   if [[ -n ${ms[$mode]:-} && -n ${ms[${mode}_hybrid]:-} ]]; then
-    python3 -c "print(f'$mode: hybrid sharding {${ms[$mode]} / ${ms[${mode}_hybrid]}:.2f}x the steps per second of sharding over all 4 ranks')"
+    python3 - "$mode" "${ms[$mode]}" "${ms[${mode}_hybrid]}" "$out/$mode/metrics.jsonl" \
+      "$out/${mode}_hybrid/metrics.jsonl" <<'EOF'
+import json, sys
+mode, plain, hybrid = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+loss = lambda f: [json.loads(l)["loss"] for l in open(f) if l.strip()]
+a, b = loss(sys.argv[4]), loss(sys.argv[5])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"{mode}: hybrid sharding {plain / hybrid:.2f}x the steps per second of sharding over all "
+      f"4 ranks; losses of the {len(a)} steps within {worst:.1e} relative of each other")
+EOF
   fi
 done
 exit $failed
