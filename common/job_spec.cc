@@ -66,61 +66,50 @@ Field MakeField(const char* path, Get get) {
 // they cannot drift apart.
 #define DROVER_SPEC_FIELD(member) MakeField(#member, [](auto& s) { return &s.member; })
 
-// 'auto' (0) or a positive integer, for the keys that take either.
-Status DecodeAutoOrCount(const YAML::Node& node, int* out) {
-  if (node.IsScalar() && node.Scalar() == "auto") {
+// A word meaning 0 ('auto', 'all') or a positive integer, for the keys that take either.
+Status DecodeWordOrCount(const YAML::Node& node, const std::string& word, int* out) {
+  if (node.IsScalar() && node.Scalar() == word) {
     *out = 0;
     return OkStatus();
   }
   int64_t v = 0;
   if (!node.IsScalar() || !yaml_util::ParseInt64(node.Scalar(), &v) || v < 1 || v > (1 << 20)) {
-    return InvalidArgumentError("expected 'auto' or a positive integer, got " + Describe(node));
+    return InvalidArgumentError("expected '" + word + "' or a positive integer, got " +
+                                Describe(node));
   }
   *out = static_cast<int>(v);
   return OkStatus();
 }
 
-void EmitAutoOrCount(int v, YAML::Emitter* out) {
+void EmitWordOrCount(int v, const std::string& word, YAML::Emitter* out) {
   if (v == 0) {
-    *out << "auto";
+    *out << word;
   } else {
     *out << v;
   }
 }
 
 Status DecodeDp(const YAML::Node& node, JobSpec* spec) {
-  return DecodeAutoOrCount(node, &spec->parallel.dp);
+  return DecodeWordOrCount(node, "auto", &spec->parallel.dp);
 }
-void EmitDp(const JobSpec& spec, YAML::Emitter* out) { EmitAutoOrCount(spec.parallel.dp, out); }
+void EmitDp(const JobSpec& spec, YAML::Emitter* out) {
+  EmitWordOrCount(spec.parallel.dp, "auto", out);
+}
 
 // parallel.dp_shard: 'all' (ZeRO shards over every dp rank) or a count of dp ranks.
 Status DecodeDpShard(const YAML::Node& node, JobSpec* spec) {
-  if (node.IsScalar() && node.Scalar() == "all") {
-    spec->parallel.dp_shard = 0;
-    return OkStatus();
-  }
-  int64_t v = 0;
-  if (!node.IsScalar() || !yaml_util::ParseInt64(node.Scalar(), &v) || v < 1 || v > (1 << 20)) {
-    return InvalidArgumentError("expected 'all' or a positive count of dp ranks, got " +
-                                Describe(node));
-  }
-  spec->parallel.dp_shard = static_cast<int>(v);
-  return OkStatus();
+  return DecodeWordOrCount(node, "all", &spec->parallel.dp_shard);
 }
 void EmitDpShard(const JobSpec& spec, YAML::Emitter* out) {
-  if (spec.parallel.dp_shard == 0) {
-    *out << "all";
-  } else {
-    *out << spec.parallel.dp_shard;
-  }
+  EmitWordOrCount(spec.parallel.dp_shard, "all", out);
 }
 
 // parallel.pp_chunks: 'auto' (2 under the interleaved schedule, else 1) or a count.
 Status DecodePpChunks(const YAML::Node& node, JobSpec* spec) {
-  return DecodeAutoOrCount(node, &spec->parallel.pp_chunks);
+  return DecodeWordOrCount(node, "auto", &spec->parallel.pp_chunks);
 }
 void EmitPpChunks(const JobSpec& spec, YAML::Emitter* out) {
-  EmitAutoOrCount(spec.parallel.pp_chunks, out);
+  EmitWordOrCount(spec.parallel.pp_chunks, "auto", out);
 }
 
 // train.recompute: 'none', 'all' or a count of layers (checked against model.n_layer by

@@ -499,7 +499,7 @@ const BadCase kBadCases[] = {
     {"DpShardNotACount",
      Minimal("parallel:\n  zero_stage: 3\n  dp_shard: node\n"),
      {},
-     "parallel.dp_shard (line 5): expected 'all' or a positive count of dp ranks, got 'node'"},
+     "parallel.dp_shard (line 5): expected 'all' or a positive integer, got 'node'"},
     {"UnknownDtype",
      Minimal("precision:\n  dtype: fp8\n"),
      {},
