@@ -5,6 +5,7 @@
 // ("train.micro_batch"), its YAML line when known, the bad value and what would be valid.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -179,6 +180,11 @@ struct JobSpec {
 
   // The world sizes in [min, max] that ValidateForWorldSize accepts, ascending.
   std::vector<int> FeasibleWorldSizes() const;
+
+  // How many consecutive ranks talk the most: a tensor-parallel group (tp), under hybrid
+  // sharding a shard group of them (tp x dp_shard), whose collectives run every layer. The
+  // scheduler keeps each such block on one node where the free slots allow.
+  int RankBlock() const { return parallel.tp * std::max(parallel.dp_shard, 1); }
 };
 
 // Parses YAML text, applies `overrides` ("section.key=value", in order; values are YAML

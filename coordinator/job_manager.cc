@@ -204,6 +204,7 @@ std::vector<PendingJob> JobManager::Pending() {
       std::erase_if(p.feasible_world_sizes, [hold = job.hold_size](int s) { return s < hold; });
       next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
     }
+    p.rank_block = job.spec.RankBlock();
     if (now < job.regroup_until_ms) {
       p.regrouping = true;
       next_restart_ms_ = std::min(next_restart_ms_, job.regroup_until_ms);

@@ -29,7 +29,8 @@ void Take(const std::vector<v1::RankAssignment>& ranks, std::vector<NodeCapacity
 
 }  // namespace
 
-std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes) {
+std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes,
+                                          int rank_block) {
   std::vector<const NodeCapacity*> order;
   for (const auto& n : nodes) {
     if (!n.free_slots.empty()) order.push_back(&n);
@@ -50,17 +51,30 @@ std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<Node
       return a->free_slots.size() > b->free_slots.size();
     });
   }
+  // First whole blocks on each node in that order, then what is left of the job, rank by
+  // rank, on the slots left over (with blocks of one rank, the first pass places them all).
+  const int block = std::max(rank_block, 1);
   std::vector<v1::RankAssignment> ranks;
-  for (const NodeCapacity* n : order) {
-    int local = 0;
-    for (int slot : n->free_slots) {
-      if (static_cast<int>(ranks.size()) == world_size) break;
-      v1::RankAssignment r;
-      r.set_rank(static_cast<int>(ranks.size()));
-      r.set_node(n->name);
-      r.set_slot(slot);
-      r.set_local_rank(local++);
-      ranks.push_back(std::move(r));
+  std::vector<size_t> used(order.size(), 0);  // slots of order[i] taken
+  std::vector<int> local(order.size(), 0);
+  auto assign = [&](size_t i) {
+    v1::RankAssignment r;
+    r.set_rank(static_cast<int>(ranks.size()));
+    r.set_node(order[i]->name);
+    r.set_slot(order[i]->free_slots[used[i]++]);
+    r.set_local_rank(local[i]++);
+    ranks.push_back(std::move(r));
+  };
+  const int whole_blocks = world_size / block;
+  for (size_t i = 0; i < order.size(); ++i) {
+    int fits = static_cast<int>(order[i]->free_slots.size()) / block;
+    while (fits-- > 0 && static_cast<int>(ranks.size()) < whole_blocks * block) {
+      for (int k = 0; k < block; ++k) assign(i);
+    }
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    while (used[i] < order[i]->free_slots.size() && static_cast<int>(ranks.size()) < world_size) {
+      assign(i);
     }
   }
   DROVER_CHECK_MSG(static_cast<int>(ranks.size()) == world_size, "PackRanks: not enough slots");
@@ -131,7 +145,8 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
     Placement p;
     p.job_id = job.job_id;
     p.world_size = size;
-    p.ranks = PackRanks(size, FreeCount(preferred, job.device) >= size ? preferred : usable);
+    p.ranks = PackRanks(size, FreeCount(preferred, job.device) >= size ? preferred : usable,
+                        job.rank_block);
     Take(p.ranks, &nodes);
     result.placements.push_back(std::move(p));
   }

@@ -6,7 +6,11 @@
 // jobs behind it on the same device kind, so a big job is never starved by small ones.
 // Elastic: a job gets the largest of its feasible world sizes that fits the free slots.
 // Packing: ranks go onto as few nodes as possible (one node when any can hold the job,
-// the fullest-fitting one; otherwise the nodes with the most free slots first).
+// the fullest-fitting one; otherwise the nodes with the most free slots first), and when
+// they span nodes, each block of consecutive ranks that talk the most (JobSpec::RankBlock:
+// a tensor-parallel group, a hybrid shard group) on one node where the free slots allow:
+// a node takes whole blocks first, and the ranks of blocks that fit no node whole fill the
+// slots left over.
 // Avoidance: a job that failed on some nodes is packed onto the others when its gang fits
 // there at the size it gets, and onto the nodes it avoids only when it does not (it is
 // never shrunk nor held back to avoid them).
@@ -54,6 +58,7 @@ struct PendingJob {
   std::set<std::string> avoid_nodes;      // used only when the gang fits nowhere else
   bool regrouping = false;                // its attempt just failed (JobManager::Pending)
   int held_slots = 0;  // regrouping: slots its stopped trainers hold, about to be given back
+  int rank_block = 1;  // JobSpec::RankBlock
 };
 
 struct Placement {
@@ -110,7 +115,9 @@ std::map<std::string, ResizePlan> PlanPreemption(
     std::vector<RunningJob> jobs, const ScheduleResult& result,
     const std::map<v1::DeviceKind, int64_t>& releasing);
 
-// The ranks of a `world_size` job packed onto `nodes` (which must hold enough free slots).
-std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes);
+// The ranks of a `world_size` job packed onto `nodes` (which must hold enough free slots),
+// in blocks of `rank_block` consecutive ranks (see Packing above).
+std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes,
+                                          int rank_block = 1);
 
 }  // namespace drover::coordinator

@@ -467,6 +467,17 @@ TEST_F(JobManagerTest, RestoreResendsStartsForRunningAttempt) {
   EXPECT_TRUE(restored.IsCurrent({id, 1, 1}));
 }
 
+// A pending job carries the ranks the scheduler keeps together (a hybrid shard group of tp
+// groups here: tp 2 x dp_shard 2), and only the world sizes whose dp the shard group divides.
+TEST_F(JobManagerTest, APendingJobCarriesItsRankBlockAndTheSizesItsShardGroupsAllow) {
+  ASSERT_TRUE(Submit(SpecYaml(2, 8) + "parallel: {tp: 2, zero_stage: 3, dp_shard: 2}\n", "j1", 1)
+                  .ok());
+  const std::vector<PendingJob> pending = jobs_.Pending();
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].rank_block, 4);
+  EXPECT_EQ(pending[0].feasible_world_sizes, (std::vector<int>{4, 8}));
+}
+
 TEST_F(JobManagerTest, RestartsBackOffWhileAttemptsKeepFailingAndSayHowLong) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/20);
   // The first failure is restarted at once: one node failure costs nothing extra.

@@ -63,6 +63,46 @@ TEST(SchedulerTest, PacksRanksOntoFewestNodes) {
   EXPECT_EQ(ranks[4].local_rank(), 0);
 }
 
+// Spanning nodes, a block of ranks that talk every layer (a tp group, a hybrid shard
+// group) stays on one node where the free slots allow: nodes of 3 free slots each take one
+// block of 2 each, rather than ranks 0-2 and 3 (which would split the block {2, 3}); the
+// ranks of a block that fits no node whole fill what is left.
+TEST(SchedulerTest, BlocksOfRanksThatTalkTheMostStayOnOneNode) {
+  PendingJob job = Job("tp2", {4});
+  job.rank_block = 2;
+  auto r = Schedule({job}, {Node("n1", 3), Node("n2", 3)}, Ever(6));
+  ASSERT_EQ(r.placements.size(), 1u);
+  const auto& ranks = r.placements[0].ranks;
+  ASSERT_EQ(ranks.size(), 4u);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(ranks[2 * b].node(), ranks[2 * b + 1].node()) << "block " << b << " split";
+  }
+  EXPECT_NE(ranks[0].node(), ranks[2].node());
+  for (size_t i = 0; i < ranks.size(); ++i) EXPECT_EQ(ranks[i].rank(), static_cast<int>(i));
+  // Without blocks, the biggest node first, rank by rank.
+  r = Schedule({Job("plain", {4})}, {Node("n1", 3), Node("n2", 3)}, Ever(6));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].ranks[2].node(), r.placements[0].ranks[0].node());
+  // Blocks of 4 on nodes of 3, 3 and 2 free slots: no node holds one whole, so the ranks
+  // fill the slots as they come, every slot used once.
+  job.rank_block = 4;
+  job.feasible_world_sizes = {8};
+  r = Schedule({job}, {Node("n1", 3), Node("n2", 3), Node("n3", 2)}, Ever(8));
+  ASSERT_EQ(r.placements.size(), 1u);
+  std::set<std::pair<std::string, int>> slots;
+  for (const auto& rank : r.placements[0].ranks) slots.insert({rank.node(), rank.slot()});
+  EXPECT_EQ(slots.size(), 8u);
+  // Blocks of 2 on nodes of 5 and 3: two blocks on the first, one on the second, and the
+  // last block fits nowhere whole: its two ranks take n1's last slot and n2's.
+  job.rank_block = 2;
+  r = Schedule({job}, {Node("n1", 5), Node("n2", 3)}, Ever(8));
+  ASSERT_EQ(r.placements.size(), 1u);
+  const auto& packed = r.placements[0].ranks;
+  for (int rank : {0, 1, 2, 3}) EXPECT_EQ(packed[rank].node(), "n1") << rank;
+  for (int rank : {4, 5}) EXPECT_EQ(packed[rank].node(), "n2") << rank;
+  EXPECT_NE(packed[6].node(), packed[7].node());
+}
+
 TEST(SchedulerTest, ElasticTakesLargestFeasibleSizeThatFits) {
   // Feasible {1,2,3,4,6}; 5 free slots -> 4 (5 is not a feasible size).
   auto r = Schedule({Job("a", {1, 2, 3, 4, 6})}, {Node("n1", 3), Node("n2", 2)}, Ever(8));
