@@ -35,7 +35,9 @@ StatusOr<TopSnapshot> Fetch(RpcClient* client, const std::string& coordinator) {
   s.coordinator = coordinator;
   ASSIGN_OR_RETURN(s.workers, client->ListWorkers());
   v1::ListJobsRequest request;
-  for (v1::JobState state : {v1::RUNNING, v1::RECOVERING, v1::PENDING}) request.add_states(state);
+  for (v1::JobState state : {v1::RUNNING, v1::RECOVERING, v1::PENDING, v1::SUSPENDED}) {
+    request.add_states(state);
+  }
   ASSIGN_OR_RETURN(v1::ListJobsResponse listed, client->ListJobs(request));
   for (const v1::JobRecord& j : listed.jobs()) {
     auto info = client->GetJob(j.job_id());

@@ -161,7 +161,11 @@ std::string Title(const TopSnapshot& s) {
          std::to_string(s.workers.workers_size()) + " alive, slots " + std::to_string(used) + "/" +
          std::to_string(slots) + " used - jobs " + std::to_string(by_state[v1::RUNNING]) +
          " running, " + std::to_string(by_state[v1::RECOVERING]) + " recovering, " +
-         std::to_string(by_state[v1::PENDING]) + " pending\n";
+         std::to_string(by_state[v1::PENDING]) + " pending" +
+         (by_state[v1::SUSPENDED] > 0
+              ? ", " + std::to_string(by_state[v1::SUSPENDED]) + " suspended"
+              : std::string()) +
+         "\n";
 }
 
 // Cuts every line of `text` to `width` characters, so that a narrow terminal does not wrap

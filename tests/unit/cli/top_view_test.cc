@@ -165,6 +165,19 @@ TEST(RenderTopTest, PendingJobShowsNoSpeedOrEtaAndRecoveringIsCounted) {
       << frame;
 }
 
+// A suspended job holds no slots but is not finished: it is listed, and counted in the
+// title once there is one (drover resume places it again).
+TEST(RenderTopTest, SuspendedJobsAreListedAndCounted) {
+  TopSnapshot s = Cluster();
+  s.jobs.push_back(Job("j-4", v1::SUSPENDED, 150, 150, 0, 0));
+  const std::string frame = RenderTop(s, 0);
+  EXPECT_NE(frame.find("jobs 0 running, 0 recovering, 0 pending, 1 suspended\n"), std::string::npos)
+      << frame;
+  EXPECT_NE(frame.find("j-4  shakespeare  SUSPENDED  2        0      150/300  50.0%     1.2346  -"),
+            std::string::npos)
+      << frame;
+}
+
 TEST(RenderTopTest, EmptyClusterSaysSo) {
   TopSnapshot s;
   s.coordinator = "c:1";
