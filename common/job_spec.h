@@ -70,8 +70,8 @@ struct ParallelSpec {
   int pp = 1;
   int tp = 1;
   int zero_stage = 0;  // 0..3
-  // Hybrid sharding (FSDP's HYBRID_SHARD, DeepSpeed's MiCS): ZeRO-2/3 shards over groups of
-  // this many consecutive dp ranks (a node, where the gang scheduler packs them), and the
+  // Hybrid sharding (FSDP's HYBRID_SHARD, DeepSpeed's MiCS): ZeRO (stage 1-3) shards over
+  // groups of this many consecutive dp ranks (a node, where the gang scheduler packs them), and the
   // dp / dp_shard groups are replicas of each other that average their gradient shards once
   // a step. 0 (written 'all'): one group of every dp rank, plain ZeRO.
   int dp_shard = 0;

@@ -266,12 +266,11 @@ class Rules {
                                            " is not valid; must be 'all' or between 1 and " +
                                            Num(kMaxWorldSize));
     }
-    if (p.zero_stage < 2) {
+    if (p.zero_stage < 1) {
       return Fail("parallel.dp_shard",
-                  Num(int64_t{p.dp_shard}) + " applies to ZeRO stages 2 and 3, not to " +
-                      "parallel.zero_stage " + Num(int64_t{p.zero_stage}) +
-                      " (whose gradients are reduced once a step, whole); set zero_stage 2 or "
-                      "3, or dp_shard 'all'");
+                  Num(int64_t{p.dp_shard}) +
+                      " shards ZeRO's state, and parallel.zero_stage is 0 (nothing sharded); "
+                      "set zero_stage 1, 2 or 3, or dp_shard 'all'");
     }
     if (p.dp > 0 && p.dp % p.dp_shard != 0) {
       return Fail("parallel.dp_shard", Num(int64_t{p.dp_shard}) + " does not divide parallel.dp (" +

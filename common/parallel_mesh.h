@@ -42,7 +42,7 @@ class ParallelMesh {
   int pp() const { return pp_; }
   int tp() const { return tp_; }
   int zero_stage() const { return zero_stage_; }
-  // ZeRO-2/3's sharding group: dp_shard() consecutive dp ranks (all dp ranks unless
+  // ZeRO's sharding group: dp_shard() consecutive dp ranks (all dp ranks unless
   // parallel.dp_shard says fewer), and dp_replicas() = dp / dp_shard such groups holding the
   // same shards (hybrid sharding; 1 otherwise). dp rank d is member d % dp_shard of shard
   // group d / dp_shard.

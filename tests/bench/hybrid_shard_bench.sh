@@ -8,7 +8,7 @@
 #                   micro-batch's gradient reduce-scattered across it);
 #   - zero3_hybrid: ZeRO-3 in shard groups of 2 (a node each), the 2 replicas averaging
 #                   their gradient shards once a step across the link;
-#   - zero2 and zero2_hybrid: the same at ZeRO-2.
+#   - zero2 and zero2_hybrid, zero1 and zero1_hybrid: the same at ZeRO-2 and ZeRO-1.
 # It prints each run's median step time (steps after the first two), the bytes one rank
 # sends across the link per step as ZeRO's formulas give them, and hybrid's speed-up.
 #
@@ -123,6 +123,8 @@ run zero3 3 all
 run zero3_hybrid 3 2
 run zero2 2 all
 run zero2_hybrid 2 2
+run zero1 1 all
+run zero1_hybrid 1 2
 
 # What one rank sends across the link a step, for P parameters (fp32) and m micro-batches a
 # rank (ring collectives, n ranks: a gather or reduce-scatter of P floats sends (n-1)/n P).
@@ -140,8 +142,10 @@ print(f"  zero3:        gathers 2m x 3/4 P + reduce-scatters m x 3/4 P = {mib(3 
 print(f"  zero3_hybrid: the same inside the node over 2 ranks (1/2 P each), and across: one all-reduce of a P/2 shard = {mib(0.5 * P):.0f} MiB")
 print(f"  zero2:        reduce-scatters m x 3/4 P + a gather 3/4 P = {mib((m + 1) * 0.75 * P):.0f} MiB")
 print(f"  zero2_hybrid: across the link only the replicas' all-reduce of a P/2 shard = {mib(0.5 * P):.0f} MiB")
+print(f"  zero1:        a reduce-scatter 3/4 P + a gather 3/4 P = {mib(1.5 * P):.0f} MiB")
+print(f"  zero1_hybrid: across the link the same all-reduce of a P/2 shard = {mib(0.5 * P):.0f} MiB")
 EOF
-for mode in zero3 zero2; do
+for mode in zero3 zero2 zero1; do
   if [[ -n ${ms[$mode]:-} && -n ${ms[${mode}_hybrid]:-} ]]; then
     python3 - "$mode" "${ms[$mode]}" "${ms[${mode}_hybrid]}" "$out/$mode/metrics.jsonl" \
       "$out/${mode}_hybrid/metrics.jsonl" <<'EOF'

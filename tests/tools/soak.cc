@@ -76,6 +76,9 @@ const std::vector<JobKind>& Kinds() {
       // skipped) and bf16's rounding must resume as exactly as fp32 does.
       {"fp16", "zero_stage: 2", 2, 2, "dtype: fp16, loss_scale: dynamic"},
       {"gpipe", "pp: 2, pp_schedule: gpipe", 2, 2, "dtype: bf16"},
+      // Hybrid sharding: ZeRO-3 in 2 replicas of shard groups of 2, each replica writing half
+      // of its shard's checkpoint.
+      {"hybrid", "zero_stage: 3, dp_shard: 2", 4, 4},
   };
   return kinds;
 }

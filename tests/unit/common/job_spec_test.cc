@@ -485,12 +485,11 @@ const BadCase kBadCases[] = {
      Minimal("parallel:\n  zero_stage: 4\n"),
      {},
      "parallel.zero_stage (line 4): 4 is not valid; must be 0, 1, 2 or 3"},
-    {"DpShardWithoutShardedGradients",
-     Minimal("parallel:\n  zero_stage: 1\n  dp_shard: 2\n"),
+    {"DpShardWithoutZero",
+     Minimal("parallel:\n  zero_stage: 0\n  dp_shard: 2\n"),
      {},
-     "parallel.dp_shard (line 5): 2 applies to ZeRO stages 2 and 3, not to parallel.zero_stage 1 "
-     "(whose gradients are reduced once a step, whole); set zero_stage 2 or 3, or dp_shard "
-     "'all'"},
+     "parallel.dp_shard (line 5): 2 shards ZeRO's state, and parallel.zero_stage is 0 (nothing "
+     "sharded); set zero_stage 1, 2 or 3, or dp_shard 'all'"},
     {"DpShardNotDividingDp",
      Minimal("parallel:\n  zero_stage: 3\n  dp: 6\n  dp_shard: 4\n"),
      {},

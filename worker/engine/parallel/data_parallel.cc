@@ -7,18 +7,24 @@ namespace drover::engine::parallel {
 
 DataParallelMemory::DataParallelMemory(const GptLayout* layout, Ops* ops, Communicator* dp,
                                        int zero_stage, size_t bucket_floats,
-                                       std::vector<int> deferred)
+                                       std::vector<int> deferred, Communicator* replica)
     : layout_(layout),
       ops_(ops),
       dp_(dp),
+      replica_(replica),
       zero_stage_(dp == nullptr ? 0 : zero_stage),
       tied_ready_after_head_(TiedUnitReadyAfterHeadOn(ops)),
       params_(ops->Allocate(layout->num_params())),
       grads_(ops->Allocate(layout->num_params())),
       flat_(layout, ops, params_.data(), grads_.data()),
       partition_(layout->num_params(), dp == nullptr ? 1 : dp->size()),
+      replica_split_(partition_.end(dp == nullptr ? 0 : dp->rank()) -
+                         partition_.begin(dp == nullptr ? 0 : dp->rank()),
+                     replica == nullptr ? 1 : replica->size()),
       deferred_(std::move(deferred)) {
   DROVER_CHECK(zero_stage == 0 || zero_stage == 1);
+  DROVER_CHECK_MSG(replica == nullptr || (dp != nullptr && zero_stage == 1),
+                   "hybrid sharding at stage 1 over a shard group only");
   if (dp_ == nullptr) return;
   std::vector<int> alone;
   if (layout->first_stage() && layout->head_unit() == layout->embedding_unit()) {
@@ -46,7 +52,7 @@ void DataParallelMemory::BeginStep() {
   if (stream_ != nullptr) stream_->ResetTimes();
 }
 
-void DataParallelMemory::Reduce(size_t begin, size_t end) {
+void DataParallelMemory::Reduce(size_t begin, size_t end, bool rows_follow) {
   float* data = grads_.data() + begin;
   // Marked here, after the bucket's gradient kernels were enqueued: on a GPU the reduction
   // follows them, not the rest of backward enqueued by the time the stream's thread makes
@@ -58,18 +64,40 @@ void DataParallelMemory::Reduce(size_t begin, size_t end) {
       return dp_->AllReduce(data, n, DataType::kFloat32, ReduceOp::kAverage);
     });
   } else {
-    stream_->Submit([this, data, counts = partition_.Counts(begin, end), mark = std::move(mark)] {
+    stream_->Submit([this, data, counts = partition_.Counts(begin, end), mark = std::move(mark),
+                     begin, end, average = replica_ != nullptr && !rows_follow] {
       dp_->FollowMark(mark);
-      return dp_->ReduceScatter(data, counts, DataType::kFloat32, ReduceOp::kAverage);
+      RETURN_IF_ERROR(dp_->ReduceScatter(data, counts, DataType::kFloat32, ReduceOp::kAverage));
+      return average ? AverageOverReplicas(begin, end) : OkStatus();
     });
   }
+}
+
+Status DataParallelMemory::AverageOverReplicas(size_t lo, size_t hi) {
+  // This rank's part of [lo, hi): what it owns. Every replica owns the same, so all skip
+  // (or make) the same calls.
+  lo = std::max(lo, owned_begin());
+  hi = std::min(hi, owned_end());
+  if (hi <= lo) return OkStatus();
+  return replica_->AllReduce(grads_.data() + lo, hi - lo, DataType::kFloat32, ReduceOp::kAverage);
+}
+
+int DataParallelMemory::owned_replica() const {
+  if (dp_ == nullptr) return 0;
+  if (zero_stage_ == 0) return dp_->rank();
+  return replica_ != nullptr ? replica_->rank() : 0;
 }
 
 Status DataParallelMemory::GradsReady(int unit) {
   if (dp_ == nullptr || !last_micro_batch_) return OkStatus();
   const int b = bucket_of_unit_[unit];
   if (b < 0) return OkStatus();  // deferred: FinishGradients reduces it
-  if (--pending_units_[b] == 0) Reduce(buckets_[b].begin, buckets_[b].end);
+  if (--pending_units_[b] == 0) {
+    // The tied unit made ready after the head, alone in its bucket: its rows follow.
+    const bool rows_follow =
+        tied_ready_after_head_ && unit == layout_->embedding_unit() && unit == layout_->head_unit();
+    Reduce(buckets_[b].begin, buckets_[b].end, rows_follow);
+  }
   return OkStatus();
 }
 
@@ -97,7 +125,7 @@ Status DataParallelMemory::AddEmbeddingGrads(int unit, const int32_t* inputs, co
       AddEmbeddingRows(ops_, gathered->data() + n * r, B, T, C, layout_->wpe_offset(),
                        grads_.data() + lo, lo - offset, hi - offset, &rows_scratch_);
     }
-    return OkStatus();
+    return replica_ != nullptr ? AverageOverReplicas(lo, hi) : OkStatus();
   });
   return OkStatus();
 }
@@ -147,23 +175,36 @@ void DataParallelMemory::ImportParams(const float* local) {
 
 Status DataParallelMemory::GatherOwned(float* whole) {
   if (zero_stage_ == 0) return OkStatus();
-  return GatherShares(whole);
+  return GatherPartition(whole);
 }
 
-size_t DataParallelMemory::share_begin() const {
-  return partition_.begin(dp_ != nullptr ? dp_->rank() : 0);
-}
-
-size_t DataParallelMemory::share_end() const {
-  return partition_.end(dp_ != nullptr ? dp_->rank() : 0);
-}
-
-Status DataParallelMemory::GatherShares(float* whole) {
+Status DataParallelMemory::GatherPartition(float* whole) {
   if (dp_ == nullptr || dp_->size() == 1) return OkStatus();
   stream_->Submit([this, whole, counts = partition_.Counts(0, partition_.n)] {
     return dp_->AllGather(whole, counts, DataType::kFloat32);
   });
   return stream_->WaitAll();
+}
+
+size_t DataParallelMemory::share_begin() const {
+  if (replica_ != nullptr) return owned_begin() + replica_split_.begin(replica_->rank());
+  return partition_.begin(dp_ != nullptr ? dp_->rank() : 0);
+}
+
+size_t DataParallelMemory::share_end() const {
+  if (replica_ != nullptr) return owned_begin() + replica_split_.end(replica_->rank());
+  return partition_.end(dp_ != nullptr ? dp_->rank() : 0);
+}
+
+Status DataParallelMemory::GatherShares(float* whole) {
+  if (replica_ != nullptr) {
+    // The replicas' shares make this rank's owned range; the group's owned ranges the rest.
+    stream_->Submit(
+        [this, owned = whole + owned_begin(), counts = replica_split_.Counts(0, replica_split_.n)] {
+          return replica_->AllGather(owned, counts, DataType::kFloat32);
+        });
+  }
+  return GatherPartition(whole);
 }
 
 double DataParallelMemory::comm_busy_seconds() const {

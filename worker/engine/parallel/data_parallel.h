@@ -12,6 +12,12 @@
 // every dp rank and added after the reduction, in stream order (on host memory; on a device
 // the unit is made ready after the embedding's backward instead: TiedUnitReadyAfterHeadOn).
 //
+// Hybrid sharding at stage 1 (parallel.dp_shard; zero_sharded.h says what it is): `dp` is
+// the rank's shard group and `replica` the ranks holding the same shard in the others. A
+// bucket is reduce-scattered in the group and this rank's part of it averaged over the
+// replicas right after (the tied unit's after its rows), and the updated shards are
+// gathered in the group.
+//
 // With a null dp communicator (dp = 1) nothing is reduced and the memory is exactly
 // FlatStageMemory: single-process training goes through here unchanged.
 #pragma once
@@ -30,10 +36,12 @@ namespace drover::engine::parallel {
 class DataParallelMemory final : public TrainingMemory {
  public:
   // `dp` may be null (dp = 1); zero_stage is 0 or 1. `deferred` units are left out of the
-  // buckets and reduced in FinishGradients after its sync_deferred hook. Not owned: all
-  // pointers must outlive the memory.
+  // buckets and reduced in FinishGradients after its sync_deferred hook. `replica` is null
+  // unless sharding is hybrid (stage 1 only). Not owned: all pointers must outlive the
+  // memory.
   DataParallelMemory(const GptLayout* layout, Ops* ops, Communicator* dp, int zero_stage,
-                     size_t bucket_floats, std::vector<int> deferred);
+                     size_t bucket_floats, std::vector<int> deferred,
+                     Communicator* replica = nullptr);
   ~DataParallelMemory() override;
 
   StatusOr<const float*> AcquireParams(int unit) override { return flat_.AcquireParams(unit); }
@@ -54,9 +62,7 @@ class DataParallelMemory final : public TrainingMemory {
   size_t owned_end() const override;
   float* owned_params() override { return params_.data() + owned_begin(); }
   float* owned_grads() override { return grads_.data() + owned_begin(); }
-  int owned_replica() const override {
-    return zero_stage_ == 0 && dp_ != nullptr ? dp_->rank() : 0;
-  }
+  int owned_replica() const override;
   bool params_sharded() const override { return false; }
   size_t share_begin() const override;
   size_t share_end() const override;
@@ -77,12 +83,19 @@ class DataParallelMemory final : public TrainingMemory {
   float* grads() { return grads_.data(); }
 
  private:
-  // Queues the reduction of [begin, end) of the gradient arena.
-  void Reduce(size_t begin, size_t end);
+  // Queues the reduction of [begin, end) of the gradient arena, and under hybrid sharding
+  // the average of this rank's part of it over the replicas unless `rows_follow` (the tied
+  // unit's rows come after: AddEmbeddingGrads averages it then).
+  void Reduce(size_t begin, size_t end, bool rows_follow = false);
+  // On the stream's thread: averages grads [lo, hi) over the replicas (hybrid sharding).
+  Status AverageOverReplicas(size_t lo, size_t hi);
+  // Completes `whole` from every group member's partition_ range (an all-gather over dp).
+  Status GatherPartition(float* whole);
 
   const GptLayout* layout_;
   Ops* ops_;
-  Communicator* dp_;
+  Communicator* dp_;       // the shard group under hybrid sharding
+  Communicator* replica_;  // null unless hybrid
   const int zero_stage_;
   const bool tied_ready_after_head_;
   Buffer params_;
@@ -90,6 +103,7 @@ class DataParallelMemory final : public TrainingMemory {
   Buffer rows_scratch_;  // AddEmbeddingRows' device copy; used on the comm thread only
   FlatStageMemory flat_;
   ShardPartition partition_;
+  ShardPartition replica_split_;  // the owned range over the replicas (share_begin)
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;  // -1 for deferred units
   std::vector<int> deferred_;

@@ -69,12 +69,11 @@ std::unique_ptr<TrainingMemory> ApplyDataParallel(const GptLayout* layout, Ops* 
   if (mesh.zero_stage() >= 2 && dp != nullptr) {
     return std::make_unique<ShardedMemory>(layout, ops, dp, replica, mesh.zero_stage());
   }
-  DROVER_CHECK_MSG(replica == nullptr, "hybrid sharding without a shard group (ZeRO-2/3)");
   std::vector<int> deferred;
   if (mesh.pp() > 1 && layout->first_stage()) deferred.push_back(layout->embedding_unit());
   if (mesh.pp() > 1 && layout->last_stage()) deferred.push_back(layout->head_unit());
   return std::make_unique<DataParallelMemory>(layout, ops, dp, std::min(mesh.zero_stage(), 1),
-                                              bucket_floats, std::move(deferred));
+                                              bucket_floats, std::move(deferred), replica);
 }
 
 // 4. AdamW over the range this rank owns (its dp shard under ZeRO, else everything).

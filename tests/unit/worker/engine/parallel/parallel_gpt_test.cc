@@ -311,6 +311,19 @@ TEST_F(ParallelEquivalenceTest, HybridShardedZeroStage2WithTensorParallel) {
       8, {"train.micro_batch=1", "parallel.tp=2", "parallel.zero_stage=2", "parallel.dp_shard=2"});
 }
 
+// At stage 1, with whole gradients reduced in buckets on the last micro-batch: the
+// replicas average each bucket's shard after its reduce-scatter; with a pipeline too, whose
+// tied embedding is summed between its stages first.
+TEST_F(ParallelEquivalenceTest, HybridShardedZeroStage1) {
+  ExpectMatchesOneProcess(4,
+                          {"train.micro_batch=1", "parallel.zero_stage=1", "parallel.dp_shard=2"});
+}
+
+TEST_F(ParallelEquivalenceTest, HybridShardedZeroStage1WithAPipeline) {
+  ExpectMatchesOneProcess(
+      8, {"train.micro_batch=1", "parallel.pp=2", "parallel.zero_stage=1", "parallel.dp_shard=2"});
+}
+
 TEST_F(ParallelEquivalenceTest, PipelineGPipe) {
   ExpectMatchesOneProcess(2,
                           {"train.micro_batch=2", "parallel.pp=2", "parallel.pp_schedule=gpipe"});
@@ -440,7 +453,10 @@ TEST_F(ParallelEquivalenceTest, CheckpointOfOneMeshResumesOnAnyOther) {
       {{4, {"parallel.zero_stage=3", "parallel.dp_shard=2"}},
        {one, {4, {"parallel.zero_stage=2", "parallel.dp_shard=2"}}, tp2}},
       {{4, {"parallel.zero_stage=2", "parallel.dp_shard=2"}},
-       {zero3, {4, {"parallel.zero_stage=3", "parallel.dp_shard=2"}}}},
+       {zero3,
+        {4, {"parallel.zero_stage=3", "parallel.dp_shard=2"}},
+        {4, {"parallel.zero_stage=1", "parallel.dp_shard=2"}}}},
+      {{4, {"parallel.zero_stage=1", "parallel.dp_shard=2"}}, {one, dp2}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const auto& [save, loads] = cases[i];
@@ -625,6 +641,10 @@ TEST_F(ParallelEquivalenceTest, EmulatedDeviceZeroStage3WithAccumulation) {
 TEST_F(ParallelEquivalenceTest, EmulatedDeviceHybridShardedZeroStage3) {
   ExpectMatchesOneProcess(
       4, {"parallel.zero_stage=3", "parallel.dp_shard=2", "train.micro_batch=1"}, 1e-5, true);
+}
+TEST_F(ParallelEquivalenceTest, EmulatedDeviceHybridShardedZeroStage1) {
+  ExpectMatchesOneProcess(
+      4, {"parallel.zero_stage=1", "parallel.dp_shard=2", "train.micro_batch=1"}, 1e-5, true);
 }
 TEST_F(ParallelEquivalenceTest, EmulatedDeviceDataParallelWithZero1) {
   ExpectMatchesOneProcess(2, {"parallel.zero_stage=1"}, 1e-5, true);
