@@ -8,6 +8,7 @@
 #include "cli/progress.h"
 #include "cli/rpc_client.h"
 #include "common/job_spec.h"
+#include "common/parallel_mesh.h"
 
 namespace drover::cli {
 namespace {
@@ -30,14 +31,28 @@ std::string Progress(const v1::JobInfo& info) {
                         j.furthest_step(), mfu);
 }
 
+// The current attempt's mesh, as its trainers derive it from the spec and the world size
+// ("dp2 x pp1 x tp1, ZeRO-1, 2 micro-batches per step": an elastic job's layout and
+// accumulation change with its size); empty while it has no placement.
+std::string Layout(const v1::JobRecord& j) {
+  if (j.placement_size() == 0) return "";
+  auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
+  if (!spec.ok()) return "";
+  auto mesh = ParallelMesh::Create(*spec, j.placement_size());
+  return mesh.ok() ? mesh->Describe() : "";
+}
+
 void PrintJob(const v1::JobInfo& info) {
   const v1::JobRecord& j = info.job();
   std::cout << "job:         " << j.job_id() << " (" << j.name() << ")\n"
             << "state:       " << JobStateName(j.state())
             << (j.reason().empty() ? "" : " - " + j.reason()) << "\n"
             << "attempt:     " << j.attempt() << "   restarts: " << j.restarts() << "/"
-            << j.max_restarts() << "\n"
-            << "progress:    " << Progress(info) << "   loss: " << j.last_loss() << "\n"
+            << j.max_restarts() << "\n";
+  if (const std::string layout = Layout(j); !layout.empty()) {
+    std::cout << "layout:      " << layout << "\n";
+  }
+  std::cout << "progress:    " << Progress(info) << "   loss: " << j.last_loss() << "\n"
             << "checkpoint:  "
             << (j.latest_checkpoint_step() >= 0 ? std::to_string(j.latest_checkpoint_step())
                                                 : std::string("none"))

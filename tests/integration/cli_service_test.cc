@@ -293,6 +293,10 @@ TEST_F(CliServiceTest, StatusAndTopMarkTheStepsAResumedAttemptRecomputes) {
       << status.out;
   ASSERT_LT(std::stoll(m[1]), furthest) << "the CLI ran past the window\n" << status.out;
   EXPECT_NE(status.out.find("(recomputed after restart)"), std::string::npos) << status.out;
+  // The attempt's mesh, as its trainers derive it.
+  EXPECT_NE(status.out.find("layout:      dp1 x pp1 x tp1, 12 micro-batches per step\n"),
+            std::string::npos)
+      << status.out;
   ASSERT_TRUE(std::regex_search(top.out, m, std::regex(id + R"(.*\s(\d+)/60(\*?)\s)"))) << top.out;
   if (std::stoll(m[1]) < furthest) {
     EXPECT_EQ(m[2], "*") << top.out;
