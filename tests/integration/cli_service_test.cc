@@ -146,6 +146,15 @@ TEST_F(CliServiceTest, PrioritySuspendAndResumeSayWhatTheyDid) {
   CliResult resumed = RunCli(cluster_->root(), Cli({"resume", queued}));
   EXPECT_EQ(resumed.code, 0) << resumed.out;
   EXPECT_EQ(resumed.out, queued + " PENDING\n");
+  // A negative priority as it is written, without "--"; what is not one is refused.
+  CliResult lowered = RunCli(cluster_->root(), Cli({"priority", queued, "-5"}));
+  EXPECT_EQ(lowered.code, 0) << lowered.out;
+  EXPECT_EQ(lowered.out, queued + " PENDING, priority -5 (was 3)\n");
+  lowered = RunCli(cluster_->root(), Cli({"priority", queued, "--", "-7"}));
+  EXPECT_EQ(lowered.out, queued + " PENDING, priority -7 (was -5)\n");
+  CliResult bad = RunCli(cluster_->root(), Cli({"priority", queued, "-5", "--soon"}));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("not understood: --soon"), std::string::npos) << bad.out;
 }
 
 // A GPU node's agent describes each slot as its driver probe found it; the table shows the
