@@ -182,23 +182,31 @@ cpu_job_succeeds() {
 # Two ranks of DEVICE (one GPU shared, process groups staged through host memory) against
 # one rank, with SETTING (a --set): every step's loss within 1e-4 relative.
 two_ranks_match_one() {  # two_ranks_match_one DEVICE SETTING
+  ranks_match_one "$1" 2 "$2"
+}
+# NPROC ranks of DEVICE against one rank, with each SETTING as a --set.
+ranks_match_one() {  # ranks_match_one DEVICE NPROC SETTING...
+  local device=$1 nproc=$2 setting
+  shift 2
+  local sets=()
+  for setting in "$@"; do sets+=(--set "$setting"); done
   cat > "$work/dp.yaml" <<YAML
 name: device-check-dp
 model: {n_layer: 2, n_head: 2, n_embd: 64, block_size: 32, vocab_size: 256}
 data: {train: "$work/data/train_*.bin"}
 train: {steps: 10, global_batch: 8, micro_batch: 2, seq_len: 32, eval_every: 0}
-resources: {device: $1, world_size: {min: 1, max: 2}}
+resources: {device: $device, world_size: {min: 1, max: $nproc}}
 checkpoint: {every_steps: 0}
 YAML
   rm -rf "$work/out-dp1" "$work/out-dp2"
   # The reference is one plain rank: a layout like tp2 needs two.
   timeout 120 "$bin/drover" train "$work/dp.yaml" --set output_dir="$work/out-dp1" 2>&1 |
     tail -2 || return 1
-  timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc 2 --set output_dir="$work/out-dp2" \
-    --set "$2" 2>&1 | tail -2 || return 1
+  timeout 120 "$bin/drover" train "$work/dp.yaml" --nproc "$nproc" \
+    --set output_dir="$work/out-dp2" "${sets[@]}" 2>&1 | tail -2 || return 1
   python3 "$here/../tools/same_losses.py" "$work/out-dp1/metrics.jsonl" \
     "$work/out-dp2/metrics.jsonl" 10 1e-4 || return 1
-  [[ $1 != cuda ]] || {
+  [[ $device != cuda ]] || {
     python3 "$here/../tools/no_step_allocations.py" "$work/out-dp2/metrics.jsonl" 3 &&
       # What rank 0 stalled for its peers (peer_wait_ms, comm_wait_ms: from the compute
       # stream having drained, CommStream::Wait), for the note; not a pass or fail.
@@ -269,6 +277,9 @@ if [[ $no_gpu != 1 ]]; then
   # Tensor parallelism: the split vocabulary's kernels (-1 ids, the loss's halves) on the
   # device, and the blocks' all-reduces.
   step "4b two ranks on one gpu, tp2, equal one rank" two_ranks_match_one cuda parallel.tp=2
+  # Hybrid sharding: ZeRO-3 in shard groups of 2, the 2 replicas averaging their shards.
+  step "4b four ranks on one gpu, zero-3 in 2 replicas of dp2 (dp_shard), equal one rank" \
+    ranks_match_one cuda 4 parallel.zero_stage=3 parallel.dp_shard=2
   step "4c recompute all on the gpu trains as keeping the activations" \
     recompute_matches_keeping cuda
   step "4d an fp16 job on the gpu trains as on the cpu, loss scaler included" \
@@ -277,6 +288,8 @@ else
   # The same comparison on the CPU: a dry run of the step itself.
   step "4b (dry run on the cpu) two ranks, tp2, equal one rank" \
     two_ranks_match_one cpu parallel.tp=2
+  step "4b (dry run on the cpu) four ranks, zero-3 in 2 replicas of dp2, equal one rank" \
+    ranks_match_one cpu 4 parallel.zero_stage=3 parallel.dp_shard=2
   step "4c (dry run on the cpu) recompute all trains as keeping the activations" \
     recompute_matches_keeping cpu
   step "4d (dry run on the cpu) an fp16 job trains as on the cpu, loss scaler included" \
