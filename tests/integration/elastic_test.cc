@@ -51,14 +51,16 @@ class ElasticTest : public TrainProcessFixture {
   // A constant learning rate, so that a reference run of fewer steps computes the same
   // steps as the long job.
   std::string Yaml(const std::string& name, int64_t steps, int min = 2, int max = 4,
-                   int64_t checkpoint_every = 20) {
+                   int64_t checkpoint_every = 20, const std::string& parallel = "zero_stage: 1") {
     return "name: " + name + "\noutput_dir: " + (dir_ / name).string() +
            "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 16, vocab_size: 32}\n"
            "data: {train: " +
            (dir_ / "train.bin").string() + "}\ntrain: {steps: " + std::to_string(steps) +
            ", global_batch: 8, micro_batch: 2, seq_len: 16, lr: 0.002, schedule: constant, "
            "warmup_steps: 2, eval_every: 0}\n"
-           "parallel: {zero_stage: 1, timeout_s: 20}\n"
+           "parallel: {" +
+           parallel +
+           ", timeout_s: 20}\n"
            "checkpoint: {every_steps: " +
            std::to_string(checkpoint_every) +
            ", keep_last: 3}\n"
@@ -149,6 +151,70 @@ TEST_F(ElasticTest, ShrinksWhenAgentsDieAndGrowsBackAtTheNextCheckpoint) {
     EXPECT_NEAR(m.loss, want[m.step], 1e-5 * want[m.step])
         << "step " << m.step << " of attempt " << m.attempt << " at world size " << m.world_size;
     if (++compared > 100000) break;
+  }
+}
+
+// Hybrid sharding (ZeRO-3 in shard groups of 2) admits only whole replicas: with one of four
+// nodes gone the job runs at 2 ranks, not 3 (dp 3 is no multiple of the shard group), and at
+// 4 again in 2 replicas once the node is back; each world size resumes the other's sharded
+// checkpoint, and every step has the loss of one process.
+TEST_F(ElasticTest, AHybridShardedJobShrinksAndGrowsByWholeReplicas) {
+  testing::ClusterOptions o;
+  o.agents = 4;
+  o.trainer = "drover-trainer";
+  o.name = "hybrid";
+  o.heartbeat_timeout_ms = 2000;
+  testing::Cluster cluster(o);
+  ASSERT_TRUE(cluster.Start()) << cluster.DebugLogs();
+  const std::string parallel = "zero_stage: 3, dp_shard: 2";
+  auto id = cluster.Submit(Yaml("hybrid", 1000000, 2, 4, 20, parallel));
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return CheckpointedAt(i, 4); }, 60000, &info))
+      << cluster.DebugLogs();
+
+  cluster.agent("w3")->Kill(SIGKILL);
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return CheckpointedAt(i, 2); }, 60000, &info))
+      << info.job().reason() << cluster.DebugLogs();
+  cluster.StartAgent(3);
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return CheckpointedAt(i, 4); }, 60000, &info))
+      << info.job().reason() << cluster.DebugLogs();
+  for (const v1::AttemptRecord& a : info.attempts()) {
+    EXPECT_TRUE(a.world_size() == 2 || a.world_size() == 4)
+        << "attempt " << a.attempt() << " at world size " << a.world_size();
+  }
+  ASSERT_TRUE(cluster.Cancel(*id).ok());
+  ASSERT_TRUE(cluster.WaitJob(
+      *id, [](const v1::JobInfo& i) { return i.trainers_size() == 0; }, 20000))
+      << cluster.DebugLogs();
+
+  const std::vector<MetricsLine> got = ReadMetrics(dir_ / "hybrid" / "metrics.jsonl");
+  std::map<int64_t, int> sizes_seen;
+  int64_t last = 0;
+  for (const MetricsLine& m : got) {
+    last = std::max(last, m.step);
+    ++sizes_seen[m.world_size];
+  }
+  EXPECT_GT(sizes_seen[2], 0);
+  EXPECT_GT(sizes_seen[4], 0);
+  EXPECT_EQ(sizes_seen.count(3), 0u);
+  std::ofstream(dir_ / "hybrid-ref.yaml") << Yaml("hybrid-ref", last, 2, 4, 20, parallel);
+  const pid_t ref = Spawn({kBin + "drover", "train", (dir_ / "hybrid-ref.yaml").string(),
+                           "--threads", "1", "--nproc", "1", "--fresh", "--set",
+                           "parallel.zero_stage=0", "--set", "parallel.dp_shard=all"});
+  ASSERT_EQ(Wait(ref), 0) << Log();
+  std::map<int64_t, double> want;
+  for (const MetricsLine& m : ReadMetrics(dir_ / "hybrid-ref" / "metrics.jsonl")) {
+    want[m.step] = m.loss;
+  }
+  ASSERT_EQ(static_cast<int64_t>(want.size()), last);
+  for (const MetricsLine& m : got) {
+    ASSERT_TRUE(want.count(m.step)) << m.step;
+    EXPECT_NEAR(m.loss, want[m.step], 1e-5 * want[m.step])
+        << "step " << m.step << " of attempt " << m.attempt << " at world size " << m.world_size;
   }
 }
 
