@@ -94,8 +94,7 @@ Status DataParallelMemory::GradsReady(int unit) {
   if (b < 0) return OkStatus();  // deferred: FinishGradients reduces it
   if (--pending_units_[b] == 0) {
     // The tied unit made ready after the head, alone in its bucket: its rows follow.
-    const bool rows_follow =
-        tied_ready_after_head_ && unit == layout_->embedding_unit() && unit == layout_->head_unit();
+    const bool rows_follow = RowsFollowReady(*layout_, tied_ready_after_head_, unit);
     Reduce(buckets_[b].begin, buckets_[b].end, rows_follow);
   }
   return OkStatus();

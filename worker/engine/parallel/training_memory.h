@@ -32,6 +32,7 @@
 
 #include "common/status.h"
 #include "worker/engine/kernels/ops.h"
+#include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/model/stage_memory.h"
 
 namespace drover::engine::parallel {
@@ -82,6 +83,14 @@ void AddEmbeddingRows(Ops* ops, const float* packed, int B, int T, int C, size_t
 // at GPU batch sizes (B*T = 32k tokens of GPT-2's 50k-row table) the gather moves more than
 // the table itself; the unit is reduced whole, on the device, after the embedding's backward.
 bool TiedUnitReadyAfterHeadOn(Ops* ops);
+
+// Whether the embedding rows of `unit` reach a dp memory after the unit was made ready: the
+// tied unit of a single stage where it is ready after the head (`tied_ready_after_head`,
+// TiedUnitReadyAfterHeadOn). Its reduction is completed by AddEmbeddingGrads, so what must
+// follow the whole reduction (hybrid sharding's average over the replicas) waits for them.
+inline bool RowsFollowReady(const GptLayout& layout, bool tied_ready_after_head, int unit) {
+  return tied_ready_after_head && unit == layout.embedding_unit() && unit == layout.head_unit();
+}
 
 // Floats one rank holds for the model state (activations not counted).
 struct MemoryUsage {

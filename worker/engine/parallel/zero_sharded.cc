@@ -148,8 +148,7 @@ Status ShardedMemory::GradsReady(int unit) {
   // After the unit's gradient kernels, not the rest of backward (communicator.h, MarkCompute).
   std::shared_ptr<const ComputeMark> mark = dp_->MarkCompute();
   // The tied unit made ready before its rows (AddEmbeddingGrads) is averaged after them.
-  const bool rows_follow =
-      tied_ready_after_head_ && unit == layout_->embedding_unit() && unit == layout_->head_unit();
+  const bool rows_follow = RowsFollowReady(*layout_, tied_ready_after_head_, unit);
   grads_in_flight_.push_back(stream_.Submit(
       [this, buffer, own, src = lo - std::min(lo, u.offset), n = hi > lo ? hi - lo : 0,
        counts = partition_.Counts(u.offset, u.offset + u.numel), mark = std::move(mark),
