@@ -470,8 +470,8 @@ TEST_F(JobManagerTest, RestoreResendsStartsForRunningAttempt) {
 // A pending job carries the ranks the scheduler keeps together (a hybrid shard group of tp
 // groups here: tp 2 x dp_shard 2), and only the world sizes whose dp the shard group divides.
 TEST_F(JobManagerTest, APendingJobCarriesItsRankBlockAndTheSizesItsShardGroupsAllow) {
-  ASSERT_TRUE(Submit(SpecYaml(2, 8) + "parallel: {tp: 2, zero_stage: 3, dp_shard: 2}\n", "j1", 1)
-                  .ok());
+  ASSERT_TRUE(
+      Submit(SpecYaml(2, 8) + "parallel: {tp: 2, zero_stage: 3, dp_shard: 2}\n", "j1", 1).ok());
   const std::vector<PendingJob> pending = jobs_.Pending();
   ASSERT_EQ(pending.size(), 1u);
   EXPECT_EQ(pending[0].rank_block, 4);
