@@ -61,8 +61,24 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
   ASSERT_TRUE(zero.ok() && pipe.ok()) << zero.status() << pipe.status();
   const std::vector<std::string> ids = {*zero, *pipe};
 
-  // Waits until every job saved a checkpoint newer than `after`; returns the newest
-  // checkpoint step per job.
+  // The attempt each job runs now.
+  auto attempts = [&] {
+    std::vector<int64_t> a(ids.size(), 0);
+    for (size_t j = 0; j < ids.size(); ++j) {
+      auto info = cluster.GetJob(ids[j]);
+      if (info.ok()) a[j] = info->job().attempt();
+    }
+    return a;
+  };
+  // Jobs failed by the last event: each must be in a later attempt than `before` says before
+  // its next checkpoint counts (a checkpoint the failed attempt committed while its failure
+  // was on its way to the coordinator does not).
+  std::vector<int64_t> min_attempt(ids.size(), 0);
+  auto failed = [&](size_t j, const std::vector<int64_t>& before) {
+    min_attempt[j] = before[j] + 1;
+  };
+  // Waits until every job saved a checkpoint newer than `after` (in at least its
+  // min_attempt); returns the newest checkpoint step per job.
   auto checkpoint_after = [&](const std::vector<int64_t>& after) {
     std::vector<int64_t> newest(ids.size(), -1);
     for (size_t j = 0; j < ids.size(); ++j) {
@@ -72,6 +88,7 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
           [&](const v1::JobInfo& i) {
             return i.job().state() == v1::FAILED ||
                    (i.job().state() == v1::RUNNING && !i.trainers().empty() &&
+                    i.job().attempt() >= min_attempt[j] &&
                     i.job().latest_checkpoint_step() > after[j]);
           },
           60000, &info);
@@ -112,13 +129,19 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
   std::vector<int64_t> at = checkpoint_after({0, 0});
   int events = 0;
   // 1. A trainer of the ZeRO job.
-  if (pid_t p = trainer_of(ids[0], 1, nullptr); p > 0) events += kill(p, SIGKILL) == 0;
+  std::vector<int64_t> before = attempts();
+  if (pid_t p = trainer_of(ids[0], 1, nullptr); p > 0 && kill(p, SIGKILL) == 0) {
+    ++events;
+    failed(0, before);
+  }
   at = checkpoint_after(at);
   // 2. The agent of the pipeline's first stage, with its trainer; it comes back.
   std::string node;
+  before = attempts();
   if (trainer_of(ids[1], 0, &node) > 0) {
     cluster.agent(node)->Kill(SIGKILL);
     ++events;
+    failed(1, before);
     at = checkpoint_after(at);
     cluster.StartAgent(std::stoi(node.substr(1)));
   }
@@ -128,10 +151,15 @@ TEST_F(ChaosTest, JobsSurviveKilledTrainersAgentsAndCoordinatorBitForBit) {
   ++events;
   at = checkpoint_after(at);
   // 4. A pipeline trainer and an agent of the ZeRO job at once.
-  if (pid_t p = trainer_of(ids[1], 1, nullptr); p > 0) events += kill(p, SIGKILL) == 0;
+  before = attempts();
+  if (pid_t p = trainer_of(ids[1], 1, nullptr); p > 0 && kill(p, SIGKILL) == 0) {
+    ++events;
+    failed(1, before);
+  }
   if (trainer_of(ids[0], 0, &node) > 0) {
     restart_agent(node);
     ++events;
+    failed(0, before);
   }
   at = checkpoint_after(at);
   ASSERT_EQ(events, 5) << cluster.DebugLogs();
