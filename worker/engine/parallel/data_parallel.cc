@@ -18,9 +18,8 @@ DataParallelMemory::DataParallelMemory(const GptLayout* layout, Ops* ops, Commun
       grads_(ops->Allocate(layout->num_params())),
       flat_(layout, ops, params_.data(), grads_.data()),
       partition_(layout->num_params(), dp == nullptr ? 1 : dp->size()),
-      replica_split_(partition_.end(dp == nullptr ? 0 : dp->rank()) -
-                         partition_.begin(dp == nullptr ? 0 : dp->rank()),
-                     replica == nullptr ? 1 : replica->size()),
+      shares_(replica, partition_.begin(dp == nullptr ? 0 : dp->rank()),
+              partition_.end(dp == nullptr ? 0 : dp->rank())),
       deferred_(std::move(deferred)) {
   DROVER_CHECK(zero_stage == 0 || zero_stage == 1);
   DROVER_CHECK_MSG(replica == nullptr || (dp != nullptr && zero_stage == 1),
@@ -186,23 +185,18 @@ Status DataParallelMemory::GatherPartition(float* whole) {
 }
 
 size_t DataParallelMemory::share_begin() const {
-  if (replica_ != nullptr) return owned_begin() + replica_split_.begin(replica_->rank());
+  if (replica_ != nullptr) return shares_.begin();
   return partition_.begin(dp_ != nullptr ? dp_->rank() : 0);
 }
 
 size_t DataParallelMemory::share_end() const {
-  if (replica_ != nullptr) return owned_begin() + replica_split_.end(replica_->rank());
+  if (replica_ != nullptr) return shares_.end();
   return partition_.end(dp_ != nullptr ? dp_->rank() : 0);
 }
 
 Status DataParallelMemory::GatherShares(float* whole) {
-  if (replica_ != nullptr) {
-    // The replicas' shares make this rank's owned range; the group's owned ranges the rest.
-    stream_->Submit(
-        [this, owned = whole + owned_begin(), counts = replica_split_.Counts(0, replica_split_.n)] {
-          return replica_->AllGather(owned, counts, DataType::kFloat32);
-        });
-  }
+  // The replicas' shares make this rank's owned range; the group's owned ranges the rest.
+  if (stream_ != nullptr) shares_.SubmitGather(stream_.get(), whole);
   return GatherPartition(whole);
 }
 

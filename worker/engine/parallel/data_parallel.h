@@ -103,7 +103,7 @@ class DataParallelMemory final : public TrainingMemory {
   Buffer rows_scratch_;  // AddEmbeddingRows' device copy; used on the comm thread only
   FlatStageMemory flat_;
   ShardPartition partition_;
-  ShardPartition replica_split_;  // the owned range over the replicas (share_begin)
+  ReplicaShares shares_;  // the owned range over the replicas (share_begin)
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;  // -1 for deferred units
   std::vector<int> deferred_;

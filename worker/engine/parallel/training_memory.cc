@@ -22,6 +22,26 @@ std::vector<size_t> ShardPartition::Counts(size_t lo, size_t hi) const {
   return counts;
 }
 
+ReplicaShares::ReplicaShares(Communicator* replica, size_t owned_begin, size_t owned_end)
+    : replica_(replica),
+      owned_begin_(owned_begin),
+      split_(owned_end - owned_begin, replica != nullptr ? replica->size() : 1) {}
+
+size_t ReplicaShares::begin() const {
+  return owned_begin_ + split_.begin(replica_ != nullptr ? replica_->rank() : 0);
+}
+
+size_t ReplicaShares::end() const {
+  return owned_begin_ + split_.end(replica_ != nullptr ? replica_->rank() : 0);
+}
+
+void ReplicaShares::SubmitGather(CommStream* stream, float* whole) const {
+  if (replica_ == nullptr) return;
+  stream->Submit([this, owned = whole + owned_begin_, counts = split_.Counts(0, split_.n)] {
+    return replica_->AllGather(owned, counts, DataType::kFloat32);
+  });
+}
+
 std::vector<Bucket> PlanBuckets(const std::vector<Unit>& units, size_t bucket_floats,
                                 const std::vector<int>& excluded, const std::vector<int>& alone) {
   auto in = [](const std::vector<int>& list, int u) {

@@ -2,13 +2,16 @@
 // of the parameters, gradients and optimizer state of one rank under data parallelism and
 // ZeRO (DeepSpeed's stages, over the dp group):
 //
-//   stage | parameters        | gradients                         | AdamW m, v | reduction
-//   ------+-------------------+-----------------------------------+------------+----------------------
-//     0   | whole             | whole                             | whole      | all-reduce per
-//     bucket 1   | whole             | whole, reduce-scattered at the end | shard      |
-//     reduce-scatter per bucket 2   | whole             | shard (+ transient unit buffers)  | shard
-//     | reduce-scatter per unit 3   | shard (gathered per unit) | as stage 2                | shard
-//     | as stage 2
+//   stage | parameters        | gradients                    | AdamW m, v | reduction
+//   ------+-------------------+------------------------------+------------+----------------
+//     0   | whole             | whole                        | whole      | all-reduce,
+//         |                   |                              |            | per bucket
+//     1   | whole             | whole, reduce-scattered      | shard      | reduce-scatter,
+//         |                   | at the end                   |            | per bucket
+//     2   | whole             | shard (+ transient unit      | shard      | reduce-scatter,
+//         |                   | buffers)                     |            | per unit
+//     3   | shard (gathered   | as stage 2                   | shard      | as stage 2
+//         | per unit)         |                              |            |
 //
 // "whole" is the rank's local arena (its pipeline stage and tensor-parallel part); a shard
 // is this dp rank's contiguous slice of it (ShardPartition). Stages 0/1 reduce on the last
@@ -34,6 +37,8 @@
 #include "worker/engine/kernels/ops.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/model/stage_memory.h"
+#include "worker/engine/parallel/comm_stream.h"
+#include "worker/engine/parallel/communicator.h"
 
 namespace drover::engine::parallel {
 
@@ -49,6 +54,28 @@ struct ShardPartition {
   size_t end(int r) const;
   // counts[r] = |[lo, hi) ∩ shard r|: the per-rank chunks of a collective over [lo, hi).
   std::vector<size_t> Counts(size_t lo, size_t hi) const;
+};
+
+// Hybrid sharding's split of one rank's owned range [owned_begin, owned_end) among its
+// replicas (the ranks of the other shard groups that own the same range): each replica's
+// share, which is what a checkpoint writes of the range and a restore reads, and the
+// all-gather over the replicas that rebuilds the range from the shares. Without replicas
+// (`replica` null) the one share is the whole owned range.
+class ReplicaShares {
+ public:
+  ReplicaShares(Communicator* replica, size_t owned_begin, size_t owned_end);
+  // This rank's share, as elements of the local arena.
+  size_t begin() const;
+  size_t end() const;
+  // Submits to `stream` (the one caller of `replica`) the all-gather that completes
+  // whole[owned_begin, owned_end) (host memory) from every replica's share. Without
+  // replicas, nothing.
+  void SubmitGather(CommStream* stream, float* whole) const;
+
+ private:
+  Communicator* replica_;
+  size_t owned_begin_;
+  ShardPartition split_;
 };
 
 // Runs of consecutive units (in the order backward makes them ready, i.e. descending

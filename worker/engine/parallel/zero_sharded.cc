@@ -45,8 +45,7 @@ ShardedMemory::ShardedMemory(const GptLayout* layout, Ops* ops, Communicator* dp
       tied_ready_after_head_(TiedUnitReadyAfterHeadOn(ops)),
       marks_(dp->MarkCompute() != nullptr),
       partition_(layout->num_params(), dp->size()),
-      replica_split_(partition_.end(dp->rank()) - partition_.begin(dp->rank()),
-                     replica != nullptr ? replica->size() : 1),
+      shares_(replica, partition_.begin(dp->rank()), partition_.end(dp->rank())),
       params_(ops->Allocate(zero_stage == 3
                                 ? partition_.end(dp->rank()) - partition_.begin(dp->rank())
                                 : layout->num_params())),
@@ -221,23 +220,13 @@ Status ShardedMemory::FinishGradients(const std::function<Status(float* grads)>&
   return OkStatus();
 }
 
-size_t ShardedMemory::share_begin() const {
-  return owned_begin() + replica_split_.begin(owned_replica());
-}
+size_t ShardedMemory::share_begin() const { return shares_.begin(); }
 
-size_t ShardedMemory::share_end() const {
-  return owned_begin() + replica_split_.end(owned_replica());
-}
+size_t ShardedMemory::share_end() const { return shares_.end(); }
 
 Status ShardedMemory::GatherShares(float* whole) {
-  if (replica_ != nullptr) {
-    // The replicas' shares make this rank's owned range; the shard group's owned ranges the
-    // rest.
-    stream_.Submit(
-        [this, owned = whole + owned_begin(), counts = replica_split_.Counts(0, replica_split_.n)] {
-          return replica_->AllGather(owned, counts, DataType::kFloat32);
-        });
-  }
+  // The replicas' shares make this rank's owned range; the shard group's owned ranges the rest.
+  shares_.SubmitGather(&stream_, whole);
   return GatherOwned(whole);
 }
 

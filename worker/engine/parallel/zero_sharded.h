@@ -146,7 +146,7 @@ class ShardedMemory final : public TrainingMemory {
   const bool marks_;
   ShardPartition partition_;
   // The owned range split over the replicas: each one's share (share_begin).
-  ShardPartition replica_split_;
+  ReplicaShares shares_;
   Buffer params_;        // stage 2: the whole arena; stage 3: this rank's shard
   Buffer owned_grads_;   // this rank's shard of the dp-averaged gradient
   Buffer rows_scratch_;  // AddEmbeddingRows' device copy; used on the comm thread only
