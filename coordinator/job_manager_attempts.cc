@@ -78,12 +78,12 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   r.set_state(v1::RUNNING);
   if (r.started_ms() == 0) r.set_started_ms(clock_->WallNowMs());
   r.mutable_placement()->Assign(placement.ranks.begin(), placement.ranks.end());
-  job->waiting.clear();
+  job->waiting = placement.note;  // why it runs smaller than it could, until a plan says more
   job->failure.clear();
   job->resize.reset();
   job->hold_size = 0;
   job->regroup_until_ms = 0;
-  r.set_reason("");
+  r.set_reason(placement.note);
   r.set_restart_not_before_ms(0);
   job->ranks.assign(placement.ranks.size(), Rank{});
   job->ranks_done = 0;
@@ -101,8 +101,9 @@ void JobManager::StartAttempt(const Placement& placement, const v1::CheckpointRe
   r.set_furthest_step(std::max(r.furthest_step(), r.last_step()));
   r.set_last_step(resume ? resume->step() : 0);
   a.set_resume_checkpoint(resume ? resume->path() : "");
-  spdlog::info("job {} attempt {}: world size {}, resume from {}", r.job_id(), attempt,
-               placement.world_size, resume ? resume->path() : "scratch");
+  spdlog::info("job {} attempt {}: world size {}, resume from {}{}", r.job_id(), attempt,
+               placement.world_size, resume ? resume->path() : "scratch",
+               placement.note.empty() ? "" : " (" + placement.note + ")");
   Persist(*job, &a);
   if (hooks_.attempt_started) hooks_.attempt_started(r.job_id(), attempt);
 }

@@ -35,8 +35,10 @@ std::vector<RunningJob> JobManager::Resizable() const {
     const Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
     if (!job.spec.checkpoint.enabled() || job.rec.suspend()) continue;
-    out.push_back({id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
-                   job.rec.placement_size(), job.feasible});
+    out.push_back(
+        {id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.rec.placement_size(),
+         job.feasible, job.spec.RankBlock(),
+         std::vector<v1::RankAssignment>(job.rec.placement().begin(), job.rec.placement().end())});
   }
   return out;
 }

@@ -27,6 +27,37 @@ void Take(const std::vector<v1::RankAssignment>& ranks, std::vector<NodeCapacity
   }
 }
 
+// Blocks of `block` ranks that `nodes`' free slots hold, each block on one node.
+int64_t WholeBlocks(const std::vector<NodeCapacity>& nodes, int block) {
+  int64_t n = 0;
+  for (const auto& node : nodes) n += static_cast<int64_t>(node.free_slots.size()) / block;
+  return n;
+}
+
+// The largest of `feasible` (ascending), at most `limit`, at which every block of `block`
+// consecutive ranks fits on one node of `nodes`; 0 when none does.
+int LargestWhole(const std::vector<int>& feasible, int limit,
+                 const std::vector<NodeCapacity>& nodes, int block) {
+  const int64_t blocks = WholeBlocks(nodes, block);
+  int best = 0;
+  for (int s : feasible) {
+    if (s <= limit && s % block == 0 && s / block <= blocks) best = std::max(best, s);
+  }
+  return best;
+}
+
+// The size a job of `rank_block` gets where the largest that fits `nodes` is `size`: the
+// largest that keeps its blocks whole, when that is at least half of `size`; else `size`
+// (and so also for a job without blocks). The bound caps what whole blocks may cost at
+// half the job's ranks, about what one block across nodes costs it: its every step
+// waits on that block's traffic over the network.
+int WholeBlockSize(const std::vector<int>& feasible, int size,
+                   const std::vector<NodeCapacity>& nodes, int rank_block) {
+  if (rank_block <= 1) return size;
+  const int whole = LargestWhole(feasible, size, nodes, rank_block);
+  return 2 * whole >= size ? whole : size;
+}
+
 }  // namespace
 
 std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<NodeCapacity>& nodes,
@@ -138,19 +169,31 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
       blocked[job.device] = {job.job_id, job.priority, min_size};
       continue;
     }
+    Placement p;
+    p.job_id = job.job_id;
+    p.world_size = WholeBlockSize(job.feasible_world_sizes, size, usable, job.rank_block);
+    if (p.world_size < size) {
+      p.note = "placed at " + std::to_string(p.world_size) + " ranks, not the " +
+               std::to_string(size) + " that fit: at " + std::to_string(size) + ", a block of " +
+               std::to_string(job.rank_block) + " ranks (parallel.tp x dp_shard) would span nodes";
+    }
     std::vector<NodeCapacity> preferred;
     for (const auto& n : usable) {
       if (!job.avoid_nodes.count(n.name)) preferred.push_back(n);
     }
-    Placement p;
-    p.job_id = job.job_id;
-    p.world_size = size;
-    p.ranks = PackRanks(size, FreeCount(preferred, job.device) >= size ? preferred : usable,
-                        job.rank_block);
+    // The avoided nodes are left out where the gang fits without them, as whole as it
+    // would be with them.
+    const bool whole =
+        job.rank_block > 1 && WholeBlocks(usable, job.rank_block) * job.rank_block >= p.world_size;
+    const bool fits_preferred =
+        FreeCount(preferred, job.device) >= p.world_size &&
+        (!whole || WholeBlocks(preferred, job.rank_block) * job.rank_block >= p.world_size);
+    p.ranks = PackRanks(p.world_size, fits_preferred ? preferred : usable, job.rank_block);
     Take(p.ranks, &nodes);
     result.placements.push_back(std::move(p));
   }
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) result.free_left[d] = FreeCount(nodes, d);
+  result.nodes_left = std::move(nodes);
   return result;
 }
 
@@ -160,6 +203,7 @@ std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const Schedu
     return a.submit_seq < b.submit_seq;
   });
   std::map<v1::DeviceKind, int64_t> free = result.free_left;
+  std::vector<NodeCapacity> nodes_left = result.nodes_left;
   std::map<std::string, int> plan;
   for (const RunningJob& job : jobs) {
     int target = 0;
@@ -168,7 +212,31 @@ std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const Schedu
         if (s > job.world_size && s - job.world_size <= free[job.device]) target = s;
       }
     }
-    if (target > 0) free[job.device] -= target - job.world_size;
+    std::vector<NodeCapacity> own_and_free;
+    if (target > 0 && job.rank_block > 1) {
+      // Its next attempt is placed on its own slots and the free ones, as Schedule places it.
+      std::map<std::string, NodeCapacity> by_node;
+      for (const auto& n : nodes_left) {
+        if (n.device == job.device) by_node[n.name] = n;
+      }
+      for (const auto& r : job.ranks) {
+        NodeCapacity& n = by_node[r.node()];
+        n.name = r.node();
+        n.device = job.device;
+        n.free_slots.push_back(r.slot());
+      }
+      for (auto& [name, n] : by_node) {
+        std::sort(n.free_slots.begin(), n.free_slots.end());
+        own_and_free.push_back(std::move(n));
+      }
+      target = WholeBlockSize(job.feasible_world_sizes, target, own_and_free, job.rank_block);
+      if (target <= job.world_size) target = 0;
+    }
+    if (target > 0) {
+      free[job.device] -= target - job.world_size;
+      // The slots it grows into are no longer free for the jobs after it.
+      if (job.rank_block > 1) Take(PackRanks(target, own_and_free, job.rank_block), &nodes_left);
+    }
     plan[job.job_id] = target;
   }
   return plan;

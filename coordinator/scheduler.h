@@ -11,6 +11,13 @@
 // a tensor-parallel group, a hybrid shard group) on one node where the free slots allow:
 // a node takes whole blocks first, and the ranks of blocks that fit no node whole fill the
 // slots left over.
+// Whole blocks over size: a job in blocks gets the largest feasible size at which every
+// block fits on one node, smaller than what the free slots would give it if need be, down
+// to half of that (a block across nodes puts the network into every step: a
+// tensor-parallel all-reduce per layer, a ZeRO-3 gather per unit, and the whole job steps
+// at that block's pace). Only where no such size keeps the blocks whole do they span
+// nodes. Growth follows the same rule, so that a job never grows into a split block
+// (PlanGrowth).
 // Avoidance: a job that failed on some nodes is packed onto the others when its gang fits
 // there at the size it gets, and onto the nodes it avoids only when it does not (it is
 // never shrunk nor held back to avoid them).
@@ -65,6 +72,8 @@ struct Placement {
   std::string job_id;
   int world_size = 0;
   std::vector<v1::RankAssignment> ranks;  // rank r at index r
+  // Why it got fewer ranks than the free slots allowed (whole blocks), or empty.
+  std::string note = {};
 };
 
 // The first job in a device's queue that waits for slots (and so holds back the jobs
@@ -82,6 +91,8 @@ struct ScheduleResult {
   // some day and still waits for slots (none: the device is not contended).
   std::map<v1::DeviceKind, int64_t> free_left;
   std::map<v1::DeviceKind, BlockedJob> blocked;
+  // The free slots of each node after the placements (growth in whole blocks reads them).
+  std::vector<NodeCapacity> nodes_left;
 };
 
 struct RunningJob {
@@ -89,8 +100,10 @@ struct RunningJob {
   int priority = 0;
   int64_t submit_seq = 0;
   v1::DeviceKind device = v1::CPU;
-  int world_size = 0;                     // of its current attempt
-  std::vector<int> feasible_world_sizes;  // ascending
+  int world_size = 0;                          // of its current attempt
+  std::vector<int> feasible_world_sizes;       // ascending
+  int rank_block = 1;                          // JobSpec::RankBlock
+  std::vector<v1::RankAssignment> ranks = {};  // its current placement (read when rank_block > 1)
 };
 
 // `total_slots_ever`: per device, every slot of every node ever registered.
@@ -99,7 +112,9 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
 
 // For each of `jobs` (in priority, then submit order), the world size it should grow to:
 // the largest feasible size whose extra ranks fit in what `result` left free on its device
-// (each job's growth takes its slots from the next), or 0 when it should not grow now.
+// (each job's growth takes its slots from the next), or 0 when it should not grow now. A job
+// in blocks (rank_block > 1) grows to the size Schedule would place it at on its own slots
+// and those left free (result.nodes_left): in whole blocks where any size keeps them whole.
 std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const ScheduleResult& result);
 
 // What a RUNNING job becomes at its next complete checkpoint.

@@ -478,6 +478,24 @@ TEST_F(JobManagerTest, APendingJobCarriesItsRankBlockAndTheSizesItsShardGroupsAl
   EXPECT_EQ(pending[0].feasible_world_sizes, (std::vector<int>{4, 8}));
 }
 
+TEST_F(JobManagerTest, AJobPlacedSmallerToKeepItsBlocksWholeSaysSoAndOffersThemToGrowth) {
+  auto id = Submit(SpecYaml(2, 8) + "parallel: {tp: 2}\n", "j1", 1);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ScheduleResult r = Schedule(jobs_.Pending(), {Node("n1", 3), Node("n2", 3)}, {{v1::CPU, 6}});
+  ASSERT_EQ(r.placements.size(), 1u);
+  jobs_.StartAttempt(r.placements[0], nullptr);
+  EXPECT_EQ(State(*id), v1::RUNNING);
+  EXPECT_EQ(jobs_.Find(*id)->placement_size(), 4);
+  EXPECT_EQ(jobs_.Find(*id)->reason(),
+            "placed at 4 ranks, not the 6 that fit: at 6, a block of 2 ranks (parallel.tp x "
+            "dp_shard) would span nodes");
+  const std::vector<RunningJob> running = jobs_.Resizable();
+  ASSERT_EQ(running.size(), 1u);
+  EXPECT_EQ(running[0].rank_block, 2);
+  ASSERT_EQ(running[0].ranks.size(), 4u);
+  EXPECT_EQ(running[0].ranks[3].node(), jobs_.Find(*id)->placement(3).node());
+}
+
 TEST_F(JobManagerTest, RestartsBackOffWhileAttemptsKeepFailingAndSayHowLong) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/20);
   // The first failure is restarted at once: one node failure costs nothing extra.

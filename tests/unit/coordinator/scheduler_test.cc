@@ -103,6 +103,66 @@ TEST(SchedulerTest, BlocksOfRanksThatTalkTheMostStayOnOneNode) {
   EXPECT_NE(packed[6].node(), packed[7].node());
 }
 
+// Whether every block of `block` consecutive ranks sits on one node.
+bool BlocksWhole(const std::vector<v1::RankAssignment>& ranks, int block) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].node() != ranks[r - r % block].node()) return false;
+  }
+  return true;
+}
+
+TEST(SchedulerTest, AJobInBlocksRunsSmallerRatherThanSplitABlockAcrossNodes) {
+  // tp2 on two nodes of 3 free slots: at 6 ranks the third block would span both nodes; at
+  // 4 both blocks are whole, and the job says why it got fewer ranks than fit.
+  PendingJob job = Job("tp2", {2, 4, 6});
+  job.rank_block = 2;
+  auto r = Schedule({job}, {Node("n1", 3), Node("n2", 3)}, Ever(6));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 4);
+  EXPECT_TRUE(BlocksWhole(r.placements[0].ranks, 2));
+  EXPECT_EQ(r.placements[0].note,
+            "placed at 4 ranks, not the 6 that fit: at 6, a block of 2 ranks (parallel.tp x "
+            "dp_shard) would span nodes");
+  EXPECT_EQ(r.free_left[v1::CPU], 2);
+  // Where the free slots hold every block whole at the largest size, nothing is given up.
+  r = Schedule({job}, {Node("n1", 4), Node("n2", 2)}, Ever(6));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 6);
+  EXPECT_TRUE(BlocksWhole(r.placements[0].ranks, 2));
+  EXPECT_EQ(r.placements[0].note, "");
+  // Whole blocks cost at most half the ranks: one whole block (2 ranks) of the 10 that fit
+  // is not worth it, and the job runs at 10 with its blocks across nodes.
+  job.feasible_world_sizes = {2, 4, 6, 8, 10};
+  std::vector<NodeCapacity> scattered = {Node("n0", 2)};
+  for (int i = 1; i <= 8; ++i) scattered.push_back(Node("n" + std::to_string(i), 1));
+  r = Schedule({job}, scattered, Ever(10));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 10);
+  EXPECT_EQ(r.placements[0].note, "");
+  // A job without blocks takes every slot that fits.
+  r = Schedule({Job("plain", {2, 4, 6})}, {Node("n1", 3), Node("n2", 3)}, Ever(6));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.placements[0].world_size, 6);
+}
+
+TEST(SchedulerTest, AvoidedNodesAreUsedWhenTheOthersWouldSplitABlock) {
+  // The job failed on n2. Without n2 its 4 ranks fit in count (n1's 2 and two single
+  // slots) but one block would span nodes; with n2 both blocks are whole.
+  PendingJob job = Job("tp2", {4});
+  job.rank_block = 2;
+  job.avoid_nodes = {"n2"};
+  auto r = Schedule({job}, {Node("n1", 2), Node("n2", 2), Node("n3", 1), Node("n4", 1)}, Ever(6));
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_TRUE(BlocksWhole(r.placements[0].ranks, 2));
+  std::set<std::string> used;
+  for (const auto& rank : r.placements[0].ranks) used.insert(rank.node());
+  EXPECT_EQ(used, (std::set<std::string>{"n1", "n2"}));
+  // With a third node of 2, it keeps away from n2 and its blocks whole.
+  r = Schedule({job}, {Node("n1", 2), Node("n2", 2), Node("n3", 2)}, Ever(6));
+  ASSERT_EQ(r.placements.size(), 1u);
+  for (const auto& rank : r.placements[0].ranks) EXPECT_NE(rank.node(), "n2");
+}
+
 TEST(SchedulerTest, ElasticTakesLargestFeasibleSizeThatFits) {
   // Feasible {1,2,3,4,6}; 5 free slots -> 4 (5 is not a feasible size).
   auto r = Schedule({Job("a", {1, 2, 3, 4, 6})}, {Node("n1", 3), Node("n2", 2)}, Ever(8));
@@ -207,6 +267,47 @@ TEST(PlanGrowthTest, GrowsIntoWhatThePendingJobsLeftInPriorityOrder) {
   EXPECT_EQ(plan["early"], 4);   // takes 3, the largest feasible size that fits
   EXPECT_EQ(plan["late"], 0);    // nothing left
   EXPECT_EQ(plan["gpu"], 6);
+}
+
+v1::RankAssignment Rank(int rank, const std::string& node, int slot) {
+  v1::RankAssignment r;
+  r.set_rank(rank);
+  r.set_node(node);
+  r.set_slot(slot);
+  return r;
+}
+
+TEST(PlanGrowthTest, AJobInBlocksGrowsOnlyToASizeThatKeepsThemWhole) {
+  // tp2 at 4 ranks, one block on each of n1 and n2; one slot free on each of n3 and n4.
+  RunningJob job{"tp2", 0,
+                 1,     v1::CPU,
+                 4,     {2, 4, 6, 8},
+                 2,     {Rank(0, "n1", 0), Rank(1, "n1", 1), Rank(2, "n2", 0), Rank(3, "n2", 1)}};
+  ScheduleResult left;
+  left.free_left = {{v1::CPU, 2}};
+  left.nodes_left = {Node("n3", 1), Node("n4", 1)};
+  EXPECT_EQ(PlanGrowth({job}, left)["tp2"], 0) << "growing to 6 would split its third block";
+  // Without blocks the same job grows into them.
+  RunningJob plain = job;
+  plain.rank_block = 1;
+  EXPECT_EQ(PlanGrowth({plain}, left)["tp2"], 6);
+  // Two free slots on one node: a whole block.
+  left.nodes_left = {Node("n3", 2)};
+  EXPECT_EQ(PlanGrowth({job}, left)["tp2"], 6);
+  // Four free slots in count, three whole blocks with its own: 6, not 8.
+  left.free_left = {{v1::CPU, 4}};
+  left.nodes_left = {Node("n3", 2), Node("n4", 1), Node("n5", 1)};
+  EXPECT_EQ(PlanGrowth({job}, left)["tp2"], 6);
+  // The slots one job grows into are not offered to the next: n3's block goes to the first.
+  RunningJob second = job;
+  second.job_id = "second";
+  second.submit_seq = 2;
+  second.ranks = {Rank(0, "n6", 0), Rank(1, "n6", 1), Rank(2, "n7", 0), Rank(3, "n7", 1)};
+  left.free_left = {{v1::CPU, 4}};
+  left.nodes_left = {Node("n3", 2), Node("n4", 1), Node("n5", 1)};
+  auto plan = PlanGrowth({job, second}, left);
+  EXPECT_EQ(plan["tp2"], 6);
+  EXPECT_EQ(plan["second"], 0);
 }
 
 TEST(PlanGrowthTest, NoGrowthWhereAPendingJobWaitsForSlots) {
