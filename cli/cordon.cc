@@ -1,5 +1,6 @@
-// drover cordon NODE [--reason TEXT]: takes a node out of service until drover uncordon:
-// nothing new is placed on it, and what runs there runs on.
+// drover cordon NODE [--slot S] [--reason TEXT]: takes a node, or one GPU of it, out of
+// service until drover uncordon: nothing new is placed on it, and what runs there runs on
+// (a job on it moves off at its next restart).
 // drover drain NODE [--reason TEXT] [--wait [--timeout S]]: cordons it and moves its trainers
 // off: each saves its job's checkpoint and leaves, and the jobs restart elsewhere from it,
 // not counted as restarts (the node's maintenance, not their fault). With --wait, returns
@@ -17,6 +18,7 @@ namespace {
 
 struct Args {
   std::string node;
+  int slot = -1;
   std::string reason;
   bool wait = false;
   double timeout_s = 0;
@@ -58,10 +60,22 @@ int WaitForDrain(RpcClient& client, const std::string& node, double timeout_s) {
 CommandRun SetupCordon(CLI::App* app, GlobalOptions* globals) {
   auto args = std::make_shared<Args>();
   AddNodeOptions(app, args.get());
+  app->add_option("--slot", args->slot,
+                  "only this slot (one GPU): the node's other slots stay in use")
+      ->check(CLI::NonNegativeNumber);
   return [args, globals]() -> int {
     RpcClient client(*globals);
-    auto resp = client.Cordon(args->node, /*drain=*/false, args->reason);
+    auto resp = client.Cordon(args->node, /*drain=*/false, args->reason, args->slot);
     if (!resp.ok()) return ReportError(resp.status());
+    if (args->slot >= 0) {
+      const std::string slot = std::to_string(args->slot);
+      std::cout << args->node << " slot " << slot
+                << " is cordoned: nothing new is placed on it until drover uncordon " << args->node
+                << " --slot " << slot
+                << "; the node's other slots stay in use, and what runs on this one runs on "
+                   "(its job moves off it when it restarts)\n";
+      return kExitOk;
+    }
     std::cout << args->node << " is cordoned: nothing new is placed on it until drover uncordon "
               << args->node << "; what runs there runs on (drover drain moves it off)\n";
     return kExitOk;
@@ -98,7 +112,9 @@ CommandRun SetupDrain(CLI::App* app, GlobalOptions* globals) {
 
 }  // namespace
 
-DROVER_REGISTER_COMMAND("cordon", "Take a node out of service: nothing new is placed on it",
+DROVER_REGISTER_COMMAND("cordon",
+                        "Take a node, or one GPU of it, out of service: nothing new is placed "
+                        "on it",
                         SetupCordon);
 DROVER_REGISTER_COMMAND("drain",
                         "Take a node out of service and move its trainers off, each with its "

@@ -235,15 +235,21 @@ StatusOr<v1::SetPriorityResponse> RpcClient::SetPriority(const std::string& job_
 }
 
 StatusOr<v1::CordonResponse> RpcClient::Cordon(const std::string& node, bool drain,
-                                               const std::string& reason) {
+                                               const std::string& reason, int slot) {
   v1::CordonRequest req;
   req.set_node(node);
   req.set_drain(drain);
   req.set_reason(reason);
   req.set_requester(Submitter());
+  if (slot >= 0) {
+    req.set_slot_only(true);
+    req.set_slot(slot);
+  }
   v1::CordonResponse resp;
-  // Safe to repeat: a second cordon or drain of a node changes nothing.
-  DROVER_RPC_CALL(Cordon, req, resp, (drain ? "drain " : "cordon ") + node);
+  // Safe to repeat: a second cordon or drain of a node (or slot) changes nothing.
+  DROVER_RPC_CALL(
+      Cordon, req, resp,
+      (drain ? "drain " : "cordon ") + node + (slot >= 0 ? " slot " + std::to_string(slot) : ""));
   return resp;
 }
 

@@ -47,9 +47,10 @@ class RpcClient {
   StatusOr<v1::ReadLogsResponse> ReadLogs(const std::string& job_id, int rank, int64_t offset);
   // slot < 0: the whole node.
   StatusOr<v1::UncordonResponse> Uncordon(const std::string& node, int slot);
-  // Fills in the requester ($USER@hostname), as a submit's submitter.
+  // Fills in the requester ($USER@hostname), as a submit's submitter. slot >= 0: only that
+  // slot (not with `drain`).
   StatusOr<v1::CordonResponse> Cordon(const std::string& node, bool drain,
-                                      const std::string& reason);
+                                      const std::string& reason, int slot = -1);
 
   const std::string& request_id() const { return request_id_; }
 

@@ -42,6 +42,15 @@ std::string Memory(const v1::GpuTelemetry& g) {
   return buf;
 }
 
+// "WHAT: cordoned by root@host: new NIC, 5m12s ago (until drover uncordon ARGS)": an
+// operator's cordon `why` of `what` since wall time `at_ms` (0: unknown).
+std::string OperatorLine(const std::string& what, const std::string& why, int64_t at_ms,
+                         int64_t now_ms, const std::string& uncordon_args) {
+  std::string line = what + ": " + why;
+  if (at_ms > 0 && now_ms >= at_ms) line += ", " + FormatDurationMs(now_ms - at_ms) + " ago";
+  return line + " (until drover uncordon " + uncordon_args + ")";
+}
+
 }  // namespace
 
 std::vector<std::string> SlowedGpuLines(const v1::WorkerInfo& w) {
@@ -74,11 +83,7 @@ std::vector<std::vector<std::string>> GpuRows(const v1::WorkerInfo& w) {
 
 std::string OperatorCordonLine(const v1::NodeRecord& n, int64_t now_ms) {
   if (n.operator_cordon().empty()) return "";
-  std::string line = n.name() + ": " + n.operator_cordon();
-  if (n.operator_cordon_ms() > 0 && now_ms >= n.operator_cordon_ms()) {
-    line += ", " + FormatDurationMs(now_ms - n.operator_cordon_ms()) + " ago";
-  }
-  return line + " (until drover uncordon " + n.name() + ")";
+  return OperatorLine(n.name(), n.operator_cordon(), n.operator_cordon_ms(), now_ms, n.name());
 }
 
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) {
@@ -89,6 +94,12 @@ std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) 
     }
     return nullptr;
   };
+  for (const v1::SlotFault& f : n.slot_faults()) {
+    if (f.operator_cordon().empty()) continue;
+    const std::string slot = std::to_string(f.slot());
+    lines.push_back(OperatorLine(n.name() + " slot " + slot, f.operator_cordon(),
+                                 f.operator_cordon_ms(), now_ms, n.name() + " --slot " + slot));
+  }
   for (const v1::SlotFault& f : n.slot_faults()) {
     if (f.cordon_until_ms() <= now_ms) continue;
     const v1::SlotHealth* h = unfit(f.slot());

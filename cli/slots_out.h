@@ -21,7 +21,8 @@ std::string FailuresCell(const v1::NodeRecord& n, int64_t now_ms);
 // NIC, 5m12s ago (until drover uncordon NODE)", or "" when it has none.
 std::string OperatorCordonLine(const v1::NodeRecord& n, int64_t now_ms);
 
-// Node `n`'s lines at `now_ms` (the coordinator's clock), each "NODE slot S ...".
+// Node `n`'s lines at `now_ms` (the coordinator's clock) for its slots out of use, each
+// "NODE slot S ...": an operator's cordon first, then failures' cordons and health findings.
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms);
 
 // Node `w`'s GPUs whose clocks the hardware or driver holds down, each "NODE slot S: its GPU

@@ -10,11 +10,12 @@
 namespace drover {
 
 // Whether `slot` of `node` is out of use at wall time `now_ms`: a cordon for its GPU's
-// failure has not ended (NodeRecord.slot_faults), or its agent reports its GPU unfit
-// (NodeRecord.unhealthy_slots), however long ago its cordon ended.
+// failure has not ended or an operator cordoned it (NodeRecord.slot_faults), or its agent
+// reports its GPU unfit (NodeRecord.unhealthy_slots), however long ago its cordon ended.
 inline bool SlotOut(const v1::NodeRecord& node, int slot, int64_t now_ms) {
   for (const v1::SlotFault& f : node.slot_faults()) {
-    if (f.slot() == slot && f.cordon_until_ms() > now_ms) return true;
+    if (f.slot() != slot) continue;
+    if (f.cordon_until_ms() > now_ms || !f.operator_cordon().empty()) return true;
   }
   return std::any_of(node.unhealthy_slots().begin(), node.unhealthy_slots().end(),
                      [slot](const v1::SlotHealth& h) { return h.slot() == slot; });

@@ -266,14 +266,26 @@ StatusOr<v1::UncordonResponse> Coordinator::Uncordon(const v1::UncordonRequest& 
 StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& request) {
   RETURN_IF_ERROR(CheckLength("cordon: the reason", request.reason(), kMaxReasonBytes));
   RETURN_IF_ERROR(CheckLength("cordon: the requester", request.requester(), kMaxReasonBytes));
+  if (request.slot_only() && request.drain()) {
+    return InvalidArgumentError(
+        "drain: a drain moves a whole node's trainers off; to take one GPU out of use, cordon "
+        "its slot (what runs there runs on, and its job moves off it when it restarts)");
+  }
+  if (request.slot_only() && request.slot() < 0) {
+    return InvalidArgumentError("cordon: slot " + std::to_string(request.slot()) +
+                                " is not a slot index (0 or more)");
+  }
   const char* verb = request.drain() ? "drained" : "cordoned";
   std::string why = std::string(verb) + " by " +
                     (request.requester().empty() ? "an operator" : request.requester());
   if (!request.reason().empty()) why += ": " + request.reason();
+  const int slot = request.slot_only() ? request.slot() : -1;
+  const std::string what =
+      "node " + request.node() + (slot >= 0 ? " slot " + std::to_string(slot) : "");
   v1::CordonResponse response;
   RETURN_IF_ERROR(ChangeNode(
-      "node " + request.node() + " not " + verb,
-      [&]() REQUIRES(mu_) { return nodes_.PlanCordon(request.node(), request.drain(), why); },
+      what + " not " + verb,
+      [&]() REQUIRES(mu_) { return nodes_.PlanCordon(request.node(), request.drain(), why, slot); },
       [&](const NodeManager::NodePlan& plan) REQUIRES(mu_) {
         *response.mutable_node() = *nodes_.Find(request.node());
         // Only what an alive node runs moves; a dead node's jobs have already failed over.
@@ -288,7 +300,7 @@ StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& reques
           }
           if (nudge_) nudge_(request.node());  // its agent heartbeats now: the reply drains
         }
-        spdlog::info("node {} {} ({}){}", request.node(), verb, why,
+        spdlog::info("{} {} ({}){}", what, verb, why,
                      response.jobs().empty() ? ""
                                              : "; " + std::to_string(response.jobs_size()) +
                                                    " job(s) save a checkpoint and move elsewhere");

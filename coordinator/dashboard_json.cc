@@ -154,6 +154,8 @@ json ClusterJson(const v1::ListWorkersResponse& workers, const v1::ListJobsRespo
         if (f.slow() > 0) slot["slow"] = f.slow();  // of those, cordons as a straggler's
         slot["fault"] = f.reason();
         if (f.cordon_until_ms() > now_ms) slot["cordon_until_ms"] = f.cordon_until_ms();
+        // Out of use by an operator's word (drover cordon --slot) until uncordoned.
+        if (!f.operator_cordon().empty()) slot["operator_cordon"] = f.operator_cordon();
       }
       for (const v1::SlotHealth& h : n.unhealthy_slots()) {
         if (h.slot() == s.index()) slot["unfit"] = h.fault();  // out while its agent says so

@@ -273,18 +273,38 @@ StatusOr<NodeManager::NodePlan> NodeManager::PlanUncordon(const std::string& nam
   auto* faults = r.mutable_slot_faults();
   for (int i = faults->size() - 1; i >= 0; --i) {
     if (slot >= 0 && faults->Get(i).slot() != slot) continue;
-    plan.was_cordoned = plan.was_cordoned || faults->Get(i).cordon_until_ms() > now;
+    plan.was_cordoned = plan.was_cordoned || faults->Get(i).cordon_until_ms() > now ||
+                        !faults->Get(i).operator_cordon().empty();
     faults->DeleteSubrange(i, 1);
   }
   return plan;
 }
 
 StatusOr<NodeManager::NodePlan> NodeManager::PlanCordon(const std::string& name, bool drain,
-                                                        const std::string& why) const {
+                                                        const std::string& why, int slot) const {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return NotFoundError("no node " + name);
   NodePlan plan{it->second.record, it->second.record};
   v1::NodeRecord& r = plan.after;
+  if (slot >= 0) {
+    DROVER_CHECK_MSG(!drain, "a drain is of a whole node");
+    if (!HasSlot(r, slot)) {
+      return NotFoundError("node " + name + " has no slot " + std::to_string(slot) + " (it has " +
+                           std::to_string(r.slots_size()) + ")");
+    }
+    v1::SlotFault* fault = nullptr;
+    for (v1::SlotFault& f : *r.mutable_slot_faults()) {
+      if (f.slot() == slot) fault = &f;
+    }
+    if (fault == nullptr) {
+      fault = r.add_slot_faults();
+      fault->set_slot(slot);
+    }
+    plan.was_cordoned = !fault->operator_cordon().empty();
+    fault->set_operator_cordon(why.empty() ? "cordoned by an operator" : why);
+    if (!plan.was_cordoned) fault->set_operator_cordon_ms(clock_->WallNowMs());
+    return plan;
+  }
   plan.was_cordoned = !r.operator_cordon().empty();
   // The reason is what the operator sees in drover workers: never empty once cordoned.
   r.set_operator_cordon(why.empty() ? "cordoned by an operator" : why);
@@ -326,7 +346,8 @@ int64_t NodeManager::ForgetNodeFailuresAt(const v1::NodeRecord& r) const {
 }
 
 int64_t NodeManager::ForgetSlotFaultAt(const v1::SlotFault& f) const {
-  if (options_.slot_failure_memory_ms <= 0) return INT64_MAX;
+  // An operator's cordon lasts until an operator ends it, and the entry holds it.
+  if (options_.slot_failure_memory_ms <= 0 || !f.operator_cordon().empty()) return INT64_MAX;
   return std::max(SaturatingAdd(f.failed_ms(), options_.slot_failure_memory_ms),
                   f.cordon_until_ms());
 }

@@ -175,6 +175,34 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
     EXPECT_EQ(w.node().failures(), 0) << w.node().DebugString();
     EXPECT_EQ(w.free_slots(), 1) << w.node().DebugString();
   }
+  // Its one slot alone, by the CLI: out of use until that slot's uncordon, the node ALIVE.
+  testing::CliResult slot = Cli({"cordon", node, "--slot", "0", "--reason", "fan noise"});
+  ASSERT_EQ(slot.code, 0) << slot.out;
+  EXPECT_NE(slot.out.find(node +
+                          " slot 0 is cordoned: nothing new is placed on it until drover "
+                          "uncordon " +
+                          node + " --slot 0"),
+            std::string::npos)
+      << slot.out;
+  workers = Cli({"workers"});
+  EXPECT_NE(workers.out.find(node + " slot 0: cordoned by "), std::string::npos) << workers.out;
+  EXPECT_NE(workers.out.find(": fan noise, "), std::string::npos) << workers.out;
+  EXPECT_EQ(workers.out.find("CORDONED"), std::string::npos) << workers.out;
+  listed = cluster.ListWorkers();
+  ASSERT_TRUE(listed.ok());
+  for (const auto& w : listed->workers()) {
+    if (w.node().name() == node) {
+      EXPECT_EQ(w.free_slots(), 0) << w.node().DebugString();
+    }
+  }
+  testing::CliResult missing = Cli({"cordon", node, "--slot", "5"});
+  EXPECT_EQ(missing.code, 1) << missing.out;  // NOT_FOUND from the coordinator
+  EXPECT_NE(missing.out.find("node " + node + " has no slot 5 (it has 1)"), std::string::npos)
+      << missing.out;
+  back = Cli({"uncordon", node, "--slot", "0"});
+  ASSERT_EQ(back.code, 0) << back.out;
+  EXPECT_NE(back.out.find(node + " slot 0 is back in service"), std::string::npos) << back.out;
+
   std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
               static_cast<long long>(drained_at),
               static_cast<long long>(after.attempts(1).resume_step()));

@@ -51,6 +51,27 @@ TEST(SlotsOutTest, AnOperatorsCordonSaysWhoWhySinceWhenAndWhatEndsIt) {
             "w2: drained by ops@h: new NIC (until drover uncordon w2)");
 }
 
+TEST(SlotsOutTest, AnOperatorsCordonOfOneSlotSaysWhoWhySinceWhenAndHowToEndIt) {
+  v1::NodeRecord n;
+  n.set_name("gpu0");
+  v1::SlotFault* f = n.add_slot_faults();
+  f->set_slot(3);
+  f->set_operator_cordon("cordoned by ops@h: fan noise");
+  f->set_operator_cordon_ms(kNow - 312'000);
+  EXPECT_EQ(SlotsOutLines(n, kNow),
+            (std::vector<std::string>{"gpu0 slot 3: cordoned by ops@h: fan noise, 5m12s ago "
+                                      "(until drover uncordon gpu0 --slot 3)"}));
+  // A failure's cordon of the same slot meanwhile: its own line after it.
+  f->set_failures(1);
+  f->set_cordon_until_ms(kNow + 289'000);
+  f->set_reason("job j's rank 0: ECC");
+  EXPECT_EQ(SlotsOutLines(n, kNow),
+            (std::vector<std::string>{"gpu0 slot 3: cordoned by ops@h: fan noise, 5m12s ago "
+                                      "(until drover uncordon gpu0 --slot 3)",
+                                      "gpu0 slot 3 cordoned for 4m49s (1 failure): job j's "
+                                      "rank 0: ECC"}));
+}
+
 TEST(SlotsOutTest, ASlotCordonedForTheFindingThatStillHoldsIsOneLine) {
   v1::NodeRecord n;
   n.set_name("gpu0");

@@ -1170,6 +1170,51 @@ TEST_F(CoordinatorTest, AnOperatorsCordonPlacesNothingNewAndStopsNothing) {
   EXPECT_EQ(Job(second).state(), v1::RUNNING);
 }
 
+TEST_F(CoordinatorTest, AnOperatorsCordonOfOneSlotKeepsTheNodesOtherSlotsInUse) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  v1::CordonRequest request;
+  request.set_node("n1");
+  request.set_slot_only(true);
+  request.set_slot(0);
+  request.set_requester("ops@h");
+  request.set_reason("fan noise");
+  auto cordoned = c_->Cordon(request);
+  ASSERT_TRUE(cordoned.ok()) << cordoned.status();
+  EXPECT_EQ(cordoned->node().operator_cordon(), "") << "the node stays in service";
+  ASSERT_EQ(cordoned->node().slot_faults_size(), 1);
+  EXPECT_EQ(cordoned->node().slot_faults(0).operator_cordon(), "cordoned by ops@h: fan noise");
+  // A one-rank job goes onto slot 1; a second waits, though the node has two slots.
+  const std::string first = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  ASSERT_EQ(Job(first).state(), v1::RUNNING);
+  EXPECT_EQ(Job(first).placement(0).slot(), 1);
+  const std::string second = Submit(SpecYaml(1, 1));
+  c_->Tick();
+  EXPECT_EQ(Job(second).state(), v1::PENDING);
+  // Its uncordon puts it back.
+  v1::UncordonRequest back;
+  back.set_node("n1");
+  back.set_slot_only(true);
+  back.set_slot(0);
+  auto uncordoned = c_->Uncordon(back);
+  ASSERT_TRUE(uncordoned.ok()) << uncordoned.status();
+  EXPECT_TRUE(uncordoned->was_cordoned());
+  c_->Tick();
+  EXPECT_EQ(Job(second).state(), v1::RUNNING);
+  EXPECT_EQ(Job(second).placement(0).slot(), 0);
+  // A drain is of a whole node; a slot the node lacks is named.
+  request.set_drain(true);
+  auto refused = c_->Cordon(request);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("a drain moves a whole node's trainers off"),
+            std::string::npos);
+  request.set_drain(false);
+  request.set_slot(7);
+  refused = c_->Cordon(request);
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(refused.status().message(), "node n1 has no slot 7 (it has 2)");
+}
+
 TEST_F(CoordinatorTest, HangDetectedFromStalledHeartbeats) {
   ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
   const std::string id = Submit(SpecYaml(1, 1, 2, /*hang_s=*/5));

@@ -178,6 +178,26 @@ TEST_F(HttpServerTest, ASlotWhoseDeviceFailedShowsItsCordonAndWhy) {
   EXPECT_FALSE(n["slots"][1 - slot].contains("failures"));
 }
 
+// A slot an operator cordoned alone: the dashboard marks it with who and why, and the node's
+// free count leaves it out.
+TEST_F(HttpServerTest, ASlotAnOperatorCordonedShowsWhoAndWhy) {
+  const int slot = 1 - c_->GetJob(job_)->job().placement(0).slot();  // the free one
+  v1::CordonRequest request;
+  request.set_node("node-a");
+  request.set_slot_only(true);
+  request.set_slot(slot);
+  request.set_requester("ops@h");
+  request.set_reason("fan noise");
+  ASSERT_TRUE(c_->Cordon(request).ok());
+  ASSERT_TRUE(c_->Flush().ok());
+  json c = GetJson("/api/cluster");
+  const json& n = c["nodes"][0];
+  EXPECT_EQ(n["state"], "alive");
+  EXPECT_EQ(n["slots"][slot]["operator_cordon"], "cordoned by ops@h: fan noise");
+  EXPECT_FALSE(n["slots"][1 - slot].contains("operator_cordon"));
+  EXPECT_EQ(n["free_slots"], 0);  // one slot runs the job, the other is cordoned
+}
+
 // A slot its agent's health check reports unfit: the dashboard marks it with the fault, and
 // the node's free count leaves it out.
 TEST_F(HttpServerTest, ASlotItsAgentReportsUnfitShowsTheFault) {

@@ -269,6 +269,61 @@ TEST(NodeManagerTest, ASlotWhoseGpuFailedIsCordonedAloneWithGrowingCoolDown) {
   EXPECT_FALSE(nodes.CordonSlot("n1", 2, "x").has_value());
 }
 
+TEST(NodeManagerTest, AnOperatorsCordonOfOneSlotLastsUntilThatSlotIsUncordoned) {
+  FakeClock clock;
+  NodeManager nodes(&clock, {.slot_cordon_base_ms = 300'000, .slot_failure_memory_ms = 600'000});
+  nodes.Register(RegisterReq("n1", 4, "a1", v1::CUDA));
+  auto plan = nodes.PlanCordon("n1", /*drain=*/false, "cordoned by ops@h: fan noise", 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->was_cordoned);
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
+  const int64_t at = clock.WallNowMs();
+  ASSERT_EQ(nodes.Find("n1")->slot_faults_size(), 1);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).operator_cordon(), "cordoned by ops@h: fan noise");
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).operator_cordon_ms(), at);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).failures(), 0) << "an operator's word, no failure";
+  // Only that slot is out; the node is in service.
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 2, at));
+  for (int slot : {0, 1, 3}) EXPECT_FALSE(SlotOut(*nodes.Find("n1"), slot, at)) << slot;
+  EXPECT_EQ(nodes.Find("n1")->state(), v1::NODE_ALIVE);
+  EXPECT_TRUE(nodes.Schedulable("n1"));
+  // A failure of its GPU meanwhile, and its cool-down's end, leave the operator's cordon; so
+  // do the slot failure memory, a restarted agent and a restarted coordinator.
+  nodes.CordonSlot("n1", 2, "ECC");
+  clock.AdvanceMs(10'000'000);
+  nodes.ExpireCordons();
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 2, clock.WallNowMs()));
+  nodes.Register(RegisterReq("n1", 4, "a2", v1::CUDA));
+  NodeManager restored(&clock, {.slot_failure_memory_ms = 600'000});
+  restored.Restore(*nodes.Find("n1"));
+  clock.AdvanceMs(10'000'000);
+  restored.ExpireCordons();
+  EXPECT_TRUE(SlotOut(*restored.Find("n1"), 2, clock.WallNowMs()));
+  // Cordoned again: the first one's time stays, the newest reason shows.
+  plan = nodes.PlanCordon("n1", false, "cordoned by ops@h: still noisy", 2);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->was_cordoned);
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).operator_cordon_ms(), at);
+  EXPECT_EQ(nodes.Find("n1")->slot_faults(0).operator_cordon(), "cordoned by ops@h: still noisy");
+  // Uncordoning another slot ends nothing; that slot's ends it.
+  plan = nodes.PlanUncordon("n1", 1);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->was_cordoned);
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
+  EXPECT_TRUE(SlotOut(*nodes.Find("n1"), 2, clock.WallNowMs()));
+  plan = nodes.PlanUncordon("n1", 2);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->was_cordoned);
+  ASSERT_TRUE(nodes.ApplyPlan(*plan));
+  EXPECT_FALSE(SlotOut(*nodes.Find("n1"), 2, clock.WallNowMs()));
+  // A slot the node does not have, a node unknown: NotFound, naming them.
+  auto bad = nodes.PlanCordon("n1", false, "x", 4);
+  EXPECT_EQ(bad.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(bad.status().message(), "node n1 has no slot 4 (it has 4)");
+  EXPECT_EQ(nodes.PlanCordon("n9", false, "x", 0).status().code(), StatusCode::kNotFound);
+}
+
 TEST(NodeManagerTest, AnOperatorsUncordonEndsTheCordonsAndForgetsTheFailures) {
   FakeClock clock;
   NodeManager nodes(&clock, {.cordon_after_failures = 1, .slot_cordon_base_ms = 300'000});
