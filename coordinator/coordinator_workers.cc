@@ -269,7 +269,8 @@ StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& reques
   if (request.slot_only() && request.drain()) {
     return InvalidArgumentError(
         "drain: a drain moves a whole node's trainers off; to take one GPU out of use, cordon "
-        "its slot (what runs there runs on, and its job moves off it when it restarts)");
+        "its slot (what runs there runs on, and its job moves off it when it restarts: drover "
+        "suspend JOB --wait, then drover resume JOB, moves it now, from a fresh checkpoint)");
   }
   if (request.slot_only() && request.slot() < 0) {
     return InvalidArgumentError("cordon: slot " + std::to_string(request.slot()) +
