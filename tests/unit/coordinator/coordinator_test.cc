@@ -1061,6 +1061,53 @@ TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOnt
   EXPECT_EQ(c_->Uncordon(request).status().code(), StatusCode::kNotFound);
 }
 
+// A tp2 job that may take 2 to 8 ranks, on two nodes of 3 slots: placed at 4 (a whole tp
+// group on each node), saying why, and not grown into the one slot left on each (a third
+// group would span them), whatever the passes; a node of 2 free slots joining makes it grow.
+TEST_F(CoordinatorTest, AJobInTensorParallelGroupsRunsThemWholeAndGrowsOnlyIntoWholeOnes) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 3)).ok());
+  ASSERT_TRUE(c_->Register(RegisterReq("n2", 3)).ok());
+  const std::string id = Submit(SpecYaml(2, 8) + "parallel: {tp: 2}\n");
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  ASSERT_EQ(Job(id).placement_size(), 4);
+  EXPECT_EQ(Job(id).placement(0).node(), Job(id).placement(1).node());
+  EXPECT_EQ(Job(id).placement(2).node(), Job(id).placement(3).node());
+  EXPECT_NE(Job(id).placement(0).node(), Job(id).placement(2).node());
+  const std::string note =
+      "placed at 4 ranks, not the 6 that fit: at 6, a block of 2 ranks (parallel.tp x dp_shard) "
+      "would span nodes";
+  EXPECT_EQ(Job(id).reason(), note);
+  // Its ranks run and report; pass after pass, nothing plans a resize.
+  auto listing = [&](const std::string& node, int64_t step) {
+    std::vector<v1::TrainerStatus> trainers;
+    const v1::JobRecord job = Job(id);
+    for (const auto& r : job.placement()) {
+      if (r.node() == node) trainers.push_back(Trainer(id, 1, r.rank(), v1::TRAINER_RUNNING, step));
+    }
+    return trainers;
+  };
+  for (int64_t step = 1; step <= 5; ++step) {
+    for (const std::string node : {"n1", "n2"}) {
+      const v1::HeartbeatResponse hb = Beat(node, listing(node, step));
+      for (const auto& order : hb.orders()) EXPECT_FALSE(order.has_checkpoint()) << step;
+    }
+    clock_.AdvanceMs(500);
+    c_->Tick();
+  }
+  EXPECT_EQ(Job(id).attempt(), 1);
+  EXPECT_EQ(Job(id).reason(), note);
+  // Two free slots on one node: a whole third group. It is asked for the checkpoint it grows
+  // at.
+  ASSERT_TRUE(c_->Register(RegisterReq("n3", 2)).ok());
+  c_->Tick();
+  EXPECT_EQ(Job(id).reason(), "growing to 6 ranks at its next checkpoint");
+  bool asked = false;
+  const v1::HeartbeatResponse hb = Beat("n1", listing("n1", 6));
+  for (const auto& order : hb.orders()) asked |= order.has_checkpoint();
+  EXPECT_TRUE(asked);
+}
+
 // drover drain: the node is out of service at once and durably; every heartbeat reply of its
 // agent that lists a live trainer carries a drain order; the drained exit (75) restarts the
 // job on another node, not counted; the node stays out, with nothing left to drain, until
