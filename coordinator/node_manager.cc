@@ -16,6 +16,16 @@ bool HasSlot(const v1::NodeRecord& r, int slot) {
 // a + b, or INT64_MAX where that would overflow (a remembered time plus a memory).
 int64_t SaturatingAdd(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
 
+// Slot `slot`'s entry in `r.slot_faults`, added (empty) where it has none.
+v1::SlotFault* FaultOf(v1::NodeRecord& r, int slot) {
+  for (v1::SlotFault& f : *r.mutable_slot_faults()) {
+    if (f.slot() == slot) return &f;
+  }
+  v1::SlotFault* fault = r.add_slot_faults();
+  fault->set_slot(slot);
+  return fault;
+}
+
 bool Contains(const google::protobuf::RepeatedField<int64_t>& ids, int64_t id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -176,14 +186,7 @@ std::optional<v1::NodeRecord> NodeManager::CordonSlot(const std::string& name, i
   if (it == nodes_.end()) return std::nullopt;
   v1::NodeRecord& r = it->second.record;
   if (!HasSlot(r, slot)) return std::nullopt;
-  v1::SlotFault* fault = nullptr;
-  for (v1::SlotFault& f : *r.mutable_slot_faults()) {
-    if (f.slot() == slot) fault = &f;
-  }
-  if (fault == nullptr) {
-    fault = r.add_slot_faults();
-    fault->set_slot(slot);
-  }
+  v1::SlotFault* fault = FaultOf(r, slot);
   const int64_t now = clock_->WallNowMs();
   const int64_t ms =
       DoublingDelayMs(fault->failures(), options_.slot_cordon_base_ms, options_.slot_cordon_max_ms);
@@ -292,14 +295,7 @@ StatusOr<NodeManager::NodePlan> NodeManager::PlanCordon(const std::string& name,
       return NotFoundError("node " + name + " has no slot " + std::to_string(slot) + " (it has " +
                            std::to_string(r.slots_size()) + ")");
     }
-    v1::SlotFault* fault = nullptr;
-    for (v1::SlotFault& f : *r.mutable_slot_faults()) {
-      if (f.slot() == slot) fault = &f;
-    }
-    if (fault == nullptr) {
-      fault = r.add_slot_faults();
-      fault->set_slot(slot);
-    }
+    v1::SlotFault* fault = FaultOf(r, slot);
     plan.was_cordoned = !fault->operator_cordon().empty();
     fault->set_operator_cordon(why.empty() ? "cordoned by an operator" : why);
     if (!plan.was_cordoned) fault->set_operator_cordon_ms(clock_->WallNowMs());
