@@ -1,10 +1,12 @@
 // drover cordon NODE [--slot S] [--reason TEXT]: takes a node, or one GPU of it, out of
 // service until drover uncordon: nothing new is placed on it, and what runs there runs on
 // (a job on it moves off at its next restart).
-// drover drain NODE [--reason TEXT] [--wait [--timeout S]]: cordons it and moves its trainers
-// off: each saves its job's checkpoint and leaves, and the jobs restart elsewhere from it,
-// not counted as restarts (the node's maintenance, not their fault). With --wait, returns
-// once no trainer runs there: exit 0, or 1 when S passed first.
+// drover drain NODE [--slot S] [--reason TEXT] [--wait [--timeout S]]: cordons it and moves
+// its trainers off: each saves its job's checkpoint and leaves, and the jobs restart
+// elsewhere from it, not counted as restarts (the node's maintenance, not their fault).
+// With --slot, only that slot: the job with a rank there moves it off at a checkpoint its
+// ranks save now. With --wait, returns once no trainer runs there: exit 0, or 1 when S
+// passed first.
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <optional>
@@ -73,7 +75,8 @@ CommandRun SetupCordon(CLI::App* app, GlobalOptions* globals) {
                 << " is cordoned: nothing new is placed on it until drover uncordon " << args->node
                 << " --slot " << slot
                 << "; the node's other slots stay in use, and what runs on this one runs on "
-                   "(its job moves off it when it restarts)\n";
+                   "(drover drain "
+                << args->node << " --slot " << slot << " moves it off)\n";
       return kExitOk;
     }
     std::cout << args->node << " is cordoned: nothing new is placed on it until drover uncordon "
@@ -82,15 +85,62 @@ CommandRun SetupCordon(CLI::App* app, GlobalOptions* globals) {
   };
 }
 
+// Polls `job` until no rank of its current attempt runs on `node`'s `slot`, or it ended.
+int WaitForSlotDrain(RpcClient& client, const std::string& node, int slot, const std::string& job,
+                     double timeout_s) {
+  const std::string where = node + " slot " + std::to_string(slot);
+  const auto poll = [&]() -> std::optional<int> {
+    auto info = client.GetJob(job);
+    if (!info.ok()) return ReportError(info.status());
+    for (const v1::RankAssignment& r : info->job().placement()) {
+      if (r.node() == node && r.slot() == slot) return std::nullopt;
+    }
+    std::cout << where << " is drained: no rank of " << job
+              << " runs there; it stays out of service until drover uncordon " << node << " --slot "
+              << slot << "\n";
+    return kExitOk;
+  };
+  return PollUntil(timeout_s, poll, [&] {
+    std::cerr << "drover: timed out after " << timeout_s << " s with a rank of " << job
+              << " still on " << where << "\n";
+    return kExitFailure;
+  });
+}
+
+// The slot's drain (drover drain NODE --slot S).
+int DrainSlot(RpcClient& client, const Args& args) {
+  auto resp = client.Cordon(args.node, /*drain=*/true, args.reason, args.slot);
+  if (!resp.ok()) return ReportError(resp.status());
+  const std::string slot = std::to_string(args.slot);
+  std::cout << args.node << " slot " << slot << " is cordoned until drover uncordon " << args.node
+            << " --slot " << slot << "; "
+            << (resp->jobs().empty() ? "no job runs there" : "the job running there moves off it")
+            << "\n";
+  if (resp->jobs().empty()) return kExitOk;
+  std::cout << "  " << resp->jobs(0)
+            << (resp->jobs_checkpoint(0)
+                    ? ": moves its rank at the checkpoint its ranks save now"
+                    : ": saves no checkpoints (checkpoint.every_steps and every_minutes are 0): "
+                      "starts again from step 0")
+            << "\n";
+  if (!args.wait) return kExitOk;
+  return WaitForSlotDrain(client, args.node, args.slot, resp->jobs(0), args.timeout_s);
+}
+
 CommandRun SetupDrain(CLI::App* app, GlobalOptions* globals) {
   auto args = std::make_shared<Args>();
   AddNodeOptions(app, args.get());
+  app->add_option("--slot", args->slot,
+                  "only this slot (one GPU): the job with a rank there moves it off, the node's "
+                  "other slots stay in use")
+      ->check(CLI::NonNegativeNumber);
   app->add_flag("--wait", args->wait, "return once no trainer runs on the node");
   app->add_option("--timeout", args->timeout_s,
                   "with --wait: give up after S seconds (default: never)")
       ->check(CLI::NonNegativeNumber);
   return [args, globals]() -> int {
     RpcClient client(*globals);
+    if (args->slot >= 0) return DrainSlot(client, *args);
     auto resp = client.Cordon(args->node, /*drain=*/true, args->reason);
     if (!resp.ok()) return ReportError(resp.status());
     std::cout << args->node << " is cordoned until drover uncordon " << args->node << "; "
@@ -117,8 +167,8 @@ DROVER_REGISTER_COMMAND("cordon",
                         "on it",
                         SetupCordon);
 DROVER_REGISTER_COMMAND("drain",
-                        "Take a node out of service and move its trainers off, each with its "
-                        "job's checkpoint",
+                        "Take a node, or one GPU of it, out of service and move its trainers "
+                        "off, each with its job's checkpoint",
                         SetupDrain);
 
 }  // namespace drover::cli

@@ -266,12 +266,6 @@ StatusOr<v1::UncordonResponse> Coordinator::Uncordon(const v1::UncordonRequest& 
 StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& request) {
   RETURN_IF_ERROR(CheckLength("cordon: the reason", request.reason(), kMaxReasonBytes));
   RETURN_IF_ERROR(CheckLength("cordon: the requester", request.requester(), kMaxReasonBytes));
-  if (request.slot_only() && request.drain()) {
-    return InvalidArgumentError(
-        "drain: a drain moves a whole node's trainers off; to take one GPU out of use, cordon "
-        "its slot (what runs there runs on, and its job moves off it when it restarts: drover "
-        "suspend JOB --wait, then drover resume JOB, moves it now, from a fresh checkpoint)");
-  }
   if (request.slot_only() && request.slot() < 0) {
     return InvalidArgumentError("cordon: slot " + std::to_string(request.slot()) +
                                 " is not a slot index (0 or more)");
@@ -289,8 +283,20 @@ StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& reques
       [&]() REQUIRES(mu_) { return nodes_.PlanCordon(request.node(), request.drain(), why, slot); },
       [&](const NodeManager::NodePlan& plan) REQUIRES(mu_) {
         *response.mutable_node() = *nodes_.Find(request.node());
+        if (request.drain() && slot >= 0 && plan.after.state() != v1::NODE_DEAD) {
+          bool checkpoints = false;
+          const std::string job = jobs_.PlanSlotDrain(
+              request.node(), slot, why,
+              [this](v1::DeviceKind device) REQUIRES(mu_) { return HasFreeSlot(device); },
+              &checkpoints);
+          if (!job.empty()) {
+            response.add_jobs(job);
+            response.add_jobs_checkpoint(checkpoints);
+            NudgeNodesOf(job);  // its agents heartbeat now: the replies ask the checkpoint
+          }
+        }
         // Only what an alive node runs moves; a dead node's jobs have already failed over.
-        if (plan.after.drain() && plan.after.state() != v1::NODE_DEAD) {
+        if (slot < 0 && plan.after.drain() && plan.after.state() != v1::NODE_DEAD) {
           for (const v1::TrainerStatus& t : *nodes_.Trainers(request.node())) {
             if (!IsLive(t) || !jobs_.IsCurrent(TrainerKey::Of(t))) continue;
             const auto& listed = response.jobs();

@@ -235,6 +235,17 @@ class JobManager {
   // orders waiting).
   std::vector<std::string> CheckStragglers(int64_t now_ms,
                                            const std::function<bool(v1::DeviceKind)>& spare);
+  // An operator drained slot `slot` of `node` (drover drain NODE --slot S; `why`: who and
+  // why), which its cordon already keeps from new work: the RUNNING job with a live rank
+  // there moves it off as a straggler is moved, not counted as a restart. At a checkpoint
+  // asked for now, onto a free slot when `spare(device)` says one exists, else at the
+  // largest smaller feasible size (or, with none, waiting for a slot); a job that saves no
+  // checkpoints at once, starting again from step 0. A job with a move planned already (a
+  // straggler's) keeps that plan: its attempt ends at that checkpoint, and its next
+  // placement leaves the cordoned slot out. Returns that job's id, or "" when no job runs
+  // there; *checkpoints says whether it saves checkpoints.
+  std::string PlanSlotDrain(const std::string& node, int slot, const std::string& why,
+                            const std::function<bool(v1::DeviceKind)>& spare, bool* checkpoints);
   // Starts the next attempt of a pending job on `placement`, resuming from `resume`
   // (nullptr: fresh start).
   void StartAttempt(const Placement& placement, const v1::CheckpointRecord* resume);
@@ -341,6 +352,9 @@ class JobManager {
       int world_size = 0;                 // the next attempt's: the job's (moved) or fewer
       std::string what;  // "replacing straggler rank 1 ..." / "dropping straggler rank 1 ..."
       std::string how;   // after a shrink's "at the checkpoint of step N": ", shrinking ..."
+      // An operator's slot drain (PlanSlotDrain): the slot is cordoned already, and its
+      // node's other slots are not to be avoided.
+      bool by_operator = false;
     };
     std::optional<Replacement> replace;
   };
@@ -390,9 +404,9 @@ class JobManager {
   // pace_ms: the job's pace now (its ranks' slowest TrainerProgress.pace_ms).
   bool PlanReplacement(Job& job, const std::vector<Straggler>& found, double pace_ms,
                        int64_t now_ms, const std::function<bool(v1::DeviceKind)>& spare);
-  // Ends the attempt at the complete checkpoint of `step` to move or drop job.replace's
-  // stragglers.
-  void Replace(Job& job, int64_t step);
+  // Ends the attempt to move or drop job.replace's stragglers, `when` ("at the checkpoint
+  // of step N").
+  void Replace(Job& job, const std::string& when);
   void Persist(Job& job, const v1::AttemptRecord* attempt);
   // Keeps live_ and finished_counts_ in step with job.rec's state after a change (every
   // change is persisted, or is a cancel; finished states are final).

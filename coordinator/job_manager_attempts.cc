@@ -369,7 +369,8 @@ bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
       spdlog::info("job {}: {}", job->rec.job_id(), a.end_reason());
       Persist(*job, &a);
     } else if (job->rec.state() == v1::RUNNING && job->replace && before_end) {
-      Replace(*job, record.step());  // a planned resize is made again by the next pass
+      // A planned resize is made again by the next pass.
+      Replace(*job, "at the checkpoint of step " + std::to_string(record.step()));
     } else if (job->rec.state() == v1::RUNNING && job->resize && before_end) {
       Resize(*job, record.step());  // persists the new latest step with the resize
     } else {

@@ -237,9 +237,62 @@ bool JobManager::PlanReplacement(Job& job, const std::vector<Straggler>& found, 
   return true;
 }
 
-void JobManager::Replace(Job& job, int64_t step) {
+std::string JobManager::PlanSlotDrain(const std::string& node, int slot, const std::string& why,
+                                      const std::function<bool(v1::DeviceKind)>& spare,
+                                      bool* checkpoints) {
+  // Found first, acted on after: ending an attempt changes ranks_on_node_.
+  std::string id;
+  int rank = -1;
+  if (auto it = ranks_on_node_.find(node); it != ranks_on_node_.end()) {
+    for (const auto& [job_id, ranks] : it->second) {
+      const Job& job = *Get(job_id);
+      if (job.rec.state() != v1::RUNNING) continue;
+      for (int r : ranks) {
+        if (job.rec.placement(r).slot() == slot && !job.ranks[r].done) {
+          id = job_id;
+          rank = r;
+        }
+      }
+    }
+  }
+  if (id.empty()) return "";
+  Job& job = *Get(id);
+  *checkpoints = job.spec.checkpoint.enabled();
+  if (job.replace) return id;  // its attempt ends at its checkpoint anyway
+  const int size = job.rec.placement_size();
+  const std::string who = "rank " + std::to_string(rank) + " off " + node + " slot " +
+                          std::to_string(slot) + " (" + why + ")";
+  Job::Replacement plan;
+  plan.by_operator = true;
+  plan.stragglers.push_back({node, slot, who});
+  plan.what = "moving " + who;
+  if (spare(job.rec.device())) {
+    plan.world_size = size;
+  } else {
+    for (int s : job.feasible) {
+      if (s < size) plan.world_size = s;
+    }
+    plan.how = plan.world_size > 0
+                   ? ", shrinking from " + std::to_string(size) + " to " +
+                         std::to_string(plan.world_size) + " ranks: no free slot to move it to"
+                   : ", to wait for a free slot: none is free, and no smaller "
+                     "world size is feasible";
+  }
+  job.replace = std::move(plan);
+  if (!*checkpoints) {
+    Replace(job, "now (it saves no checkpoints: it starts again from step 0)");
+    return id;
+  }
+  job.waiting = job.replace->what + " at its next checkpoint" + job.replace->how;
+  UpdateReason(job);
+  AskCheckpoint(job, job.waiting, /*for_resize=*/false);
+  return id;
+}
+
+void JobManager::Replace(Job& job, const std::string& when) {
   const Job::Replacement r = *job.replace;
   for (const Job::Replacement::Straggler& s : r.stragglers) {
+    if (r.by_operator) continue;
     if (hooks_.slot_straggling) {
       hooks_.slot_straggling(s.node, s.slot, "job " + job.rec.job_id() + ": straggler " + s.who);
     }
@@ -247,7 +300,7 @@ void JobManager::Replace(Job& job, int64_t step) {
     // slot's alone: the next placement prefers other nodes where the gang fits.
     job.avoid.insert(s.node);
   }
-  const std::string what = r.what + " at the checkpoint of step " + std::to_string(step) + r.how;
+  const std::string what = r.what + " " + when + r.how;
   const int64_t now = clock_->WallNowMs();
   v1::AttemptRecord& a = EndAttempt(job, what, now);
   job.rec.set_state(v1::RECOVERING);

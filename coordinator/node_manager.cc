@@ -290,7 +290,6 @@ StatusOr<NodeManager::NodePlan> NodeManager::PlanCordon(const std::string& name,
   NodePlan plan{it->second.record, it->second.record};
   v1::NodeRecord& r = plan.after;
   if (slot >= 0) {
-    DROVER_CHECK_MSG(!drain, "a drain is of a whole node");
     if (!HasSlot(r, slot)) {
       return NotFoundError("node " + name + " has no slot " + std::to_string(slot) + " (it has " +
                            std::to_string(r.slots_size()) + ")");

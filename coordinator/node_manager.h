@@ -137,9 +137,9 @@ class NodeManager {
   StatusOr<NodePlan> PlanUncordon(const std::string& name, int slot) const;
   // An operator's cordon (drover cordon; `drain`: drover drain): node `name` out of service
   // until PlanUncordon, `why` (who and why) kept for drover workers; with `slot` >= 0 only
-  // that slot (SlotFault.operator_cordon; not with `drain`: a caller's bug). A drain stays
-  // once asked; a repeated cordon keeps the first one's time. NotFound for an unknown node
-  // or slot.
+  // that slot (SlotFault.operator_cordon; a slot's drain is JobManager::PlanSlotDrain's, so
+  // `drain` changes nothing then). A node's drain stays once asked; a repeated cordon keeps
+  // the first one's time. NotFound for an unknown node or slot.
   StatusOr<NodePlan> PlanCordon(const std::string& name, bool drain, const std::string& why,
                                 int slot = -1) const;
   // Makes a planned change; false, changing nothing, when the node's record changed since

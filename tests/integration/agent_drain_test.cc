@@ -199,6 +199,13 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   EXPECT_EQ(missing.code, 1) << missing.out;  // NOT_FOUND from the coordinator
   EXPECT_NE(missing.out.find("node " + node + " has no slot 5 (it has 1)"), std::string::npos)
       << missing.out;
+  // Its drain moves nothing: no rank runs there.
+  testing::CliResult slot_drain = Cli({"drain", node, "--slot", "0", "--wait"});
+  ASSERT_EQ(slot_drain.code, 0) << slot_drain.out;
+  EXPECT_NE(slot_drain.out.find(node + " slot 0 is cordoned until drover uncordon " + node +
+                                " --slot 0; no job runs there"),
+            std::string::npos)
+      << slot_drain.out;
   back = Cli({"uncordon", node, "--slot", "0"});
   ASSERT_EQ(back.code, 0) << back.out;
   EXPECT_NE(back.out.find(node + " slot 0 is back in service"), std::string::npos) << back.out;
@@ -206,6 +213,48 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   std::printf("drained at step %lld or after; attempt 2 resumed from step %lld\n",
               static_cast<long long>(drained_at),
               static_cast<long long>(after.attempts(1).resume_step()));
+  ASSERT_TRUE(cluster.Cancel(id_).ok());
+  ASSERT_TRUE(cluster.WaitJob(
+      id_, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
+}
+
+// An operator drains one slot (drover drain NODE --slot 0 --wait): the rank there moves off
+// at a checkpoint its job's ranks save now, the job resumes from it on a free slot, not
+// counted, and the node itself stays in service.
+TEST_F(AgentDrainTest, DroverDrainOfASlotMovesItsRankOffAtACheckpointAndLeavesTheNodeIn) {
+  v1::JobInfo running;
+  ASSERT_NO_FATAL_FAILURE(StartJob("slot-drain", &running));
+  testing::Cluster& cluster = *cluster_;
+  const int64_t drained_at = running.job().last_step();
+  const std::string node = running.attempts(0).placement(1).node();
+  const std::string slot = std::to_string(running.attempts(0).placement(1).slot());
+
+  testing::CliResult drain =
+      Cli({"drain", node, "--slot", slot, "--reason", "fan noise", "--wait", "--timeout", "20"});
+  ASSERT_EQ(drain.code, 0) << drain.out << cluster.DebugLogs();
+  EXPECT_NE(drain.out.find(id_ + ": moves its rank at the checkpoint its ranks save now"),
+            std::string::npos)
+      << drain.out;
+  EXPECT_NE(drain.out.find(node + " slot " + slot + " is drained: no rank of " + id_),
+            std::string::npos)
+      << drain.out;
+
+  v1::JobInfo after = WaitSecondAttempt(cluster, id_);
+  ASSERT_EQ(after.job().state(), v1::RUNNING) << after.job().reason() << cluster.DebugLogs();
+  EXPECT_EQ(after.job().restarts(), 0) << "a drain is no failure of the job's";
+  const std::string& why = after.attempts(0).end_reason();
+  EXPECT_EQ(why.rfind("moving rank 1 off " + node + " slot " + slot + " (drained by ", 0), 0u)
+      << why;
+  EXPECT_NE(why.find(": fan noise) at the checkpoint of step "), std::string::npos) << why;
+  EXPECT_GE(after.attempts(1).resume_step(), drained_at) << after.attempts(1).resume_checkpoint();
+  for (const auto& r : after.attempts(1).placement()) EXPECT_NE(r.node(), node);
+  auto listed = cluster.ListWorkers();
+  ASSERT_TRUE(listed.ok());
+  for (const auto& w : listed->workers()) {
+    if (w.node().name() == node) {
+      EXPECT_EQ(w.node().state(), v1::NODE_ALIVE) << "one slot out, not the node";
+    }
+  }
   ASSERT_TRUE(cluster.Cancel(id_).ok());
   ASSERT_TRUE(cluster.WaitJob(
       id_, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));

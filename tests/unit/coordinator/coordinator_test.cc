@@ -1061,6 +1061,128 @@ TEST_F(CoordinatorTest, AnOperatorPutsARepairedGpuBackInServiceAndTheJobGrowsOnt
   EXPECT_EQ(c_->Uncordon(request).status().code(), StatusCode::kNotFound);
 }
 
+// drover drain NODE --slot S: the slot is cordoned, and the job with a rank there moves it
+// off at a checkpoint asked for now (not counted), to a free slot; the node's other slot
+// keeps its rank. A job that saves no checkpoints moves at once; a drained slot with no
+// rank on it moves nothing.
+TEST_F(CoordinatorTest, AnOperatorsSlotDrainMovesTheRankOffAtACheckpointAndKeepsTheSlotOut) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string id = Submit(SpecYaml(2, 2));
+  c_->Tick();
+  ASSERT_EQ(Job(id).placement_size(), 2);
+  ASSERT_EQ(Job(id).placement(0).node(), "n1");
+  const int slot = Job(id).placement(1).slot();
+  ASSERT_EQ(Beat("n1", {}).orders_size(), 2);
+  Beat("n1",
+       {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 7), Trainer(id, 1, 1, v1::TRAINER_RUNNING, 7)});
+  ASSERT_TRUE(c_->Register(RegisterReq("n2", 1)).ok());  // the free slot it moves to
+
+  v1::CordonRequest request;
+  request.set_node("n1");
+  request.set_slot_only(true);
+  request.set_slot(slot);
+  request.set_drain(true);
+  request.set_requester("ops@h");
+  request.set_reason("fan noise");
+  auto drained = c_->Cordon(request);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  ASSERT_EQ(drained->jobs_size(), 1);
+  EXPECT_EQ(drained->jobs(0), id);
+  EXPECT_TRUE(drained->jobs_checkpoint(0));
+  EXPECT_EQ(drained->node().slot_faults(0).operator_cordon(), "drained by ops@h: fan noise");
+  EXPECT_FALSE(drained->node().drain()) << "the node is not drained, one slot is";
+  const std::string moving =
+      "moving rank 1 off n1 slot " + std::to_string(slot) + " (drained by ops@h: fan noise)";
+  EXPECT_EQ(Job(id).reason(), moving + " at its next checkpoint");
+  v1::HeartbeatResponse hb = Beat(
+      "n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 8), Trainer(id, 1, 1, v1::TRAINER_RUNNING, 8)});
+  bool asked = false;
+  for (const auto& order : hb.orders()) asked |= order.has_checkpoint();
+  EXPECT_TRUE(asked);
+
+  // The checkpoint completes: the attempt ends there, and the next one runs on n1's other
+  // slot and n2's, once the trainers have left.
+  v1::HeartbeatRequest report;
+  report.set_name("n1");
+  report.set_agent_id("agent-1");
+  *report.add_trainers() = Trainer(id, 1, 0, v1::TRAINER_RUNNING, 9);
+  *report.add_trainers() = Trainer(id, 1, 1, v1::TRAINER_RUNNING, 9);
+  v1::CheckpointRecord* ck = report.add_checkpoints();
+  ck->set_job_id(id);
+  ck->set_attempt(1);
+  ck->set_step(9);
+  ck->set_path("/runs/ck/step_9");
+  c_->Heartbeat(report);
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  Beat("n1", {Exited(id, 1, 0, 0, 15), Exited(id, 1, 1, 0, 15)});
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  EXPECT_EQ(Job(id).attempt(), 2);
+  EXPECT_EQ(Job(id).restarts(), 0);
+  const v1::JobInfo info = *c_->GetJob(id);
+  EXPECT_EQ(info.attempts(0).end_reason(), moving + " at the checkpoint of step 9");
+  std::set<std::pair<std::string, int>> slots;
+  for (const auto& r : info.job().placement()) slots.insert({r.node(), r.slot()});
+  EXPECT_EQ(slots, (std::set<std::pair<std::string, int>>{{"n1", 1 - slot}, {"n2", 0}}));
+  // Out by the operator's word alone: no straggler's cordon, no failure counted.
+  const v1::ListWorkersResponse workers = c_->ListWorkers();
+  for (const v1::WorkerInfo& w : workers.workers()) {
+    if (w.node().name() != "n1") continue;
+    ASSERT_EQ(w.node().slot_faults_size(), 1);
+    EXPECT_EQ(w.node().slot_faults(0).failures(), 0);
+    EXPECT_EQ(w.node().failures(), 0);
+  }
+
+  // Drained again on n2, with no free slot left and no smaller feasible size: it says it
+  // will wait for one.
+  request.set_node("n2");
+  request.set_slot(0);
+  drained = c_->Cordon(request);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  ASSERT_EQ(drained->jobs_size(), 1);
+  EXPECT_NE(Job(id).reason().find(
+                "at its next checkpoint, to wait for a free slot: none is free, and no smaller "
+                "world size is feasible"),
+            std::string::npos)
+      << Job(id).reason();
+}
+
+TEST_F(CoordinatorTest, ASlotDrainMovesAJobWithoutCheckpointsAtOnceAndAnEmptySlotNothing) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 3)).ok());
+  const std::string id = Submit(SpecYaml(1, 1) + "checkpoint: {every_steps: 0}\n");
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  const int slot = Job(id).placement(0).slot();
+  Beat("n1", {Trainer(id, 1, 0, v1::TRAINER_RUNNING, 4)});
+  v1::CordonRequest request;
+  request.set_node("n1");
+  request.set_slot_only(true);
+  request.set_drain(true);
+  // A slot no rank runs on: cordoned, nothing moves.
+  request.set_slot(slot == 2 ? 1 : 2);
+  auto drained = c_->Cordon(request);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->jobs_size(), 0);
+  EXPECT_EQ(Job(id).attempt(), 1);
+  // The job's slot: it saves no checkpoints, so its attempt ends now, not counted.
+  request.set_slot(slot);
+  drained = c_->Cordon(request);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  ASSERT_EQ(drained->jobs_size(), 1);
+  EXPECT_FALSE(drained->jobs_checkpoint(0));
+  EXPECT_EQ(Job(id).state(), v1::RECOVERING);
+  EXPECT_EQ(Job(id).restarts(), 0);
+  EXPECT_EQ(c_->GetJob(id)->attempts(0).end_reason(),
+            "moving rank 0 off n1 slot " + std::to_string(slot) +
+                " (drained by an operator) now (it saves no checkpoints: it starts again from "
+                "step 0)");
+  Beat("n1", {Exited(id, 1, 0, 0, 15)});
+  c_->Tick();
+  ASSERT_EQ(Job(id).state(), v1::RUNNING);
+  const int free = 3 - slot - (slot == 2 ? 1 : 2);  // the one slot neither drain took
+  EXPECT_EQ(Job(id).placement(0).slot(), free);
+}
+
 // A tp2 job that may take 2 to 8 ranks, on two nodes of 3 slots: placed at 4 (a whole tp
 // group on each node), saying why, and not grown into the one slot left on each (a third
 // group would span them), whatever the passes; a node of 2 free slots joining makes it grow.
@@ -1249,15 +1371,9 @@ TEST_F(CoordinatorTest, AnOperatorsCordonOfOneSlotKeepsTheNodesOtherSlotsInUse) 
   c_->Tick();
   EXPECT_EQ(Job(second).state(), v1::RUNNING);
   EXPECT_EQ(Job(second).placement(0).slot(), 0);
-  // A drain is of a whole node; a slot the node lacks is named.
-  request.set_drain(true);
-  auto refused = c_->Cordon(request);
-  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("a drain moves a whole node's trainers off"),
-            std::string::npos);
-  request.set_drain(false);
+  // A slot the node lacks is named.
   request.set_slot(7);
-  refused = c_->Cordon(request);
+  auto refused = c_->Cordon(request);
   EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(refused.status().message(), "node n1 has no slot 7 (it has 2)");
 }
