@@ -214,7 +214,8 @@ class JobManager {
   // Why a pending job waits, for people (in memory: it changes on every scheduling pass).
   void SetWaitingReason(const std::string& job_id, const std::string& reason);
   // RUNNING jobs that can change size: those that save checkpoints (a resize resumes from
-  // one), at whatever size they run.
+  // one), at whatever size they run, but for those asked to suspend or with a move planned
+  // (their attempt ends at their next checkpoint anyway).
   std::vector<RunningJob> Resizable() const;
   // Plans what a RUNNING job becomes at its next complete checkpoint (grown, shrunk, or
   // preempted: see above), or withdraws the plan (nullopt). Shown in its reason. A new plan

@@ -35,6 +35,9 @@ std::vector<RunningJob> JobManager::Resizable() const {
     const Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
     if (!job.spec.checkpoint.enabled() || job.rec.suspend()) continue;
+    // A move planned (a straggler's, a drained slot's) ends the attempt at the checkpoint
+    // asked for, and the next attempt's placement decides its size then.
+    if (job.replace) continue;
     out.push_back(
         {id, job.rec.priority(), job.rec.submit_seq(), job.rec.device(), job.rec.placement_size(),
          job.feasible, job.spec.RankBlock(),

@@ -496,6 +496,32 @@ TEST_F(JobManagerTest, AJobPlacedSmallerToKeepItsBlocksWholeSaysSoAndOffersThemT
   EXPECT_EQ(running[0].ranks[3].node(), jobs_.Find(*id)->placement(3).node());
 }
 
+TEST_F(JobManagerTest, ASlotDrainWithNoFreeSlotShrinksTheJobAndTakesItOutOfResizePlans) {
+  auto id = Submit(SpecYaml(1, 2), "j1", 1);
+  ASSERT_TRUE(id.ok()) << id.status();
+  Place(*id, 2, {Node("n1", 2)});
+  ASSERT_EQ(jobs_.Resizable().size(), 1u);
+  const int slot = jobs_.Find(*id)->placement(1).slot();
+  bool checkpoints = false;
+  EXPECT_EQ(jobs_.PlanSlotDrain(
+                "n1", slot, "drained by ops@h", [](v1::DeviceKind) { return false; }, &checkpoints),
+            *id);
+  EXPECT_TRUE(checkpoints);
+  EXPECT_EQ(jobs_.Find(*id)->reason(),
+            "moving rank 1 off n1 slot " + std::to_string(slot) +
+                " (drained by ops@h) at its next checkpoint, shrinking from 2 to 1 ranks: no free "
+                "slot to move it to");
+  // Its attempt ends at that checkpoint: no growth or preemption plan meanwhile.
+  EXPECT_TRUE(jobs_.Resizable().empty());
+  // A slot no current rank runs on moves nothing.
+  EXPECT_EQ(jobs_.PlanSlotDrain(
+                "n1", 7, "x", [](v1::DeviceKind) { return true; }, &checkpoints),
+            "");
+  EXPECT_EQ(jobs_.PlanSlotDrain(
+                "n2", 0, "x", [](v1::DeviceKind) { return true; }, &checkpoints),
+            "");
+}
+
 TEST_F(JobManagerTest, RestartsBackOffWhileAttemptsKeepFailingAndSayHowLong) {
   const std::string id = SubmitAndPlace(1, {Node("n1", 1)}, /*max_restarts=*/20);
   // The first failure is restarted at once: one node failure costs nothing extra.
