@@ -18,7 +18,10 @@
 //                  ride through, checkpoints included;
 //   coord-stop     SIGSTOP of the coordinator for 0.5-5 s;
 //   ckpt-corrupt   one byte flipped in a file of a job's newest complete checkpoint (bit
-//                  rot): the job must pass over it when it next restores.
+//                  rot): the job must pass over it when it next restores;
+//   slot-drain     drover drain NODE --slot 0 (an operator taking one GPU out): the rank
+//                  there moves off at a checkpoint, or its job waits for a slot; drover
+//                  uncordon NODE --slot 0 5-20 s later.
 //
 // Then, with every process resumed: every job must still be RUNNING and save a new
 // checkpoint; once cancelled, no trainer may outlive its job; every complete checkpoint
@@ -34,6 +37,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -208,8 +212,9 @@ class Soak {
 
   void Inject() {
     static const std::vector<std::pair<std::string, int>> kinds = {
-        {"trainer-kill", 3}, {"trainer-stop", 2}, {"agent-kill", 2}, {"agent-stop", 2},
-        {"coord-kill", 1},   {"coord-away", 1},   {"coord-stop", 1}, {"ckpt-corrupt", 1}};
+        {"trainer-kill", 3}, {"trainer-stop", 2}, {"agent-kill", 2},
+        {"agent-stop", 2},   {"coord-kill", 1},   {"coord-away", 1},
+        {"coord-stop", 1},   {"ckpt-corrupt", 1}, {"slot-drain", 1}};
     std::vector<int> weights;
     for (const auto& [name, w] : kinds) weights.push_back(w);
     const std::string kind =
@@ -248,6 +253,8 @@ class Soak {
       }
     } else if (kind == "ckpt-corrupt") {
       if (!Corrupt()) return;
+    } else if (kind == "slot-drain") {
+      if (!DrainSlot()) return;
     } else {
       if (Busy("coordinator")) return Log(kind + ": the coordinator is already down, skipped");
       if (kind == "coord-kill" || kind == "coord-away") {
@@ -264,6 +271,43 @@ class Soak {
       }
     }
     ++counts_[kind];
+  }
+
+  // The first line of a CLI's output, without its indent, for the log.
+  static std::string FirstLine(const std::string& out) {
+    const size_t start = std::min(out.find_first_not_of(' '), out.size());
+    return out.substr(start, out.find('\n', start) - start);
+  }
+
+  // drover drain NODE --slot 0 on a random agent's node (each has one slot), its uncordon
+  // pending.
+  bool DrainSlot() {
+    if (Busy("coordinator")) {
+      Log("slot-drain: the coordinator is down, skipped");
+      return false;
+    }
+    const std::string node =
+        cluster_->AgentName(std::uniform_int_distribution<>(0, agents_ - 1)(rng_));
+    const std::string what = "slot " + node;
+    if (Busy(what)) {
+      Log("slot-drain: " + node + " slot 0 is drained already, skipped");
+      return false;
+    }
+    const testing::CliResult r = testing::RunCli(
+        cluster_->root(),
+        {"--coordinator", cluster_->address(), "drain", node, "--slot", "0", "--reason", "soak"});
+    if (r.code != 0) {
+      Log("slot-drain: " + node + ": " + FirstLine(r.out) + ", skipped");
+      return false;
+    }
+    const int64_t ms = static_cast<int64_t>(Draw(5000, 20000));
+    pending_.push_back({NowMs() + ms, what, false});
+    const size_t job = r.out.find("\n  ");
+    Log("drain " + node + " slot 0" +
+        (job == std::string::npos ? ": no job runs there"
+                                  : ": " + FirstLine(r.out.substr(job + 1))) +
+        ", uncordoned in " + std::to_string(ms) + " ms");
+    return true;
   }
 
   // Flips one byte of one file of a random job's newest complete checkpoint: bit rot, or a
@@ -310,7 +354,16 @@ class Soak {
         ++it;
         continue;
       }
-      if (it->what == "coordinator") {
+      if (it->what.rfind("slot ", 0) == 0) {
+        const std::string node = it->what.substr(5);
+        const testing::CliResult r = testing::RunCli(
+            cluster_->root(),
+            {"--coordinator", cluster_->address(), "uncordon", node, "--slot", "0"});
+        if (r.code != 0) {  // the coordinator is away: again at the next pass
+          ++it;
+          continue;
+        }
+      } else if (it->what == "coordinator") {
         if (it->restart) {
           cluster_->StartCoordinator();
         } else {
@@ -326,7 +379,8 @@ class Soak {
       } else {
         kill(static_cast<pid_t>(std::stol(it->what.substr(8))), SIGCONT);
       }
-      Log((it->restart ? "restarted " : "SIGCONT ") + it->what);
+      Log(it->what.rfind("slot ", 0) == 0 ? "uncordoned " + it->what.substr(5) + " slot 0"
+                                          : (it->restart ? "restarted " : "SIGCONT ") + it->what);
       it = pending_.erase(it);
     }
   }
