@@ -48,7 +48,7 @@ class RpcClient {
   // slot < 0: the whole node.
   StatusOr<v1::UncordonResponse> Uncordon(const std::string& node, int slot);
   // Fills in the requester ($USER@hostname), as a submit's submitter. slot >= 0: only that
-  // slot (not with `drain`).
+  // slot (with `drain`: the job with a rank there moves it off).
   StatusOr<v1::CordonResponse> Cordon(const std::string& node, bool drain,
                                       const std::string& reason, int slot = -1);
 

@@ -349,13 +349,12 @@ class JobManager {
         int slot = 0;
         std::string who;  // "rank 1 on w1 slot 0 (busy 81 ms a step, ...)"
       };
-      std::vector<Straggler> stragglers;  // their slots are cordoned at the checkpoint
-      int world_size = 0;                 // the next attempt's: the job's (moved) or fewer
-      std::string what;  // "replacing straggler rank 1 ..." / "dropping straggler rank 1 ..."
-      std::string how;   // after a shrink's "at the checkpoint of step N": ", shrinking ..."
-      // An operator's slot drain (PlanSlotDrain): the slot is cordoned already, and its
-      // node's other slots are not to be avoided.
-      bool by_operator = false;
+      // Their slots are cordoned at the checkpoint, their nodes avoided; none for an
+      // operator's slot drain (PlanSlotDrain: its cordon is the operator's, the node fine).
+      std::vector<Straggler> stragglers;
+      int world_size = 0;  // the next attempt's: the job's (moved) or fewer
+      std::string what;    // "replacing straggler rank 1 ..." / "dropping straggler rank 1 ..."
+      std::string how;     // after a shrink's "at the checkpoint of step N": ", shrinking ..."
     };
     std::optional<Replacement> replace;
   };

@@ -265,9 +265,7 @@ std::string JobManager::PlanSlotDrain(const std::string& node, int slot, const s
   const int size = job.rec.placement_size();
   const std::string who = "rank " + std::to_string(rank) + " off " + node + " slot " +
                           std::to_string(slot) + " (" + why + ")";
-  Job::Replacement plan;
-  plan.by_operator = true;
-  plan.stragglers.push_back({node, slot, who});
+  Job::Replacement plan;  // no stragglers: the slot is the operator's to cordon
   plan.what = "moving " + who;
   if (spare(job.rec.device())) {
     plan.world_size = size;
@@ -295,7 +293,6 @@ std::string JobManager::PlanSlotDrain(const std::string& node, int slot, const s
 void JobManager::Replace(Job& job, const std::string& when) {
   const Job::Replacement r = *job.replace;
   for (const Job::Replacement::Straggler& s : r.stragglers) {
-    if (r.by_operator) continue;
     if (hooks_.slot_straggling) {
       hooks_.slot_straggling(s.node, s.slot, "job " + job.rec.job_id() + ": straggler " + s.who);
     }
