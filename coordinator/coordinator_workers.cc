@@ -18,6 +18,20 @@
 namespace drover::coordinator {
 namespace {
 
+// The log's account of what a drain moves off a node or slot: "; 2 jobs leave it, 1 at a
+// checkpoint saved now, 1 starting again from step 0 (saving no checkpoints)", or nothing.
+std::string LeavingJobs(const v1::CordonResponse& response) {
+  const int n = response.jobs_size();
+  if (n == 0) return "";
+  const auto& saves = response.jobs_checkpoint();
+  const int saving = static_cast<int>(std::count(saves.begin(), saves.end(), true));
+  const std::string out = "; " + std::to_string(n) + (n == 1 ? " job leaves it" : " jobs leave it");
+  if (saving == n) return out + ", at a checkpoint saved now";
+  if (saving == 0) return out + ", starting again from step 0 (saving no checkpoints)";
+  return out + ", " + std::to_string(saving) + " at a checkpoint saved now, " +
+         std::to_string(n - saving) + " starting again from step 0 (saving no checkpoints)";
+}
+
 int LiveTrainers(const std::vector<v1::TrainerStatus>& listed) {
   return static_cast<int>(std::count_if(listed.begin(), listed.end(), IsLive));
 }
@@ -307,10 +321,7 @@ StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& reques
           }
           if (nudge_) nudge_(request.node());  // its agent heartbeats now: the reply drains
         }
-        spdlog::info("{} {} ({}){}", what, verb, why,
-                     response.jobs().empty() ? ""
-                                             : "; " + std::to_string(response.jobs_size()) +
-                                                   " job(s) save a checkpoint and move elsewhere");
+        spdlog::info("{} {} ({}){}", what, verb, why, LeavingJobs(response));
       }));
   return response;
 }

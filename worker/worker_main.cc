@@ -61,8 +61,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--address", options.address,
                  "this node's address: shown to people, and where its trainers accept their "
-                 "peers (default: the address of the interface toward --coordinator; 127.0.0.1 "
-                 "for a coordinator on loopback)");
+                 "peers (default: the address of the interface toward --coordinator; with a "
+                 "coordinator on loopback, a one-machine cluster, trainers accept peers on "
+                 "127.0.0.1 and the node shows its host name)");
   app.add_option("--stop-grace-ms", options.shutdown_grace_ms,
                  "on SIGTERM: how long the trainers have to drain (save their job's checkpoint "
                  "and exit) before they are killed")
