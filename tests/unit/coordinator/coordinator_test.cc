@@ -1642,17 +1642,30 @@ TEST_F(CoordinatorTest, HeartbeatDrivenChangeThatCannotBeWrittenStopsTheCoordina
   EXPECT_TRUE(c_->Flush().ok());
 }
 
-TEST(CoordinatorServerTest, ServesRpcsOnLoopback) {
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.state_dir = ::testing::TempDir() + "/drover_coord_rpc_" + std::to_string(getpid());
-  std::filesystem::remove_all(options.state_dir);
-  auto c = Coordinator::Open(options, &clock);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto server = CoordinatorServer::Start(c->get(), "127.0.0.1:0", 10);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_GT((*server)->port(), 0);
-  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+// A coordinator on a fake clock behind a real gRPC server listening on `listen`.
+class CoordinatorServerTest : public ::testing::Test {
+ protected:
+  void Serve(const std::string& listen) {
+    CoordinatorOptions options;
+    options.state_dir = ::testing::TempDir() + "/drover_coord_server_" + std::to_string(getpid()) +
+                        "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(options.state_dir);
+    auto c = Coordinator::Open(options, &clock_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    c_ = std::move(*c);
+    auto server = CoordinatorServer::Start(c_.get(), listen, 10);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  FakeClock clock_;
+  std::unique_ptr<Coordinator> c_;
+  std::unique_ptr<CoordinatorServer> server_;
+};
+
+TEST_F(CoordinatorServerTest, ServesRpcsOnLoopback) {
+  ASSERT_NO_FATAL_FAILURE(Serve("127.0.0.1:0"));
+  ASSERT_GT(server_->port(), 0);
+  auto channel = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
   auto jobs = v1::JobService::NewStub(channel);
   auto workers = v1::WorkerService::NewStub(channel);
   auto kv = v1::RendezvousService::NewStub(channel);
@@ -1693,7 +1706,7 @@ TEST(CoordinatorServerTest, ServesRpcsOnLoopback) {
   }
   ASSERT_EQ(hb.orders_size(), 1);
   EXPECT_EQ(hb.orders(0).start().job_id(), id);
-  EXPECT_EQ(hb.orders(0).start().coordinator_address(), (*server)->address());
+  EXPECT_EQ(hb.orders(0).start().coordinator_address(), server_->address());
   {
     grpc::ClientContext ctx;
     v1::KvSetRequest req;
@@ -1713,59 +1726,43 @@ TEST(CoordinatorServerTest, ServesRpcsOnLoopback) {
     v1::KvWaitResponse resp;
     EXPECT_EQ(kv->Wait(&ctx, req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   }
-  (*server)->Shutdown();
 }
 
-TEST(CoordinatorServerTest, WildcardListenAdvertisesNoRendezvousAddress) {
+TEST_F(CoordinatorServerTest, WildcardListenAdvertisesNoRendezvousAddress) {
   // 0.0.0.0 is not an address another node can dial: start orders leave it empty and each
   // agent substitutes the address it reaches the coordinator by.
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.state_dir = ::testing::TempDir() + "/drover_coord_wild_" + std::to_string(getpid());
-  std::filesystem::remove_all(options.state_dir);
-  auto c = Coordinator::Open(options, &clock);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto server = CoordinatorServer::Start(c->get(), "0.0.0.0:0", 10);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE((*c)->Register(RegisterReq("n1", 1)).ok());
+  ASSERT_NO_FATAL_FAILURE(Serve("0.0.0.0:0"));
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
   v1::SubmitJobRequest submit;
   submit.set_spec_yaml(SpecYaml(1, 1));
-  ASSERT_TRUE((*c)->SubmitJob(submit).ok());
-  (*c)->Tick();
-  ASSERT_TRUE((*c)->Flush().ok());  // start orders wait for their attempt to be durable
+  ASSERT_TRUE(c_->SubmitJob(submit).ok());
+  c_->Tick();
+  ASSERT_TRUE(c_->Flush().ok());  // start orders wait for their attempt to be durable
   v1::HeartbeatRequest req;
   req.set_name("n1");
   req.set_agent_id("agent-1");
-  v1::HeartbeatResponse hb = (*c)->Heartbeat(req);
+  v1::HeartbeatResponse hb = c_->Heartbeat(req);
   ASSERT_EQ(hb.orders_size(), 1);
   EXPECT_EQ(hb.orders(0).start().coordinator_address(), "");
   // --advertise names one explicitly.
-  (*c)->SetAdvertisedAddress("10.1.2.3:7600");
-  hb = (*c)->Heartbeat(req);
+  c_->SetAdvertisedAddress("10.1.2.3:7600");
+  hb = c_->Heartbeat(req);
   ASSERT_EQ(hb.orders_size(), 1);
   EXPECT_EQ(hb.orders(0).start().coordinator_address(), "10.1.2.3:7600");
-  (*server)->Shutdown();
 }
 
-TEST(CoordinatorServerTest, ShutsDownWhileHeartbeatsArrive) {
+TEST_F(CoordinatorServerTest, ShutsDownWhileHeartbeatsArrive) {
   // Heartbeats in flight while the server stops: every call ends (answered or cancelled),
   // no call is left behind (the ASan build checks for leaks) and nothing aborts.
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.state_dir = ::testing::TempDir() + "/drover_coord_stop_" + std::to_string(getpid());
-  std::filesystem::remove_all(options.state_dir);
-  auto c = Coordinator::Open(options, &clock);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto server = CoordinatorServer::Start(c->get(), "127.0.0.1:0", 10);
-  ASSERT_TRUE(server.ok()) << server.status();
-  ASSERT_TRUE((*c)->Register(RegisterReq("n1", 1)).ok());
+  ASSERT_NO_FATAL_FAILURE(Serve("127.0.0.1:0"));
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
   std::atomic<bool> stop{false};
   std::atomic<int> answered{0};
   std::vector<std::thread> clients;
   for (int t = 0; t < 4; ++t) {
     clients.emplace_back([&] {
       auto stub = v1::WorkerService::NewStub(
-          grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+          grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
       while (!stop) {
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -1778,7 +1775,7 @@ TEST(CoordinatorServerTest, ShutsDownWhileHeartbeatsArrive) {
     });
   }
   while (answered < 200) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  (*server)->Shutdown();
+  server_->Shutdown();
   stop = true;
   for (auto& t : clients) t.join();
   EXPECT_GE(answered, 200);
