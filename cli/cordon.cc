@@ -1,19 +1,24 @@
 // drover cordon NODE [--slot S] [--reason TEXT]: takes a node, or one GPU of it, out of
 // service until drover uncordon: nothing new is placed on it, and what runs there runs on
 // (a job on it moves off at its next restart).
-// drover drain NODE [--slot S] [--reason TEXT] [--wait [--timeout S]]: cordons it and moves
-// its trainers off: each saves its job's checkpoint and leaves, and the jobs restart
-// elsewhere from it, not counted as restarts (the node's maintenance, not their fault).
+// drover drain NODE [--slot S] [--reason TEXT] [--grace D] [--wait [--timeout S]]: cordons it
+// and moves its trainers off: each saves its job's checkpoint and leaves (killed after D, by
+// default the agent's --stop-grace-ms), and the jobs restart elsewhere from it, not counted
+// as restarts (the node's maintenance, not their fault).
 // With --slot, only that slot: the job with a rank there moves it off at a checkpoint its
 // ranks save now. With --wait, returns once no trainer runs there: exit 0, or 1 when S
 // passed first.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <climits>
 #include <iostream>
 #include <optional>
 
 #include "cli/command.h"
 #include "cli/poll.h"
+#include "cli/progress.h"
 #include "cli/rpc_client.h"
+#include "common/duration.h"
 
 namespace drover::cli {
 namespace {
@@ -24,6 +29,7 @@ struct Args {
   std::string reason;
   bool wait = false;
   double timeout_s = 0;
+  std::string grace;  // drover drain --grace: "10m"; "": the agent's
 };
 
 void AddNodeOptions(CLI::App* app, Args* args) {
@@ -134,18 +140,39 @@ CommandRun SetupDrain(CLI::App* app, GlobalOptions* globals) {
                   "only this slot (one GPU): the job with a rank there moves it off, the node's "
                   "other slots stay in use")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--grace", args->grace,
+                  "how long each trainer of the node has to save its job's checkpoint and leave "
+                  "before it is killed: 90s, 10m, 1h (at most a day; default: the agent's "
+                  "--stop-grace-ms); not with --slot");
   app->add_flag("--wait", args->wait, "return once no trainer runs on the node");
   app->add_option("--timeout", args->timeout_s,
                   "with --wait: give up after S seconds (default: never)")
       ->check(CLI::NonNegativeNumber);
   return [args, globals]() -> int {
     RpcClient client(*globals);
-    if (args->slot >= 0) return DrainSlot(client, *args);
-    auto resp = client.Cordon(args->node, /*drain=*/true, args->reason);
+    int64_t grace_ms = 0;
+    if (!args->grace.empty()) {
+      StatusOr<int64_t> parsed = ParseDurationMs(args->grace, "--grace");
+      if (!parsed.ok()) return ReportError(parsed.status());
+      if (*parsed == 0) {
+        return ReportError(InvalidArgumentError(
+            "--grace 0 would kill the trainers at once, losing what they trained since their "
+            "last checkpoint; leave --grace out for the agent's --stop-grace-ms"));
+      }
+      // The coordinator refuses what is out of range, or given with --slot, saying why.
+      grace_ms = std::min<int64_t>(*parsed, INT32_MAX);
+    }
+    if (args->slot >= 0 && grace_ms == 0) return DrainSlot(client, *args);
+    auto resp = client.Cordon(args->node, /*drain=*/true, args->reason, args->slot,
+                              static_cast<int>(grace_ms));
     if (!resp.ok()) return ReportError(resp.status());
     std::cout << args->node << " is cordoned until drover uncordon " << args->node << "; "
               << (resp->jobs().empty() ? "no job runs there"
                                        : "its trainers save their jobs' checkpoints and leave")
+              << (resp->jobs().empty() || grace_ms == 0
+                      ? ""
+                      : ", each killed if still running " + FormatDurationMs(grace_ms) +
+                            " after its signal")
               << "\n";
     for (int i = 0; i < resp->jobs_size(); ++i) {
       std::cout << "  " << resp->jobs(i)

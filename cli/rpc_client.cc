@@ -235,10 +235,11 @@ StatusOr<v1::SetPriorityResponse> RpcClient::SetPriority(const std::string& job_
 }
 
 StatusOr<v1::CordonResponse> RpcClient::Cordon(const std::string& node, bool drain,
-                                               const std::string& reason, int slot) {
+                                               const std::string& reason, int slot, int grace_ms) {
   v1::CordonRequest req;
   req.set_node(node);
   req.set_drain(drain);
+  req.set_grace_ms(grace_ms);
   req.set_reason(reason);
   req.set_requester(Submitter());
   if (slot >= 0) {

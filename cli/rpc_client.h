@@ -48,9 +48,10 @@ class RpcClient {
   // slot < 0: the whole node.
   StatusOr<v1::UncordonResponse> Uncordon(const std::string& node, int slot);
   // Fills in the requester ($USER@hostname), as a submit's submitter. slot >= 0: only that
-  // slot (with `drain`: the job with a rank there moves it off).
+  // slot (with `drain`: the job with a rank there moves it off). grace_ms > 0: a node's
+  // drain gives its trainers that long to leave (CordonRequest.grace_ms).
   StatusOr<v1::CordonResponse> Cordon(const std::string& node, bool drain,
-                                      const std::string& reason, int slot = -1);
+                                      const std::string& reason, int slot = -1, int grace_ms = 0);
 
   const std::string& request_id() const { return request_id_; }
 

@@ -83,7 +83,11 @@ std::vector<std::vector<std::string>> GpuRows(const v1::WorkerInfo& w) {
 
 std::string OperatorCordonLine(const v1::NodeRecord& n, int64_t now_ms) {
   if (n.operator_cordon().empty()) return "";
-  return OperatorLine(n.name(), n.operator_cordon(), n.operator_cordon_ms(), now_ms, n.name());
+  std::string why = n.operator_cordon();
+  if (n.drain() && n.drain_grace_ms() > 0) {
+    why += " (trainers given " + FormatDurationMs(n.drain_grace_ms()) + " to leave)";
+  }
+  return OperatorLine(n.name(), why, n.operator_cordon_ms(), now_ms, n.name());
 }
 
 std::vector<std::string> SlotsOutLines(const v1::NodeRecord& n, int64_t now_ms) {

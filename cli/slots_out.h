@@ -18,7 +18,8 @@ namespace drover::cli {
 std::string FailuresCell(const v1::NodeRecord& n, int64_t now_ms);
 
 // Node `n`'s line for an operator's cordon at `now_ms`: "NODE: drained by root@host: new
-// NIC, 5m12s ago (until drover uncordon NODE)", or "" when it has none.
+// NIC, 5m12s ago (until drover uncordon NODE)", or "" when it has none; a drain given a
+// grace says so after the reason: "new NIC (trainers given 10m00s to leave), 5m12s ago".
 std::string OperatorCordonLine(const v1::NodeRecord& n, int64_t now_ms);
 
 // Node `n`'s lines at `now_ms` (the coordinator's clock) for its slots out of use, each

@@ -32,6 +32,26 @@ std::string LeavingJobs(const v1::CordonResponse& response) {
          std::to_string(n - saving) + " starting again from step 0 (saving no checkpoints)";
 }
 
+// CordonRequest.grace_ms: a whole node's drain's, from 0 to a day.
+Status CheckDrainGrace(const v1::CordonRequest& request) {
+  constexpr int32_t kMaxDrainGraceMs = 24 * 3600 * 1000;
+  const int32_t grace = request.grace_ms();
+  if (grace == 0) return OkStatus();
+  if (grace < 0 || grace > kMaxDrainGraceMs) {
+    return InvalidArgumentError("drain: a grace of " + std::to_string(grace) +
+                                " ms is out of range (0 to a day)");
+  }
+  if (!request.drain()) {
+    return InvalidArgumentError("cordon: a grace applies to a drain only (a cordon stops nothing)");
+  }
+  if (request.slot_only()) {
+    return InvalidArgumentError(
+        "drain: a grace applies to a whole node's drain only: a slot's rank moves at a "
+        "checkpoint its job saves while it trains on, and is then stopped as any attempt's");
+  }
+  return OkStatus();
+}
+
 int LiveTrainers(const std::vector<v1::TrainerStatus>& listed) {
   return static_cast<int>(std::count_if(listed.begin(), listed.end(), IsLive));
 }
@@ -284,6 +304,7 @@ StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& reques
     return InvalidArgumentError("cordon: slot " + std::to_string(request.slot()) +
                                 " is not a slot index (0 or more)");
   }
+  RETURN_IF_ERROR(CheckDrainGrace(request));
   const char* verb = request.drain() ? "drained" : "cordoned";
   std::string why = std::string(verb) + " by " +
                     (request.requester().empty() ? "an operator" : request.requester());
@@ -294,7 +315,9 @@ StatusOr<v1::CordonResponse> Coordinator::Cordon(const v1::CordonRequest& reques
   v1::CordonResponse response;
   RETURN_IF_ERROR(ChangeNode(
       what + " not " + verb,
-      [&]() REQUIRES(mu_) { return nodes_.PlanCordon(request.node(), request.drain(), why, slot); },
+      [&]() REQUIRES(mu_) {
+        return nodes_.PlanCordon(request.node(), request.drain(), why, slot, request.grace_ms());
+      },
       [&](const NodeManager::NodePlan& plan) REQUIRES(mu_) {
         *response.mutable_node() = *nodes_.Find(request.node());
         if (request.drain() && slot >= 0 && plan.after.state() != v1::NODE_DEAD) {
@@ -330,9 +353,12 @@ void Coordinator::AppendDrainOrder(const std::string& node,
                                    google::protobuf::RepeatedPtrField<v1::Order>* orders) const {
   const v1::NodeRecord* rec = nodes_.Find(node);
   if (rec == nullptr || !rec->drain() || LiveTrainers(*nodes_.Trainers(node)) == 0) return;
-  // Grace 0: the agent's --stop-grace-ms, which its operator sized to a checkpoint of the
-  // models it trains (it drains with it when stopped), not the coordinator's stop grace.
-  orders->Add()->mutable_drain()->set_reason(rec->operator_cordon());
+  // The grace drover drain --grace gave, else (0) the agent's --stop-grace-ms, which its
+  // operator sized to a checkpoint of the models it trains (it drains with it when stopped),
+  // not the coordinator's stop grace.
+  v1::DrainTrainersOrder* drain = orders->Add()->mutable_drain();
+  drain->set_reason(rec->operator_cordon());
+  drain->set_grace_ms(rec->drain_grace_ms());
 }
 
 v1::ListWorkersResponse Coordinator::ListWorkers(const v1::ListWorkersRequest& request) {

@@ -262,6 +262,7 @@ StatusOr<NodeManager::NodePlan> NodeManager::PlanUncordon(const std::string& nam
     r.clear_operator_cordon();
     r.clear_operator_cordon_ms();
     r.clear_drain();
+    r.clear_drain_grace_ms();
   }
   // A latch ends only so. The slot is in use from now; the agent hears of it with its next
   // heartbeat's reply, and reports the latch until then (TakeHealth leaves it out).
@@ -284,7 +285,8 @@ StatusOr<NodeManager::NodePlan> NodeManager::PlanUncordon(const std::string& nam
 }
 
 StatusOr<NodeManager::NodePlan> NodeManager::PlanCordon(const std::string& name, bool drain,
-                                                        const std::string& why, int slot) const {
+                                                        const std::string& why, int slot,
+                                                        int drain_grace_ms) const {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return NotFoundError("no node " + name);
   NodePlan plan{it->second.record, it->second.record};
@@ -305,6 +307,7 @@ StatusOr<NodeManager::NodePlan> NodeManager::PlanCordon(const std::string& name,
   r.set_operator_cordon(why.empty() ? "cordoned by an operator" : why);
   if (!plan.was_cordoned) r.set_operator_cordon_ms(clock_->WallNowMs());
   r.set_drain(r.drain() || drain);
+  if (drain) r.set_drain_grace_ms(drain_grace_ms);
   if (r.state() != v1::NODE_DEAD) r.set_state(v1::NODE_CORDONED);
   return plan;
 }

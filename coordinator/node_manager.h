@@ -138,10 +138,11 @@ class NodeManager {
   // An operator's cordon (drover cordon; `drain`: drover drain): node `name` out of service
   // until PlanUncordon, `why` (who and why) kept for drover workers; with `slot` >= 0 only
   // that slot (SlotFault.operator_cordon; a slot's drain is JobManager::PlanSlotDrain's, so
-  // `drain` changes nothing then). A node's drain stays once asked; a repeated cordon keeps
-  // the first one's time. NotFound for an unknown node or slot.
+  // `drain` changes nothing then). A node's drain stays once asked, with the grace
+  // (`drain_grace_ms`, 0: the agent's own) of the latest one; a repeated cordon keeps the
+  // first one's time. NotFound for an unknown node or slot.
   StatusOr<NodePlan> PlanCordon(const std::string& name, bool drain, const std::string& why,
-                                int slot = -1) const;
+                                int slot = -1, int drain_grace_ms = 0) const;
   // Makes a planned change; false, changing nothing, when the node's record changed since
   // it was planned (another failure, a re-registration: plan again).
   bool ApplyPlan(const NodePlan& plan);

@@ -34,14 +34,14 @@ class AgentDrainTest : public TrainProcessFixture {
            "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n"
            "fault_tolerance: {max_restarts: 0}\n";
   }
-  // Starts a cluster of three agents (cluster_) and the job (id_) on two of them, and waits
-  // until it has trained 20 steps.
-  void StartJob(const std::string& name, v1::JobInfo* running) {
+  // Starts a cluster of three agents (cluster_) with `agent_stop_grace_ms` and the job (id_)
+  // on two of them, and waits until it has trained 20 steps.
+  void StartJob(const std::string& name, v1::JobInfo* running, int agent_stop_grace_ms = 30000) {
     testing::ClusterOptions o;
     o.agents = 3;
     o.trainer = "drover-trainer";
     o.name = name;
-    o.agent_stop_grace_ms = 30000;
+    o.agent_stop_grace_ms = agent_stop_grace_ms;
     cluster_ = std::make_unique<testing::Cluster>(o);
     ASSERT_TRUE(cluster_->Start()) << cluster_->DebugLogs();
     auto id = cluster_->Submit(JobYaml(name));
@@ -134,16 +134,28 @@ TEST_F(AgentDrainTest, AStoppedAgentDrainsItsTrainerAndTheJobResumesFromThatChec
 // job's ranks save the checkpoint of a step agreed after the drain began, the job resumes on
 // the other nodes from it, not counted, and the node stays out of service (drover workers
 // says by whom and why) with its agent alive, until drover uncordon.
+// The agents' own grace is 1 ms, too short to save anything: the checkpoint the job resumes
+// from is there because drover drain --grace gave the trainer 30 s.
 TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNodeOut) {
   v1::JobInfo running;
-  ASSERT_NO_FATAL_FAILURE(StartJob("operator-drain", &running));
+  ASSERT_NO_FATAL_FAILURE(StartJob("operator-drain", &running, /*agent_stop_grace_ms=*/1));
   testing::Cluster& cluster = *cluster_;
   const int64_t drained_at = running.job().last_step();
   const std::string node = running.attempts(0).placement(1).node();
 
+  testing::CliResult refused = Cli({"drain", node, "--grace", "30s", "--slot", "0"});
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("a grace applies to a whole node's drain only"), std::string::npos)
+      << refused.out;
+  refused = Cli({"drain", node, "--grace", "30 parsecs"});
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("--grace"), std::string::npos) << refused.out;
   testing::CliResult drain =
-      Cli({"drain", node, "--reason", "new NIC", "--wait", "--timeout", "15"});
+      Cli({"drain", node, "--reason", "new NIC", "--grace", "30s", "--wait", "--timeout", "15"});
   ASSERT_EQ(drain.code, 0) << drain.out << cluster.DebugLogs();
+  EXPECT_NE(drain.out.find("leave, each killed if still running 30.0s after its signal"),
+            std::string::npos)
+      << drain.out;
   EXPECT_NE(drain.out.find(id_ + ": restarts elsewhere from the checkpoint"), std::string::npos)
       << drain.out;
   EXPECT_NE(drain.out.find(node + " is drained: no trainer runs there"), std::string::npos)
@@ -160,7 +172,8 @@ TEST_F(AgentDrainTest, DroverDrainMovesTheJobOffWithItsCheckpointAndKeepsTheNode
   testing::CliResult workers = Cli({"workers"});
   ASSERT_EQ(workers.code, 0) << workers.out;
   EXPECT_NE(workers.out.find(node + ": drained by "), std::string::npos) << workers.out;
-  EXPECT_NE(workers.out.find(": new NIC, "), std::string::npos) << workers.out;
+  EXPECT_NE(workers.out.find(": new NIC (trainers given 30.0s to leave), "), std::string::npos)
+      << workers.out;
   EXPECT_NE(workers.out.find("CORDONED"), std::string::npos) << workers.out;
   EXPECT_TRUE(cluster.agent(node)->running()) << "the agent itself runs on";
 

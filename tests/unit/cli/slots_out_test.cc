@@ -49,6 +49,13 @@ TEST(SlotsOutTest, AnOperatorsCordonSaysWhoWhySinceWhenAndWhatEndsIt) {
   n.set_operator_cordon_ms(kNow + 5000);  // a clock that stepped back: no age
   EXPECT_EQ(OperatorCordonLine(n, kNow),
             "w2: drained by ops@h: new NIC (until drover uncordon w2)");
+  // drover drain --grace 10m.
+  n.set_drain(true);
+  n.set_drain_grace_ms(600'000);
+  n.set_operator_cordon_ms(kNow - 312'000);
+  EXPECT_EQ(OperatorCordonLine(n, kNow),
+            "w2: drained by ops@h: new NIC (trainers given 10m00s to leave), 5m12s ago (until "
+            "drover uncordon w2)");
 }
 
 TEST(SlotsOutTest, AnOperatorsCordonOfOneSlotSaysWhoWhySinceWhenAndHowToEndIt) {

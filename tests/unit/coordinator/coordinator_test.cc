@@ -1314,6 +1314,86 @@ TEST_F(CoordinatorTest, AnOperatorsDrainMovesTheJobOffAndKeepsTheNodeOutUntilUnc
   EXPECT_EQ(c_->Cordon(request).status().code(), StatusCode::kInvalidArgument);
 }
 
+// drover drain --grace: the drain order gives the node's trainers that long to leave, also
+// from a restarted coordinator; a later drain's grace replaces it, and the uncordon ends it.
+// A grace that is out of range, or given to a cordon or to a slot's drain, is refused and
+// changes nothing.
+TEST_F(CoordinatorTest, AnOperatorsDrainWithAGraceOrdersItUntilTheUncordon) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2)).ok());
+  const std::string id = Submit(SpecYaml(1, 1) + "checkpoint: {dir: /tmp/ck, every_steps: 5}\n");
+  c_->Tick();
+  ASSERT_EQ(Beat("n1", {}).orders_size(), 1);
+  const auto running = [&](int64_t step) {
+    return std::vector<v1::TrainerStatus>{Trainer(id, 1, 0, v1::TRAINER_RUNNING, step)};
+  };
+  Beat("n1", running(7));
+
+  v1::CordonRequest refused;
+  refused.set_node("n1");
+  refused.set_grace_ms(60000);
+  auto st = c_->Cordon(refused).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("a drain only"));
+  refused.set_drain(true);
+  refused.set_slot_only(true);
+  refused.set_slot(0);
+  st = c_->Cordon(refused).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("a whole node's drain only"));
+  refused.set_slot_only(false);
+  for (int32_t grace : {-1, 24 * 3600 * 1000 + 1}) {
+    refused.set_grace_ms(grace);
+    st = c_->Cordon(refused).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << grace;
+    EXPECT_THAT(st.message(), HasSubstr("out of range (0 to a day)"));
+  }
+  v1::HeartbeatResponse hb = Beat("n1", running(8));
+  EXPECT_EQ(hb.orders_size(), 0) << "a refused drain drains nothing";
+  EXPECT_TRUE(c_->ListWorkers().workers(0).node().operator_cordon().empty());
+
+  v1::CordonRequest request;
+  request.set_node("n1");
+  request.set_drain(true);
+  request.set_grace_ms(600000);
+  auto drained = c_->Cordon(request);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->node().drain_grace_ms(), 600000);
+  hb = Beat("n1", running(9));
+  ASSERT_EQ(hb.orders_size(), 1);
+  ASSERT_TRUE(hb.orders(0).has_drain());
+  EXPECT_EQ(hb.orders(0).drain().grace_ms(), 600000);
+
+  // Durable, as the drain is: the restarted coordinator orders the same grace.
+  Reopen();
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 2, "agent-2")).ok());
+  hb = Beat("n1", running(10), "agent-2");
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).drain().grace_ms(), 600000);
+
+  // A cordon leaves the drain's grace as it is; a second drain's replaces it (none: the
+  // agent's own).
+  request.set_drain(false);
+  request.set_grace_ms(0);
+  ASSERT_TRUE(c_->Cordon(request).ok());
+  hb = Beat("n1", running(11), "agent-2");
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).drain().grace_ms(), 600000);
+  request.set_drain(true);
+  ASSERT_TRUE(c_->Cordon(request).ok());
+  hb = Beat("n1", running(12), "agent-2");
+  ASSERT_EQ(hb.orders_size(), 1);
+  EXPECT_EQ(hb.orders(0).drain().grace_ms(), 0);
+
+  request.set_grace_ms(90000);
+  ASSERT_TRUE(c_->Cordon(request).ok());
+  v1::UncordonRequest back;
+  back.set_node("n1");
+  auto done = c_->Uncordon(back);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_FALSE(done->node().drain());
+  EXPECT_EQ(done->node().drain_grace_ms(), 0) << "the grace ends with the drain";
+}
+
 // drover cordon: nothing new is placed on the node, and what runs there runs on (no drain
 // order); a job waiting for slots starts on the node only after its uncordon.
 TEST_F(CoordinatorTest, AnOperatorsCordonPlacesNothingNewAndStopsNothing) {
