@@ -222,6 +222,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(train.min_lr),
       DROVER_SPEC_FIELD(train.warmup_steps),
       DROVER_SPEC_FIELD(train.schedule),
+      DROVER_SPEC_FIELD(train.decay_fraction),
       DROVER_SPEC_FIELD(train.weight_decay),
       DROVER_SPEC_FIELD(train.beta1),
       DROVER_SPEC_FIELD(train.beta2),

@@ -35,7 +35,10 @@ struct TrainSpec {
   double lr = 1.0e-3;
   double min_lr = 1.0e-4;
   int64_t warmup_steps = 100;
-  std::string schedule = "cosine";  // cosine | linear | constant
+  std::string schedule = "cosine";  // cosine | linear | constant | wsd
+  // wsd (warm-up, stable, decay): the share of train.steps, at the end, over which the
+  // learning rate falls linearly from lr to min_lr; lr holds until then. In (0, 1].
+  double decay_fraction = 0.2;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.99;

@@ -160,7 +160,13 @@ class Rules {
                                       "); min_lr must be between 0 and lr");
     }
     RETURN_IF_ERROR(AtLeast("train.warmup_steps", t.warmup_steps, 0));
-    RETURN_IF_ERROR(OneOf("train.schedule", t.schedule, {"cosine", "linear", "constant"}));
+    RETURN_IF_ERROR(OneOf("train.schedule", t.schedule, {"cosine", "linear", "constant", "wsd"}));
+    if (!(t.decay_fraction > 0 && t.decay_fraction <= 1)) {
+      return Fail("train.decay_fraction",
+                  Num(t.decay_fraction) +
+                      " is not in (0, 1]: the share of train.steps over which schedule wsd "
+                      "decays the learning rate, at the end of training");
+    }
     RETURN_IF_ERROR(NonNegative("train.weight_decay", t.weight_decay));
     RETURN_IF_ERROR(UnitInterval("train.beta1", t.beta1));
     RETURN_IF_ERROR(UnitInterval("train.beta2", t.beta2));

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -72,6 +73,52 @@ TEST_F(TrainProcessTest, DroverTrainWritesMetricsCheckpointsAndModel) {
       << Log();
   EXPECT_TRUE(fs::exists(dir_ / "step10-hf" / "model.safetensors"));
   EXPECT_EQ(loss_of(dir_ / "step10-hf"), loss_of(dir_ / "out" / "ckpt" / "step_10"));
+}
+
+// train.schedule wsd: a 20-step run whose decay would start at step 10, stopped after its
+// checkpoint of step 5 (stable phase), submitted again with 40 steps, trains steps 6 .. 40
+// with the very losses and learning rates of a fresh 40-step run; the 20-step run itself
+// parted from them where its decay began.
+TEST_F(TrainProcessTest, AWsdRunContinuedFromItsStablePhaseEqualsOneAskedForMoreStepsAtOnce) {
+  const std::string spec = WriteSpec(20, 5);
+  const auto train = [&](int steps, const std::string& out, const std::string& ckpt) {
+    return Wait(
+        Spawn({kBin + "drover", "train", spec, "--threads", "1", "--set", "train.schedule=wsd",
+               "--set", "train.decay_fraction=0.5", "--set", "train.steps=" + std::to_string(steps),
+               "--set", "checkpoint.keep_last=10", "--set", "output_dir=" + (dir_ / out).string(),
+               "--set", "checkpoint.dir=" + (dir_ / ckpt).string()}));
+  };
+  // step -> the metrics line's "loss" and "lr" fields, as written.
+  const auto steps_of = [&](const std::string& out) {
+    std::map<int, std::string> rows;
+    std::ifstream in(dir_ / out / "metrics.jsonl");
+    for (std::string l; std::getline(in, l);) {
+      const size_t step = l.find("\"step\":"), loss = l.find("\"loss\":"), lr = l.find("\"lr\":");
+      if (step == std::string::npos || loss == std::string::npos || lr == std::string::npos) {
+        continue;
+      }
+      rows[std::stoi(l.substr(step + 7))] =
+          l.substr(loss, l.find(',', loss) - loss) + " " + l.substr(lr, l.find(',', lr) - lr);
+    }
+    return rows;
+  };
+  ASSERT_EQ(train(40, "fresh", "fresh-ckpt"), 0) << Log();
+  ASSERT_EQ(train(20, "short", "ckpt"), 0) << Log();
+  for (int step : {10, 15, 20}) fs::remove_all(dir_ / "ckpt" / ("step_" + std::to_string(step)));
+  ASSERT_EQ(train(40, "continued", "ckpt"), 0) << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("resumed from checkpoint " +
+                                          (dir_ / "ckpt" / "step_5").string()));
+
+  const std::map<int, std::string> fresh = steps_of("fresh"), shorter = steps_of("short"),
+                                   continued = steps_of("continued");
+  ASSERT_EQ(fresh.size(), 40u);
+  ASSERT_EQ(continued.size(), 35u);
+  for (const auto& [step, row] : continued) EXPECT_EQ(row, fresh.at(step)) << "step " << step;
+  // Its 20-step run: decay over optimizer steps 10 .. 19 (metrics steps 11 .. 20), the first
+  // of them still at the peak; the 40-step run's decays over its last 20.
+  ASSERT_EQ(shorter.size(), 20u);
+  for (int step = 1; step <= 11; ++step) EXPECT_EQ(shorter.at(step), fresh.at(step)) << step;
+  EXPECT_NE(shorter.at(12), fresh.at(12));
 }
 
 // drover eval --hellaswag on a benchmark file of HellaSwag's shape, whose right endings the

@@ -515,7 +515,17 @@ const BadCase kBadCases[] = {
     {"UnknownSchedule",
      Minimal("train:\n  schedule: cosin\n"),
      {},
-     "train.schedule (line 4): 'cosin' is not valid; must be one of cosine, linear, constant"},
+     "train.schedule (line 4): 'cosin' is not valid; must be one of cosine, linear, constant, "
+     "wsd"},
+    {"WsdDecayOfNoSteps",
+     Minimal("train:\n  schedule: wsd\n  decay_fraction: 0\n"),
+     {},
+     "train.decay_fraction (line 5): 0.0 is not in (0, 1]: the share of train.steps over which "
+     "schedule wsd decays the learning rate"},
+    {"WsdDecayOfMoreThanEveryStep",
+     Minimal("train:\n  schedule: wsd\n"),
+     {"train.decay_fraction=1.5"},
+     "train.decay_fraction (from --set): 1.5 is not in (0, 1]"},
     {"MinLrAboveLr",
      Minimal("train:\n  lr: 0.001\n  min_lr: 0.01\n"),
      {},

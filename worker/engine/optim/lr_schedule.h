@@ -5,6 +5,12 @@
 //     cosine:   min_lr + 0.5 * (1 + cos(pi * r)) * (lr - min_lr)
 //     linear:   min_lr + (1 - r) * (lr - min_lr)
 //     constant: lr
+//   wsd (warm-up, stable, decay; MiniCPM's, and Hagele et al. 2024's "constant LR with
+//   cooldown"): lr until the last decay_fraction of train.steps, then linear to min_lr:
+//     with d = steps - max(round(decay_fraction * steps), 1), no earlier than warmup_steps,
+//     step < d: lr; otherwise min_lr + (1 - r) * (lr - min_lr), r = (step - d) / (steps - d)
+//   Its learning rate does not depend on train.steps until the decay starts, so a run can
+//   be continued further from a checkpoint of its stable phase.
 //
 // `step` is 0-based (the first optimizer step is step 0).
 #pragma once
@@ -21,7 +27,7 @@ namespace drover::engine {
 // invariant here (JobSpec::Validate rejects it); use ValidateSchedule at the edge.
 double LearningRate(const TrainSpec& train, int64_t step);
 
-// InvalidArgument naming train.schedule unless it is cosine, linear or constant.
+// InvalidArgument naming train.schedule unless it is cosine, linear, constant or wsd.
 Status ValidateSchedule(const std::string& schedule);
 
 }  // namespace drover::engine

@@ -179,9 +179,42 @@ TEST(LearningRateTest, NoWarmupStartsAtPeakAndValidatesNames) {
   t.warmup_steps = 0;
   EXPECT_DOUBLE_EQ(LearningRate(t, 0), 1e-3);
   EXPECT_TRUE(ValidateSchedule("linear").ok());
+  EXPECT_TRUE(ValidateSchedule("wsd").ok());
   const Status bad = ValidateSchedule("step");
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("cosine | linear | constant"), std::string::npos);
+  EXPECT_NE(bad.message().find("cosine | linear | constant | wsd"), std::string::npos);
+}
+
+// Warm-up, then lr held until the last decay_fraction of the steps, then linear to min_lr;
+// the same learning rate up to the decay whatever train.steps is.
+TEST(LearningRateTest, WsdHoldsThePeakThenDecaysLinearlyOverTheLastShare) {
+  TrainSpec t = Schedule("wsd");  // 2000 steps, 100 of warm-up
+  t.decay_fraction = 0.2;         // decays over steps 1600 .. 2000
+  EXPECT_DOUBLE_EQ(LearningRate(t, 0), 1e-5);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 99), 1e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 100), 1e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1599), 1e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1600), 1e-3);  // the decay's first step: r = 0
+  EXPECT_NEAR(LearningRate(t, 1800), 5.5e-4, 1e-15);
+  EXPECT_NEAR(LearningRate(t, 1999), 1e-4 + 9e-4 / 400, 1e-15);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 2000), 1e-4);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 9000), 1e-4);
+  // Continued to 4000 steps: the same rates through step 1599, and beyond while stable.
+  TrainSpec longer = t;
+  longer.steps = 4000;
+  for (int64_t s : {0, 50, 99, 100, 1000, 1599}) {
+    EXPECT_DOUBLE_EQ(LearningRate(longer, s), LearningRate(t, s)) << s;
+  }
+  EXPECT_DOUBLE_EQ(LearningRate(longer, 3199), 1e-3);
+  EXPECT_NEAR(LearningRate(longer, 3600), 5.5e-4, 1e-15);
+  // A decay longer than what follows the warm-up starts at its end; the shortest is a step.
+  t.decay_fraction = 1.0;
+  EXPECT_DOUBLE_EQ(LearningRate(t, 100), 1e-3);
+  EXPECT_NEAR(LearningRate(t, 1050), 5.5e-4, 1e-15);
+  t.decay_fraction = 1e-9;
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1998), 1e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 1999), 1e-3);
+  EXPECT_DOUBLE_EQ(LearningRate(t, 2000), 1e-4);
 }
 
 TEST(GradClipTest, GlobalNormIsComputedInDouble) {
