@@ -121,8 +121,10 @@ Status RpcClient::Call(
                            grpc::ClientContext* ctx) { return stub->method(ctx, req, &resp); }, \
                        what, /*retry=*/true))
 
-StatusOr<std::string> RpcClient::SubmitJob(const std::string& spec_yaml, int priority) {
+StatusOr<std::string> RpcClient::SubmitJob(const std::string& spec_yaml, int priority,
+                                           const std::vector<std::string>& after) {
   v1::SubmitJobRequest req;
+  for (const std::string& id : after) req.add_after(id);
   req.set_spec_yaml(spec_yaml);
   req.set_priority(priority);
   req.set_submitter(Submitter());

@@ -33,7 +33,9 @@ class RpcClient {
   explicit RpcClient(const GlobalOptions& globals);
 
   // Fills in the submitter ($USER@hostname) and this client's request id.
-  StatusOr<std::string> SubmitJob(const std::string& spec_yaml, int priority);
+  // `after`: jobs it runs after (SubmitJobRequest.after).
+  StatusOr<std::string> SubmitJob(const std::string& spec_yaml, int priority,
+                                  const std::vector<std::string>& after = {});
   StatusOr<v1::JobInfo> GetJob(const std::string& job_id);
   StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request = {});
   StatusOr<v1::CancelJobResponse> CancelJob(const std::string& job_id);

@@ -1,4 +1,6 @@
-// drover submit JOB.yaml [--set k=v]... [--priority P]: validates locally, prints the job id.
+// drover submit JOB.yaml [--set k=v]... [--priority P] [--after JOB]...: validates locally,
+// prints the job id. With --after, the job is placed only once each job named has SUCCEEDED
+// (coordinator/job_manager.h).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -14,11 +16,17 @@ CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
     std::string path;
     std::vector<std::string> sets;
     int priority = 0;
+    std::vector<std::string> after;
   };
   auto args = std::make_shared<Args>();
   app->add_option("spec", args->path, "job spec YAML")->required();
   app->add_option("--set", args->sets, "override section.key=value (repeatable)");
   app->add_option("--priority", args->priority, "higher runs first (default 0)");
+  app->add_option("--after", args->after,
+                  "start only once this job has succeeded (repeatable, or JOB,JOB): until "
+                  "then it waits, holding back no other job; if that job fails or is "
+                  "cancelled it never starts")
+      ->delimiter(',');
   return [args, globals]() -> int {
     // A spec that cannot be read is bad input (exit 2) whatever the reason.
     StatusOr<std::string> text = ReadJobSpecFile(args->path);
@@ -30,7 +38,11 @@ CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
     StatusOr<JobSpec> spec = ParseJobSpec(*yaml, {}, args->path);
     if (!spec.ok()) return ReportError(InvalidArgumentError(spec.status().message()));
     RpcClient client(*globals);
-    StatusOr<std::string> id = client.SubmitJob(*yaml, args->priority);
+    StatusOr<std::string> id = client.SubmitJob(*yaml, args->priority, args->after);
+    // A job to run after that does not exist is input to fix, as a bad spec is (exit 2).
+    if (!id.ok() && id.status().code() == StatusCode::kNotFound) {
+      return ReportError(InvalidArgumentError(id.status().message()));
+    }
     if (!id.ok()) return ReportError(id.status());
     std::cout << *id << "\n";
     return kExitOk;

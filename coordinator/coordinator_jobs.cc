@@ -48,9 +48,16 @@ StatusOr<std::string> Coordinator::SubmitJob(const v1::SubmitJobRequest& request
       }
     }
     RETURN_IF_ERROR(CheckSubmitter(request));
+    RETURN_IF_ERROR(jobs_.CheckAfter(request.after()));
     const int64_t submit_seq = next_submit_seq_;
     ASSIGN_OR_RETURN(job, jobs_.PrepareSubmit(request.spec_yaml(), request.priority(),
                                               MakeJobId(submit_seq, id_salt_), submit_seq));
+    for (const std::string& id : request.after()) {
+      if (std::find(job.record.after().begin(), job.record.after().end(), id) ==
+          job.record.after().end()) {
+        job.record.add_after(id);
+      }
+    }
     job.record.set_submitter(request.submitter());
     job.record.set_request_id(request_id);
     // Taken even if the store refuses the job: another submit may be queued behind it.

@@ -197,6 +197,12 @@ std::vector<PendingJob> JobManager::Pending() {
       ShowRestartDelay(job, now);
       continue;
     }
+    // Out of the queue until the jobs it runs after have succeeded: it holds no place there.
+    if (std::string awaited = AwaitedJobs(job); !awaited.empty()) {
+      job.waiting = std::move(awaited);
+      UpdateReason(job);
+      continue;
+    }
     PendingJob p{id,           job.rec.priority(), job.rec.submit_seq(), job.rec.device(),
                  job.feasible, job.avoid};
     if (job.hold_size > 0 && now < job.hold_until_ms) {
@@ -212,6 +218,40 @@ std::vector<PendingJob> JobManager::Pending() {
     out.push_back(std::move(p));
   }
   return out;
+}
+
+Status JobManager::CheckAfter(const google::protobuf::RepeatedPtrField<std::string>& after) const {
+  if (after.size() > kMaxAfterJobs) {
+    return InvalidArgumentError("a job may run after at most " + std::to_string(kMaxAfterJobs) +
+                                " jobs, not " + std::to_string(after.size()));
+  }
+  for (const std::string& id : after) {
+    if (Get(id) == nullptr) return NotFoundError("no job " + id + " to run after");
+  }
+  return OkStatus();
+}
+
+std::string JobManager::AwaitedJobs(const Job& job) const {
+  if (job.rec.after().empty() || job.rec.attempt() > 0) return "";
+  std::string waiting;
+  for (const std::string& id : job.rec.after()) {
+    const Job* before = Get(id);
+    if (before == nullptr) {
+      return "it runs after job " + id +
+             ", which is no longer known (deleted), so it can "
+             "never start: drover cancel " +
+             job.rec.job_id();
+    }
+    const v1::JobState state = before->rec.state();
+    if (state == v1::SUCCEEDED) continue;
+    if (IsTerminal(state)) {
+      return "it runs after job " + id + " succeeds, and that job ended " +
+             v1::JobState_Name(state) + ", so it can never start: drover cancel " +
+             job.rec.job_id();
+    }
+    waiting += (waiting.empty() ? "" : ", ") + id + " (" + v1::JobState_Name(state) + ")";
+  }
+  return waiting.empty() ? "" : "waiting for " + waiting + " to succeed";
 }
 
 void JobManager::ShowRestartDelay(Job& job, int64_t now_ms) {

@@ -73,6 +73,12 @@
 // shrink, or for which it does not pay, keeps its stragglers. In memory only, like
 // checkpoint requests, and the paces too.
 //
+// Jobs that run after others (JobRecord.after, drover submit --after): a job is left out
+// of the scheduler's queue (Pending) until each job it names has SUCCEEDED, its reason
+// naming those it waits for, so that it holds back no job behind it. Once every one has,
+// it takes its place by priority and submit order. One whose predecessor ended otherwise,
+// or was deleted, can never start: it stays PENDING and says so, until cancelled.
+//
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
 // lists a live trainer that is not part of a current attempt (which also covers trainers
@@ -150,6 +156,9 @@ class JobManager {
                                  const std::string& job_id, int64_t submit_seq) const;
   // Adds a prepared job whose record is durable. Persists nothing.
   void Add(NewJob job);
+  // The jobs a submitted job is to run after (SubmitJobRequest.after): INVALID_ARGUMENT over
+  // kMaxAfterJobs, NOT_FOUND naming the first that does not exist.
+  Status CheckAfter(const google::protobuf::RepeatedPtrField<std::string>& after) const;
 
   // Forgets a finished job whose deletion from the store was queued (drover rm, or its
   // retention expired). False when it is unknown. REQUIRES: it is not live.
@@ -385,6 +394,9 @@ class JobManager {
   void NoteDeviceFault(const std::string& node, const v1::TrainerStatus& t);
   // Says in the job's reason how long its restart delay still lasts at wall time now_ms.
   void ShowRestartDelay(Job& job, int64_t now_ms);
+  // Why `job` may not be placed yet for the jobs it runs after (JobRecord.after): "" when
+  // each has SUCCEEDED, or once it has been placed.
+  std::string AwaitedJobs(const Job& job) const;
   void Succeed(Job& job);
   // Makes (or keeps) the pending checkpoint request of a RUNNING job; its after_step.
   int64_t AskCheckpoint(Job& job, const std::string& reason, bool for_resize);

@@ -17,6 +17,8 @@ inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 // SubmitJobRequest.submitter and .request_id, in bytes: kept with the job.
 inline constexpr size_t kMaxSubmitterBytes = 256;
 inline constexpr size_t kMaxRequestIdBytes = 128;
+// SubmitJobRequest.after: the jobs one job runs after.
+inline constexpr int kMaxAfterJobs = 16;
 // A node's name, agent id and node uid at registration, in bytes: in every worker listing
 // and every placement.
 inline constexpr size_t kMaxNodeNameBytes = 128;

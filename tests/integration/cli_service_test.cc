@@ -95,6 +95,37 @@ TEST_F(CliServiceTest, CheckpointRefusesAJobThatIsNotRunning) {
       << ended.out;
 }
 
+// drover submit --after through the CLI: a job that does not exist is input to fix (exit 2);
+// a job after another waits, saying for what, and runs once that one has succeeded.
+TEST_F(CliServiceTest, SubmitAfterAJobWaitsForItToSucceed) {
+  StartCluster(1);
+  const std::string spec = WriteSpec("after", 20, 20);
+  CliResult missing = RunCli(cluster_->root(), Cli({"submit", spec, "--after", "j-nope"}));
+  EXPECT_EQ(missing.code, 2) << missing.out;
+  EXPECT_NE(missing.out.find("submit: no job j-nope to run after"), std::string::npos)
+      << missing.out;
+  // Long enough (5 s) to be running still at the coordinator's next pass, at most a second on.
+  const std::string first = SubmitByCli(WriteSpec("first", 250, 20));
+  ASSERT_FALSE(first.empty());
+  CliResult then = RunCli(cluster_->root(), Cli({"submit", spec, "--after", first}));
+  ASSERT_EQ(then.code, 0) << then.out;
+  const std::string second = then.out.substr(0, then.out.find('\n'));
+  v1::JobInfo waiting;  // as of the coordinator's next scheduling pass
+  ASSERT_TRUE(cluster_->WaitJob(
+      second, [](const v1::JobInfo& i) { return !i.job().reason().empty(); }, 10000, &waiting));
+  EXPECT_EQ(waiting.job().state(), v1::PENDING);
+  CliResult status = RunCli(cluster_->root(), Cli({"status", second}));
+  EXPECT_NE(status.out.find("waiting for " + first), std::string::npos) << status.out;
+  v1::JobInfo done;
+  ASSERT_TRUE(cluster_->WaitJob(
+      second, [](const v1::JobInfo& i) { return i.job().state() == v1::SUCCEEDED; }, 60000, &done))
+      << done.job().reason() << cluster_->DebugLogs();
+  auto before = cluster_->GetJob(first);
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(before->job().state(), v1::SUCCEEDED);
+  EXPECT_GE(done.job().started_ms(), before->job().finished_ms()) << "it ran after, not beside";
+}
+
 // drover priority, suspend and resume through the CLI: what each prints, a refusal that
 // names what to do, and drover jobs --state suspended.
 TEST_F(CliServiceTest, PrioritySuspendAndResumeSayWhatTheyDid) {

@@ -1314,6 +1314,72 @@ TEST_F(CoordinatorTest, AnOperatorsDrainMovesTheJobOffAndKeepsTheNodeOutUntilUnc
   EXPECT_EQ(c_->Cordon(request).status().code(), StatusCode::kInvalidArgument);
 }
 
+// drover submit --after: a job waits for the jobs it names to succeed, out of the queue, so
+// that the jobs behind it are placed meanwhile; then it takes its place. After a job that
+// ended otherwise it can never start, and says so until cancelled. The list is durable.
+TEST_F(CoordinatorTest, AJobSubmittedAfterOthersStartsOnceTheySucceedWithoutHoldingBackTheQueue) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 1)).ok());
+  const auto submit_after = [&](const std::vector<std::string>& after) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(SpecYaml(1, 1));
+    for (const std::string& id : after) req.add_after(id);
+    return c_->SubmitJob(req);
+  };
+  const std::string first = Submit(SpecYaml(1, 1));
+  const std::string doomed = Submit(SpecYaml(1, 1));
+  auto then = submit_after({first, first});
+  ASSERT_TRUE(then.ok()) << then.status();
+  auto never = submit_after({first, doomed});
+  ASSERT_TRUE(never.ok()) << never.status();
+  const std::string other = Submit(SpecYaml(1, 1));
+  EXPECT_EQ(Job(*then).after_size(), 1) << "named twice, kept once";
+
+  // Refused, and nothing made: a job that does not exist, or too many.
+  const size_t jobs_before = JobIds().size();
+  auto missing = submit_after({first, "j-999999-0000"});
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("no job j-999999-0000 to run after"));
+  EXPECT_EQ(submit_after(std::vector<std::string>(kMaxAfterJobs + 1, first)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(JobIds().size(), jobs_before);
+
+  c_->Tick();
+  ASSERT_EQ(Job(first).state(), v1::RUNNING);
+  ASSERT_TRUE(c_->CancelJob(doomed).ok());
+  c_->Tick();  // the reasons are those of the last scheduling pass (one a second at least)
+  EXPECT_EQ(Job(*then).reason(), "waiting for " + first + " (RUNNING) to succeed");
+  EXPECT_EQ(Job(*never).reason(), "it runs after job " + doomed +
+                                      " succeeds, and that job ended CANCELLED, so it can never "
+                                      "start: drover cancel " +
+                                      *never);
+  Beat("n1", {Trainer(first, 1, 0, v1::TRAINER_RUNNING, 3)});
+  Beat("n1", {Exited(first, 1, 0, 0)});
+  c_->Tick();
+  ASSERT_EQ(Job(first).state(), v1::SUCCEEDED);
+  EXPECT_EQ(Job(*then).state(), v1::RUNNING) << Job(*then).reason();
+  EXPECT_EQ(Job(other).state(), v1::PENDING) << "queued after it";
+
+  // Behind a job that waits for another, the queue moves: `other` starts while `later` waits.
+  Beat("n1", {Exited(*then, 1, 0, 0)});
+  c_->Tick();
+  ASSERT_EQ(Job(*then).state(), v1::SUCCEEDED);
+  ASSERT_EQ(Job(other).state(), v1::RUNNING);
+  auto later = submit_after({other});
+  ASSERT_TRUE(later.ok()) << later.status();
+  const std::string last = Submit(SpecYaml(1, 1));
+  Beat("n1", {Exited(other, 1, 0, 0)});
+  c_->Tick();
+  EXPECT_EQ(Job(*later).state(), v1::RUNNING) << "its turn came before " << last;
+
+  // Durable: a restarted coordinator still holds `never` back, saying why.
+  Reopen();
+  c_->Tick();
+  EXPECT_EQ(Job(*never).state(), v1::PENDING);
+  ASSERT_EQ(Job(*never).after_size(), 2);
+  EXPECT_THAT(Job(*never).reason(), HasSubstr("can never start"));
+  ASSERT_TRUE(c_->CancelJob(*never).ok());
+}
+
 // drover drain --grace: the drain order gives the node's trainers that long to leave, also
 // from a restarted coordinator; a later drain's grace replaces it, and the uncordon ends it.
 // A grace that is out of range, or given to a cordon or to a slot's drain, is refused and
