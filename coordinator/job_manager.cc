@@ -226,6 +226,7 @@ Status JobManager::CheckAfter(const google::protobuf::RepeatedPtrField<std::stri
                                 " jobs, not " + std::to_string(after.size()));
   }
   for (const std::string& id : after) {
+    RETURN_IF_ERROR(CheckLength("the id of a job to run after", id, kMaxJobIdBytes));
     if (Get(id) == nullptr) return NotFoundError("no job " + id + " to run after");
   }
   return OkStatus();
@@ -238,8 +239,7 @@ std::string JobManager::AwaitedJobs(const Job& job) const {
     const Job* before = Get(id);
     if (before == nullptr) {
       return "it runs after job " + id +
-             ", which is no longer known (deleted), so it can "
-             "never start: drover cancel " +
+             ", which is no longer known (deleted), so it can never start: drover cancel " +
              job.rec.job_id();
     }
     const v1::JobState state = before->rec.state();

@@ -17,8 +17,10 @@ inline constexpr size_t kMaxSpecBytes = 256 * 1024;
 // SubmitJobRequest.submitter and .request_id, in bytes: kept with the job.
 inline constexpr size_t kMaxSubmitterBytes = 256;
 inline constexpr size_t kMaxRequestIdBytes = 128;
-// SubmitJobRequest.after: the jobs one job runs after.
+// SubmitJobRequest.after: the jobs one job runs after, and the length of one's id (drover's
+// are 13 bytes: j-000001-46c8).
 inline constexpr int kMaxAfterJobs = 16;
+inline constexpr size_t kMaxJobIdBytes = 64;
 // A node's name, agent id and node uid at registration, in bytes: in every worker listing
 // and every placement.
 inline constexpr size_t kMaxNodeNameBytes = 128;

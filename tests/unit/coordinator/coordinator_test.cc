@@ -1341,6 +1341,7 @@ TEST_F(CoordinatorTest, AJobSubmittedAfterOthersStartsOnceTheySucceedWithoutHold
   EXPECT_THAT(missing.status().message(), HasSubstr("no job j-999999-0000 to run after"));
   EXPECT_EQ(submit_after(std::vector<std::string>(kMaxAfterJobs + 1, first)).status().code(),
             StatusCode::kInvalidArgument);
+  EXPECT_EQ(submit_after({std::string(10000, 'j')}).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(JobIds().size(), jobs_before);
 
   c_->Tick();
