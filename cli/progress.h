@@ -6,24 +6,9 @@
 #include <cstdio>
 #include <string>
 
-namespace drover::cli {
+#include "common/duration.h"  // FormatDurationMs
 
-// "4.2s", "5m12s", "3h07m".
-inline std::string FormatDurationMs(int64_t ms) {
-  if (ms < 0) ms = 0;
-  char buf[32];
-  const int64_t s = ms / 1000;
-  if (s < 60) {
-    snprintf(buf, sizeof(buf), "%.1fs", static_cast<double>(ms) / 1000.0);
-  } else if (s < 3600) {
-    snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60),
-             static_cast<long long>(s % 60));
-  } else {
-    snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
-             static_cast<long long>((s % 3600) / 60));
-  }
-  return buf;
-}
+namespace drover::cli {
 
 // " (recomputed after restart)" while a resumed attempt trains again the steps an earlier
 // attempt had reached (JobRecord.furthest_step), else "". Without it the step seen going

@@ -2,22 +2,26 @@
 // its attempts, trainers and checkpoints.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 
 #include "cli/command.h"
 #include "cli/progress.h"
 #include "cli/rpc_client.h"
+#include "common/clock.h"
 #include "common/job_spec.h"
+#include "common/job_state.h"
 #include "common/parallel_mesh.h"
+#include "common/yaml_util.h"
 
 namespace drover::cli {
 namespace {
 
 // The job's progress line: its steps from the spec, the slowest live rank's step time, and
-// while it runs, rank 0's MFU where its trainer knows its device's peak.
-std::string Progress(const v1::JobInfo& info) {
+// while it runs, rank 0's MFU where its trainer knows its device's peak. `spec`: the job's,
+// nullptr when it no longer parses (as for each helper below).
+std::string Progress(const v1::JobInfo& info, const JobSpec* spec) {
   const v1::JobRecord& j = info.job();
-  auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
   double step_ms = 0, mfu = 0;
   if (j.state() == v1::RUNNING) {
     for (const v1::TrainerStatus& t : info.trainers()) {
@@ -27,32 +31,48 @@ std::string Progress(const v1::JobInfo& info) {
       }
     }
   }
-  return FormatProgress(j.last_step(), spec.ok() ? spec->train.steps : 0, step_ms, j.tokens_per_s(),
+  return FormatProgress(j.last_step(), spec ? spec->train.steps : 0, step_ms, j.tokens_per_s(),
                         j.furthest_step(), mfu);
 }
 
 // The current attempt's mesh, as its trainers derive it from the spec and the world size
 // ("dp2 x pp1 x tp1, ZeRO-1, 2 micro-batches per step": an elastic job's layout and
 // accumulation change with its size); empty while it has no placement.
-std::string Layout(const v1::JobRecord& j) {
-  if (j.placement_size() == 0) return "";
-  auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
-  if (!spec.ok()) return "";
+std::string Layout(const v1::JobRecord& j, const JobSpec* spec) {
+  if (j.placement_size() == 0 || !spec) return "";
   auto mesh = ParallelMesh::Create(*spec, j.placement_size());
   return mesh.ok() ? mesh->Describe() : "";
 }
 
+// "2h00m, 1h12m used (resources.time_limit_minutes 120.0)": the job's time limit and how
+// much of it its attempts have run; empty for a job without one.
+std::string TimeLimit(const v1::JobInfo& info, const JobSpec* spec) {
+  const v1::JobRecord& j = info.job();
+  if (!spec || spec->resources.time_limit_minutes <= 0) return "";
+  const int64_t now_ms = SystemClock::Get()->WallNowMs();
+  int64_t ran_ms = 0;
+  for (const v1::AttemptRecord& a : info.attempts()) ran_ms += AttemptRanMs(j, a, now_ms);
+  const double minutes = spec->resources.time_limit_minutes;
+  return FormatDurationMs(std::llround(minutes * 60'000.0)) + ", " + FormatDurationMs(ran_ms) +
+         " used (resources.time_limit_minutes " + yaml_util::FormatDouble(minutes) + ")";
+}
+
 void PrintJob(const v1::JobInfo& info) {
   const v1::JobRecord& j = info.job();
+  const StatusOr<JobSpec> parsed = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
+  const JobSpec* spec = parsed.ok() ? &*parsed : nullptr;
   std::cout << "job:         " << j.job_id() << " (" << j.name() << ")\n"
             << "state:       " << JobStateName(j.state())
             << (j.reason().empty() ? "" : " - " + j.reason()) << "\n"
             << "attempt:     " << j.attempt() << "   restarts: " << j.restarts() << "/"
             << j.max_restarts() << "\n";
-  if (const std::string layout = Layout(j); !layout.empty()) {
+  if (const std::string limit = TimeLimit(info, spec); !limit.empty()) {
+    std::cout << "time limit:  " << limit << "\n";
+  }
+  if (const std::string layout = Layout(j, spec); !layout.empty()) {
     std::cout << "layout:      " << layout << "\n";
   }
-  std::cout << "progress:    " << Progress(info) << "   loss: " << j.last_loss() << "\n"
+  std::cout << "progress:    " << Progress(info, spec) << "   loss: " << j.last_loss() << "\n"
             << "checkpoint:  "
             << (j.latest_checkpoint_step() >= 0 ? std::to_string(j.latest_checkpoint_step())
                                                 : std::string("none"))

@@ -1,12 +1,15 @@
-// drover submit JOB.yaml [--set k=v]... [--priority P] [--after JOB]...: validates locally,
-// prints the job id. With --after, the job is placed only once each job named has SUCCEEDED
-// (coordinator/job_manager.h).
+// drover submit JOB.yaml [--set k=v]... [--priority P] [--after JOB]... [--time-limit D]:
+// validates locally, prints the job id. With --after, the job is placed only once each job
+// named has SUCCEEDED; --time-limit sets resources.time_limit_minutes (both:
+// coordinator/job_manager.h).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "cli/command.h"
 #include "cli/rpc_client.h"
+#include "common/duration.h"
 #include "common/job_spec.h"
+#include "common/yaml_util.h"
 
 namespace drover::cli {
 namespace {
@@ -17,6 +20,7 @@ CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
     std::vector<std::string> sets;
     int priority = 0;
     std::vector<std::string> after;
+    std::string time_limit;
   };
   auto args = std::make_shared<Args>();
   app->add_option("spec", args->path, "job spec YAML")->required();
@@ -27,13 +31,27 @@ CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
                   "then it waits, holding back no other job; if that job fails or is "
                   "cancelled it never starts")
       ->delimiter(',');
+  app->add_option("--time-limit", args->time_limit,
+                  "the most it may run, over all its attempts (30m, 12h, 7d; after any "
+                  "--set): at the limit it stops at a checkpoint saved then, and ends FAILED");
   return [args, globals]() -> int {
     // A spec that cannot be read is bad input (exit 2) whatever the reason.
     StatusOr<std::string> text = ReadJobSpecFile(args->path);
     if (!text.ok()) return ReportError(InvalidArgumentError(text.status().message()));
     // The coordinator stores the spec with overrides applied, so every rank of every
     // attempt sees the same thing; validate here so a typo fails before it is queued.
-    StatusOr<std::string> yaml = ApplyOverrides(*text, args->sets);
+    std::vector<std::string> sets = args->sets;
+    if (!args->time_limit.empty()) {
+      StatusOr<int64_t> ms = ParseDurationMs(args->time_limit, "--time-limit");
+      if (!ms.ok()) return ReportError(ms.status());
+      if (*ms == 0) {
+        return ReportError(InvalidArgumentError(
+            "--time-limit 0 would stop the job before it starts; leave it out for no limit"));
+      }
+      sets.push_back("resources.time_limit_minutes=" +
+                     yaml_util::FormatDouble(static_cast<double>(*ms) / 60'000.0));
+    }
+    StatusOr<std::string> yaml = ApplyOverrides(*text, sets);
     if (!yaml.ok()) return ReportError(InvalidArgumentError(yaml.status().message()));
     StatusOr<JobSpec> spec = ParseJobSpec(*yaml, {}, args->path);
     if (!spec.ok()) return ReportError(InvalidArgumentError(spec.status().message()));

@@ -1,6 +1,7 @@
 #include "common/duration.h"
 
 #include <cctype>
+#include <cstdio>
 #include <limits>
 
 namespace drover {
@@ -39,6 +40,22 @@ StatusOr<int64_t> ParseDurationMs(const std::string& text, const std::string& wh
   }
   if (n > std::numeric_limits<int64_t>::max() / per_unit) return invalid("is out of range");
   return n * per_unit;
+}
+
+std::string FormatDurationMs(int64_t ms) {
+  if (ms < 0) ms = 0;
+  char buf[32];
+  const int64_t s = ms / 1000;
+  if (s < 60) {
+    snprintf(buf, sizeof(buf), "%.1fs", static_cast<double>(ms) / 1000.0);
+  } else if (s < 3600) {
+    snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60),
+             static_cast<long long>(s % 60));
+  } else {
+    snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
+             static_cast<long long>((s % 3600) / 60));
+  }
+  return buf;
 }
 
 }  // namespace drover

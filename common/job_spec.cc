@@ -254,6 +254,7 @@ const std::vector<Field>& Fields() {
       DROVER_SPEC_FIELD(resources.world_size.min),
       DROVER_SPEC_FIELD(resources.world_size.max),
       DROVER_SPEC_FIELD(resources.threads_per_rank),
+      DROVER_SPEC_FIELD(resources.time_limit_minutes),
       DROVER_SPEC_FIELD(checkpoint.dir),
       DROVER_SPEC_FIELD(checkpoint.every_steps),
       DROVER_SPEC_FIELD(checkpoint.every_minutes),

@@ -119,6 +119,13 @@ struct ResourcesSpec {
   std::string device = "cpu";  // cpu | cuda
   WorldSizeSpec world_size;
   int threads_per_rank = 1;
+  // The most the job may run, in minutes, counted over all its attempts (each from its
+  // placement to its end: waiting, recovering and suspended time is not counted). At the
+  // limit a job that saves checkpoints is asked for one at once and stops there; one that
+  // saves none stops at once. Either way it ends FAILED, its reason saying so, and is not
+  // restarted (coordinator/job_manager.h, "Time limits"). The coordinator's to enforce:
+  // `drover train` runs its steps whatever it says. 0: no limit.
+  double time_limit_minutes = 0;
 };
 
 struct CheckpointSpec {

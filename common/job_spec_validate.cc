@@ -21,6 +21,7 @@ std::string Num(double v) { return yaml_util::FormatDouble(v); }
 std::string Num(int64_t v) { return std::to_string(v); }
 
 constexpr int64_t kMaxWorldSize = 1 << 16;
+constexpr int64_t kMaxTimeLimitMinutes = 365 * 24 * 60;
 
 }  // namespace
 
@@ -350,7 +351,16 @@ class Rules {
                   Num(int64_t{r.world_size.min}) + " is larger than resources.world_size.max (" +
                       Num(int64_t{r.world_size.max}) + "); min must be at most max");
     }
-    return Between("resources.threads_per_rank", r.threads_per_rank, 1, kMaxThreads);
+    RETURN_IF_ERROR(Between("resources.threads_per_rank", r.threads_per_rank, 1, kMaxThreads));
+    // A year, far past any run, keeps the limit in milliseconds well inside int64.
+    if (!(std::isfinite(r.time_limit_minutes) && r.time_limit_minutes >= 0 &&
+          r.time_limit_minutes <= kMaxTimeLimitMinutes)) {
+      return Fail("resources.time_limit_minutes",
+                  Num(r.time_limit_minutes) +
+                      " is out of range; must be between 0 (no limit) and " +
+                      Num(int64_t{kMaxTimeLimitMinutes}) + " (a year)");
+    }
+    return OkStatus();
   }
 
   Status CheckCheckpoint() const {

@@ -404,6 +404,9 @@ void Coordinator::TickLocked() {
            [this](v1::DeviceKind device) REQUIRES(mu_) { return HasFreeSlot(device); })) {
     NudgeNodesOf(job);  // "checkpoint now"
   }
+  for (const std::string& job : jobs_.CheckTimeLimits(clock_->WallNowMs())) {
+    NudgeNodesOf(job);  // "checkpoint now"
+  }
   if (!events.dead_nodes.empty()) schedule_due_ = true;
   if (clock_->WallNowMs() >= jobs_.NextRestartMs()) schedule_due_ = true;  // a delay is over
   if (schedule_due_ || clock_->NowMs() - last_schedule_ms_ >= kScheduleFallbackMs) {

@@ -79,6 +79,19 @@
 // it takes its place by priority and submit order. One whose predecessor ended otherwise,
 // or was deleted, can never start: it stays PENDING and says so, until cancelled.
 //
+// Time limits (resources.time_limit_minutes; CheckTimeLimits, job_manager_time_limit.cc): a
+// job may run that long, counted over its attempts, each from its placement to its end
+// (waiting, recovering and suspended, it uses none). Once a RUNNING job has run for its
+// limit, one that saves checkpoints is asked for one at once, its plans to resize or move
+// stragglers dropped, and at its report the attempt ends and the job is FAILED, its reason
+// saying so and naming that checkpoint: a job submitted again with the same checkpoint.dir
+// goes on from it. One that saves none stops at once, as does one whose checkpoint has not
+// come within its hang timeout (fault_tolerance.hang_timeout_s: a hung job's ranks would be
+// found only at their own timeout, and a failing save never). An attempt that fails with the
+// limit used up is not restarted, and a waiting job whose time is used up (an attempt ended
+// by a resize or a move just at the limit) is FAILED without another placement. The limit is
+// counted again from the stored attempts after a coordinator restart, which asks again.
+//
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
 // lists a live trainer that is not part of a current attempt (which also covers trainers
@@ -245,6 +258,10 @@ class JobManager {
   // orders waiting).
   std::vector<std::string> CheckStragglers(int64_t now_ms,
                                            const std::function<bool(v1::DeviceKind)>& spare);
+  // Applies the time limits (see above) at wall time now_ms: asks each RUNNING job that has
+  // run for its limit for its last checkpoint (their ids are returned: their nodes have
+  // orders waiting), and ends the jobs whose limit says they stop now.
+  std::vector<std::string> CheckTimeLimits(int64_t now_ms);
   // An operator drained slot `slot` of `node` (drover drain NODE --slot S; `why`: who and
   // why), which its cordon already keeps from new work: the RUNNING job with a live rank
   // there moves it off as a straggler is moved, not counted as a restart. At a checkpoint
@@ -366,6 +383,9 @@ class JobManager {
       std::string how;     // after a shrink's "at the checkpoint of step N": ", shrinking ..."
     };
     std::optional<Replacement> replace;
+    // RUNNING: it has run for its time limit and was asked for its last checkpoint, at which
+    // its attempt ends (CheckTimeLimits). In memory only: a restored job is asked again.
+    bool time_up = false;
   };
 
   Job* Get(const std::string& job_id);
@@ -419,6 +439,17 @@ class JobManager {
   // Ends the attempt to move or drop job.replace's stragglers, `when` ("at the checkpoint
   // of step N").
   void Replace(Job& job, const std::string& when);
+  // resources.time_limit_minutes in milliseconds (0: none).
+  static int64_t TimeLimitMs(const Job& job);
+  // How long the job's attempts have run, as of wall time now_ms.
+  int64_t RanMs(const Job& job, int64_t now_ms) const;
+  // True when the job has a time limit and has run for it by wall time now_ms.
+  bool TimeUsedUp(const Job& job, int64_t now_ms) const;
+  // "time limit reached: it ran 2h00m of its 2h00m (resources.time_limit_minutes 120)".
+  std::string TimeLimitReached(const Job& job, int64_t now_ms) const;
+  // Ends the job, whose time limit is used up, FAILED at wall time now_ms, and its RUNNING
+  // attempt; `how` says how it stopped ("stopped at the checkpoint of step 40 ...").
+  void EndAtTimeLimit(Job& job, const std::string& how, int64_t now_ms);
   void Persist(Job& job, const v1::AttemptRecord* attempt);
   // Keeps live_ and finished_counts_ in step with job.rec's state after a change (every
   // change is persisted, or is a cancel; finished states are final).

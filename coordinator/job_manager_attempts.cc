@@ -122,6 +122,7 @@ v1::AttemptRecord& JobManager::EndAttempt(Job& job, const std::string& why, int6
   job.waiting.clear();
   job.straggling_since.clear();
   job.replace.reset();
+  job.time_up = false;
   return a;
 }
 
@@ -129,6 +130,7 @@ void JobManager::FailAttempt(Job& job, const std::string& why, const std::string
                              bool counted) {
   const int64_t attempt = job.rec.attempt();
   const int64_t now = clock_->WallNowMs();
+  const bool time_used_up = TimeUsedUp(job, now);
   v1::AttemptRecord& a = EndAttempt(job, why, now);
   const std::string what = "attempt " + std::to_string(attempt) + " failed: " + why;
   const RestartBackoff& backoff = options_.restart_backoff;
@@ -141,6 +143,10 @@ void JobManager::FailAttempt(Job& job, const std::string& why, const std::string
     job.rec.set_state(v1::FAILED);
     job.rec.set_finished_ms(clock_->WallNowMs());
     job.rec.set_reason(what + "; not restarted: the trainer rejected its input (exit code 2)");
+  } else if (time_used_up) {
+    job.rec.set_state(v1::FAILED);
+    job.rec.set_finished_ms(now);
+    job.rec.set_reason(what + "; not restarted: " + TimeLimitReached(job, now));
   } else if (job.rec.suspend()) {
     // Asked to suspend before its checkpoint came: not restarted, and no restart counted.
     MakeSuspended(job);
@@ -359,7 +365,13 @@ bool JobManager::OnCheckpoint(const v1::CheckpointRecord& record) {
     job->rec.set_latest_checkpoint_step(record.step());
     // A resize at the final step would only delay the end (and free the slots no sooner).
     const bool before_end = record.step() < job->spec.train.steps;
-    if (job->rec.state() == v1::RUNNING && job->rec.suspend() && before_end) {
+    if (job->rec.state() == v1::RUNNING && job->time_up && before_end) {
+      EndAtTimeLimit(*job,
+                     "stopped at the checkpoint of step " + std::to_string(record.step()) + " (" +
+                         record.path() +
+                         "): a job submitted again with the same checkpoint.dir goes on from it",
+                     clock_->WallNowMs());
+    } else if (job->rec.state() == v1::RUNNING && job->rec.suspend() && before_end) {
       v1::AttemptRecord& a =
           EndAttempt(*job,
                      "suspended" + SuspendedBy(job->rec) + " at the checkpoint of step " +

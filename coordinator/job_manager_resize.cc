@@ -34,7 +34,7 @@ std::vector<RunningJob> JobManager::Resizable() const {
   for (const auto& [seq, id] : live_) {
     const Job& job = *Get(id);
     if (job.rec.state() != v1::RUNNING || job.feasible.empty()) continue;
-    if (!job.spec.checkpoint.enabled() || job.rec.suspend()) continue;
+    if (!job.spec.checkpoint.enabled() || job.rec.suspend() || job.time_up) continue;
     // A move planned (a straggler's, a drained slot's) ends the attempt at the checkpoint
     // asked for, and the next attempt's placement decides its size then.
     if (job.replace) continue;
@@ -169,7 +169,8 @@ std::vector<std::string> JobManager::CheckStragglers(
       since[s.rank] = it == job.straggling_since.end() ? now_ms : it->second;
     }
     job.straggling_since = std::move(since);
-    if (job.replace) continue;  // planned: it happens at the checkpoint asked for
+    // Planned: it happens at the checkpoint asked for. A job out of time ends there.
+    if (job.replace || job.time_up) continue;
     if (PlanReplacement(job, found, pace_ms, now_ms, spare)) asked.push_back(id);
   }
   return asked;

@@ -5,15 +5,19 @@
 // job restarts on the other node from that checkpoint, the restart not counted, and the agent
 // exits 0 within its grace period. Before, the trainers were stopped outright and the job
 // started again from scratch. And the same stop at a checkpoint asked for a whole job:
-// drover suspend, its slots given back, and drover resume.
+// drover suspend, its slots given back, and drover resume; and a job's time limit
+// (drover submit --time-limit), at which it ends FAILED at a checkpoint that a job
+// submitted again goes on from.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 
+#include "common/job_state.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/train_process.h"
 
@@ -324,6 +328,79 @@ TEST_F(AgentDrainTest, DroverSuspendStopsTheJobAtACheckpointAndResumeContinuesFr
   ASSERT_TRUE(cluster.Cancel(id_).ok());
   ASSERT_TRUE(cluster.WaitJob(
       id_, [](const v1::JobInfo& i) { return i.job().state() == v1::CANCELLED; }, 60000, &after));
+}
+
+TEST_F(AgentDrainTest, ATimeLimitStopsTheJobAtACheckpointThatASecondSubmitGoesOnFrom) {
+  testing::ClusterOptions o;
+  o.agents = 2;
+  o.trainer = "drover-trainer";
+  o.name = "time-limit";
+  cluster_ = std::make_unique<testing::Cluster>(o);
+  ASSERT_TRUE(cluster_->Start()) << cluster_->DebugLogs();
+  const std::string spec = (cluster_->root() / "limited.yaml").string();
+  std::ofstream(spec) << JobYaml("limited");
+  testing::CliResult refused = Cli({"submit", spec, "--time-limit", "0"});
+  EXPECT_EQ(refused.code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("--time-limit 0 would stop the job before it starts"),
+            std::string::npos)
+      << refused.out;
+
+  // 6 s of running, a tenth of a minute; no periodic checkpoint is due for a million steps.
+  testing::CliResult submitted = Cli({"submit", spec, "--time-limit", "6s"});
+  ASSERT_EQ(submitted.code, 0) << submitted.out;
+  const std::string first = submitted.out.substr(0, submitted.out.find('\n'));
+  v1::JobInfo ended;
+  ASSERT_TRUE(cluster_->WaitJob(
+      first, [](const v1::JobInfo& i) { return IsTerminal(i.job().state()); }, 90000, &ended))
+      << ended.job().reason() << cluster_->DebugLogs();
+  ASSERT_EQ(ended.job().state(), v1::FAILED) << ended.job().reason() << cluster_->DebugLogs();
+  EXPECT_EQ(Cli({"wait", first}).code, 1);
+  const v1::JobRecord& job = ended.job();
+  const int64_t step = job.latest_checkpoint_step();
+  ASSERT_GT(step, 0) << job.reason();
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.reason().rfind("time limit reached: it ran ", 0), 0u) << job.reason();
+  EXPECT_NE(job.reason().find(" of its 6.0s (resources.time_limit_minutes 0.1); stopped at the "
+                              "checkpoint of step " +
+                              std::to_string(step) + " ("),
+            std::string::npos)
+      << job.reason();
+  ASSERT_EQ(ended.attempts_size(), 1);
+  EXPECT_EQ(ended.attempts(0).end_reason(), "time limit reached");
+  // It ran its limit, and stopped within a few steps and a save of it.
+  const v1::AttemptRecord& a = ended.attempts(0);
+  EXPECT_GE(a.ended_ms() - a.started_ms(), 6000);
+  EXPECT_LT(a.ended_ms() - a.started_ms(), 16000);
+  EXPECT_TRUE(fs::exists(dir_ / "limited" / "ckpt" / ("step_" + std::to_string(step))));
+  std::printf("%s\n", job.reason().c_str());
+  testing::CliResult status = Cli({"status", first});
+  EXPECT_NE(status.out.find("time limit:  6.0s, "), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find(" used (resources.time_limit_minutes 0.1)"), std::string::npos)
+      << status.out;
+  // Its trainers are gone: every slot is free.
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        auto listed = cluster_->ListWorkers();
+        if (!listed.ok()) return false;
+        for (const auto& w : listed->workers()) {
+          if (w.free_slots() != 1) return false;
+        }
+        return true;
+      },
+      20000))
+      << cluster_->DebugLogs();
+
+  // Submitted again, with no limit and 5 steps more: it goes on from that checkpoint.
+  submitted = Cli({"submit", spec, "--set", "train.steps=" + std::to_string(step + 5)});
+  ASSERT_EQ(submitted.code, 0) << submitted.out;
+  const std::string second = submitted.out.substr(0, submitted.out.find('\n'));
+  ASSERT_TRUE(cluster_->WaitJob(
+      second, [](const v1::JobInfo& i) { return IsTerminal(i.job().state()); }, 90000, &ended))
+      << cluster_->DebugLogs();
+  ASSERT_EQ(ended.job().state(), v1::SUCCEEDED) << ended.job().reason() << cluster_->DebugLogs();
+  testing::CliResult logs = Cli({"logs", second});
+  EXPECT_NE(logs.out.find("resuming from step " + std::to_string(step)), std::string::npos)
+      << logs.out;
 }
 
 }  // namespace

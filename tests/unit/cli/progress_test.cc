@@ -1,17 +1,10 @@
-// cli/progress.h: durations and the progress line of `drover status`.
+// cli/progress.h: the progress line of `drover status`.
 #include "cli/progress.h"
 
 #include <gtest/gtest.h>
 
 namespace drover::cli {
 namespace {
-
-TEST(FormatDurationMsTest, SecondsMinutesHours) {
-  EXPECT_EQ(FormatDurationMs(4200), "4.2s");
-  EXPECT_EQ(FormatDurationMs(312000), "5m12s");
-  EXPECT_EQ(FormatDurationMs(3 * 3600000 + 7 * 60000 + 5000), "3h07m");
-  EXPECT_EQ(FormatDurationMs(-5), "0.0s");
-}
 
 TEST(FormatProgressTest, StepsTokensAndTheTimeLeftAtTheLastStepTime) {
   // 660 steps left at 250 ms each: 165 s.

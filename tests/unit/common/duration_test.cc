@@ -30,5 +30,12 @@ TEST(DurationTest, RefusesWhatItCannotReadNamingTheFlagAndTheValue) {
   EXPECT_THAT(ParseDurationMs("7w", "x").status().message(), HasSubstr("unknown unit 'w'"));
 }
 
+TEST(FormatDurationMsTest, SecondsMinutesHours) {
+  EXPECT_EQ(FormatDurationMs(4200), "4.2s");
+  EXPECT_EQ(FormatDurationMs(312000), "5m12s");
+  EXPECT_EQ(FormatDurationMs(3 * 3600000 + 7 * 60000 + 5000), "3h07m");
+  EXPECT_EQ(FormatDurationMs(-5), "0.0s");
+}
+
 }  // namespace
 }  // namespace drover

@@ -228,8 +228,8 @@ TEST(JobSpecTest, DefaultSpecSerializesEveryKey) {
   const std::string yaml = JobSpecToYaml(spec);
   for (const char* key :
        {"name:", "output_dir:", "vocab_size:", "log_every:", "loss_scale:", "dp: auto",
-        "pp_schedule:", "pp_chunks: auto", "threads_per_rank:", "every_steps:", "every_minutes:",
-        "skip_steps:", "eps:", "recompute: none"}) {
+        "pp_schedule:", "pp_chunks: auto", "threads_per_rank:", "time_limit_minutes: 0",
+        "every_steps:", "every_minutes:", "skip_steps:", "eps:", "recompute: none"}) {
     EXPECT_NE(yaml.find(key), std::string::npos) << key << " missing in\n" << yaml;
   }
   StatusOr<JobSpec> again = ParseJobSpec(yaml);
@@ -643,6 +643,16 @@ const BadCase kBadCases[] = {
      Minimal("checkpoint: {every_minutes: -1}\n"),
      {},
      "checkpoint.every_minutes (line 3): -1.0 is out of range; must be a number at least 0"},
+    {"NegativeTimeLimit",
+     Minimal("resources: {time_limit_minutes: -5}\n"),
+     {},
+     "resources.time_limit_minutes (line 3): -5.0 is out of range; must be between 0 (no limit) "
+     "and 525600 (a year)"},
+    {"TimeLimitOverAYear",
+     Minimal(""),
+     {"resources.time_limit_minutes=1e9"},
+     "resources.time_limit_minutes (from --set): 1.0e+09 is out of range; must be between 0 "
+     "(no limit) and 525600 (a year)"},
     {"MissingTrainData", "name: t\n", {}, "spec.yaml: data.train: is required"},
     {"MissingName", "data: {train: x}\n", {}, "spec.yaml: name: is required"},
     {"NameWithSpace",

@@ -1088,6 +1088,167 @@ TEST_F(JobManagerTest, StragglersOfAJobThatDoesNotReplaceThemAreLeftWhereTheyAre
   EXPECT_EQ(State("j1"), v1::RUNNING);
 }
 
+// SpecYaml's job with resources.time_limit_minutes set (and `extra` spec lines).
+std::string TimeLimitedSpec(int world, double minutes, const std::string& extra = "") {
+  std::string yaml = SpecYaml(world, world, 2);
+  const std::string key = "world_size:";
+  yaml.insert(yaml.find(key), "time_limit_minutes: " + std::to_string(minutes) + ", ");
+  return yaml + extra;
+}
+
+std::vector<v1::StopTrainersOrder> StopOrders(const std::vector<v1::Order>& orders) {
+  std::vector<v1::StopTrainersOrder> out;
+  for (const v1::Order& o : orders) {
+    if (o.has_stop()) out.push_back(o.stop());
+  }
+  return out;
+}
+
+TEST_F(JobManagerTest, AJobThatRanItsTimeLimitOverItsAttemptsStopsAtACheckpointAskedThenAndFails) {
+  ASSERT_TRUE(Submit(TimeLimitedSpec(2, 1), "j1", 1).ok());
+  Place("j1", 2, {Node("n1", 2)});
+  // 40 s in the first attempt, which fails; the 10 s it waits are not counted.
+  clock_.AdvanceMs(40'000);
+  jobs_.OnTrainerStatus("n1", Exited("j1", 1, 0, 1));
+  ASSERT_EQ(State("j1"), v1::RECOVERING);
+  clock_.AdvanceMs(10'000);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  EXPECT_EQ(State("j1"), v1::RECOVERING);
+  Place("j1", 2, {Node("n1", 2)});
+  const std::vector<v1::TrainerStatus> listed = {Trainer("j1", 2, 0, v1::TRAINER_RUNNING, 7),
+                                                 Trainer("j1", 2, 1, v1::TRAINER_RUNNING, 7)};
+  Listing("n1", listed);
+  clock_.AdvanceMs(19'999);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  EXPECT_TRUE(CheckpointOrders(OrdersFor("n1", listed)).empty());
+  ASSERT_EQ(jobs_.Resizable().size(), 1u);
+
+  // 60 s in all: asked for its last checkpoint, once; no longer offered a resize.
+  clock_.AdvanceMs(1);
+  EXPECT_EQ(jobs_.CheckTimeLimits(clock_.WallNowMs()), std::vector<std::string>{"j1"});
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  const auto asked = CheckpointOrders(OrdersFor("n1", listed));
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].reason(), "time limit reached");
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  EXPECT_EQ(jobs_.Find("j1")->reason(),
+            "time limit reached (resources.time_limit_minutes 1.0): stopping at the checkpoint "
+            "asked for now");
+  EXPECT_TRUE(jobs_.Resizable().empty());
+  EXPECT_FALSE(jobs_.PlanResize("j1", ResizePlan{4, {}}));
+
+  clock_.AdvanceMs(2000);
+  jobs_.OnCheckpoint(Checkpoint("j1", 2, 8));
+  EXPECT_EQ(State("j1"), v1::FAILED);
+  EXPECT_EQ(jobs_.Find("j1")->restarts(), 1);
+  EXPECT_EQ(jobs_.Find("j1")->reason(),
+            "time limit reached: it ran 1m02s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "stopped at the checkpoint of step 8 (/ckpt/step_8): a job submitted again with the "
+            "same checkpoint.dir goes on from it");
+  EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(), "time limit reached");
+  EXPECT_EQ(batches_.back().jobs.back().state(), v1::FAILED);
+  EXPECT_EQ(batches_.back().jobs.back().latest_checkpoint_step(), 8);
+  ASSERT_EQ(batches_.back().attempts.size(), 1u);
+  EXPECT_EQ(batches_.back().attempts[0].ended_ms(), clock_.WallNowMs());
+  EXPECT_EQ(ended_.back(), (std::pair<std::string, int64_t>{"j1", 2}));
+  const auto stops = StopOrders(OrdersFor("n1", listed));
+  ASSERT_EQ(stops.size(), 1u);
+  EXPECT_EQ(stops[0].reason(), "time limit reached");
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());  // finished: left alone
+}
+
+TEST_F(JobManagerTest, OutOfTimeAJobStopsAtOnceWithoutCheckpointsOrWhenTheOneAskedForDoesNotCome) {
+  ASSERT_TRUE(Submit(TimeLimitedSpec(1, 1, "checkpoint: {every_steps: 0}\n"), "none", 1).ok());
+  ASSERT_TRUE(Submit(TimeLimitedSpec(1, 1), "late", 2).ok());
+  ASSERT_TRUE(Submit(TimeLimitedSpec(1, 1), "fails", 3).ok());
+  ASSERT_TRUE(Submit(SpecYaml(1, 1), "unlimited", 4).ok());
+  for (const char* id : {"none", "late", "fails", "unlimited"}) Place(id, 1, {Node(id, 1)});
+  clock_.AdvanceMs(60'000);
+  EXPECT_EQ(jobs_.CheckTimeLimits(clock_.WallNowMs()), (std::vector<std::string>{"late", "fails"}));
+  EXPECT_EQ(State("none"), v1::FAILED);
+  EXPECT_EQ(jobs_.Find("none")->reason(),
+            "time limit reached: it ran 1m00s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "stopped at once (it saves no checkpoints)");
+  EXPECT_EQ(State("unlimited"), v1::RUNNING);
+  EXPECT_EQ(jobs_.Find("unlimited")->reason(), "");
+
+  // A failure once its time is used up: not restarted, whatever restarts are left.
+  jobs_.OnTrainerStatus("fails", Exited("fails", 1, 0, 1));
+  EXPECT_EQ(State("fails"), v1::FAILED);
+  EXPECT_EQ(jobs_.Find("fails")->restarts(), 0);
+  EXPECT_EQ(jobs_.Find("fails")->reason(),
+            "attempt 1 failed: rank 0 on fails exited with code 1; not restarted: time limit "
+            "reached: it ran 1m00s of its 1m00s (resources.time_limit_minutes 1.0)");
+
+  // The checkpoint asked for is waited for as long as a step may take (hang_timeout_s 120).
+  jobs_.OnCheckpoint(Checkpoint("late", 1, 3));  // an older one may come first...
+  EXPECT_EQ(State("late"), v1::FAILED);          // ...and is where it stops
+  ASSERT_TRUE(Submit(TimeLimitedSpec(1, 1), "hung", 5).ok());
+  Place("hung", 1, {Node("hung", 1)});
+  jobs_.OnCheckpoint(Checkpoint("hung", 1, 2));
+  clock_.AdvanceMs(60'000);
+  EXPECT_EQ(jobs_.CheckTimeLimits(clock_.WallNowMs()), std::vector<std::string>{"hung"});
+  clock_.AdvanceMs(119'999);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  EXPECT_EQ(State("hung"), v1::RUNNING);
+  clock_.AdvanceMs(1);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  EXPECT_EQ(State("hung"), v1::FAILED);
+  EXPECT_EQ(jobs_.Find("hung")->reason(),
+            "time limit reached: it ran 3m00s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "stopped at once: the checkpoint asked for at the limit did not come within "
+            "fault_tolerance.hang_timeout_s (2m00s); its newest complete checkpoint is of step 2");
+  EXPECT_EQ(StopOrders(OrdersFor("hung", {Trainer("hung", 1, 0)})).size(), 1u);
+}
+
+TEST_F(JobManagerTest, ATimeLimitCountsNoSuspendedTimeAndOutlivesACoordinatorRestart) {
+  ASSERT_TRUE(Submit(TimeLimitedSpec(1, 1), "j1", 1).ok());
+  Place("j1", 1, {Node("n1", 1)});
+  clock_.AdvanceMs(30'000);
+  v1::SuspendJobRequest suspend;
+  suspend.set_job_id("j1");
+  suspend.set_now(true);
+  auto plan = jobs_.PlanSuspend(suspend);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(jobs_.ApplyJobPlan(&*plan));
+  ASSERT_EQ(State("j1"), v1::SUSPENDED);
+  clock_.AdvanceMs(3'600'000);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  auto resume = jobs_.PlanResume("j1");
+  ASSERT_TRUE(resume.ok() && jobs_.ApplyJobPlan(&*resume));
+  Place("j1", 1, {Node("n1", 1)});
+  clock_.AdvanceMs(29'000);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+
+  // A restarted coordinator counts from the attempts it stored, and asks for the checkpoint.
+  JobManager restored(&clock_, {}, {});
+  restored.Restore({*jobs_.Find("j1")}, jobs_.Attempts("j1"));
+  EXPECT_TRUE(restored.CheckTimeLimits(clock_.WallNowMs()).empty());
+  clock_.AdvanceMs(1000);
+  EXPECT_EQ(restored.CheckTimeLimits(clock_.WallNowMs()), std::vector<std::string>{"j1"});
+  JobManager::Orders orders;
+  restored.AppendOrders("n1", {Trainer("j1", 2, 0)}, &orders);
+  const auto asked = CheckpointOrders({orders.begin(), orders.end()});
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0].reason(), "time limit reached");
+}
+
+TEST_F(JobManagerTest, AJobWaitingWithItsTimeUsedUpFailsWithoutAnotherPlacement) {
+  ASSERT_TRUE(Submit(TimeLimitedSpec(2, 1), "j1", 1).ok());
+  Place("j1", 2, {Node("n1", 2)});
+  // A grow planned before the limit happens just after it, before the next check.
+  jobs_.PlanResize("j1", ResizePlan{4, {}});
+  clock_.AdvanceMs(61'000);
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 4));
+  ASSERT_EQ(State("j1"), v1::RECOVERING);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  EXPECT_EQ(State("j1"), v1::FAILED);
+  EXPECT_EQ(jobs_.Find("j1")->reason(),
+            "time limit reached: it ran 1m01s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "not placed again");
+  EXPECT_TRUE(jobs_.Pending().empty());
+}
+
 TEST_F(JobManagerTest, ListPagesGoNewestFirstWithoutSpecsAndFilter) {
   for (int i = 1; i <= 5; ++i) {
     std::string id = "j";  // not "j" + to_string: GCC 12 warns (-Wrestrict) falsely
