@@ -236,6 +236,17 @@ StatusOr<v1::SetPriorityResponse> RpcClient::SetPriority(const std::string& job_
   return resp;
 }
 
+StatusOr<v1::SetTimeLimitResponse> RpcClient::SetTimeLimit(const std::string& job_id,
+                                                           double minutes) {
+  v1::SetTimeLimitRequest req;
+  req.set_job_id(job_id);
+  req.set_minutes(minutes);
+  v1::SetTimeLimitResponse resp;
+  // Safe to repeat: the same limit twice is one change.
+  DROVER_RPC_CALL(SetTimeLimit, req, resp, "time-limit " + job_id);
+  return resp;
+}
+
 StatusOr<v1::CordonResponse> RpcClient::Cordon(const std::string& node, bool drain,
                                                const std::string& reason, int slot, int grace_ms) {
   v1::CordonRequest req;

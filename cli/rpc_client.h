@@ -43,6 +43,7 @@ class RpcClient {
                                               bool now);
   StatusOr<v1::ResumeJobResponse> ResumeJob(const std::string& job_id);
   StatusOr<v1::SetPriorityResponse> SetPriority(const std::string& job_id, int priority);
+  StatusOr<v1::SetTimeLimitResponse> SetTimeLimit(const std::string& job_id, double minutes);
   StatusOr<v1::CheckpointJobResponse> CheckpointJob(const std::string& job_id);
   Status DeleteJob(const std::string& job_id);
   StatusOr<v1::ListWorkersResponse> ListWorkers(bool include_exited = false);

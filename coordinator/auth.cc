@@ -15,7 +15,7 @@ struct MethodEntry {
 
 // Every method of proto/drover.proto. A new one is refused to read-only tokens until it
 // is listed here (auth_test checks that every JobService method is).
-constexpr std::array<MethodEntry, 23> kMethods = {{
+constexpr std::array<MethodEntry, 24> kMethods = {{
     {"/drover.v1.WorkerService/Register", MethodClass::kAgent},
     {"/drover.v1.WorkerService/Heartbeat", MethodClass::kAgent},
     {"/drover.v1.WorkerService/ReportTrainerExit", MethodClass::kAgent},
@@ -35,6 +35,7 @@ constexpr std::array<MethodEntry, 23> kMethods = {{
     {"/drover.v1.JobService/SuspendJob", MethodClass::kWrite},
     {"/drover.v1.JobService/ResumeJob", MethodClass::kWrite},
     {"/drover.v1.JobService/SetPriority", MethodClass::kWrite},
+    {"/drover.v1.JobService/SetTimeLimit", MethodClass::kWrite},
     {"/drover.v1.JobService/CheckpointJob", MethodClass::kWrite},
     {"/drover.v1.JobService/DeleteJob", MethodClass::kWrite},
     {"/drover.v1.JobService/Uncordon", MethodClass::kWrite},

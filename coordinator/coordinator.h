@@ -115,6 +115,8 @@ class Coordinator {
   StatusOr<v1::JobState> ResumeJob(const std::string& job_id);
   // drover priority (SetPriorityRequest), written and applied as a suspension.
   StatusOr<v1::SetPriorityResponse> SetPriority(const std::string& job_id, int priority);
+  // drover time-limit (SetTimeLimitRequest), written and applied as a suspension.
+  StatusOr<v1::SetTimeLimitResponse> SetTimeLimit(const std::string& job_id, double minutes);
   // Deletes a finished job from the state, its logs included (not its output_dir).
   // FAILED_PRECONDITION for a job that has not finished: cancel it first.
   Status DeleteJob(const std::string& job_id);

@@ -221,6 +221,18 @@ StatusOr<v1::SetPriorityResponse> Coordinator::SetPriority(const std::string& jo
   return response;
 }
 
+StatusOr<v1::SetTimeLimitResponse> Coordinator::SetTimeLimit(const std::string& job_id,
+                                                             double minutes) {
+  ASSIGN_OR_RETURN(JobManager::JobPlan plan,
+                   ChangeJob("the time limit of job " + job_id + " not changed",
+                             [&]() REQUIRES(mu_) { return jobs_.PlanTimeLimit(job_id, minutes); }));
+  v1::SetTimeLimitResponse response;
+  response.set_previous_minutes(plan.previous_minutes);
+  response.set_state(plan.state);
+  response.set_ran_ms(plan.ran_ms);
+  return response;
+}
+
 Status Coordinator::DeleteJob(const std::string& job_id) {
   // Like a cancel: written first, forgotten in memory once durable. A finished job never
   // changes again, so nothing can move under the write but another delete or its

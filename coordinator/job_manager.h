@@ -91,6 +91,9 @@
 // limit used up is not restarted, and a waiting job whose time is used up (an attempt ended
 // by a resize or a move just at the limit) is FAILED without another placement. The limit is
 // counted again from the stored attempts after a coordinator restart, which asks again.
+// drover time-limit changes it (PlanTimeLimit) while the job has not finished, in its spec,
+// so that the spec stays the one record of it; a job stopping at its old limit trains on
+// when the new one is longer than it has run (its checkpoint asked for is still saved).
 //
 // Orders are level-triggered, computed from what an agent lists in each heartbeat: a
 // start is re-sent until the agent lists that trainer; a stop is re-sent while the agent
@@ -200,13 +203,19 @@ class JobManager {
   // nothing changes), then ApplyJobPlan()s it, which is false, changing nothing, when the
   // job's persisted state moved on meanwhile: plan again.
   struct JobPlan {
-    enum Change { kNone, kAsk, kSuspendNow, kResume, kPriority };
+    enum Change { kNone, kAsk, kSuspendNow, kResume, kPriority, kTimeLimit };
     std::string job_id;
     int64_t version = 0;
     Change change = kNone;
     v1::SuspendJobRequest request;  // kAsk, kSuspendNow
     int priority = 0;               // kPriority: the new one
     int previous_priority = 0;      // the job's priority when planned
+    // kTimeLimit: the spec with the new limit, its text, and the job's limit and running
+    // time when planned.
+    JobSpec spec;
+    std::string spec_yaml;
+    double previous_minutes = 0;
+    int64_t ran_ms = 0;
     int64_t at_ms = 0;
     StoreBatch batch;
     v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // the job's state once applied
@@ -223,6 +232,9 @@ class JobManager {
   // that priority already. The next scheduling pass orders the queue and plans preemptions
   // by it.
   StatusOr<JobPlan> PlanPriority(const std::string& job_id, int priority) const;
+  // NOT_FOUND for an unknown job, FAILED_PRECONDITION for a finished one, INVALID_ARGUMENT
+  // for a limit the spec refuses; kNone for one of that limit already. See "Time limits".
+  StatusOr<JobPlan> PlanTimeLimit(const std::string& job_id, double minutes) const;
   bool ApplyJobPlan(JobPlan* plan);
 
   // Jobs ready for a placement: PENDING, or RECOVERING once their restart delay is over.

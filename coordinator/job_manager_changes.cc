@@ -4,7 +4,9 @@
 
 #include <string>
 
+#include "common/duration.h"
 #include "common/job_state.h"
+#include "common/yaml_util.h"
 #include "coordinator/job_manager.h"
 
 namespace drover::coordinator {
@@ -157,6 +159,45 @@ StatusOr<JobManager::JobPlan> JobManager::PlanPriority(const std::string& job_id
   return plan;
 }
 
+StatusOr<JobManager::JobPlan> JobManager::PlanTimeLimit(const std::string& job_id,
+                                                        double minutes) const {
+  const Job* job = Get(job_id);
+  if (!job) return NotFoundError("no job " + job_id);
+  const v1::JobRecord& rec = job->rec;
+  if (IsTerminal(rec.state())) {
+    return FailedPreconditionError("job " + job_id + " is " + v1::JobState_Name(rec.state()) +
+                                   ": a finished job's time limit cannot change (submitted "
+                                   "again, with the same checkpoint.dir, a job goes on from "
+                                   "its newest checkpoint)");
+  }
+  JobPlan plan;
+  plan.job_id = job_id;
+  plan.version = job->version;
+  plan.at_ms = clock_->WallNowMs();
+  plan.state = rec.state();
+  plan.previous_minutes = job->spec.resources.time_limit_minutes;
+  plan.ran_ms = RanMs(*job, plan.at_ms);
+  const std::string limit = yaml_util::FormatDouble(minutes);
+  StatusOr<std::string> yaml =
+      ApplyOverrides(rec.spec_yaml(), {"resources.time_limit_minutes=" + limit}, "job " + job_id);
+  if (!yaml.ok()) return InvalidArgumentError(yaml.status().message());
+  StatusOr<JobSpec> spec = ParseJobSpec(*yaml, {}, "job " + job_id);
+  if (!spec.ok()) return InvalidArgumentError(spec.status().message());
+  if (yaml->size() > kMaxSpecBytes) {
+    return InvalidArgumentError("job " + job_id + "'s spec with the new time limit is " +
+                                std::to_string(yaml->size()) + " bytes; at most " +
+                                std::to_string(kMaxSpecBytes) + " are kept");
+  }
+  if (spec->resources.time_limit_minutes == plan.previous_minutes) return plan;
+  plan.change = JobPlan::kTimeLimit;
+  plan.spec = std::move(*spec);
+  plan.spec_yaml = std::move(*yaml);
+  v1::JobRecord next = rec;
+  next.set_spec_yaml(plan.spec_yaml);
+  plan.batch.jobs.push_back(std::move(next));
+  return plan;
+}
+
 bool JobManager::ApplyJobPlan(JobPlan* planned) {
   JobPlan& plan = *planned;
   plan.after_step = -1;
@@ -186,6 +227,20 @@ bool JobManager::ApplyJobPlan(JobPlan* planned) {
     case JobPlan::kPriority:
       spdlog::info("job {}: priority {} -> {}", r.job_id(), r.priority(), plan.priority);
       r.set_priority(plan.priority);
+      ++job->version;
+      return true;
+    case JobPlan::kTimeLimit:
+      r.set_spec_yaml(plan.spec_yaml);
+      job->spec = plan.spec;
+      spdlog::info("job {}: time limit {} -> {} minutes ({} run)", r.job_id(),
+                   yaml_util::FormatDouble(plan.previous_minutes),
+                   yaml_util::FormatDouble(job->spec.resources.time_limit_minutes),
+                   FormatDurationMs(plan.ran_ms));
+      // Stopping at the old limit: trains on if the new one leaves it time.
+      if (job->time_up && !TimeUsedUp(*job, plan.at_ms)) {
+        job->time_up = false;
+        UpdateReason(*job);
+      }
       ++job->version;
       return true;
     case JobPlan::kResume:

@@ -28,6 +28,7 @@ constexpr char kCancelJob[] = "/drover.v1.JobService/CancelJob";
 constexpr char kSuspendJob[] = "/drover.v1.JobService/SuspendJob";
 constexpr char kResumeJob[] = "/drover.v1.JobService/ResumeJob";
 constexpr char kSetPriority[] = "/drover.v1.JobService/SetPriority";
+constexpr char kSetTimeLimit[] = "/drover.v1.JobService/SetTimeLimit";
 constexpr char kCheckpointJob[] = "/drover.v1.JobService/CheckpointJob";
 constexpr char kDeleteJob[] = "/drover.v1.JobService/DeleteJob";
 constexpr char kListWorkers[] = "/drover.v1.JobService/ListWorkers";
@@ -148,6 +149,14 @@ class JobServiceImpl final : public v1::JobService::Service {
                            v1::SetPriorityResponse* resp) override {
     DROVER_AUTHORIZE(auth_, ctx, kSetPriority);
     auto r = c_->SetPriority(req->job_id(), req->priority());
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    *resp = std::move(*r);
+    return grpc::Status::OK;
+  }
+  grpc::Status SetTimeLimit(grpc::ServerContext* ctx, const v1::SetTimeLimitRequest* req,
+                            v1::SetTimeLimitResponse* resp) override {
+    DROVER_AUTHORIZE(auth_, ctx, kSetTimeLimit);
+    auto r = c_->SetTimeLimit(req->job_id(), req->minutes());
     if (!r.ok()) return ToGrpcStatus(r.status());
     *resp = std::move(*r);
     return grpc::Status::OK;

@@ -126,6 +126,45 @@ TEST_F(CliServiceTest, SubmitAfterAJobWaitsForItToSucceed) {
   EXPECT_GE(done.job().started_ms(), before->job().finished_ms()) << "it ran after, not beside";
 }
 
+// drover submit --time-limit and drover time-limit through the CLI: the limit is changed
+// while the job runs, and at the new one the job stops at a checkpoint, FAILED, saying so.
+TEST_F(CliServiceTest, TimeLimitChangesARunningJobsLimitAndItStopsThere) {
+  StartCluster(1);
+  const std::string spec = WriteSpec("limited", 100000, 50);
+  CliResult submitted = RunCli(cluster_->root(), Cli({"submit", spec, "--time-limit", "1h"}));
+  ASSERT_EQ(submitted.code, 0) << submitted.out;
+  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster_->WaitJob(
+      id, [](const v1::JobInfo& i) { return i.job().state() == v1::RUNNING; }, 20000, &info))
+      << cluster_->DebugLogs();
+  CliResult status = RunCli(cluster_->root(), Cli({"status", id}));
+  EXPECT_NE(status.out.find("time limit:  1h00m, "), std::string::npos) << status.out;
+  CliResult bad = RunCli(cluster_->root(), Cli({"time-limit", id, "soon"}));
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("drover time-limit: 'soon' does not start with a number"),
+            std::string::npos)
+      << bad.out;
+
+  CliResult changed = RunCli(cluster_->root(), Cli({"time-limit", id, "2s"}));
+  ASSERT_EQ(changed.code, 0) << changed.out;
+  EXPECT_EQ(changed.out.rfind(id + " RUNNING, time limit 2.0s (was 1h00m), ", 0), 0u)
+      << changed.out;
+  EXPECT_NE(changed.out.find(" used\n"), std::string::npos) << changed.out;
+  ASSERT_TRUE(cluster_->WaitJob(
+      id, [](const v1::JobInfo& i) { return i.job().state() == v1::FAILED; }, 20000, &info))
+      << info.job().reason() << cluster_->DebugLogs();
+  EXPECT_EQ(info.job().reason().rfind("time limit reached: it ran ", 0), 0u) << info.job().reason();
+  EXPECT_NE(info.job().reason().find("(resources.time_limit_minutes 0.0333333"), std::string::npos)
+      << info.job().reason();
+  EXPECT_NE(info.job().reason().find("; stopped at the checkpoint of step "), std::string::npos)
+      << info.job().reason();
+  CliResult finished = RunCli(cluster_->root(), Cli({"time-limit", id, "1h"}));
+  EXPECT_EQ(finished.code, 1) << finished.out;
+  EXPECT_NE(finished.out.find("a finished job's time limit cannot change"), std::string::npos)
+      << finished.out;
+}
+
 // drover priority, suspend and resume through the CLI: what each prints, a refusal that
 // names what to do, and drover jobs --state suspended.
 TEST_F(CliServiceTest, PrioritySuspendAndResumeSayWhatTheyDid) {

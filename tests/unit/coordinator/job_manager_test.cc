@@ -1249,6 +1249,62 @@ TEST_F(JobManagerTest, AJobWaitingWithItsTimeUsedUpFailsWithoutAnotherPlacement)
   EXPECT_TRUE(jobs_.Pending().empty());
 }
 
+TEST_F(JobManagerTest, ATimeLimitChangedInTheSpecLetsAJobStoppingAtTheOldOneTrainOn) {
+  ASSERT_TRUE(Submit(TimeLimitedSpec(1, 1), "j1", 1).ok());
+  Place("j1", 1, {Node("n1", 1)});
+  clock_.AdvanceMs(60'000);
+  ASSERT_EQ(jobs_.CheckTimeLimits(clock_.WallNowMs()), std::vector<std::string>{"j1"});
+  EXPECT_EQ(jobs_.PlanTimeLimit("nope", 2).status().code(), StatusCode::kNotFound);
+  auto bad = jobs_.PlanTimeLimit("j1", -1);
+  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("resources.time_limit_minutes"), std::string::npos)
+      << bad.status();
+
+  // Planned, nothing changes; the plan holds the record to write, with the new limit.
+  auto plan = jobs_.PlanTimeLimit("j1", 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->change, JobManager::JobPlan::kTimeLimit);
+  EXPECT_EQ(plan->previous_minutes, 1);
+  EXPECT_EQ(plan->ran_ms, 60'000);
+  ASSERT_EQ(plan->batch.jobs.size(), 1u);
+  auto written = ParseJobSpec(plan->batch.jobs[0].spec_yaml());
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->resources.time_limit_minutes, 2);
+  EXPECT_EQ(jobs_.SpecOf("j1")->resources.time_limit_minutes, 1);
+  ASSERT_TRUE(jobs_.ApplyJobPlan(&*plan));
+  EXPECT_EQ(jobs_.SpecOf("j1")->resources.time_limit_minutes, 2);
+  EXPECT_EQ(jobs_.Find("j1")->spec_yaml(), plan->batch.jobs[0].spec_yaml());
+  EXPECT_EQ(jobs_.Find("j1")->reason(), "");
+  // The checkpoint asked for at the old limit is saved, and the job trains on.
+  jobs_.OnCheckpoint(Checkpoint("j1", 1, 5));
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  EXPECT_EQ(jobs_.PlanTimeLimit("j1", 2)->change, JobManager::JobPlan::kNone);
+
+  // A coordinator restarted from the record has the new limit.
+  JobManager restored(&clock_, {}, {});
+  restored.Restore({*jobs_.Find("j1")}, jobs_.Attempts("j1"));
+  EXPECT_EQ(restored.SpecOf("j1")->resources.time_limit_minutes, 2);
+  clock_.AdvanceMs(59'999);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  EXPECT_TRUE(restored.CheckTimeLimits(clock_.WallNowMs()).empty());
+  clock_.AdvanceMs(1);
+  EXPECT_EQ(restored.CheckTimeLimits(clock_.WallNowMs()), std::vector<std::string>{"j1"});
+
+  // Lifted (0): no limit, whatever it has run.
+  plan = jobs_.PlanTimeLimit("j1", 0);
+  ASSERT_TRUE(plan.ok() && jobs_.ApplyJobPlan(&*plan));
+  clock_.AdvanceMs(3'600'000);
+  EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
+  EXPECT_EQ(State("j1"), v1::RUNNING);
+  // A stale plan changes nothing; a finished job's limit cannot change.
+  plan = jobs_.PlanTimeLimit("j1", 5);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(Cancel("j1").ok());
+  EXPECT_FALSE(jobs_.ApplyJobPlan(&*plan));
+  EXPECT_EQ(jobs_.SpecOf("j1")->resources.time_limit_minutes, 0);
+  EXPECT_EQ(jobs_.PlanTimeLimit("j1", 5).status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST_F(JobManagerTest, ListPagesGoNewestFirstWithoutSpecsAndFilter) {
   for (int i = 1; i <= 5; ++i) {
     std::string id = "j";  // not "j" + to_string: GCC 12 warns (-Wrestrict) falsely
