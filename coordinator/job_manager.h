@@ -434,6 +434,8 @@ class JobManager {
   int64_t AskCheckpoint(Job& job, const std::string& reason, bool for_resize);
   // Ends the attempt at the complete checkpoint of `step` to restart it as job.resize says.
   void Resize(Job& job, int64_t step);
+  // A plan of no change (kNone) of `job` as it is now: what each Plan* starts from.
+  JobPlan NewPlan(const Job& job) const;
   // Makes a job asked to suspend (JobRecord.suspend), whose attempt has ended, SUSPENDED;
   // persists nothing.
   void MakeSuspended(Job& job);

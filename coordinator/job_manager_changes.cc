@@ -65,6 +65,15 @@ void JobManager::MakeSuspended(Job& job) {
   UpdateReason(job);
 }
 
+JobManager::JobPlan JobManager::NewPlan(const Job& job) const {
+  JobPlan plan;
+  plan.job_id = job.rec.job_id();
+  plan.version = job.version;
+  plan.at_ms = clock_->WallNowMs();
+  plan.state = job.rec.state();
+  return plan;
+}
+
 StatusOr<JobManager::JobPlan> JobManager::PlanSuspend(const v1::SuspendJobRequest& request) const {
   const Job* job = Get(request.job_id());
   if (!job) return NotFoundError("no job " + request.job_id());
@@ -73,12 +82,8 @@ StatusOr<JobManager::JobPlan> JobManager::PlanSuspend(const v1::SuspendJobReques
     return FailedPreconditionError("job " + rec.job_id() + " is " + v1::JobState_Name(rec.state()) +
                                    ": only a job that has not finished can be suspended");
   }
-  JobPlan plan;
-  plan.job_id = rec.job_id();
-  plan.version = job->version;
+  JobPlan plan = NewPlan(*job);
   plan.request = request;
-  plan.at_ms = clock_->WallNowMs();
-  plan.state = rec.state();
   const bool running = rec.state() == v1::RUNNING;
   // Asked already; only `now` hurries a job still waiting for its checkpoint.
   if (rec.state() == v1::SUSPENDED || (rec.suspend() && !(running && request.now()))) {
@@ -119,11 +124,7 @@ StatusOr<JobManager::JobPlan> JobManager::PlanResume(const std::string& job_id) 
   const Job* job = Get(job_id);
   if (!job) return NotFoundError("no job " + job_id);
   const v1::JobRecord& rec = job->rec;
-  JobPlan plan;
-  plan.job_id = job_id;
-  plan.version = job->version;
-  plan.at_ms = clock_->WallNowMs();
-  plan.state = rec.state();
+  JobPlan plan = NewPlan(*job);
   if (IsTerminal(rec.state()) || !rec.suspend()) return plan;  // not suspended
   plan.change = JobPlan::kResume;
   v1::JobRecord next = rec;
@@ -144,11 +145,7 @@ StatusOr<JobManager::JobPlan> JobManager::PlanPriority(const std::string& job_id
     return FailedPreconditionError("job " + job_id + " is " + v1::JobState_Name(rec.state()) +
                                    ": a finished job has no place in the queue to change");
   }
-  JobPlan plan;
-  plan.job_id = job_id;
-  plan.version = job->version;
-  plan.at_ms = clock_->WallNowMs();
-  plan.state = rec.state();
+  JobPlan plan = NewPlan(*job);
   plan.priority = priority;
   plan.previous_priority = rec.priority();
   if (rec.priority() == priority) return plan;
@@ -170,11 +167,7 @@ StatusOr<JobManager::JobPlan> JobManager::PlanTimeLimit(const std::string& job_i
                                    "again, with the same checkpoint.dir, a job goes on from "
                                    "its newest checkpoint)");
   }
-  JobPlan plan;
-  plan.job_id = job_id;
-  plan.version = job->version;
-  plan.at_ms = clock_->WallNowMs();
-  plan.state = rec.state();
+  JobPlan plan = NewPlan(*job);
   plan.previous_minutes = job->spec.resources.time_limit_minutes;
   plan.ran_ms = RanMs(*job, plan.at_ms);
   const std::string limit = yaml_util::FormatDouble(minutes);
