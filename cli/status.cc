@@ -2,7 +2,6 @@
 // its attempts, trainers and checkpoints.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cmath>
 #include <iostream>
 
 #include "cli/command.h"
@@ -12,7 +11,6 @@
 #include "common/job_spec.h"
 #include "common/job_state.h"
 #include "common/parallel_mesh.h"
-#include "common/yaml_util.h"
 
 namespace drover::cli {
 namespace {
@@ -44,17 +42,16 @@ std::string Layout(const v1::JobRecord& j, const JobSpec* spec) {
   return mesh.ok() ? mesh->Describe() : "";
 }
 
-// "2h00m, 1h12m used (resources.time_limit_minutes 120.0)": the job's time limit and how
-// much of it its attempts have run; empty for a job without one.
+// "2h00m, 1h12m used": the job's time limit and how much of it its attempts have run;
+// empty for a job without one.
 std::string TimeLimit(const v1::JobInfo& info, const JobSpec* spec) {
   const v1::JobRecord& j = info.job();
   if (!spec || spec->resources.time_limit_minutes <= 0) return "";
   const int64_t now_ms = SystemClock::Get()->WallNowMs();
   int64_t ran_ms = 0;
   for (const v1::AttemptRecord& a : info.attempts()) ran_ms += AttemptRanMs(j, a, now_ms);
-  const double minutes = spec->resources.time_limit_minutes;
-  return FormatDurationMs(std::llround(minutes * 60'000.0)) + ", " + FormatDurationMs(ran_ms) +
-         " used (resources.time_limit_minutes " + yaml_util::FormatDouble(minutes) + ")";
+  return FormatTimeLimit(spec->resources.time_limit_minutes) + ", " + FormatDurationMs(ran_ms) +
+         " used";
 }
 
 void PrintJob(const v1::JobInfo& info) {

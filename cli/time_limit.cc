@@ -2,7 +2,6 @@
 // spec's resources.time_limit_minutes; 0 lifts it): it may run until its attempts have run
 // that long, and then stops at a checkpoint (coordinator/job_manager.h, "Time limits").
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <iostream>
 #include <string>
 
@@ -13,11 +12,6 @@
 
 namespace drover::cli {
 namespace {
-
-// "12h00m" / "none".
-std::string Limit(double minutes) {
-  return minutes > 0 ? FormatDurationMs(std::llround(minutes * 60'000.0)) : "none";
-}
 
 CommandRun SetupTimeLimit(CLI::App* app, GlobalOptions* globals) {
   struct Args {
@@ -38,9 +32,9 @@ CommandRun SetupTimeLimit(CLI::App* app, GlobalOptions* globals) {
     if (!resp.ok()) return ReportError(resp.status());
     // "j-1 RUNNING, time limit 24h00m (was 12h00m), 11h58m used"
     std::cout << args->job << " " << JobStateName(resp->state()) << ", time limit "
-              << Limit(minutes);
+              << FormatTimeLimit(minutes);
     if (resp->previous_minutes() != minutes) {
-      std::cout << " (was " << Limit(resp->previous_minutes()) << ")";
+      std::cout << " (was " << FormatTimeLimit(resp->previous_minutes()) << ")";
     }
     std::cout << ", " << FormatDurationMs(resp->ran_ms()) << " used\n";
     return kExitOk;

@@ -1,6 +1,7 @@
 #include "common/duration.h"
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -56,6 +57,10 @@ std::string FormatDurationMs(int64_t ms) {
              static_cast<long long>((s % 3600) / 60));
   }
   return buf;
+}
+
+std::string FormatTimeLimit(double minutes) {
+  return minutes > 0 ? FormatDurationMs(std::llround(minutes * 60'000.0)) : "none";
 }
 
 }  // namespace drover

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 
+#include "common/duration.h"
 #include "common/job_state.h"
-#include "common/yaml_util.h"
 
 namespace drover::coordinator {
 namespace {
@@ -67,9 +67,9 @@ void JobManager::IndexPlacement(const Job& job, bool add) {
 void JobManager::UpdateReason(Job& job) {
   const v1::JobState state = job.rec.state();
   if (job.time_up && state == v1::RUNNING) {
-    job.rec.set_reason("time limit reached (resources.time_limit_minutes " +
-                       yaml_util::FormatDouble(job.spec.resources.time_limit_minutes) +
-                       "): stopping at the checkpoint asked for now");
+    job.rec.set_reason("time limit of " + FormatDurationMs(TimeLimitMs(job)) +
+                       " reached (resources.time_limit_minutes): stopping at the checkpoint asked "
+                       "for now");
     return;
   }
   if (job.rec.suspend() && (state == v1::RUNNING || state == v1::SUSPENDED)) {

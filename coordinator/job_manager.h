@@ -459,7 +459,7 @@ class JobManager {
   int64_t RanMs(const Job& job, int64_t now_ms) const;
   // True when the job has a time limit and has run for it by wall time now_ms.
   bool TimeUsedUp(const Job& job, int64_t now_ms) const;
-  // "time limit reached: it ran 2h00m of its 2h00m (resources.time_limit_minutes 120)".
+  // "time limit reached: it ran 2h00m of its 2h00m (resources.time_limit_minutes)".
   std::string TimeLimitReached(const Job& job, int64_t now_ms) const;
   // Ends the job, whose time limit is used up, FAILED at wall time now_ms, and its RUNNING
   // attempt; `how` says how it stopped ("stopped at the checkpoint of step 40 ...").

@@ -225,9 +225,9 @@ bool JobManager::ApplyJobPlan(JobPlan* planned) {
     case JobPlan::kTimeLimit:
       r.set_spec_yaml(plan.spec_yaml);
       job->spec = plan.spec;
-      spdlog::info("job {}: time limit {} -> {} minutes ({} run)", r.job_id(),
-                   yaml_util::FormatDouble(plan.previous_minutes),
-                   yaml_util::FormatDouble(job->spec.resources.time_limit_minutes),
+      spdlog::info("job {}: time limit {} -> {} ({} used)", r.job_id(),
+                   FormatTimeLimit(plan.previous_minutes),
+                   FormatTimeLimit(job->spec.resources.time_limit_minutes),
                    FormatDurationMs(plan.ran_ms));
       // Stopping at the old limit: trains on if the new one leaves it time.
       if (job->time_up && !TimeUsedUp(*job, plan.at_ms)) {

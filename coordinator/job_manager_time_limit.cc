@@ -5,7 +5,6 @@
 
 #include "common/duration.h"
 #include "common/job_state.h"
-#include "common/yaml_util.h"
 #include "coordinator/job_manager.h"
 
 namespace drover::coordinator {
@@ -27,8 +26,7 @@ bool JobManager::TimeUsedUp(const Job& job, int64_t now_ms) const {
 
 std::string JobManager::TimeLimitReached(const Job& job, int64_t now_ms) const {
   return "time limit reached: it ran " + FormatDurationMs(RanMs(job, now_ms)) + " of its " +
-         FormatDurationMs(TimeLimitMs(job)) + " (resources.time_limit_minutes " +
-         yaml_util::FormatDouble(job.spec.resources.time_limit_minutes) + ")";
+         FormatDurationMs(TimeLimitMs(job)) + " (resources.time_limit_minutes)";
 }
 
 void JobManager::EndAtTimeLimit(Job& job, const std::string& how, int64_t now_ms) {

@@ -360,7 +360,7 @@ TEST_F(AgentDrainTest, ATimeLimitStopsTheJobAtACheckpointThatASecondSubmitGoesOn
   ASSERT_GT(step, 0) << job.reason();
   EXPECT_EQ(job.restarts(), 0);
   EXPECT_EQ(job.reason().rfind("time limit reached: it ran ", 0), 0u) << job.reason();
-  EXPECT_NE(job.reason().find(" of its 6.0s (resources.time_limit_minutes 0.1); stopped at the "
+  EXPECT_NE(job.reason().find(" of its 6.0s (resources.time_limit_minutes); stopped at the "
                               "checkpoint of step " +
                               std::to_string(step) + " ("),
             std::string::npos)
@@ -375,8 +375,7 @@ TEST_F(AgentDrainTest, ATimeLimitStopsTheJobAtACheckpointThatASecondSubmitGoesOn
   std::printf("%s\n", job.reason().c_str());
   testing::CliResult status = Cli({"status", first});
   EXPECT_NE(status.out.find("time limit:  6.0s, "), std::string::npos) << status.out;
-  EXPECT_NE(status.out.find(" used (resources.time_limit_minutes 0.1)"), std::string::npos)
-      << status.out;
+  EXPECT_NE(status.out.find(" used\n"), std::string::npos) << status.out;
   // Its trainers are gone: every slot is free.
   EXPECT_TRUE(testing::WaitUntil(
       [&] {

@@ -155,7 +155,8 @@ TEST_F(CliServiceTest, TimeLimitChangesARunningJobsLimitAndItStopsThere) {
       id, [](const v1::JobInfo& i) { return i.job().state() == v1::FAILED; }, 20000, &info))
       << info.job().reason() << cluster_->DebugLogs();
   EXPECT_EQ(info.job().reason().rfind("time limit reached: it ran ", 0), 0u) << info.job().reason();
-  EXPECT_NE(info.job().reason().find("(resources.time_limit_minutes 0.0333333"), std::string::npos)
+  EXPECT_NE(info.job().reason().find(" of its 2.0s (resources.time_limit_minutes); "),
+            std::string::npos)
       << info.job().reason();
   EXPECT_NE(info.job().reason().find("; stopped at the checkpoint of step "), std::string::npos)
       << info.job().reason();

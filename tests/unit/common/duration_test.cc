@@ -37,5 +37,12 @@ TEST(FormatDurationMsTest, SecondsMinutesHours) {
   EXPECT_EQ(FormatDurationMs(-5), "0.0s");
 }
 
+TEST(FormatTimeLimitTest, MinutesAsADurationAndZeroAsNone) {
+  EXPECT_EQ(FormatTimeLimit(720), "12h00m");
+  EXPECT_EQ(FormatTimeLimit(0.1), "6.0s");
+  EXPECT_EQ(FormatTimeLimit(20.0 / 60.0), "20.0s");
+  EXPECT_EQ(FormatTimeLimit(0), "none");
+}
+
 }  // namespace
 }  // namespace drover

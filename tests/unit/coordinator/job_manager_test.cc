@@ -1131,9 +1131,10 @@ TEST_F(JobManagerTest, AJobThatRanItsTimeLimitOverItsAttemptsStopsAtACheckpointA
   ASSERT_EQ(asked.size(), 1u);
   EXPECT_EQ(asked[0].reason(), "time limit reached");
   EXPECT_EQ(State("j1"), v1::RUNNING);
-  EXPECT_EQ(jobs_.Find("j1")->reason(),
-            "time limit reached (resources.time_limit_minutes 1.0): stopping at the checkpoint "
-            "asked for now");
+  EXPECT_EQ(
+      jobs_.Find("j1")->reason(),
+      "time limit of 1m00s reached (resources.time_limit_minutes): stopping at the checkpoint "
+      "asked for now");
   EXPECT_TRUE(jobs_.Resizable().empty());
   EXPECT_FALSE(jobs_.PlanResize("j1", ResizePlan{4, {}}));
 
@@ -1142,7 +1143,7 @@ TEST_F(JobManagerTest, AJobThatRanItsTimeLimitOverItsAttemptsStopsAtACheckpointA
   EXPECT_EQ(State("j1"), v1::FAILED);
   EXPECT_EQ(jobs_.Find("j1")->restarts(), 1);
   EXPECT_EQ(jobs_.Find("j1")->reason(),
-            "time limit reached: it ran 1m02s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "time limit reached: it ran 1m02s of its 1m00s (resources.time_limit_minutes); "
             "stopped at the checkpoint of step 8 (/ckpt/step_8): a job submitted again with the "
             "same checkpoint.dir goes on from it");
   EXPECT_EQ(jobs_.Attempts("j1").back().end_reason(), "time limit reached");
@@ -1167,7 +1168,7 @@ TEST_F(JobManagerTest, OutOfTimeAJobStopsAtOnceWithoutCheckpointsOrWhenTheOneAsk
   EXPECT_EQ(jobs_.CheckTimeLimits(clock_.WallNowMs()), (std::vector<std::string>{"late", "fails"}));
   EXPECT_EQ(State("none"), v1::FAILED);
   EXPECT_EQ(jobs_.Find("none")->reason(),
-            "time limit reached: it ran 1m00s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "time limit reached: it ran 1m00s of its 1m00s (resources.time_limit_minutes); "
             "stopped at once (it saves no checkpoints)");
   EXPECT_EQ(State("unlimited"), v1::RUNNING);
   EXPECT_EQ(jobs_.Find("unlimited")->reason(), "");
@@ -1178,7 +1179,7 @@ TEST_F(JobManagerTest, OutOfTimeAJobStopsAtOnceWithoutCheckpointsOrWhenTheOneAsk
   EXPECT_EQ(jobs_.Find("fails")->restarts(), 0);
   EXPECT_EQ(jobs_.Find("fails")->reason(),
             "attempt 1 failed: rank 0 on fails exited with code 1; not restarted: time limit "
-            "reached: it ran 1m00s of its 1m00s (resources.time_limit_minutes 1.0)");
+            "reached: it ran 1m00s of its 1m00s (resources.time_limit_minutes)");
 
   // The checkpoint asked for is waited for as long as a step may take (hang_timeout_s 120).
   jobs_.OnCheckpoint(Checkpoint("late", 1, 3));  // an older one may come first...
@@ -1195,7 +1196,7 @@ TEST_F(JobManagerTest, OutOfTimeAJobStopsAtOnceWithoutCheckpointsOrWhenTheOneAsk
   EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
   EXPECT_EQ(State("hung"), v1::FAILED);
   EXPECT_EQ(jobs_.Find("hung")->reason(),
-            "time limit reached: it ran 3m00s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "time limit reached: it ran 3m00s of its 1m00s (resources.time_limit_minutes); "
             "stopped at once: the checkpoint asked for at the limit did not come within "
             "fault_tolerance.hang_timeout_s (2m00s); its newest complete checkpoint is of step 2");
   EXPECT_EQ(StopOrders(OrdersFor("hung", {Trainer("hung", 1, 0)})).size(), 1u);
@@ -1244,7 +1245,7 @@ TEST_F(JobManagerTest, AJobWaitingWithItsTimeUsedUpFailsWithoutAnotherPlacement)
   EXPECT_TRUE(jobs_.CheckTimeLimits(clock_.WallNowMs()).empty());
   EXPECT_EQ(State("j1"), v1::FAILED);
   EXPECT_EQ(jobs_.Find("j1")->reason(),
-            "time limit reached: it ran 1m01s of its 1m00s (resources.time_limit_minutes 1.0); "
+            "time limit reached: it ran 1m01s of its 1m00s (resources.time_limit_minutes); "
             "not placed again");
   EXPECT_TRUE(jobs_.Pending().empty());
 }
