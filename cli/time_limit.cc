@@ -6,7 +6,6 @@
 #include <string>
 
 #include "cli/command.h"
-#include "cli/progress.h"
 #include "cli/rpc_client.h"
 #include "common/duration.h"
 
