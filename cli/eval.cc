@@ -2,6 +2,7 @@
 // (B, T) batches of token shards, formed as llm.c's loader forms them (engine::EvalLoader).
 // `drover eval MODEL --hellaswag FILE.jsonl`: its accuracy on HellaSwag (or any benchmark
 // of that shape: worker/engine/eval/hellaswag.h), acc_norm and acc.
+// Both on --device cpu or cuda, in --precision fp32, bf16 or fp16 (engine::GptInference).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -10,11 +11,13 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/device_flags.h"
 #include "cli/exit_code.h"
 #include "cli/tokenizer_flags.h"
 #include "worker/engine/data/loader.h"
 #include "worker/engine/data/token_dataset.h"
 #include "worker/engine/eval/hellaswag.h"
+#include "worker/engine/model/gpt_inference.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/threads.h"
 
@@ -31,6 +34,7 @@ struct EvalFlags {
   int batch = 4;
   int seq = 0;  // 0: min(64, the model's block size)
   int threads = 0;
+  DeviceFlags device;
 };
 
 int Usage(const std::string& msg) {
@@ -45,8 +49,8 @@ int InputFailure(const std::string& what, const Status& st) {
 }
 
 // Mean loss over --batches batches of --data; `loss` is set, or an exit code returned.
-int EvalLoss(const EvalFlags& f, engine::Gpt* model, double* loss, int* T_out) {
-  const engine::GptConfig& cfg = model->config();
+int EvalLoss(const EvalFlags& f, engine::GptInference& model, double* loss, int* T_out) {
+  const engine::GptConfig& cfg = model.config();
   const int T = f.seq > 0 ? f.seq : std::min(64, cfg.max_seq_len);
   if (T > cfg.max_seq_len) {
     return Usage("--seq " + std::to_string(T) + " exceeds the model's block size " +
@@ -69,7 +73,7 @@ int EvalLoss(const EvalFlags& f, engine::Gpt* model, double* loss, int* T_out) {
     if (Status st = (*loader)->Batch(i, inputs.data(), targets.data()); !st.ok()) {
       return InputFailure("--data: ", st);
     }
-    sum += model->Forward(inputs.data(), targets.data(), f.batch, T);
+    sum += model.Loss(inputs.data(), targets.data(), f.batch, T);
   }
   *loss = sum / f.batches;
   *T_out = T;
@@ -78,9 +82,16 @@ int EvalLoss(const EvalFlags& f, engine::Gpt* model, double* loss, int* T_out) {
 
 int RunEval(const EvalFlags& f, bool json) {
   if (f.data.empty() && f.hellaswag.empty()) return Usage("give --data, --hellaswag or both");
+  auto ops = OpsFor(f.device);  // before the model: a machine that cannot run it fails fast
+  if (!ops.ok()) return InputFailure("", ops.status());
   auto model = engine::LoadModelFile(f.model_path);
   if (!model.ok()) return InputFailure("", model.status());
   if (f.threads > 0) engine::SetNumThreads(f.threads);
+  const engine::Precision precision = PrecisionOf(f.device);
+  engine::GptInference run(**model, *ops, precision);
+  // Says where the numbers were computed: a bf16 loss is not an fp32 one.
+  char where[64];
+  std::snprintf(where, sizeof(where), "%s, %s", run.device(), engine::PrecisionName(precision));
   std::vector<engine::ChoiceExample> examples;
   if (!f.hellaswag.empty()) {  // read before the long loss evaluation: a bad file fails fast
     auto tok = TokenizerFor("eval", f.model_path, f.tokenizer);
@@ -93,7 +104,7 @@ int RunEval(const EvalFlags& f, bool json) {
   if (!f.data.empty()) {
     double loss = 0;
     int T = 0;
-    if (int rc = EvalLoss(f, model->get(), &loss, &T); rc != kExitOk) return rc;
+    if (int rc = EvalLoss(f, run, &loss, &T); rc != kExitOk) return rc;
     char buf[256];
     if (json) {
       std::snprintf(buf, sizeof(buf),
@@ -101,11 +112,12 @@ int RunEval(const EvalFlags& f, bool json) {
                     f.batches, f.batch, T, static_cast<long long>(f.batches) * f.batch * T);
       json_out += buf;
     } else {
-      std::printf("loss %.6f over %d batches of %d x %d tokens\n", loss, f.batches, f.batch, T);
+      std::printf("loss %.6f over %d batches of %d x %d tokens (%s)\n", loss, f.batches, f.batch, T,
+                  where);
     }
   }
   if (!examples.empty()) {
-    auto acc = engine::EvaluateChoices(**model, examples);
+    auto acc = engine::EvaluateChoices(run, examples);
     if (!acc.ok()) return InputFailure("--hellaswag: " + f.hellaswag + ": ", acc.status());
     char buf[256];
     if (json) {
@@ -115,11 +127,15 @@ int RunEval(const EvalFlags& f, bool json) {
           json_out.empty() ? "" : ",", acc->acc_norm(), acc->acc(), acc->examples);
       json_out += buf;
     } else {
-      std::printf("hellaswag: acc_norm %.4f (%d of %d), acc %.4f (%d of %d)\n", acc->acc_norm(),
-                  acc->correct_mean, acc->examples, acc->acc(), acc->correct_sum, acc->examples);
+      std::printf("hellaswag: acc_norm %.4f (%d of %d), acc %.4f (%d of %d) (%s)\n",
+                  acc->acc_norm(), acc->correct_mean, acc->examples, acc->acc(), acc->correct_sum,
+                  acc->examples, where);
     }
   }
-  if (json) std::printf("{%s}\n", json_out.c_str());
+  if (json) {
+    std::printf("{%s,\"device\":\"%s\",\"precision\":\"%s\"}\n", json_out.c_str(), run.device(),
+                engine::PrecisionName(precision));
+  }
   return kExitOk;
 }
 
@@ -144,6 +160,7 @@ CommandRun SetupEval(CLI::App* app, GlobalOptions* globals) {
   app->add_option("--seq", f->seq, "sequence length T (default min(64, block size))")
       ->check(CLI::PositiveNumber);
   app->add_option("--threads", f->threads, "CPU threads (default: all)");
+  AddDeviceOptions(app, &f->device, /*with_precision=*/true);
   app->add_flag("--json", *json, "print one JSON object");
   return [f, json, globals] { return RunEval(*f, *json || globals->json); };
 }

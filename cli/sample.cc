@@ -1,19 +1,23 @@
 // `drover sample MODEL --prompt TEXT --tokens N`: generates text from a model file (llm.c, or a
-// Hugging Face GPT-2 safetensors).
+// Hugging Face GPT-2 safetensors). On the CPU through GptDecoder's key/value cache; with
+// --device cuda on the GPU, each token a pass of the whole window (GptInference).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/device_flags.h"
 #include "cli/exit_code.h"
 #include "cli/tokenizer_flags.h"
 #include "worker/engine/data/tokenizer.h"
 #include "worker/engine/model/gpt_decoder.h"
+#include "worker/engine/model/gpt_inference.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/threads.h"
 
@@ -29,6 +33,7 @@ struct SampleFlags {
   uint64_t seed = 1337;
   TokenizerFlags tokenizer;
   int threads = 0;
+  DeviceFlags device;
 };
 
 // Draws a token from `logits` (V,) at `temperature` among the top_k most likely ones.
@@ -60,6 +65,11 @@ int RunSample(SampleFlags f) {
     std::fprintf(stderr, "drover sample: %s\n", tok.status().message().c_str());
     return ExitCodeForInput(tok.status());
   }
+  auto ops = OpsFor(f.device);  // before the model: a machine that cannot run it fails fast
+  if (!ops.ok()) {
+    std::fprintf(stderr, "drover sample: %s\n", ops.status().message().c_str());
+    return ExitCodeForInput(ops.status());
+  }
   auto model = engine::LoadModelFile(f.model_path);
   if (!model.ok()) {
     std::fprintf(stderr, "drover sample: %s\n", model.status().message().c_str());
@@ -87,10 +97,18 @@ int RunSample(SampleFlags f) {
   std::fputs(f.prompt.c_str(), stdout);
   // Each token extends the last window by one: the decoder runs that one token through the
   // layers against its key/value cache (until the context outgrows block_size).
-  engine::GptDecoder decoder(**model);
+  // Another table runs the whole window each token: the decoder's cache is the CPU's.
+  std::optional<engine::GptDecoder> decoder;
+  std::optional<engine::GptInference> device;
+  if (*ops == engine::CpuOps()) {
+    decoder.emplace(**model);
+  } else {
+    device.emplace(**model, *ops);
+  }
   for (int i = 0; i < f.tokens; ++i) {
-    std::vector<float> logits =
-        decoder.NextTokenLogits(context.data(), static_cast<int>(context.size()));
+    const int n = static_cast<int>(context.size());
+    std::vector<float> logits = decoder.has_value() ? decoder->NextTokenLogits(context.data(), n)
+                                                    : device->NextTokenLogits(context.data(), n);
     int32_t next = SampleToken(std::move(logits), f.temperature, f.top_k, &rng);
     context.push_back(next);
     const int32_t one[1] = {next};
@@ -119,6 +137,7 @@ DROVER_REGISTER_COMMAND(
       app->add_option("--seed", f->seed, "random seed (default 1337)");
       AddTokenizerOptions(app, &f->tokenizer);
       app->add_option("--threads", f->threads, "CPU threads (default: all)");
+      AddDeviceOptions(app, &f->device, /*with_precision=*/false);
       return [f] { return RunSample(*f); };
     });
 

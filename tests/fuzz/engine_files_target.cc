@@ -67,10 +67,10 @@ int FuzzHellaSwag(const uint8_t* data, size_t size) {
   auto examples = engine::ReadChoiceExamples(path, *bytes, /*limit=*/4);
   if (!examples.ok()) return 0;
   // Scored by a tiny model whose vocabulary and block size the bytes can exceed.
-  static engine::Gpt* model = [] {
+  static engine::GptInference* model = [] {
     auto* m = new engine::Gpt(engine::GptConfig{/*maxT=*/16, /*V=*/200, /*Vp=*/256, 1, 1, 8});
     m->InitRandom(1);
-    return m;
+    return new engine::GptInference(*m, engine::CpuOps());
   }();
   for (const engine::ChoiceExample& ex : *examples) {
     if (ex.label < 0 || ex.label >= static_cast<int>(ex.endings.size())) {

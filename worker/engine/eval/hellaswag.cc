@@ -81,7 +81,7 @@ StatusOr<std::vector<ChoiceExample>> ReadChoiceExamples(const std::string& path,
   return examples;
 }
 
-StatusOr<ChoiceScores> ScoreChoices(Gpt& model, const ChoiceExample& example) {
+StatusOr<ChoiceScores> ScoreChoices(GptInference& model, const ChoiceExample& example) {
   const GptConfig& cfg = model.config();
   const int maxT = cfg.max_seq_len;
   const int n = static_cast<int>(example.endings.size());
@@ -112,31 +112,29 @@ StatusOr<ChoiceScores> ScoreChoices(Gpt& model, const ChoiceExample& example) {
   // At most kRows rows a Forward: a file with thousands of endings to an example must not
   // ask for thousands of (T, V) logit rows at once.
   constexpr int kRows = 8;
-  const size_t Vp = static_cast<size_t>(cfg.padded_vocab_size);
-  const int V = cfg.vocab_size;
+  std::vector<float> losses(static_cast<size_t>(std::min(kRows, n)) * maxT);
   ChoiceScores s;
   for (int first = 0; first < n; first += kRows) {
     const int rows_now = std::min(kRows, n - first);
     int T = 1;
     for (int i = first; i < first + rows_now; ++i)
       T = std::max(T, static_cast<int>(rows[i].size()));
-    std::vector<int32_t> inputs(static_cast<size_t>(rows_now) * T, 0);  // padding: any token
+    // Position t of a row predicts its token t + 1; past the row's end, the padding and
+    // its targets are any token (0), and their losses are not read.
+    std::vector<int32_t> inputs(static_cast<size_t>(rows_now) * T, 0);
+    std::vector<int32_t> targets(inputs.size(), 0);
     for (int i = 0; i < rows_now; ++i) {
-      std::copy(rows[first + i].begin(), rows[first + i].end(), &inputs[size_t(i) * T]);
+      const std::vector<int32_t>& row = rows[first + i];
+      std::copy(row.begin(), row.end(), &inputs[size_t(i) * T]);
+      std::copy(row.begin() + 1, row.end(), &targets[size_t(i) * T]);
     }
-    model.Forward(inputs.data(), nullptr, rows_now, T);
-    const float* logits = model.logits();
+    model.Loss(inputs.data(), targets.data(), rows_now, T, losses.data());
     for (int i = 0; i < rows_now; ++i) {
       const std::vector<int32_t>& row = rows[first + i];
       double sum = 0;
-      // Position t predicts token t + 1: the ending's tokens from ending_at - 1 on.
+      // The ending's tokens are predicted from position ending_at - 1 on.
       for (int t = ending_at[first + i] - 1; t + 1 < static_cast<int>(row.size()); ++t) {
-        const float* l = logits + (static_cast<size_t>(i) * T + t) * Vp;
-        double max = l[0];
-        for (int v = 1; v < V; ++v) max = std::max(max, static_cast<double>(l[v]));
-        double z = 0;
-        for (int v = 0; v < V; ++v) z += std::exp(static_cast<double>(l[v]) - max);
-        sum += max + std::log(z) - static_cast<double>(l[row[t + 1]]);
+        sum += losses[static_cast<size_t>(i) * T + t];
       }
       s.sum_loss.push_back(sum);
       s.mean_loss.push_back(sum / static_cast<double>(example.endings[first + i].size()));
@@ -149,7 +147,8 @@ StatusOr<ChoiceScores> ScoreChoices(Gpt& model, const ChoiceExample& example) {
   return s;
 }
 
-StatusOr<ChoiceAccuracy> EvaluateChoices(Gpt& model, const std::vector<ChoiceExample>& examples) {
+StatusOr<ChoiceAccuracy> EvaluateChoices(GptInference& model,
+                                         const std::vector<ChoiceExample>& examples) {
   ChoiceAccuracy acc;
   for (const ChoiceExample& ex : examples) {
     ASSIGN_OR_RETURN(ChoiceScores s, ScoreChoices(model, ex));

@@ -9,7 +9,7 @@
 // other keys (ind, activity_label, source_id, split...) are ignored. Each ending is
 // tokenized with a space before it, as GPT-2 saw words after a context.
 //
-// Thread-safety: the functions are not re-entrant on one Gpt (they run its Forward).
+// Thread-safety: the functions are not re-entrant on one GptInference (they run its passes).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@
 
 #include "common/status.h"
 #include "worker/engine/data/tokenizer.h"
-#include "worker/engine/model/gpt.h"
+#include "worker/engine/model/gpt_inference.h"
 
 namespace drover::engine {
 
@@ -43,12 +43,14 @@ struct ChoiceScores {
   int pick_mean = 0;              // argmin of mean_loss
 };
 
-// Scores one example: Forwards of (up to 8 endings, T) rows, each its context then its ending,
-// left-truncated to the model's block size (the ending is always whole), right-padded.
-// Log-softmax in double. InvalidArgument (naming the line) when an ending alone does not
-// fit the block size with one context token before it, or a token is outside the model's
-// vocabulary (a tokenizer that does not match the model).
-StatusOr<ChoiceScores> ScoreChoices(Gpt& model, const ChoiceExample& example);
+// Scores one example: passes of (up to 8 endings, T) rows, each its context then its ending,
+// left-truncated to the model's block size (the ending is always whole), right-padded; each
+// token's loss is the model's own per-position cross-entropy (GptInference::Loss, fp32
+// whatever the run's precision), summed in double; so on whichever device and precision
+// `model` runs. InvalidArgument (naming the line) when an ending alone does not fit the
+// block size with one context token before it, or a token is outside the model's vocabulary
+// (a tokenizer that does not match the model).
+StatusOr<ChoiceScores> ScoreChoices(GptInference& model, const ChoiceExample& example);
 
 struct ChoiceAccuracy {
   int examples = 0;
@@ -59,6 +61,7 @@ struct ChoiceAccuracy {
 };
 
 // Scores every example; the first error stops it.
-StatusOr<ChoiceAccuracy> EvaluateChoices(Gpt& model, const std::vector<ChoiceExample>& examples);
+StatusOr<ChoiceAccuracy> EvaluateChoices(GptInference& model,
+                                         const std::vector<ChoiceExample>& examples);
 
 }  // namespace drover::engine

@@ -106,6 +106,9 @@ class StageActivations {
   // CPU's; not CUDA's in mixed precision). Vl = GptLayout::local_vocab(): Vp, or this tp
   // rank's slice of the vocabulary when it is split.
   const float* logits() const { return logits_; }
+  // (B, T) floats after a Forward of the last stage that scored targets (kTrain, kEval): each
+  // position's own loss, -log p(target | its inputs so far), whose mean the Forward returned.
+  const float* losses() const { return losses_; }
 
  private:
   friend class GptStage;

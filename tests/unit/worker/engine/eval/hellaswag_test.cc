@@ -119,12 +119,13 @@ TEST_F(HellaSwagTest, ABadLineIsRefusedNamingTheLineAndTheKey) {
 TEST_F(HellaSwagTest, ScoresEachEndingAsTheTokenByTokenOracleDoes) {
   Gpt model(Config(/*maxT=*/16));
   model.InitRandom(7);
+  GptInference run(model, CpuOps());
   ChoiceExample ex;
   ex.line = 9;
   ex.context = tokenizer_->Encode("The long context is longer than sixteen");  // > maxT
   ex.endings = {tokenizer_->Encode(" a"), tokenizer_->Encode(" bcdefg"), tokenizer_->Encode(" hij"),
                 tokenizer_->Encode(" klmnopqrstuvwx")};
-  auto s = ScoreChoices(model, ex);
+  auto s = ScoreChoices(run, ex);
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_EQ(s->sum_loss.size(), 4u);
   for (size_t i = 0; i < ex.endings.size(); ++i) {
@@ -140,7 +141,7 @@ TEST_F(HellaSwagTest, ScoresEachEndingAsTheTokenByTokenOracleDoes) {
   ChoiceExample many = ex;
   for (int i = 0; i < 7; ++i)
     many.endings.push_back(tokenizer_->Encode(" x" + std::string(i, 'y')));
-  auto ms = ScoreChoices(model, many);
+  auto ms = ScoreChoices(run, many);
   ASSERT_TRUE(ms.ok()) << ms.status();
   ASSERT_EQ(ms->sum_loss.size(), 11u);
   for (size_t i = 0; i < many.endings.size(); ++i) {
@@ -149,7 +150,7 @@ TEST_F(HellaSwagTest, ScoresEachEndingAsTheTokenByTokenOracleDoes) {
   }
   // A short context, not truncated: the same oracle.
   ex.context = tokenizer_->Encode("Hi");
-  s = ScoreChoices(model, ex);
+  s = ScoreChoices(run, ex);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_NEAR(s->sum_loss[1], OracleSumLoss(model, ex.context, ex.endings[1]), 1e-4 * 10);
 }
@@ -157,16 +158,17 @@ TEST_F(HellaSwagTest, ScoresEachEndingAsTheTokenByTokenOracleDoes) {
 TEST_F(HellaSwagTest, AnEndingTooLongOrATokenOutsideTheVocabularyIsRefusedNamingTheLine) {
   Gpt model(Config(/*maxT=*/8));
   model.InitRandom(1);
+  GptInference run(model, CpuOps());
   ChoiceExample ex;
   ex.line = 12;
   ex.context = {1, 2};
   ex.endings = {{3}, {4, 5, 6, 7, 8, 9, 10, 11}};  // 8 tokens: none left for context
-  auto s = ScoreChoices(model, ex);
+  auto s = ScoreChoices(run, ex);
   ASSERT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("line 12: ending 1 is 8 tokens"), std::string::npos)
       << s.status();
   ex.endings = {{3}, {300}};
-  s = ScoreChoices(model, ex);
+  s = ScoreChoices(run, ex);
   ASSERT_EQ(s.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.status().message().find("token 300 is outside the model's vocabulary of 256"),
             std::string::npos)
@@ -176,18 +178,19 @@ TEST_F(HellaSwagTest, AnEndingTooLongOrATokenOutsideTheVocabularyIsRefusedNaming
 TEST_F(HellaSwagTest, AccuracyCountsThePicksThatMatchTheLabel) {
   Gpt model(Config(/*maxT=*/16));
   model.InitRandom(3);
+  GptInference run(model, CpuOps());
   ChoiceExample ex;
   ex.context = tokenizer_->Encode("Once");
   ex.endings = {tokenizer_->Encode(" upon"), tokenizer_->Encode(" a"), tokenizer_->Encode(" time"),
                 tokenizer_->Encode(" zz")};
-  auto s = ScoreChoices(model, ex);
+  auto s = ScoreChoices(run, ex);
   ASSERT_TRUE(s.ok());
   std::vector<ChoiceExample> examples(4, ex);
   examples[0].label = s->pick_mean;
   examples[1].label = s->pick_mean;
   examples[2].label = (s->pick_mean + 1) % 4;
   examples[3].label = s->pick_sum;
-  auto acc = EvaluateChoices(model, examples);
+  auto acc = EvaluateChoices(run, examples);
   ASSERT_TRUE(acc.ok()) << acc.status();
   EXPECT_EQ(acc->examples, 4);
   EXPECT_EQ(acc->correct_mean, 2 + (s->pick_sum == s->pick_mean ? 1 : 0));
