@@ -45,11 +45,8 @@ std::string Layout(const v1::JobRecord& j, const JobSpec* spec) {
 // "2h00m, 1h12m used": the job's time limit and how much of it its attempts have run;
 // empty for a job without one.
 std::string TimeLimit(const v1::JobInfo& info, const JobSpec* spec) {
-  const v1::JobRecord& j = info.job();
   if (!spec || spec->resources.time_limit_minutes <= 0) return "";
-  const int64_t now_ms = SystemClock::Get()->WallNowMs();
-  int64_t ran_ms = 0;
-  for (const v1::AttemptRecord& a : info.attempts()) ran_ms += AttemptRanMs(j, a, now_ms);
+  const int64_t ran_ms = JobRanMs(info, SystemClock::Get()->WallNowMs());
   return FormatTimeLimit(spec->resources.time_limit_minutes) + ", " + FormatDurationMs(ran_ms) +
          " used";
 }

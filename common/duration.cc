@@ -59,8 +59,10 @@ std::string FormatDurationMs(int64_t ms) {
   return buf;
 }
 
+int64_t MinutesToMs(double minutes) { return std::llround(minutes * 60'000.0); }
+
 std::string FormatTimeLimit(double minutes) {
-  return minutes > 0 ? FormatDurationMs(std::llround(minutes * 60'000.0)) : "none";
+  return minutes > 0 ? FormatDurationMs(MinutesToMs(minutes)) : "none";
 }
 
 }  // namespace drover

@@ -16,6 +16,9 @@ StatusOr<int64_t> ParseDurationMs(const std::string& text, const std::string& wh
 // A duration for people: "4.2s", "5m12s", "3h07m" (a negative one as 0).
 std::string FormatDurationMs(int64_t ms);
 
+// Minutes as a spec gives them (resources.time_limit_minutes, a float) in whole milliseconds.
+int64_t MinutesToMs(double minutes);
+
 // A time limit in minutes (resources.time_limit_minutes) for people: "12h00m", or "none"
 // for 0.
 std::string FormatTimeLimit(double minutes);

@@ -25,4 +25,11 @@ inline int64_t AttemptRanMs(const v1::JobRecord& job, const v1::AttemptRecord& a
   return a.started_ms() > 0 ? std::max<int64_t>(0, end - a.started_ms()) : 0;
 }
 
+// The sum of AttemptRanMs over the job's attempts: what its time limit counts.
+inline int64_t JobRanMs(const v1::JobInfo& info, int64_t now_ms) {
+  int64_t ran_ms = 0;
+  for (const v1::AttemptRecord& a : info.attempts()) ran_ms += AttemptRanMs(info.job(), a, now_ms);
+  return ran_ms;
+}
+
 }  // namespace drover

@@ -7,7 +7,9 @@
 #include <string>
 #include <utility>
 
+#include "common/duration.h"
 #include "common/job_spec.h"
+#include "common/job_state.h"
 
 namespace drover::coordinator {
 namespace {
@@ -211,6 +213,11 @@ json JobJson(const v1::JobInfo& info, const ProgressHistory::Series& history, in
   json job = JobSummary(j);
   auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
   job["steps"] = spec.ok() ? spec->train.steps : 0;
+  if (spec.ok() && spec->resources.time_limit_minutes > 0) {
+    // resources.time_limit_minutes and what the job's attempts have run of it.
+    job["time_limit_ms"] = MinutesToMs(spec->resources.time_limit_minutes);
+    job["time_used_ms"] = JobRanMs(info, now_ms);
+  }
   job["output_dir"] = j.output_dir();
   job["checkpoint_error"] = j.checkpoint_error();
   json checkpoints = json::array();

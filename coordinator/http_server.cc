@@ -80,7 +80,6 @@ ClusterSnapshot TakeSnapshot(DashboardSource* source) {
       // One lock per job, not one for all: a scrape never holds the state for long.
       auto info = source->GetJob(j.job_id());
       if (!info.ok()) continue;  // deleted meanwhile
-      info->mutable_job()->clear_spec_yaml();
       s.live_jobs.push_back(std::move(*info));
     }
     if (page.next_before_seq() == 0) break;

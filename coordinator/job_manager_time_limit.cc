@@ -10,7 +10,7 @@
 namespace drover::coordinator {
 
 int64_t JobManager::TimeLimitMs(const Job& job) {
-  return std::llround(job.spec.resources.time_limit_minutes * 60'000.0);
+  return MinutesToMs(job.spec.resources.time_limit_minutes);
 }
 
 int64_t JobManager::RanMs(const Job& job, int64_t now_ms) const {

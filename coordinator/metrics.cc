@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cctype>
 
+#include "common/duration.h"
+#include "common/job_spec.h"
+#include "common/job_state.h"
 #include "common/mutex.h"
 #include "coordinator/node_manager.h"
 
@@ -79,7 +82,13 @@ class StateSeries {
                            "Ranks the others of their pipeline stage wait for (drover status "
                            "names them)")),
         ckpt_age_(Family(r, "drover_job_checkpoint_age_seconds",
-                         "Time since the job's newest complete checkpoint was created")) {}
+                         "Time since the job's newest complete checkpoint was created")),
+        time_limit_(
+            Family(r, "drover_job_time_limit_seconds",
+                   "The job's time limit (resources.time_limit_minutes), where it has one")),
+        time_used_(Family(r, "drover_job_time_used_seconds",
+                          "What the job's attempts have run of its time limit, where it has one "
+                          "(waiting, recovering and suspended time not counted)")) {}
 
   void Add(const ClusterSnapshot& s) {
     for (int st = v1::PENDING; st <= v1::JobState_MAX; ++st) {
@@ -187,6 +196,11 @@ class StateSeries {
       newest = std::max(newest, c.created_ms());
     }
     if (newest > 0) ckpt_age_.Add(l).Set(Seconds(std::max<int64_t>(0, now_ms - newest)));
+    auto spec = ParseJobSpec(j.spec_yaml(), {}, "job " + j.job_id());
+    if (spec.ok() && spec->resources.time_limit_minutes > 0) {
+      time_limit_.Add(l).Set(Seconds(MinutesToMs(spec->resources.time_limit_minutes)));
+      time_used_.Add(l).Set(Seconds(JobRanMs(info, now_ms)));
+    }
   }
 
   prometheus::Family<Gauge>& jobs_;
@@ -214,6 +228,8 @@ class StateSeries {
   prometheus::Family<Gauge>& rank_busy_;
   prometheus::Family<Gauge>& stragglers_;
   prometheus::Family<Gauge>& ckpt_age_;
+  prometheus::Family<Gauge>& time_limit_;
+  prometheus::Family<Gauge>& time_used_;
 };
 
 }  // namespace

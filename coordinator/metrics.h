@@ -20,7 +20,9 @@
 //   job_attempt, job_restarts, job_step, job_loss, job_tokens_per_second,
 //   job_last_recovery_seconds (after a restart), job_learning_rate, job_val_loss (once
 //   evaluated), job_mfu_ratio (where the trainer knows it), job_checkpoint_age_seconds
-//   (once one is complete), job_stragglers (ranks named as stragglers: straggler.h)
+//   (once one is complete), job_stragglers (ranks named as stragglers: straggler.h),
+//   job_time_limit_seconds and job_time_used_seconds (where resources.time_limit_minutes
+//   sets one: the sum of its attempts' running times, common/job_state.h JobRanMs)
 //   per rank of those jobs' current attempts, labels {job_id,name,rank}:
 //   job_rank_busy_seconds (its own time a step, once it has reported one)
 //
@@ -49,7 +51,8 @@ struct ClusterSnapshot {
   int64_t now_ms = 0;  // wall clock
   std::map<v1::JobState, int64_t> jobs_by_state;
   std::vector<v1::WorkerInfo> workers;
-  std::vector<v1::JobInfo> live_jobs;  // RUNNING and RECOVERING jobs
+  // RUNNING and RECOVERING jobs, each with its spec (the metrics read its time limit).
+  std::vector<v1::JobInfo> live_jobs;
 };
 
 class CoordinatorMetrics {

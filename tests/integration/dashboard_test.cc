@@ -74,6 +74,9 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
   std::string yaml = cluster.JobYaml("dash-demo", 2, 2, 5000, 10, 3, 60,
                                      "step_ms=40\ncrash_at_step=25\nmfu=0.31\n");
   yaml = std::regex_replace(yaml, std::regex("eval_every: 0"), "eval_every: 5");
+  // A limit it never reaches: the page shows it and the time used.
+  yaml = std::regex_replace(yaml, std::regex("  device: cpu\n"),
+                            "  device: cpu\n  time_limit_minutes: 600\n");
   auto id = cluster.Submit(yaml);
   ASSERT_TRUE(id.ok()) << id.status();
   v1::JobInfo info;
@@ -101,6 +104,8 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
   EXPECT_THAT(metrics->body, HasSubstr("drover_job_recovery_seconds_count 1"));
   EXPECT_THAT(metrics->body,
               HasSubstr("drover_job_mfu_ratio{job_id=\"" + *id + "\",name=\"dash-demo\"} 0.31"));
+  EXPECT_THAT(metrics->body, HasSubstr("drover_job_time_limit_seconds{job_id=\"" + *id +
+                                       "\",name=\"dash-demo\"} 36000"));
   EXPECT_THAT(metrics->body, HasSubstr("method=\"WorkerService/Heartbeat\""));
 
   // The page, rendered by a real browser.
@@ -119,6 +124,7 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
   EXPECT_THAT(dom, HasSubstr("training again after"));
   EXPECT_THAT(dom, HasSubstr("exited with code 4"));
   EXPECT_THAT(dom, HasSubstr("· MFU 31.0%"));  // rank 0's, beside its tokens / s
+  EXPECT_THAT(dom, ::testing::ContainsRegex("time limit</span><b>[0-9.]+ s of 10 h 0 min</b>"));
   // Each chart is an SVG whose paths have points: M x,y, then L x,y for every further one.
   for (const char* chart : {"chart-loss", "chart-val", "chart-lr", "chart-tps"}) {
     const size_t begin = dom.find(std::string("<svg id=\"") + chart + "\"");

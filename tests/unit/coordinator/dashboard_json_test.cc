@@ -49,6 +49,33 @@ TEST(DashboardJsonTest, AJobsNoticesAreListed) {
             "rank 1 on g1 slot 1: its GPU is slowed down (thermal (hardware), at 91 C)");
 }
 
+// A job with a time limit shows it and what its attempts have run of it: the ended one's
+// whole run and the running one's until now, not the wait between them. One without a limit
+// shows neither.
+TEST(DashboardJsonTest, AJobsTimeLimitAndTheTimeItsAttemptsUsedAreShown) {
+  constexpr int64_t kNow = 1'700'000'000'000;
+  v1::JobInfo info;
+  info.mutable_job()->set_job_id("j1");
+  info.mutable_job()->set_state(v1::RUNNING);
+  info.mutable_job()->set_attempt(2);
+  info.mutable_job()->set_spec_yaml(
+      "name: j\ndata: {train: t.bin}\nresources: {time_limit_minutes: 2}\n");
+  v1::AttemptRecord* a1 = info.add_attempts();
+  a1->set_attempt(1);
+  a1->set_started_ms(kNow - 50'000);
+  a1->set_ended_ms(kNow - 30'000);
+  v1::AttemptRecord* a2 = info.add_attempts();
+  a2->set_attempt(2);
+  a2->set_started_ms(kNow - 12'000);
+  nlohmann::json job = JobJson(info, {}, kNow)["job"];
+  EXPECT_EQ(job["time_limit_ms"], 120'000);
+  EXPECT_EQ(job["time_used_ms"], 32'000);
+  info.mutable_job()->set_spec_yaml("name: j\ndata: {train: t.bin}\n");
+  job = JobJson(info, {}, kNow)["job"];
+  EXPECT_FALSE(job.contains("time_limit_ms"));
+  EXPECT_FALSE(job.contains("time_used_ms"));
+}
+
 // Each placed rank shows its busy time once it has one, and whether it is a straggler.
 TEST(DashboardJsonTest, EachRankShowsItsBusyTimeAndWhetherItIsAStraggler) {
   v1::JobInfo info;

@@ -74,6 +74,7 @@ ClusterSnapshot KnownState() {
   v1::AttemptRecord* a2 = job.add_attempts();
   a2->set_attempt(2);
   a2->set_started_ms(kNow - 7'500);
+  rec->set_spec_yaml("name: gpt\ndata: {train: t.bin}\nresources: {time_limit_minutes: 1.5}\n");
   v1::TrainerStatus* t = job.add_trainers();
   t->set_job_id("j1");
   t->set_attempt(2);
@@ -157,6 +158,10 @@ TEST(CoordinatorMetricsTest, RendersTheKnownStateWithItsNamesLabelsAndValues) {
   EXPECT_EQ(Value(text, "drover_job_mfu_ratio" + job), 0.25);
   EXPECT_EQ(Value(text, "drover_job_checkpoint_age_seconds" + job), 30);
   EXPECT_EQ(Value(text, "drover_job_last_recovery_seconds" + job), 2.5);
+  // Its limit, and the 10 s of its failed attempt and 7.5 s of its running one, not the 2.5 s
+  // between them.
+  EXPECT_EQ(Value(text, "drover_job_time_limit_seconds" + job), 90);
+  EXPECT_EQ(Value(text, "drover_job_time_used_seconds" + job), 17.5);
 
   EXPECT_EQ(Value(text, "drover_job_recovery_seconds_count"), 1);
   EXPECT_EQ(Value(text, "drover_job_recovery_seconds_sum"), 2.5);
