@@ -336,14 +336,25 @@ void Coordinator::ScheduleLocked() {
     }
   });
   CountHeldSlots(&pending, now);
-  ScheduleResult result = Schedule(std::move(pending), std::move(capacity), ever);
-  for (const Placement& p : result.placements) {
-    jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));
-  }
+  ScheduleResult result = Schedule(pending, std::move(capacity), ever);
   // Growth goes only where no job waits, preemption only where one does: a job gets at
   // most one of the two plans.
   std::map<std::string, int> grow = PlanGrowth(running, result);
   std::map<std::string, ResizePlan> preempt = PlanPreemption(running, result, releasing);
+  // Backfill where no job makes room for the blocked one: backfilling there would only give
+  // the preemption more to take back. Slots that ended attempts still hold are back at once.
+  std::set<v1::DeviceKind> preempting;
+  for (const auto& [device, head] : result.blocked) {
+    for (const auto& [id, plan] : preempt) {
+      if (plan.for_job.job_id == head.job_id) preempting.insert(device);
+    }
+  }
+  std::vector<SlotRelease> releases = jobs_.TimedReleases();
+  for (const auto& [device, slots] : releasing) releases.push_back({device, slots, 0});
+  Backfill(std::move(pending), releases, preempting, &result);
+  for (const Placement& p : result.placements) {
+    jobs_.StartAttempt(p, checkpoints_.Newest(p.job_id));
+  }
   std::map<std::string, std::string> making_room;  // blocked job -> the jobs preempted for it
   for (const RunningJob& j : running) {
     std::optional<ResizePlan> plan;

@@ -218,6 +218,9 @@ std::vector<PendingJob> JobManager::Pending() {
       next_restart_ms_ = std::min(next_restart_ms_, job.hold_until_ms);
     }
     p.rank_block = job.spec.RankBlock();
+    if (const int64_t limit = TimeLimitMs(job); limit > 0) {
+      p.time_left_ms = std::max<int64_t>(1, limit - RanMs(job, now));
+    }
     if (now < job.regroup_until_ms) {
       p.regrouping = true;
       next_restart_ms_ = std::min(next_restart_ms_, job.regroup_until_ms);

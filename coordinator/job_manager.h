@@ -240,7 +240,8 @@ class JobManager {
   // Jobs ready for a placement: PENDING, or RECOVERING once their restart delay is over.
   // A job still in its delay is left out, and its reason says for how long (refreshed by
   // each call). A job whose attempt failed within the stop grace and a second is
-  // `regrouping`: the caller counts the slots its stopped trainers still hold.
+  // `regrouping`: the caller counts the slots its stopped trainers still hold. Each says what
+  // its time limit leaves it (time_left_ms).
   std::vector<PendingJob> Pending();
   // Wall time when the next restart delay ends (INT64_MAX: none): a scheduling pass is due
   // then, whatever else happens.
@@ -251,6 +252,9 @@ class JobManager {
   // one), at whatever size they run, but for those asked to suspend or with a move planned
   // (their attempt ends at their next checkpoint anyway).
   std::vector<RunningJob> Resizable() const;
+  // For Backfill: each RUNNING job with a time limit, its slots and the time its limit
+  // leaves it (a job already past it, stopping at its checkpoint: 0).
+  std::vector<SlotRelease> TimedReleases() const;
   // Plans what a RUNNING job becomes at its next complete checkpoint (grown, shrunk, or
   // preempted: see above), or withdraws the plan (nullopt). Shown in its reason. A new plan
   // also asks the job for a checkpoint now (RequestCheckpoint), so that it resizes within a

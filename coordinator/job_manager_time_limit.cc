@@ -19,6 +19,19 @@ int64_t JobManager::RanMs(const Job& job, int64_t now_ms) const {
   return ran;
 }
 
+std::vector<SlotRelease> JobManager::TimedReleases() const {
+  std::vector<SlotRelease> out;
+  const int64_t now = clock_->WallNowMs();
+  for (const auto& [seq, id] : live_) {
+    const Job& job = *Get(id);
+    const int64_t limit = TimeLimitMs(job);
+    if (job.rec.state() != v1::RUNNING || limit <= 0) continue;
+    out.push_back({job.rec.device(), job.rec.placement_size(),
+                   std::max<int64_t>(0, limit - RanMs(job, now))});
+  }
+  return out;
+}
+
 bool JobManager::TimeUsedUp(const Job& job, int64_t now_ms) const {
   const int64_t limit = TimeLimitMs(job);
   return limit > 0 && RanMs(job, now_ms) >= limit;

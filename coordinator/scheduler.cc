@@ -1,8 +1,10 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
+#include "common/duration.h"
 #include "common/status.h"
 
 namespace drover::coordinator {
@@ -56,6 +58,37 @@ int WholeBlockSize(const std::vector<int>& feasible, int size,
   if (rank_block <= 1) return size;
   const int whole = LargestWhole(feasible, size, nodes, rank_block);
   return 2 * whole >= size ? whole : size;
+}
+
+// Places `job` at `size` ranks (or fewer, to keep its blocks whole: WholeBlockSize) on the
+// free slots of `nodes` of its device, which must hold `size`, and takes them from `nodes`.
+Placement Place(const PendingJob& job, int size, std::vector<NodeCapacity>* nodes) {
+  std::vector<NodeCapacity> usable;
+  for (const auto& n : *nodes) {
+    if (n.device == job.device) usable.push_back(n);
+  }
+  Placement p;
+  p.job_id = job.job_id;
+  p.world_size = WholeBlockSize(job.feasible_world_sizes, size, usable, job.rank_block);
+  if (p.world_size < size) {
+    p.note = "placed at " + std::to_string(p.world_size) + " ranks, not the " +
+             std::to_string(size) + " that fit: at " + std::to_string(size) + ", a block of " +
+             std::to_string(job.rank_block) + " ranks (parallel.tp x dp_shard) would span nodes";
+  }
+  std::vector<NodeCapacity> preferred;
+  for (const auto& n : usable) {
+    if (!job.avoid_nodes.count(n.name)) preferred.push_back(n);
+  }
+  // The avoided nodes are left out where the gang fits without them, as whole as it
+  // would be with them.
+  const bool whole =
+      job.rank_block > 1 && WholeBlocks(usable, job.rank_block) * job.rank_block >= p.world_size;
+  const bool fits_preferred =
+      FreeCount(preferred, job.device) >= p.world_size &&
+      (!whole || WholeBlocks(preferred, job.rank_block) * job.rank_block >= p.world_size);
+  p.ranks = PackRanks(p.world_size, fits_preferred ? preferred : usable, job.rank_block);
+  Take(p.ranks, nodes);
+  return p;
 }
 
 }  // namespace
@@ -165,32 +198,12 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
                                    " slots (" + std::to_string(free) + " free)";
     }
     if (size == 0 || regrouped > size) {
-      // Gang + FIFO: nobody behind it jumps the queue.
-      blocked[job.device] = {job.job_id, job.priority, min_size};
+      // Gang + FIFO: nobody behind it jumps the queue (but where Backfill finds that a job
+      // cannot delay it).
+      blocked[job.device] = {job.job_id, job.priority, min_size, regrouped > size};
       continue;
     }
-    Placement p;
-    p.job_id = job.job_id;
-    p.world_size = WholeBlockSize(job.feasible_world_sizes, size, usable, job.rank_block);
-    if (p.world_size < size) {
-      p.note = "placed at " + std::to_string(p.world_size) + " ranks, not the " +
-               std::to_string(size) + " that fit: at " + std::to_string(size) + ", a block of " +
-               std::to_string(job.rank_block) + " ranks (parallel.tp x dp_shard) would span nodes";
-    }
-    std::vector<NodeCapacity> preferred;
-    for (const auto& n : usable) {
-      if (!job.avoid_nodes.count(n.name)) preferred.push_back(n);
-    }
-    // The avoided nodes are left out where the gang fits without them, as whole as it
-    // would be with them.
-    const bool whole =
-        job.rank_block > 1 && WholeBlocks(usable, job.rank_block) * job.rank_block >= p.world_size;
-    const bool fits_preferred =
-        FreeCount(preferred, job.device) >= p.world_size &&
-        (!whole || WholeBlocks(preferred, job.rank_block) * job.rank_block >= p.world_size);
-    p.ranks = PackRanks(p.world_size, fits_preferred ? preferred : usable, job.rank_block);
-    Take(p.ranks, &nodes);
-    result.placements.push_back(std::move(p));
+    result.placements.push_back(Place(job, size, &nodes));
   }
   for (v1::DeviceKind d : {v1::CPU, v1::CUDA}) result.free_left[d] = FreeCount(nodes, d);
   result.nodes_left = std::move(nodes);
@@ -290,6 +303,99 @@ std::map<std::string, ResizePlan> PlanPreemption(
     for (const auto& [v, to] : size) plan[v->job_id] = {to, head};
   }
   return plan;
+}
+
+namespace {
+
+// When device's blocked `head` can start at the latest, counting the slots free now and
+// those `releases` gives back (by their time limits): {in_ms, extra}, extra being the slots
+// free then beyond the head's smallest size; nullopt when the releases never free enough.
+struct Reservation {
+  int64_t in_ms = 0;
+  int64_t extra = 0;
+};
+std::optional<Reservation> ReserveFor(const BlockedJob& head, int64_t free_now,
+                                      std::vector<SlotRelease> releases) {
+  std::stable_sort(releases.begin(), releases.end(),
+                   [](const SlotRelease& a, const SlotRelease& b) { return a.in_ms < b.in_ms; });
+  int64_t free = free_now;
+  for (size_t i = 0; i < releases.size(); ++i) {
+    free += releases[i].slots;
+    // Slots given back at the same moment count together.
+    if (i + 1 < releases.size() && releases[i + 1].in_ms == releases[i].in_ms) continue;
+    if (free >= head.min_size) return Reservation{releases[i].in_ms, free - head.min_size};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<Placement> Backfill(std::vector<PendingJob> jobs,
+                                const std::vector<SlotRelease>& releases,
+                                const std::set<v1::DeviceKind>& preempting,
+                                ScheduleResult* result) {
+  std::stable_sort(jobs.begin(), jobs.end(), [](const PendingJob& a, const PendingJob& b) {
+    if (a.priority != b.priority) return a.priority > b.priority;
+    return a.submit_seq < b.submit_seq;
+  });
+  std::map<std::string, const PendingJob*> by_id;
+  for (const PendingJob& j : jobs) by_id[j.job_id] = &j;
+  std::vector<Placement> placed;
+  for (const auto& [device, head] : result->blocked) {
+    if (head.regrouping || preempting.count(device)) continue;
+    std::vector<SlotRelease> on_device;
+    for (const SlotRelease& r : releases) {
+      if (r.device == device && r.slots > 0) on_device.push_back(r);
+    }
+    // This pass's placements give their slots back by their time limits too.
+    std::set<std::string> started;
+    for (const Placement& p : result->placements) {
+      started.insert(p.job_id);
+      auto it = by_id.find(p.job_id);
+      if (it == by_id.end() || it->second->device != device) continue;
+      if (it->second->time_left_ms > 0) {
+        on_device.push_back({device, p.world_size, it->second->time_left_ms});
+      }
+    }
+    std::optional<Reservation> reserved =
+        ReserveFor(head, FreeCount(result->nodes_left, device), std::move(on_device));
+    if (!reserved) continue;
+    for (const PendingJob& job : jobs) {
+      if (job.device != device || job.job_id == head.job_id || started.count(job.job_id) ||
+          job.regrouping || job.feasible_world_sizes.empty()) {
+        continue;
+      }
+      // Queued behind the head: it starts now where it cannot delay the head's start.
+      const bool ends_first = job.time_left_ms > 0 && job.time_left_ms <= reserved->in_ms;
+      const int64_t free = FreeCount(result->nodes_left, device);
+      const int64_t fits = ends_first ? free : std::min(free, reserved->extra);
+      int size = 0;
+      for (int s : job.feasible_world_sizes) {
+        if (s <= fits) size = s;
+      }
+      if (size == 0) {
+        // What would let it start before the head: a limit that ends by the reservation.
+        if (auto it = result->waiting.find(job.job_id); it != result->waiting.end()) {
+          it->second += " (" + head.job_id + " can start within " +
+                        FormatDurationMs(reserved->in_ms) +
+                        " for certain; a job whose time limit ends by then starts before it)";
+        }
+        continue;
+      }
+      Placement p = Place(job, size, &result->nodes_left);
+      if (!ends_first) reserved->extra -= p.world_size;
+      const std::string why = "started before " + head.job_id +
+                              ", which waits for slots, by backfill: " +
+                              (ends_first ? "its time limit ends before that job can start"
+                                          : "on slots that job will not need when it starts");
+      p.note = p.note.empty() ? why : p.note + "; " + why;
+      result->waiting.erase(job.job_id);
+      result->placements.push_back(p);
+      placed.push_back(std::move(p));
+    }
+    result->free_left[device] = FreeCount(result->nodes_left, device);
+  }
+  return placed;
 }
 
 }  // namespace drover::coordinator

@@ -29,6 +29,9 @@
 // second).
 // A job that could never fit, even on every slot the cluster ever registered, does not
 // block others and gets a reason saying so.
+// Backfill (Backfill): behind a blocked job, a job with a time limit that ends before the
+// blocked one can start for certain, or one that takes only slots it will not need then,
+// starts at once instead of leaving those slots idle.
 // Growth (PlanGrowth): a RUNNING job below its largest feasible world size grows into the
 // slots that are still free after the pending jobs were placed, and only on a device where
 // no pending job is waiting for slots (queued jobs come before growing ones).
@@ -66,6 +69,9 @@ struct PendingJob {
   bool regrouping = false;                // its attempt just failed (JobManager::Pending)
   int held_slots = 0;  // regrouping: slots its stopped trainers hold, about to be given back
   int rank_block = 1;  // JobSpec::RankBlock
+  // What its time limit (resources.time_limit_minutes) leaves it to run; 0: no limit.
+  // Backfill reads it.
+  int64_t time_left_ms = 0;
 };
 
 struct Placement {
@@ -82,6 +88,9 @@ struct BlockedJob {
   std::string job_id;
   int priority = 0;
   int min_size = 0;  // its smallest feasible world size
+  // It waits for the slots its stopped trainers still hold (PendingJob::regrouping): they are
+  // back within seconds, so nothing backfills before it.
+  bool regrouping = false;
 };
 
 struct ScheduleResult {
@@ -129,6 +138,30 @@ struct ResizePlan {
 std::map<std::string, ResizePlan> PlanPreemption(
     std::vector<RunningJob> jobs, const ScheduleResult& result,
     const std::map<v1::DeviceKind, int64_t>& releasing);
+
+// Slots a RUNNING job gives back by its time limit at the latest: `slots` of `device` in
+// `in_ms` (0: at once, as the slots that trainers of ended attempts still hold).
+struct SlotRelease {
+  v1::DeviceKind device = v1::CPU;
+  int64_t slots = 0;
+  int64_t in_ms = 0;
+};
+
+// Backfill (Slurm's EASY backfill) after Schedule: on each device where `result` left a job
+// blocked, and where no lower-priority job is making room for it (`preempting`: PlanPreemption
+// planned a shrink for it), that job gets a reservation: the earliest time its smallest size
+// is free for certain, counting the slots free now, `releases` (the running jobs with time
+// limits, by those limits) and this pass's placements (by theirs). The jobs queued behind it
+// (`jobs`: every pending job, as Schedule took them) then start, in queue order, on the
+// slots free now where that cannot delay the reservation: a job whose time left ends by it,
+// or one of any length that takes only slots the blocked job will not need then (the
+// reservation's extra). Each is placed as Schedule places a job, at the largest feasible size
+// that qualifies. Without a reservation (the slots it needs are held by jobs without time
+// limits) nothing backfills on that device. The placements are added to `result` (its
+// nodes_left, free_left and waiting follow) and returned.
+std::vector<Placement> Backfill(std::vector<PendingJob> jobs,
+                                const std::vector<SlotRelease>& releases,
+                                const std::set<v1::DeviceKind>& preempting, ScheduleResult* result);
 
 // The ranks of a `world_size` job packed onto `nodes` (which must hold enough free slots),
 // in blocks of `rank_block` consecutive ranks (see Packing above).

@@ -489,6 +489,39 @@ std::vector<v1::TrainerStatus> Stopped(const std::string& job, int64_t attempt, 
   return out;
 }
 
+// SpecYaml with resources.time_limit_minutes.
+std::string WithTimeLimit(std::string yaml, double minutes) {
+  const std::string key = "world_size:";
+  return yaml.insert(yaml.find(key), "time_limit_minutes: " + std::to_string(minutes) + ", ");
+}
+
+// Backfill: on a 3-slot node where a job with a 30-minute limit holds 2 slots, a 3-slot job
+// waits for them. Behind it, a job without a limit and one of 60 minutes wait (they could
+// hold a slot past those 30 minutes); one of 10 minutes starts at once on the free slot,
+// saying why. Once the 3-slot job starts, nothing starts ahead of the queue any more.
+TEST_F(CoordinatorTest, AJobWhoseTimeLimitEndsFirstStartsAheadOfOneWaitingForSlots) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 3)).ok());
+  const std::string running = Submit(WithTimeLimit(SpecYaml(2, 2), 30));
+  c_->Tick();
+  ASSERT_EQ(Job(running).state(), v1::RUNNING);
+  Beat("n1", Ranks(running, 1, 2));
+  const std::string big = Submit(SpecYaml(3, 3));
+  const std::string open = Submit(SpecYaml(1, 1));
+  const std::string hour = Submit(WithTimeLimit(SpecYaml(1, 1), 60));
+  const std::string ten = Submit(WithTimeLimit(SpecYaml(1, 1), 10));
+  c_->Tick();
+  EXPECT_EQ(Job(big).state(), v1::PENDING);
+  EXPECT_EQ(Job(open).state(), v1::PENDING);
+  EXPECT_EQ(Job(hour).state(), v1::PENDING);
+  ASSERT_EQ(Job(ten).state(), v1::RUNNING);
+  EXPECT_NE(Job(ten).reason().find("started before " + big +
+                                   ", which waits for slots, by backfill: its time limit ends "
+                                   "before that job can start"),
+            std::string::npos)
+      << Job(ten).reason();
+  EXPECT_NE(Job(open).reason().find("queued behind"), std::string::npos) << Job(open).reason();
+}
+
 // drover suspend --now: a running job whose training went wrong stops at once, without the
 // checkpoint that would keep what went wrong; it resumes from its newest one. It also
 // hurries a job that waits for its checkpoint.

@@ -337,6 +337,104 @@ TEST(ScheduleTest, TheJobBlockingEachDeviceIsNamed) {
   EXPECT_TRUE(r.placements.empty());  // both others queue behind it
 }
 
+// A pending job with `left_ms` of its time limit left (0: no limit).
+PendingJob Timed(const std::string& id, std::vector<int> sizes, int64_t left_ms, int64_t seq) {
+  PendingJob j = Job(id, std::move(sizes), 0, seq);
+  j.time_left_ms = left_ms;
+  return j;
+}
+
+constexpr int64_t kMinute = 60'000;
+
+// "big" needs 4 slots; 2 are free and a running job gives its 2 back within 30 minutes (its
+// time limit): big's reservation is in 30 minutes, with no slot to spare then. Behind it, a
+// job whose limit ends in 20 minutes starts now; one of 40 minutes, or without a limit,
+// would hold slots big needs at 30 minutes, and waits.
+TEST(BackfillTest, AJobThatEndsBeforeTheBlockedOneCanStartRunsOnTheFreeSlots) {
+  const std::vector<PendingJob> jobs = {
+      Job("big", {4}, 0, 1), Timed("long", {2}, 40 * kMinute, 2), Timed("open", {1}, 0, 3),
+      Timed("short", {1, 2}, 20 * kMinute, 4), Timed("after", {1}, 10 * kMinute, 5)};
+  ScheduleResult r = Schedule(jobs, {Node("n1", 2)}, Ever(4));
+  ASSERT_TRUE(r.placements.empty());
+  ASSERT_EQ(r.blocked[v1::CPU].job_id, "big");
+  const std::vector<SlotRelease> running = {{v1::CPU, 2, 30 * kMinute}};
+  std::vector<Placement> placed = Backfill(jobs, running, {}, &r);
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].job_id, "short");
+  EXPECT_EQ(placed[0].world_size, 2);  // its largest size that fits: the free slots are its
+  EXPECT_NE(placed[0].note.find("started before big, which waits for slots, by backfill: its "
+                                "time limit ends before that job can start"),
+            std::string::npos)
+      << placed[0].note;
+  ASSERT_EQ(r.placements.size(), 1u);
+  EXPECT_EQ(r.free_left[v1::CPU], 0);
+  EXPECT_FALSE(r.waiting.count("short"));
+  EXPECT_NE(r.waiting["long"].find("queued behind an earlier cpu job (big can start within "
+                                   "30m00s for certain; a job whose time limit ends by then "
+                                   "starts before it)"),
+            std::string::npos)
+      << r.waiting["long"];
+  EXPECT_TRUE(r.waiting.count("open"));
+  EXPECT_TRUE(r.waiting.count("after"));  // it would fit its limit: no slot is left
+  EXPECT_TRUE(r.waiting.count("big"));
+}
+
+// 3 free, and 2 back within 30 minutes: big (4) can start then with 1 slot to spare. A job
+// of any length (even without a limit) takes that one; the next finds none to spare. Slots
+// back at the same moment count together, and a job that ends first takes no spare slot.
+TEST(BackfillTest, SlotsTheBlockedJobWillNotNeedGoToJobsOfAnyLength) {
+  std::vector<PendingJob> jobs = {Job("big", {4}, 0, 1), Timed("open1", {1}, 0, 2),
+                                  Timed("open2", {1}, 0, 3)};
+  ScheduleResult r = Schedule(jobs, {Node("n1", 3)}, Ever(5));
+  std::vector<Placement> placed =
+      Backfill(jobs, {{v1::CPU, 1, 30 * kMinute}, {v1::CPU, 1, 30 * kMinute}}, {}, &r);
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].job_id, "open1");
+  EXPECT_NE(placed[0].note.find("on slots that job will not need when it starts"),
+            std::string::npos);
+  EXPECT_TRUE(r.waiting.count("open2"));
+
+  jobs = {Job("big", {4}, 0, 1), Timed("short", {1}, 5 * kMinute, 2), Timed("open", {1}, 0, 3)};
+  r = Schedule(jobs, {Node("n1", 3)}, Ever(5));
+  placed = Backfill(jobs, {{v1::CPU, 2, 30 * kMinute}}, {}, &r);
+  ASSERT_EQ(placed.size(), 2u);  // short ends first, so open still has the spare slot
+  EXPECT_EQ(placed[0].job_id, "short");
+  EXPECT_EQ(placed[1].job_id, "open");
+}
+
+// No backfill where the blocked job's start cannot be bounded (the slots it needs are held by
+// jobs without time limits), where it regroups (its slots are back within seconds), or where
+// lower-priority jobs are making room for it (PlanPreemption).
+TEST(BackfillTest, NothingStartsAheadWithoutAReservationWhileRegroupingOrWhilePreempting) {
+  const std::vector<PendingJob> jobs = {Job("big", {4}, 0, 1), Timed("short", {1}, 1 * kMinute, 2)};
+  ScheduleResult r = Schedule(jobs, {Node("n1", 2)}, Ever(4));
+  EXPECT_TRUE(Backfill(jobs, {}, {}, &r).empty());                              // no limits
+  EXPECT_TRUE(Backfill(jobs, {{v1::CPU, 1, kMinute}}, {}, &r).empty());         // not enough
+  EXPECT_TRUE(Backfill(jobs, {{v1::CPU, 2, kMinute}}, {v1::CPU}, &r).empty());  // preempting
+  EXPECT_TRUE(Backfill(jobs, {{v1::CUDA, 2, kMinute}}, {}, &r).empty());        // another device
+  std::vector<PendingJob> regrouping = jobs;
+  regrouping[0].regrouping = true;
+  regrouping[0].held_slots = 2;
+  ScheduleResult rr = Schedule(regrouping, {Node("n1", 2)}, Ever(4));
+  ASSERT_TRUE(rr.blocked[v1::CPU].regrouping);
+  EXPECT_TRUE(Backfill(regrouping, {{v1::CPU, 2, kMinute}}, {}, &rr).empty());
+  // With a reservation it does start: the cases above are what held it back.
+  EXPECT_EQ(Backfill(jobs, {{v1::CPU, 2, 2 * kMinute}}, {}, &r).size(), 1u);
+}
+
+// Jobs placed in the same pass before the blocked one give their slots back by their own
+// limits: here the only slots the blocked job can get.
+TEST(BackfillTest, ThisPassesPlacementsCountByTheirLimits) {
+  const std::vector<PendingJob> jobs = {Timed("first", {2}, 30 * kMinute, 1), Job("big", {4}, 0, 2),
+                                        Timed("short", {2}, kMinute, 3)};
+  ScheduleResult r = Schedule(jobs, {Node("n1", 4)}, Ever(4));
+  ASSERT_EQ(r.placements.size(), 1u);
+  ASSERT_EQ(r.blocked[v1::CPU].job_id, "big");
+  std::vector<Placement> placed = Backfill(jobs, {}, {}, &r);
+  ASSERT_EQ(placed.size(), 1u);
+  EXPECT_EQ(placed[0].job_id, "short");
+}
+
 ScheduleResult BlockedBy(const std::string& job, int priority, int min_size, int64_t free) {
   ScheduleResult r;
   r.free_left = {{v1::CPU, free}, {v1::CUDA, 0}};
