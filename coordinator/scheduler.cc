@@ -172,6 +172,7 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
     }
     if (blocked.count(job.device)) {
       result.waiting[job.job_id] = "queued behind an earlier " + dev + " job";
+      result.queued_behind.insert(job.job_id);
       continue;
     }
     std::vector<NodeCapacity> usable;
@@ -348,26 +349,22 @@ std::vector<Placement> Backfill(std::vector<PendingJob> jobs,
       if (r.device == device && r.slots > 0) on_device.push_back(r);
     }
     // This pass's placements give their slots back by their time limits too.
-    std::set<std::string> started;
     for (const Placement& p : result->placements) {
-      started.insert(p.job_id);
       auto it = by_id.find(p.job_id);
       if (it == by_id.end() || it->second->device != device) continue;
       if (it->second->time_left_ms > 0) {
         on_device.push_back({device, p.world_size, it->second->time_left_ms});
       }
     }
-    std::optional<Reservation> reserved =
-        ReserveFor(head, FreeCount(result->nodes_left, device), std::move(on_device));
+    int64_t free = FreeCount(result->nodes_left, device);  // kept as jobs take slots
+    std::optional<Reservation> reserved = ReserveFor(head, free, std::move(on_device));
     if (!reserved) continue;
     for (const PendingJob& job : jobs) {
-      if (job.device != device || job.job_id == head.job_id || started.count(job.job_id) ||
-          job.regrouping || job.feasible_world_sizes.empty()) {
+      if (job.device != device || !result->queued_behind.count(job.job_id) || job.regrouping) {
         continue;
       }
-      // Queued behind the head: it starts now where it cannot delay the head's start.
+      // It starts now where it cannot delay the head's start.
       const bool ends_first = job.time_left_ms > 0 && job.time_left_ms <= reserved->in_ms;
-      const int64_t free = FreeCount(result->nodes_left, device);
       const int64_t fits = ends_first ? free : std::min(free, reserved->extra);
       int size = 0;
       for (int s : job.feasible_world_sizes) {
@@ -383,6 +380,7 @@ std::vector<Placement> Backfill(std::vector<PendingJob> jobs,
         continue;
       }
       Placement p = Place(job, size, &result->nodes_left);
+      free -= p.world_size;
       if (!ends_first) reserved->extra -= p.world_size;
       const std::string why = "started before " + head.job_id +
                               ", which waits for slots, by backfill: " +
@@ -390,10 +388,11 @@ std::vector<Placement> Backfill(std::vector<PendingJob> jobs,
                                           : "on slots that job will not need when it starts");
       p.note = p.note.empty() ? why : p.note + "; " + why;
       result->waiting.erase(job.job_id);
+      result->queued_behind.erase(job.job_id);
       result->placements.push_back(p);
       placed.push_back(std::move(p));
     }
-    result->free_left[device] = FreeCount(result->nodes_left, device);
+    result->free_left[device] = free;
   }
   return placed;
 }

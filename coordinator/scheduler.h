@@ -100,6 +100,9 @@ struct ScheduleResult {
   // some day and still waits for slots (none: the device is not contended).
   std::map<v1::DeviceKind, int64_t> free_left;
   std::map<v1::DeviceKind, BlockedJob> blocked;
+  // The jobs that wait only because a blocked job is ahead of them on their device (what
+  // Backfill may start).
+  std::set<std::string> queued_behind;
   // The free slots of each node after the placements (growth in whole blocks reads them).
   std::vector<NodeCapacity> nodes_left;
 };

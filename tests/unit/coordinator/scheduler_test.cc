@@ -351,9 +351,12 @@ constexpr int64_t kMinute = 60'000;
 // job whose limit ends in 20 minutes starts now; one of 40 minutes, or without a limit,
 // would hold slots big needs at 30 minutes, and waits.
 TEST(BackfillTest, AJobThatEndsBeforeTheBlockedOneCanStartRunsOnTheFreeSlots) {
-  const std::vector<PendingJob> jobs = {
-      Job("big", {4}, 0, 1), Timed("long", {2}, 40 * kMinute, 2), Timed("open", {1}, 0, 3),
-      Timed("short", {1, 2}, 20 * kMinute, 4), Timed("after", {1}, 10 * kMinute, 5)};
+  const std::vector<PendingJob> jobs = {Job("big", {4}, 0, 1),
+                                        Timed("long", {2}, 40 * kMinute, 2),
+                                        Timed("open", {1}, 0, 3),
+                                        Timed("short", {1, 2}, 20 * kMinute, 4),
+                                        Timed("after", {1}, 10 * kMinute, 5),
+                                        Timed("huge", {8}, kMinute, 6)};  // never fits
   ScheduleResult r = Schedule(jobs, {Node("n1", 2)}, Ever(4));
   ASSERT_TRUE(r.placements.empty());
   ASSERT_EQ(r.blocked[v1::CPU].job_id, "big");
@@ -376,6 +379,8 @@ TEST(BackfillTest, AJobThatEndsBeforeTheBlockedOneCanStartRunsOnTheFreeSlots) {
       << r.waiting["long"];
   EXPECT_TRUE(r.waiting.count("open"));
   EXPECT_TRUE(r.waiting.count("after"));  // it would fit its limit: no slot is left
+  EXPECT_EQ(r.waiting["huge"].find("can start within"), std::string::npos) << r.waiting["huge"];
+  EXPECT_NE(r.waiting["huge"].find("can never fit"), std::string::npos) << r.waiting["huge"];
   EXPECT_TRUE(r.waiting.count("big"));
 }
 
