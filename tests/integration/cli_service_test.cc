@@ -166,6 +166,58 @@ TEST_F(CliServiceTest, TimeLimitChangesARunningJobsLimitAndItStopsThere) {
       << finished.out;
 }
 
+// Backfill with real agents: on three slots, a two-rank job with a 10-minute limit runs and a
+// three-rank job waits for its slots. A one-rank job with a 1-minute limit starts on the free
+// slot at once, saying why, and finishes while the big one waits; one without a limit stays
+// queued, its status saying what would let it start. Cancelled, the running job's slots go to
+// the big one.
+TEST_F(CliServiceTest, AShortJobBackfillsTheFreeSlotWhileABigOneWaits) {
+  StartCluster(3);
+  const std::string running_spec = (cluster_->root() / "running.yaml").string();
+  std::ofstream(running_spec) << cluster_->JobYaml("running", 2, 2, 100000, 10, 3, 30,
+                                                   "step_ms=50\n");
+  CliResult r = RunCli(cluster_->root(), Cli({"submit", running_spec, "--time-limit", "10m"}));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string running = r.out.substr(0, r.out.find('\n'));
+  v1::JobInfo info;
+  ASSERT_TRUE(cluster_->WaitJob(
+      running, [](const v1::JobInfo& i) { return i.job().state() == v1::RUNNING; }, 20000, &info))
+      << cluster_->DebugLogs();
+  const std::string big_spec = (cluster_->root() / "big.yaml").string();
+  std::ofstream(big_spec) << cluster_->JobYaml("big", 3, 3, 20, 10, 3, 30, "step_ms=20\n");
+  const std::string big = SubmitByCli(big_spec);
+  const std::string open = SubmitByCli(WriteSpec("open", 20, 20));
+  // 3 s of steps: running long enough to be seen so.
+  r = RunCli(cluster_->root(), Cli({"submit", WriteSpec("short", 150, 20), "--time-limit", "1m"}));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string short_job = r.out.substr(0, r.out.find('\n'));
+  ASSERT_TRUE(cluster_->WaitJob(
+      short_job, [](const v1::JobInfo& i) { return i.job().state() == v1::RUNNING; }, 20000, &info))
+      << info.job().reason() << cluster_->DebugLogs();
+  EXPECT_EQ(info.job().reason(), "started before " + big +
+                                     ", which waits for slots, by backfill: its time limit ends "
+                                     "before that job can start");
+  ASSERT_TRUE(cluster_->WaitJob(
+      short_job, [](const v1::JobInfo& i) { return i.job().state() == v1::SUCCEEDED; }, 30000,
+      &info))
+      << info.job().reason() << cluster_->DebugLogs();
+  auto waiting = cluster_->GetJob(big);
+  ASSERT_TRUE(waiting.ok());
+  EXPECT_EQ(waiting->job().state(), v1::PENDING);
+  CliResult status = RunCli(cluster_->root(), Cli({"status", open}));
+  EXPECT_NE(status.out.find("queued behind an earlier cpu job (" + big + " can start within "),
+            std::string::npos)
+      << status.out;
+
+  ASSERT_EQ(RunCli(cluster_->root(), Cli({"cancel", running})).code, 0);
+  ASSERT_TRUE(cluster_->WaitJob(
+      big, [](const v1::JobInfo& i) { return i.job().state() == v1::RUNNING; }, 20000, &info))
+      << info.job().reason() << cluster_->DebugLogs();
+  auto still = cluster_->GetJob(open);
+  ASSERT_TRUE(still.ok());
+  EXPECT_EQ(still->job().state(), v1::PENDING) << still->job().reason();
+}
+
 // drover priority, suspend and resume through the CLI: what each prints, a refusal that
 // names what to do, and drover jobs --state suspended.
 TEST_F(CliServiceTest, PrioritySuspendAndResumeSayWhatTheyDid) {
