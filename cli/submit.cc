@@ -33,7 +33,8 @@ CommandRun SetupSubmit(CLI::App* app, GlobalOptions* globals) {
       ->delimiter(',');
   app->add_option("--time-limit", args->time_limit,
                   "the most it may run, over all its attempts (30m, 12h, 7d; after any "
-                  "--set): at the limit it stops at a checkpoint saved then, and ends FAILED");
+                  "--set): at the limit it stops at a checkpoint saved then, and ends FAILED; "
+                  "a job with a limit may start before one that waits for slots (backfill)");
   return [args, globals]() -> int {
     // A spec that cannot be read is bad input (exit 2) whatever the reason.
     StatusOr<std::string> text = ReadJobSpecFile(args->path);
