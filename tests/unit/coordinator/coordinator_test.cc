@@ -522,6 +522,23 @@ TEST_F(CoordinatorTest, AJobWhoseTimeLimitEndsFirstStartsAheadOfOneWaitingForSlo
   EXPECT_NE(Job(open).reason().find("queued behind"), std::string::npos) << Job(open).reason();
 }
 
+// Where lower-priority jobs are giving way to the waiting job (preemption), nothing backfills:
+// the job that would, of lower priority too, would only be the next to give way.
+TEST_F(CoordinatorTest, NothingBackfillsWhereLowerPriorityJobsMakeRoomForTheWaitingOne) {
+  ASSERT_TRUE(c_->Register(RegisterReq("n1", 3)).ok());
+  const std::string low = Submit(WithTimeLimit(SpecYaml(2, 2), 30));
+  c_->Tick();
+  ASSERT_EQ(Job(low).state(), v1::RUNNING);
+  Beat("n1", Ranks(low, 1, 2));
+  const std::string high = Submit(SpecYaml(3, 3), 5);
+  const std::string ten = Submit(WithTimeLimit(SpecYaml(1, 1), 10));
+  c_->Tick();
+  EXPECT_EQ(Job(high).state(), v1::PENDING);
+  EXPECT_NE(Job(high).reason().find("lower-priority jobs make room"), std::string::npos)
+      << Job(high).reason();
+  EXPECT_EQ(Job(ten).state(), v1::PENDING) << Job(ten).reason();
+}
+
 // drover suspend --now: a running job whose training went wrong stops at once, without the
 // checkpoint that would keep what went wrong; it resumes from its newest one. It also
 // hurries a job that waits for its checkpoint.
