@@ -1,8 +1,6 @@
 #include "cli/device_flags.h"
 
 #include <CLI/CLI.hpp>
-#include <string>
-#include <string_view>
 
 #include "worker/engine/kernels/cuda_backend.h"
 
@@ -23,13 +21,9 @@ void AddDeviceOptions(CLI::App* app, DeviceFlags* flags, bool with_precision) {
 
 StatusOr<engine::Ops*> OpsFor(const DeviceFlags& flags) {
   if (flags.device != "cuda") return engine::CpuOps();
-  auto ops = engine::CudaOps();
-  if (ops.ok()) return ops;
-  // The loader's reasons name a job's key; here the user typed a flag.
-  std::string why = ops.status().message();
-  constexpr std::string_view kSpecKey = "resources.device cuda: ";
-  if (why.starts_with(kSpecKey)) why.erase(0, kSpecKey.size());
-  return Status(ops.status().code(), "--device cuda: " + why);
+  StatusOr<engine::Ops*> ops = engine::CudaOps();
+  if (!ops.ok()) return ops.status().WithContext("--device cuda");
+  return ops;
 }
 
 engine::Precision PrecisionOf(const DeviceFlags& flags) {

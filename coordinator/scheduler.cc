@@ -29,6 +29,14 @@ void Take(const std::vector<v1::RankAssignment>& ranks, std::vector<NodeCapacity
   }
 }
 
+// The queue's order, of pending and running jobs alike: higher priority first, then earlier
+// submitted.
+template <typename Job>
+bool QueueOrder(const Job& a, const Job& b) {
+  if (a.priority != b.priority) return a.priority > b.priority;
+  return a.submit_seq < b.submit_seq;
+}
+
 // Blocks of `block` ranks that `nodes`' free slots hold, each block on one node.
 int64_t WholeBlocks(const std::vector<NodeCapacity>& nodes, int block) {
   int64_t n = 0;
@@ -147,10 +155,7 @@ std::vector<v1::RankAssignment> PackRanks(int world_size, const std::vector<Node
 
 ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> nodes,
                         const std::map<v1::DeviceKind, int64_t>& total_slots_ever) {
-  std::stable_sort(jobs.begin(), jobs.end(), [](const PendingJob& a, const PendingJob& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.submit_seq < b.submit_seq;
-  });
+  std::stable_sort(jobs.begin(), jobs.end(), QueueOrder<PendingJob>);
   std::sort(nodes.begin(), nodes.end(),
             [](const NodeCapacity& a, const NodeCapacity& b) { return a.name < b.name; });
   ScheduleResult result;
@@ -212,10 +217,7 @@ ScheduleResult Schedule(std::vector<PendingJob> jobs, std::vector<NodeCapacity> 
 }
 
 std::map<std::string, int> PlanGrowth(std::vector<RunningJob> jobs, const ScheduleResult& result) {
-  std::stable_sort(jobs.begin(), jobs.end(), [](const RunningJob& a, const RunningJob& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.submit_seq < b.submit_seq;
-  });
+  std::stable_sort(jobs.begin(), jobs.end(), QueueOrder<RunningJob>);
   std::map<v1::DeviceKind, int64_t> free = result.free_left;
   std::vector<NodeCapacity> nodes_left = result.nodes_left;
   std::map<std::string, int> plan;
@@ -335,10 +337,7 @@ std::vector<Placement> Backfill(std::vector<PendingJob> jobs,
                                 const std::vector<SlotRelease>& releases,
                                 const std::set<v1::DeviceKind>& preempting,
                                 ScheduleResult* result) {
-  std::stable_sort(jobs.begin(), jobs.end(), [](const PendingJob& a, const PendingJob& b) {
-    if (a.priority != b.priority) return a.priority > b.priority;
-    return a.submit_seq < b.submit_seq;
-  });
+  std::stable_sort(jobs.begin(), jobs.end(), QueueOrder<PendingJob>);
   std::map<std::string, const PendingJob*> by_id;
   for (const PendingJob& j : jobs) by_id[j.job_id] = &j;
   std::vector<Placement> placed;

@@ -94,7 +94,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
 
 StatusOr<Ops*> OpsForDevice(const std::string& device) {
   if (device == "cpu") return CpuOps();
-  if (device == "cuda") return CudaOps();
+  if (device == "cuda") {
+    StatusOr<Ops*> ops = CudaOps();
+    if (!ops.ok()) return ops.status().WithContext("resources.device cuda");
+    return ops;
+  }
   return InvalidArgumentError("resources.device: '" + device +
                               "' is not a device; use cpu or cuda");
 }

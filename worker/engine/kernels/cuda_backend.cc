@@ -32,7 +32,7 @@ StatusOr<void*> Open() {
   }
   if (handle == nullptr) {
     return FailedPreconditionError(
-        "resources.device cuda: cannot load the CUDA backend (" + std::string(kCudaPluginName) +
+        "cannot load the CUDA backend (" + std::string(kCudaPluginName) +
         ", built only where nvcc was found, needs libcudart, libcublas and, where built with it, "
         "libnccl)" +
         (errors.empty() ? std::string(": not found next to the program or on the library path")
@@ -59,7 +59,7 @@ StatusOr<Ops*> Load() {
   const int rc = create(kCudaOpsAbi, &ops, error, sizeof(error));
   if (rc != 0 || ops == nullptr) {
     g_device_failed = rc == kCreateDeviceFault;
-    return FailedPreconditionError(std::string("resources.device cuda: ") + error);
+    return FailedPreconditionError(error);
   }
   return ops;
 }
@@ -70,8 +70,8 @@ StatusOr<void*> CudaPluginSymbol(const char* symbol) {
   ASSIGN_OR_RETURN(void* handle, Handle());
   void* found = dlsym(handle, symbol);
   if (found == nullptr) {
-    return FailedPreconditionError(std::string("resources.device cuda: ") + kCudaPluginName +
-                                   " has no " + symbol + " (rebuild it with this program)");
+    return FailedPreconditionError(std::string(kCudaPluginName) + " has no " + symbol +
+                                   " (rebuild it with this program)");
   }
   return found;
 }

@@ -35,7 +35,8 @@ inline constexpr char kCudaPluginName[] = "libdrover_cuda.so";
 
 // Opens the plugin (next to the running program, else through the library path) once per
 // process and returns its table. FailedPrecondition with the reason when this build has no
-// CUDA plugin, its libraries cannot be loaded, or no GPU is usable.
+// CUDA plugin, its libraries cannot be loaded, or no GPU is usable; the caller names what
+// asked for CUDA (a job's resources.device, a command's --device).
 StatusOr<Ops*> CudaOps();
 
 // Whether CudaOps failed because the GPU itself failed or cannot be used (the plugin's
