@@ -1,12 +1,11 @@
 // `drover sample MODEL --prompt TEXT --tokens N`: generates text from a model file (llm.c, or a
-// Hugging Face GPT-2 safetensors). On the CPU through GptDecoder's key/value cache; with
-// --device cuda on the GPU, each token a pass of the whole window (GptInference).
+// Hugging Face GPT-2 safetensors), through GptDecoder's key/value cache, on the CPU or, with
+// --device cuda, on the GPU.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,7 +16,6 @@
 #include "cli/tokenizer_flags.h"
 #include "worker/engine/data/tokenizer.h"
 #include "worker/engine/model/gpt_decoder.h"
-#include "worker/engine/model/gpt_inference.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/threads.h"
 
@@ -97,18 +95,10 @@ int RunSample(SampleFlags f) {
   std::fputs(f.prompt.c_str(), stdout);
   // Each token extends the last window by one: the decoder runs that one token through the
   // layers against its key/value cache (until the context outgrows block_size).
-  // Another table runs the whole window each token: the decoder's cache is the CPU's.
-  std::optional<engine::GptDecoder> decoder;
-  std::optional<engine::GptInference> device;
-  if (*ops == engine::CpuOps()) {
-    decoder.emplace(**model);
-  } else {
-    device.emplace(**model, *ops);
-  }
+  engine::GptDecoder decoder(**model, *ops);
   for (int i = 0; i < f.tokens; ++i) {
-    const int n = static_cast<int>(context.size());
-    std::vector<float> logits = decoder.has_value() ? decoder->NextTokenLogits(context.data(), n)
-                                                    : device->NextTokenLogits(context.data(), n);
+    std::vector<float> logits =
+        decoder.NextTokenLogits(context.data(), static_cast<int>(context.size()));
     int32_t next = SampleToken(std::move(logits), f.temperature, f.top_k, &rng);
     context.push_back(next);
     const int32_t one[1] = {next};

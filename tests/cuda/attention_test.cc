@@ -77,6 +77,31 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackward) {
   }
 }
 
+// The decoder's attention over its key/value cache (attention_decode.cu: a block per query
+// and head, its warps splitting the keys) against the CPU's, in fp32: one query and several,
+// at the first position and deep into a long cache (keys past a few rounds of the warps), at
+// GPT-2's head size, at 128, and at sizes that leave lanes idle (48 and 16), with a cache
+// longer than the rows decoded (the rows after them are not read: NaN there would show).
+TEST_F(CudaOpsTest, AttentionDecodeMatchesTheCpu) {
+  struct Shape {
+    int from, rows, C, NH;
+  };
+  for (const Shape& s : {Shape{0, 1, 128, 2}, Shape{300, 1, 768, 12}, Shape{37, 5, 256, 2},
+                         Shape{5, 20, 96, 2}, Shape{1023, 1, 64, 4}, Shape{9, 3, 48, 1}}) {
+    const std::string name = "decode from " + std::to_string(s.from) + " rows " +
+                             std::to_string(s.rows) + " HS=" + std::to_string(s.C / s.NH);
+    const size_t len = static_cast<size_t>(s.from) + s.rows;
+    std::vector<float> qkv = Random(len * 3 * s.C);
+    std::vector<float> cache(qkv);
+    cache.resize((len + 7) * 3 * s.C, NAN);  // positions past the decoded rows
+    std::vector<float> want(static_cast<size_t>(s.rows) * s.C);
+    cpu_->AttentionDecode(want.data(), qkv.data(), s.from, s.rows, s.C, s.NH);
+    float* out = Dev(std::vector<float>(want.size(), NAN));
+    gpu_->AttentionDecode(out, Dev(cache), s.from, s.rows, s.C, s.NH);
+    ExpectClose(Host(out, want.size()), want, name, 1e-4, 1e-5);
+  }
+}
+
 // What the fused kernels save: at GPT-2's shape the state is the row statistics (backward
 // reads the forward's out), not the (T, T) probabilities (unless the GEMMs were asked for).
 TEST_F(CudaOpsTest, FusedAttentionKeepsNoProbabilities) {

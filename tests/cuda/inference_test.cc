@@ -1,4 +1,5 @@
-// GptInference (drover eval and drover sample --device cuda) on the CUDA table against the CPU.
+// GptInference (drover eval --device cuda) and GptDecoder (drover sample --device cuda) on the
+// CUDA table against the CPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -6,16 +7,17 @@
 #include <vector>
 
 #include "tests/cuda/cuda_ops_fixture.h"
+#include "worker/engine/model/gpt_decoder.h"
 #include "worker/engine/model/gpt_inference.h"
 
 namespace drover::engine {
 namespace {
 
-// A model's losses, each position's loss (what HellaSwag sums) and the sampler's logits: the
-// GPU's against the CPU's, in fp32 and in bf16 (which reads the weights narrowed, on each
+// A model's losses and each position's loss (what HellaSwag sums): the GPU's against the
+// CPU's, in fp32 and in bf16 (which reads the weights narrowed, on each
 // table in its own way; a value next to a rounding boundary may land on the other side, hence
 // the looser bound, as in the training test's).
-TEST_F(CudaOpsTest, InferenceLossesAndLogitsMatchTheCpu) {
+TEST_F(CudaOpsTest, InferenceLossesMatchTheCpu) {
   Gpt model(GptConfig{32, 64, 128, 2, 4, 64});  // maxT, V, Vp, L, NH, C
   model.InitRandom(11);
   const int B = 3, T = 32;
@@ -31,12 +33,24 @@ TEST_F(CudaOpsTest, InferenceLossesAndLogitsMatchTheCpu) {
     const float got = gpu.Loss(inputs.data(), targets.data(), B, T, gpu_losses.data());
     EXPECT_NEAR(got, want, rtol * want) << name;
     ExpectClose(gpu_losses, cpu_losses, "per-position losses " + name, rtol, 1e-4);
-    if (p == Precision::kFp32) {
-      for (int n : {1, 17, 40}) {  // 40 > maxT: the last 32 tokens
-        ExpectClose(gpu.NextTokenLogits(inputs.data(), n), cpu.NextTokenLogits(inputs.data(), n),
-                    "logits after " + std::to_string(n) + " tokens", 1e-4, 1e-4);
-      }
-    }
+  }
+}
+
+// The sampler's logits through the decoder's key/value cache on the GPU against the CPU's
+// decoder: a prefill, tokens one at a time against the cache, a context that changes inside
+// the cache, and the window sliding past maxT (each token a prefill again).
+TEST_F(CudaOpsTest, DecoderLogitsMatchTheCpu) {
+  Gpt model(GptConfig{32, 64, 128, 2, 4, 64});  // maxT, V, Vp, L, NH, C
+  model.InitRandom(12);
+  GptDecoder cpu(model, cpu_), gpu(model, gpu_);
+  std::vector<int32_t> context = RandomTargets(20, 64);
+  for (int step = 0; step < 20; ++step) {
+    if (step == 5) context[10] = (context[10] + 1) % 64;
+    const int n = static_cast<int>(context.size());
+    ExpectClose(gpu.NextTokenLogits(context.data(), n), cpu.NextTokenLogits(context.data(), n),
+                "logits after " + std::to_string(n) + " tokens", 1e-4, 1e-4);
+    EXPECT_EQ(gpu.computed(), cpu.computed()) << n;
+    context.push_back((step * 7 + 3) % 64);
   }
 }
 

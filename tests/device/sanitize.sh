@@ -50,7 +50,7 @@ check() {  # check TOOL SECONDS GTEST_FILTER
     failed=1
   fi
 }
-kernels='CudaOpsTest.AttentionForwardAndBackward:CudaOpsTest.LayerNormForwardAndBackward:CudaOpsTest.LayerNormBackwardAtEdgeShapesRepeatsBitForBit:CudaOpsTest.BiasColumnSumsAtEdgeShapesRepeatBitForBit:CudaOpsTest.GeluCrossEntropyAndAdamW:CudaOpsTest.EncoderForwardAndBackward:CudaOpsTest.CrossEntropyOverVocabularySlices:CudaOpsTest.CrossEntropyForwardAndBackwardInOnePass:CudaOpsTest.LayerNormForwardAtEdgeShapes:CudaOpsTest.MatmulGeluFusedMatchesTheCpusSeparateOps'
+kernels='CudaOpsTest.AttentionForwardAndBackward:CudaOpsTest.AttentionDecodeMatchesTheCpu:CudaOpsTest.LayerNormForwardAndBackward:CudaOpsTest.LayerNormBackwardAtEdgeShapesRepeatsBitForBit:CudaOpsTest.BiasColumnSumsAtEdgeShapesRepeatBitForBit:CudaOpsTest.GeluCrossEntropyAndAdamW:CudaOpsTest.EncoderForwardAndBackward:CudaOpsTest.CrossEntropyOverVocabularySlices:CudaOpsTest.CrossEntropyForwardAndBackwardInOnePass:CudaOpsTest.LayerNormForwardAtEdgeShapes:CudaOpsTest.MatmulGeluFusedMatchesTheCpusSeparateOps'
 # DROVER_SANITIZE_TESTS (a gtest filter) runs every tool over those tests alone: a changed
 # kernel's, in a short call.
 only=${DROVER_SANITIZE_TESTS:-}

@@ -256,6 +256,13 @@ class Ops : public WorkMarks {
   virtual void AttentionBackward(float* dqkv, const float* dout, bool dout_operand,
                                  const float* out, const float* state, const float* qkv, int B,
                                  int T, int C, int NH, Precision operands) = 0;
+  // A decoder's attention over its key/value cache (GptDecoder), in fp32: qkv (from + rows, 3C)
+  // is one sequence's queries, keys and values at positions 0..from+rows-1, and out (rows, C)
+  // the attention of the queries at positions from..from+rows-1, each over the keys at its own
+  // position and before (causal). The rows of out are AttentionForward's over the whole
+  // sequence, from its row `from` on, without the rows before it: a token added to a window
+  // costs one query against the cache, not the window again. No state: nothing goes backward.
+  virtual void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH) = 0;
   // inp, out (forward), dout and dinp (backward) are operand buffers; dinp may be dout itself
   // (in place, as the model runs it).
   virtual void GeluForward(float* out, const float* inp, size_t N, Precision store) = 0;

@@ -28,6 +28,7 @@ constexpr const char* kNames[ProfiledOps::kOpCount] = {"Fill",
                                                        "MatmulBackward",
                                                        "AttentionForward",
                                                        "AttentionBackward",
+                                                       "AttentionDecode",
                                                        "GeluForward",
                                                        "GeluBackward",
                                                        "MatmulGeluForward",
@@ -204,6 +205,12 @@ void ProfiledOps::AttentionBackward(float* dqkv, const float* dout, bool dout_op
                                     int T, int C, int NH, Precision operands) {
   Timed t(this, kAttentionBackward, 8.0 * B * T * T * C);
   inner_->AttentionBackward(dqkv, dout, dout_operand, out, att, qkv, B, T, C, NH, operands);
+}
+void ProfiledOps::AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH) {
+  // 4C FLOPs for each (query, key) pair a query sees, q . k and p v, over the heads.
+  const double pairs = static_cast<double>(rows) * from + 0.5 * rows * (rows + 1);
+  Timed t(this, kAttentionDecode, 4.0 * pairs * C);
+  inner_->AttentionDecode(out, qkv, from, rows, C, NH);
 }
 void ProfiledOps::GeluForward(float* out, const float* inp, size_t N, Precision store) {
   Timed t(this, kGeluForward);

@@ -41,6 +41,7 @@ class ProfiledOps final : public Ops {
     kMatmulBackward,
     kAttentionForward,
     kAttentionBackward,
+    kAttentionDecode,
     kGeluForward,
     kGeluBackward,
     kMatmulGeluForward,
@@ -115,6 +116,7 @@ class ProfiledOps final : public Ops {
   void AttentionBackward(float* dqkv, const float* dout, bool dout_operand, const float* out,
                          const float* att, const float* qkv, int B, int T, int C, int NH,
                          Precision operands) override;
+  void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH) override;
   void GeluForward(float* out, const float* inp, size_t N, Precision store) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                     Precision store) override;

@@ -1,16 +1,18 @@
 #include "worker/engine/model/gpt_decoder.h"
 
 #include <algorithm>
-#include <cmath>
+
+#include "worker/engine/model/gpt_inference.h"
 
 namespace drover::engine {
 
-GptDecoder::GptDecoder(const Gpt& model) : model_(model), ops_(CpuOps()) {
-  const GptConfig& c = model.config();
-  const size_t cache = static_cast<size_t>(c.num_layers) * c.max_seq_len * c.channels;
-  keys_.resize(cache);
-  values_.resize(cache);
-}
+GptDecoder::GptDecoder(const Gpt& model, Ops* ops)
+    : model_(model),
+      ops_(ops),
+      params_(ModelParamsOn(model, ops, &params_copy_)),
+      cache_(ops->Allocate(static_cast<size_t>(model.config().num_layers) *
+                           model.config().max_seq_len * 3 * model.config().channels)),
+      logits_(ops->Allocate(model.config().vocab_size)) {}
 
 std::vector<float> GptDecoder::NextTokenLogits(const int32_t* tokens, int n) {
   const GptConfig& c = model_.config();
@@ -30,103 +32,68 @@ std::vector<float> GptDecoder::NextTokenLogits(const int32_t* tokens, int n) {
   return Run(window, keep, len);
 }
 
+void GptDecoder::Reserve(int rows) {
+  if (rows <= reserved_rows_) return;
+  const size_t rc = static_cast<size_t>(rows) * model_.config().channels;
+  for (Buffer* b : {&x_, &res_, &ln_, &atty_}) *b = ops_->Allocate(rc);
+  for (Buffer* b : {&fch_, &fchg_}) *b = ops_->Allocate(4 * rc);
+  for (Buffer* b : {&mean_, &rstd_}) *b = ops_->Allocate(rows);
+  reserved_rows_ = rows;
+}
+
 std::vector<float> GptDecoder::Run(const int32_t* window, int from, int len) {
   const GptConfig& c = model_.config();
   const GptLayout& layout = model_.layout();
-  const int C = c.channels, V = c.vocab_size, maxT = c.max_seq_len;
+  const int C = c.channels, V = c.vocab_size, NH = c.num_heads, maxT = c.max_seq_len;
   const int rows = len - from;
-  const size_t rc = static_cast<size_t>(rows) * C;
-  const float* params = model_.params();
-  const float* wte = params + model_.FindTensor("wte")->offset;  // (Vp, C)
-  const float* wpe = params + model_.FindTensor("wpe")->offset;  // (maxT, C)
-  std::vector<float> x(rc), res(rc), ln(rc), atty(rc), qkv(3 * rc), fch(4 * rc), fchg(4 * rc);
-  std::vector<float> mean(rows), rstd(rows), att;
-
-  for (int i = 0; i < rows; ++i) {  // x (rows, C) = wte[token] + wpe[position]
-    const float* e = wte + static_cast<size_t>(window[from + i]) * C;
-    const float* p = wpe + static_cast<size_t>(from + i) * C;
-    for (int k = 0; k < C; ++k) x[static_cast<size_t>(i) * C + k] = e[k] + p[k];
-  }
-  const LayerOffsets& o = layout.layer_offsets();
+  Reserve(rows);
+  const float* wte = params_ + model_.FindTensor("wte")->offset;  // (Vp, C)
+  const float* wpe = params_ + model_.FindTensor("wpe")->offset;  // (maxT, C)
   constexpr Precision kF32 = Precision::kFp32;
+  float* x = x_.data();
+  float* res = res_.data();
+  float* ln = ln_.data();
+  float* atty = atty_.data();
+
+  // x (rows, C) = wte[token] + wpe[position]: the positions from on are wpe's rows from on.
+  ops_->EncoderForward(x, window + from, wte, wpe + static_cast<size_t>(from) * C, 1, rows, C,
+                       kF32);
+  const LayerOffsets& o = layout.layer_offsets();
   for (int l = 0; l < c.num_layers; ++l) {
-    const float* w = params + layout.LayerRange(l).first;
-    ops_->LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data(), w + o.ln1w, w + o.ln1b,
-                           rows, C, kF32);
-    ops_->MatmulForward(qkv.data(), false, ln.data(), w + o.qkvw, w + o.qkvb, nullptr, rows, C,
-                        3 * C, 3 * C, kF32);  // (rows, 3C): q | k | v
-    for (int i = 0; i < rows; ++i) {
-      const float* row = qkv.data() + static_cast<size_t>(i) * 3 * C;
-      const size_t at = (static_cast<size_t>(l) * maxT + from + i) * C;
-      std::copy(row + C, row + 2 * C, keys_.data() + at);
-      std::copy(row + 2 * C, row + 3 * C, values_.data() + at);
-    }
+    const float* w = params_ + layout.LayerRange(l).first;
+    float* qkv = cache_.data() + static_cast<size_t>(l) * maxT * 3 * C;  // (maxT, 3C)
+    ops_->LayerNormForward(ln, mean_.data(), rstd_.data(), x, w + o.ln1w, w + o.ln1b, rows, C,
+                           kF32);
+    // The new rows' q | k | v, written into the cache after the positions it holds.
+    ops_->MatmulForward(qkv + static_cast<size_t>(from) * 3 * C, false, ln, w + o.qkvw, w + o.qkvb,
+                        nullptr, rows, C, 3 * C, 3 * C, kF32);
     if (from == 0) {
       // A prefill: the table's causal attention over the whole window, far faster for
       // long windows than a query at a time.
-      att.resize(ops_->AttentionStateFloats(1, rows, C, c.num_heads, kF32));
-      ops_->AttentionForward(atty.data(), att.data(), qkv.data(), 1, rows, C, c.num_heads, kF32);
+      const size_t state = ops_->AttentionStateFloats(1, rows, C, NH, kF32);
+      if (state_.size() < state) state_ = ops_->Allocate(state);
+      ops_->AttentionForward(atty, state_.data(), qkv, 1, rows, C, NH, kF32);
     } else {
-      Attend(atty.data(), qkv.data(), l, from, rows);
+      ops_->AttentionDecode(atty, qkv, from, rows, C, NH);
     }
     // res = x + atty @ attprojw^T + attprojb; x = res + gelu(ln2(res) @ fcw^T + fcb) @ ...
-    ops_->MatmulForward(res.data(), false, atty.data(), w + o.attprojw, w + o.attprojb, x.data(),
-                        rows, C, C, C, kF32);
-    ops_->LayerNormForward(ln.data(), mean.data(), rstd.data(), res.data(), w + o.ln2w, w + o.ln2b,
-                           rows, C, kF32);
-    ops_->MatmulForward(fch.data(), false, ln.data(), w + o.fcw, w + o.fcb, nullptr, rows, C, 4 * C,
+    ops_->MatmulForward(res, false, atty, w + o.attprojw, w + o.attprojb, x, rows, C, C, C, kF32);
+    ops_->LayerNormForward(ln, mean_.data(), rstd_.data(), res, w + o.ln2w, w + o.ln2b, rows, C,
+                           kF32);
+    ops_->MatmulForward(fch_.data(), false, ln, w + o.fcw, w + o.fcb, nullptr, rows, C, 4 * C,
                         4 * C, kF32);
-    ops_->GeluForward(fchg.data(), fch.data(), 4 * rc, kF32);
-    ops_->MatmulForward(x.data(), false, fchg.data(), w + o.fcprojw, w + o.fcprojb, res.data(),
-                        rows, 4 * C, C, C, kF32);
+    ops_->GeluForward(fchg_.data(), fch_.data(), 4 * static_cast<size_t>(rows) * C, kF32);
+    ops_->MatmulForward(x, false, fchg_.data(), w + o.fcprojw, w + o.fcprojb, res, rows, 4 * C, C,
+                        C, kF32);
   }
   // The final LayerNorm and the tied head, for the last row only.
-  const float* lnf = params + model_.FindTensor("lnfw")->offset;
-  ops_->LayerNormForward(ln.data(), mean.data(), rstd.data(), x.data() + rc - C, lnf, lnf + C, 1, C,
-                         kF32);
+  const float* lnf = params_ + model_.FindTensor("lnfw")->offset;
+  ops_->LayerNormForward(ln, mean_.data(), rstd_.data(), x + static_cast<size_t>(rows - 1) * C, lnf,
+                         lnf + C, 1, C, kF32);
+  ops_->MatmulForward(logits_.data(), false, ln, wte, nullptr, nullptr, 1, C, V, V, kF32);
   std::vector<float> logits(V);
-  ops_->MatmulForward(logits.data(), false, ln.data(), wte, nullptr, nullptr, 1, C, V, V, kF32);
+  ops_->ToHost(logits.data(), logits_.data(), V);
   return logits;
-}
-
-void GptDecoder::Attend(float* out, const float* qkv, int layer, int from, int rows) const {
-  const GptConfig& c = model_.config();
-  const int C = c.channels, NH = c.num_heads, hs = C / NH;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const float* keys = keys_.data() + static_cast<size_t>(layer) * c.max_seq_len * C;
-  const float* values = values_.data() + static_cast<size_t>(layer) * c.max_seq_len * C;
-#pragma omp parallel
-  {
-    std::vector<float> att(from + rows);
-#pragma omp for collapse(2) schedule(static)
-    for (int i = 0; i < rows; ++i) {
-      for (int h = 0; h < NH; ++h) {
-        // Query at position t = from + i sees keys 0..t (causal).
-        const int t = from + i;
-        const float* q = qkv + static_cast<size_t>(i) * 3 * C + h * hs;
-        float max = -INFINITY;
-        for (int j = 0; j <= t; ++j) {
-          const float* k = keys + static_cast<size_t>(j) * C + h * hs;
-          float dot = 0.0f;
-          for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
-          att[j] = dot * scale;
-          max = std::max(max, att[j]);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j <= t; ++j) {
-          att[j] = std::exp(att[j] - max);
-          sum += att[j];
-        }
-        float* y = out + static_cast<size_t>(i) * C + h * hs;
-        std::fill(y, y + hs, 0.0f);
-        for (int j = 0; j <= t; ++j) {
-          const float* v = values + static_cast<size_t>(j) * C + h * hs;
-          const float p = att[j] / sum;
-          for (int d = 0; d < hs; ++d) y[d] += p * v[d];
-        }
-      }
-    }
-  }
 }
 
 }  // namespace drover::engine

@@ -1,6 +1,6 @@
 // GptInference: a whole model's forward passes on the kernel table the caller picks (the
-// CPU's, or the CUDA plugin's through CudaOps) in a run precision, for what only reads a
-// model: `drover eval` (its loss on token shards, HellaSwag) and `drover sample --device cuda`.
+// CPU's, or the CUDA plugin's through CudaOps) in a run precision, for what only scores a
+// model: `drover eval` (its loss on token shards, HellaSwag). Sampling is GptDecoder's.
 //
 // It reads the parameters of a host Gpt. On the CPU table it reads that model's own arena;
 // on another it copies them once, at construction, into an arena of the table's memory (in
@@ -13,7 +13,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "worker/engine/kernels/ops.h"
 #include "worker/engine/model/gpt.h"
@@ -23,6 +22,10 @@
 #include "worker/engine/model/stage_memory.h"
 
 namespace drover::engine {
+
+// The parameters of `model` where `ops` reads them: the model's own arena on the CPU table;
+// on another, a copy in its memory, allocated into `copy` and filled from the host.
+float* ModelParamsOn(const Gpt& model, Ops* ops, Buffer* copy);
 
 class GptInference {
  public:
@@ -41,16 +44,7 @@ class GptInference {
   // memory grows to the largest (B, T) asked for and is kept.
   float Loss(const int32_t* inputs, const int32_t* targets, int B, int T, float* losses = nullptr);
 
-  // Logits (V values, padding dropped) of the token that follows tokens[0..n), n >= 1, from
-  // the last min(n, maxT) of them: the whole window runs through the model (no key/value
-  // cache: GptDecoder is the CPU's). Needs an fp32 run (CHECKed): a mixed-precision table
-  // keeps its logits in its own 16-bit format.
-  std::vector<float> NextTokenLogits(const int32_t* tokens, int n);
-
  private:
-  // Runs the window (B, T) in `pass` and returns the loss (0 for kLogits).
-  float Run(const int32_t* inputs, const int32_t* targets, int B, int T, GptStage::Pass pass);
-
   GptLayout layout_;
   Ops* ops_;
   const Precision precision_;

@@ -311,6 +311,13 @@ void EmulatedDeviceOps::AttentionBackward(float* dqkv, const float* dout, bool d
   Open open(this);
   CpuOps()->AttentionBackward(dqkv, dout, dout_operand, out, att, qkv, B, T, C, NH, operands);
 }
+void EmulatedDeviceOps::AttentionDecode(float* out, const float* qkv, int from, int rows, int C,
+                                        int NH) {
+  DEV(out);
+  DEV(qkv);
+  Open open(this);
+  CpuOps()->AttentionDecode(out, qkv, from, rows, C, NH);
+}
 void EmulatedDeviceOps::GeluForward(float* out, const float* inp, size_t N, Precision store) {
   DEV(out);
   DEV(inp);

@@ -72,6 +72,7 @@ class EmulatedDeviceOps final : public Ops {
   void AttentionBackward(float* dqkv, const float* dout, bool dout_operand, const float* out,
                          const float* att, const float* qkv, int B, int T, int C, int NH,
                          Precision operands) override;
+  void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH) override;
   void GeluForward(float* out, const float* inp, size_t N, Precision store) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t N,
                     Precision store) override;

@@ -9,41 +9,63 @@
 namespace drover::engine::cpu {
 namespace {
 
+// Row t of one (b, h) slice: a[0..t] = softmax(q_t . k_t2 * scale), o = sum a[t2] v_t2. Rows
+// of k and v are `stride` floats apart. Inlined into the clones below, so that the forward and
+// the decoder form a row's values in the same operations.
+__attribute__((always_inline)) inline void AttentionRow(float* __restrict o, float* __restrict a,
+                                                        const float* __restrict qt,
+                                                        const float* __restrict k,
+                                                        const float* __restrict v, int t, int HS,
+                                                        int stride, float scale) {
+  float maxv = -INFINITY;
+  for (int t2 = 0; t2 <= t; t2++) {
+    const float* kt = k + static_cast<size_t>(t2) * stride;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int i = 0; i < HS; i++) dot += qt[i] * kt[i];
+    dot *= scale;
+    a[t2] = dot;
+    maxv = dot > maxv ? dot : maxv;
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int t2 = 0; t2 <= t; t2++) {
+    const float e = ExpApprox(a[t2] - maxv);
+    a[t2] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / sum;
+  for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
+  for (int i = 0; i < HS; i++) o[i] = 0.0f;
+  for (int t2 = 0; t2 <= t; t2++) {
+    const float* vt = v + static_cast<size_t>(t2) * stride;
+    const float w = a[t2];
+    for (int i = 0; i < HS; i++) o[i] += w * vt[i];
+  }
+}
+
 // One (b, h) slice: rows t of q, k, v and out are `stride` floats apart.
 DROVER_CPU_CLONES
 void AttentionHeadForward(float* __restrict out, float* __restrict att, const float* __restrict q,
                           const float* __restrict k, const float* __restrict v, int T, int HS,
                           int stride, int ostride, float scale) {
   for (int t = 0; t < T; t++) {
-    const float* qt = q + static_cast<size_t>(t) * stride;
     float* a = att + static_cast<size_t>(t) * T;
-    float maxv = -INFINITY;
-    for (int t2 = 0; t2 <= t; t2++) {
-      const float* kt = k + static_cast<size_t>(t2) * stride;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int i = 0; i < HS; i++) dot += qt[i] * kt[i];
-      dot *= scale;
-      a[t2] = dot;
-      maxv = dot > maxv ? dot : maxv;
-    }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int t2 = 0; t2 <= t; t2++) {
-      const float e = ExpApprox(a[t2] - maxv);
-      a[t2] = e;
-      sum += e;
-    }
-    const float inv = 1.0f / sum;
-    for (int t2 = 0; t2 <= t; t2++) a[t2] *= inv;
+    AttentionRow(out + static_cast<size_t>(t) * ostride, a, q + static_cast<size_t>(t) * stride, k,
+                 v, t, HS, stride, scale);
     for (int t2 = t + 1; t2 < T; t2++) a[t2] = 0.0f;
-    float* o = out + static_cast<size_t>(t) * ostride;
-    for (int i = 0; i < HS; i++) o[i] = 0.0f;
-    for (int t2 = 0; t2 <= t; t2++) {
-      const float* vt = v + static_cast<size_t>(t2) * stride;
-      const float w = a[t2];
-      for (int i = 0; i < HS; i++) o[i] += w * vt[i];
-    }
+  }
+}
+
+// Rows from..from+rows-1 of one head's slice, the probabilities in `a` (from + rows floats).
+DROVER_CPU_CLONES
+void AttentionHeadDecode(float* __restrict out, float* __restrict a, const float* __restrict q,
+                         const float* __restrict k, const float* __restrict v, int from, int rows,
+                         int HS, int stride, int ostride, float scale) {
+  for (int i = 0; i < rows; i++) {
+    const int t = from + i;
+    AttentionRow(out + static_cast<size_t>(i) * ostride, a, q + static_cast<size_t>(t) * stride, k,
+                 v, t, HS, stride, scale);
   }
 }
 
@@ -107,6 +129,23 @@ void AttentionForward(float* out, float* att, const float* qkv, int B, int T, in
       float* o = out + static_cast<size_t>(b) * T * C + h * HS;
       float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
       AttentionHeadForward(o, a, base, base + C, base + 2 * C, T, HS, stride, C, scale);
+    }
+  }
+}
+
+void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH) {
+  const int HS = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int stride = 3 * C;
+  // Heads in parallel; a single query (the usual decoder step) has nothing else to split.
+#pragma omp parallel
+  {
+    std::vector<float> a(static_cast<size_t>(from) + rows);
+#pragma omp for schedule(static)
+    for (int h = 0; h < NH; h++) {
+      const float* base = qkv + h * HS;
+      AttentionHeadDecode(out + h * HS, a.data(), base, base + C, base + 2 * C, from, rows, HS,
+                          stride, C, scale);
     }
   }
 }

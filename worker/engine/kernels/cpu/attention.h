@@ -10,6 +10,10 @@ namespace drover::engine::cpu {
 // out (B, T, C), att (B, NH, T, T) from qkv (B, T, 3C).
 void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 
+// out (rows, C): rows from..from+rows-1 of AttentionForward's out for the one sequence qkv
+// (from + rows, 3C), the same values, without the rows before them (ops.h: AttentionDecode).
+void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH);
+
 // dqkv (B, T, 3C) OVERWRITTEN from dout (B, T, C) and the forward's att, qkv.
 void AttentionBackward(float* dqkv, const float* dout, const float* att, const float* qkv, int B,
                        int T, int C, int NH);

@@ -117,6 +117,9 @@ class CpuOpsImpl final : public Ops {
     cpu::AttentionForward(out, att, qkv, B, T, C, NH);
     Round(out, static_cast<size_t>(B) * T * C, operands);
   }
+  void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH) override {
+    cpu::AttentionDecode(out, qkv, from, rows, C, NH);
+  }
   void AttentionBackward(float* dqkv, const float* dout, bool /*dout_operand*/,
                          const float* /*out*/, const float* att, const float* qkv, int B, int T,
                          int C, int NH, Precision operands) override {

@@ -279,6 +279,9 @@ class CudaOpsImpl final : public Ops {
       StoreOperand(dqkv, d, 3 * btc, operands);
     }
   }
+  void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH) override {
+    cuda::AttentionDecode(out, qkv, from, rows, C, NH, stream_);
+  }
   void GeluForward(float* out, const float* inp, size_t N, Precision store) override {
     cuda::GeluForward(out, inp, N, store, Narrow(store), stream_);
   }

@@ -201,6 +201,11 @@ void AttentionBackward(cublasHandle_t blas, float* dqkv, float* datt, const floa
                        const float* att, const float* qkv, int B, int T, int C, int NH,
                        Precision operands, cudaStream_t stream);
 
+// ---- attention_decode.cu ---------------------------------------------------------------
+// Ops::AttentionDecode (ops.h): fp32, head size C / NH up to 256.
+void AttentionDecode(float* out, const float* qkv, int from, int rows, int C, int NH,
+                     cudaStream_t stream);
+
 // ---- flash_attention.cu (fused on wmma tiles, for mixed-precision runs) ---------------
 // Whether the fused kernels take this attention: bf16 / fp16 operands, head size C / NH of
 // 16, 32, 64 or 128, and the shared memory they need.

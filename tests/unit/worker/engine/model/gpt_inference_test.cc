@@ -28,9 +28,9 @@ Batch MakeBatch(int B, int T) {
   return b;
 }
 
-// On the CPU table the passes are Gpt's own: the same loss to the bit, each position's loss
-// its log-softmax, and the sampler's logits, a window longer than maxT included.
-TEST(GptInferenceTest, OnTheCpuItGivesTheModelsOwnLossesAndLogits) {
+// On the CPU table the passes are Gpt's own: the same loss to the bit, and each position's
+// loss its log-softmax.
+TEST(GptInferenceTest, OnTheCpuItGivesTheModelsOwnLosses) {
   Gpt model(Tiny());
   model.InitRandom(3);
   GptInference run(model, CpuOps());
@@ -50,14 +50,10 @@ TEST(GptInferenceTest, OnTheCpuItGivesTheModelsOwnLossesAndLogits) {
     mean += losses[n];
   }
   EXPECT_NEAR(mean / losses.size(), loss, 1e-6);
-  for (int n : {1, 9, 16, 23}) {  // 23 > maxT: the last 16 tokens
-    EXPECT_EQ(run.NextTokenLogits(b.inputs.data(), n), model.NextTokenLogits(b.inputs.data(), n))
-        << n << " tokens";
-  }
 }
 
 // On a table whose memory is a device's (a host access to it faults: EmulatedDeviceOps) the
-// parameters are copied in and the losses and logits copied out: the CPU's results bit for
+// parameters are copied in and the losses copied out: the CPU's results bit for
 // bit, since that table's arithmetic is the CPU's. In fp32 and in bf16, where the weights are
 // read narrowed (NarrowedParams): a bf16 loss near the fp32 one but not it.
 TEST(GptInferenceTest, OnDeviceMemoryItGivesTheCpusResultsInEachPrecision) {
@@ -77,7 +73,6 @@ TEST(GptInferenceTest, OnDeviceMemoryItGivesTheCpusResultsInEachPrecision) {
     EXPECT_EQ(dev_losses, cpu_losses) << PrecisionName(p);
     if (p == Precision::kFp32) {
       fp32_loss = cpu_loss;
-      EXPECT_EQ(dev.NextTokenLogits(b.inputs.data(), 20), cpu.NextTokenLogits(b.inputs.data(), 20));
     } else {
       EXPECT_NE(cpu_loss, fp32_loss) << PrecisionName(p);
       EXPECT_NEAR(cpu_loss, fp32_loss, 0.02 * fp32_loss) << PrecisionName(p);
