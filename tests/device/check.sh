@@ -10,8 +10,10 @@
 #   2. cuda_tests: every op of the CUDA kernel table against the CPU fp32 reference
 #      (forward and backward; mixed-precision attention through the fused kernels on
 #      mma.sync register tiles, attention_mma.cu), 20 training steps on the GPU against the
-#      CPU in fp32 and bf16, and a model's losses and sampling logits as `drover eval` and
-#      `drover sample --device cuda` compute them (GptInference); nccl_tests: the NCCL communicator (every collective, uneven
+#      CPU in fp32 and bf16, a model's losses as `drover eval --device cuda` computes them
+#      (GptInference), and sampling logits through the key/value cache as `drover sample
+#      --device cuda` computes them (GptDecoder, attention_decode.cu); nccl_tests: the NCCL
+#      communicator (every collective, uneven
 #      chunks, a peer that never joins aborted at the deadline; two ranks on one GPU refused);
 #   2b. attention through the wmma kernels (DROVER_CUDA_ATTENTION=wmma, flash_attention.cu),
 #      the GEMM version (DROVER_CUDA_ATTENTION=gemms), cuDNN's fused attention
