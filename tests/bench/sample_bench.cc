@@ -1,20 +1,25 @@
 // Sampling speed: drover's key/value-cached decoder (`drover sample`, GptDecoder) against
 // recomputing the window for every token (Gpt::NextTokenLogits, what `drover sample` did
-// before), on a random model of GPT-2 124M shapes by default, in the same run.
+// before), on a random model of GPT-2 124M shapes by default, in the same run. With
+// --device cuda, the decoder on the GPU (`drover sample --device cuda`) against the CPU's.
 //
 // Two cases, each generating --tokens greedily after a --prompt-token prompt:
 //   inside the window: prompt + tokens <= block size, so every token extends the cache;
 //   sliding: the prompt already fills the block, so every token shifts the window (absolute
 //     positions) and the decoder recomputes it too, computing one row of logits, not T.
-// Prints tokens/s of each and the ratio, and whether both chose the same tokens. Usage:
-//   bench_sample_bench [--threads 2] [--prompt 64] [--tokens 32]
+// Prints tokens/s of each and the ratio, and whether both chose the same tokens (on the GPU
+// the logits differ from the CPU's in their last bits: a near tie may go the other way).
+// Usage:
+//   bench_sample_bench [--threads 2] [--prompt 64] [--tokens 32] [--device cpu|cuda]
 //                      [--layers 12 --heads 12 --channels 768 --vocab 50257 --max-seq 1024]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <vector>
 
+#include "worker/engine/kernels/cuda_backend.h"
 #include "worker/engine/model/gpt.h"
 #include "worker/engine/model/gpt_decoder.h"
 #include "worker/engine/threads.h"
@@ -40,17 +45,22 @@ double Generate(std::vector<int32_t> context, int tokens, Next next, std::vector
   return tokens / std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void RunCase(const char* name, Gpt& model, int prompt_tokens, int tokens) {
+// `device` null: the CPU's decoder against recomputing the window; else the decoder on that
+// table against the CPU's decoder.
+void RunCase(const char* name, Gpt& model, int prompt_tokens, int tokens, Ops* device) {
   std::vector<int32_t> prompt(prompt_tokens);
   for (int i = 0; i < prompt_tokens; ++i) prompt[i] = (i * 7919 + 11) % model.config().vocab_size;
-  std::vector<int32_t> full_tokens, cached_tokens;
-  const double full = Generate(
+  std::vector<int32_t> base_tokens, cached_tokens;
+  GptDecoder cpu(model);
+  const double base = Generate(
       prompt, tokens,
       [&](const std::vector<int32_t>& c) {
-        return model.NextTokenLogits(c.data(), static_cast<int>(c.size()));
+        const int n = static_cast<int>(c.size());
+        return device == nullptr ? model.NextTokenLogits(c.data(), n)
+                                 : cpu.NextTokenLogits(c.data(), n);
       },
-      &full_tokens);
-  GptDecoder decoder(model);
+      &base_tokens);
+  GptDecoder decoder(model, device != nullptr ? device : CpuOps());
   const double cached = Generate(
       prompt, tokens,
       [&](const std::vector<int32_t>& c) {
@@ -58,10 +68,10 @@ void RunCase(const char* name, Gpt& model, int prompt_tokens, int tokens) {
       },
       &cached_tokens);
   std::printf(
-      "%-18s prompt %5d  tokens %4d  recompute %8.2f tok/s  cached %8.2f tok/s  "
-      "x%.1f  same tokens: %s\n",
-      name, prompt_tokens, tokens, full, cached, cached / full,
-      full_tokens == cached_tokens ? "yes" : "NO");
+      "%-18s prompt %5d  tokens %4d  %s %8.2f tok/s  %s %8.2f tok/s  x%.1f  same tokens: %s\n",
+      name, prompt_tokens, tokens, device == nullptr ? "recompute" : "cpu cached", base,
+      device == nullptr ? "cached" : "gpu cached", cached, cached / base,
+      base_tokens == cached_tokens ? "yes" : "NO");
 }
 
 }  // namespace
@@ -72,6 +82,7 @@ int main(int argc, char** argv) {
   CLI::App app{"drover sampling benchmark"};
   int threads = 2, prompt = 64, tokens = 32;
   int layers = 12, heads = 12, channels = 768, vocab = 50257, max_seq = 1024;
+  std::string device_name = "cpu";
   app.add_option("--threads", threads);
   app.add_option("--prompt", prompt);
   app.add_option("--tokens", tokens);
@@ -80,14 +91,24 @@ int main(int argc, char** argv) {
   app.add_option("--channels", channels);
   app.add_option("--vocab", vocab);
   app.add_option("--max-seq", max_seq);
+  app.add_option("--device", device_name)->check(CLI::IsMember({"cpu", "cuda"}));
   CLI11_PARSE(app, argc, argv);
   SetNumThreads(threads);
+  Ops* device = nullptr;
+  if (device_name == "cuda") {
+    auto ops = CudaOps();
+    if (!ops.ok()) {
+      std::fprintf(stderr, "bench_sample_bench: %s\n", ops.status().message().c_str());
+      return 2;
+    }
+    device = *ops;
+  }
   GptConfig config{max_seq, vocab, PaddedVocabSize(vocab), layers, heads, channels};
   Gpt model(config);
   model.InitRandom(1);
-  std::printf("GPT L=%d NH=%d C=%d maxT=%d V=%d, %d threads\n", layers, heads, channels, max_seq,
-              vocab, threads);
-  RunCase("inside the window", model, std::min(prompt, max_seq - tokens), tokens);
-  RunCase("sliding", model, max_seq, std::max(1, tokens / 8));
+  std::printf("GPT L=%d NH=%d C=%d maxT=%d V=%d, %d threads, %s\n", layers, heads, channels,
+              max_seq, vocab, threads, device_name.c_str());
+  RunCase("inside the window", model, std::min(prompt, max_seq - tokens), tokens, device);
+  RunCase("sliding", model, max_seq, std::max(1, tokens / 8), device);
   return 0;
 }

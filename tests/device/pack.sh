@@ -16,7 +16,8 @@ out=$2
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/pack/bin" "$stage/pack/lib"
-programs=(drover drover-coordinator drover-worker drover-trainer cuda_tests nccl_tests drover-gpt-logits)
+programs=(drover drover-coordinator drover-worker drover-trainer cuda_tests nccl_tests drover-gpt-logits
+  bench_sample_bench)
 for p in "${programs[@]}"; do
   [[ -x "$build/bin/$p" ]] || { echo "pack: $build/bin/$p is not built" >&2; exit 2; }
   strip -o "$stage/pack/bin/$p" "$build/bin/$p"

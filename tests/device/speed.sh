@@ -25,7 +25,7 @@
 # DROVER_SPEED_TILES=forward=..,dq=..,dkv=.. trains a second time with those fused attention
 # tiles (DROVER_CUDA_ATTENTION_TILES) instead of the fastest that bench_attention_tiles names.
 # drover also trains with cuDNN's fused attention (DROVER_CUDA_ATTENTION=cudnn) unless
-# DROVER_SPEED_CUDNN=0.
+# DROVER_SPEED_CUDNN=0. Last, sampling on the GPU against the CPU (DROVER_SPEED_SAMPLE=0: not).
 set -uo pipefail
 bin=${1:?PACK or BIN_DIR}
 model=${2:-124m}
@@ -206,4 +206,12 @@ if [[ -n $fastest ]]; then drover_summary "$work/out-tiles" "$batch" "drover (ti
 if [[ -d $work/out-cudnn ]]; then drover_summary "$work/out-cudnn" "$batch" "drover (cuDNN attention)"; fi
 if [[ -d $work/out-torch-batch ]]; then
   drover_summary "$work/out-torch-batch" "$torch_batch" "drover (PyTorch's largest batch)"
+fi
+# Sampling on the GPU (`drover sample --device cuda`: GptDecoder's key/value cache,
+# attention_decode.cu) against the CPU's decoder on this machine's cores, at the model's
+# shapes, random weights (tests/bench/sample_bench.cc); DROVER_SPEED_SAMPLE=0 leaves it out.
+if [[ $device == cuda && ${DROVER_SPEED_SAMPLE:-1} == 1 && -x $bin/bench_sample_bench ]]; then
+  echo "---- sampling: GptDecoder on the GPU against the CPU's"
+  timeout 120 "$bin/bench_sample_bench" --threads "$(nproc)" --prompt 64 --tokens 64 \
+    --layers "$L" --heads "$NH" --channels "$C" --device cuda || echo "bench_sample_bench exited $?"
 fi
