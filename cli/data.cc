@@ -13,6 +13,10 @@
 // at a time, train shards are written as they fill, and
 // the documents that start in the last --val-fraction of the input bytes go to val.bin
 // (held in memory until the end: a tenth of the corpus at the default).
+//
+// `drover data hellaswag FILE.jsonl --out FILE.bin`: HellaSwag's examples (or any benchmark
+// of its shape: eval/hellaswag.h) tokenized, for a job's data.hellaswag, whose trainer scores
+// them as it trains and has no tokenizer.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <climits>
@@ -32,6 +36,7 @@
 #include "common/files.h"
 #include "common/token_shard.h"
 #include "worker/engine/data/tokenizer.h"
+#include "worker/engine/eval/hellaswag.h"
 
 namespace drover::cli {
 namespace {
@@ -300,6 +305,35 @@ std::optional<Failure> Prepare(const PrepareOptions& o) {
   return std::nullopt;
 }
 
+struct HellaswagOptions {
+  std::string input, out;
+  std::string tokenizer = "byte";
+  std::string encoder, merges;
+  int limit = 0;
+};
+
+int PrepareHellaswag(const HellaswagOptions& o) {
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "drover data hellaswag: %s\n", st.message().c_str());
+    return ExitCodeForInput(st);
+  };
+  if (o.limit < 0) return fail(InvalidArgumentError("--limit must be >= 0"));
+  auto tokenizer = engine::MakeTokenizer(o.tokenizer, o.encoder, o.merges);
+  if (!tokenizer.ok()) return fail(tokenizer.status());
+  auto examples = engine::ReadChoiceExamples(o.input, **tokenizer, o.limit);
+  if (!examples.ok()) return fail(examples.status());
+  if (Status st = engine::WriteChoiceFile(o.out, *examples); !st.ok()) return fail(st);
+  size_t endings = 0, tokens = 0;
+  for (const engine::ChoiceExample& ex : *examples) {
+    endings += ex.endings.size();
+    tokens += ex.context.size();
+    for (const auto& end : ex.endings) tokens += end.size();
+  }
+  std::printf("hellaswag: %zu examples, %zu endings, %zu tokens (%s) in %s\n", examples->size(),
+              endings, tokens, o.tokenizer.c_str(), o.out.c_str());
+  return kExitOk;
+}
+
 DROVER_REGISTER_COMMAND(
     "data", "Prepare token shards from text", [](CLI::App* app, GlobalOptions*) {
       app->require_subcommand(1);
@@ -327,7 +361,20 @@ DROVER_REGISTER_COMMAND(
                           "fraction of the text, from its end, kept for val.bin (default 0.1)");
       prepare->add_option("--shard-tokens", opts->shard_tokens,
                           "most tokens per train shard (default 100000000)");
-      return CommandRun([opts] {
+      auto hs = std::make_shared<HellaswagOptions>();
+      CLI::App* hellaswag = app->add_subcommand(
+          "hellaswag",
+          "Tokenize a HellaSwag-style JSON lines file (ctx, endings, label) for a job's "
+          "data.hellaswag, scored as it trains");
+      hellaswag->add_option("input", hs->input, "the JSON lines file (hellaswag_val.jsonl)")
+          ->required();
+      hellaswag->add_option("--out", hs->out, "the file to write")->required();
+      hellaswag->add_option("--tokenizer", hs->tokenizer, "byte | gpt2 (default byte)");
+      hellaswag->add_option("--encoder", hs->encoder, "GPT-2 encoder.json (for --tokenizer gpt2)");
+      hellaswag->add_option("--merges", hs->merges, "GPT-2 vocab.bpe (for --tokenizer gpt2)");
+      hellaswag->add_option("--limit", hs->limit, "the first N examples only (default: all)");
+      return CommandRun([opts, hs, hellaswag] {
+        if (hellaswag->parsed()) return PrepareHellaswag(*hs);
         if (auto failure = Prepare(*opts)) {
           std::fprintf(stderr, "drover data prepare: %s\n", failure->message.c_str());
           return failure->code;

@@ -25,6 +25,9 @@ struct ModelSpec {
 struct DataSpec {
   std::string train;  // llm.c token shards; glob allowed
   std::string val;    // optional
+  // Optional: a file of `drover data hellaswag` (eval/hellaswag.h), its examples scored at
+  // every evaluation step (train.eval_every), their accuracy logged as the loss is.
+  std::string hellaswag;
 };
 
 struct TrainSpec {
@@ -47,7 +50,8 @@ struct TrainSpec {
   uint64_t seed = 1337;
   int64_t eval_every = 250;  // 0 disables evaluation
   int eval_batches = 20;
-  std::string init_from;  // optional llm.c model file or HF GPT-2 model.safetensors
+  int hellaswag_examples = 0;  // of data.hellaswag, from its start; 0: all
+  std::string init_from;       // optional llm.c model file or HF GPT-2 model.safetensors
   int64_t log_every = 1;
   // Activation recomputation ("activation checkpointing"): the first `recompute` layers of
   // each pipeline stage (of each model chunk under the interleaved schedule) keep only their

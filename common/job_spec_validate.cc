@@ -176,6 +176,7 @@ class Rules {
     RETURN_IF_ERROR(AtLeast("train.eval_every", t.eval_every, 0));
     if (t.eval_every > 0) RETURN_IF_ERROR(AtLeast("train.eval_batches", t.eval_batches, 1));
     RETURN_IF_ERROR(AtLeast("train.eval_batches", t.eval_batches, 0));
+    RETURN_IF_ERROR(AtLeast("train.hellaswag_examples", t.hellaswag_examples, 0));
     RETURN_IF_ERROR(AtLeast("train.log_every", t.log_every, 1));
     if (t.recompute != TrainSpec::kRecomputeAll && t.recompute > s_.model.n_layer) {
       return Fail("train.recompute",

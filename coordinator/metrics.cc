@@ -74,6 +74,8 @@ class StateSeries {
                               "From the previous attempt's end to the current one's start")),
         lr_(Family(r, "drover_job_learning_rate", "Learning rate rank 0 reported last")),
         val_loss_(Family(r, "drover_job_val_loss", "Newest validation loss")),
+        hellaswag_(Family(r, "drover_job_hellaswag_ratio",
+                          "Newest accuracy on the job's data.hellaswag (acc_norm)")),
         mfu_(Family(r, "drover_job_mfu_ratio", "Model FLOPs utilisation, where known")),
         rank_busy_(Family(r, "drover_job_rank_busy_seconds",
                           "A rank's own time a step, without waiting for its peers (median of "
@@ -189,6 +191,7 @@ class StateSeries {
       if (t.rank() != 0) continue;
       if (p.step() > 0) lr_.Add(l).Set(p.lr());
       if (p.val_step() > 0) val_loss_.Add(l).Set(p.val_loss());
+      if (p.hellaswag_step() > 0) hellaswag_.Add(l).Set(p.hellaswag());
       if (p.mfu() > 0) mfu_.Add(l).Set(p.mfu());
     }
     int64_t newest = 0;
@@ -224,6 +227,7 @@ class StateSeries {
   prometheus::Family<Gauge>& last_recovery_;
   prometheus::Family<Gauge>& lr_;
   prometheus::Family<Gauge>& val_loss_;
+  prometheus::Family<Gauge>& hellaswag_;
   prometheus::Family<Gauge>& mfu_;
   prometheus::Family<Gauge>& rank_busy_;
   prometheus::Family<Gauge>& stragglers_;

@@ -18,8 +18,9 @@
 //   job_recovery_seconds                 histogram: a failed attempt's end to the next start
 //   per RUNNING or RECOVERING job, labels {job_id,name}:
 //   job_attempt, job_restarts, job_step, job_loss, job_tokens_per_second,
-//   job_last_recovery_seconds (after a restart), job_learning_rate, job_val_loss (once
-//   evaluated), job_mfu_ratio (where the trainer knows it), job_checkpoint_age_seconds
+//   job_last_recovery_seconds (after a restart), job_learning_rate, job_val_loss and
+//   job_hellaswag_ratio (once evaluated, the latter where the job names data.hellaswag),
+//   job_mfu_ratio (where the trainer knows it), job_checkpoint_age_seconds
 //   (once one is complete), job_stragglers (ranks named as stragglers: straggler.h),
 //   job_time_limit_seconds and job_time_used_seconds (where resources.time_limit_minutes
 //   sets one: the sum of its attempts' running times, common/job_state.h JobRanMs)

@@ -37,6 +37,7 @@ class ReporterListener final : public drover::engine::TrainerListener {
     reporter_->Progress(m.step, m.step_ms, m.loss, m.tokens_per_s,
                         {.lr = m.lr,
                          .val_loss = m.val_loss,
+                         .hellaswag = m.hellaswag,
                          .mfu = m.mfu.value_or(0),
                          .busy_ms = m.busy_ms,
                          .pp_stage = m.pp_stage});

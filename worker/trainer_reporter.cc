@@ -52,6 +52,10 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
       val_loss_ = *extras.val_loss;
       val_step_ = step;
     }
+    if (extras.hellaswag.has_value()) {
+      hellaswag_ = *extras.hellaswag;
+      hellaswag_step_ = step;
+    }
     FillSticky(p);
   }
   Write(report);
@@ -65,6 +69,8 @@ void TrainerReporter::FillSticky(v1::TrainerProgress* p) const {
   p->set_pp_stage(last_extras_.pp_stage);
   p->set_val_loss(val_loss_);
   p->set_val_step(val_step_);
+  p->set_hellaswag(hellaswag_);
+  p->set_hellaswag_step(hellaswag_step_);
   p->set_last_checkpoint_step(last_checkpoint_step_);
   p->set_checkpoint_error(checkpoint_error_);
   p->set_rollbacks(rollbacks_);

@@ -21,10 +21,11 @@ namespace drover {
 // What a step reports beyond its loss and speed (the dashboard's charts).
 struct TrainerStepExtras {
   double lr = 0;
-  std::optional<double> val_loss;  // set on evaluation steps
-  double mfu = 0;                  // 0: unknown
-  double busy_ms = 0;              // the step's own time (engine/metrics.h)
-  int pp_stage = 0;                // this rank's pipeline stage
+  std::optional<double> val_loss;   // set on evaluation steps
+  std::optional<double> hellaswag;  // set on evaluation steps of a job with data.hellaswag
+  double mfu = 0;                   // 0: unknown
+  double busy_ms = 0;               // the step's own time (engine/metrics.h)
+  int pp_stage = 0;                 // this rank's pipeline stage
 };
 
 class TrainerReporter {
@@ -85,6 +86,8 @@ class TrainerReporter {
   StepExtras last_extras_ GUARDED_BY(mu_);  // the last step's, for Phase()
   double val_loss_ GUARDED_BY(mu_) = 0;
   int64_t val_step_ GUARDED_BY(mu_) = 0;  // 0 before the first evaluation
+  double hellaswag_ GUARDED_BY(mu_) = 0;
+  int64_t hellaswag_step_ GUARDED_BY(mu_) = 0;  // 0 before the first evaluation
   std::vector<int> cut_off_ranks_ GUARDED_BY(mu_);
   int64_t steps_seen_ GUARDED_BY(mu_) = 0;
   struct WindowStep {

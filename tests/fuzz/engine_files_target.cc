@@ -11,6 +11,7 @@
 #include "tests/fuzz/targets.h"
 #include "worker/engine/data/token_dataset.h"
 #include "worker/engine/data/tokenizer.h"
+#include "worker/engine/eval/choice_batches.h"
 #include "worker/engine/eval/hellaswag.h"
 #include "worker/engine/model/model_file.h"
 
@@ -79,6 +80,37 @@ int FuzzHellaSwag(const uint8_t* data, size_t size) {
       std::abort();
     }
     (void)engine::ScoreChoices(*model, ex);
+  }
+  return 0;
+}
+
+int FuzzChoiceFile(const uint8_t* data, size_t size) {
+  const std::string path = FreshScratchDir() + "/hellaswag.bin";
+  WriteFileOrDie(path, {reinterpret_cast<const char*>(data), size});
+  auto examples = engine::ReadChoiceFile(path, /*limit=*/8);
+  if (!examples.ok()) return 0;
+  for (const engine::ChoiceExample& ex : *examples) {
+    if (ex.label < 0 || ex.label >= static_cast<int>(ex.endings.size())) {
+      std::fprintf(stderr, "an example with label %d of %zu endings was accepted\n", ex.label,
+                   ex.endings.size());
+      std::abort();
+    }
+  }
+  // Rows of a job with micro_batch 2, seq_len 16 and a vocabulary of 200, which the tokens
+  // and endings can exceed; every batch's losses added (each position's loss 1).
+  auto batches = engine::ChoiceBatches::Create(std::move(examples).value(), 2, 16, 200);
+  if (!batches.ok()) return 0;
+  std::vector<int32_t> inputs(32), targets(32);
+  const std::vector<float> losses(32, 1.0f);
+  for (int64_t i = 0; i < (*batches)->num_batches(); ++i) {
+    (*batches)->Batch(i, inputs.data(), targets.data());
+    (*batches)->AddLosses(i, losses.data());
+  }
+  const engine::ChoiceAccuracy acc = (*batches)->Accuracy();
+  if (acc.examples != (*batches)->num_examples() || acc.correct_mean > acc.examples) {
+    std::fprintf(stderr, "accuracy of %d examples, %d right, of %lld read\n", acc.examples,
+                 acc.correct_mean, static_cast<long long>((*batches)->num_examples()));
+    std::abort();
   }
   return 0;
 }

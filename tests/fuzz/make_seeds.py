@@ -188,5 +188,28 @@ def hellaswag():
     put("hellaswag", "bad_json.jsonl", '{"ctx": "a", "endings": ["b", "c"]\n')
 
 
-for f in (job_spec, checkpoint, model_file, token_file, tokenizer, coordinator, hellaswag):
+def choice_file():
+    # worker/engine/eval/hellaswag.h: int32 magic, version, count; per example line, label,
+    # ending count, context length and tokens, each ending's length and tokens.
+    def example(line, label, context, endings):
+        words = [line, label, len(endings), len(context)] + context
+        for e in endings:
+            words += [len(e)] + e
+        return words
+    def file(examples, count=None):
+        words = [0x43525644, 1, len(examples) if count is None else count]
+        for ex in examples:
+            words += ex
+        return struct.pack(f"<{len(words)}i", *words)
+    good = [example(1, 0, [1, 2, 3], [[4], [5, 6]]), example(2, 3, [7] * 20, [[8], [9], [10], [11, 12]])]
+    put("choice_file", "valid.bin", file(good))
+    put("choice_file", "long_ending.bin", file([example(1, 0, [1], [[2] * 16, [3]])]))
+    put("choice_file", "outside_vocab.bin", file([example(1, 1, [1], [[250], [3]])]))
+    put("choice_file", "bad_label.bin", file([example(1, 5, [1], [[2], [3]])]))
+    put("choice_file", "cut_short.bin", file(good)[:-4])
+    put("choice_file", "count_too_large.bin", file(good, count=9))
+
+
+for f in (job_spec, checkpoint, model_file, token_file, tokenizer, coordinator, hellaswag,
+          choice_file):
     f()

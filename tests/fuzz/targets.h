@@ -30,6 +30,10 @@ int FuzzTokenizer(const uint8_t* data, size_t size);
 // A HellaSwag-style JSON lines file: ReadChoiceExamples (byte tokenizer, four examples), and
 // ScoreChoices of each with a tiny model (block size 16, vocabulary 200).
 int FuzzHellaSwag(const uint8_t* data, size_t size);
+// A file of `drover data hellaswag` (data.hellaswag): ReadChoiceFile (eight examples), and
+// ChoiceBatches over them at micro_batch 2, seq_len 16, vocabulary 200: every batch filled
+// and its losses added, then the accuracy.
+int FuzzChoiceFile(const uint8_t* data, size_t size);
 // The coordinator's request handlers, in process: a sequence of records, each an opcode
 // byte, a 16-bit little-endian length and a serialized request (coordinator_target.cc).
 int FuzzCoordinator(const uint8_t* data, size_t size);
@@ -42,9 +46,10 @@ struct Target {
   int (*entry)(const uint8_t* data, size_t size);
 };
 inline constexpr Target kTargets[] = {
-    {"job_spec", FuzzJobSpec},     {"checkpoint", FuzzCheckpoint}, {"model_file", FuzzModelFile},
-    {"token_file", FuzzTokenFile}, {"tokenizer", FuzzTokenizer},   {"coordinator", FuzzCoordinator},
-    {"hellaswag", FuzzHellaSwag},
+    {"job_spec", FuzzJobSpec},     {"checkpoint", FuzzCheckpoint},
+    {"model_file", FuzzModelFile}, {"token_file", FuzzTokenFile},
+    {"tokenizer", FuzzTokenizer},  {"coordinator", FuzzCoordinator},
+    {"hellaswag", FuzzHellaSwag},  {"choice_file", FuzzChoiceFile},
 };
 
 }  // namespace drover::fuzz

@@ -123,8 +123,10 @@ TEST_F(TrainProcessTest, AWsdRunContinuedFromItsStablePhaseEqualsOneAskedForMore
 
 // drover eval --hellaswag on a benchmark file of HellaSwag's shape, whose right endings the
 // training text teaches ("ann likes figs."): a model trained for 400 steps picks every one,
-// where the same model untrained picks fewer. Matching transformers on a random model is
-// tests/tools/hellaswag_check.py's job (by hand: it needs PyTorch).
+// where the same model untrained picks fewer. The job scores the same file as it trains
+// (drover data hellaswag, data.hellaswag): its last evaluation finds what drover eval finds.
+// Matching transformers on a random model is tests/tools/hellaswag_check.py's job (by hand: it
+// needs PyTorch).
 TEST_F(TrainProcessTest, ATrainedModelPicksTheHellaSwagEndingsItsTextTeaches) {
   const std::vector<std::pair<std::string, std::string>> likes = {
       {"ann", "figs"}, {"bob", "nuts"}, {"cal", "jam"}, {"dan", "tea"}};
@@ -149,15 +151,34 @@ TEST_F(TrainProcessTest, ATrainedModelPicksTheHellaSwagEndingsItsTextTeaches) {
                         (dir_ / "likes").string()})),
             0)
       << Log();
+  ASSERT_EQ(Wait(Spawn({kBin + "drover", "data", "hellaswag", (dir_ / "likes.jsonl").string(),
+                        "--out", (dir_ / "likes-hellaswag.bin").string()})),
+            0)
+      << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("hellaswag: 8 examples, 32 endings"));
   std::ofstream(dir_ / "likes.yaml")
       << "name: likes\noutput_dir: " << (dir_ / "likes-out").string()
       << "\nmodel: {n_layer: 2, n_head: 2, n_embd: 32, block_size: 32, vocab_size: 256}\n"
-      << "data: {train: " << (dir_ / "likes" / "train_*.bin").string() << "}\n"
+      << "data: {train: " << (dir_ / "likes" / "train_*.bin").string()
+      << ", hellaswag: " << (dir_ / "likes-hellaswag.bin").string() << "}\n"
       << "train: {steps: 400, global_batch: 8, micro_batch: 8, seq_len: 32, lr: 0.01, "
-         "warmup_steps: 10, eval_every: 0}\ncheckpoint: {every_steps: 0}\n";
+         "warmup_steps: 10, eval_every: 200}\ncheckpoint: {every_steps: 0}\n";
+  fs::remove(dir_ / "log.txt");
   ASSERT_EQ(
       Wait(Spawn({kBin + "drover", "train", (dir_ / "likes.yaml").string(), "--threads", "1"})), 0)
       << Log();
+  EXPECT_THAT(Log(), ::testing::HasSubstr("| hellaswag 1.0000"));
+  {
+    std::ifstream metrics(dir_ / "likes-out" / "metrics.jsonl");
+    std::string line, last;
+    int evaluated = 0;
+    while (std::getline(metrics, line)) {
+      if (line.find("\"hellaswag\":") != std::string::npos) ++evaluated, last = line;
+    }
+    EXPECT_EQ(evaluated, 2) << "steps 200 and 400";
+    EXPECT_THAT(last, ::testing::HasSubstr("\"step\":400,"));
+    EXPECT_THAT(last, ::testing::HasSubstr("\"hellaswag\":1"));
+  }
   ASSERT_EQ(Wait(Spawn({kBin + "drover-gpt-logits", "write", (dir_ / "untrained.bin").string(),
                         "--layers", "2", "--heads", "2", "--embd", "32", "--vocab", "256",
                         "--block", "32", "--seed", "3"})),

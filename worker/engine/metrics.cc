@@ -55,6 +55,7 @@ std::string StepMetricsToJson(const StepMetrics& m) {
   AppendNumber(&s, "activation_mib", m.activation_mib);
   if (m.mfu.has_value()) AppendNumber(&s, "mfu", *m.mfu);
   if (m.val_loss.has_value()) AppendNumber(&s, "val_loss", *m.val_loss);
+  if (m.hellaswag.has_value()) AppendNumber(&s, "hellaswag", *m.hellaswag);
   if (m.rollbacks > 0) AppendInt(&s, "rollbacks", m.rollbacks);
   if (m.spike) s += ",\"spike\":true";
   if (m.loss_scale.has_value()) AppendNumber(&s, "loss_scale", *m.loss_scale);

@@ -52,6 +52,8 @@ struct StepMetrics {
   // MiB rank 0 holds for activations (every micro-batch in flight; train.recompute).
   double activation_mib = 0;
   std::optional<double> val_loss;  // present on evaluation steps
+  // data.hellaswag's accuracy by mean loss per ending token (acc_norm), on evaluation steps.
+  std::optional<double> hellaswag;
   // Loss-spike rollbacks so far (fault_tolerance.spike_rollback); written when > 0. After a
   // rollback step numbers repeat: this tells the lines apart.
   int64_t rollbacks = 0;
@@ -71,9 +73,9 @@ struct StepMetrics {
 // The JSON object for `m`, one line, no trailing newline. Keys: step, loss, lr, grad_norm,
 // tokens_per_s, step_ms, world_size, attempt, data_wait_ms, dp, pp, tp, pp_chunks, zero_stage,
 // dp_shard, comm_ms, comm_wait_ms, publish_ms, pp_wait_ms, peer_wait_ms, busy_ms, param_mib,
-// grad_mib, optimizer_mib, working_mib, activation_mib, and mfu, val_loss, rollbacks, spike,
-// loss_scale, skipped, device_allocations, device_mib and device_peak_mib when present. Non-finite
-// numbers are written as null (JSON has no NaN).
+// grad_mib, optimizer_mib, working_mib, activation_mib, and mfu, val_loss, hellaswag, rollbacks,
+// spike, loss_scale, skipped, device_allocations, device_mib and device_peak_mib when present.
+// Non-finite numbers are written as null (JSON has no NaN).
 std::string StepMetricsToJson(const StepMetrics& m);
 
 // Appends lines to a metrics file. Each line is flushed at once so that `tail -f` and a

@@ -356,7 +356,15 @@ Status Trainer::OpenData() {
   if (!loader.ok()) return loader.status().WithContext("data.train");
   loader_ = std::move(loader).value();
 
-  if (spec.data.val.empty() || spec.train.eval_every <= 0) return OkStatus();
+  if (spec.train.eval_every <= 0) return OkStatus();
+  if (!spec.data.hellaswag.empty()) {
+    auto examples = ReadChoiceFile(spec.data.hellaswag, spec.train.hellaswag_examples);
+    if (!examples.ok()) return AsInputError(examples.status(), "data.hellaswag");
+    auto batches = ChoiceBatches::Create(std::move(examples).value(), B_, T_, V);
+    if (!batches.ok()) return AsInputError(batches.status(), "data.hellaswag");
+    hellaswag_ = std::move(batches).value();
+  }
+  if (spec.data.val.empty()) return OkStatus();
   auto val = TokenDataset::Open(spec.data.val, T_);
   if (!val.ok()) return AsInputError(val.status(), "data.val");
   val_data_ = std::shared_ptr<const TokenDataset>(std::move(val).value());
@@ -519,6 +527,31 @@ StatusOr<double> Trainer::Evaluate() {
   });
 }
 
+StatusOr<ChoiceAccuracy> Trainer::EvaluateHellaswag() {
+  if (hellaswag_ == nullptr) {
+    return FailedPreconditionError("no data.hellaswag to evaluate (or train.eval_every is 0)");
+  }
+  hellaswag_->Reset();
+  RETURN_IF_ERROR(
+      model_
+          ->Evaluate(
+              hellaswag_->num_batches(),
+              [this](int64_t i, int32_t* inputs, int32_t* targets) {
+                hellaswag_->Batch(i, inputs, targets);
+                return OkStatus();
+              },
+              [this](int64_t i, const float* losses) { hellaswag_->AddLosses(i, losses); })
+          .status());
+  std::vector<double>& sums = hellaswag_->sums();
+  RETURN_IF_ERROR(model_->SumOverRanks(sums.data(), sums.size()));
+  return hellaswag_->Accuracy();
+}
+
+const std::vector<double>& Trainer::hellaswag_losses() const {
+  static const std::vector<double> kNone;
+  return hellaswag_ != nullptr ? hellaswag_->sums() : kNone;
+}
+
 Status Trainer::PublishMetrics(const StepMetrics* m, bool wait) {
   if (!metrics_.is_open()) return OkStatus();
   if (m != nullptr) held_metrics_.push_back(*m);
@@ -563,10 +596,12 @@ Status Trainer::SaveModel(const std::string& path) {
 
 void Trainer::LogStep(const StepMetrics& m) const {
   const int64_t every = std::max<int64_t>(options_.spec.train.log_every, 1);
-  if (!options_.log_steps || !is_rank0() || (m.step % every != 0 && !m.val_loss.has_value())) {
+  if (!options_.log_steps || !is_rank0() ||
+      (m.step % every != 0 && !m.val_loss.has_value() && !m.hellaswag.has_value())) {
     return;
   }
   std::string val = m.val_loss.has_value() ? fmt::format(" | val {:.4f}", *m.val_loss) : "";
+  if (m.hellaswag.has_value()) val += fmt::format(" | hellaswag {:.4f}", *m.hellaswag);
   std::string scale;
   if (m.loss_scale.has_value()) {
     scale = fmt::format(" | scale {:g}", *m.loss_scale);
@@ -597,11 +632,18 @@ Status Trainer::Run() {
       RETURN_IF_ERROR(RollBack(*m));
       continue;
     }
-    if (spec.train.eval_every > 0 && val_loader_ != nullptr &&
+    if (spec.train.eval_every > 0 &&
         (step_ % spec.train.eval_every == 0 || step_ == spec.train.steps)) {
-      auto val = Evaluate();
-      if (!val.ok()) return val.status();
-      m->val_loss = *val;
+      if (val_loader_ != nullptr) {
+        auto val = Evaluate();
+        if (!val.ok()) return val.status();
+        m->val_loss = *val;
+      }
+      if (hellaswag_ != nullptr) {
+        auto acc = EvaluateHellaswag();
+        if (!acc.ok()) return acc.status();
+        m->hellaswag = acc->acc_norm();
+      }
     }
     LogStep(*m);
     RETURN_IF_ERROR(PublishMetrics(&*m, /*wait=*/false));

@@ -35,6 +35,7 @@
 #include "common/status.h"
 #include "worker/engine/ckpt/async_writer.h"
 #include "worker/engine/data/loader.h"
+#include "worker/engine/eval/choice_batches.h"
 #include "worker/engine/metrics.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/parallel/kv_store.h"
@@ -152,6 +153,12 @@ class Trainer {
   // Mean validation loss over the first min(eval_batches, available) batches of
   // (micro_batch, seq_len), or NotFound when there is no validation data. Collective.
   StatusOr<double> Evaluate();
+  // data.hellaswag's examples scored through the same passes, on every rank: their accuracy,
+  // and each ending's summed loss in hellaswag_losses() (every example's endings in order).
+  // FailedPrecondition when the job has no data.hellaswag (or train.eval_every is 0).
+  // Collective.
+  StatusOr<ChoiceAccuracy> EvaluateHellaswag();
+  const std::vector<double>& hellaswag_losses() const;
 
   // Gathers the state to rank 0, which writes checkpoint step_<step()> (in the background
   // when `async`; Flush waits for it). Collective: its error is a collective's (a peer gone);
@@ -241,6 +248,7 @@ class Trainer {
   std::shared_ptr<const TokenDataset> val_data_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<EvalLoader> val_loader_;
+  std::unique_ptr<ChoiceBatches> hellaswag_;         // data.hellaswag, with evaluation on
   std::unique_ptr<ckpt::KvShardExchange> exchange_;  // world size > 1
   std::unique_ptr<SpikeDetector> spike_;             // fault_tolerance.spike_rollback.enabled
   int64_t rollbacks_ = 0;

@@ -114,14 +114,17 @@ TEST(TrainerReporterTest, LinesRoundTripThroughASocket) {
 }
 
 // A heartbeat carries only the latest report: an evaluation step followed by another step
-// before the next heartbeat must not lose its validation loss.
+// before the next heartbeat must not lose its validation loss, nor its HellaSwag accuracy.
 TEST(TrainerReporterTest, ValidationLossRidesAlongUntilTheNextEvaluation) {
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
   TrainerReporter reporter(sv[1]);
-  reporter.Progress(9, 1.0, 3.0, 100.0, {1e-3, std::nullopt, 0.0});
-  reporter.Progress(10, 1.0, 2.9, 100.0, {9e-4, 3.5, 0.4});
-  reporter.Progress(11, 1.0, 2.8, 100.0, {8e-4, std::nullopt, 0.4});
+  reporter.Progress(9, 1.0, 3.0, 100.0,
+                    {.lr = 1e-3, .val_loss = std::nullopt, .hellaswag = std::nullopt, .mfu = 0.0});
+  reporter.Progress(10, 1.0, 2.9, 100.0,
+                    {.lr = 9e-4, .val_loss = 3.5, .hellaswag = 0.25, .mfu = 0.4});
+  reporter.Progress(11, 1.0, 2.8, 100.0,
+                    {.lr = 8e-4, .val_loss = std::nullopt, .hellaswag = std::nullopt, .mfu = 0.4});
   reporter.Phase("saving");
   std::string data = DrainSocketPair(sv);
   std::vector<std::string> lines = TakeLines(&data);
@@ -134,11 +137,16 @@ TEST(TrainerReporterTest, ValidationLossRidesAlongUntilTheNextEvaluation) {
     seen.push_back(st.progress());
   }
   EXPECT_EQ(seen[0].val_step(), 0);  // none yet
+  EXPECT_EQ(seen[0].hellaswag_step(), 0);
   EXPECT_DOUBLE_EQ(seen[0].lr(), 1e-3);
   EXPECT_EQ(seen[1].val_step(), 10);
   EXPECT_DOUBLE_EQ(seen[1].val_loss(), 3.5);
+  EXPECT_EQ(seen[1].hellaswag_step(), 10);
+  EXPECT_DOUBLE_EQ(seen[1].hellaswag(), 0.25);
   EXPECT_EQ(seen[2].val_step(), 10);  // carried by the next step
   EXPECT_DOUBLE_EQ(seen[2].val_loss(), 3.5);
+  EXPECT_EQ(seen[2].hellaswag_step(), 10);
+  EXPECT_DOUBLE_EQ(seen[2].hellaswag(), 0.25);
   EXPECT_DOUBLE_EQ(seen[2].lr(), 8e-4);
   EXPECT_DOUBLE_EQ(seen[2].mfu(), 0.4);
   EXPECT_EQ(seen[3].step(), 11);  // a phase keeps the last step's numbers
@@ -160,9 +168,13 @@ TEST(TrainerReporterTest, BusyTimeAndPaceAreTheMediansOfTheLastStepsAfterTheWarm
   busy.push_back(90);  // 12
   for (size_t i = 0; i < TrainerReporter::kBusyWindow; ++i) busy.push_back(90);
   for (size_t i = 0; i < busy.size(); ++i) {
-    reporter.Progress(
-        static_cast<int64_t>(i + 1), busy[i] + 5, 3.0, 100.0,
-        {.lr = 1e-3, .val_loss = std::nullopt, .mfu = 0, .busy_ms = busy[i], .pp_stage = 2});
+    reporter.Progress(static_cast<int64_t>(i + 1), busy[i] + 5, 3.0, 100.0,
+                      {.lr = 1e-3,
+                       .val_loss = std::nullopt,
+                       .hellaswag = std::nullopt,
+                       .mfu = 0,
+                       .busy_ms = busy[i],
+                       .pp_stage = 2});
   }
   std::string data = DrainSocketPair(sv);
   std::vector<std::string> lines = TakeLines(&data);

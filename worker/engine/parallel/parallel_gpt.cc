@@ -468,8 +468,10 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, Ste
   return r;
 }
 
-StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch) {
+StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch,
+                                       const EvalLossesFn& losses) {
   double sum = 0;
+  std::vector<float> host_losses;
   int64_t count = 0;
   const int chunks = layout_.chunks();
   int64_t k = 0;  // this rank's batches so far: activation sets rotate over them
@@ -494,6 +496,11 @@ StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch
       if (layout_.heads(c)) {
         sum += loss;
         ++count;
+        if (losses != nullptr && coord_.tp == 0) {
+          host_losses.resize(static_cast<size_t>(options_.micro_batch) * options_.seq_len);
+          ops_->ToHost(host_losses.data(), a.losses(), host_losses.size());
+          losses(i, host_losses.data());
+        }
       } else {
         RETURN_IF_ERROR(Send(ActivationTo(c), &set.act_sends, a.output(), tag + v));
       }
@@ -507,6 +514,11 @@ StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch
     RETURN_IF_ERROR(groups_->world->AllReduce(stats, 2, DataType::kFloat64, ReduceOp::kSum));
   }
   return stats[0] / std::max(stats[1], 1.0);
+}
+
+Status ParallelGpt::SumOverRanks(double* x, size_t n) {
+  if (groups_->world == nullptr || n == 0) return OkStatus();
+  return groups_->world->AllReduce(x, n, DataType::kFloat64, ReduceOp::kSum);
 }
 
 Status ParallelGpt::ExportLocal(std::vector<float>* params, std::vector<float>* m,

@@ -107,6 +107,9 @@ class ParallelGpt {
   using BatchFn = std::function<Status(int32_t* inputs, int32_t* targets)>;
   // Fills (B, T) inputs and targets with validation batch i.
   using EvalBatchFn = std::function<Status(int64_t i, int32_t* inputs, int32_t* targets)>;
+  // Each position's loss of validation batch i, (B, T) host floats, on the ranks that compute
+  // them: the last pipeline stage's, tensor-parallel rank 0.
+  using EvalLossesFn = std::function<void(int64_t i, const float* losses)>;
 
   // `groups` must hold the communicators of `mesh` for options.rank (ConnectProcessGroups);
   // not owned, must outlive the model. Parameters start at zero: load them.
@@ -147,8 +150,13 @@ class ParallelGpt {
   // true on every rank when any rank said so.
   StatusOr<StepResult> Step(const BatchFn& next_batch, double lr, StepVotes votes = {});
 
-  // Mean loss over validation batches [0, batches), split over the dp ranks.
-  StatusOr<double> Evaluate(int64_t batches, const EvalBatchFn& batch);
+  // Mean loss over validation batches [0, batches), split over the dp ranks; with `losses`,
+  // each batch's per-position losses handed to it too, where they are computed.
+  StatusOr<double> Evaluate(int64_t batches, const EvalBatchFn& batch,
+                            const EvalLossesFn& losses = nullptr);
+  // x[0..n) summed over every rank of the mesh, in place, on every rank: what Evaluate's
+  // `losses` gathered, each rank a part. Collective; errors are communication failures.
+  Status SumOverRanks(double* x, size_t n);
 
   // This rank's part of a sharded checkpoint, copied to host memory: a dp slice of the local
   // arena (the ZeRO shard this rank owns; under plain data parallelism an even split of the

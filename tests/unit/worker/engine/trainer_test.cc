@@ -22,7 +22,9 @@
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/data/sampler.h"
 #include "worker/engine/data/token_dataset.h"
+#include "worker/engine/eval/hellaswag.h"
 #include "worker/engine/model/gpt_flops.h"
+#include "worker/engine/model/gpt_inference.h"
 #include "worker/engine/model/model_file.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
@@ -442,6 +444,70 @@ TEST_F(TrainerTest, ACheckpointRequestSavesNothingWhenTheJobSavesNoCheckpoints) 
   ASSERT_TRUE((*trainer)->Run().ok());
   EXPECT_FALSE(fs::exists(dir_ / "out" / "ckpt" / "step_1"));
   EXPECT_TRUE(fs::exists(dir_ / "out" / "model.bin"));
+}
+
+// A job with data.hellaswag scores its examples at every evaluation step, through the
+// training passes at rows of train.seq_len: metrics.jsonl carries the accuracy (acc_norm) on
+// those steps only, and the last one is what `drover eval --hellaswag` finds for the model
+// the job wrote (rows of its block size, which is the job's seq_len here).
+TEST_F(TrainerTest, HellaswagIsScoredAtEvaluationStepsAsDroverEvalScoresTheModel) {
+  // Continuations of the training phrase, the right one first or last.
+  const std::vector<int32_t> phrase = {1, 5, 9, 2, 7, 7, 3, 11, 4, 8, 6, 10, 12};
+  std::vector<ChoiceExample> examples;
+  for (int e = 0; e < 6; ++e) {
+    ChoiceExample ex;
+    ex.line = e + 1;
+    for (int t = 0; t < 4 + e; ++t) ex.context.push_back(phrase[(e + t) % phrase.size()]);
+    const int next = (e + 4 + e) % static_cast<int>(phrase.size());
+    const std::vector<int32_t> right = {phrase[next], phrase[(next + 1) % phrase.size()]};
+    const std::vector<int32_t> wrong[] = {{0, 13}, {14, 15}, {13}};
+    ex.label = e % 2 == 0 ? 0 : 3;
+    for (int i = 0, w = 0; i < 4; ++i) ex.endings.push_back(i == ex.label ? right : wrong[w++]);
+    examples.push_back(ex);
+  }
+  const std::string path = (dir_ / "hellaswag.bin").string();
+  ASSERT_TRUE(WriteChoiceFile(path, examples).ok());
+  auto trainer = Make(Spec({"data.hellaswag=" + path}));
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_TRUE(trainer->Run().ok());
+  const auto lines = ReadLines(dir_ / "out" / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 20u);
+  double last = -1;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const size_t at = lines[i].find("\"hellaswag\":");
+    EXPECT_EQ(at != std::string::npos, (i + 1) % 10 == 0) << lines[i];
+    if (at != std::string::npos) last = std::stod(lines[i].substr(at + 12));
+  }
+  auto model = LoadModelFile((dir_ / "out" / "model.bin").string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  GptInference run(**model, CpuOps());
+  auto want = EvaluateChoices(run, examples);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_NEAR(last, want->acc_norm(), 1e-8);  // written with 9 digits
+  EXPECT_GT(last, 0.5) << "the phrase's continuation is the likelier after 20 steps";
+  auto again = trainer->EvaluateHellaswag();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->correct_mean, want->correct_mean);
+  EXPECT_EQ(trainer->hellaswag_losses().size(), 24u);
+}
+
+// A data.hellaswag that is missing, not such a file, or has an ending longer than the job's
+// rows stops the start, naming the key.
+TEST_F(TrainerTest, ABadHellaswagFileStopsTheStartNamingTheKey) {
+  const std::string bad = (dir_ / "bad.bin").string();
+  std::ofstream(bad) << "not a file";
+  const std::string long_ending = (dir_ / "long.bin").string();
+  ASSERT_TRUE(
+      WriteChoiceFile(long_ending, {{1, {1, 2}, {{3}, std::vector<int32_t>(16, 4)}, 0}}).ok());
+  for (const std::string& path : {(dir_ / "none.bin").string(), bad, long_ending}) {
+    TrainerOptions options;
+    options.spec = Spec({"data.hellaswag=" + path});
+    options.log_steps = false;
+    auto trainer = Trainer::Create(options);
+    ASSERT_FALSE(trainer.ok()) << path;
+    EXPECT_NE(trainer.status().message().find("data.hellaswag"), std::string::npos)
+        << trainer.status();
+  }
 }
 
 }  // namespace

@@ -6,8 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "common/files.h"
+#include "worker/engine/eval/choice_batches.h"
 
 namespace drover::engine {
 namespace {
@@ -196,6 +200,138 @@ TEST_F(HellaSwagTest, AccuracyCountsThePicksThatMatchTheLabel) {
   EXPECT_EQ(acc->correct_mean, 2 + (s->pick_sum == s->pick_mean ? 1 : 0));
   EXPECT_EQ(acc->correct_sum, 1 + 2 * (s->pick_sum == s->pick_mean ? 1 : 0));
   EXPECT_DOUBLE_EQ(acc->acc_norm(), acc->correct_mean / 4.0);
+}
+
+// Examples of several shapes, tokenized: the round trip through a file of `drover data
+// hellaswag` gives them back, the first N of them with a limit.
+TEST_F(HellaSwagTest, AFileOfTokenizedExamplesGivesThemBack) {
+  std::vector<ChoiceExample> examples(3);
+  examples[0] = {4, {1, 2, 3}, {{4}, {5, 6}}, 1};
+  examples[1] = {7, {70000}, {{8, 9, 10}, {11}, {12}, {13, 14}}, 3};
+  examples[2] = {9, {15, 16}, {{17}, {18}, {19}}, 0};
+  const std::string path = (dir_ / "hellaswag.bin").string();
+  ASSERT_TRUE(WriteChoiceFile(path, examples).ok());
+  auto read = ReadChoiceFile(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*read)[i].line, examples[i].line);
+    EXPECT_EQ((*read)[i].label, examples[i].label);
+    EXPECT_EQ((*read)[i].context, examples[i].context);
+    EXPECT_EQ((*read)[i].endings, examples[i].endings);
+  }
+  auto two = ReadChoiceFile(path, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->size(), 2u);
+}
+
+// A file that is not one, or is cut short or malformed anywhere, is refused as DataLoss,
+// naming the file and the example; a missing one is NotFound.
+TEST_F(HellaSwagTest, AFileOfTokenizedExamplesThatIsNotOneIsRefusedByName) {
+  const std::vector<ChoiceExample> examples = {{4, {1, 2, 3}, {{4}, {5, 6}}, 1},
+                                               {5, {7}, {{8}, {9}}, 0}};
+  const std::string good = (dir_ / "good.bin").string();
+  ASSERT_TRUE(WriteChoiceFile(good, examples).ok());
+  const std::string bytes = *ReadFileToString(good);
+  auto words = [&](std::string b) {
+    std::vector<int32_t> w(b.size() / 4);
+    std::memcpy(w.data(), b.data(), w.size() * 4);
+    return w;
+  };
+  auto as_bytes = [](const std::vector<int32_t>& w) {
+    return std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+  };
+  // Words: magic, version, count; example 1 at 3: line, label, endings, context length, ...
+  std::vector<int32_t> w = words(bytes);
+  struct Case {
+    std::string content;
+    std::string says;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"not a file", "not a file of tokenized examples"});
+  cases.push_back({bytes.substr(0, bytes.size() - 4), "example 2's ending 1: "});
+  cases.push_back({bytes + "xxxx", "bytes after its last example"});
+  auto changed = [&](size_t at, int32_t value) {
+    std::vector<int32_t> c = w;
+    c[at] = value;
+    return as_bytes(c);
+  };
+  cases.push_back({changed(1, 2), "version 2, this reads 1"});
+  cases.push_back({changed(2, 0), "an example count of 0"});
+  cases.push_back({changed(4, 2), "example 1 has label 2 of 2 endings"});
+  cases.push_back({changed(5, 1), "example 1 has 1 endings"});
+  cases.push_back({changed(6, 99), "example 1's context: "});
+  cases.push_back({changed(7, -3), "a token of -3"});
+  for (const Case& c : cases) {
+    const std::string path = (dir_ / "bad.bin").string();
+    std::ofstream(path, std::ios::binary) << c.content;
+    auto read = ReadChoiceFile(path);
+    ASSERT_FALSE(read.ok()) << c.says;
+    EXPECT_EQ(read.status().code(), StatusCode::kDataLoss) << read.status();
+    EXPECT_NE(read.status().message().find(c.says), std::string::npos) << read.status();
+    EXPECT_NE(read.status().message().find("bad.bin"), std::string::npos) << read.status();
+  }
+  EXPECT_EQ(ReadChoiceFile((dir_ / "none.bin").string()).status().code(), StatusCode::kNotFound);
+}
+
+// What a training job does at its evaluation steps: every ending a row of (B, T) batches,
+// each batch's per-position losses added to its rows. The accuracy and each ending's loss are
+// drover eval's (EvaluateChoices, one example's rows a pass), whatever B, for rows of the
+// model's block size, contexts longer than it included.
+TEST_F(HellaSwagTest, BatchesOfEveryExamplesRowsGiveDroverEvalsScores) {
+  Gpt model(Config(/*maxT=*/16));
+  model.InitRandom(5);
+  GptInference run(model, CpuOps());
+  std::vector<ChoiceExample> examples;
+  const char* contexts[] = {"Once", "A context longer than sixteen bytes", "Then"};
+  for (int e = 0; e < 3; ++e) {
+    ChoiceExample ex;
+    ex.line = e + 1;
+    ex.context = tokenizer_->Encode(contexts[e]);
+    for (int i = 0; i < 3 + e; ++i)
+      ex.endings.push_back(tokenizer_->Encode(" e" + std::string(i, 'z')));
+    examples.push_back(ex);
+  }
+  std::vector<double> want;
+  for (ChoiceExample& ex : examples) {
+    auto s = ScoreChoices(run, ex);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ex.label = s->pick_mean;
+    want.insert(want.end(), s->sum_loss.begin(), s->sum_loss.end());
+  }
+  examples[1].label = (examples[1].label + 1) % 4;  // one wrong pick
+  auto truth = EvaluateChoices(run, examples);
+  ASSERT_TRUE(truth.ok());
+  for (int B : {1, 4, 5}) {
+    auto batches = ChoiceBatches::Create(examples, B, 16, 256);
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    EXPECT_EQ((*batches)->num_batches(), (12 + B - 1) / B);  // 3 + 4 + 5 rows
+    std::vector<int32_t> inputs(B * 16), targets(B * 16);
+    std::vector<float> losses(B * 16);
+    for (int pass = 0; pass < 2; ++pass) {  // Reset: a second evaluation counts afresh
+      (*batches)->Reset();
+      for (int64_t i = 0; i < (*batches)->num_batches(); ++i) {
+        (*batches)->Batch(i, inputs.data(), targets.data());
+        run.Loss(inputs.data(), targets.data(), B, 16, losses.data());
+        (*batches)->AddLosses(i, losses.data());
+      }
+      ASSERT_EQ((*batches)->sums().size(), want.size());
+      for (size_t r = 0; r < want.size(); ++r) {
+        EXPECT_NEAR((*batches)->sums()[r], want[r], 1e-4 * std::max(1.0, want[r])) << r;
+      }
+      const ChoiceAccuracy acc = (*batches)->Accuracy();
+      EXPECT_EQ(acc.examples, 3);
+      EXPECT_EQ(acc.correct_mean, truth->correct_mean) << "B " << B;
+      EXPECT_EQ(acc.correct_sum, truth->correct_sum) << "B " << B;
+    }
+  }
+  // An ending that does not fit the job's rows names train.seq_len.
+  auto tight = ChoiceBatches::Create(examples, 2, 4, 256);
+  ASSERT_EQ(tight.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tight.status().message().find(
+                "line 1: ending 2 is 4 tokens; train.seq_len 4 holds at most 3"),
+            std::string::npos)
+      << tight.status();
 }
 
 }  // namespace

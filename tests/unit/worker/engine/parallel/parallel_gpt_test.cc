@@ -24,6 +24,7 @@
 #include "common/token_shard.h"
 #include "tests/unit/worker/engine/emulated_device_ops.h"
 #include "tests/unit/worker/engine/parallel/fake_group.h"
+#include "worker/engine/eval/hellaswag.h"
 #include "worker/engine/model/gpt_layout.h"
 #include "worker/engine/parallel/kv_store.h"
 #include "worker/engine/threads.h"
@@ -44,6 +45,9 @@ struct RankResult {
   std::vector<bool> skipped;
   std::vector<float> params;  // global, on rank 0
   double val_loss = 0;
+  // data.hellaswag scored through the same passes: each ending's summed loss, and the picks.
+  std::vector<double> hellaswag_losses;
+  ChoiceAccuracy hellaswag;
   double param_mib = 0;       // the rank's parameter arena
   double activation_mib = 0;  // the rank's activation sets
 };
@@ -74,6 +78,23 @@ class ParallelEquivalenceTest : public ::testing::Test {
     ASSERT_TRUE(WriteTokenShard((*dir_ / "train.bin").string(), tokens).ok());
     tokens.resize(3000);
     ASSERT_TRUE(WriteTokenShard((*dir_ / "val.bin").string(), tokens).ok());
+    // Seven examples of 2 to 4 endings (20 rows: five batches of 4, the last of them
+    // padded at micro_batch 8), contexts of up to 20 tokens (cut to fit T = 16).
+    std::vector<ChoiceExample> examples;
+    for (int e = 0; e < 7; ++e) {
+      ChoiceExample ex;
+      ex.line = e + 1;
+      for (int t = 0; t < 3 + 3 * e; ++t) ex.context.push_back(static_cast<int32_t>(rng() % 64));
+      for (int i = 0; i < 2 + e % 3; ++i) {
+        ex.endings.emplace_back();
+        for (int t = 0; t < 1 + (e + i) % 5; ++t) {
+          ex.endings.back().push_back(static_cast<int32_t>(rng() % 64));
+        }
+      }
+      ex.label = e % static_cast<int>(ex.endings.size());
+      examples.push_back(ex);
+    }
+    ASSERT_TRUE(WriteChoiceFile((*dir_ / "hellaswag.bin").string(), examples).ok());
   }
   static void TearDownTestSuite() {
     fs::remove_all(*dir_);
@@ -90,6 +111,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
         "model: {n_layer: 4, n_head: 4, n_embd: 32, block_size: 16, vocab_size: 64}\n"
         "data: {train: " +
         (*dir_ / "train.bin").string() + ", val: " + (*dir_ / "val.bin").string() +
+        ", hellaswag: " + (*dir_ / "hellaswag.bin").string() +
         "}\n"
         "train: {steps: 5, global_batch: 8, micro_batch: 4, seq_len: 16, lr: 0.01, "
         "min_lr: 0.001, warmup_steps: 2, eval_every: 100, eval_batches: 4, seed: 3, "
@@ -155,6 +177,13 @@ class ParallelEquivalenceTest : public ::testing::Test {
           return;
         }
         r.val_loss = *val;
+        auto hellaswag = (*trainer)->EvaluateHellaswag();
+        if (!hellaswag.ok()) {
+          r.status = hellaswag.status();
+          return;
+        }
+        r.hellaswag = *hellaswag;
+        r.hellaswag_losses = (*trainer)->hellaswag_losses();
         auto params = (*trainer)->GlobalParams();
         if (!params.ok()) {
           r.status = params.status();
@@ -218,6 +247,18 @@ class ParallelEquivalenceTest : public ::testing::Test {
             << "rank " << rank << " step " << s + 1;
       }
       EXPECT_NEAR(r.val_loss, want.val_loss, rtol * want.val_loss) << "rank " << rank;
+      // Every rank has every ending's loss, summed over the ranks that computed them.
+      ASSERT_EQ(r.hellaswag_losses.size(), 20u) << "rank " << rank;
+      for (size_t e = 0; e < r.hellaswag_losses.size(); ++e) {
+        EXPECT_NEAR(r.hellaswag_losses[e], want.hellaswag_losses[e],
+                    rtol * want.hellaswag_losses[e])
+            << "rank " << rank << " ending " << e;
+      }
+      EXPECT_EQ(r.hellaswag.examples, 7) << "rank " << rank;
+      if (spec.precision.dtype == "fp32") {
+        EXPECT_EQ(r.hellaswag.correct_mean, want.hellaswag.correct_mean) << "rank " << rank;
+        EXPECT_EQ(r.hellaswag.correct_sum, want.hellaswag.correct_sum) << "rank " << rank;
+      }
     }
     ASSERT_EQ(got[0].params.size(), want.params.size());
     double worst = 0;
@@ -263,6 +304,7 @@ class ParallelEquivalenceTest : public ::testing::Test {
         EXPECT_EQ(got[rank].losses, kept[rank].losses) << "rank " << rank;
         EXPECT_EQ(got[rank].norms, kept[rank].norms) << "rank " << rank;
         EXPECT_EQ(got[rank].val_loss, kept[rank].val_loss) << "rank " << rank;
+        EXPECT_EQ(got[rank].hellaswag_losses, kept[rank].hellaswag_losses) << "rank " << rank;
         EXPECT_LE(got[rank].activation_mib, kept[rank].activation_mib) << "rank " << rank;
       }
       ASSERT_EQ(got[0].params.size(), kept[0].params.size());
