@@ -83,6 +83,8 @@ ClusterSnapshot KnownState() {
   t->mutable_progress()->set_lr(0.0005);
   t->mutable_progress()->set_val_step(30);
   t->mutable_progress()->set_val_loss(2.5);
+  t->mutable_progress()->set_hellaswag_step(30);
+  t->mutable_progress()->set_hellaswag(0.3125);
   t->mutable_progress()->set_mfu(0.25);
   t->mutable_progress()->set_busy_ms(80);
   v1::TrainerStatus* slow = job.add_trainers();
@@ -155,6 +157,7 @@ TEST(CoordinatorMetricsTest, RendersTheKnownStateWithItsNamesLabelsAndValues) {
   EXPECT_EQ(Value(text, "drover_job_tokens_per_second" + job), 1234);
   EXPECT_EQ(Value(text, "drover_job_learning_rate" + job), 0.0005);
   EXPECT_EQ(Value(text, "drover_job_val_loss" + job), 2.5);
+  EXPECT_EQ(Value(text, "drover_job_hellaswag_ratio" + job), 0.3125);
   EXPECT_EQ(Value(text, "drover_job_mfu_ratio" + job), 0.25);
   EXPECT_EQ(Value(text, "drover_job_checkpoint_age_seconds" + job), 30);
   EXPECT_EQ(Value(text, "drover_job_last_recovery_seconds" + job), 2.5);
@@ -255,10 +258,12 @@ TEST(CoordinatorMetricsTest, UnknownMfuAndNoEvaluationAreLeftOutNotZero) {
   v1::TrainerProgress* p = s.live_jobs[0].mutable_trainers(0)->mutable_progress();
   p->set_mfu(0);
   p->set_val_step(0);
+  p->set_hellaswag_step(0);
   s.live_jobs[0].clear_checkpoints();
   const std::string text = CoordinatorMetrics().Render(s);
   EXPECT_THAT(text, Not(HasSubstr("drover_job_mfu_ratio{")));
   EXPECT_THAT(text, Not(HasSubstr("drover_job_val_loss{")));
+  EXPECT_THAT(text, Not(HasSubstr("drover_job_hellaswag_ratio{")));
   EXPECT_THAT(text, Not(HasSubstr("drover_job_checkpoint_age_seconds{")));
 }
 
