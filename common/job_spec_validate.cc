@@ -177,6 +177,11 @@ class Rules {
     if (t.eval_every > 0) RETURN_IF_ERROR(AtLeast("train.eval_batches", t.eval_batches, 1));
     RETURN_IF_ERROR(AtLeast("train.eval_batches", t.eval_batches, 0));
     RETURN_IF_ERROR(AtLeast("train.hellaswag_examples", t.hellaswag_examples, 0));
+    if (!s_.data.hellaswag.empty() && t.eval_every == 0) {
+      return Fail("data.hellaswag",
+                  "its examples are scored only at evaluation steps, and train.eval_every is 0: "
+                  "give train.eval_every a period, or leave data.hellaswag out");
+    }
     RETURN_IF_ERROR(AtLeast("train.log_every", t.log_every, 1));
     if (t.recompute != TrainSpec::kRecomputeAll && t.recompute > s_.model.n_layer) {
       return Fail("train.recompute",

@@ -101,7 +101,7 @@ StatusOr<std::vector<ChoiceExample>> ReadChoiceFile(const std::string& path, int
   ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
   const size_t n = bytes.size() / 4;
   std::vector<int32_t> words(n);
-  std::memcpy(words.data(), bytes.data(), n * 4);
+  if (n > 0) std::memcpy(words.data(), bytes.data(), n * 4);
   size_t at = 0;
   const auto bad = [&](const std::string& what) {
     return DataLossError(path + ": " + what + " (not a file of `drover data hellaswag`?)");
