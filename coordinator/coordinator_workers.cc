@@ -111,7 +111,8 @@ void Coordinator::ObserveTrainers(const std::string& node) {
     jobs_.OnTrainerStatus(node, t);
     const TrainerKey key = TrainerKey::Of(t);
     if (IsLive(t) && jobs_.IsCurrent(key)) {
-      health_.OnTrainerProgress(key, t.progress().step(), jobs_.HangTimeoutMs(t.job_id()), now);
+      health_.OnTrainerProgress(key, t.progress().step(), jobs_.HangTimeoutMs(t.job_id()), now,
+                                t.progress().work());
       if (t.rank() == 0)
         history_.Record(t.job_id(), t.attempt(), t.progress(), clock_->WallNowMs());
     } else {

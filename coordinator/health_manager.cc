@@ -35,12 +35,13 @@ void HealthManager::OnConnectionLost(const std::string& node, int64_t now_ms, in
 }
 
 void HealthManager::OnTrainerProgress(const TrainerKey& key, int64_t step, int64_t hang_timeout_ms,
-                                      int64_t now_ms) {
+                                      int64_t now_ms, int64_t work) {
   if (hang_timeout_ms <= 0) return;
   auto [it, inserted] = progress_.try_emplace(key);
   Progress& p = it->second;
-  if (inserted || p.step != step) {
+  if (inserted || p.step != step || p.work != work) {
     p.step = step;
+    p.work = work;
     p.moved_ms = now_ms;
   }
   p.timeout_ms = hang_timeout_ms;

@@ -31,10 +31,11 @@ class HealthManager {
   // heartbeats at once when its connection breaks). Never extends a lease.
   void OnConnectionLost(const std::string& node, int64_t now_ms, int64_t grace_ms);
 
-  // A live trainer's step as last reported. `hang_timeout_ms` <= 0 disables hang detection.
-  // The clock starts at the first report; it restarts each time `step` changes.
+  // A live trainer's step as last reported, and its count of work between steps
+  // (TrainerProgress.work). `hang_timeout_ms` <= 0 disables hang detection. The clock starts
+  // at the first report; it restarts each time `step` or `work` changes.
   void OnTrainerProgress(const TrainerKey& key, int64_t step, int64_t hang_timeout_ms,
-                         int64_t now_ms);
+                         int64_t now_ms, int64_t work = 0);
   // Stops watching one trainer (it exited) or every trainer of (job, attempt) (it ended).
   void ForgetTrainer(const TrainerKey& key);
   void ForgetAttempt(const std::string& job_id, int64_t attempt);
@@ -71,6 +72,7 @@ class HealthManager {
   };
   struct Progress {
     int64_t step = 0;
+    int64_t work = 0;
     int64_t moved_ms = 0;
     int64_t timeout_ms = 0;
     int64_t check_ms = 0;

@@ -52,6 +52,7 @@ class ReporterListener final : public drover::engine::TrainerListener {
     reporter_->RolledBack(spike_step, to_step, rollbacks);
   }
   void OnPeersCutOff(const std::vector<int>& ranks) override { reporter_->CutOff(ranks); }
+  void OnWork(const std::string& what) override { reporter_->Working(what); }
   void OnDone() override { reporter_->Done(); }
 
  private:

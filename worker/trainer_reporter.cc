@@ -74,6 +74,7 @@ void TrainerReporter::FillSticky(v1::TrainerProgress* p) const {
   p->set_last_checkpoint_step(last_checkpoint_step_);
   p->set_checkpoint_error(checkpoint_error_);
   p->set_rollbacks(rollbacks_);
+  p->set_work(work_);
   for (int r : cut_off_ranks_) p->add_cut_off_ranks(r);
 }
 
@@ -87,6 +88,14 @@ void TrainerReporter::Phase(const std::string& message) {
     FillSticky(p);
   }
   Write(report);
+}
+
+void TrainerReporter::Working(const std::string& message) {
+  {
+    MutexLock lock(&mu_);
+    ++work_;
+  }
+  Phase(message);
 }
 
 void TrainerReporter::RolledBack(int64_t spike_step, int64_t to_step, int64_t rollbacks) {

@@ -52,6 +52,9 @@ class TrainerReporter {
                 const StepExtras& extras = {}, const std::string& message = "");
   // Reports a phase without a step change ("loading data", "rendezvous").
   void Phase(const std::string& message);
+  // Work between two steps that may outlast the hang timeout (an evaluation): a Phase that
+  // also moves TrainerProgress.work, which the coordinator's hang check counts as progress.
+  void Working(const std::string& message);
   // Reports a complete checkpoint directory (rank 0, after the rename); clears the error
   // of an earlier failed one.
   void Checkpoint(const v1::CheckpointRecord& record);
@@ -80,6 +83,7 @@ class TrainerReporter {
   int fd_;
   Mutex mu_;
   int64_t last_step_ GUARDED_BY(mu_) = 0;
+  int64_t work_ GUARDED_BY(mu_) = 0;  // Working's reports so far
   int64_t last_checkpoint_step_ GUARDED_BY(mu_) = -1;
   std::string checkpoint_error_ GUARDED_BY(mu_);
   int64_t rollbacks_ GUARDED_BY(mu_) = 0;

@@ -522,9 +522,21 @@ StatusOr<double> Trainer::Evaluate() {
   if (val_loader_ == nullptr) return NotFoundError("no validation data (data.val)");
   const int64_t batches =
       std::min<int64_t>(options_.spec.train.eval_batches, val_loader_->num_batches());
-  return model_->Evaluate(batches, [this](int64_t i, int32_t* inputs, int32_t* targets) {
+  return model_->Evaluate(batches, [this, batches](int64_t i, int32_t* inputs, int32_t* targets) {
+    ReportWork("evaluating data.val", i, batches);
     return val_loader_->Batch(i, inputs, targets).WithContext("data.val");
   });
+}
+
+void Trainer::ReportWork(const char* what, int64_t i, int64_t n) {
+  if (options_.listener == nullptr) return;
+  const auto now = std::chrono::steady_clock::now();
+  // Each evaluation's first batch, then at most every kWorkReportSeconds.
+  if (i > 0 && now - last_work_report_ < std::chrono::duration<double>(kWorkReportSeconds)) {
+    return;
+  }
+  last_work_report_ = now;
+  options_.listener->OnWork(fmt::format("{}: batch {} of {}", what, i + 1, n));
 }
 
 StatusOr<ChoiceAccuracy> Trainer::EvaluateHellaswag() {
@@ -537,6 +549,7 @@ StatusOr<ChoiceAccuracy> Trainer::EvaluateHellaswag() {
           ->Evaluate(
               hellaswag_->num_batches(),
               [this](int64_t i, int32_t* inputs, int32_t* targets) {
+                ReportWork("evaluating data.hellaswag", i, hellaswag_->num_batches());
                 hellaswag_->Batch(i, inputs, targets);
                 return OkStatus();
               },

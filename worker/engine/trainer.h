@@ -62,6 +62,10 @@ class TrainerListener {
   virtual void OnRollback(int64_t /*spike_step*/, int64_t /*to_step*/, int64_t /*rollbacks*/) {}
   // Start-up found ranks cut off from their peers (parallel/peer_check.h); Create fails next.
   virtual void OnPeersCutOff(const std::vector<int>& /*ranks*/) {}
+  // Work between two steps goes on ("evaluating data.hellaswag: batch 120 of 1255"): called
+  // as an evaluation starts and then at most every kWorkReportSeconds, so that a long one is
+  // not taken for a hang (TrainerProgress.work).
+  virtual void OnWork(const std::string& /*what*/) {}
   // Training finished; the final model is written.
   virtual void OnDone() = 0;
 };
@@ -160,6 +164,9 @@ class Trainer {
   StatusOr<ChoiceAccuracy> EvaluateHellaswag();
   const std::vector<double>& hellaswag_losses() const;
 
+  // How often, at most, an evaluation tells the listener it goes on (TrainerListener::OnWork).
+  static constexpr double kWorkReportSeconds = 1.0;
+
   // Gathers the state to rank 0, which writes checkpoint step_<step()> (in the background
   // when `async`; Flush waits for it). Collective: its error is a collective's (a peer gone);
   // a failed write is logged and reported to the listener, and the next interval retries.
@@ -202,6 +209,9 @@ class Trainer {
   // The global parameters to start from: train.init_from, else the seeded init.
   StatusOr<std::vector<float>> InitialParams();
   Status OpenData();
+  // Tells the listener that `what` goes on at batch i of n: at its first batch, then at most
+  // every kWorkReportSeconds.
+  void ReportWork(const char* what, int64_t i, int64_t n);
   // Loads the newest usable checkpoint on every rank (rank 0 chooses, published under the
   // store key `choice_key`: a new key for each restore of one attempt).
   Status RestoreLatest(const std::string& choice_key = "resume-step");
@@ -281,6 +291,8 @@ class Trainer {
   // next step's end, so what a rank does between steps (evaluation, checkpoint snapshots,
   // its listener) counts too. Unset before the first step.
   std::optional<std::chrono::steady_clock::time_point> last_step_end_;
+  // When an evaluation last told the listener it goes on (ReportWork).
+  std::chrono::steady_clock::time_point last_work_report_{};
   double last_step_waited_s_ = 0;
 };
 

@@ -76,6 +76,25 @@ TEST(HealthManagerTest, TrainerHangsWhenStepDoesNotMove) {
   EXPECT_EQ(events.hung[0], k);
 }
 
+// A trainer evaluating for longer than the timeout reports work between its steps: each
+// change of that count restarts the clock as a step does; once it stops, the trainer hangs.
+TEST(HealthManagerTest, WorkBetweenStepsKeepsATrainerFromHanging) {
+  FakeClock clock;
+  HealthManager h(3000);
+  TrainerKey k{"j", 1, 0};
+  h.OnTrainerProgress(k, 5, 10'000, clock.NowMs(), 0);
+  for (int64_t work = 1; work <= 5; ++work) {
+    clock.AdvanceMs(9000);
+    h.OnTrainerProgress(k, 5, 10'000, clock.NowMs(), work);  // 45 s on one step
+    EXPECT_TRUE(h.Tick(clock.NowMs()).hung.empty()) << work;
+  }
+  clock.AdvanceMs(9999);
+  h.OnTrainerProgress(k, 5, 10'000, clock.NowMs(), 5);  // the same count: no restart
+  EXPECT_TRUE(h.Tick(clock.NowMs()).hung.empty());
+  clock.AdvanceMs(1);
+  EXPECT_EQ(h.Tick(clock.NowMs()).hung, std::vector<TrainerKey>{k});
+}
+
 TEST(HealthManagerTest, ForgottenAttemptsAndDisabledTimeoutNeverHang) {
   FakeClock clock;
   HealthManager h(3000);

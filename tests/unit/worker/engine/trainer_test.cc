@@ -467,9 +467,25 @@ TEST_F(TrainerTest, HellaswagIsScoredAtEvaluationStepsAsDroverEvalScoresTheModel
   }
   const std::string path = (dir_ / "hellaswag.bin").string();
   ASSERT_TRUE(WriteChoiceFile(path, examples).ok());
-  auto trainer = Make(Spec({"data.hellaswag=" + path}));
-  ASSERT_NE(trainer, nullptr);
+  // Each evaluation tells the listener it goes on (the hang check's TrainerProgress.work).
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics&) override {}
+    void OnCheckpoint(const v1::CheckpointRecord&) override {}
+    void OnDone() override {}
+    void OnWork(const std::string& what) override { work.push_back(what); }
+    std::vector<std::string> work;
+  } listener;
+  TrainerOptions options;
+  options.spec = Spec({"data.hellaswag=" + path});
+  options.log_steps = false;
+  options.listener = &listener;
+  auto created = Trainer::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Trainer> trainer = std::move(created).value();
   ASSERT_TRUE(trainer->Run().ok());
+  // Steps 10 and 20: the validation loss's 2 batches, then the 24 endings' 6 batches of 4.
+  EXPECT_THAT(listener.work, ::testing::Contains("evaluating data.val: batch 1 of 2"));
+  EXPECT_THAT(listener.work, ::testing::Contains("evaluating data.hellaswag: batch 1 of 6"));
   const auto lines = ReadLines(dir_ / "out" / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 20u);
   double last = -1;
