@@ -171,6 +171,14 @@ Status Trainer::Init() {
   }
   wo.fence = options_.fence;
   wo.stop = options_.stop;
+  // The final checkpoint, a drain's or a synchronous save's keeps the training thread waiting
+  // while it is written: a large one on slow storage could outlast the hang timeout.
+  wo.on_progress = [this](int64_t step, int64_t written, int64_t total) {
+    ReportWork(written == 0, [&] {
+      return fmt::format("saving checkpoint step {}: {:.1f} of {:.1f} MB written", step,
+                         written / 1e6, total / 1e6);
+    });
+  };
   wo.on_complete = [this](const v1::CheckpointManifest& meta, const std::string& path) {
     OnCheckpointComplete(meta, path);
   };
@@ -523,20 +531,21 @@ StatusOr<double> Trainer::Evaluate() {
   const int64_t batches =
       std::min<int64_t>(options_.spec.train.eval_batches, val_loader_->num_batches());
   return model_->Evaluate(batches, [this, batches](int64_t i, int32_t* inputs, int32_t* targets) {
-    ReportWork("evaluating data.val", i, batches);
+    ReportWork(i == 0,
+               [&] { return fmt::format("evaluating data.val: batch {} of {}", i + 1, batches); });
     return val_loader_->Batch(i, inputs, targets).WithContext("data.val");
   });
 }
 
-void Trainer::ReportWork(const char* what, int64_t i, int64_t n) {
+void Trainer::ReportWork(bool first, const std::function<std::string()>& describe) {
   if (options_.listener == nullptr) return;
+  MutexLock lock(&work_mu_);
   const auto now = std::chrono::steady_clock::now();
-  // Each evaluation's first batch, then at most every kWorkReportSeconds.
-  if (i > 0 && now - last_work_report_ < std::chrono::duration<double>(kWorkReportSeconds)) {
+  if (!first && now - last_work_report_ < std::chrono::duration<double>(kWorkReportSeconds)) {
     return;
   }
   last_work_report_ = now;
-  options_.listener->OnWork(fmt::format("{}: batch {} of {}", what, i + 1, n));
+  options_.listener->OnWork(describe());
 }
 
 StatusOr<ChoiceAccuracy> Trainer::EvaluateHellaswag() {
@@ -549,7 +558,10 @@ StatusOr<ChoiceAccuracy> Trainer::EvaluateHellaswag() {
           ->Evaluate(
               hellaswag_->num_batches(),
               [this](int64_t i, int32_t* inputs, int32_t* targets) {
-                ReportWork("evaluating data.hellaswag", i, hellaswag_->num_batches());
+                ReportWork(i == 0, [&] {
+                  return fmt::format("evaluating data.hellaswag: batch {} of {}", i + 1,
+                                     hellaswag_->num_batches());
+                });
                 hellaswag_->Batch(i, inputs, targets);
                 return OkStatus();
               },

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,7 @@
 
 #include "common/clock.h"
 #include "common/job_spec.h"
+#include "common/mutex.h"
 #include "common/parallel_mesh.h"
 #include "common/status.h"
 #include "worker/engine/ckpt/async_writer.h"
@@ -48,7 +50,8 @@ namespace drover::engine {
 
 // Where progress goes besides the log and metrics.jsonl: drover-trainer forwards these to
 // the worker agent (worker/trainer_reporter.h). Called on the training thread, except
-// OnCheckpoint, which runs on the checkpoint writer thread.
+// OnCheckpoint and OnCheckpointFailed, which run on the checkpoint writer thread, and OnWork
+// (see there).
 class TrainerListener {
  public:
   virtual ~TrainerListener() = default;
@@ -62,9 +65,12 @@ class TrainerListener {
   virtual void OnRollback(int64_t /*spike_step*/, int64_t /*to_step*/, int64_t /*rollbacks*/) {}
   // Start-up found ranks cut off from their peers (parallel/peer_check.h); Create fails next.
   virtual void OnPeersCutOff(const std::vector<int>& /*ranks*/) {}
-  // Work between two steps goes on ("evaluating data.hellaswag: batch 120 of 1255"): called
-  // as an evaluation starts and then at most every kWorkReportSeconds, so that a long one is
-  // not taken for a hang (TrainerProgress.work).
+  // Work between two steps, or before the first, goes on ("evaluating data.hellaswag: batch
+  // 120 of 1255", "restoring checkpoint ...: 512.0 of 4096.0 MB read", "saving checkpoint step
+  // 400: ..."): called as an evaluation, a checkpoint's read or this rank's write of one starts
+  // and then at most every kWorkReportSeconds, so that a long one is not taken for a hang
+  // (TrainerProgress.work). From the training thread, a read's threads or the checkpoint
+  // writer thread, one call at a time.
   virtual void OnWork(const std::string& /*what*/) {}
   // Training finished; the final model is written.
   virtual void OnDone() = 0;
@@ -164,7 +170,8 @@ class Trainer {
   StatusOr<ChoiceAccuracy> EvaluateHellaswag();
   const std::vector<double>& hellaswag_losses() const;
 
-  // How often, at most, an evaluation tells the listener it goes on (TrainerListener::OnWork).
+  // How often, at most, an evaluation or a checkpoint's read tells the listener it goes on
+  // (TrainerListener::OnWork).
   static constexpr double kWorkReportSeconds = 1.0;
 
   // Gathers the state to rank 0, which writes checkpoint step_<step()> (in the background
@@ -209,9 +216,9 @@ class Trainer {
   // The global parameters to start from: train.init_from, else the seeded init.
   StatusOr<std::vector<float>> InitialParams();
   Status OpenData();
-  // Tells the listener that `what` goes on at batch i of n: at its first batch, then at most
-  // every kWorkReportSeconds.
-  void ReportWork(const char* what, int64_t i, int64_t n);
+  // Tells the listener that work goes on, as describe() says: when it starts (`first`), then
+  // at most every kWorkReportSeconds. Thread-safe; the listener is called one call at a time.
+  void ReportWork(bool first, const std::function<std::string()>& describe) EXCLUDES(work_mu_);
   // Loads the newest usable checkpoint on every rank (rank 0 chooses, published under the
   // store key `choice_key`: a new key for each restore of one attempt).
   Status RestoreLatest(const std::string& choice_key = "resume-step");
@@ -291,8 +298,10 @@ class Trainer {
   // next step's end, so what a rank does between steps (evaluation, checkpoint snapshots,
   // its listener) counts too. Unset before the first step.
   std::optional<std::chrono::steady_clock::time_point> last_step_end_;
-  // When an evaluation last told the listener it goes on (ReportWork).
-  std::chrono::steady_clock::time_point last_work_report_{};
+  // When the listener was last told that work goes on (ReportWork, from the training thread
+  // and the checkpoint writer's).
+  Mutex work_mu_;
+  std::chrono::steady_clock::time_point last_work_report_ GUARDED_BY(work_mu_);
   double last_step_waited_s_ = 0;
 };
 

@@ -38,6 +38,13 @@ Status Trainer::RestoreLatest(const std::string& choice_key) {
   load.store = options_.store;
   load.key = choice_key;
   load.timeout = options_.connect_timeout;
+  // A large checkpoint on slow storage can take longer to read than the hang timeout.
+  load.progress = [this](const std::string& step_dir, int64_t read, int64_t total) {
+    ReportWork(read == 0, [&] {
+      return fmt::format("restoring checkpoint {}: {:.1f} of {:.1f} MB read", step_dir, read / 1e6,
+                         total / 1e6);
+    });
+  };
   auto want = [&](const std::string& step_dir,
                   const v1::CheckpointManifest& m) -> StatusOr<ckpt::PartRequest> {
     const GptConfig saved = ckpt::ModelConfigOf(m.model());

@@ -42,7 +42,7 @@ constexpr char kRefused = 'R';  // every rank returns the message as InvalidArgu
 
 StatusOr<CheckpointPart> LoadAgreedCheckpoint(const AgreedLoadOptions& o, const PartRequestFn& want,
                                               std::string* path) {
-  if (o.world_size <= 1) return LoadLatestCheckpointPart(o.dir, want, path);
+  if (o.world_size <= 1) return LoadLatestCheckpointPart(o.dir, want, path, o.progress);
   DROVER_CHECK(o.store != nullptr);
   const bool rank0 = o.rank == 0;
   std::map<int64_t, std::string> rejected;  // rank 0's
@@ -63,7 +63,7 @@ StatusOr<CheckpointPart> LoadAgreedCheckpoint(const AgreedLoadOptions& o, const 
       return FailedPreconditionError("rank 0 found no usable checkpoint in " + o.dir);
     }
     const std::string step_dir = o.dir + "/" + StepDirName(chosen);
-    StatusOr<CheckpointPart> part = ReadCheckpointPart(step_dir, chosen, want);
+    StatusOr<CheckpointPart> part = ReadCheckpointPart(step_dir, chosen, want, o.progress);
     std::string report;
     if (!part.ok()) {
       const bool broken = part.status().code() == StatusCode::kDataLoss;

@@ -30,6 +30,7 @@ struct AgreedLoadOptions {
   parallel::KvStore* store = nullptr;  // needed when world_size > 1
   std::string key;                     // unique per restore within one attempt
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // for each wait on the store
+  ReadProgressFn progress;  // optional: told how this rank's read of the chosen one goes
 };
 
 // What LoadLatestCheckpointPart returns for one process, on every rank: this rank's part of

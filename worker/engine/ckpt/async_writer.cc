@@ -112,7 +112,11 @@ Status AsyncCheckpointWriter::Fail(int64_t step, Status st) {
 Status AsyncCheckpointWriter::Save(const ShardSnapshot& snap, const Status& given_up) {
   const int64_t step = snap.meta.step();
   StatusOr<std::vector<v1::CheckpointShard>> mine =
-      given_up.ok() ? WriteShard(options_.dir, snap.meta, snap.shard, options_.fs)
+      given_up.ok() ? WriteShard(options_.dir, snap.meta, snap.shard, options_.fs,
+                                 [&](int64_t written, int64_t total) {
+                                   if (options_.on_progress)
+                                     options_.on_progress(step, written, total);
+                                 })
                     : StatusOr<std::vector<v1::CheckpointShard>>(given_up);
   if (options_.rank != 0) {
     Status published = options_.exchange->Publish(step, options_.rank, mine);

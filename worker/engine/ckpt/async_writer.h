@@ -54,6 +54,9 @@ class AsyncCheckpointWriter {
   // Called when this rank's part of the checkpoint of `step` failed (on rank 0: when the
   // checkpoint as a whole failed, for any rank's reason).
   using OnFailure = std::function<void(int64_t step, const Status&)>;
+  // Told how this rank's write of the shard files of `step` goes (WriteShard's progress), on
+  // the thread that writes.
+  using OnProgress = std::function<void(int64_t step, int64_t bytes_written, int64_t total)>;
 
   struct Options {
     std::string dir;
@@ -71,6 +74,7 @@ class AsyncCheckpointWriter {
     FileSystem* fs = FileSystem::Default();
     OnComplete on_complete;
     OnFailure on_failure;
+    OnProgress on_progress;
   };
 
   explicit AsyncCheckpointWriter(Options options);

@@ -55,7 +55,8 @@ std::string TmpDirName(int64_t step, int64_t attempt) {
 
 StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
                                                       const v1::CheckpointManifest& meta,
-                                                      const RankShard& shard, FileSystem* fs) {
+                                                      const RankShard& shard, FileSystem* fs,
+                                                      const WriteProgressFn& progress) {
   const int64_t n = RunsSize(shard.runs);
   for (const char* arena : kArenas) {
     if (static_cast<int64_t>(ShardArena(shard, arena).size()) != n) {
@@ -71,18 +72,38 @@ StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
     lo = std::min(lo, r.begin());
     hi = std::max(hi, r.begin() + (r.count() - 1) * r.stride() + r.length());
   }
+  const auto total = static_cast<int64_t>(3 * n * sizeof(float));
+  int64_t written = 0;
+  if (progress) progress(0, total);
   std::vector<v1::CheckpointShard> out;
   for (const char* arena : kArenas) {
     const HostFloats& data = ShardArena(shard, arena);
     const std::string file = std::string(arena) + ".r" + std::to_string(shard.rank) + ".bin";
     const size_t bytes = data.size() * sizeof(float);
-    // Synced now, named durably by the commit's fsync of the directory.
-    Status st = WriteFileSynced(fs, Join(tmp_dir, file), BytesOf(data));
+    // Synced as it goes (kWriteChunkBytes; the last piece by WriteFileSynced), named
+    // durably by the commit's fsync of the directory.
+    const std::string_view all = BytesOf(data);
+    const int64_t file_starts_at = written;
+    Status st = WriteFileSynced(fs, Join(tmp_dir, file), [&](WritableFile& f) -> Status {
+      for (size_t at = 0; at < all.size(); at += kWriteChunkBytes) {
+        const std::string_view piece = all.substr(at, kWriteChunkBytes);
+        RETURN_IF_ERROR(f.Append(piece));
+        if (at + piece.size() == all.size()) break;
+        RETURN_IF_ERROR(f.Sync());
+        written += static_cast<int64_t>(piece.size());
+        if (progress) progress(written, total);
+      }
+      return OkStatus();
+    });
     if (!st.ok()) {
       // A failed write (a full disk) must not leave this rank's other files holding the
       // space (WriteFileSynced removed the failed one).
       for (const auto& done : out) (void)fs->RemoveFile(Join(tmp_dir, done.file()));
       return st;
+    }
+    if (!all.empty()) {
+      written = file_starts_at + static_cast<int64_t>(all.size());
+      if (progress) progress(written, total);
     }
     v1::CheckpointShard& sh = out.emplace_back();
     sh.set_file(file);

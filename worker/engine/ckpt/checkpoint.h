@@ -68,6 +68,12 @@ struct PartRequest {
 using PartRequestFn = std::function<StatusOr<PartRequest>(const std::string& step_dir,
                                                           const v1::CheckpointManifest&)>;
 
+// Told how a read of a checkpoint goes: the bytes of step_dir's shard files read so far, of
+// `total` the read needs (whole blocks), at its start (0) and after each block. Called from
+// the reading threads, one call at a time.
+using ReadProgressFn =
+    std::function<void(const std::string& step_dir, int64_t bytes_read, int64_t total)>;
+
 // One rank's part of a checkpoint, in host memory: the elements of each global arena at
 // `runs`, in run order. The arrays may be page-locked (kernels/host_floats.h).
 struct RankShard {
@@ -82,11 +88,20 @@ std::string TmpDirName(int64_t step, int64_t attempt);
 
 // Writes `shard`'s three files into <dir>/TmpDirName(meta.step, meta.attempt)/ (created if
 // needed), each fsynced, and returns their manifest entries. On failure the files it wrote
-// are removed. Any rank, concurrently with the others.
+// are removed. Any rank, concurrently with the others. `progress` (optional) is told how the
+// write goes.
+// Told how a rank's write of its shard files goes: the bytes written and synced so far of
+// `total`, at the start (0) and after each kWriteChunkBytes (and each file's last piece).
+using WriteProgressFn = std::function<void(int64_t bytes_written, int64_t total)>;
+// A shard file is appended and synced this much at a time, so that what progress says is on
+// the disk (a file's one fsync at its end could take minutes on slow storage, unreported).
+inline constexpr size_t kWriteChunkBytes = size_t{64} << 20;
+
 StatusOr<std::vector<v1::CheckpointShard>> WriteShard(const std::string& dir,
                                                       const v1::CheckpointManifest& meta,
                                                       const RankShard& shard,
-                                                      FileSystem* fs = FileSystem::Default());
+                                                      FileSystem* fs = FileSystem::Default(),
+                                                      const WriteProgressFn& progress = nullptr);
 
 // After every rank's WriteShard succeeded: writes `meta` with `shards` as the manifest,
 // checks that the shards tile every arena (Internal if not: never publish a checkpoint that
@@ -125,9 +140,11 @@ StatusOr<CheckpointSnapshot> ReadCheckpoint(const std::string& step_dir);
 // so that replicas do not read the same blocks, whatever mesh wrote the checkpoint; a
 // tensor-parallel rank's slice of a row-parallel matrix has a piece in every row, and so in
 // every block of it.) DataLoss names the first problem; want's InvalidArgument is returned
-// as it is, and so is a request past the arena's end.
+// as it is, and so is a request past the arena's end. Every shard file's size is checked
+// before any is read; `progress` (optional) is told how the read goes.
 StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
-                                            const PartRequestFn& want);
+                                            const PartRequestFn& want,
+                                            const ReadProgressFn& progress = nullptr);
 
 // The error for a directory whose checkpoints are all unusable, each reason on its line:
 // starting from scratch over them would overwrite what may be days of training, which
@@ -156,7 +173,8 @@ StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir,
                                                   std::string* path = nullptr);
 // The same with ReadCheckpointPart; want's refusal ends the search with its error.
 StatusOr<CheckpointPart> LoadLatestCheckpointPart(const std::string& dir, const PartRequestFn& want,
-                                                  std::string* path = nullptr);
+                                                  std::string* path = nullptr,
+                                                  const ReadProgressFn& progress = nullptr);
 
 // Deletes all but the newest `keep_last` complete checkpoints (keep_last <= 0 keeps all),
 // except any being read (ReadCheckpoint's lock, in any process), and every leftover

@@ -13,6 +13,7 @@
 #include "common/crc32c.h"
 #include "common/file_system.h"
 #include "common/files.h"
+#include "common/mutex.h"
 #include "worker/engine/ckpt/checkpoint.h"
 #include "worker/engine/ckpt/checkpoint_format.h"
 
@@ -168,39 +169,67 @@ std::vector<FileSpan> SpansToRead(const v1::CheckpointShard& sh,
   return spans;
 }
 
-// Reads the blocks of one shard file that hold elements `part` holds (the whole file when it
-// has no block checksums), verifies the file's size and each block's CRC32C (the whole
-// file's too when every block is read), and copies those elements into the part as they
-// stream past, adding their number to *copied and the bytes read to *bytes_read (a block
-// that fails its CRC fails the whole read, so what was copied is never used). Shards of
-// one checkpoint cover disjoint elements, so they may be read into one part concurrently.
-Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh, GlobalPart* part,
-                     std::atomic<size_t>* copied, std::atomic<int64_t>* bytes_read) {
-  const std::string path = Join(step_dir, sh.file());
+// What to read of one shard file for a part, found (and the file's size checked) before any
+// shard is read, so that a restore knows its total and a missing file stops it at once.
+struct ShardRead {
+  const v1::CheckpointShard* sh = nullptr;
+  std::string path;
+  GlobalPart* part = nullptr;
+  std::vector<FilePiece> pieces;  // the file's elements, in file order
+  std::vector<FileSpan> spans;    // the blocks to read (SpansToRead)
+  bool whole = false;             // every byte of the file is read
+  uint64_t bytes = 0;             // of the spans
+};
+
+// The plan for reading shard `sh` into `part`: checks the file's size against the manifest's
+// runs and byte count (DataLoss naming the file when either disagrees).
+StatusOr<ShardRead> PlanShardRead(const std::string& step_dir, const v1::CheckpointShard& sh,
+                                  GlobalPart* part) {
+  ShardRead plan;
+  plan.sh = &sh;
+  plan.path = Join(step_dir, sh.file());
+  plan.part = part;
   const std::vector<v1::CheckpointRun> runs = RunsOf(sh);
   const int64_t want = RunsSize(runs) * static_cast<int64_t>(sizeof(float));
   // Two different disagreements, each with its own pair of numbers: one message for both
   // printed the same number twice when the manifest's byte count was the wrong one.
   std::error_code ec;
-  const auto size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  const auto size = static_cast<int64_t>(std::filesystem::file_size(plan.path, ec));
   if (ec) return DataLossError(step_dir + ": missing shard " + sh.file());
   if (size != want) {
-    return DataLossError(path + ": the file is " + std::to_string(size) +
+    return DataLossError(plan.path + ": the file is " + std::to_string(size) +
                          " bytes, the manifest's runs cover " + std::to_string(want));
   }
   if (sh.bytes() != want) {
-    return DataLossError(path + ": the manifest says " + std::to_string(sh.bytes()) +
+    return DataLossError(plan.path + ": the manifest says " + std::to_string(sh.bytes()) +
                          " bytes, but its runs cover " + std::to_string(want));
   }
-  std::vector<FilePiece> pieces;
   size_t at = 0;
   ForEachPiece(runs, [&](size_t b, size_t e) {
-    pieces.push_back({b, at, e - b});
+    plan.pieces.push_back({b, at, e - b});
     at += e - b;
   });
-  const std::vector<FileSpan> spans = SpansToRead(sh, pieces, *part);
-  const bool whole =
-      spans.size() == 1 && spans[0].offset == 0 && spans[0].length == static_cast<uint64_t>(want);
+  plan.spans = SpansToRead(sh, plan.pieces, *part);
+  plan.whole = plan.spans.size() == 1 && plan.spans[0].offset == 0 &&
+               plan.spans[0].length == static_cast<uint64_t>(want);
+  for (const FileSpan& s : plan.spans) plan.bytes += s.length;
+  return plan;
+}
+
+// Reads the blocks `plan` names (the whole file when it has no block checksums), verifies
+// each block's CRC32C (the whole file's too when every block is read), and copies the
+// elements the part holds into it as they stream past, adding their number to *copied and
+// the bytes read to *bytes_read; `on_chunk` is told of each chunk's bytes as it is read (a
+// block that fails its CRC fails the whole read, so what was copied is never used). Shards
+// of one checkpoint cover disjoint elements, so they may be read into one part concurrently.
+Status ReadShardInto(const ShardRead& plan, std::atomic<size_t>* copied,
+                     std::atomic<int64_t>* bytes_read,
+                     const std::function<void(size_t bytes)>& on_chunk) {
+  const v1::CheckpointShard& sh = *plan.sh;
+  const std::string& path = plan.path;
+  const std::vector<FilePiece>& pieces = plan.pieces;
+  GlobalPart* part = plan.part;
+  const bool whole = plan.whole;
   const size_t chunk = sh.block_bytes() > 0 ? sh.block_bytes() : kBlockBytes;
   uint32_t crc = 0;               // of the whole file, when it is read whole
   size_t next = 0, n_copied = 0;  // next: the first piece not behind the current chunk
@@ -229,9 +258,10 @@ Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
         n_copied += he - hb;
       });
     }
+    on_chunk(bytes);
     return OkStatus();
   };
-  StatusOr<size_t> read = ReadFileSpansInChunks(path, spans, chunk, scatter);
+  StatusOr<size_t> read = ReadFileSpansInChunks(path, plan.spans, chunk, scatter);
   if (!read.ok()) {
     if (read.status().code() == StatusCode::kDataLoss) return read.status();
     return DataLossError(path + ": " + std::string(read.status().message()));
@@ -248,7 +278,8 @@ Status ReadShardInto(const std::string& step_dir, const v1::CheckpointShard& sh,
 }  // namespace
 
 StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t step,
-                                            const PartRequestFn& want) {
+                                            const PartRequestFn& want,
+                                            const ReadProgressFn& progress) {
   ReadLock lock(step_dir);
   CheckpointPart part;
   ASSIGN_OR_RETURN(part.meta, ReadManifest(step_dir));
@@ -272,22 +303,34 @@ StatusOr<CheckpointPart> ReadCheckpointPart(const std::string& step_dir, int64_t
   // The shard files that hold something asked for, read in parallel: a sharded checkpoint
   // has one file per rank and arena, and reading plus CRC32C of each is independent. The
   // first error (in file order) wins.
-  std::vector<int> files;
-  for (int i = 0; i < m.shards_size(); ++i) {
-    if (!HoldsSomeOf(RunsOf(m.shards(i)), *PartOf(&part, m.shards(i).arena()))) continue;
-    files.push_back(i);
+  std::vector<ShardRead> plans;
+  uint64_t total = 0;
+  for (const v1::CheckpointShard& sh : m.shards()) {
+    GlobalPart* into = PartOf(&part, sh.arena());
+    if (!HoldsSomeOf(RunsOf(sh), *into)) continue;
+    ASSIGN_OR_RETURN(ShardRead plan, PlanShardRead(step_dir, sh, into));
+    total += plan.bytes;
+    plans.push_back(std::move(plan));
   }
-  const int count = static_cast<int>(files.size());
+  const int count = static_cast<int>(plans.size());
   const int threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
-  std::vector<Status> results(files.size());
+  std::vector<Status> results(plans.size());
   std::atomic<size_t> copied{0};
   std::atomic<int64_t> bytes_read{0};
+  Mutex progress_mu;
+  uint64_t done = 0;  // guarded by progress_mu: the bytes read so far, for `progress`
+  auto on_chunk = [&](size_t bytes) {
+    if (!progress) return;
+    MutexLock lock(&progress_mu);
+    done += bytes;
+    progress(step_dir, static_cast<int64_t>(done), static_cast<int64_t>(total));
+  };
+  if (progress) progress(step_dir, 0, static_cast<int64_t>(total));
   std::atomic<int> next{0};
   auto work = [&] {
     for (int i = next++; i < count; i = next++) {
-      const v1::CheckpointShard& sh = m.shards(files[static_cast<size_t>(i)]);
-      results[static_cast<size_t>(i)] =
-          ReadShardInto(step_dir, sh, PartOf(&part, sh.arena()), &copied, &bytes_read);
+      const auto k = static_cast<size_t>(i);
+      results[k] = ReadShardInto(plans[k], &copied, &bytes_read, on_chunk);
     }
   };
   std::vector<std::thread> pool;
@@ -376,11 +419,12 @@ StatusOr<CheckpointSnapshot> LoadLatestCheckpoint(const std::string& dir, std::s
 }
 
 StatusOr<CheckpointPart> LoadLatestCheckpointPart(const std::string& dir, const PartRequestFn& want,
-                                                  std::string* path) {
+                                                  std::string* path,
+                                                  const ReadProgressFn& progress) {
   return LoadNewest<CheckpointPart>(
       dir,
       [&](const std::string& step_dir, int64_t step) {
-        return ReadCheckpointPart(step_dir, step, want);
+        return ReadCheckpointPart(step_dir, step, want, progress);
       },
       path);
 }

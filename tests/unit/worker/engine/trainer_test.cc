@@ -205,6 +205,46 @@ TEST_F(TrainerTest, CheckpointsThatExistButNoneUsableStopTheStartUnlessFresh) {
   EXPECT_EQ((*fresh)->resumed_from(), -1);
 }
 
+// Saving, this rank's write of each checkpoint, and resuming, the read of the checkpoint,
+// tell the listener they go on as they start (and at most every second after), so that a
+// large checkpoint on slow storage is not taken for a hung trainer (TrainerProgress.work).
+TEST_F(TrainerTest, SavesAndResumesTellTheListenerThatTheCheckpointsWriteOrReadGoesOn) {
+  struct Listener : TrainerListener {
+    void OnStep(const StepMetrics&) override {}
+    void OnCheckpoint(const v1::CheckpointRecord&) override {}
+    void OnDone() override {}
+    void OnWork(const std::string& what) override { work.push_back(what); }
+    std::vector<std::string> work;
+  };
+  TrainerOptions options;
+  options.spec = Spec({"checkpoint.every_steps=10"});
+  options.log_steps = false;
+  {
+    Listener saving;
+    options.listener = &saving;
+    auto trainer = Trainer::Create(options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE((*trainer)->Run().ok());
+    // Steps 10 and 20 (the last step's checkpoint is step 20's), each write's start.
+    std::vector<std::string> saves;
+    for (const std::string& w : saving.work) {
+      if (w.starts_with("saving")) saves.push_back(w);
+    }
+    ASSERT_EQ(saves.size(), 2u) << ::testing::PrintToString(saving.work);
+    EXPECT_THAT(saves[0],
+                ::testing::MatchesRegex("saving checkpoint step 10: 0.0 of 0.[0-9] MB written"));
+    EXPECT_THAT(saves[1], ::testing::StartsWith("saving checkpoint step 20: 0.0 of"));
+  }
+  Listener resuming;
+  options.listener = &resuming;
+  auto resumed = Trainer::Create(options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->resumed_from(), 20);
+  ASSERT_EQ(resuming.work.size(), 1u) << "a small read, well within a second";
+  EXPECT_THAT(resuming.work[0], ::testing::MatchesRegex("restoring checkpoint .*/out/ckpt/"
+                                                        "step_20: 0.0 of 0.[0-9] MB read"));
+}
+
 // A loss spike (a batch of tokens the model never saw, once the phrase is learned) rolls the
 // run back to its newest checkpoint and skips the data through the spike: the run goes on
 // to its last step, the spike is counted, and the lines of metrics.jsonl say so.
@@ -232,8 +272,10 @@ struct RollbackListener : TrainerListener {
   void OnRollback(int64_t spike, int64_t to, int64_t n) override {
     rollbacks.push_back({spike, to, n});
   }
+  void OnWork(const std::string& what) override { work.push_back(what); }
   void OnDone() override {}
   std::vector<std::vector<int64_t>> rollbacks;
+  std::vector<std::string> work;
 };
 
 const std::vector<std::string> kSpikeRollback = {"train.steps=40",
@@ -257,6 +299,10 @@ TEST_F(TrainerTest, LossSpikeRollsBackToTheCheckpointAndSkipsItsData) {
   EXPECT_EQ((*trainer)->step(), 40);
   ASSERT_EQ(listener.rollbacks.size(), 1u);
   EXPECT_EQ(listener.rollbacks[0], (std::vector<int64_t>{31, 30, 1}));
+  // The read of the checkpoint rolled back to told the listener (the hang check) it went on.
+  EXPECT_THAT(listener.work,
+              ::testing::Contains(::testing::MatchesRegex("restoring checkpoint .*/out/ckpt/"
+                                                          "step_30: 0.0 of [0-9.]+ MB read")));
   const auto lines = ReadLines(dir_ / "out" / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 41u);  // steps 1..31, then 31..40 again
   EXPECT_THAT(lines[30], ::testing::StartsWith("{\"step\":31,"));

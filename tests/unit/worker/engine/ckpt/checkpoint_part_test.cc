@@ -3,6 +3,8 @@
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -109,6 +111,61 @@ TEST_F(CheckpointPartTest, PiecesThatCrossTheReadersChunksLandInPlace) {
   auto all = ReadCheckpoint(StepDir(2));
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->adam_m, whole.adam_m);
+}
+
+// A read tells its progress: the total it needs first, then each block's bytes as they come
+// in (from up to 8 reading threads, one call at a time), ending at what it read. A shard file
+// that is missing stops the read before any is read.
+TEST_F(CheckpointPartTest, AReadTellsHowFarItHasComeOfItsTotal) {
+  constexpr size_t n = 3 * 333'331;  // 1.3 MB per rank and arena: two blocks a file
+  CheckpointSnapshot whole = MakeSnapshot(2, n);
+  std::vector<v1::CheckpointShard> shards;
+  for (int r = 0; r < 3; ++r) {
+    const ShardSnapshot part = PartOf(whole, r, {MakeRun(r * 333'331, 333'331, 333'331, 1)});
+    auto written = WriteShard(dir_.string(), part.meta, part.shard);
+    ASSERT_TRUE(written.ok()) << written.status();
+    shards.insert(shards.end(), written->begin(), written->end());
+  }
+  ASSERT_TRUE(CommitCheckpoint(dir_.string(), whole.meta, shards).ok());
+  struct Call {
+    std::string dir;
+    int64_t read, total;
+  };
+  std::vector<Call> calls;
+  std::atomic<int> inside{0};
+  bool overlapped = false;
+  auto progress = [&](const std::string& step_dir, int64_t read, int64_t total) {
+    if (inside.fetch_add(1) != 0) overlapped = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a chance to overlap
+    calls.push_back({step_dir, read, total});
+    inside.fetch_sub(1);
+  };
+  // Params from every rank's file, moments from ranks 0 and 1 only.
+  const PartRequest asked{{{0, n}}, {{0, 2 * 333'331}}};
+  auto part = ReadCheckpointPart(StepDir(2), 2, Asking(asked), progress);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_FALSE(overlapped);
+  // 3 params files + 2 files of each moment, two blocks each: 14 blocks, and the start.
+  ASSERT_EQ(calls.size(), 15u);
+  EXPECT_EQ(calls.front().read, 0);
+  EXPECT_EQ(calls.back().read, part->bytes_read);
+  EXPECT_EQ(part->bytes_read, 7 * 333'331 * 4);
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].dir, StepDir(2));
+    EXPECT_EQ(calls[i].total, part->bytes_read) << i;
+    if (i > 0) {
+      EXPECT_GT(calls[i].read, calls[i - 1].read) << i;
+    }
+  }
+  for (size_t i = 0; i < n; i += 997) ASSERT_EQ(part->params.At(i, 1)[0], whole.params[i]) << i;
+
+  fs::remove(fs::path(StepDir(2)) / "adam_v.r1.bin");
+  calls.clear();
+  auto missing = ReadCheckpointPart(StepDir(2), 2, Asking(asked), progress);
+  EXPECT_EQ(missing.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(missing.status().message().find("missing shard adam_v.r1.bin"), std::string::npos)
+      << missing.status();
+  EXPECT_TRUE(calls.empty());
 }
 
 // What a rank does not need it does not read: a corrupt file of another rank's elements

@@ -303,6 +303,79 @@ class DyingRemoveFileSystem final : public FileSystem {
   FileSystem* base_ = FileSystem::Default();
 };
 
+// A file system whose files keep nothing and log each write and sync, so that a shard of
+// several kWriteChunkBytes pieces costs memory, not disk.
+class LoggingFileSystem final : public FileSystem {
+ public:
+  StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
+    struct File final : WritableFile {
+      File(std::string path, std::vector<std::string>* log) : path_(std::move(path)), log_(log) {}
+      Status Append(std::string_view data) override {
+        log_->push_back("append " + std::to_string(data.size()));
+        return OkStatus();
+      }
+      Status Sync() override {
+        log_->push_back("sync");
+        return OkStatus();
+      }
+      Status Close() override { return OkStatus(); }
+      const std::string& path() const override { return path_; }
+      std::string path_;
+      std::vector<std::string>* log_;
+    };
+    log.push_back("create " + fs::path(p).filename().string());
+    return std::unique_ptr<WritableFile>(new File(p, &log));
+  }
+  StatusOr<std::string> ReadFile(const std::string& p) override { return base_->ReadFile(p); }
+  StatusOr<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  StatusOr<std::vector<std::string>> ListDir(const std::string& d) override {
+    return base_->ListDir(d);
+  }
+  Status Rename(const std::string& f, const std::string& t) override { return base_->Rename(f, t); }
+  Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
+  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+  Status MakeDirs(const std::string& p) override { return base_->MakeDirs(p); }
+
+  std::vector<std::string> log;
+
+ private:
+  FileSystem* base_ = FileSystem::Default();
+};
+
+// A shard file is written and synced kWriteChunkBytes at a time, and the write's progress is
+// told after each piece is synced: a large shard on slow storage shows it goes on.
+TEST_F(CkptTest, AShardIsWrittenAndSyncedInPiecesEachToldToProgress) {
+  constexpr size_t kPiece = kWriteChunkBytes / sizeof(float);
+  RankShard shard;
+  shard.runs = {MakeRun(0, static_cast<int64_t>(kPiece + 3), 0, 1)};  // a piece and 12 bytes
+  for (HostFloats* a : {&shard.params, &shard.adam_m, &shard.adam_v}) a->assign(kPiece + 3, 1.f);
+  v1::CheckpointManifest meta;
+  meta.set_step(7);
+  LoggingFileSystem logging;
+  auto written = WriteShard(Dir(), meta, shard, &logging, [&](int64_t done, int64_t total) {
+    logging.log.push_back("progress " + std::to_string(done) + " of " + std::to_string(total));
+  });
+  ASSERT_TRUE(written.ok()) << written.status();
+  const int64_t file = static_cast<int64_t>(kWriteChunkBytes) + 12, total = 3 * file;
+  std::vector<std::string> want = {"progress 0 of " + std::to_string(total)};
+  int64_t done = 0;
+  for (const char* arena : {"params", "adam_m", "adam_v"}) {
+    want.push_back(std::string("create ") + arena + ".r0.bin");
+    // Each piece synced before its progress is told; the last one by WriteFileSynced.
+    for (int64_t piece : {static_cast<int64_t>(kWriteChunkBytes), int64_t{12}}) {
+      done += piece;
+      want.push_back("append " + std::to_string(piece));
+      want.push_back("sync");
+      want.push_back("progress " + std::to_string(done) + " of " + std::to_string(total));
+    }
+  }
+  EXPECT_EQ(logging.log, want);
+  ASSERT_EQ(written->size(), 3u);
+  EXPECT_EQ((*written)[0].bytes(), file);
+  EXPECT_EQ((*written)[0].block_crc32c_size(), 65);  // 64 blocks of 1 MiB and the 12 bytes
+}
+
 // A prune cut short never leaves a half-removed directory under a complete step_N/ name, and
 // the next prune finishes the removal.
 TEST_F(CkptTest, APruneCutShortLeavesNoHalfRemovedCheckpointListed) {
