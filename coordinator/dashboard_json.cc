@@ -113,17 +113,19 @@ json History(const ProgressHistory::Series& h) {
     points.push_back(json::array({p.attempt, p.step, p.time_ms, Number(p.loss), Number(p.lr),
                                   Number(p.tokens_per_s), Number(p.mfu)}));
   }
-  json val = json::array();
-  for (const ValPoint& v : h.val) {
-    val.push_back(json::array({v.attempt, v.step, v.time_ms, Number(v.val_loss)}));
+  json evals = json::array();
+  auto maybe = [](const std::optional<double>& v) { return v ? Number(*v) : json(nullptr); };
+  for (const EvalPoint& e : h.evals) {
+    evals.push_back(
+        json::array({e.attempt, e.step, e.time_ms, maybe(e.val_loss), maybe(e.hellaswag)}));
   }
   return json{{"memory_only", true},
               {"stride", h.stride},
               {"reports", h.reports},
               {"columns", {"attempt", "step", "time_ms", "loss", "lr", "tokens_per_s", "mfu"}},
-              {"val_columns", {"attempt", "step", "time_ms", "val_loss"}},
+              {"eval_columns", {"attempt", "step", "time_ms", "val_loss", "hellaswag"}},
               {"points", std::move(points)},
-              {"val", std::move(val)}};
+              {"evals", std::move(evals)}};
 }
 
 }  // namespace

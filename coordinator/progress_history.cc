@@ -1,5 +1,7 @@
 #include "coordinator/progress_history.h"
 
+#include <algorithm>
+
 namespace drover::coordinator {
 
 ProgressHistory::ProgressHistory(size_t capacity, size_t max_jobs)
@@ -27,11 +29,16 @@ void ProgressHistory::Record(const std::string& job_id, int64_t attempt,
     job.points.Offer(p);
     job.latest = p;
   }
-  if (progress.val_step() > 0 && (!job.latest_val || job.latest_val->attempt != attempt ||
-                                  job.latest_val->step != progress.val_step())) {
-    ValPoint v{attempt, progress.val_step(), now_ms, progress.val_loss()};
-    job.val.Offer(v);
-    job.latest_val = v;
+  // An evaluation step reports both of what it measured at once; each rides along, sticky,
+  // with the steps after it.
+  const int64_t eval_step = std::max(progress.val_step(), progress.hellaswag_step());
+  if (eval_step > 0 && (!job.latest_eval || job.latest_eval->attempt != attempt ||
+                        job.latest_eval->step != eval_step)) {
+    EvalPoint e{attempt, eval_step, now_ms, std::nullopt, std::nullopt};
+    if (progress.val_step() == eval_step) e.val_loss = progress.val_loss();
+    if (progress.hellaswag_step() == eval_step) e.hellaswag = progress.hellaswag();
+    job.evals.Offer(e);
+    job.latest_eval = e;
   }
 }
 
@@ -50,15 +57,15 @@ ProgressHistory::Series ProgressHistory::Get(const std::string& job_id) const {
   if (it == jobs_.end()) return s;
   const Job& job = it->second;
   s.points = job.points.kept();
-  s.val = job.val.kept();
+  s.evals = job.evals.kept();
   // The newest report may fall between kept ones: a live chart must end where training is.
   if (job.latest && (s.points.empty() || s.points.back().attempt != job.latest->attempt ||
                      s.points.back().step != job.latest->step)) {
     s.points.push_back(*job.latest);
   }
-  if (job.latest_val && (s.val.empty() || s.val.back().attempt != job.latest_val->attempt ||
-                         s.val.back().step != job.latest_val->step)) {
-    s.val.push_back(*job.latest_val);
+  if (job.latest_eval && (s.evals.empty() || s.evals.back().attempt != job.latest_eval->attempt ||
+                          s.evals.back().step != job.latest_eval->step)) {
+    s.evals.push_back(*job.latest_eval);
   }
   s.stride = job.points.stride();
   s.reports = job.points.offered();

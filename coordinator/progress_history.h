@@ -39,11 +39,14 @@ struct ProgressPoint {
   double mfu = 0;  // 0 where the trainer does not know its device's peak
 };
 
-struct ValPoint {
+// What one evaluation step measured: the validation loss, HellaSwag's accuracy (acc_norm),
+// or both; each absent when the job does not measure it.
+struct EvalPoint {
   int64_t attempt = 0;
-  int64_t step = 0;  // the step the validation loss was measured at
+  int64_t step = 0;  // the step the evaluation ran at
   int64_t time_ms = 0;
-  double val_loss = 0;
+  std::optional<double> val_loss;
+  std::optional<double> hellaswag;
 };
 
 // Keeps every stride-th of the values offered, at most `capacity` of them (>= 2), doubling
@@ -91,7 +94,7 @@ class ProgressHistory {
   struct Series {
     // Oldest first; each ends with the newest report, whether decimation kept it or not.
     std::vector<ProgressPoint> points;
-    std::vector<ValPoint> val;
+    std::vector<EvalPoint> evals;
     int64_t stride = 1;   // points keeps every stride-th report (and the newest)
     int64_t reports = 0;  // distinct steps reported in all
   };
@@ -100,11 +103,11 @@ class ProgressHistory {
 
  private:
   struct Job {
-    explicit Job(size_t capacity) : points(capacity), val(capacity) {}
+    explicit Job(size_t capacity) : points(capacity), evals(capacity) {}
     Decimated<ProgressPoint> points;
-    Decimated<ValPoint> val;
+    Decimated<EvalPoint> evals;
     std::optional<ProgressPoint> latest;
-    std::optional<ValPoint> latest_val;
+    std::optional<EvalPoint> latest_eval;
     std::list<std::string>::iterator lru;  // its place in lru_
   };
 

@@ -72,7 +72,7 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
 
   // Two ranks; rank 0 of attempt 1 crashes at step 25, attempt 2 resumes from step 20.
   std::string yaml = cluster.JobYaml("dash-demo", 2, 2, 5000, 10, 3, 60,
-                                     "step_ms=40\ncrash_at_step=25\nmfu=0.31\n");
+                                     "step_ms=40\ncrash_at_step=25\nmfu=0.31\nhellaswag=1\n");
   yaml = std::regex_replace(yaml, std::regex("eval_every: 0"), "eval_every: 5");
   // A limit it never reaches: the page shows it and the time used.
   yaml = std::regex_replace(yaml, std::regex("  device: cpu\n"),
@@ -126,7 +126,8 @@ TEST(DashboardTest, ChromiumShowsTheClusterAJobItsRecoveryAndLiveCharts) {
   EXPECT_THAT(dom, HasSubstr("· MFU 31.0%"));  // rank 0's, beside its tokens / s
   EXPECT_THAT(dom, ::testing::ContainsRegex("time limit</span><b>[0-9.]+ s of 10 h 0 min</b>"));
   // Each chart is an SVG whose paths have points: M x,y, then L x,y for every further one.
-  for (const char* chart : {"chart-loss", "chart-val", "chart-lr", "chart-tps"}) {
+  for (const char* chart :
+       {"chart-loss", "chart-val", "chart-lr", "chart-tps", "chart-hellaswag"}) {
     const size_t begin = dom.find(std::string("<svg id=\"") + chart + "\"");
     ASSERT_NE(begin, std::string::npos) << chart << " missing\n" << dom;
     const std::string svg = dom.substr(begin, dom.find("</svg>", begin) - begin);

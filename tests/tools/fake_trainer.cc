@@ -15,14 +15,17 @@
 //   DROVER_FAKE_HANG_RANK
 //   DROVER_FAKE_IGNORE_SIGTERM  1: ignore SIGTERM (tests the SIGKILL escalation)
 //   DROVER_FAKE_MFU             model FLOPs utilisation to report (default 0: unknown)
+//   DROVER_FAKE_HELLASWAG       1: evaluation steps also report a HellaSwag accuracy
 // Each step reports loss 5/step, lr train.lr (default 1e-3) on a cosine over train.steps,
-// and, every train.eval_every steps, a validation loss 1.1x the step's loss.
+// and, every train.eval_every steps, a validation loss 1.1x the step's loss (and with
+// hellaswag=1 an accuracy of 0.25 + step / 10000, at most 1).
 // Checkpoints (rank 0, every checkpoint.every_steps): <dir>/step_N.tmp/manifest.json, then
 // renamed to step_N/ and reported. A resume starts after DROVER_RESUME_CHECKPOINT's step.
 #include <signal.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,9 +55,9 @@ int64_t GetInt(const Config& c, const std::string& key, int64_t def) {
 
 Config LoadConfig(const std::string& output_dir) {
   Config c;
-  const char* keys[] = {
-      "step_ms",      "crash_at_step", "crash_attempt", "crash_rank",     "crash_mode",
-      "hang_at_step", "hang_attempt",  "hang_rank",     "ignore_sigterm", "mfu"};
+  const char* keys[] = {"step_ms",        "crash_at_step", "crash_attempt", "crash_rank",
+                        "crash_mode",     "hang_at_step",  "hang_attempt",  "hang_rank",
+                        "ignore_sigterm", "mfu",           "hellaswag"};
   for (const char* k : keys) {
     std::string env = "DROVER_FAKE_" + std::string(k);
     for (char& ch : env) ch = static_cast<char>(toupper(ch));
@@ -117,6 +120,7 @@ int main() {
       spec["train"]["eval_every"] ? spec["train"]["eval_every"].as<int64_t>() : 0;
   const Config conf = LoadConfig(output_dir);
   const double mfu = std::stod(Get(conf, "mfu", "0"));
+  const bool hellaswag = Get(conf, "hellaswag", "0") == "1";
   const int64_t step_ms = GetInt(conf, "step_ms", 50);
   if (GetInt(conf, "ignore_sigterm", 0) != 0) signal(SIGTERM, SIG_IGN);
   const int64_t crash_at = Applies(conf, "crash", env) ? GetInt(conf, "crash_at_step", -1) : -1;
@@ -153,7 +157,10 @@ int main() {
     std::fflush(stdout);
     drover::TrainerReporter::StepExtras extras;
     extras.lr = base_lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(step) / steps));
-    if (eval_every > 0 && step % eval_every == 0) extras.val_loss = 1.1 * loss;
+    if (eval_every > 0 && step % eval_every == 0) {
+      extras.val_loss = 1.1 * loss;
+      if (hellaswag) extras.hellaswag = std::min(1.0, 0.25 + static_cast<double>(step) / 10000);
+    }
     extras.mfu = mfu;
     reporter.Progress(step, static_cast<double>(step_ms), loss, 1000.0, extras);
     if (env.rank == 0 && every > 0 && step % every == 0) {

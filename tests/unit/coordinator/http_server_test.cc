@@ -150,9 +150,11 @@ TEST_F(HttpServerTest, JobShowsPlacementAttemptsAndItsHistory) {
   EXPECT_DOUBLE_EQ(h["points"][19][4].get<double>(), 1e-3);
   EXPECT_DOUBLE_EQ(h["points"][19][5].get<double>(), 800);
   EXPECT_EQ(h["points"][19][2].get<int64_t>() - h["points"][0][2].get<int64_t>(), 19'000);
-  ASSERT_EQ(h["val"].size(), 1u);
-  EXPECT_EQ(h["val"][0][1], 10);
-  EXPECT_DOUBLE_EQ(h["val"][0][3].get<double>(), 3.5);
+  // [attempt, step, time_ms, val_loss, hellaswag]: a job without data.hellaswag has none.
+  ASSERT_EQ(h["evals"].size(), 1u);
+  EXPECT_EQ(h["evals"][0][1], 10);
+  EXPECT_DOUBLE_EQ(h["evals"][0][3].get<double>(), 3.5);
+  EXPECT_TRUE(h["evals"][0][4].is_null());
 }
 
 TEST_F(HttpServerTest, ASlotWhoseDeviceFailedShowsItsCordonAndWhy) {

@@ -114,12 +114,40 @@ TEST(ProgressHistoryTest, ValidationLossIsOnePointPerEvaluatedStep) {
   p.set_val_loss(2.25);
   h.Record("j", 1, p, 300);
   auto s = h.Get("j");
-  ASSERT_EQ(s.val.size(), 2u);
-  EXPECT_EQ(s.val[0].step, 10);
-  EXPECT_DOUBLE_EQ(s.val[0].val_loss, 2.5);
-  EXPECT_EQ(s.val[1].step, 20);
-  EXPECT_DOUBLE_EQ(s.val[1].val_loss, 2.25);
+  ASSERT_EQ(s.evals.size(), 2u);
+  EXPECT_EQ(s.evals[0].step, 10);
+  EXPECT_EQ(s.evals[0].val_loss, 2.5);
+  EXPECT_EQ(s.evals[1].step, 20);
+  EXPECT_EQ(s.evals[1].val_loss, 2.25);
+  EXPECT_FALSE(s.evals[1].hellaswag.has_value());
   EXPECT_EQ(s.points.size(), 3u);
+}
+
+// A job with data.hellaswag reports its accuracy with the validation loss at each evaluation
+// step (one point with both), and one without data.val the accuracy alone.
+TEST(ProgressHistoryTest, HellaSwagIsOnTheEvaluationStepsPointWithTheValidationLoss) {
+  ProgressHistory h;
+  v1::TrainerProgress p = Step(10);
+  p.set_val_step(10);
+  p.set_val_loss(2.5);
+  p.set_hellaswag_step(10);
+  p.set_hellaswag(0.26);
+  h.Record("j", 1, p, 100);
+  p.set_step(11);
+  h.Record("j", 1, p, 200);
+  v1::TrainerProgress q = Step(20);
+  q.set_hellaswag_step(20);
+  q.set_hellaswag(0.31);
+  h.Record("k", 1, q, 300);
+  auto s = h.Get("j");
+  ASSERT_EQ(s.evals.size(), 1u);
+  EXPECT_EQ(s.evals[0].val_loss, 2.5);
+  EXPECT_EQ(s.evals[0].hellaswag, 0.26);
+  auto t = h.Get("k");
+  ASSERT_EQ(t.evals.size(), 1u);
+  EXPECT_EQ(t.evals[0].step, 20);
+  EXPECT_FALSE(t.evals[0].val_loss.has_value());
+  EXPECT_EQ(t.evals[0].hellaswag, 0.31);
 }
 
 TEST(ProgressHistoryTest, JobUpdatedLongestAgoIsForgottenPastMaxJobs) {
