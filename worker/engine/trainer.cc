@@ -371,6 +371,11 @@ Status Trainer::OpenData() {
     auto batches = ChoiceBatches::Create(std::move(examples).value(), B_, T_, V);
     if (!batches.ok()) return AsInputError(batches.status(), "data.hellaswag");
     hellaswag_ = std::move(batches).value();
+    if (is_rank0()) {
+      spdlog::info("data.hellaswag: {} examples, {} endings in rows of {} positions, {} a batch",
+                   hellaswag_->num_examples(), hellaswag_->sums().size(),
+                   hellaswag_->row_length(), hellaswag_->rows_per_batch());
+    }
   }
   if (spec.data.val.empty()) return OkStatus();
   auto val = TokenDataset::Open(spec.data.val, T_);
@@ -565,7 +570,8 @@ StatusOr<ChoiceAccuracy> Trainer::EvaluateHellaswag() {
                 hellaswag_->Batch(i, inputs, targets);
                 return OkStatus();
               },
-              [this](int64_t i, const float* losses) { hellaswag_->AddLosses(i, losses); })
+              [this](int64_t i, const float* losses) { hellaswag_->AddLosses(i, losses); },
+              hellaswag_->row_length())
           .status());
   std::vector<double>& sums = hellaswag_->sums();
   RETURN_IF_ERROR(model_->SumOverRanks(sums.data(), sums.size()));

@@ -9,12 +9,25 @@ StatusOr<std::unique_ptr<ChoiceBatches>> ChoiceBatches::Create(std::vector<Choic
                                                                int B, int T, int V) {
   DROVER_CHECK(B >= 1 && T >= 1 && !examples.empty());
   std::vector<ChoiceRow> rows;
+  size_t longest = 1;
   for (const ChoiceExample& ex : examples) {
     ASSIGN_OR_RETURN(std::vector<ChoiceRow> mine, ChoiceRows(ex, T, V, "train.seq_len"));
-    for (ChoiceRow& row : mine) rows.push_back(std::move(row));
+    for (ChoiceRow& row : mine) {
+      longest = std::max(longest, row.tokens.size());
+      rows.push_back(std::move(row));
+    }
+  }
+  // A row of T may hold a cut context; one shorter than T never does, so it is what a row of
+  // any length from its own up to T holds.
+  int k = 1;
+  for (int d = T; d >= 1; --d) {
+    if (T % d == 0 && static_cast<size_t>(T / d) >= longest) {
+      k = d;
+      break;
+    }
   }
   return std::unique_ptr<ChoiceBatches>(
-      new ChoiceBatches(std::move(examples), std::move(rows), B, T));
+      new ChoiceBatches(std::move(examples), std::move(rows), B * k, T / k));
 }
 
 ChoiceBatches::ChoiceBatches(std::vector<ChoiceExample> examples, std::vector<ChoiceRow> rows,

@@ -124,9 +124,9 @@ ParallelGpt::ParallelGpt(const ParallelGptOptions& options, const ParallelMesh& 
       ActivationSet& set = sets_[c].emplace_back();
       set.acts = std::make_unique<StageActivations>(&layout_, ops, options.precision, c,
                                                     options.recompute);
-      set.acts->Ensure(options.micro_batch, options.seq_len);
     }
   }
+  LayOutActivations(options.micro_batch, options.seq_len);
 }
 
 ParallelGpt::~ParallelGpt() {
@@ -469,23 +469,55 @@ StatusOr<StepResult> ParallelGpt::Step(const BatchFn& next_batch, double lr, Ste
 }
 
 StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch,
-                                       const EvalLossesFn& losses) {
+                                       const EvalLossesFn& losses, int row_length) {
+  const int B = options_.micro_batch, T = options_.seq_len;
+  if (row_length == 0 || row_length == T) return EvaluateBatches(batches, batch, losses);
+  if (row_length < 0 || T % row_length != 0) {
+    return InvalidArgumentError("evaluation rows of " + std::to_string(row_length) +
+                                " positions do not divide train.seq_len " + std::to_string(T));
+  }
+  LayOutActivations(B * (T / row_length), row_length);
+  StatusOr<double> mean = EvaluateBatches(batches, batch, losses);
+  (void)WaitAllSends();  // after an error too: no send may read the old layout's buffers
+  LayOutActivations(B, T);
+  return mean;
+}
+
+void ParallelGpt::LayOutActivations(int B, int T) {
+  // Every set, as the batches rotate over them.
+  for (std::vector<ActivationSet>& chunk : sets_) {
+    for (ActivationSet& set : chunk) set.acts->Ensure(B, T);
+  }
+}
+
+StatusOr<double> ParallelGpt::EvaluateBatches(int64_t batches, const EvalBatchFn& batch,
+                                              const EvalLossesFn& losses) {
   double sum = 0;
   std::vector<float> host_losses;
   int64_t count = 0;
   const int chunks = layout_.chunks();
-  int64_t k = 0;  // this rank's batches so far: activation sets rotate over them
-  for (int64_t i = coord_.dp; i < batches; i += mesh_.dp(), ++k) {
+  const size_t BT = static_cast<size_t>(options_.micro_batch) * options_.seq_len;
+  // Every data-parallel rank runs as many passes, the ranks without a batch in the last one
+  // running a pass of padding that counts for nothing: under ZeRO-3 each layer's forward
+  // gathers its parameters from the other data-parallel ranks, which would wait for a pass
+  // that never comes.
+  const int64_t passes = (batches + mesh_.dp() - 1) / mesh_.dp();
+  for (int64_t k = 0; k < passes; ++k) {  // k: activation sets rotate over a rank's passes
+    const int64_t i = k * mesh_.dp() + coord_.dp;
+    const bool padding = i >= batches;
     // Batch by batch, each through the chunks in order: forward only, so the transfers of
     // every stage follow (batch, virtual stage) order and none waits on a later one.
     for (int c = 0; c < chunks; ++c) {
       ActivationSet& set = SetOf(c, k);
       StageActivations& a = *set.acts;
-      if (c == 0) {
+      if (c == 0 && padding) {
+        std::fill(a.inputs(), a.inputs() + BT, 0);
+        std::fill(a.targets(), a.targets() + BT, 0);
+      } else if (c == 0) {
         RETURN_IF_ERROR(batch(i, a.inputs(), a.targets()));
       } else if (layout_.heads(c)) {
         const int32_t* targets = SetOf(0, k).acts->targets();
-        std::copy(targets, targets + options_.micro_batch * options_.seq_len, a.targets());
+        std::copy(targets, targets + BT, a.targets());
       }
       // Tagged by the sending virtual stage, as in training.
       const int virtuals = chunks * mesh_.pp(), v = c * mesh_.pp() + coord_.pp;
@@ -494,10 +526,11 @@ StatusOr<double> ParallelGpt::Evaluate(int64_t batches, const EvalBatchFn& batch
       RETURN_IF_ERROR(Wait(&set.act_sends));
       ASSIGN_OR_RETURN(float loss, stages_[c].Forward(a, *stage_memory_, GptStage::Pass::kEval));
       if (layout_.heads(c)) {
+        if (padding) continue;
         sum += loss;
         ++count;
         if (losses != nullptr && coord_.tp == 0) {
-          host_losses.resize(static_cast<size_t>(options_.micro_batch) * options_.seq_len);
+          host_losses.resize(BT);
           ops_->ToHost(host_losses.data(), a.losses(), host_losses.size());
           losses(i, host_losses.data());
         }

@@ -105,10 +105,11 @@ class ParallelGpt {
   // Fills (B, T) inputs and targets with this rank's next training micro-batch; an error
   // (a stop request) abandons the step.
   using BatchFn = std::function<Status(int32_t* inputs, int32_t* targets)>;
-  // Fills (B, T) inputs and targets with validation batch i.
+  // Fills B * T inputs and targets with validation batch i: (B, T), or rows of Evaluate's
+  // row_length.
   using EvalBatchFn = std::function<Status(int64_t i, int32_t* inputs, int32_t* targets)>;
-  // Each position's loss of validation batch i, (B, T) host floats, on the ranks that compute
-  // them: the last pipeline stage's, tensor-parallel rank 0.
+  // Each position's loss of validation batch i, B * T host floats laid out as the batch, on
+  // the ranks that compute them: the last pipeline stage's, tensor-parallel rank 0.
   using EvalLossesFn = std::function<void(int64_t i, const float* losses)>;
 
   // `groups` must hold the communicators of `mesh` for options.rank (ConnectProcessGroups);
@@ -151,9 +152,12 @@ class ParallelGpt {
   StatusOr<StepResult> Step(const BatchFn& next_batch, double lr, StepVotes votes = {});
 
   // Mean loss over validation batches [0, batches), split over the dp ranks; with `losses`,
-  // each batch's per-position losses handed to it too, where they are computed.
+  // each batch's per-position losses handed to it too, where they are computed. A
+  // `row_length` other than T (0) runs the batches as B * T / row_length rows of row_length
+  // positions (it must divide T), in the same activation memory, which is laid out for
+  // training's (B, T) again before it returns.
   StatusOr<double> Evaluate(int64_t batches, const EvalBatchFn& batch,
-                            const EvalLossesFn& losses = nullptr);
+                            const EvalLossesFn& losses = nullptr, int row_length = 0);
   // x[0..n) summed over every rank of the mesh, in place, on every rank: what Evaluate's
   // `losses` gathered, each rank a part. Collective; errors are communication failures.
   Status SumOverRanks(double* x, size_t n);
@@ -185,6 +189,12 @@ class ParallelGpt {
   };
   // The set micro-batch (or evaluation batch) i of `chunk` uses.
   ActivationSet& SetOf(int chunk, int64_t i);
+  // Lays every activation set out for (B, T) (StageActivations::Ensure). No send may be in
+  // flight.
+  void LayOutActivations(int B, int T);
+  // Evaluate in the activations' present layout.
+  StatusOr<double> EvaluateBatches(int64_t batches, const EvalBatchFn& batch,
+                                   const EvalLossesFn& losses);
   // Where a transfer goes: a communicator and the peer's index in it.
   struct Link {
     Communicator* comm;

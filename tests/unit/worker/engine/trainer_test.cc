@@ -553,6 +553,41 @@ TEST_F(TrainerTest, HellaswagIsScoredAtEvaluationStepsAsDroverEvalScoresTheModel
   EXPECT_EQ(trainer->hellaswag_losses().size(), 24u);
 }
 
+// An evaluation of data.hellaswag in rows shorter than the job's (ChoiceBatches) lays the
+// activations out for them and back: training after it is training without it, bit for bit,
+// on the CPU and on device memory.
+TEST_F(TrainerTest, AHellaswagEvaluationInShortRowsLeavesTheTrainingAsItWas) {
+  std::vector<ChoiceExample> examples;
+  for (int e = 0; e < 5; ++e) {
+    examples.push_back({e + 1, {1 + e, 2}, {{3}, {4, 5}, {6 + e, 7, 8}}, e % 3});  // rows <= 5
+  }
+  const std::string path = (dir_ / "short.bin").string();
+  ASSERT_TRUE(WriteChoiceFile(path, examples).ok());
+  for (const bool device : {false, true}) {
+    std::vector<float> losses[2];
+    for (const bool evaluate : {false, true}) {
+      testing::EmulatedDeviceOps emulated;
+      TrainerOptions options;
+      options.spec = Spec({"train.steps=8", "data.hellaswag=" + path});
+      options.log_steps = false;
+      if (device) options.ops = &emulated;
+      auto trainer = Trainer::Create(options);
+      ASSERT_TRUE(trainer.ok()) << trainer.status();
+      for (int s = 0; s < 8; ++s) {
+        if (evaluate && s == 4) {
+          auto acc = (*trainer)->EvaluateHellaswag();
+          ASSERT_TRUE(acc.ok()) << acc.status();
+          EXPECT_EQ(acc->examples, 5);
+        }
+        auto m = (*trainer)->Step();
+        ASSERT_TRUE(m.ok()) << m.status();
+        losses[evaluate].push_back(static_cast<float>(m->loss));
+      }
+    }
+    EXPECT_EQ(losses[1], losses[0]) << (device ? "emulated device" : "cpu");
+  }
+}
+
 // A data.hellaswag that is missing, not such a file, or has an ending longer than the job's
 // rows stops the start, naming the key.
 TEST_F(TrainerTest, ABadHellaswagFileStopsTheStartNamingTheKey) {

@@ -274,58 +274,69 @@ TEST_F(HellaSwagTest, AFileOfTokenizedExamplesThatIsNotOneIsRefusedByName) {
   EXPECT_EQ(ReadChoiceFile((dir_ / "none.bin").string()).status().code(), StatusCode::kNotFound);
 }
 
-// What a training job does at its evaluation steps: every ending a row of (B, T) batches,
-// each batch's per-position losses added to its rows. The accuracy and each ending's loss are
-// drover eval's (EvaluateChoices, one example's rows a pass), whatever B, for rows of the
-// model's block size, contexts longer than it included.
+// What a training job does at its evaluation steps: every ending a row of batches of B * T
+// positions, each batch's per-position losses added to its rows. The accuracy and each
+// ending's loss are drover eval's (EvaluateChoices, one example's rows a pass), whatever B:
+// with rows of the model's block size where a context is longer than it, and rows of half
+// of it (twice as many a batch) where every row fits that.
 TEST_F(HellaSwagTest, BatchesOfEveryExamplesRowsGiveDroverEvalsScores) {
   Gpt model(Config(/*maxT=*/16));
   model.InitRandom(5);
   GptInference run(model, CpuOps());
-  std::vector<ChoiceExample> examples;
-  const char* contexts[] = {"Once", "A context longer than sixteen bytes", "Then"};
-  for (int e = 0; e < 3; ++e) {
-    ChoiceExample ex;
-    ex.line = e + 1;
-    ex.context = tokenizer_->Encode(contexts[e]);
-    for (int i = 0; i < 3 + e; ++i)
-      ex.endings.push_back(tokenizer_->Encode(" e" + std::string(i, 'z')));
-    examples.push_back(ex);
-  }
-  std::vector<double> want;
-  for (ChoiceExample& ex : examples) {
-    auto s = ScoreChoices(run, ex);
-    ASSERT_TRUE(s.ok()) << s.status();
-    ex.label = s->pick_mean;
-    want.insert(want.end(), s->sum_loss.begin(), s->sum_loss.end());
-  }
-  examples[1].label = (examples[1].label + 1) % 4;  // one wrong pick
-  auto truth = EvaluateChoices(run, examples);
-  ASSERT_TRUE(truth.ok());
-  for (int B : {1, 4, 5}) {
-    auto batches = ChoiceBatches::Create(examples, B, 16, 256);
-    ASSERT_TRUE(batches.ok()) << batches.status();
-    EXPECT_EQ((*batches)->num_batches(), (12 + B - 1) / B);  // 3 + 4 + 5 rows
-    std::vector<int32_t> inputs(B * 16), targets(B * 16);
-    std::vector<float> losses(B * 16);
-    for (int pass = 0; pass < 2; ++pass) {  // Reset: a second evaluation counts afresh
-      (*batches)->Reset();
-      for (int64_t i = 0; i < (*batches)->num_batches(); ++i) {
-        (*batches)->Batch(i, inputs.data(), targets.data());
-        run.Loss(inputs.data(), targets.data(), B, 16, losses.data());
-        (*batches)->AddLosses(i, losses.data());
+  struct Case {
+    std::vector<const char*> contexts;
+    int row_length;  // the longest row: 16 (a cut context), and 2 + 6 = 8
+  };
+  for (const Case& c : {Case{{"Once", "A context longer than sixteen bytes", "Then"}, 16},
+                        Case{{"On", "Go", "Up"}, 8}}) {
+    std::vector<ChoiceExample> examples;
+    for (int e = 0; e < 3; ++e) {
+      ChoiceExample ex;
+      ex.line = e + 1;
+      ex.context = tokenizer_->Encode(c.contexts[static_cast<size_t>(e)]);
+      for (int i = 0; i < 3 + e; ++i)
+        ex.endings.push_back(tokenizer_->Encode(" e" + std::string(i, 'z')));
+      examples.push_back(ex);
+    }
+    std::vector<double> want;
+    for (ChoiceExample& ex : examples) {
+      auto s = ScoreChoices(run, ex);
+      ASSERT_TRUE(s.ok()) << s.status();
+      ex.label = s->pick_mean;
+      want.insert(want.end(), s->sum_loss.begin(), s->sum_loss.end());
+    }
+    examples[1].label = (examples[1].label + 1) % 4;  // one wrong pick
+    auto truth = EvaluateChoices(run, examples);
+    ASSERT_TRUE(truth.ok());
+    for (int B : {1, 4, 5}) {
+      auto batches = ChoiceBatches::Create(examples, B, 16, 256);
+      ASSERT_TRUE(batches.ok()) << batches.status();
+      const int rows = (*batches)->rows_per_batch(), T = (*batches)->row_length();
+      ASSERT_EQ(T, c.row_length) << c.contexts[0];
+      ASSERT_EQ(rows * T, B * 16);
+      EXPECT_EQ((*batches)->num_batches(), (12 + rows - 1) / rows);  // 3 + 4 + 5 rows
+      std::vector<int32_t> inputs(B * 16), targets(B * 16);
+      std::vector<float> losses(B * 16);
+      for (int pass = 0; pass < 2; ++pass) {  // Reset: a second evaluation counts afresh
+        (*batches)->Reset();
+        for (int64_t i = 0; i < (*batches)->num_batches(); ++i) {
+          (*batches)->Batch(i, inputs.data(), targets.data());
+          run.Loss(inputs.data(), targets.data(), rows, T, losses.data());
+          (*batches)->AddLosses(i, losses.data());
+        }
+        ASSERT_EQ((*batches)->sums().size(), want.size());
+        for (size_t r = 0; r < want.size(); ++r) {
+          EXPECT_NEAR((*batches)->sums()[r], want[r], 1e-4 * std::max(1.0, want[r])) << r;
+        }
+        const ChoiceAccuracy acc = (*batches)->Accuracy();
+        EXPECT_EQ(acc.examples, 3);
+        EXPECT_EQ(acc.correct_mean, truth->correct_mean) << "B " << B;
+        EXPECT_EQ(acc.correct_sum, truth->correct_sum) << "B " << B;
       }
-      ASSERT_EQ((*batches)->sums().size(), want.size());
-      for (size_t r = 0; r < want.size(); ++r) {
-        EXPECT_NEAR((*batches)->sums()[r], want[r], 1e-4 * std::max(1.0, want[r])) << r;
-      }
-      const ChoiceAccuracy acc = (*batches)->Accuracy();
-      EXPECT_EQ(acc.examples, 3);
-      EXPECT_EQ(acc.correct_mean, truth->correct_mean) << "B " << B;
-      EXPECT_EQ(acc.correct_sum, truth->correct_sum) << "B " << B;
     }
   }
   // An ending that does not fit the job's rows names train.seq_len.
+  const std::vector<ChoiceExample> examples = {{1, {1, 2}, {{3}, {4, 5}, {6, 7, 8, 9}}, 0}};
   auto tight = ChoiceBatches::Create(examples, 2, 4, 256);
   ASSERT_EQ(tight.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(tight.status().message().find(

@@ -78,16 +78,18 @@ class ParallelEquivalenceTest : public ::testing::Test {
     ASSERT_TRUE(WriteTokenShard((*dir_ / "train.bin").string(), tokens).ok());
     tokens.resize(3000);
     ASSERT_TRUE(WriteTokenShard((*dir_ / "val.bin").string(), tokens).ok());
-    // Seven examples of 2 to 4 endings (20 rows: five batches of 4, the last of them
-    // padded at micro_batch 8), contexts of up to 20 tokens (cut to fit T = 16).
+    // Seven examples of 2 to 4 endings, contexts and endings of 1 to 4 tokens: 20 rows of at
+    // most 8, so that the evaluation runs rows of T / 2 (ChoiceBatches), 8 a batch at
+    // micro_batch 4 (three batches, the last padded; at dp 4 some data-parallel rank has
+    // none). Rows of T, cut contexts among them, are HellaSwagTest's.
     std::vector<ChoiceExample> examples;
     for (int e = 0; e < 7; ++e) {
       ChoiceExample ex;
       ex.line = e + 1;
-      for (int t = 0; t < 3 + 3 * e; ++t) ex.context.push_back(static_cast<int32_t>(rng() % 64));
+      for (int t = 0; t < 1 + e % 4; ++t) ex.context.push_back(static_cast<int32_t>(rng() % 64));
       for (int i = 0; i < 2 + e % 3; ++i) {
         ex.endings.emplace_back();
-        for (int t = 0; t < 1 + (e + i) % 5; ++t) {
+        for (int t = 0; t < 1 + (e + i) % 4; ++t) {
           ex.endings.back().push_back(static_cast<int32_t>(rng() % 64));
         }
       }
@@ -337,6 +339,20 @@ TEST_F(ParallelEquivalenceTest, ZeroStage2) {
 
 TEST_F(ParallelEquivalenceTest, ZeroStage3) {
   ExpectMatchesOneProcess(2, {"train.micro_batch=2", "parallel.zero_stage=3"});
+}
+
+// Validation batches that do not split evenly over the data-parallel ranks (3 over 2): the
+// rank with fewer runs a pass of padding, without which its peer's ZeRO-3 gathers of the last
+// batch's parameters would wait for it until the collectives' deadline.
+TEST_F(ParallelEquivalenceTest, ZeroStage3EvaluatesBatchesThatDoNotSplitEvenlyOverTheRanks) {
+  const RankResult want = RunWorld(Spec({"train.micro_batch=2", "train.eval_batches=3"}), 1)[0];
+  ASSERT_TRUE(want.status.ok()) << want.status;
+  const std::vector<RankResult> got =
+      RunWorld(Spec({"train.micro_batch=2", "parallel.zero_stage=3", "train.eval_batches=3"}), 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(got[rank].status.ok()) << "rank " << rank << ": " << got[rank].status;
+    EXPECT_NEAR(got[rank].val_loss, want.val_loss, 1e-5 * want.val_loss) << "rank " << rank;
+  }
 }
 
 // Hybrid sharding: ZeRO inside groups of 2 dp ranks, 2 replicas of them averaging their
