@@ -205,22 +205,24 @@ TEST_F(TrainerTest, CheckpointsThatExistButNoneUsableStopTheStartUnlessFresh) {
   EXPECT_EQ((*fresh)->resumed_from(), -1);
 }
 
+// Keeps what OnWork is told: the work between steps that the hang check counts.
+struct WorkListener : TrainerListener {
+  void OnStep(const StepMetrics&) override {}
+  void OnCheckpoint(const v1::CheckpointRecord&) override {}
+  void OnDone() override {}
+  void OnWork(const std::string& what) override { work.push_back(what); }
+  std::vector<std::string> work;
+};
+
 // Saving, this rank's write of each checkpoint, and resuming, the read of the checkpoint,
 // tell the listener they go on as they start (and at most every second after), so that a
 // large checkpoint on slow storage is not taken for a hung trainer (TrainerProgress.work).
 TEST_F(TrainerTest, SavesAndResumesTellTheListenerThatTheCheckpointsWriteOrReadGoesOn) {
-  struct Listener : TrainerListener {
-    void OnStep(const StepMetrics&) override {}
-    void OnCheckpoint(const v1::CheckpointRecord&) override {}
-    void OnDone() override {}
-    void OnWork(const std::string& what) override { work.push_back(what); }
-    std::vector<std::string> work;
-  };
   TrainerOptions options;
   options.spec = Spec({"checkpoint.every_steps=10"});
   options.log_steps = false;
   {
-    Listener saving;
+    WorkListener saving;
     options.listener = &saving;
     auto trainer = Trainer::Create(options);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -235,7 +237,7 @@ TEST_F(TrainerTest, SavesAndResumesTellTheListenerThatTheCheckpointsWriteOrReadG
                 ::testing::MatchesRegex("saving checkpoint step 10: 0.0 of 0.[0-9] MB written"));
     EXPECT_THAT(saves[1], ::testing::StartsWith("saving checkpoint step 20: 0.0 of"));
   }
-  Listener resuming;
+  WorkListener resuming;
   options.listener = &resuming;
   auto resumed = Trainer::Create(options);
   ASSERT_TRUE(resumed.ok()) << resumed.status();
@@ -514,13 +516,7 @@ TEST_F(TrainerTest, HellaswagIsScoredAtEvaluationStepsAsDroverEvalScoresTheModel
   const std::string path = (dir_ / "hellaswag.bin").string();
   ASSERT_TRUE(WriteChoiceFile(path, examples).ok());
   // Each evaluation tells the listener it goes on (the hang check's TrainerProgress.work).
-  struct Listener : TrainerListener {
-    void OnStep(const StepMetrics&) override {}
-    void OnCheckpoint(const v1::CheckpointRecord&) override {}
-    void OnDone() override {}
-    void OnWork(const std::string& what) override { work.push_back(what); }
-    std::vector<std::string> work;
-  } listener;
+  WorkListener listener;
   TrainerOptions options;
   options.spec = Spec({"data.hellaswag=" + path});
   options.log_steps = false;

@@ -278,9 +278,8 @@ TEST_F(CkptTest, PruningSkipsACheckpointBeingRead) {
   EXPECT_FALSE(fs::exists(dir_ / "step_1"));
 }
 
-// A file system whose rm -rf dies part-way, as a trainer killed in the middle of pruning:
-// it removes the directory's manifest, then stops.
-class DyingRemoveFileSystem final : public FileSystem {
+// The real file system, each call passed on: what a test's file system changes, it overrides.
+class ForwardingFileSystem : public FileSystem {
  public:
   StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
     return base_->NewWritableFile(p);
@@ -293,19 +292,26 @@ class DyingRemoveFileSystem final : public FileSystem {
   Status Rename(const std::string& f, const std::string& t) override { return base_->Rename(f, t); }
   Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
   Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
+  Status MakeDirs(const std::string& p) override { return base_->MakeDirs(p); }
+
+ protected:
+  FileSystem* base_ = FileSystem::Default();
+};
+
+// A file system whose rm -rf dies part-way, as a trainer killed in the middle of pruning:
+// it removes the directory's manifest, then stops.
+class DyingRemoveFileSystem final : public ForwardingFileSystem {
+ public:
   Status RemoveAll(const std::string& p) override {
     (void)base_->RemoveFile(p + "/" + kManifestFile);
     return InternalError("killed while removing " + p);
   }
-  Status MakeDirs(const std::string& p) override { return base_->MakeDirs(p); }
-
- private:
-  FileSystem* base_ = FileSystem::Default();
 };
 
 // A file system whose files keep nothing and log each write and sync, so that a shard of
 // several kWriteChunkBytes pieces costs memory, not disk.
-class LoggingFileSystem final : public FileSystem {
+class LoggingFileSystem final : public ForwardingFileSystem {
  public:
   StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p) override {
     struct File final : WritableFile {
@@ -326,21 +332,8 @@ class LoggingFileSystem final : public FileSystem {
     log.push_back("create " + fs::path(p).filename().string());
     return std::unique_ptr<WritableFile>(new File(p, &log));
   }
-  StatusOr<std::string> ReadFile(const std::string& p) override { return base_->ReadFile(p); }
-  StatusOr<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
-  StatusOr<std::vector<std::string>> ListDir(const std::string& d) override {
-    return base_->ListDir(d);
-  }
-  Status Rename(const std::string& f, const std::string& t) override { return base_->Rename(f, t); }
-  Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
-  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
-  Status RemoveAll(const std::string& p) override { return base_->RemoveAll(p); }
-  Status MakeDirs(const std::string& p) override { return base_->MakeDirs(p); }
 
   std::vector<std::string> log;
-
- private:
-  FileSystem* base_ = FileSystem::Default();
 };
 
 // A shard file is written and synced kWriteChunkBytes at a time, and the write's progress is
