@@ -100,6 +100,35 @@ python3 "$tests/tools/same_losses.py" "$work/straight/metrics.jsonl" \
   "$work/stopped/metrics.jsonl" 10 1e-6
 echo "a resume on the emulated device gave the losses of the run without a stop"
 
+# HellaSwag scored as the job trains (data.hellaswag), on the device: its rows are half of
+# seq_len (ChoiceBatches: the longest fits 16), so each evaluation lays the activations out
+# for them and back. Two ZeRO-3 ranks with it train exactly as without it, and score what one
+# rank on the CPU scores.
+python3 - "$work/hs.jsonl" <<'PY'
+import json, random, sys
+rng = random.Random(7)
+words = ["ab", "cd", "ef", "gh", "ij"]
+with open(sys.argv[1], "w") as f:
+    for e in range(6):
+        ctx = " ".join(rng.choice(words) for _ in range(2))
+        endings = [" " + rng.choice(words) + "x" * i for i in range(4)]
+        f.write(json.dumps({"ctx": ctx, "endings": endings, "label": e % 4}) + "\n")
+PY
+"$work/bin/drover" data hellaswag "$work/hs.jsonl" --out "$work/hs.bin" > /dev/null
+CUDA_VISIBLE_DEVICES=0 "$work/bin/drover" train "$work/dp.yaml" --nproc 2 \
+  --set output_dir="$work/hs-3" --set parallel.zero_stage=3 --set data.hellaswag="$work/hs.bin" \
+  > "$work/hs-3.log" 2>&1 || { cat "$work/hs-3.log"; exit 1; }
+grep -q "data.hellaswag: 6 examples, 24 endings in rows of 16 positions, 4 a batch" \
+  "$work/hs-3.log" || { cat "$work/hs-3.log"; echo "FAIL: not rows of 16"; exit 1; }
+echo "zero-3 over two ranks: without data.hellaswag (reference), with it"
+python3 "$tests/tools/same_losses.py" "$work/two-3/metrics.jsonl" "$work/hs-3/metrics.jsonl" 10 0
+"$work/bin/drover" train "$work/dp.yaml" --set output_dir="$work/hs-cpu" \
+  --set resources.device=cpu --set data.hellaswag="$work/hs.bin" > "$work/hs-cpu.log" 2>&1 ||
+  { cat "$work/hs-cpu.log"; exit 1; }
+echo "data.hellaswag: one rank on the CPU (reference), two ZeRO-3 ranks on the device"
+python3 "$tests/tools/same_losses.py" "$work/hs-cpu/metrics.jsonl" "$work/hs-3/metrics.jsonl" 10 1e-4
+echo "HellaSwag in short rows on the emulated device left the training as it was"
+
 for r in none all; do
   "$work/bin/drover" train "$work/dp.yaml" --set output_dir="$work/recompute-$r" \
     --set precision.dtype=bf16 --set train.recompute=$r > "$work/recompute-$r.log" 2>&1 ||
