@@ -122,6 +122,7 @@ grep -q "data.hellaswag: 6 examples, 24 endings in rows of 16 positions, 4 a bat
   "$work/hs-3.log" || { cat "$work/hs-3.log"; echo "FAIL: not rows of 16"; exit 1; }
 echo "zero-3 over two ranks: without data.hellaswag (reference), with it"
 python3 "$tests/tools/same_losses.py" "$work/two-3/metrics.jsonl" "$work/hs-3/metrics.jsonl" 10 0
+python3 "$tests/tools/no_step_allocations.py" "$work/hs-3/metrics.jsonl" 3
 "$work/bin/drover" train "$work/dp.yaml" --set output_dir="$work/hs-cpu" \
   --set resources.device=cpu --set data.hellaswag="$work/hs.bin" > "$work/hs-cpu.log" 2>&1 ||
   { cat "$work/hs-cpu.log"; exit 1; }
