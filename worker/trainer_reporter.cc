@@ -35,6 +35,9 @@ void TrainerReporter::Progress(int64_t step, double step_ms, double loss, double
   {
     MutexLock lock(&mu_);
     last_step_ = step;
+    last_loss_ = loss;
+    last_step_ms_ = step_ms;
+    last_tokens_per_s_ = tokens_per_s;
     last_extras_ = extras;
     if (++steps_seen_ > kBusyWarmupSteps) {
       window_.push_back({extras.busy_ms, step_ms});
@@ -85,6 +88,9 @@ void TrainerReporter::Phase(const std::string& message) {
   {
     MutexLock lock(&mu_);
     p->set_step(last_step_);
+    p->set_loss(last_loss_);
+    p->set_step_ms(last_step_ms_);
+    p->set_tokens_per_s(last_tokens_per_s_);
     FillSticky(p);
   }
   Write(report);

@@ -50,7 +50,9 @@ class TrainerReporter {
   // pace_ms likewise, of the same steps' step_ms.
   void Progress(int64_t step, double step_ms, double loss, double tokens_per_s,
                 const StepExtras& extras = {}, const std::string& message = "");
-  // Reports a phase without a step change ("loading data", "rendezvous").
+  // Reports a phase without a step change ("loading data", "rendezvous"), with the last
+  // step's numbers (its loss, step_ms and tokens_per_s too: the coordinator takes rank 0's
+  // latest report as the job's loss and speed).
   void Phase(const std::string& message);
   // Work between two steps that may outlast the hang timeout (an evaluation): a Phase that
   // also moves TrainerProgress.work, which the coordinator's hang check counts as progress.
@@ -83,6 +85,9 @@ class TrainerReporter {
   int fd_;
   Mutex mu_;
   int64_t last_step_ GUARDED_BY(mu_) = 0;
+  double last_loss_ GUARDED_BY(mu_) = 0;  // the last step's, for Phase()
+  double last_step_ms_ GUARDED_BY(mu_) = 0;
+  double last_tokens_per_s_ GUARDED_BY(mu_) = 0;
   int64_t work_ GUARDED_BY(mu_) = 0;  // Working's reports so far
   int64_t last_checkpoint_step_ GUARDED_BY(mu_) = -1;
   std::string checkpoint_error_ GUARDED_BY(mu_);

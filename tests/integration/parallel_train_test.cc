@@ -169,6 +169,10 @@ TEST_F(ParallelTrainTest, TwoRankJobOnTwoAgentsMatchesDroverTrainNproc2) {
     yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   yaml += "resources: {world_size: {min: 2, max: 2}, threads_per_rank: 1}\n";
+  // Checkpoints, so that the job ends writing its final one (what it reports then must keep
+  // the last step's loss: drover status showed a finished job's loss as 0).
+  yaml = std::regex_replace(yaml, std::regex("checkpoint: \\{every_steps: 0\\}"),
+                            "checkpoint: {every_steps: 4}");
   auto id = cluster.Submit(yaml);
   ASSERT_TRUE(id.ok()) << id.status();
   v1::JobInfo info;
@@ -202,6 +206,8 @@ TEST_F(ParallelTrainTest, TwoRankJobOnTwoAgentsMatchesDroverTrainNproc2) {
   ASSERT_EQ(want.size(), 8u);
   ASSERT_EQ(got.size(), want.size());
   for (size_t s = 0; s < want.size(); ++s) EXPECT_NEAR(got[s], want[s], 1e-6 * want[s]);
+  EXPECT_NEAR(info.job().last_loss(), got.back(), 1e-6 * got.back());
+  EXPECT_GT(info.job().tokens_per_s(), 0);
 }
 
 // A job of two ranks whose steps take about 50 ms here, so that the 5 ms a straggler must be

@@ -373,8 +373,8 @@ Status Trainer::OpenData() {
     hellaswag_ = std::move(batches).value();
     if (is_rank0()) {
       spdlog::info("data.hellaswag: {} examples, {} endings in rows of {} positions, {} a batch",
-                   hellaswag_->num_examples(), hellaswag_->sums().size(),
-                   hellaswag_->row_length(), hellaswag_->rows_per_batch());
+                   hellaswag_->num_examples(), hellaswag_->sums().size(), hellaswag_->row_length(),
+                   hellaswag_->rows_per_batch());
     }
   }
   if (spec.data.val.empty()) return OkStatus();

@@ -152,6 +152,11 @@ TEST(TrainerReporterTest, ValidationLossRidesAlongUntilTheNextEvaluation) {
   EXPECT_EQ(seen[3].step(), 11);  // a phase keeps the last step's numbers
   EXPECT_DOUBLE_EQ(seen[3].lr(), 8e-4);
   EXPECT_EQ(seen[3].val_step(), 10);
+  // ... its loss and speed too: rank 0's latest report is the job's (a job that ended
+  // writing its final checkpoint showed a loss of 0).
+  EXPECT_DOUBLE_EQ(seen[3].loss(), 2.8);
+  EXPECT_DOUBLE_EQ(seen[3].step_ms(), 1.0);
+  EXPECT_DOUBLE_EQ(seen[3].tokens_per_s(), 100.0);
 }
 
 // What the coordinator compares ranks by (coordinator/straggler.h) must not turn on one
